@@ -1,0 +1,66 @@
+import { ConfigError, loadConfig } from '../config.js';
+import { startServer, type Server } from '../server.js';
+import { RunnerLockedError } from '../runner/runner.js';
+
+export interface ServeFlags {
+  port?: string;
+  host?: string;
+  data?: string;
+  logLevel?: string;
+  outputUri?: string;
+  inputRoots?: string;
+}
+
+/** `regen serve`: the API and the runner in one process, until SIGTERM or SIGINT. */
+export async function serveCommand(flags: ServeFlags): Promise<Server> {
+  let config;
+  try {
+    config = loadConfig(process.env, {
+      port: flags.port,
+      host: flags.host,
+      data: flags.data,
+      'log-level': flags.logLevel,
+      'output-uri': flags.outputUri,
+      'input-roots': flags.inputRoots,
+    });
+  } catch (err) {
+    if (err instanceof ConfigError) {
+      for (const line of err.message.split('\n')) process.stderr.write(`regen: ${line}\n`);
+      process.exit(2);
+    }
+    throw err;
+  }
+  let server: Server;
+  try {
+    server = await startServer(config);
+  } catch (err) {
+    if (err instanceof RunnerLockedError || /refusing to listen|EADDRINUSE/.test((err as Error).message)) {
+      process.stderr.write(`regen: ${(err as Error).message}\n`);
+      process.exit(2);
+    }
+    throw err;
+  }
+  installSignals(server);
+  return server;
+}
+
+/** First signal: drain for the grace period, then exit. Second: commit what is known and exit now. */
+export function installSignals(server: Server, beforeExit: () => Promise<void> = async () => {}): void {
+  let signalled = false;
+  const onSignal = (sig: NodeJS.Signals) => {
+    if (signalled) {
+      server.deps.logger.warn({ signal: sig }, 'second signal: exiting now; unfinished leases return to the queue on restart');
+      server.runner?.flushNow();
+      process.exit(130);
+    }
+    signalled = true;
+    server.deps.logger.info({ signal: sig, grace_ms: server.deps.config.shutdownGraceMs }, 'shutting down');
+    server
+      .close()
+      .then(beforeExit)
+      .then(() => process.exit(0))
+      .catch(() => process.exit(1));
+  };
+  process.on('SIGTERM', onSignal);
+  process.on('SIGINT', onSignal);
+}

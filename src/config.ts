@@ -1,0 +1,76 @@
+import { z } from 'zod';
+import { resolve } from 'node:path';
+import { pathToFileURL } from 'node:url';
+
+const int = (min: number, max: number) =>
+  z
+    .string()
+    .regex(/^\d+$/, `expected a whole number from ${min} to ${max}`)
+    .transform(Number)
+    .pipe(z.number().int().min(min, `expected a whole number from ${min} to ${max}`).max(max, `expected a whole number from ${min} to ${max}`));
+const bool = z.enum(['true', 'false', '1', '0', 'yes', 'no']).transform((v) => ['true', '1', 'yes'].includes(v));
+const list = z.string().transform((v) => v.split(',').map((s) => s.trim()).filter(Boolean));
+const uri = z
+  .string()
+  .refine((v) => /^(s3:\/\/[^/]+\/|file:\/\/\/)/.test(v), 'expected s3://bucket/prefix/ or file:///absolute/path/');
+
+// Each setting: its env var, its `regen serve` flag, how to parse it, and its default.
+const settings = {
+  port: { env: 'REGEN_PORT', flag: 'port', parse: int(0, 65535), default: '8080' },
+  host: { env: 'REGEN_HOST', flag: 'host', parse: z.string().min(1), default: '127.0.0.1' },
+  dataDir: { env: 'REGEN_DATA', flag: 'data', parse: z.string().min(1), default: './data' },
+  outputUri: { env: 'REGEN_OUTPUT_URI', flag: 'output-uri', parse: uri, default: undefined },
+  inputRoots: { env: 'REGEN_INPUT_ROOTS', flag: 'input-roots', parse: list, default: '' },
+  apiTokens: { env: 'REGEN_API_TOKENS', flag: undefined, parse: list, default: '' },
+  allowPublicBind: { env: 'REGEN_ALLOW_PUBLIC_BIND', flag: undefined, parse: bool, default: 'false' },
+  runner: { env: 'REGEN_RUNNER', flag: undefined, parse: bool, default: 'true' },
+  requestTimeoutMs: { env: 'REGEN_REQUEST_TIMEOUT_MS', flag: undefined, parse: int(100, 86_400_000), default: '600000' },
+  maxAttempts: { env: 'REGEN_MAX_ATTEMPTS', flag: undefined, parse: int(1, 100), default: '5' },
+  shardSize: { env: 'REGEN_SHARD_SIZE', flag: undefined, parse: int(1, 1_000_000), default: '1000' },
+  defaultConcurrency: { env: 'REGEN_DEFAULT_CONCURRENCY', flag: undefined, parse: int(1, 100_000), default: '32' },
+  probeIntervalMs: { env: 'REGEN_PROBE_INTERVAL_MS', flag: undefined, parse: int(50, 600_000), default: '5000' },
+  shutdownGraceMs: { env: 'REGEN_SHUTDOWN_GRACE_MS', flag: undefined, parse: int(0, 3_600_000), default: '30000' },
+  maxBodyBytes: { env: 'REGEN_MAX_BODY_BYTES', flag: undefined, parse: int(1024, 1 << 30), default: String(10 << 20) },
+  maxLineBytes: { env: 'REGEN_MAX_LINE_BYTES', flag: undefined, parse: int(1024, 1 << 30), default: String(16 << 20) },
+  logLevel: {
+    env: 'REGEN_LOG_LEVEL',
+    flag: 'log-level',
+    parse: z.enum(['trace', 'debug', 'info', 'warn', 'error', 'fatal', 'silent']),
+    default: 'info',
+  },
+  s3Endpoint: { env: 'REGEN_S3_ENDPOINT', flag: undefined, parse: z.url(), default: undefined },
+  s3ForcePathStyle: { env: 'REGEN_S3_FORCE_PATH_STYLE', flag: undefined, parse: bool, default: 'false' },
+} as const;
+
+type Settings = typeof settings;
+type Parsed = { [K in keyof Settings]: z.output<Settings[K]['parse']> | (Settings[K]['default'] extends undefined ? undefined : never) };
+export type Config = Parsed & { dbPath: string; outputUri: string };
+
+export class ConfigError extends Error {}
+
+/** Reads every REGEN_* setting (a flag wins over its env var); throws one line naming each bad value. */
+export function loadConfig(env: NodeJS.ProcessEnv, flags: Record<string, string | undefined> = {}): Config {
+  const out: Record<string, unknown> = {};
+  const problems: string[] = [];
+  for (const [key, s] of Object.entries(settings)) {
+    const fromFlag = s.flag ? flags[s.flag] : undefined;
+    const raw = fromFlag ?? env[s.env] ?? s.default;
+    if (raw === undefined) continue;
+    const parsed = (s.parse as z.ZodType).safeParse(raw);
+    if (parsed.success) out[key] = parsed.data;
+    else {
+      const source = fromFlag !== undefined ? `--${s.flag}` : s.env;
+      problems.push(`${source}: ${parsed.error.issues[0]?.message ?? 'invalid value'} (got ${JSON.stringify(String(raw).slice(0, 80))})`);
+    }
+  }
+  if (problems.length) throw new ConfigError(problems.join('\n'));
+  const dataDir = resolve(out.dataDir as string);
+  const outputUri = (out.outputUri as string | undefined) ?? pathToFileURL(resolve(dataDir, 'objects')).href + '/';
+  return {
+    ...(out as Parsed),
+    dataDir,
+    outputUri: outputUri.endsWith('/') ? outputUri : outputUri + '/',
+    inputRoots: (out.inputRoots as string[]).map((r) => resolve(r)),
+    dbPath: resolve(dataDir, 'regen.db'),
+  };
+}

@@ -1,0 +1,27 @@
+import Database from 'better-sqlite3';
+import { drizzle, type BetterSQLite3Database } from 'drizzle-orm/better-sqlite3';
+import { migrate } from 'drizzle-orm/better-sqlite3/migrator';
+import { fileURLToPath } from 'node:url';
+import * as schema from './schema.js';
+
+export type Db = BetterSQLite3Database<typeof schema> & { $client: Database.Database };
+
+const migrationsFolder = fileURLToPath(new URL('../../migrations', import.meta.url));
+
+/** Opens the database file, tunes it for one writer with many readers, and applies migrations. */
+export function openDb(path: string): Db {
+  const sqlite = new Database(path);
+  sqlite.pragma('journal_mode = WAL');
+  // NORMAL in WAL mode is durable across process crashes (only an OS crash can lose the last commits).
+  sqlite.pragma('synchronous = NORMAL');
+  sqlite.pragma('busy_timeout = 10000');
+  sqlite.pragma('foreign_keys = ON');
+  sqlite.pragma('cache_size = -65536');
+  const db = drizzle(sqlite, { schema }) as Db;
+  migrate(db, { migrationsFolder });
+  return db;
+}
+
+export function closeDb(db: Db): void {
+  if (db.$client.open) db.$client.close();
+}

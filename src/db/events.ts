@@ -1,0 +1,19 @@
+import { and, asc, eq, gt } from 'drizzle-orm';
+import type { Db } from './client.js';
+import { events } from './schema.js';
+
+export type RunEventType = 'status' | 'shard_uploaded' | 'gate';
+
+export function appendEvent(db: Db, runId: string, type: RunEventType, data: Record<string, unknown>, now: number): void {
+  db.insert(events).values({ runId, type, data, createdAt: now }).run();
+}
+
+export function eventsAfter(db: Db, runId: string, afterId: number, limit = 500) {
+  return db
+    .select()
+    .from(events)
+    .where(and(eq(events.runId, runId), gt(events.id, afterId)))
+    .orderBy(asc(events.id))
+    .limit(limit)
+    .all();
+}

@@ -1,0 +1,196 @@
+import { sql } from 'drizzle-orm';
+import { index, integer, primaryKey, real, sqliteTable, text, uniqueIndex } from 'drizzle-orm/sqlite-core';
+
+// Timestamps are integer milliseconds since the epoch; the API renders them as RFC 3339.
+
+export const endpoints = sqliteTable('endpoints', {
+  id: text('id').primaryKey(),
+  url: text('url').notNull().unique(),
+  name: text('name').notNull(),
+  apiKey: text('api_key'),
+  model: text('model'),
+  state: text('state').notNull().default('starting'),
+  // Set by the user; when null the server's own max_running_requests (or the default) applies.
+  maxConcurrency: integer('max_concurrency'),
+  serverMaxRunning: integer('server_max_running'),
+  weight: real('weight').notNull().default(1),
+  labels: text('labels', { mode: 'json' }).$type<Record<string, string>>().notNull().default(sql`'{}'`),
+  lastError: text('last_error'),
+  lastCheckedAt: integer('last_checked_at'),
+  completed: integer('completed').notNull().default(0),
+  failed: integer('failed').notNull().default(0),
+  createdAt: integer('created_at').notNull(),
+  updatedAt: integer('updated_at').notNull(),
+});
+
+export const files = sqliteTable('files', {
+  id: text('id').primaryKey(),
+  filename: text('filename').notNull(),
+  purpose: text('purpose').notNull(),
+  bytes: integer('bytes').notNull(),
+  objectKey: text('object_key').notNull(),
+  createdAt: integer('created_at').notNull(),
+});
+
+export const runs = sqliteTable(
+  'runs',
+  {
+    id: text('id').primaryKey(),
+    name: text('name'),
+    model: text('model').notNull(),
+    status: text('status').notNull(),
+    statusReason: text('status_reason'),
+    createdAt: integer('created_at').notNull(),
+    startedAt: integer('started_at'),
+    finishedAt: integer('finished_at'),
+    params: text('params', { mode: 'json' }).$type<Record<string, unknown>>().notNull(),
+    input: text('input', { mode: 'json' }).$type<RunInput>().notNull(),
+    shardSize: integer('shard_size').notNull(),
+    outputUri: text('output_uri').notNull(),
+    priority: integer('priority').notNull().default(0),
+    metadata: text('metadata', { mode: 'json' }).$type<Record<string, string>>().notNull(),
+    regenerate: text('regenerate'),
+    onInvalidLine: text('on_invalid_line').notNull(),
+    quality: text('quality', { mode: 'json' }).$type<QualityConfig | null>(),
+    gateOverridden: integer('gate_overridden', { mode: 'boolean' }).notNull().default(false),
+    requestTimeoutMs: integer('request_timeout_ms').notNull(),
+    maxAttempts: integer('max_attempts').notNull(),
+    idempotencyKey: text('idempotency_key').unique(),
+    requestHash: text('request_hash'),
+    // Line errors found while validating: the first 100 are kept, all are counted.
+    invalidLines: integer('invalid_lines').notNull().default(0),
+    lineErrors: text('line_errors', { mode: 'json' }).$type<LineError[]>().notNull().default(sql`'[]'`),
+    // Counters kept in step with sample status by the code that changes it.
+    total: integer('total').notNull().default(0),
+    pending: integer('pending').notNull().default(0),
+    inProgress: integer('in_progress').notNull().default(0),
+    completed: integer('completed').notNull().default(0),
+    failed: integer('failed').notNull().default(0),
+    cancelled: integer('cancelled').notNull().default(0),
+    flagged: integer('flagged').notNull().default(0),
+    flagEmptyContent: integer('flag_empty_content').notNull().default(0),
+    flagMissingReasoning: integer('flag_missing_reasoning').notNull().default(0),
+    flagTruncated: integer('flag_truncated').notNull().default(0),
+    flagRepetitive: integer('flag_repetitive').notNull().default(0),
+    flagTooShort: integer('flag_too_short').notNull().default(0),
+    promptTokens: integer('prompt_tokens').notNull().default(0),
+    completionTokens: integer('completion_tokens').notNull().default(0),
+    reasoningTokens: integer('reasoning_tokens').notNull().default(0),
+    shardsTotal: integer('shards_total').notNull().default(0),
+    shardsUploaded: integer('shards_uploaded').notNull().default(0),
+    droppedResults: integer('dropped_results').notNull().default(0),
+    manifestKey: text('manifest_key'),
+    updatedAt: integer('updated_at').notNull(),
+  },
+  (t) => [index('runs_status_idx').on(t.status, t.priority, t.createdAt)],
+);
+
+export const shards = sqliteTable(
+  'shards',
+  {
+    runId: text('run_id').notNull().references(() => runs.id, { onDelete: 'cascade' }),
+    idx: integer('idx').notNull(),
+    status: text('status').notNull().default('open'),
+    firstSeq: integer('first_seq').notNull(),
+    sampleCount: integer('sample_count').notNull(),
+    terminalCount: integer('terminal_count').notNull().default(0),
+    key: text('key'),
+    bytes: integer('bytes'),
+    lines: integer('lines'),
+    sha256: text('sha256'),
+    errorsKey: text('errors_key'),
+    errorsBytes: integer('errors_bytes'),
+    errorsLines: integer('errors_lines'),
+    errorsSha256: text('errors_sha256'),
+    uploadAttempts: integer('upload_attempts').notNull().default(0),
+    lastError: text('last_error'),
+    uploadedAt: integer('uploaded_at'),
+  },
+  (t) => [primaryKey({ columns: [t.runId, t.idx] }), index('shards_status_idx').on(t.status)],
+);
+
+export const samples = sqliteTable(
+  'samples',
+  {
+    id: integer('id').primaryKey({ autoIncrement: true }),
+    runId: text('run_id').notNull(),
+    seq: integer('seq').notNull(),
+    shardIdx: integer('shard_idx').notNull(),
+    customId: text('custom_id').notNull(),
+    status: text('status').notNull().default('pending'),
+    // The request as sent: {messages, params?} in JSON, kept so a retry or restart can resend it.
+    request: text('request').notNull(),
+    attempts: integer('attempts').notNull().default(0),
+    qualityRetries: integer('quality_retries').notNull().default(0),
+    availableAt: integer('available_at').notNull().default(0),
+    leaseOwner: text('lease_owner'),
+    leaseExpiresAt: integer('lease_expires_at'),
+    endpointId: text('endpoint_id'),
+    finishReason: text('finish_reason'),
+    promptTokens: integer('prompt_tokens'),
+    completionTokens: integer('completion_tokens'),
+    reasoningTokens: integer('reasoning_tokens'),
+    cachedTokens: integer('cached_tokens'),
+    latencyMs: integer('latency_ms'),
+    flags: integer('flags').notNull().default(0),
+    errorCode: text('error_code'),
+    errorMessage: text('error_message'),
+    errorStatus: integer('error_status'),
+    outputKey: text('output_key'),
+    outputLine: integer('output_line'),
+    completedAt: integer('completed_at'),
+  },
+  (t) => [
+    uniqueIndex('samples_run_custom_id').on(t.runId, t.customId),
+    index('samples_claim_idx').on(t.runId, t.status, t.seq),
+    index('samples_run_seq_idx').on(t.runId, t.seq),
+  ],
+);
+
+// Completion text waits here until its shard is uploaded; then the shard object is the copy.
+export const staging = sqliteTable('staging', {
+  sampleId: integer('sample_id').primaryKey(),
+  runId: text('run_id').notNull(),
+  shardIdx: integer('shard_idx').notNull(),
+  output: text('output').notNull(),
+});
+
+export const events = sqliteTable(
+  'events',
+  {
+    id: integer('id').primaryKey({ autoIncrement: true }),
+    runId: text('run_id').notNull(),
+    type: text('type').notNull(),
+    data: text('data', { mode: 'json' }).$type<Record<string, unknown>>().notNull(),
+    createdAt: integer('created_at').notNull(),
+  },
+  (t) => [index('events_run_idx').on(t.runId, t.id)],
+);
+
+// One row: the process that runs dispatch on this database, so a restart can tell a dead
+// owner's leases from a live one's.
+export const runnerLock = sqliteTable('runner_lock', {
+  id: integer('id').primaryKey(),
+  owner: text('owner').notNull(),
+  pid: integer('pid').notNull(),
+  hostname: text('hostname').notNull(),
+  heartbeatAt: integer('heartbeat_at').notNull(),
+});
+
+export type RunInput = { file_id: string } | { uri: string } | { requests: number };
+export interface LineError {
+  line: number;
+  message: string;
+  custom_id?: string;
+}
+export interface QualityConfig {
+  min_completion_tokens: number;
+  retry_flagged: number;
+  gate: { min_samples: number; max_flag_rate: number } | false;
+}
+
+export type EndpointRow = typeof endpoints.$inferSelect;
+export type FileRow = typeof files.$inferSelect;
+export type RunRow = typeof runs.$inferSelect;
+export type ShardRow = typeof shards.$inferSelect;
+export type SampleRow = typeof samples.$inferSelect;

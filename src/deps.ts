@@ -1,0 +1,20 @@
+import type { Config } from './config.js';
+import type { Db } from './db/client.js';
+import type { Logger } from './logger.js';
+import type { Stores } from './storage/index.js';
+import type { RunnerView } from './runner/view.js';
+
+/** Everything a route or the runner needs, built once in src/index.ts (or by a test). */
+export interface Deps {
+  config: Config;
+  db: Db;
+  stores: Stores;
+  logger: Logger;
+  clock: () => number;
+  /** Live state of the runner; a process without one reports none. */
+  runner: RunnerView;
+  /** Starts validating a run's input in the background. */
+  startIngest(runId: string): void;
+}
+
+export type AppEnv = { Variables: { deps: Deps; requestId: string } };

@@ -1,0 +1,10 @@
+import { stringify } from 'yaml';
+import { createApp } from './app.js';
+import type { Deps } from './deps.js';
+import { openApiDocument } from './routes/service/openapi.js';
+
+/** The OpenAPI document as YAML, built from the routes alone (no database, no runner needed). */
+export function renderOpenApiYaml(): string {
+  const app = createApp({ config: { apiTokens: [], maxBodyBytes: 1 } } as unknown as Deps);
+  return stringify(openApiDocument(app), { lineWidth: 0, sortMapEntries: false });
+}

@@ -1,0 +1,30 @@
+import { createRoute, z } from '@hono/zod-openapi';
+import { eq } from 'drizzle-orm';
+import type { App } from '../../app.js';
+import { notFound, problemResponses } from '../../errors.js';
+import { getEndpoint } from '../../db/endpoints.js';
+import { endpoints } from '../../db/schema.js';
+import { EndpointIdParam, jsonContent } from '../common.js';
+
+const Deleted = z.object({ id: z.string(), object: z.literal('endpoint'), deleted: z.literal(true) }).openapi('EndpointDeleted');
+
+const route = createRoute({
+  method: 'delete',
+  path: '/v1/endpoints/{id}',
+  tags: ['endpoints'],
+  summary: 'Remove an endpoint; its in-flight requests are aborted and their samples return to the queue',
+  request: { params: EndpointIdParam },
+  responses: { 200: jsonContent(Deleted, 'The endpoint is gone'), ...problemResponses(401, 404, 422) },
+});
+
+export function registerDeleteEndpoint(app: App) {
+  app.openapi(route, (c) => {
+    const deps = c.get('deps');
+    const { id } = c.req.valid('param');
+    if (!getEndpoint(deps.db, id)) throw notFound('endpoint', id);
+    deps.db.delete(endpoints).where(eq(endpoints.id, id)).run();
+    deps.logger.info({ endpoint_id: id }, 'endpoint removed');
+    deps.runner.wake();
+    return c.json({ id, object: 'endpoint' as const, deleted: true as const }, 200);
+  });
+}

@@ -1,0 +1,24 @@
+import { createRoute } from '@hono/zod-openapi';
+import type { App } from '../../app.js';
+import { problemResponses } from '../../errors.js';
+import { listEndpoints } from '../../db/endpoints.js';
+import { jsonContent, listOf, page, PageQuery } from '../common.js';
+import { Endpoint, renderEndpoint } from './schemas.js';
+
+const route = createRoute({
+  method: 'get',
+  path: '/v1/endpoints',
+  tags: ['endpoints'],
+  summary: 'List registered endpoints with their state, load and stats',
+  request: { query: PageQuery },
+  responses: { 200: jsonContent(listOf(Endpoint, 'EndpointList'), 'A page of endpoints'), ...problemResponses(401, 422) },
+});
+
+export function registerListEndpoints(app: App) {
+  app.openapi(route, (c) => {
+    const deps = c.get('deps');
+    const q = c.req.valid('query');
+    const rows = listEndpoints(deps.db, q);
+    return c.json(page(rows, q.limit, (e) => e.id, (e) => renderEndpoint(e, deps.runner.endpointLive(e.id), deps.config.defaultConcurrency)), 200);
+  });
+}

@@ -1,0 +1,116 @@
+import { z } from '@hono/zod-openapi';
+import { ENDPOINT_STATES, effectiveConcurrency } from '../../db/endpoints.js';
+import type { EndpointRow } from '../../db/schema.js';
+import type { EndpointLive } from '../../runner/view.js';
+import { iso, Timestamp } from '../common.js';
+
+/** Strips a trailing `/` and `/v1`, so `http://h:30000/v1/` and `http://h:30000` are one endpoint. */
+export function normalizeEndpointUrl(raw: string): string {
+  const u = new URL(raw);
+  u.hash = '';
+  u.search = '';
+  return u.toString().replace(/\/+$/, '').replace(/\/v1$/, '');
+}
+
+export const EndpointUrl = z
+  .string()
+  .max(2048)
+  .refine((v) => {
+    try {
+      const u = new URL(v);
+      return (u.protocol === 'http:' || u.protocol === 'https:') && !u.username && !u.password;
+    } catch {
+      return false;
+    }
+  }, 'expected an http:// or https:// base URL without credentials')
+  .refine((v) => {
+    try {
+      // Link-local addresses are cloud metadata services, never an inference server.
+      return !/^(169\.254\.|\[fe80:)/i.test(new URL(v).hostname);
+    } catch {
+      return false;
+    }
+  }, 'link-local addresses are not allowed')
+  .openapi({ example: 'http://10.0.0.5:30000' });
+
+const Labels = z.record(z.string().max(64), z.string().max(256)).refine((l) => Object.keys(l).length <= 32, 'at most 32 labels');
+
+export const CreateEndpointBody = z
+  .object({
+    url: EndpointUrl,
+    name: z.string().min(1).max(128).optional(),
+    api_key: z.string().min(1).max(4096).optional().openapi({ description: 'Write-only: stored, used, never returned' }),
+    max_concurrency: z.number().int().min(1).max(100_000).optional(),
+    weight: z.number().gt(0).max(1000).optional(),
+    labels: Labels.optional(),
+  })
+  .strict()
+  .openapi('CreateEndpoint', { example: { url: 'http://10.0.0.5:30000', name: 'node-a', max_concurrency: 64 } });
+
+export const PatchEndpointBody = z
+  .object({
+    name: z.string().min(1).max(128).optional(),
+    max_concurrency: z.number().int().min(1).max(100_000).nullable().optional(),
+    weight: z.number().gt(0).max(1000).optional(),
+    state: z.enum(['draining', 'disabled', 'ready']).optional(),
+    api_key: z.string().min(1).max(4096).nullable().optional(),
+    labels: Labels.optional(),
+  })
+  .strict()
+  .openapi('PatchEndpoint');
+
+export const Endpoint = z
+  .object({
+    id: z.string(),
+    object: z.literal('endpoint'),
+    url: z.string(),
+    name: z.string(),
+    model: z.string().nullable(),
+    state: z.enum(ENDPOINT_STATES),
+    max_concurrency: z.number().int(),
+    max_concurrency_source: z.enum(['user', 'server', 'default']),
+    in_flight: z.number().int(),
+    weight: z.number(),
+    has_api_key: z.boolean(),
+    labels: z.record(z.string(), z.string()),
+    last_error: z.string().nullable(),
+    last_checked_at: Timestamp.nullable(),
+    created_at: Timestamp,
+    stats: z.object({
+      completed: z.number().int(),
+      failed: z.number().int(),
+      samples_per_second: z.number(),
+      completion_tokens_per_second: z.number(),
+      p50_latency_ms: z.number().nullable(),
+    }),
+    server: z.object({ running: z.number().nullable(), queued: z.number().nullable() }),
+  })
+  .openapi('Endpoint');
+
+export function renderEndpoint(e: EndpointRow, live: EndpointLive, defaultConcurrency: number) {
+  return {
+    id: e.id,
+    object: 'endpoint' as const,
+    url: e.url,
+    name: e.name,
+    model: e.model,
+    state: e.state as (typeof ENDPOINT_STATES)[number],
+    max_concurrency: effectiveConcurrency(e, defaultConcurrency),
+    max_concurrency_source: e.maxConcurrency != null ? ('user' as const) : e.serverMaxRunning != null ? ('server' as const) : ('default' as const),
+    in_flight: live.in_flight,
+    weight: e.weight,
+    has_api_key: e.apiKey != null,
+    labels: e.labels,
+    last_error: e.lastError,
+    last_checked_at: iso(e.lastCheckedAt),
+    created_at: iso(e.createdAt)!,
+    stats: {
+      completed: e.completed,
+      failed: e.failed,
+      samples_per_second: live.samples_per_second,
+      completion_tokens_per_second: live.completion_tokens_per_second,
+      p50_latency_ms: live.p50_latency_ms,
+    },
+    server: live.server,
+  };
+}

@@ -1,0 +1,23 @@
+import { createRoute } from '@hono/zod-openapi';
+import type { App } from '../../app.js';
+import { problemResponses } from '../../errors.js';
+import { listFiles } from '../../db/files.js';
+import { jsonContent, listOf, page, PageQuery } from '../common.js';
+import { FileObject, PURPOSES, renderFile } from './schemas.js';
+import { z } from '@hono/zod-openapi';
+
+const route = createRoute({
+  method: 'get',
+  path: '/v1/files',
+  tags: ['files'],
+  summary: 'List files, newest first',
+  request: { query: PageQuery.extend({ purpose: z.enum(PURPOSES).optional() }) },
+  responses: { 200: jsonContent(listOf(FileObject, 'FileList'), 'A page of files'), ...problemResponses(401, 422) },
+});
+
+export function registerListFiles(app: App) {
+  app.openapi(route, (c) => {
+    const q = c.req.valid('query');
+    return c.json(page(listFiles(c.get('deps').db, q), q.limit, (f) => f.id, renderFile), 200);
+  });
+}

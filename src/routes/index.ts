@@ -1,0 +1,42 @@
+import type { App } from '../app.js';
+import { registerDeleteEndpoint } from './endpoints/delete.js';
+import { registerGetEndpoint } from './endpoints/get.js';
+import { registerListEndpoints } from './endpoints/list.js';
+import { registerPatchEndpoint } from './endpoints/patch.js';
+import { registerUpsertEndpoint } from './endpoints/upsert.js';
+import { registerFileContent } from './files/content.js';
+import { registerDeleteFile } from './files/delete.js';
+import { registerGetFile } from './files/get.js';
+import { registerListFiles } from './files/list.js';
+import { registerUploadFile } from './files/upload.js';
+import { registerRunActions } from './runs/actions.js';
+import { registerCreateRun } from './runs/create.js';
+import { registerGetRun } from './runs/get.js';
+import { registerListRuns } from './runs/list.js';
+import { registerGetSample } from './runs/sample.js';
+import { registerListSamples } from './runs/samples.js';
+import { registerListShards } from './runs/shards.js';
+import { registerHealth } from './service/health.js';
+import { registerOpenApi } from './service/openapi.js';
+
+export function registerRoutes(app: App): void {
+  registerHealth(app);
+  registerOpenApi(app);
+  registerUploadFile(app);
+  registerListFiles(app);
+  registerGetFile(app);
+  registerFileContent(app);
+  registerDeleteFile(app);
+  registerCreateRun(app);
+  registerListRuns(app);
+  registerGetRun(app);
+  registerListShards(app);
+  registerListSamples(app);
+  registerGetSample(app);
+  registerRunActions(app);
+  registerUpsertEndpoint(app);
+  registerListEndpoints(app);
+  registerGetEndpoint(app);
+  registerPatchEndpoint(app);
+  registerDeleteEndpoint(app);
+}

@@ -1,0 +1,47 @@
+import { createRoute, z } from '@hono/zod-openapi';
+import type { App } from '../../app.js';
+import { problemResponses } from '../../errors.js';
+import { cancelRun, pauseRun, resumeRun, retryRun } from '../../runner/lifecycle.js';
+import { jsonContent, RunIdParam } from '../common.js';
+import { renderRun } from './render.js';
+import { Run } from './schemas.js';
+
+const ResumeBody = z.object({ override_gate: z.boolean().optional() }).strict().openapi('ResumeRun');
+const RetryBody = z.object({ only: z.enum(['failed', 'flagged']).optional() }).strict().openapi('RetryRun');
+
+const action = <B extends z.ZodTypeAny>(name: string, summary: string, body: B) =>
+  createRoute({
+    method: 'post',
+    path: `/v1/runs/{id}/${name}`,
+    tags: ['runs'],
+    summary,
+    request: { params: RunIdParam, body: { content: { 'application/json': { schema: body } }, required: false } },
+    responses: { 200: jsonContent(Run, 'The run after the change'), ...problemResponses(401, 404, 409, 422) },
+  });
+
+const Empty = z.object({}).strict();
+
+export function registerRunActions(app: App) {
+  const respond = (c: { get: App['request'] extends never ? never : any; json: any }, id: string, run: Parameters<typeof renderRun>[0]) => {
+    const deps = c.get('deps');
+    return c.json(renderRun(run, deps.runner.runProgress(id), deps.clock()), 200);
+  };
+  app.openapi(action('pause', 'Pause a run: no new dispatch, in-flight requests finish', Empty), (c) => {
+    const { id } = c.req.valid('param');
+    return respond(c, id, pauseRun(c.get('deps'), id));
+  });
+  app.openapi(action('resume', 'Resume a paused run; `override_gate` keeps the quality gate quiet for this run', ResumeBody), (c) => {
+    const { id } = c.req.valid('param');
+    const body = (c.req.valid('json') ?? {}) as z.infer<typeof ResumeBody>;
+    return respond(c, id, resumeRun(c.get('deps'), id, body.override_gate === true));
+  });
+  app.openapi(action('cancel', 'Cancel a run: in-flight requests are aborted, completed samples are still written', Empty), (c) => {
+    const { id } = c.req.valid('param');
+    return respond(c, id, cancelRun(c.get('deps'), id));
+  });
+  app.openapi(action('retry', 'Re-queue failed (or flagged) samples and reopen their shards', RetryBody), (c) => {
+    const { id } = c.req.valid('param');
+    const body = (c.req.valid('json') ?? {}) as z.infer<typeof RetryBody>;
+    return respond(c, id, retryRun(c.get('deps'), id, body.only ?? 'failed').run);
+  });
+}

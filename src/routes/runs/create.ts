@@ -1,0 +1,32 @@
+import { createRoute, z } from '@hono/zod-openapi';
+import type { App } from '../../app.js';
+import { problemResponses } from '../../errors.js';
+import { createRun } from '../../runner/submit.js';
+import { jsonContent } from '../common.js';
+import { renderRun } from './render.js';
+import { CreateRunBody, Run } from './schemas.js';
+
+const route = createRoute({
+  method: 'post',
+  path: '/v1/runs',
+  tags: ['runs'],
+  summary: 'Create a regeneration run',
+  description: 'Validates the input in the background (status `validating`), then queues the run. Send an `Idempotency-Key` to make retries safe.',
+  request: {
+    headers: z.object({ 'idempotency-key': z.string().min(1).max(256).optional() }),
+    body: { content: { 'application/json': { schema: CreateRunBody } }, required: true },
+  },
+  responses: {
+    201: jsonContent(Run, 'The run, in status `validating` (or as first created, for a replayed Idempotency-Key)'),
+    ...problemResponses(400, 401, 404, 409, 413, 422),
+  },
+});
+
+export function registerCreateRun(app: App) {
+  app.openapi(route, async (c) => {
+    const deps = c.get('deps');
+    const { run, replayed } = await createRun(deps, c.req.valid('json'), c.req.valid('header')['idempotency-key']);
+    if (replayed) c.header('Idempotent-Replayed', 'true');
+    return c.json(renderRun(run, deps.runner.runProgress(run.id), deps.clock()), 201);
+  });
+}

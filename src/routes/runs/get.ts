@@ -1,0 +1,26 @@
+import { createRoute } from '@hono/zod-openapi';
+import type { App } from '../../app.js';
+import { notFound, problemResponses } from '../../errors.js';
+import { getRun } from '../../db/runs.js';
+import { jsonContent, RunIdParam } from '../common.js';
+import { renderRun } from './render.js';
+import { Run } from './schemas.js';
+
+const route = createRoute({
+  method: 'get',
+  path: '/v1/runs/{id}',
+  tags: ['runs'],
+  summary: 'Get a run with its counts, quality, usage and progress',
+  request: { params: RunIdParam },
+  responses: { 200: jsonContent(Run, 'The run'), ...problemResponses(401, 404, 422) },
+});
+
+export function registerGetRun(app: App) {
+  app.openapi(route, (c) => {
+    const deps = c.get('deps');
+    const { id } = c.req.valid('param');
+    const run = getRun(deps.db, id);
+    if (!run) throw notFound('run', id);
+    return c.json(renderRun(run, deps.runner.runProgress(id), deps.clock()), 200);
+  });
+}

@@ -1,0 +1,26 @@
+import { createRoute, z } from '@hono/zod-openapi';
+import type { App } from '../../app.js';
+import { problemResponses } from '../../errors.js';
+import { listRuns } from '../../db/runs.js';
+import { jsonContent, listOf, page, PageQuery } from '../common.js';
+import { renderRun } from './render.js';
+import { Run, RunStatus } from './schemas.js';
+
+const route = createRoute({
+  method: 'get',
+  path: '/v1/runs',
+  tags: ['runs'],
+  summary: 'List runs, newest first',
+  request: { query: PageQuery.extend({ status: RunStatus.optional() }) },
+  responses: { 200: jsonContent(listOf(Run, 'RunList'), 'A page of runs'), ...problemResponses(401, 422) },
+});
+
+export function registerListRuns(app: App) {
+  app.openapi(route, (c) => {
+    const deps = c.get('deps');
+    const q = c.req.valid('query');
+    const rows = listRuns(deps.db, q);
+    const now = deps.clock();
+    return c.json(page(rows, q.limit, (r) => r.id, (r) => renderRun(r, deps.runner.runProgress(r.id), now)), 200);
+  });
+}

@@ -1,0 +1,114 @@
+import type { RunRow, SampleRow, ShardRow } from '../../db/schema.js';
+import { joinUri } from '../../storage/index.js';
+import { flagsFromBits } from '../../runner/quality.js';
+import type { RunProgress } from '../../runner/view.js';
+import { iso } from '../common.js';
+import type { Run } from './schemas.js';
+
+export function renderRun(r: RunRow, live: RunProgress, now: number): Run {
+  const done = r.completed + r.failed + r.cancelled;
+  const remaining = r.pending + r.inProgress;
+  const rate = live.samples_per_second;
+  const end = r.finishedAt ?? now;
+  return {
+    id: r.id,
+    object: 'run',
+    name: r.name,
+    model: r.model,
+    status: r.status as Run['status'],
+    status_reason: r.statusReason,
+    created_at: iso(r.createdAt)!,
+    started_at: iso(r.startedAt),
+    finished_at: iso(r.finishedAt),
+    params: r.params,
+    shard_size: r.shardSize,
+    output_uri: r.outputUri,
+    priority: r.priority,
+    metadata: r.metadata,
+    input: r.input as Record<string, unknown>,
+    regenerate: r.regenerate,
+    on_invalid_line: r.onInvalidLine as 'fail' | 'skip',
+    request_timeout_ms: r.requestTimeoutMs,
+    max_attempts: r.maxAttempts,
+    quality_settings: r.quality ?? false,
+    invalid_lines: { count: r.invalidLines, errors: r.lineErrors },
+    request_counts: {
+      total: r.total,
+      pending: r.pending,
+      in_progress: r.inProgress,
+      completed: r.completed,
+      failed: r.failed,
+      cancelled: r.cancelled,
+    },
+    quality: {
+      flagged: r.flagged,
+      by_flag: {
+        empty_content: r.flagEmptyContent,
+        missing_reasoning: r.flagMissingReasoning,
+        truncated: r.flagTruncated,
+        repetitive: r.flagRepetitive,
+        too_short: r.flagTooShort,
+      },
+    },
+    usage: { prompt_tokens: r.promptTokens, completion_tokens: r.completionTokens, reasoning_tokens: r.reasoningTokens },
+    shards: { total: r.shardsTotal, uploaded: r.shardsUploaded },
+    progress: {
+      fraction: r.total ? done / r.total : 0,
+      samples_per_second: round(rate),
+      completion_tokens_per_second: round(live.completion_tokens_per_second),
+      eta_seconds: remaining === 0 ? 0 : rate > 0 ? Math.ceil(remaining / rate) : null,
+      elapsed_seconds: r.startedAt ? Math.max(0, Math.round((end - r.startedAt) / 1000)) : 0,
+    },
+    manifest_uri: r.manifestKey ? joinUri(r.outputUri, r.manifestKey) : null,
+  };
+}
+
+const round = (n: number) => Math.round(n * 100) / 100;
+
+export function renderSample(s: SampleRow) {
+  return {
+    object: 'sample' as const,
+    custom_id: s.customId,
+    run_id: s.runId,
+    index: s.seq,
+    shard: s.shardIdx,
+    status: s.status as 'pending',
+    attempts: s.attempts,
+    endpoint_id: s.endpointId,
+    finish_reason: s.finishReason,
+    usage:
+      s.completionTokens == null
+        ? null
+        : {
+            prompt_tokens: s.promptTokens ?? 0,
+            completion_tokens: s.completionTokens ?? 0,
+            reasoning_tokens: s.reasoningTokens ?? 0,
+            cached_tokens: s.cachedTokens ?? 0,
+          },
+    latency_ms: s.latencyMs,
+    flags: flagsFromBits(s.flags),
+    error: s.errorCode ? { code: s.errorCode, message: s.errorMessage ?? '', status: s.errorStatus } : null,
+    output_key: s.outputKey,
+    output_line: s.outputLine,
+    completed_at: iso(s.completedAt),
+  };
+}
+
+export function renderShard(s: ShardRow) {
+  return {
+    object: 'shard' as const,
+    index: s.idx,
+    status: s.status as 'open' | 'uploaded',
+    samples: s.sampleCount,
+    done: s.terminalCount,
+    key: s.key,
+    bytes: s.bytes,
+    lines: s.lines,
+    sha256: s.sha256,
+    errors_key: s.errorsKey,
+    errors_lines: s.errorsLines,
+    upload_attempts: s.uploadAttempts,
+    last_error: s.lastError,
+    uploaded_at: iso(s.uploadedAt),
+  };
+}

@@ -1,0 +1,42 @@
+import { createRoute, z } from '@hono/zod-openapi';
+import type { App } from '../../app.js';
+import { notFound, problemResponses } from '../../errors.js';
+import { getRun } from '../../db/runs.js';
+import { getSample } from '../../db/samples.js';
+import { readSampleOutput } from '../../runner/shard-writer.js';
+import { jsonContent, RunIdParam } from '../common.js';
+import { renderSample } from './render.js';
+import { SampleDetail } from './schemas.js';
+
+const route = createRoute({
+  method: 'get',
+  path: '/v1/runs/{id}/samples/{custom_id}',
+  tags: ['runs'],
+  summary: "A sample's metadata, its request, and its output (from staging or from the uploaded shard)",
+  request: {
+    params: RunIdParam.extend({ custom_id: z.string().min(1).max(512).openapi({ param: { name: 'custom_id', in: 'path' } }) }),
+  },
+  responses: { 200: jsonContent(SampleDetail, 'The sample'), ...problemResponses(401, 404, 422, 503) },
+});
+
+export function registerGetSample(app: App) {
+  app.openapi(route, async (c) => {
+    const deps = c.get('deps');
+    const { id, custom_id } = c.req.valid('param');
+    const run = getRun(deps.db, id);
+    if (!run) throw notFound('run', id);
+    const sample = getSample(deps.db, id, custom_id);
+    if (!sample) throw notFound('sample', custom_id);
+    const request = JSON.parse(sample.request) as { messages: unknown[]; params?: Record<string, unknown> };
+    const output = await readSampleOutput(deps, run, sample);
+    return c.json(
+      {
+        ...renderSample(sample),
+        messages: request.messages as { role: string; content: unknown }[],
+        params: request.params ?? null,
+        output,
+      },
+      200,
+    );
+  });
+}

@@ -1,0 +1,28 @@
+import { createRoute } from '@hono/zod-openapi';
+import type { App } from '../../app.js';
+import { notFound, problemResponses } from '../../errors.js';
+import { getRun } from '../../db/runs.js';
+import { listSamples } from '../../db/samples.js';
+import { jsonContent, listOf, page, PageQuery, RunIdParam } from '../common.js';
+import { renderSample } from './render.js';
+import { Flag, Sample, SampleStatus } from './schemas.js';
+
+const route = createRoute({
+  method: 'get',
+  path: '/v1/runs/{id}/samples',
+  tags: ['runs'],
+  summary: "List a run's samples in input order, filtered by status or quality flag",
+  request: { params: RunIdParam, query: PageQuery.extend({ status: SampleStatus.optional(), flag: Flag.optional() }) },
+  responses: { 200: jsonContent(listOf(Sample, 'SampleList'), 'A page of samples'), ...problemResponses(401, 404, 422) },
+});
+
+export function registerListSamples(app: App) {
+  app.openapi(route, (c) => {
+    const { db } = c.get('deps');
+    const { id } = c.req.valid('param');
+    if (!getRun(db, id)) throw notFound('run', id);
+    const q = c.req.valid('query');
+    const rows = listSamples(db, id, q);
+    return c.json(page(rows, q.limit, (s) => s.customId, renderSample), 200);
+  });
+}

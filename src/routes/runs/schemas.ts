@@ -1,0 +1,184 @@
+import { z } from '@hono/zod-openapi';
+import { RUN_STATUSES } from '../../db/runs.js';
+import { FLAGS } from '../../runner/quality.js';
+import { Timestamp } from '../common.js';
+
+const maxLen = (n: number) => z.string().max(n, `must be at most ${n} characters`);
+
+export const Message = z
+  .object({ role: z.string().min(1).max(64), content: z.unknown() })
+  .catchall(z.unknown())
+  .openapi('ChatMessage');
+
+// Known sampling parameters are checked; anything else is passed through to SGLang untouched.
+export const Params = z
+  .object({
+    temperature: z.number().min(0).max(2).optional(),
+    top_p: z.number().gt(0).max(1).optional(),
+    top_k: z.number().int().min(-1).max(100_000).optional(),
+    min_p: z.number().min(0).max(1).optional(),
+    max_tokens: z.number().int().min(1).max(10_000_000).optional(),
+    seed: z.number().int().min(0).max(2 ** 53).optional(),
+    stop: z.union([maxLen(1000), z.array(maxLen(1000)).max(32)]).optional(),
+    repetition_penalty: z.number().gt(0).max(10).optional(),
+    frequency_penalty: z.number().min(-2).max(2).optional(),
+    presence_penalty: z.number().min(-2).max(2).optional(),
+    chat_template_kwargs: z.record(z.string(), z.unknown()).optional(),
+    stream: z.literal(false, 'streaming is not supported: regen collects whole completions').optional(),
+    n: z.literal(1, 'only n=1 is supported').optional(),
+  })
+  .catchall(z.unknown())
+  .refine((p) => !('messages' in p) && !('model' in p), 'params must not contain messages or model')
+  .openapi('GenerationParams', { example: { temperature: 0.6, top_p: 0.95, max_tokens: 8192, chat_template_kwargs: { enable_thinking: true } } });
+
+export const QualitySettings = z
+  .union([
+    z.literal(false),
+    z.object({
+      min_completion_tokens: z.number().int().min(0).max(1_000_000).optional(),
+      retry_flagged: z.number().int().min(0).max(10).optional(),
+      gate: z
+        .union([
+          z.literal(false),
+          z.object({
+            min_samples: z.number().int().min(1).max(10_000_000).optional(),
+            max_flag_rate: z.number().min(0).max(1).optional(),
+          }),
+        ])
+        .optional(),
+    }),
+  ])
+  .openapi('QualitySettings');
+
+export const RequestLine = z
+  .object({ custom_id: z.string().max(512).optional(), messages: z.array(Message).min(1), params: z.record(z.string(), z.unknown()).optional() })
+  .openapi('InlineRequest');
+
+export const CreateRunBody = z
+  .object({
+    name: maxLen(256).optional(),
+    model: z.string().min(1, 'must not be empty').max(256, 'must be at most 256 characters'),
+    input: z.union([
+      z.object({ file_id: z.string().min(1).max(128) }).strict(),
+      z.object({ uri: z.string().min(1).max(4096) }).strict(),
+      z.object({ requests: z.array(z.unknown()).min(1).max(100_000) }).strict(),
+    ]),
+    params: Params.optional(),
+    shard_size: z.number().int().min(1).max(100_000).optional(),
+    output: z.object({ uri: z.string().min(1).max(4096) }).strict().optional(),
+    regenerate: z.enum(['last_assistant']).nullable().optional(),
+    on_invalid_line: z.enum(['fail', 'skip']).optional(),
+    quality: QualitySettings.optional(),
+    priority: z.number().int().min(-1000).max(1000).optional(),
+    metadata: z.record(maxLen(64), maxLen(512)).refine((m) => Object.keys(m).length <= 16, 'at most 16 keys').optional(),
+    request_timeout_ms: z.number().int().min(1000).max(86_400_000).optional(),
+    max_attempts: z.number().int().min(1).max(100).optional(),
+  })
+  .strict()
+  .openapi('CreateRun', {
+    example: {
+      name: 'regen-qwen3',
+      model: 'Qwen/Qwen3-27B',
+      input: { file_id: 'file_0mip2k3a1f3a9c0e1b2d4c6e8' },
+      params: { temperature: 0.6, max_tokens: 8192, chat_template_kwargs: { enable_thinking: true } },
+      regenerate: 'last_assistant',
+    },
+  });
+export type CreateRunBody = z.infer<typeof CreateRunBody>;
+
+const counts = (keys: readonly string[]) => z.object(Object.fromEntries(keys.map((k) => [k, z.number().int()])));
+
+export const RunStatus = z.enum(RUN_STATUSES).openapi('RunStatus');
+
+export const Run = z
+  .object({
+    id: z.string(),
+    object: z.literal('run'),
+    name: z.string().nullable(),
+    model: z.string(),
+    status: RunStatus,
+    status_reason: z.string().nullable(),
+    created_at: Timestamp,
+    started_at: Timestamp.nullable(),
+    finished_at: Timestamp.nullable(),
+    params: z.record(z.string(), z.unknown()),
+    shard_size: z.number().int(),
+    output_uri: z.string(),
+    priority: z.number().int(),
+    metadata: z.record(z.string(), z.string()),
+    input: z.record(z.string(), z.unknown()),
+    regenerate: z.string().nullable(),
+    on_invalid_line: z.enum(['fail', 'skip']),
+    request_timeout_ms: z.number().int(),
+    max_attempts: z.number().int(),
+    quality_settings: z.unknown(),
+    invalid_lines: z.object({
+      count: z.number().int(),
+      errors: z.array(z.object({ line: z.number().int(), message: z.string(), custom_id: z.string().optional() })),
+    }),
+    request_counts: counts(['total', 'pending', 'in_progress', 'completed', 'failed', 'cancelled']),
+    quality: z.object({ flagged: z.number().int(), by_flag: counts(FLAGS) }),
+    usage: counts(['prompt_tokens', 'completion_tokens', 'reasoning_tokens']),
+    shards: counts(['total', 'uploaded']),
+    progress: z.object({
+      fraction: z.number(),
+      samples_per_second: z.number(),
+      completion_tokens_per_second: z.number(),
+      eta_seconds: z.number().nullable(),
+      elapsed_seconds: z.number(),
+    }),
+    manifest_uri: z.string().nullable(),
+  })
+  .openapi('Run');
+export type Run = z.infer<typeof Run>;
+
+export const SampleStatus = z.enum(['pending', 'in_progress', 'completed', 'failed', 'cancelled']).openapi('SampleStatus');
+export const Flag = z.enum(FLAGS).openapi('QualityFlag');
+
+export const Sample = z
+  .object({
+    object: z.literal('sample'),
+    custom_id: z.string(),
+    run_id: z.string(),
+    index: z.number().int(),
+    shard: z.number().int(),
+    status: SampleStatus,
+    attempts: z.number().int(),
+    endpoint_id: z.string().nullable(),
+    finish_reason: z.string().nullable(),
+    usage: z
+      .object({ prompt_tokens: z.number().int(), completion_tokens: z.number().int(), reasoning_tokens: z.number().int(), cached_tokens: z.number().int() })
+      .nullable(),
+    latency_ms: z.number().int().nullable(),
+    flags: z.array(Flag),
+    error: z.object({ code: z.string(), message: z.string(), status: z.number().int().nullable() }).nullable(),
+    output_key: z.string().nullable(),
+    output_line: z.number().int().nullable(),
+    completed_at: Timestamp.nullable(),
+  })
+  .openapi('Sample');
+
+export const SampleDetail = Sample.extend({
+  messages: z.array(Message),
+  params: z.record(z.string(), z.unknown()).nullable(),
+  output: z.object({ reasoning_content: z.string().nullable(), content: z.string().nullable() }).nullable(),
+}).openapi('SampleDetail');
+
+export const Shard = z
+  .object({
+    object: z.literal('shard'),
+    index: z.number().int(),
+    status: z.enum(['open', 'uploaded']),
+    samples: z.number().int(),
+    done: z.number().int(),
+    key: z.string().nullable(),
+    bytes: z.number().int().nullable(),
+    lines: z.number().int().nullable(),
+    sha256: z.string().nullable(),
+    errors_key: z.string().nullable(),
+    errors_lines: z.number().int().nullable(),
+    upload_attempts: z.number().int(),
+    last_error: z.string().nullable(),
+    uploaded_at: Timestamp.nullable(),
+  })
+  .openapi('Shard');

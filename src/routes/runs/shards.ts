@@ -1,0 +1,34 @@
+import { createRoute, z } from '@hono/zod-openapi';
+import type { App } from '../../app.js';
+import { notFound, problemResponses } from '../../errors.js';
+import { getRun } from '../../db/runs.js';
+import { listShards } from '../../db/samples.js';
+import { jsonContent, listOf, page, RunIdParam } from '../common.js';
+import { renderShard } from './render.js';
+import { Shard } from './schemas.js';
+
+const route = createRoute({
+  method: 'get',
+  path: '/v1/runs/{id}/shards',
+  tags: ['runs'],
+  summary: "List a run's shards with their upload state, sizes and checksums",
+  request: {
+    params: RunIdParam,
+    query: z.object({
+      limit: z.coerce.number().int().min(1).max(1000).default(100),
+      after: z.string().regex(/^\d+$/, 'expected a shard index').max(12).optional(),
+    }),
+  },
+  responses: { 200: jsonContent(listOf(Shard, 'ShardList'), 'A page of shards'), ...problemResponses(401, 404, 422) },
+});
+
+export function registerListShards(app: App) {
+  app.openapi(route, (c) => {
+    const { db } = c.get('deps');
+    const { id } = c.req.valid('param');
+    if (!getRun(db, id)) throw notFound('run', id);
+    const q = c.req.valid('query');
+    const rows = listShards(db, id, { after: q.after === undefined ? undefined : Number(q.after), limit: q.limit });
+    return c.json(page(rows, q.limit, (s) => String(s.idx), renderShard), 200);
+  });
+}

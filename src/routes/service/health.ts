@@ -1,0 +1,44 @@
+import { createRoute, z } from '@hono/zod-openapi';
+import type { App } from '../../app.js';
+import { jsonContent } from '../common.js';
+
+const Health = z.object({ status: z.enum(['ok', 'unavailable']), checks: z.record(z.string(), z.string()).optional() }).openapi('Health');
+
+const healthz = createRoute({
+  method: 'get',
+  path: '/healthz',
+  tags: ['service'],
+  summary: 'The process is alive',
+  responses: { 200: jsonContent(Health, 'Alive') },
+});
+
+const readyz = createRoute({
+  method: 'get',
+  path: '/readyz',
+  tags: ['service'],
+  summary: 'The database and the object store are reachable',
+  responses: { 200: jsonContent(Health, 'Ready'), 503: jsonContent(Health, 'Not ready; `checks` says which dependency failed') },
+});
+
+export function registerHealth(app: App) {
+  app.openapi(healthz, (c) => c.json({ status: 'ok' as const }, 200));
+  app.openapi(readyz, async (c) => {
+    const deps = c.get('deps');
+    const checks: Record<string, string> = {};
+    try {
+      deps.db.$client.prepare('select 1').get();
+      checks.database = 'ok';
+    } catch {
+      checks.database = 'unavailable';
+    }
+    try {
+      await deps.stores.forUri(deps.config.outputUri).check();
+      checks.object_store = 'ok';
+    } catch (err) {
+      deps.logger.warn({ err: { message: (err as Error).message } }, 'object store check failed');
+      checks.object_store = 'unavailable';
+    }
+    const ok = Object.values(checks).every((v) => v === 'ok');
+    return c.json({ status: ok ? ('ok' as const) : ('unavailable' as const), checks }, ok ? 200 : 503);
+  });
+}

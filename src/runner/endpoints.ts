@@ -1,0 +1,237 @@
+import OpenAI from 'openai';
+import { eq } from 'drizzle-orm';
+import type { Db } from '../db/client.js';
+import { effectiveConcurrency, listEndpoints, type EndpointState } from '../db/endpoints.js';
+import { endpoints, type EndpointRow } from '../db/schema.js';
+import type { Logger } from '../logger.js';
+import { LatencyRing, RateWindow } from './rates.js';
+import type { EndpointLive } from './view.js';
+
+/** Consecutive transport failures after which an endpoint is taken out of rotation. */
+export const UNHEALTHY_AFTER = 3;
+const PROBE_TIMEOUT_MS = 5000;
+const MAX_PROBE_BACKOFF_MS = 60_000;
+
+/** One SGLang server as the runner sees it: its row, its client, and what is in flight on it. */
+export class LiveEndpoint {
+  client: OpenAI;
+  readonly inFlight = new Map<number, AbortController>();
+  consecutiveFailures = 0;
+  nextProbeAt = 0;
+  probeBackoffMs: number;
+  probing = false;
+  server: { running: number | null; queued: number | null } = { running: null, queued: null };
+  readonly rate = new RateWindow();
+  readonly latency = new LatencyRing();
+
+  constructor(
+    public row: EndpointRow,
+    private readonly baseProbeMs: number,
+  ) {
+    this.client = LiveEndpoint.makeClient(row);
+    this.probeBackoffMs = Math.min(1000, baseProbeMs);
+  }
+
+  static makeClient(row: EndpointRow): OpenAI {
+    // Retries are regen's job (on any endpoint, with backoff), not the client's.
+    return new OpenAI({ baseURL: `${row.url}/v1`, apiKey: row.apiKey ?? 'none', maxRetries: 0, fetch: sglangErrorsAsOpenAI });
+  }
+
+  cap(fallback: number): number {
+    return effectiveConcurrency(this.row, fallback);
+  }
+
+  get state(): EndpointState {
+    return this.row.state as EndpointState;
+  }
+
+  live(now: number): EndpointLive {
+    const r = this.rate.rates(now);
+    return {
+      in_flight: this.inFlight.size,
+      samples_per_second: Math.round(r.samples * 100) / 100,
+      completion_tokens_per_second: Math.round(r.tokens * 100) / 100,
+      p50_latency_ms: this.latency.p50(),
+      server: this.server,
+    };
+  }
+}
+
+/**
+ * SGLang puts its error fields at the top level (`{"object":"error","message":...}`) while the
+ * openai client only reads `{"error": {...}}`; without this the server's message would be lost.
+ */
+async function sglangErrorsAsOpenAI(url: string | URL | Request, init?: RequestInit): Promise<Response> {
+  const res = await fetch(url, init);
+  if (res.ok) return res;
+  const text = await res.text();
+  let body: unknown;
+  try {
+    body = JSON.parse(text);
+  } catch {
+    body = { message: text.slice(0, 1000) };
+  }
+  const wrapped = body && typeof body === 'object' && !('error' in body) ? { error: body } : body;
+  return new Response(JSON.stringify(wrapped), { status: res.status, statusText: res.statusText, headers: res.headers });
+}
+
+async function getJson(url: string, apiKey: string | null): Promise<{ status: number; body: unknown }> {
+  const res = await fetch(url, {
+    headers: apiKey ? { authorization: `Bearer ${apiKey}` } : {},
+    signal: AbortSignal.timeout(PROBE_TIMEOUT_MS),
+  });
+  const text = await res.text();
+  let body: unknown = text;
+  try {
+    body = JSON.parse(text);
+  } catch {
+    /* /health and /metrics answer with text */
+  }
+  return { status: res.status, body };
+}
+
+function metricValue(text: string, name: string): number | null {
+  const m = new RegExp(`^${name.replace(/[:]/g, '\\:')}(?:\\{[^}]*\\})?\\s+([0-9.eE+-]+)`, 'm').exec(text);
+  return m ? Number(m[1]) : null;
+}
+
+/**
+ * Keeps the in-memory endpoint set in step with the table and probes each server: `starting`
+ * until /health answers 200 (SGLang loads weights for minutes), then the served model and
+ * max_running_requests are read; `unhealthy` ones are probed again with backoff.
+ */
+export class EndpointPool {
+  readonly live = new Map<string, LiveEndpoint>();
+
+  constructor(
+    private readonly db: Db,
+    private readonly logger: Logger,
+    private readonly probeIntervalMs: number,
+    private readonly onChange: () => void,
+    private readonly onRemoved: (e: LiveEndpoint) => void,
+  ) {}
+
+  /** Re-reads the endpoints table: new rows join, removed rows leave, edited rows are refreshed. */
+  sync(): void {
+    const rows = listEndpoints(this.db);
+    const seen = new Set<string>();
+    for (const row of rows) {
+      seen.add(row.id);
+      const e = this.live.get(row.id);
+      if (!e) this.live.set(row.id, new LiveEndpoint(row, this.probeIntervalMs));
+      else {
+        const wasState = e.row.state;
+        if (e.row.apiKey !== row.apiKey || e.row.url !== row.url) e.client = LiveEndpoint.makeClient(row);
+        e.row = row;
+        if (row.state === 'starting' && wasState !== 'starting') {
+          e.nextProbeAt = 0;
+          e.probeBackoffMs = Math.min(1000, this.probeIntervalMs);
+        }
+      }
+    }
+    for (const [id, e] of this.live) {
+      if (!seen.has(id)) {
+        this.live.delete(id);
+        this.onRemoved(e);
+      }
+    }
+  }
+
+  setState(e: LiveEndpoint, state: EndpointState, lastError: string | null, extra: Partial<EndpointRow> = {}): void {
+    const now = Date.now();
+    const changed = e.row.state !== state;
+    const set = { state, lastError, lastCheckedAt: now, updatedAt: now, ...extra };
+    this.db.update(endpoints).set(set).where(eq(endpoints.id, e.row.id)).run();
+    e.row = { ...e.row, ...set };
+    if (changed) {
+      this.logger.info({ endpoint_id: e.row.id, url: e.row.url, state, reason: lastError ?? undefined }, 'endpoint state');
+      this.onChange();
+    }
+  }
+
+  /** A transport failure seen while dispatching; enough in a row takes the endpoint out. */
+  transportFailure(e: LiveEndpoint, message: string): boolean {
+    e.consecutiveFailures++;
+    if (e.state === 'ready' && e.consecutiveFailures >= UNHEALTHY_AFTER) {
+      e.probeBackoffMs = Math.min(1000, this.probeIntervalMs);
+      e.nextProbeAt = Date.now() + e.probeBackoffMs;
+      this.setState(e, 'unhealthy', message);
+      return true;
+    }
+    return false;
+  }
+
+  probeDue(now: number): void {
+    for (const e of this.live.values()) {
+      if (e.probing || e.nextProbeAt > now || e.state === 'disabled' || e.state === 'draining') continue;
+      e.probing = true;
+      this.probe(e)
+        .catch((err) => this.logger.warn({ endpoint_id: e.row.id, err: { message: (err as Error).message } }, 'probe failed'))
+        .finally(() => (e.probing = false));
+    }
+  }
+
+  private async probe(e: LiveEndpoint): Promise<void> {
+    const { url, apiKey } = e.row;
+    const wasReady = e.state === 'ready';
+    let failure: string | null = null;
+    let starting = false;
+    try {
+      const health = await getJson(`${url}/health`, apiKey);
+      if (health.status === 503) {
+        starting = true;
+        failure = '/health answered 503 (the server is still loading)';
+      } else if (health.status !== 200) failure = `/health answered ${health.status}`;
+    } catch (err) {
+      const code = (err as { cause?: { code?: string } }).cause?.code;
+      starting = code === 'ECONNREFUSED';
+      failure = code === 'ECONNREFUSED' ? 'connection refused' : (err as Error).name === 'TimeoutError' ? 'health probe timed out' : 'health probe failed';
+    }
+    if (!this.live.has(e.row.id) || e.state === 'disabled' || e.state === 'draining') return;
+    const now = Date.now();
+    if (failure) {
+      e.probeBackoffMs = Math.min(MAX_PROBE_BACKOFF_MS, Math.max(this.probeIntervalMs, e.probeBackoffMs * 2));
+      e.nextProbeAt = now + (e.state === 'starting' ? Math.min(e.probeBackoffMs, this.probeIntervalMs) : e.probeBackoffMs);
+      // A server never seen healthy is still starting; one that was up and stopped answering is unhealthy.
+      const next: EndpointState = e.state === 'starting' && (starting || e.row.model === null) ? 'starting' : 'unhealthy';
+      this.setState(e, next, failure);
+      return;
+    }
+    e.nextProbeAt = now + this.probeIntervalMs;
+    e.probeBackoffMs = Math.min(1000, this.probeIntervalMs);
+    await this.readServerLoad(e);
+    if (wasReady) {
+      this.db.update(endpoints).set({ lastCheckedAt: now }).where(eq(endpoints.id, e.row.id)).run();
+      return;
+    }
+    try {
+      const models = await getJson(`${url}/v1/models`, apiKey);
+      const model = (models.body as { data?: { id?: string }[] })?.data?.[0]?.id;
+      if (models.status !== 200 || typeof model !== 'string') throw new Error(`/v1/models answered ${models.status} without a model`);
+      let serverMaxRunning: number | null = e.row.serverMaxRunning;
+      try {
+        const info = await getJson(`${url}/get_server_info`, apiKey);
+        const v = (info.body as { max_running_requests?: unknown })?.max_running_requests;
+        if (info.status === 200 && typeof v === 'number' && Number.isInteger(v) && v > 0) serverMaxRunning = v;
+      } catch {
+        /* optional: not every OpenAI-compatible server has it */
+      }
+      e.consecutiveFailures = 0;
+      this.setState(e, 'ready', null, { model, serverMaxRunning });
+    } catch (err) {
+      e.nextProbeAt = now + e.probeBackoffMs;
+      this.setState(e, e.state === 'starting' ? 'starting' : 'unhealthy', (err as Error).message.slice(0, 300));
+    }
+  }
+
+  /** SGLang's own view of its load, when it exposes /metrics; never required. */
+  private async readServerLoad(e: LiveEndpoint): Promise<void> {
+    try {
+      const res = await getJson(`${e.row.url}/metrics`, e.row.apiKey);
+      if (res.status !== 200 || typeof res.body !== 'string') return;
+      e.server = { running: metricValue(res.body, 'sglang:num_running_reqs'), queued: metricValue(res.body, 'sglang:num_queue_reqs') };
+    } catch {
+      e.server = { running: null, queued: null };
+    }
+  }
+}

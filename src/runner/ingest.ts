@@ -1,0 +1,149 @@
+import { eq } from 'drizzle-orm';
+import { createReadStream } from 'node:fs';
+import type { Readable } from 'node:stream';
+import type { Deps } from '../deps.js';
+import type { Db } from '../db/client.js';
+import { getRun, transitionRun } from '../db/runs.js';
+import { files, runs, samples, shards, type LineError, type RunRow } from '../db/schema.js';
+import { parseInputLine, readLines } from './input-format.js';
+import { resolveInput } from './input-source.js';
+
+const BATCH = 5000;
+const MAX_LISTED_ERRORS = 100;
+
+/** Opens the run's input as a byte stream, wherever it lives. */
+async function openInput(deps: Deps, run: RunRow): Promise<Readable> {
+  const input = run.input;
+  if ('file_id' in input) {
+    const file = deps.db.select().from(files).where(eq(files.id, input.file_id)).get();
+    if (!file) throw new IngestError(`input file ${input.file_id} no longer exists`);
+    return deps.stores.forUri(deps.config.outputUri).getStream(file.objectKey);
+  }
+  if ('uri' in input) {
+    const src = resolveInput(input.uri, deps.config);
+    if (src.kind === 'path') return createReadStream(src.path);
+    return deps.stores.forUri(src.prefixUri).getStream(src.key);
+  }
+  throw new IngestError('run has no input');
+}
+
+class IngestError extends Error {}
+
+function clearRunSamples(db: Db, runId: string): void {
+  db.transaction((tx) => {
+    tx.delete(samples).where(eq(samples.runId, runId)).run();
+    tx.delete(shards).where(eq(shards.runId, runId)).run();
+  });
+}
+
+/**
+ * Reads a run's input line by line, validates every line and inserts the samples in batched
+ * transactions, then lays out the shards and queues the run. Memory stays bounded by the batch
+ * size: duplicate ids are caught by the (run, custom_id) unique index, not by a set in memory.
+ * Safe to run again after a crash: it starts by clearing what an earlier attempt inserted.
+ */
+export async function ingestRun(deps: Deps, runId: string): Promise<void> {
+  const { db, logger } = deps;
+  const run = getRun(db, runId);
+  if (!run || run.status !== 'validating') return;
+  clearRunSamples(db, runId);
+
+  const insert = db.$client.prepare(
+    `insert into samples (run_id, seq, shard_idx, custom_id, status, request) values (?, ?, ?, ?, 'pending', ?)
+     on conflict (run_id, custom_id) do nothing`,
+  );
+  const errors: LineError[] = [];
+  let invalid = 0;
+  let seq = 0;
+  let batch: { lineNo: number; customId: string; request: string }[] = [];
+  const failFast = run.onInvalidLine === 'fail';
+
+  const noteError = (line: number, message: string, customId?: string) => {
+    invalid++;
+    if (errors.length < MAX_LISTED_ERRORS) errors.push(customId ? { line, message, custom_id: customId } : { line, message });
+  };
+  const flush = db.$client.transaction(() => {
+    for (const row of batch) {
+      const res = insert.run(runId, seq, Math.floor(seq / run.shardSize), row.customId, row.request);
+      if (res.changes === 0) noteError(row.lineNo, `duplicate custom_id ${JSON.stringify(row.customId)}`, row.customId);
+      else seq++;
+    }
+    batch = [];
+  });
+
+  try {
+    const source = await openInput(deps, run);
+    let lines = 0;
+    for await (const raw of readLines(source, { maxLineBytes: deps.config.maxLineBytes })) {
+      if ('error' in raw) noteError(raw.lineNo, raw.error);
+      else if (raw.text.trim() !== '') {
+        const parsed = parseInputLine(raw.text, raw.lineNo, { regenerate: run.regenerate === 'last_assistant' ? 'last_assistant' : null });
+        if (!parsed.ok) noteError(raw.lineNo, parsed.reason);
+        else if (parsed.model !== null && parsed.model !== run.model) {
+          noteError(raw.lineNo, `model ${JSON.stringify(parsed.model.slice(0, 100))} does not match the run's model`, parsed.custom_id);
+        } else {
+          const request = JSON.stringify(parsed.params ? { messages: parsed.messages, params: parsed.params } : { messages: parsed.messages });
+          batch.push({ lineNo: raw.lineNo, customId: parsed.custom_id, request });
+        }
+      }
+      if (failFast && invalid > 0) {
+        if (errors.length >= MAX_LISTED_ERRORS) break;
+        batch = [];
+      }
+      if (batch.length >= BATCH) flush();
+      // Checking the run's status now and then lets a cancel stop a long validation.
+      if (++lines % 100_000 === 0) {
+        await new Promise((r) => setImmediate(r));
+        if (getRun(db, runId)?.status !== 'validating') {
+          source.destroy();
+          clearRunSamples(db, runId);
+          return;
+        }
+      }
+    }
+    if (!(failFast && invalid > 0)) flush();
+  } catch (err) {
+    const message = err instanceof IngestError ? err.message : 'the input could not be read';
+    logger.warn({ run_id: runId, err: { message: (err as Error).message } }, 'input read failed');
+    clearRunSamples(db, runId);
+    transitionRun(db, runId, ['validating'], 'failed', deps.clock(), { statusReason: message });
+    return;
+  }
+
+  const now = deps.clock();
+  const listed = { invalidLines: invalid, lineErrors: errors, updatedAt: now };
+  if (failFast && invalid > 0) {
+    clearRunSamples(db, runId);
+    db.update(runs).set(listed).where(eq(runs.id, runId)).run();
+    const first = errors[0];
+    transitionRun(db, runId, ['validating'], 'failed', now, {
+      statusReason: `input has ${invalid}${errors.length >= MAX_LISTED_ERRORS ? '+' : ''} invalid line(s); first: line ${first.line}: ${first.message}`,
+    });
+    return;
+  }
+  if (seq === 0) {
+    db.update(runs).set(listed).where(eq(runs.id, runId)).run();
+    transitionRun(db, runId, ['validating'], 'failed', now, { statusReason: 'input has no valid lines' });
+    return;
+  }
+  const shardCount = Math.ceil(seq / run.shardSize);
+  db.transaction((tx) => {
+    for (let i = 0; i < shardCount; i += 500) {
+      const rows = [];
+      for (let idx = i; idx < Math.min(shardCount, i + 500); idx++) {
+        rows.push({ runId, idx, firstSeq: idx * run.shardSize, sampleCount: Math.min(run.shardSize, seq - idx * run.shardSize) });
+      }
+      tx.insert(shards).values(rows).run();
+    }
+    tx.update(runs)
+      .set({ ...listed, total: seq, pending: seq, shardsTotal: shardCount })
+      .where(eq(runs.id, runId))
+      .run();
+  });
+  if (transitionRun(db, runId, ['validating'], 'queued', now, { statusReason: invalid ? `${invalid} invalid line(s) skipped` : null })) {
+    logger.info({ run_id: runId, samples: seq, shards: shardCount, invalid_lines: invalid }, 'run validated');
+  } else {
+    clearRunSamples(db, runId);
+  }
+  deps.runner.wake();
+}

@@ -1,0 +1,252 @@
+// One input line → one sample (DESIGN.md "Input"). Every reason returned here is shown to
+// users next to the line number, so it names the field path and says what was expected.
+
+export type ChatMessage = { role: string; content: unknown; [k: string]: unknown };
+
+export type ParsedLine =
+  | { ok: true; custom_id: string; messages: ChatMessage[]; params: Record<string, unknown> | null; model: string | null }
+  | { ok: false; reason: string };
+
+export interface ParseOptions {
+  regenerate: 'last_assistant' | null;
+}
+
+type JsonObject = Record<string, unknown>;
+
+/** A line's content, before the run's options are applied. */
+interface Sample {
+  custom_id: string;
+  messages: ChatMessage[];
+  params: JsonObject | null;
+  model: string | null;
+}
+
+/** Thrown inside this module only, to stop at the first problem; parseInputLine returns it. */
+class LineError extends Error {}
+
+const MAX_CUSTOM_ID_CHARS = 512;
+// C0, DEL and C1: invisible in logs and listings, and they break the ids users grep for.
+const CONTROL_CHARS = /[\u0000-\u001f\u007f-\u009f]/;
+const MAX_JSON_MESSAGE_CHARS = 120;
+
+const SHAREGPT_ROLES: Record<string, string> = {
+  system: 'system',
+  human: 'user',
+  user: 'user',
+  gpt: 'assistant',
+  assistant: 'assistant',
+  tool: 'tool',
+};
+
+export function parseInputLine(text: string, lineNo: number, opts: ParseOptions): ParsedLine {
+  try {
+    const sample = readSample(parseJsonObject(text), lineNo);
+    return { ok: true, ...sample, messages: applyRegenerate(sample.messages, opts) };
+  } catch (err) {
+    if (err instanceof LineError) return { ok: false, reason: err.message };
+    throw err;
+  }
+}
+
+function parseJsonObject(text: string): JsonObject {
+  const line = text.endsWith('\r') ? text.slice(0, -1) : text;
+  if (line.trim() === '') throw new LineError('empty line');
+  let value: unknown;
+  try {
+    value = JSON.parse(line);
+  } catch (err) {
+    throw new LineError(`not valid JSON: ${jsonErrorMessage(err)}`);
+  }
+  if (!isObject(value)) throw new LineError('line is not a JSON object');
+  return value;
+}
+
+function jsonErrorMessage(err: unknown): string {
+  // Engines differ on how deep nesting may go; the ones that give up throw RangeError.
+  if (err instanceof RangeError) return 'nesting too deep';
+  const message = err instanceof Error ? err.message : String(err);
+  return message.length > MAX_JSON_MESSAGE_CHARS ? `${message.slice(0, MAX_JSON_MESSAGE_CHARS)}…` : message;
+}
+
+function readSample(obj: JsonObject, lineNo: number): Sample {
+  const custom_id = readCustomId(obj, lineNo);
+  if (obj.messages !== undefined) {
+    return { custom_id, messages: readMessages(obj.messages, 'messages'), ...splitModel(readParams(obj), 'params') };
+  }
+  if (obj.body !== undefined) return { custom_id, ...readBatchRequest(obj) };
+  if (obj.conversations !== undefined) {
+    return { custom_id, messages: readConversations(obj.conversations), ...splitModel(readParams(obj), 'params') };
+  }
+  if (obj.prompt !== undefined) {
+    return { custom_id, messages: [readPrompt(obj.prompt)], ...splitModel(readParams(obj), 'params') };
+  }
+  throw new LineError('no messages: expected "messages", "body.messages", "conversations" or "prompt"');
+}
+
+function readCustomId(obj: JsonObject, lineNo: number): string {
+  if (obj.custom_id !== undefined && obj.custom_id !== null) {
+    if (typeof obj.custom_id !== 'string') throw new LineError('custom_id must be a string');
+    return checkId(obj.custom_id, 'custom_id');
+  }
+  if (obj.id !== undefined && obj.id !== null) {
+    // Dataset ids are often row numbers.
+    if (typeof obj.id === 'number' && Number.isFinite(obj.id)) return String(obj.id);
+    if (typeof obj.id !== 'string') throw new LineError('id must be a string or a number');
+    return checkId(obj.id, 'id');
+  }
+  return `line-${lineNo}`;
+}
+
+function checkId(id: string, field: string): string {
+  if (id === '') throw new LineError(`${field} must not be empty`);
+  if (id.length > MAX_CUSTOM_ID_CHARS) throw new LineError(`${field} is longer than ${MAX_CUSTOM_ID_CHARS} characters`);
+  if (CONTROL_CHARS.test(id)) throw new LineError(`${field} must not contain control characters`);
+  return id;
+}
+
+function readParams(obj: JsonObject): JsonObject | null {
+  if (obj.params === undefined || obj.params === null) return null;
+  if (!isObject(obj.params)) throw new LineError('params must be an object');
+  return obj.params;
+}
+
+/**
+ * The model is a field of its own in every format, so it is never sent twice or overridden
+ * blindly; params with nothing else left are null, as if the line had none.
+ */
+function splitModel(params: JsonObject | null, path: string): { params: JsonObject | null; model: string | null } {
+  if (params === null) return { params: null, model: null };
+  const { model = null, ...rest } = params;
+  if (model !== null && typeof model !== 'string') throw new LineError(`${path}.model must be a string`);
+  return { params: Object.keys(rest).length > 0 ? rest : null, model };
+}
+
+function readBatchRequest(obj: JsonObject): Omit<Sample, 'custom_id'> {
+  if (obj.method !== 'POST') throw new LineError('method must be "POST"');
+  if (obj.url !== '/v1/chat/completions') throw new LineError('url must be /v1/chat/completions');
+  if (!isObject(obj.body)) throw new LineError('body must be an object');
+  const { messages, ...rest } = obj.body;
+  return { messages: readMessages(messages, 'body.messages'), ...splitModel(rest, 'body') };
+}
+
+function readMessages(value: unknown, path: string): ChatMessage[] {
+  if (!Array.isArray(value) || value.length === 0) throw new LineError(`${path} must be a non-empty array`);
+  value.forEach((message, i) => checkMessage(message, `${path}[${i}]`));
+  return value as ChatMessage[];
+}
+
+function checkMessage(message: unknown, path: string): void {
+  if (!isObject(message)) throw new LineError(`${path} must be an object`);
+  if (typeof message.role !== 'string') throw new LineError(`${path}.role must be a string`);
+  const { content } = message;
+  // The OpenAI API allows an assistant turn that only calls tools to have no content.
+  if (content === null && message.role === 'assistant' && Array.isArray(message.tool_calls)) return;
+  if (typeof content === 'string') return;
+  if (!Array.isArray(content)) throw new LineError(`${path}.content must be a string or an array of content parts`);
+  content.forEach((part, i) => {
+    if (!isObject(part) || typeof part.type !== 'string') {
+      throw new LineError(`${path}.content[${i}] must be a content part: an object with a string "type"`);
+    }
+  });
+}
+
+function readConversations(value: unknown): ChatMessage[] {
+  if (!Array.isArray(value) || value.length === 0) throw new LineError('conversations must be a non-empty array');
+  return value.map((turn, i) => {
+    const path = `conversations[${i}]`;
+    if (!isObject(turn)) throw new LineError(`${path} must be an object`);
+    if (typeof turn.from !== 'string') throw new LineError(`${path}.from must be a string`);
+    const role = SHAREGPT_ROLES[turn.from];
+    if (role === undefined) throw new LineError(`unknown ShareGPT role ${JSON.stringify(turn.from)} in ${path}`);
+    if (typeof turn.value !== 'string') throw new LineError(`${path}.value must be a string`);
+    return { role, content: turn.value };
+  });
+}
+
+function readPrompt(value: unknown): ChatMessage {
+  if (typeof value !== 'string' || value.trim() === '') throw new LineError('prompt must be a non-empty string');
+  return { role: 'user', content: value };
+}
+
+function applyRegenerate(messages: ChatMessage[], opts: ParseOptions): ChatMessage[] {
+  if (opts.regenerate !== 'last_assistant' || messages[messages.length - 1].role !== 'assistant') return messages;
+  if (messages.length === 1) throw new LineError('nothing left to send after dropping the last assistant turn');
+  return messages.slice(0, -1);
+}
+
+function isObject(value: unknown): value is JsonObject {
+  return typeof value === 'object' && value !== null && !Array.isArray(value);
+}
+
+// ---------------------------------------------------------------------------------------
+// Reading lines from a stream. Inputs can be gigabytes, so nothing here holds more than
+// one line (at most maxLineBytes) plus the chunk being scanned.
+
+export type RawLine = { lineNo: number; text: string } | { lineNo: number; error: string };
+
+export interface ReadLinesOptions {
+  maxLineBytes: number;
+}
+
+const NEWLINE = 0x0a;
+const BOM = '\ufeff';
+
+/**
+ * Splits a byte stream into lines numbered from 1, decoded as strict UTF-8. A line over
+ * maxLineBytes is reported once and its remaining bytes are skipped, not buffered.
+ */
+export async function* readLines(source: AsyncIterable<Uint8Array>, opts: ReadLinesOptions): AsyncGenerator<RawLine> {
+  // ignoreBOM keeps a BOM in the text: only one at the very start of the input is dropped.
+  const decoder = new TextDecoder('utf-8', { fatal: true, ignoreBOM: true });
+  const decode = (bytes: Uint8Array, lineNo: number): RawLine => {
+    try {
+      const text = decoder.decode(bytes);
+      return { lineNo, text: lineNo === 1 && text.startsWith(BOM) ? text.slice(1) : text };
+    } catch {
+      return { lineNo, error: 'not valid UTF-8' };
+    }
+  };
+  const tooLong = (lineNo: number): RawLine => ({ lineNo, error: `line is longer than ${opts.maxLineBytes} bytes` });
+
+  let lineNo = 1;
+  // The start of the current line, when it began in an earlier chunk.
+  let pending: Buffer[] = [];
+  let pendingBytes = 0;
+  // Set once the current line has been reported as too long, until its newline.
+  let skipping = false;
+
+  for await (const chunk of source) {
+    const buf = Buffer.from(chunk.buffer, chunk.byteOffset, chunk.byteLength);
+    let start = 0;
+    for (let nl = buf.indexOf(NEWLINE, start); nl !== -1; nl = buf.indexOf(NEWLINE, start)) {
+      const piece = buf.subarray(start, nl);
+      start = nl + 1;
+      if (skipping) {
+        skipping = false;
+      } else if (pendingBytes + piece.length > opts.maxLineBytes) {
+        yield tooLong(lineNo);
+      } else if (pending.length === 0) {
+        yield decode(piece, lineNo);
+      } else {
+        pending.push(piece);
+        yield decode(Buffer.concat(pending, pendingBytes + piece.length), lineNo);
+      }
+      pending = [];
+      pendingBytes = 0;
+      lineNo++;
+    }
+    if (skipping || start === buf.length) continue;
+    const rest = buf.subarray(start);
+    if (pendingBytes + rest.length > opts.maxLineBytes) {
+      yield tooLong(lineNo);
+      pending = [];
+      pendingBytes = 0;
+      skipping = true;
+    } else {
+      // Copied: the source may reuse its chunk, and a short tail should not pin a large one.
+      pending.push(Buffer.from(rest));
+      pendingBytes += rest.length;
+    }
+  }
+  if (pendingBytes > 0) yield decode(Buffer.concat(pending, pendingBytes), lineNo);
+}

@@ -1,0 +1,129 @@
+import { and, eq, inArray, ne, sql } from 'drizzle-orm';
+import type { Deps } from '../deps.js';
+import { ApiError, notFound } from '../errors.js';
+import { getRun, transitionRun, type RunStatus } from '../db/runs.js';
+import { runs, samples, shards, staging, type RunRow } from '../db/schema.js';
+import { FLAGS, flagBit } from './quality.js';
+
+function mustGet(deps: Deps, id: string): RunRow {
+  const run = getRun(deps.db, id);
+  if (!run) throw notFound('run', id);
+  return run;
+}
+
+function move(deps: Deps, run: RunRow, from: readonly RunStatus[], to: RunStatus, verb: string, extra = {}): RunRow {
+  if (!from.includes(run.status as RunStatus) || !transitionRun(deps.db, run.id, from, to, deps.clock(), extra)) {
+    const now = getRun(deps.db, run.id)!;
+    throw new ApiError('conflict', `cannot ${verb} a run that is ${now.status}`);
+  }
+  deps.logger.info({ run_id: run.id, from: run.status, status: to }, 'run status');
+  deps.runner.wake();
+  return getRun(deps.db, run.id)!;
+}
+
+/** No new dispatch; requests already sent finish and are recorded. */
+export function pauseRun(deps: Deps, id: string): RunRow {
+  return move(deps, mustGet(deps, id), ['queued', 'in_progress'], 'paused', 'pause');
+}
+
+export function resumeRun(deps: Deps, id: string, overrideGate: boolean): RunRow {
+  const run = mustGet(deps, id);
+  return move(deps, run, ['paused'], 'queued', 'resume', overrideGate ? { gateOverridden: true } : {});
+}
+
+/** In-flight requests are aborted by the runner, which then writes what completed and the manifest. */
+export function cancelRun(deps: Deps, id: string): RunRow {
+  const run = mustGet(deps, id);
+  if (run.status === 'validating') return move(deps, run, ['validating'], 'cancelled', 'cancel');
+  return move(deps, run, ['queued', 'in_progress', 'paused', 'finalizing'], 'cancelling', 'cancel');
+}
+
+/**
+ * Puts a run's failed (or flagged) samples back in the queue with a fresh attempt budget and
+ * reopens their shards; the shard writer later rewrites each one whole.
+ */
+export function retryRun(deps: Deps, id: string, only: 'failed' | 'flagged'): { run: RunRow; requeued: number } {
+  const run = mustGet(deps, id);
+  const allowed: RunStatus[] = ['completed', 'failed', 'cancelled', 'paused', 'in_progress', 'queued'];
+  if (!allowed.includes(run.status as RunStatus)) throw new ApiError('conflict', `cannot retry samples of a run that is ${run.status}`);
+  if (run.total === 0) throw new ApiError('conflict', 'the run has no samples');
+  const { db } = deps;
+  const now = deps.clock();
+  const requeued = db.transaction((tx) => {
+    const which =
+      only === 'failed'
+        ? and(eq(samples.runId, id), eq(samples.status, 'failed'))
+        : and(eq(samples.runId, id), eq(samples.status, 'completed'), ne(samples.flags, 0));
+    const picked = tx
+      .select({ id: samples.id, shardIdx: samples.shardIdx, flags: samples.flags })
+      .from(samples)
+      .where(which)
+      .all();
+    if (picked.length === 0) return 0;
+    const perShard = new Map<number, number>();
+    const flagCounts = Object.fromEntries(FLAGS.map((f) => [f, 0])) as Record<(typeof FLAGS)[number], number>;
+    for (const s of picked) {
+      perShard.set(s.shardIdx, (perShard.get(s.shardIdx) ?? 0) + 1);
+      for (const f of FLAGS) if (s.flags & flagBit(f)) flagCounts[f]++;
+    }
+    const ids = picked.map((s) => s.id);
+    for (let i = 0; i < ids.length; i += 500) {
+      const chunk = ids.slice(i, i + 500);
+      tx.update(samples)
+        .set({
+          status: 'pending',
+          attempts: 0,
+          qualityRetries: 0,
+          availableAt: 0,
+          errorCode: null,
+          errorMessage: null,
+          errorStatus: null,
+          flags: 0,
+          leaseOwner: null,
+          leaseExpiresAt: null,
+        })
+        .where(inArray(samples.id, chunk))
+        .run();
+      tx.delete(staging).where(inArray(staging.sampleId, chunk)).run();
+    }
+    let reopenedUploaded = 0;
+    for (const [idx, n] of perShard) {
+      const shard = tx.select().from(shards).where(and(eq(shards.runId, id), eq(shards.idx, idx))).get()!;
+      if (shard.status === 'uploaded') reopenedUploaded++;
+      tx.update(shards)
+        .set({ status: 'open', terminalCount: shard.terminalCount - n })
+        .where(and(eq(shards.runId, id), eq(shards.idx, idx)))
+        .run();
+    }
+    const n = picked.length;
+    const counters =
+      only === 'failed'
+        ? { failed: sql`${runs.failed} - ${n}` }
+        : {
+            completed: sql`${runs.completed} - ${n}`,
+            flagged: sql`${runs.flagged} - ${n}`,
+            flagEmptyContent: sql`${runs.flagEmptyContent} - ${flagCounts.empty_content}`,
+            flagMissingReasoning: sql`${runs.flagMissingReasoning} - ${flagCounts.missing_reasoning}`,
+            flagTruncated: sql`${runs.flagTruncated} - ${flagCounts.truncated}`,
+            flagRepetitive: sql`${runs.flagRepetitive} - ${flagCounts.repetitive}`,
+            flagTooShort: sql`${runs.flagTooShort} - ${flagCounts.too_short}`,
+          };
+    tx.update(runs)
+      .set({
+        ...counters,
+        pending: sql`${runs.pending} + ${n}`,
+        shardsUploaded: sql`${runs.shardsUploaded} - ${reopenedUploaded}`,
+        manifestKey: null,
+        updatedAt: now,
+      })
+      .where(eq(runs.id, id))
+      .run();
+    return n;
+  });
+  if (requeued > 0 && ['completed', 'failed', 'cancelled'].includes(run.status)) {
+    transitionRun(db, id, ['completed', 'failed', 'cancelled'], 'queued', now, { finishedAt: null });
+  }
+  deps.logger.info({ run_id: id, requeued, only }, 'samples requeued');
+  deps.runner.wake();
+  return { run: getRun(db, id)!, requeued };
+}

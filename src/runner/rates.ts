@@ -1,0 +1,64 @@
+/**
+ * Counts over a sliding window of one-second buckets, so a rate reflects the last minute and not
+ * the whole run: a slow start or a pause does not distort it.
+ */
+export class RateWindow {
+  private readonly buckets: Float64Array;
+  private readonly tokens: Float64Array;
+  private readonly stamps: Float64Array;
+  private firstAt: number | null = null;
+
+  constructor(private readonly seconds = 60) {
+    this.buckets = new Float64Array(seconds);
+    this.tokens = new Float64Array(seconds);
+    this.stamps = new Float64Array(seconds).fill(-1);
+  }
+
+  add(now: number, samples: number, tokens: number): void {
+    const sec = Math.floor(now / 1000);
+    const i = sec % this.seconds;
+    if (this.stamps[i] !== sec) {
+      this.stamps[i] = sec;
+      this.buckets[i] = 0;
+      this.tokens[i] = 0;
+    }
+    this.buckets[i] += samples;
+    this.tokens[i] += tokens;
+    this.firstAt ??= now;
+  }
+
+  /** Per-second rates over the window, or over the time since the first event when that is shorter. */
+  rates(now: number): { samples: number; tokens: number } {
+    if (this.firstAt === null) return { samples: 0, tokens: 0 };
+    const sec = Math.floor(now / 1000);
+    let s = 0;
+    let t = 0;
+    for (let i = 0; i < this.seconds; i++) {
+      if (this.stamps[i] > sec - this.seconds) {
+        s += this.buckets[i];
+        t += this.tokens[i];
+      }
+    }
+    const span = Math.min(this.seconds, Math.max(1, (now - this.firstAt) / 1000));
+    return { samples: s / span, tokens: t / span };
+  }
+}
+
+/** The last N latencies, for a median without keeping every request. */
+export class LatencyRing {
+  private readonly values: number[] = [];
+  private next = 0;
+  constructor(private readonly size = 256) {}
+
+  add(ms: number): void {
+    if (this.values.length < this.size) this.values.push(ms);
+    else this.values[this.next] = ms;
+    this.next = (this.next + 1) % this.size;
+  }
+
+  p50(): number | null {
+    if (!this.values.length) return null;
+    const sorted = [...this.values].sort((a, b) => a - b);
+    return sorted[Math.floor(sorted.length / 2)];
+  }
+}

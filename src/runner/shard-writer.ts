@@ -1,0 +1,194 @@
+import { createHash } from 'node:crypto';
+import { and, asc, eq, sql } from 'drizzle-orm';
+import type { Deps } from '../deps.js';
+import { ApiError } from '../errors.js';
+import { appendEvent } from '../db/events.js';
+import { runs, samples, shards, staging, type RunRow, type SampleRow, type ShardRow } from '../db/schema.js';
+import { flagsFromBits } from './quality.js';
+
+/** What the staging table keeps of a completion until its shard is uploaded. */
+export interface StagedOutput {
+  reasoning_content: string | null;
+  content: string | null;
+  model: string;
+  response_id?: string;
+  created?: number;
+}
+
+export const shardKey = (idx: number) => `shard-${String(idx).padStart(5, '0')}.jsonl`;
+export const shardErrorsKey = (idx: number) => `shard-${String(idx).padStart(5, '0')}.errors.jsonl`;
+export const MANIFEST_KEY = 'manifest.json';
+
+const sha256 = (b: Buffer) => createHash('sha256').update(b).digest('hex');
+
+export function outputLine(s: SampleRow, out: StagedOutput): string {
+  const request = JSON.parse(s.request) as { messages: unknown[] };
+  return JSON.stringify({
+    custom_id: s.customId,
+    messages: request.messages,
+    reasoning_content: out.reasoning_content,
+    content: out.content,
+    finish_reason: s.finishReason,
+    usage: {
+      prompt_tokens: s.promptTokens ?? 0,
+      completion_tokens: s.completionTokens ?? 0,
+      reasoning_tokens: s.reasoningTokens ?? 0,
+      cached_tokens: s.cachedTokens ?? 0,
+    },
+    model: out.model,
+    endpoint_id: s.endpointId,
+    latency_ms: s.latencyMs,
+    attempts: s.attempts,
+    flags: flagsFromBits(s.flags),
+  });
+}
+
+export function errorLine(s: SampleRow): string {
+  return JSON.stringify({
+    custom_id: s.customId,
+    error: { code: s.errorCode, message: s.errorMessage, status: s.errorStatus },
+    attempts: s.attempts,
+  });
+}
+
+/** Lines of an earlier upload of this shard, by custom_id: the only copy once staging was cleared. */
+async function previousLines(deps: Deps, run: RunRow, shard: ShardRow): Promise<Map<string, string>> {
+  const map = new Map<string, string>();
+  if (!shard.key) return map;
+  const text = (await deps.stores.forUri(run.outputUri).get(shard.key)).toString('utf8');
+  for (const line of text.split('\n')) {
+    if (!line) continue;
+    map.set((JSON.parse(line) as { custom_id: string }).custom_id, line);
+  }
+  return map;
+}
+
+async function putVerified(deps: Deps, run: RunRow, key: string, body: Buffer): Promise<string> {
+  const store = deps.stores.forUri(run.outputUri);
+  const digest = sha256(body);
+  await store.put(key, body);
+  const back = await store.get(key);
+  if (back.length !== body.length || sha256(back) !== digest) throw new Error(`verification of ${key} failed: the stored bytes differ`);
+  return digest;
+}
+
+/**
+ * Writes one shard whose samples are all terminal: completed samples in input order to
+ * shard-NNNNN.jsonl, failed ones to shard-NNNNN.errors.jsonl, each read back and checked; only then
+ * is the shard marked uploaded and its staging rows dropped. The bytes depend only on the database,
+ * so writing a shard again produces the same object. Returns false when the shard changed meanwhile.
+ */
+export async function uploadShard(deps: Deps, run: RunRow, shard: ShardRow): Promise<boolean> {
+  const { db } = deps;
+  const rows = db
+    .select({ s: samples, output: staging.output })
+    .from(samples)
+    .leftJoin(staging, eq(staging.sampleId, samples.id))
+    .where(and(eq(samples.runId, run.id), eq(samples.shardIdx, shard.idx)))
+    .orderBy(asc(samples.seq))
+    .all();
+  let previous: Map<string, string> | undefined;
+  const lines: string[] = [];
+  const lineOf: { id: number; line: number }[] = [];
+  const errors: string[] = [];
+  for (const { s, output } of rows) {
+    if (s.status === 'completed') {
+      let line: string;
+      if (output) line = outputLine(s, JSON.parse(output) as StagedOutput);
+      else {
+        previous ??= await previousLines(deps, run, shard);
+        const old = previous.get(s.customId);
+        if (!old) throw new Error(`sample ${s.customId} has no output in staging or in the earlier shard`);
+        line = old;
+      }
+      lines.push(line);
+      lineOf.push({ id: s.id, line: lines.length });
+    } else if (s.status === 'failed') errors.push(errorLine(s));
+    else if (s.status !== 'cancelled') return false;
+  }
+  const body = Buffer.from(lines.length ? lines.join('\n') + '\n' : '');
+  const key = shardKey(shard.idx);
+  const digest = await putVerified(deps, run, key, body);
+  let errorsMeta = { errorsKey: null as string | null, errorsBytes: null as number | null, errorsLines: null as number | null, errorsSha256: null as string | null };
+  if (errors.length) {
+    const eb = Buffer.from(errors.join('\n') + '\n');
+    const ek = shardErrorsKey(shard.idx);
+    errorsMeta = { errorsKey: ek, errorsBytes: eb.length, errorsLines: errors.length, errorsSha256: await putVerified(deps, run, ek, eb) };
+  } else if (shard.errorsKey) {
+    await deps.stores.forUri(run.outputUri).delete(shard.errorsKey);
+  }
+  const now = deps.clock();
+  return db.transaction((tx) => {
+    // A retry may have reopened samples while the upload ran: then this upload is stale.
+    const current = tx.select().from(shards).where(and(eq(shards.runId, run.id), eq(shards.idx, shard.idx))).get();
+    if (!current || current.status !== 'open' || current.terminalCount !== current.sampleCount) return false;
+    tx.update(shards)
+      .set({ status: 'uploaded', key, bytes: body.length, lines: lines.length, sha256: digest, ...errorsMeta, uploadedAt: now, lastError: null })
+      .where(and(eq(shards.runId, run.id), eq(shards.idx, shard.idx)))
+      .run();
+    const setLine = db.$client.prepare('update samples set output_key = ?, output_line = ? where id = ?');
+    for (const l of lineOf) setLine.run(key, l.line, l.id);
+    tx.delete(staging).where(and(eq(staging.runId, run.id), eq(staging.shardIdx, shard.idx))).run();
+    tx.update(runs).set({ shardsUploaded: sql`${runs.shardsUploaded} + 1`, updatedAt: now }).where(eq(runs.id, run.id)).run();
+    appendEvent(tx as never, run.id, 'shard_uploaded', { shard: shard.idx, key, lines: lines.length, errors: errors.length }, now);
+    return true;
+  });
+}
+
+/** The manifest: everything needed to check the output without the database. */
+export async function writeManifest(deps: Deps, run: RunRow, finalStatus: 'completed' | 'cancelled'): Promise<void> {
+  const all = deps.db.select().from(shards).where(eq(shards.runId, run.id)).orderBy(asc(shards.idx)).all();
+  const manifest = {
+    run: { id: run.id, name: run.name, model: run.model, status: finalStatus, created_at: new Date(run.createdAt).toISOString(), metadata: run.metadata },
+    params: run.params,
+    output_uri: run.outputUri,
+    counts: { total: run.total, completed: run.completed, failed: run.failed, cancelled: run.cancelled },
+    usage: { prompt_tokens: run.promptTokens, completion_tokens: run.completionTokens, reasoning_tokens: run.reasoningTokens },
+    quality: {
+      flagged: run.flagged,
+      by_flag: {
+        empty_content: run.flagEmptyContent,
+        missing_reasoning: run.flagMissingReasoning,
+        truncated: run.flagTruncated,
+        repetitive: run.flagRepetitive,
+        too_short: run.flagTooShort,
+      },
+      settings: run.quality,
+    },
+    shards: all.map((s) => ({
+      index: s.idx,
+      key: s.key,
+      bytes: s.bytes,
+      lines: s.lines,
+      sha256: s.sha256,
+      errors_key: s.errorsKey,
+      errors_bytes: s.errorsBytes,
+      errors_lines: s.errorsLines,
+      errors_sha256: s.errorsSha256,
+    })),
+  };
+  await putVerified(deps, run, MANIFEST_KEY, Buffer.from(JSON.stringify(manifest, null, 2) + '\n'));
+  deps.db.update(runs).set({ manifestKey: MANIFEST_KEY }).where(eq(runs.id, run.id)).run();
+}
+
+/** A sample's output: from staging while its shard is open, else the line of the uploaded shard. */
+export async function readSampleOutput(deps: Deps, run: RunRow, s: SampleRow): Promise<{ reasoning_content: string | null; content: string | null } | null> {
+  if (s.status !== 'completed') return null;
+  const staged = deps.db.select({ output: staging.output }).from(staging).where(eq(staging.sampleId, s.id)).get();
+  if (staged) {
+    const o = JSON.parse(staged.output) as StagedOutput;
+    return { reasoning_content: o.reasoning_content, content: o.content };
+  }
+  if (!s.outputKey || !s.outputLine) return null;
+  let text: string;
+  try {
+    text = (await deps.stores.forUri(run.outputUri).get(s.outputKey)).toString('utf8');
+  } catch (err) {
+    deps.logger.warn({ run_id: run.id, err: { message: (err as Error).message } }, 'shard read failed');
+    throw new ApiError('storage_unavailable', 'the object store could not return this sample; try again');
+  }
+  const line = text.split('\n')[s.outputLine - 1];
+  if (!line) return null;
+  const o = JSON.parse(line) as { reasoning_content: string | null; content: string | null };
+  return { reasoning_content: o.reasoning_content, content: o.content };
+}

@@ -1,0 +1,122 @@
+import { createHash } from 'node:crypto';
+import { eq } from 'drizzle-orm';
+import type { Deps } from '../deps.js';
+import { ApiError } from '../errors.js';
+import { newId } from '../ids.js';
+import { getRunByIdempotencyKey } from '../db/runs.js';
+import { files, runs, type QualityConfig, type RunInput, type RunRow } from '../db/schema.js';
+import { parseStoreUri, StoreUriError } from '../storage/index.js';
+import type { CreateRunBody } from '../routes/runs/schemas.js';
+import { resolveInput } from './input-source.js';
+import { appendEvent } from '../db/events.js';
+
+export const QUALITY_DEFAULTS: QualityConfig = {
+  min_completion_tokens: 0,
+  retry_flagged: 1,
+  gate: { min_samples: 200, max_flag_rate: 0.2 },
+};
+
+export function qualityConfig(q: CreateRunBody['quality']): QualityConfig | null {
+  if (q === false) return null;
+  const gate = q?.gate === false ? false : { ...(QUALITY_DEFAULTS.gate as object), ...(q?.gate ?? {}) };
+  return {
+    min_completion_tokens: q?.min_completion_tokens ?? QUALITY_DEFAULTS.min_completion_tokens,
+    retry_flagged: q?.retry_flagged ?? QUALITY_DEFAULTS.retry_flagged,
+    gate: gate as QualityConfig['gate'],
+  };
+}
+
+function outputUriFor(deps: Deps, runId: string, requested?: string): string {
+  if (!requested) return `${deps.config.outputUri}runs/${runId}/`;
+  const uri = requested.endsWith('/') ? requested : requested + '/';
+  try {
+    parseStoreUri(uri);
+  } catch (err) {
+    const why = err instanceof StoreUriError ? err.message : 'not a valid output URI';
+    throw new ApiError('validation_failed', `output.uri: ${why}`, { field: 'output.uri' });
+  }
+  if (uri.startsWith('file:')) {
+    // A local output folder is held to the same roots as local inputs.
+    const roots = [deps.config.dataDir, ...deps.config.inputRoots];
+    const path = decodeURIComponent(new URL(uri).pathname);
+    if (!roots.some((r) => path === r + '/' || path.startsWith(r.endsWith('/') ? r : r + '/'))) {
+      throw new ApiError('validation_failed', 'output.uri: file:// outputs must lie inside the data folder or REGEN_INPUT_ROOTS', {
+        field: 'output.uri',
+      });
+    }
+  }
+  return uri;
+}
+
+/**
+ * Creates a run in `validating` and starts its ingestion. With an idempotency key, the same body
+ * returns the run made the first time, and a different body is a conflict.
+ */
+export async function createRun(deps: Deps, body: CreateRunBody, idempotencyKey?: string): Promise<{ run: RunRow; replayed: boolean }> {
+  const { db, config } = deps;
+  const requestHash = createHash('sha256').update(JSON.stringify(body)).digest('hex');
+  if (idempotencyKey) {
+    const prior = getRunByIdempotencyKey(db, idempotencyKey);
+    if (prior) {
+      if (prior.requestHash !== requestHash) {
+        throw new ApiError('idempotency_conflict', 'this Idempotency-Key was used with a different request body');
+      }
+      return { run: prior, replayed: true };
+    }
+  }
+  const id = newId('run');
+  const now = deps.clock();
+  let input: RunInput;
+  if ('file_id' in body.input) {
+    const file = db.select().from(files).where(eq(files.id, body.input.file_id)).get();
+    if (!file) throw new ApiError('not_found', `file ${JSON.stringify(body.input.file_id)} does not exist`, { field: 'input.file_id' });
+    input = { file_id: file.id };
+  } else if ('uri' in body.input) {
+    resolveInput(body.input.uri, config);
+    input = { uri: body.input.uri };
+  } else {
+    // Inline requests are kept as a file so a restart can validate them again.
+    const fileId = newId('file');
+    const key = `files/${fileId}.jsonl`;
+    const text = body.input.requests.map((r) => JSON.stringify(r)).join('\n') + '\n';
+    await deps.stores.forUri(config.outputUri).put(key, text);
+    db.insert(files)
+      .values({ id: fileId, filename: `${id}-requests.jsonl`, purpose: 'run_input', bytes: Buffer.byteLength(text), objectKey: key, createdAt: now })
+      .run();
+    input = { file_id: fileId };
+  }
+  const row: typeof runs.$inferInsert = {
+    id,
+    name: body.name ?? null,
+    model: body.model,
+    status: 'validating',
+    createdAt: now,
+    params: body.params ?? {},
+    input,
+    shardSize: body.shard_size ?? config.shardSize,
+    outputUri: outputUriFor(deps, id, body.output?.uri),
+    priority: body.priority ?? 0,
+    metadata: body.metadata ?? {},
+    regenerate: body.regenerate ?? null,
+    onInvalidLine: body.on_invalid_line ?? 'fail',
+    quality: qualityConfig(body.quality),
+    requestTimeoutMs: body.request_timeout_ms ?? config.requestTimeoutMs,
+    maxAttempts: body.max_attempts ?? config.maxAttempts,
+    idempotencyKey: idempotencyKey ?? null,
+    requestHash,
+    updatedAt: now,
+  };
+  try {
+    db.transaction((tx) => {
+      tx.insert(runs).values(row).run();
+      appendEvent(tx as never, id, 'status', { status: 'validating', reason: null }, now);
+    });
+  } catch (err) {
+    // Two requests raced with one key: the loser answers with the winner's run.
+    if (idempotencyKey && /UNIQUE/.test((err as Error).message)) return createRun(deps, body, idempotencyKey);
+    throw err;
+  }
+  deps.logger.info({ run_id: id, model: body.model, status: 'validating' }, 'run created');
+  deps.startIngest(id);
+  return { run: db.select().from(runs).where(eq(runs.id, id)).get()!, replayed: false };
+}

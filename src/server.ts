@@ -1,0 +1,107 @@
+import { serve, type ServerType } from '@hono/node-server';
+import { mkdirSync } from 'node:fs';
+import type { AddressInfo } from 'node:net';
+import { createApp } from './app.js';
+import type { Config } from './config.js';
+import { closeDb, openDb } from './db/client.js';
+import type { Deps } from './deps.js';
+import { makeLogger, type Logger } from './logger.js';
+import { ingestRun } from './runner/ingest.js';
+import { Runner } from './runner/runner.js';
+import { idleRunner } from './runner/view.js';
+import { Stores } from './storage/index.js';
+
+export interface Server {
+  url: string;
+  port: number;
+  deps: Deps;
+  runner: Runner | null;
+  /** Graceful: stop dispatch, wait up to the grace period for in-flight work, flush, close. */
+  close(graceMs?: number): Promise<void>;
+}
+
+const LOOPBACK = new Set(['127.0.0.1', '::1', 'localhost']);
+
+/** Ingestion runs one run at a time, in the background of the API process. */
+function ingestQueue(getDeps: () => Deps, logger: Logger) {
+  const queue: string[] = [];
+  let running = false;
+  const next = async () => {
+    if (running) return;
+    running = true;
+    while (queue.length) {
+      const runId = queue.shift()!;
+      try {
+        await ingestRun(getDeps(), runId);
+      } catch (err) {
+        logger.error({ run_id: runId, err: { message: (err as Error).message, stack: (err as Error).stack } }, 'ingest crashed');
+      }
+    }
+    running = false;
+  };
+  return (runId: string) => {
+    if (!queue.includes(runId)) queue.push(runId);
+    void next();
+  };
+}
+
+export async function startServer(config: Config, opts: { logger?: Logger } = {}): Promise<Server> {
+  if (config.apiTokens.length === 0 && !LOOPBACK.has(config.host) && !config.allowPublicBind) {
+    throw new Error(
+      `refusing to listen on ${config.host} without REGEN_API_TOKENS; set tokens, or REGEN_ALLOW_PUBLIC_BIND=true to accept an open server`,
+    );
+  }
+  mkdirSync(config.dataDir, { recursive: true });
+  const logger = opts.logger ?? makeLogger(config.logLevel);
+  const db = openDb(config.dbPath);
+  const stores = new Stores({ endpoint: config.s3Endpoint, forcePathStyle: config.s3ForcePathStyle });
+  const deps: Deps = {
+    config,
+    db,
+    stores,
+    logger,
+    clock: Date.now,
+    runner: idleRunner,
+    startIngest: () => {},
+  };
+  deps.startIngest = ingestQueue(() => deps, logger);
+  let runner: Runner | null = null;
+  if (config.runner) {
+    runner = new Runner(deps);
+    deps.runner = runner;
+    runner.start();
+  } else {
+    // Without a runner nothing else would validate the runs this API creates.
+    const { runs } = await import('./db/schema.js');
+    const { eq } = await import('drizzle-orm');
+    for (const r of db.select({ id: runs.id }).from(runs).where(eq(runs.status, 'validating')).all()) deps.startIngest(r.id);
+  }
+  const app = createApp(deps);
+  const server: ServerType = await new Promise((resolve) => {
+    const s = serve({ fetch: app.fetch, hostname: config.host, port: config.port }, () => resolve(s));
+  });
+  const port = (server.address() as AddressInfo).port;
+  const host = config.host.includes(':') ? `[${config.host}]` : config.host;
+  const url = `http://${host}:${port}`;
+  logger.info({ url, data_dir: config.dataDir, runner: !!runner, auth: config.apiTokens.length > 0 }, 'regen listening');
+  let closed = false;
+  return {
+    url,
+    port,
+    deps,
+    runner,
+    async close(graceMs = config.shutdownGraceMs) {
+      if (closed) return;
+      closed = true;
+      await new Promise<void>((resolve) => {
+        server.close(() => resolve());
+        (server as unknown as { closeIdleConnections?: () => void }).closeIdleConnections?.();
+        setTimeout(() => (server as unknown as { closeAllConnections?: () => void }).closeAllConnections?.(), 1000).unref();
+      });
+      if (runner) await runner.stop(graceMs);
+      stores.close();
+      closeDb(db);
+      logger.info('regen stopped');
+    },
+  };
+}

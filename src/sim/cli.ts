@@ -1,0 +1,82 @@
+import { parseArgs } from 'node:util';
+import { DEFAULTS, KNOB_NAMES, knobProblem, type Knobs } from './options.js';
+import { startSimulator, type Simulator } from './server.js';
+
+/** maxRunning → max-running */
+const flagName = (knob: string): string => knob.replace(/[A-Z]/g, (c) => `-${c.toLowerCase()}`);
+
+const FLAGS = new Map(KNOB_NAMES.map((knob) => [flagName(knob), knob]));
+
+const USAGE = [
+  'usage: regen sim [flags]   an SGLang look-alike for tests, benchmarks and the demo',
+  ...KNOB_NAMES.map((knob) => `  --${flagName(knob)} ${DEFAULTS[knob]}`),
+].join('\n');
+
+class UsageError extends Error {}
+
+// Number('') is 0, which would let `--port ''` through silently.
+const toNumber = (raw: string): number => (raw.trim() === '' ? NaN : Number(raw));
+
+function parseFlags(argv: string[]): Partial<Knobs> | 'help' {
+  const options = Object.fromEntries([...FLAGS.keys()].map((flag) => [flag, { type: 'string' as const }]));
+  let values: Record<string, string | boolean | undefined>;
+  try {
+    ({ values } = parseArgs({ args: argv, options: { ...options, help: { type: 'boolean', short: 'h' } } }));
+  } catch (error) {
+    throw new UsageError((error as Error).message);
+  }
+  if (values.help) return 'help';
+  const knobs: Record<string, string | number> = {};
+  for (const [flag, knob] of FLAGS) {
+    const raw = values[flag];
+    if (typeof raw !== 'string') continue;
+    const value = typeof DEFAULTS[knob] === 'number' ? toNumber(raw) : raw;
+    const problem = knobProblem(knob, value);
+    if (problem) throw new UsageError(`--${flag} ${problem} (got ${JSON.stringify(raw)})`);
+    knobs[knob] = value;
+  }
+  return knobs as Partial<Knobs>;
+}
+
+// A crash, not a shutdown: in-flight requests see their connection drop.
+function die(): never {
+  process.stderr.write('regen sim: exiting on purpose (--die-after reached)\n');
+  process.exit(1);
+}
+
+/**
+ * `regen sim`: starts the simulator, prints one JSON line `{"event":"listening",url,port,pid}`
+ * on stdout once it accepts connections, and closes on SIGTERM/SIGINT. Bad flags exit with code 2.
+ */
+export async function runSimCommand(argv: string[]): Promise<void> {
+  let knobs: Partial<Knobs> | 'help';
+  try {
+    knobs = parseFlags(argv);
+  } catch (error) {
+    if (!(error instanceof UsageError)) throw error;
+    process.stderr.write(`regen sim: ${error.message}\n`);
+    process.exitCode = 2;
+    return;
+  }
+  if (knobs === 'help') {
+    process.stdout.write(`${USAGE}\n`);
+    return;
+  }
+  let sim: Simulator;
+  try {
+    sim = await startSimulator({ ...knobs, onDie: die });
+  } catch (error) {
+    process.stderr.write(`regen sim: cannot listen: ${(error as Error).message}\n`);
+    process.exitCode = 1;
+    return;
+  }
+  process.stdout.write(`${JSON.stringify({ event: 'listening', url: sim.url, port: sim.port, pid: process.pid })}\n`);
+  const stop = (): void => {
+    // Once the listeners are gone, a second signal kills the process the default way.
+    process.off('SIGTERM', stop);
+    process.off('SIGINT', stop);
+    void sim.close();
+  };
+  process.on('SIGTERM', stop);
+  process.on('SIGINT', stop);
+}

@@ -1,0 +1,3 @@
+import { runSimCommand } from './cli.js';
+
+await runSimCommand(process.argv.slice(2));

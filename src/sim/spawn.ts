@@ -1,0 +1,63 @@
+import { spawn, type ChildProcess } from 'node:child_process';
+import { once } from 'node:events';
+import { createInterface } from 'node:readline';
+import { fileURLToPath } from 'node:url';
+
+const MAIN = fileURLToPath(new URL('./main.ts', import.meta.url));
+
+export interface SimProcess {
+  url: string;
+  port: number;
+  proc: ChildProcess;
+  /** SIGTERM, then SIGKILL if it has not exited within a second. */
+  stop(): Promise<void>;
+  /** Changes the simulator's knobs while it runs (POST /sim/config). */
+  configure(patch: Record<string, number | string>): Promise<void>;
+  stats(): Promise<Record<string, number>>;
+}
+
+/** Starts `regen sim` as its own process and resolves once it prints its listening line. */
+export async function spawnSimulator(flags: Record<string, string | number> = {}): Promise<SimProcess> {
+  const args = Object.entries({ port: 0, ...flags }).flatMap(([k, v]) => [`--${k}`, String(v)]);
+  const proc = spawn(process.execPath, ['--import', 'tsx', MAIN, ...args], { stdio: ['ignore', 'pipe', 'pipe'] });
+  let stderr = '';
+  proc.stderr!.on('data', (d: Buffer) => (stderr = (stderr + d.toString()).slice(-2000)));
+  const lines = createInterface({ input: proc.stdout! });
+  const listening = await new Promise<{ url: string; port: number }>((resolve, reject) => {
+    const timer = setTimeout(() => reject(new Error(`simulator did not start: ${stderr}`)), 30_000);
+    lines.on('line', (line) => {
+      try {
+        const msg = JSON.parse(line) as { event?: string; url: string; port: number };
+        if (msg.event === 'listening') {
+          clearTimeout(timer);
+          resolve(msg);
+        }
+      } catch {
+        /* not the listening line */
+      }
+    });
+    proc.once('exit', (code) => {
+      clearTimeout(timer);
+      reject(new Error(`simulator exited with code ${code}: ${stderr}`));
+    });
+  });
+  return {
+    ...listening,
+    proc,
+    async stop() {
+      if (proc.exitCode !== null || proc.signalCode !== null) return;
+      const exited = once(proc, 'exit');
+      proc.kill('SIGTERM');
+      const timer = setTimeout(() => proc.kill('SIGKILL'), 1000);
+      await exited;
+      clearTimeout(timer);
+    },
+    async configure(patch) {
+      const res = await fetch(`${listening.url}/sim/config`, { method: 'POST', body: JSON.stringify(patch), headers: { 'content-type': 'application/json' } });
+      if (!res.ok) throw new Error(`sim config rejected: ${await res.text()}`);
+    },
+    async stats() {
+      return (await (await fetch(`${listening.url}/sim/stats`)).json()) as Record<string, number>;
+    },
+  };
+}

@@ -1,0 +1,76 @@
+import { createHash } from 'node:crypto';
+
+/** The simulator's tokenizer: one token per four characters, close enough to BPE on English text. */
+export const CHARS_PER_TOKEN = 4;
+
+// Chat templates wrap every message in role markers and separators.
+const TOKENS_PER_MESSAGE = 4;
+
+// Varied enough that generated text never looks like one short span repeated (a degenerate loop).
+const WORDS = [
+  'the', 'question', 'asks', 'about', 'a', 'careful', 'answer', 'which', 'should', 'consider',
+  'each', 'step', 'first', 'then', 'we', 'check', 'whether', 'this', 'value', 'holds',
+  'because', 'it', 'follows', 'from', 'previous', 'result', 'so', 'next', 'compute', 'total',
+  'and', 'compare', 'with', 'expected', 'case', 'otherwise', 'revise', 'assumption', 'given', 'data',
+  'therefore', 'final', 'reason', 'clearly', 'simple', 'example', 'shows', 'pattern', 'might', 'work',
+];
+
+export type Random = () => number;
+
+/** mulberry32: a tiny, fast PRNG; the same seed always yields the same sequence. */
+export function seededRandom(seed: number): Random {
+  let state = seed >>> 0;
+  return () => {
+    state = (state + 0x6d2b79f5) >>> 0;
+    let t = state;
+    t = Math.imul(t ^ (t >>> 15), t | 1);
+    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
+    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
+  };
+}
+
+/** 32-bit FNV-1a, to turn a string into a PRNG seed. */
+export function hashSeed(text: string): number {
+  let hash = 0x811c9dc5;
+  for (let i = 0; i < text.length; i++) {
+    hash ^= text.charCodeAt(i);
+    hash = Math.imul(hash, 0x01000193);
+  }
+  return hash >>> 0;
+}
+
+/** First 16 hex characters of the sha256 of the messages: what the reply is derived from. */
+export function digestOf(messages: unknown[]): string {
+  return createHash('sha256').update(JSON.stringify(messages)).digest('hex').slice(0, 16);
+}
+
+export function countPromptTokens(messages: Record<string, unknown>[]): number {
+  let chars = 0;
+  for (const message of messages) chars += contentChars(message.content);
+  return Math.ceil(chars / CHARS_PER_TOKEN) + TOKENS_PER_MESSAGE * messages.length;
+}
+
+// Content is a string or an array of parts; only text parts count (images and such are out of scope).
+function contentChars(content: unknown): number {
+  if (typeof content === 'string') return content.length;
+  if (!Array.isArray(content)) return 0;
+  let chars = 0;
+  for (const part of content) {
+    if (typeof part?.text === 'string') chars += part.text.length;
+  }
+  return chars;
+}
+
+/**
+ * `prefix` followed by random words, cut to exactly `tokens` tokens' worth of characters, so a
+ * shorter text from the same seed is always a prefix of a longer one (as truncation would give).
+ */
+export function fillerText(prefix: string, tokens: number, random: Random): string {
+  const length = tokens * CHARS_PER_TOKEN;
+  let text = prefix;
+  while (text.length < length) {
+    text += WORDS[Math.floor(random() * WORDS.length)];
+    text += random() < 0.1 ? '. ' : ' ';
+  }
+  return text.slice(0, length);
+}

@@ -1,0 +1,61 @@
+import { Transform, type Readable } from 'node:stream';
+import { fileURLToPath } from 'node:url';
+
+/** An object store rooted at a URI prefix; keys are relative to it and never contain `..`. */
+export interface ObjectStore {
+  /** The prefix URI, ending in `/`. */
+  readonly uri: string;
+  put(key: string, body: Buffer | string): Promise<void>;
+  /** Streams a body of unknown length; returns the bytes written. */
+  putStream(key: string, body: Readable): Promise<{ bytes: number }>;
+  get(key: string): Promise<Buffer>;
+  getStream(key: string): Promise<Readable>;
+  head(key: string): Promise<{ bytes: number } | null>;
+  delete(key: string): Promise<void>;
+  /** Throws when the store cannot be reached or written. */
+  check(): Promise<void>;
+}
+
+export type StoreLocation = { kind: 'file'; dir: string } | { kind: 's3'; bucket: string; prefix: string };
+
+export class StoreUriError extends Error {}
+
+/** Parses `s3://bucket/prefix/` or `file:///abs/path/`; rejects traversal and anything else. */
+export function parseStoreUri(uri: string): StoreLocation {
+  if (uri.includes('\0')) throw new StoreUriError('URI contains a NUL byte');
+  const m = /^s3:\/\/([a-z0-9][a-z0-9.-]{1,61}[a-z0-9])\/(.*)$/.exec(uri);
+  if (m) {
+    const prefix = m[2];
+    if (prefix.split('/').some((seg) => seg === '..' || seg === '.')) throw new StoreUriError('URI must not contain "." or ".." segments');
+    return { kind: 's3', bucket: m[1], prefix };
+  }
+  if (uri.startsWith('file:///')) {
+    if (/(^|\/)(\.|\.\.|%2e%2e|%2e\.|\.%2e)(\/|$)/i.test(uri.slice('file://'.length))) {
+      throw new StoreUriError('URI must not contain "." or ".." segments');
+    }
+    return { kind: 'file', dir: fileURLToPath(uri) };
+  }
+  throw new StoreUriError('expected s3://bucket/prefix/ or file:///absolute/path/');
+}
+
+export function assertKey(key: string): void {
+  if (!key || key.startsWith('/') || key.includes('\0') || key.split('/').some((s) => s === '..' || s === '.' || s === '')) {
+    throw new Error(`invalid object key`);
+  }
+}
+
+/** A pass-through that counts what flows through it; attached lazily, so no data is read early. */
+export function byteCounter(): Transform & { bytes: number } {
+  const t = new Transform({
+    transform(chunk: Buffer, _enc, done) {
+      t.bytes += chunk.length;
+      done(null, chunk);
+    },
+  }) as Transform & { bytes: number };
+  t.bytes = 0;
+  return t;
+}
+
+export function joinUri(base: string, key: string): string {
+  return base.endsWith('/') ? base + key : `${base}/${key}`;
+}

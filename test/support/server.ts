@@ -1,0 +1,115 @@
+import { spawn, type ChildProcess } from 'node:child_process';
+import { once } from 'node:events';
+import { mkdtempSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { createInterface } from 'node:readline';
+import { fileURLToPath } from 'node:url';
+import { loadConfig, type Config } from '../../src/config.js';
+import { makeLogger } from '../../src/logger.js';
+import { startServer, type Server } from '../../src/server.js';
+
+export function tempDir(prefix = 'regen-test-'): { dir: string; cleanup(): void } {
+  const dir = mkdtempSync(join(tmpdir(), prefix));
+  return { dir, cleanup: () => rmSync(dir, { recursive: true, force: true }) };
+}
+
+/** A real server in this process on a free loopback port, with its own data folder. */
+export async function startTestServer(env: Record<string, string> = {}, dataDir?: string): Promise<Server & { config: Config; cleanup(): Promise<void> }> {
+  const tmp = dataDir ? null : tempDir();
+  const config = loadConfig({ REGEN_LOG_LEVEL: 'silent', REGEN_PROBE_INTERVAL_MS: '200', ...env }, { data: dataDir ?? tmp!.dir, port: '0' });
+  const server = await startServer(config, { logger: makeLogger(config.logLevel) });
+  return {
+    ...server,
+    config,
+    async cleanup() {
+      await server.close(2000);
+      tmp?.cleanup();
+    },
+  };
+}
+
+const MAIN = fileURLToPath(new URL('../../src/cli/main.ts', import.meta.url));
+
+export interface ServerProcess {
+  url: string;
+  proc: ChildProcess;
+  /** Everything the process wrote, stdout and stderr. */
+  output(): string;
+  kill(signal?: NodeJS.Signals): Promise<number | null>;
+}
+
+/** `regen serve` as its own process, for crash and signal tests. Resolves once it listens. */
+export async function spawnServer(dataDir: string, env: Record<string, string> = {}): Promise<ServerProcess> {
+  const proc = spawn(process.execPath, ['--import', 'tsx', MAIN, 'serve', '--port', '0', '--data', dataDir], {
+    env: { ...process.env, REGEN_LOG_LEVEL: 'info', REGEN_PROBE_INTERVAL_MS: '200', ...env },
+    stdio: ['ignore', 'pipe', 'pipe'],
+  });
+  let out = '';
+  proc.stderr!.on('data', (d: Buffer) => (out += d.toString()));
+  const lines = createInterface({ input: proc.stdout! });
+  const url = await new Promise<string>((resolve, reject) => {
+    const timer = setTimeout(() => reject(new Error(`server did not start:\n${out}`)), 30_000);
+    lines.on('line', (line) => {
+      out += line + '\n';
+      try {
+        const msg = JSON.parse(line) as { msg?: string; url?: string };
+        if (msg.msg === 'regen listening' && msg.url) {
+          clearTimeout(timer);
+          resolve(msg.url);
+        }
+      } catch {
+        /* not JSON */
+      }
+    });
+    proc.once('exit', (code) => {
+      clearTimeout(timer);
+      reject(new Error(`server exited with ${code}:\n${out}`));
+    });
+  });
+  return {
+    url,
+    proc,
+    output: () => out,
+    async kill(signal: NodeJS.Signals = 'SIGKILL') {
+      if (proc.exitCode !== null || proc.signalCode !== null) return proc.exitCode;
+      const exited = once(proc, 'exit');
+      proc.kill(signal);
+      const [code] = (await exited) as [number | null];
+      return code;
+    },
+  };
+}
+
+/** fetch + JSON with the status kept, for assertions. */
+export async function call<T = any>(base: string, path: string, init: RequestInit & { json?: unknown } = {}): Promise<{ status: number; body: T; headers: Headers }> {
+  const { json, ...rest } = init;
+  const res = await fetch(base + path, {
+    ...rest,
+    ...(json !== undefined ? { body: JSON.stringify(json), headers: { 'content-type': 'application/json', ...(rest.headers ?? {}) } } : {}),
+  });
+  const text = await res.text();
+  let body: unknown = text;
+  try {
+    body = JSON.parse(text);
+  } catch {
+    /* not JSON */
+  }
+  return { status: res.status, body: body as T, headers: res.headers };
+}
+
+/** Polls until `check` returns a value other than undefined, or fails after `ms`. */
+export async function waitFor<T>(what: string, check: () => Promise<T | undefined> | T | undefined, ms = 60_000, every = 100): Promise<T> {
+  const deadline = Date.now() + ms;
+  let last: unknown;
+  for (;;) {
+    try {
+      const v = await check();
+      if (v !== undefined) return v;
+    } catch (err) {
+      last = err;
+    }
+    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}${last ? `: ${(last as Error).message}` : ''}`);
+    await new Promise((r) => setTimeout(r, every));
+  }
+}
