@@ -16,7 +16,7 @@ export function openDb(path: string): Db {
   sqlite.pragma('synchronous = NORMAL');
   sqlite.pragma('busy_timeout = 10000');
   sqlite.pragma('foreign_keys = ON');
-  sqlite.pragma('cache_size = -65536');
+  sqlite.pragma('cache_size = -16384');
   const db = drizzle(sqlite, { schema }) as Db;
   migrate(db, { migrationsFolder });
   return db;

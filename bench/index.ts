@@ -1,0 +1,56 @@
+import { writeFileSync } from 'node:fs';
+import { fileURLToPath } from 'node:url';
+import { benchDispatch, benchSaturation } from './dispatch.js';
+import { benchIngest } from './ingest.js';
+import { benchMillion } from './million.js';
+import { machine, SCALE, type Figure } from './support.js';
+
+const PARTS: Record<string, () => Promise<Figure[]>> = {
+  ingest: benchIngest,
+  dispatch: benchDispatch,
+  saturation: benchSaturation,
+  million: benchMillion,
+};
+
+const fmt = (n: number | null) => (n === null ? '' : n >= 100 ? Math.round(n).toLocaleString('en') : n.toFixed(n >= 10 ? 1 : 2));
+
+function table(figures: Figure[]): string {
+  const rows = [
+    '| part | figure | regen | baseline | ratio | target | met |',
+    '|---|---|---|---|---|---|---|',
+    ...figures.map(
+      (f) =>
+        `| ${f.part} | ${f.figure} | ${fmt(f.regen)} ${f.unit} | ${f.baseline === null ? '' : `${fmt(f.baseline)} ${f.unit}`} | ${f.ratio === null ? '' : f.ratio.toFixed(3)} | ${f.target} | ${f.ok === null ? '' : f.ok ? 'yes' : 'no'} |`,
+    ),
+  ];
+  return rows.join('\n');
+}
+
+/**
+ * `npm run bench [part…]`: runs the parts (all by default), prints regen next to its baseline for
+ * every figure, and, for a full-scale run of every part, writes BENCHMARKS.md. Parts: ingest, dispatch, saturation, million.
+ */
+async function main(): Promise<void> {
+  const asked = process.argv.slice(2);
+  const unknown = asked.filter((p) => !PARTS[p]);
+  if (unknown.length) {
+    console.error(`unknown part(s): ${unknown.join(', ')}; parts: ${Object.keys(PARTS).join(', ')}`);
+    process.exit(2);
+  }
+  const figures: Figure[] = [];
+  for (const part of asked.length ? asked : Object.keys(PARTS)) {
+    console.error(`running ${part}…`);
+    const got = await PARTS[part]();
+    figures.push(...got);
+    console.error(table(got));
+  }
+  const report = `# Benchmarks\n\nMeasured ${new Date().toISOString().slice(0, 10)} on ${machine()}${SCALE !== 1 ? `, scale ${SCALE}` : ''}.\nregen and its baseline run side by side in the same run; ratios matter, absolute numbers vary between machines.\n\n${table(figures)}\n`;
+  console.log(report);
+  if (SCALE === 1 && asked.length === 0) {
+    const target = fileURLToPath(new URL('../BENCHMARKS.md', import.meta.url));
+    writeFileSync(target, report + (process.env.BENCH_NOTES ?? ''));
+    console.error(`wrote ${target}`);
+  }
+}
+
+await main();

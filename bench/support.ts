@@ -1,0 +1,80 @@
+import { createWriteStream, readFileSync } from 'node:fs';
+import { cpus } from 'node:os';
+import { once } from 'node:events';
+
+export interface Figure {
+  part: string;
+  figure: string;
+  regen: number;
+  baseline: number | null;
+  unit: string;
+  /** regen ÷ baseline, or for "lower is better" figures baseline ÷ regen. */
+  ratio: number | null;
+  target: string;
+  ok: boolean | null;
+}
+
+/** BENCH_SCALE shrinks every size (the test of the benchmark code runs at a tiny scale). */
+export const SCALE = Number(process.env.BENCH_SCALE ?? '1');
+export const scaled = (n: number, min = 10) => Math.max(min, Math.round(n * SCALE));
+
+export function machine(): string {
+  const cpu = cpus();
+  return `${cpu.length} cores (${cpu[0]?.model.trim() ?? 'unknown cpu'}), ${Math.round(Number(readFileSync('/proc/meminfo', 'utf8').match(/MemTotal:\s+(\d+)/)?.[1] ?? 0) / 1048576)} GiB, Node ${process.version}`;
+}
+
+/** Peak and current resident memory of a process, in MiB, from /proc. */
+export function memoryOf(pid: number): { peakMiB: number; rssMiB: number } {
+  const status = readFileSync(`/proc/${pid}/status`, 'utf8');
+  const kb = (field: string) => Number(new RegExp(`${field}:\\s+(\\d+)`).exec(status)?.[1] ?? 0);
+  return { peakMiB: kb('VmHWM') / 1024, rssMiB: kb('VmRSS') / 1024 };
+}
+
+export function percentile(values: number[], p: number): number {
+  const sorted = [...values].sort((a, b) => a - b);
+  return sorted[Math.min(sorted.length - 1, Math.floor((p / 100) * sorted.length))];
+}
+
+export function promptLine(i: number): string {
+  return JSON.stringify({
+    custom_id: `s${i}`,
+    messages: [
+      { role: 'system', content: 'You are a helpful assistant.' },
+      { role: 'user', content: `Question number ${i}: explain the idea behind item ${i % 997} in two sentences.` },
+    ],
+  });
+}
+
+/** Writes n prompt lines to a file through a stream, never holding the file in memory. */
+export async function writePrompts(path: string, n: number): Promise<void> {
+  const out = createWriteStream(path);
+  let chunk: string[] = [];
+  for (let i = 0; i < n; i++) {
+    chunk.push(promptLine(i));
+    if (chunk.length === 10_000 || i === n - 1) {
+      if (!out.write(chunk.join('\n') + '\n')) await once(out, 'drain');
+      chunk = [];
+    }
+  }
+  out.end();
+  await once(out, 'finish');
+}
+
+export async function json<T = any>(base: string, path: string, init: RequestInit & { body?: any } = {}): Promise<T> {
+  const res = await fetch(base + path, init);
+  const text = await res.text();
+  if (!res.ok) throw new Error(`${init.method ?? 'GET'} ${path}: ${res.status} ${text.slice(0, 300)}`);
+  return JSON.parse(text) as T;
+}
+
+export async function until<T>(what: string, fn: () => Promise<T | undefined>, ms: number, every = 50): Promise<T> {
+  const deadline = Date.now() + ms;
+  for (;;) {
+    const v = await fn();
+    if (v !== undefined) return v;
+    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`);
+    await new Promise((r) => setTimeout(r, every));
+  }
+}
+
+export const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
