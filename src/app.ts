@@ -18,7 +18,8 @@ export function fieldName(path: PropertyKey[]): string {
 
 export function validationError(err: ZodError, where: string): ApiError {
   const errors = err.issues.slice(0, 20).map((i) => ({
-    field: fieldName(i.path) || where,
+    // A strict object refuses keys at its own path; name the first refused key, which is what users look for.
+    field: fieldName(i.code === 'unrecognized_keys' && i.keys.length ? [...i.path, i.keys[0]] : i.path) || where,
     message: i.message,
   }));
   const first = errors[0];
@@ -54,7 +55,8 @@ export function requireToken(tokens: string[]): MiddlewareHandler<AppEnv> {
 export function createApp(deps: Deps): App {
   const app = new OpenAPIHono<AppEnv>({
     defaultHook: (result, c) => {
-      if (!result.success) return problem(c, validationError(result.error as ZodError, result.target));
+      // Users send a body, not "json": the whole-body problems are named after what they sent.
+      if (!result.success) return problem(c, validationError(result.error as ZodError, result.target === 'json' ? 'body' : result.target));
     },
   });
 
@@ -89,6 +91,7 @@ export function createApp(deps: Deps): App {
       // Hono raises these for bodies it cannot parse (malformed JSON and the like).
       const status = err.status;
       if (status === 413) return problem(c, new ApiError('payload_too_large', 'request body is too large'));
+      if (status === 415) return problem(c, new ApiError('unsupported_media_type', 'send the request body as application/json'));
       return problem(c, new ApiError('invalid_request', status === 400 ? 'request body is not valid JSON' : err.message));
     }
     deps.logger.error({ req_id: c.get('requestId'), err: { name: err.name, message: err.message, stack: err.stack } }, 'unhandled error');

@@ -2,6 +2,7 @@ import type { Config } from './config.js';
 import type { Db } from './db/client.js';
 import type { Logger } from './logger.js';
 import type { Stores } from './storage/index.js';
+import type { Metrics } from './runner/metrics.js';
 import type { RunnerView } from './runner/view.js';
 
 /** Everything a route or the runner needs, built once in src/index.ts (or by a test). */
@@ -11,6 +12,8 @@ export interface Deps {
   stores: Stores;
   logger: Logger;
   clock: () => number;
+  /** This process's Prometheus registry and the counters the runner moves. */
+  metrics: Metrics;
   /** Live state of the runner; a process without one reports none. */
   runner: RunnerView;
   /** Starts validating a run's input in the background. */

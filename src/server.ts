@@ -7,6 +7,7 @@ import { closeDb, openDb } from './db/client.js';
 import type { Deps } from './deps.js';
 import { makeLogger, type Logger } from './logger.js';
 import { ingestRun } from './runner/ingest.js';
+import { Metrics } from './runner/metrics.js';
 import { Runner } from './runner/runner.js';
 import { idleRunner } from './runner/view.js';
 import { Stores } from './storage/index.js';
@@ -22,30 +23,36 @@ export interface Server {
 
 const LOOPBACK = new Set(['127.0.0.1', '::1', 'localhost']);
 
-/** Ingestion runs one run at a time, in the background of the API process. */
+/** Ingestion runs one run at a time, in the background of the API process; stop() waits for it. */
 function ingestQueue(getDeps: () => Deps, logger: Logger) {
   const queue: string[] = [];
-  let running = false;
+  const stopping = new AbortController();
+  let current: Promise<void> | null = null;
   const next = async () => {
-    if (running) return;
-    running = true;
-    while (queue.length) {
+    while (queue.length && !stopping.signal.aborted) {
       const runId = queue.shift()!;
       try {
-        await ingestRun(getDeps(), runId);
+        await ingestRun(getDeps(), runId, stopping.signal);
       } catch (err) {
         logger.error({ run_id: runId, err: { message: (err as Error).message, stack: (err as Error).stack } }, 'ingest crashed');
       }
     }
-    running = false;
+    current = null;
   };
-  return (runId: string) => {
-    if (!queue.includes(runId)) queue.push(runId);
-    void next();
+  return {
+    start(runId: string) {
+      if (stopping.signal.aborted || queue.includes(runId)) return;
+      queue.push(runId);
+      current ??= next();
+    },
+    async stop() {
+      stopping.abort();
+      await current;
+    },
   };
 }
 
-export async function startServer(config: Config, opts: { logger?: Logger } = {}): Promise<Server> {
+export async function startServer(config: Config, opts: { logger?: Logger; clock?: () => number } = {}): Promise<Server> {
   if (config.apiTokens.length === 0 && !LOOPBACK.has(config.host) && !config.allowPublicBind) {
     throw new Error(
       `refusing to listen on ${config.host} without REGEN_API_TOKENS; set tokens, or REGEN_ALLOW_PUBLIC_BIND=true to accept an open server`,
@@ -60,11 +67,13 @@ export async function startServer(config: Config, opts: { logger?: Logger } = {}
     db,
     stores,
     logger,
-    clock: Date.now,
+    clock: opts.clock ?? Date.now,
+    metrics: new Metrics(),
     runner: idleRunner,
     startIngest: () => {},
   };
-  deps.startIngest = ingestQueue(() => deps, logger);
+  const ingest = ingestQueue(() => deps, logger);
+  deps.startIngest = ingest.start;
   let runner: Runner | null = null;
   if (config.runner) {
     runner = new Runner(deps);
@@ -98,6 +107,7 @@ export async function startServer(config: Config, opts: { logger?: Logger } = {}
         (server as unknown as { closeIdleConnections?: () => void }).closeIdleConnections?.();
         setTimeout(() => (server as unknown as { closeAllConnections?: () => void }).closeAllConnections?.(), 1000).unref();
       });
+      await ingest.stop();
       if (runner) await runner.stop(graceMs);
       stores.close();
       closeDb(db);

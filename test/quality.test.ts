@@ -144,10 +144,28 @@ describe('isRepetitive on loops', () => {
     expect(isRepetitive('Answer: '.repeat(200_000))).toBe(true);
   });
 
-  it('flags a loop with the longest period it looks for', () => {
+  it('flags a loop with a 200-character period', () => {
     const span = 'x'.repeat(150) + ' this block of two hundred characters repeats, ' + 'y'.repeat(3);
     expect(span).toHaveLength(200);
     expect(isRepetitive(span.repeat(6))).toBe(true);
+  });
+
+  it('flags a whole paragraph repeated, as reasoning models loop (350 and 500 characters)', () => {
+    const paragraph =
+      'Let me reconsider the problem from the start, because something seems off with the approach I took. ' +
+      'The train leaves at 3 pm and travels at 60 km/hr, so after two hours it has covered 120 km of the route. ' +
+      'The second train leaves an hour later at 80 km/hr, so it catches up when 80(t-1) = 60t, that is t = 4. ';
+    expect(paragraph.length).toBeGreaterThan(300);
+    expect(isRepetitive(healthyReasoning.slice(0, 800) + paragraph.repeat(5))).toBe(true);
+    const longest = paragraph + 'z'.repeat(500 - paragraph.length);
+    expect(isRepetitive(longest.repeat(4))).toBe(true);
+    // Three repeats of a 600-character span are not enough evidence in a 2000-character window.
+    expect(isRepetitive((paragraph + 'q'.repeat(600 - paragraph.length)).repeat(3))).toBe(false);
+  });
+
+  it('flags a loop in text without spaces (Chinese) and a repeated final answer', () => {
+    expect(isRepetitive('首先，我们需要计算总数。' + '所以答案是5。'.repeat(80))).toBe(true);
+    expect(isRepetitive('The final answer is \\boxed{42}.\n'.repeat(30))).toBe(true);
   });
 });
 
@@ -173,6 +191,11 @@ describe('isRepetitive on healthy text', () => {
     ].join('\n');
     expect(isRepetitive(code)).toBe(false);
     expect(isRepetitive(`\`\`\`ts\n${code}\n\`\`\``)).toBe(false);
+  });
+
+  it('passes Chinese prose and a list counting up', () => {
+    expect(isRepetitive('首先，我们需要计算总数。然后我们检查每一步是否正确，最后得出结论：答案是五。这个方法适用于所有类似的问题，因为它遵循了基本的计数原理。')).toBe(false);
+    expect(isRepetitive(Array.from({ length: 400 }, (_, i) => i + 1).join(', '))).toBe(false);
   });
 
   it('passes a markdown table', () => {

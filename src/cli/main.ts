@@ -1,10 +1,12 @@
 import { Command } from 'commander';
-import { serveCommand } from './serve.js';
+import { registerClientCommands } from './commands.js';
 
 const program = new Command()
   .name('regen')
   .description('Control plane for large LLM completion-regeneration runs across a pool of SGLang servers')
-  .showHelpAfterError();
+  .showHelpAfterError()
+  // A command line commander cannot parse is a usage error: exit 2, as the client commands do.
+  .exitOverride((err) => process.exit(err.exitCode === 0 ? 0 : 2));
 
 program
   .command('serve')
@@ -16,6 +18,8 @@ program
   .option('--input-roots <dirs>', 'comma-separated folders file:// inputs may come from (REGEN_INPUT_ROOTS)')
   .option('--log-level <level>', 'trace, debug, info, warn, error (REGEN_LOG_LEVEL, default info)')
   .action(async (flags) => {
+    // Loaded on use, so the client commands start without the server's dependencies.
+    const { serveCommand } = await import('./serve.js');
     await serveCommand(flags);
   });
 
@@ -41,5 +45,7 @@ program
     const { demoCommand } = await import('./demo.js');
     await demoCommand(flags);
   });
+
+registerClientCommands(program);
 
 await program.parseAsync(process.argv);

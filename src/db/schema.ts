@@ -1,5 +1,6 @@
 import { sql } from 'drizzle-orm';
 import { index, integer, primaryKey, real, sqliteTable, text, uniqueIndex } from 'drizzle-orm/sqlite-core';
+import { FLAGS, flagBit } from '../runner/quality.js';
 
 // Timestamps are integer milliseconds since the epoch; the API renders them as RFC 3339.
 
@@ -81,6 +82,16 @@ export const runs = sqliteTable(
     droppedResults: integer('dropped_results').notNull().default(0),
     manifestKey: text('manifest_key'),
     updatedAt: integer('updated_at').notNull(),
+    // Set when the run was created as an OpenAI batch (POST /v1/batches); see src/runner/batches.ts.
+    batchId: text('batch_id').unique(),
+    completionWindow: text('completion_window'),
+    expiresAt: integer('expires_at'),
+    expiredAt: integer('expired_at'),
+    // The batch's output and error files are views of the run's shards, under these ids.
+    outputFileId: text('output_file_id').unique(),
+    errorFileId: text('error_file_id').unique(),
+    // Their sizes, counted once per finish (`at` is the run's finished_at they were counted for).
+    batchFileBytes: text('batch_file_bytes', { mode: 'json' }).$type<BatchFileBytes | null>(),
   },
   (t) => [index('runs_status_idx').on(t.status, t.priority, t.createdAt)],
 );
@@ -133,6 +144,9 @@ export const samples = sqliteTable(
     cachedTokens: integer('cached_tokens'),
     latencyMs: integer('latency_ms'),
     flags: integer('flags').notNull().default(0),
+    // Lengths of the last answer's texts (UTF-16 code units), kept for the quality histograms.
+    reasoningChars: integer('reasoning_chars'),
+    contentChars: integer('content_chars'),
     errorCode: text('error_code'),
     errorMessage: text('error_message'),
     errorStatus: integer('error_status'),
@@ -144,6 +158,14 @@ export const samples = sqliteTable(
     uniqueIndex('samples_run_custom_id').on(t.runId, t.customId),
     index('samples_claim_idx').on(t.runId, t.status, t.seq),
     index('samples_run_seq_idx').on(t.runId, t.seq),
+    // The quality histograms count each bucket as a range of one of these, never reading a row
+    // (rows carry the requests): one narrow index per measured column, completed samples only.
+    index('samples_completion_tokens_idx').on(t.runId, t.completionTokens).where(sql`status = 'completed'`),
+    index('samples_reasoning_chars_idx').on(t.runId, t.reasoningChars).where(sql`status = 'completed'`),
+    index('samples_content_chars_idx').on(t.runId, t.contentChars).where(sql`status = 'completed'`),
+    // One small index per flag, holding only the flagged samples: `?flag=` pages and the quality
+    // examples walk them in input order however rare the flag is.
+    ...FLAGS.map((f) => index(`samples_flag_${f}_idx`).on(t.runId, t.seq).where(sql.raw(`(flags & ${flagBit(f)}) <> 0`))),
   ],
 );
 
@@ -178,6 +200,11 @@ export const runnerLock = sqliteTable('runner_lock', {
 });
 
 export type RunInput = { file_id: string } | { uri: string } | { requests: number };
+export interface BatchFileBytes {
+  at: number;
+  output?: number;
+  error?: number;
+}
 export interface LineError {
   line: number;
   message: string;

@@ -1,4 +1,5 @@
 import type { App } from '../app.js';
+import { registerBatchRoutes } from './batches/index.js';
 import { registerDeleteEndpoint } from './endpoints/delete.js';
 import { registerGetEndpoint } from './endpoints/get.js';
 import { registerListEndpoints } from './endpoints/list.js';
@@ -11,32 +12,41 @@ import { registerListFiles } from './files/list.js';
 import { registerUploadFile } from './files/upload.js';
 import { registerRunActions } from './runs/actions.js';
 import { registerCreateRun } from './runs/create.js';
+import { registerRunEvents } from './runs/events.js';
 import { registerGetRun } from './runs/get.js';
 import { registerListRuns } from './runs/list.js';
 import { registerGetSample } from './runs/sample.js';
 import { registerListSamples } from './runs/samples.js';
+import { registerRunQuality } from './runs/quality.js';
 import { registerListShards } from './runs/shards.js';
+import { registerDashboard } from './service/dashboard.js';
 import { registerHealth } from './service/health.js';
+import { registerMetrics } from './service/metrics.js';
 import { registerOpenApi } from './service/openapi.js';
 
 export function registerRoutes(app: App): void {
   registerHealth(app);
+  registerMetrics(app);
   registerOpenApi(app);
   registerUploadFile(app);
   registerListFiles(app);
   registerGetFile(app);
   registerFileContent(app);
   registerDeleteFile(app);
+  registerBatchRoutes(app);
   registerCreateRun(app);
   registerListRuns(app);
   registerGetRun(app);
+  registerRunEvents(app);
   registerListShards(app);
   registerListSamples(app);
   registerGetSample(app);
+  registerRunQuality(app);
   registerRunActions(app);
   registerUpsertEndpoint(app);
   registerListEndpoints(app);
   registerGetEndpoint(app);
   registerPatchEndpoint(app);
   registerDeleteEndpoint(app);
+  registerDashboard(app);
 }

@@ -171,6 +171,12 @@ export class EndpointPool {
     }
   }
 
+  /** Removed, or parked by an operator, while a probe awaited the server: the probe must not revive it. */
+  private parked(e: LiveEndpoint): boolean {
+    const state: EndpointState = e.state;
+    return !this.live.has(e.row.id) || state === 'disabled' || state === 'draining';
+  }
+
   private async probe(e: LiveEndpoint): Promise<void> {
     const { url, apiKey } = e.row;
     const wasReady = e.state === 'ready';
@@ -187,7 +193,7 @@ export class EndpointPool {
       starting = code === 'ECONNREFUSED';
       failure = code === 'ECONNREFUSED' ? 'connection refused' : (err as Error).name === 'TimeoutError' ? 'health probe timed out' : 'health probe failed';
     }
-    if (!this.live.has(e.row.id) || e.state === 'disabled' || e.state === 'draining') return;
+    if (this.parked(e)) return;
     const now = Date.now();
     if (failure) {
       e.probeBackoffMs = Math.min(MAX_PROBE_BACKOFF_MS, Math.max(this.probeIntervalMs, e.probeBackoffMs * 2));
@@ -216,6 +222,7 @@ export class EndpointPool {
       } catch {
         /* optional: not every OpenAI-compatible server has it */
       }
+      if (this.parked(e)) return;
       e.consecutiveFailures = 0;
       this.setState(e, 'ready', null, { model, serverMaxRunning });
     } catch (err) {

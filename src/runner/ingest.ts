@@ -7,8 +7,12 @@ import { getRun, transitionRun } from '../db/runs.js';
 import { files, runs, samples, shards, type LineError, type RunRow } from '../db/schema.js';
 import { parseInputLine, readLines } from './input-format.js';
 import { resolveInput } from './input-source.js';
+import { unservedModel } from './batches.js';
 
-const BATCH = 5000;
+// Small enough that a batch's rows are flushed before the young generation promotes them: at 5000
+// the promoted garbage let the peak RSS grow by ~60 MB from a 100K- to a 300K-line input; at 1000
+// it stays flat, at no cost in throughput (commits are cheap in WAL mode).
+const BATCH = 1000;
 const MAX_LISTED_ERRORS = 100;
 
 /** Opens the run's input as a byte stream, wherever it lives. */
@@ -29,6 +33,13 @@ async function openInput(deps: Deps, run: RunRow): Promise<Readable> {
 
 class IngestError extends Error {}
 
+/** Fails a run still validating, with the one log line of its status change. */
+function failValidation(deps: Deps, runId: string, reason: string, now: number): void {
+  if (transitionRun(deps.db, runId, ['validating'], 'failed', now, { statusReason: reason })) {
+    deps.logger.info({ run_id: runId, status: 'failed', reason }, 'run status');
+  }
+}
+
 function clearRunSamples(db: Db, runId: string): void {
   db.transaction((tx) => {
     tx.delete(samples).where(eq(samples.runId, runId)).run();
@@ -42,7 +53,7 @@ function clearRunSamples(db: Db, runId: string): void {
  * size: duplicate ids are caught by the (run, custom_id) unique index, not by a set in memory.
  * Safe to run again after a crash: it starts by clearing what an earlier attempt inserted.
  */
-export async function ingestRun(deps: Deps, runId: string): Promise<void> {
+export async function ingestRun(deps: Deps, runId: string, signal?: AbortSignal): Promise<void> {
   const { db, logger } = deps;
   const run = getRun(db, runId);
   if (!run || run.status !== 'validating') return;
@@ -57,6 +68,8 @@ export async function ingestRun(deps: Deps, runId: string): Promise<void> {
   let seq = 0;
   let batch: { lineNo: number; customId: string; request: string }[] = [];
   const failFast = run.onInvalidLine === 'fail';
+  // A batch takes its model from its lines, so a model no endpoint serves is an error of each line.
+  const unserved = run.batchId ? unservedModel(db, run.model) : null;
 
   const noteError = (line: number, message: string, customId?: string) => {
     invalid++;
@@ -81,6 +94,8 @@ export async function ingestRun(deps: Deps, runId: string): Promise<void> {
         if (!parsed.ok) noteError(raw.lineNo, parsed.reason);
         else if (parsed.model !== null && parsed.model !== run.model) {
           noteError(raw.lineNo, `model ${JSON.stringify(parsed.model.slice(0, 100))} does not match the run's model`, parsed.custom_id);
+        } else if (unserved) {
+          noteError(raw.lineNo, unserved, parsed.custom_id);
         } else {
           const request = JSON.stringify(parsed.params ? { messages: parsed.messages, params: parsed.params } : { messages: parsed.messages });
           batch.push({ lineNo: raw.lineNo, customId: parsed.custom_id, request });
@@ -91,6 +106,12 @@ export async function ingestRun(deps: Deps, runId: string): Promise<void> {
         batch = [];
       }
       if (batch.length >= BATCH) flush();
+      if (signal?.aborted) {
+        // Shutdown: the run stays `validating` and is validated again from the start on the next boot.
+        source.destroy();
+        logger.info({ run_id: runId }, 'validation stopped by shutdown');
+        return;
+      }
       // Checking the run's status now and then lets a cancel stop a long validation.
       if (++lines % 100_000 === 0) {
         await new Promise((r) => setImmediate(r));
@@ -103,45 +124,59 @@ export async function ingestRun(deps: Deps, runId: string): Promise<void> {
     }
     if (!(failFast && invalid > 0)) flush();
   } catch (err) {
+    if (!db.$client.open) {
+      // The server closed the database while this run was validating; it starts over on the next boot.
+      logger.info({ run_id: runId }, 'validation stopped by shutdown');
+      return;
+    }
     const message = err instanceof IngestError ? err.message : 'the input could not be read';
     logger.warn({ run_id: runId, err: { message: (err as Error).message } }, 'input read failed');
     clearRunSamples(db, runId);
-    transitionRun(db, runId, ['validating'], 'failed', deps.clock(), { statusReason: message });
+    failValidation(deps, runId, message, deps.clock());
     return;
   }
 
   const now = deps.clock();
+  // Duplicates are found when a batch is inserted, after later lines' parse errors: list by line.
+  errors.sort((a, b) => a.line - b.line);
   const listed = { invalidLines: invalid, lineErrors: errors, updatedAt: now };
   if (failFast && invalid > 0) {
     clearRunSamples(db, runId);
     db.update(runs).set(listed).where(eq(runs.id, runId)).run();
     const first = errors[0];
-    transitionRun(db, runId, ['validating'], 'failed', now, {
-      statusReason: `input has ${invalid}${errors.length >= MAX_LISTED_ERRORS ? '+' : ''} invalid line(s); first: line ${first.line}: ${first.message}`,
-    });
+    failValidation(deps, runId, `input has ${invalid}${errors.length >= MAX_LISTED_ERRORS ? '+' : ''} invalid line(s); first: line ${first.line}: ${first.message}`, now);
     return;
   }
   if (seq === 0) {
     db.update(runs).set(listed).where(eq(runs.id, runId)).run();
-    transitionRun(db, runId, ['validating'], 'failed', now, { statusReason: 'input has no valid lines' });
+    failValidation(deps, runId, 'input has no valid lines', now);
     return;
   }
   const shardCount = Math.ceil(seq / run.shardSize);
-  db.transaction((tx) => {
-    for (let i = 0; i < shardCount; i += 500) {
-      const rows = [];
-      for (let idx = i; idx < Math.min(shardCount, i + 500); idx++) {
-        rows.push({ runId, idx, firstSeq: idx * run.shardSize, sampleCount: Math.min(run.shardSize, seq - idx * run.shardSize) });
+  // Immediate: the status check and the queueing are one step, so a cancel that landed while the
+  // input was read leaves neither shards nor counters behind.
+  const queued = db.transaction(
+    (tx) => {
+      if (getRun(tx as unknown as Db, runId)?.status !== 'validating') return false;
+      for (let i = 0; i < shardCount; i += 500) {
+        const rows = [];
+        for (let idx = i; idx < Math.min(shardCount, i + 500); idx++) {
+          rows.push({ runId, idx, firstSeq: idx * run.shardSize, sampleCount: Math.min(run.shardSize, seq - idx * run.shardSize) });
+        }
+        tx.insert(shards).values(rows).run();
       }
-      tx.insert(shards).values(rows).run();
-    }
-    tx.update(runs)
-      .set({ ...listed, total: seq, pending: seq, shardsTotal: shardCount })
-      .where(eq(runs.id, runId))
-      .run();
-  });
-  if (transitionRun(db, runId, ['validating'], 'queued', now, { statusReason: invalid ? `${invalid} invalid line(s) skipped` : null })) {
-    logger.info({ run_id: runId, samples: seq, shards: shardCount, invalid_lines: invalid }, 'run validated');
+      tx.update(runs)
+        .set({ ...listed, total: seq, pending: seq, shardsTotal: shardCount })
+        .where(eq(runs.id, runId))
+        .run();
+      return transitionRun(tx as unknown as Db, runId, ['validating'], 'queued', now, {
+        statusReason: invalid ? `${invalid} invalid line(s) skipped` : null,
+      });
+    },
+    { behavior: 'immediate' },
+  );
+  if (queued) {
+    logger.info({ run_id: runId, status: 'queued', samples: seq, shards: shardCount, invalid_lines: invalid }, 'run validated');
   } else {
     clearRunSamples(db, runId);
   }

@@ -1,3 +1,5 @@
+import { Params } from '../routes/runs/schemas.js';
+
 // One input line → one sample (DESIGN.md "Input"). Every reason returned here is shown to
 // users next to the line number, so it names the field path and says what was expected.
 
@@ -118,7 +120,19 @@ function splitModel(params: JsonObject | null, path: string): { params: JsonObje
   if (params === null) return { params: null, model: null };
   const { model = null, ...rest } = params;
   if (model !== null && typeof model !== 'string') throw new LineError(`${path}.model must be a string`);
-  return { params: Object.keys(rest).length > 0 ? rest : null, model };
+  return { params: Object.keys(rest).length > 0 ? checkParams(rest, path) : null, model };
+}
+
+/**
+ * A line's params override the run's when sent, so they obey the same rules: a `stream: true` or
+ * an `n: 4` would otherwise reach the server and come back as an empty "completed" sample.
+ */
+function checkParams(params: JsonObject, path: string): JsonObject {
+  const checked = Params.safeParse(params);
+  if (checked.success) return checked.data;
+  const issue = checked.error.issues[0];
+  const where = issue.path.map((p) => (typeof p === 'number' ? `[${p}]` : `.${String(p)}`)).join('');
+  throw new LineError(`${path}${where}: ${issue.message}`);
 }
 
 function readBatchRequest(obj: JsonObject): Omit<Sample, 'custom_id'> {

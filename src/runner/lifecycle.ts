@@ -121,7 +121,9 @@ export function retryRun(deps: Deps, id: string, only: 'failed' | 'flagged'): { 
     return n;
   });
   if (requeued > 0 && ['completed', 'failed', 'cancelled'].includes(run.status)) {
-    transitionRun(db, id, ['completed', 'failed', 'cancelled'], 'queued', now, { finishedAt: null });
+    if (transitionRun(db, id, ['completed', 'failed', 'cancelled'], 'queued', now, { finishedAt: null })) {
+      deps.logger.info({ run_id: id, from: run.status, status: 'queued' }, 'run status');
+    }
   }
   deps.logger.info({ run_id: id, requeued, only }, 'samples requeued');
   deps.runner.wake();

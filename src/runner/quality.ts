@@ -49,8 +49,10 @@ function isBlank(text: string | null): boolean {
 const TAIL_CHARS = 2000;
 // Raw characters read to fill the window after whitespace runs are collapsed.
 const RAW_TAIL_CHARS = 2 * TAIL_CHARS;
-const MAX_PERIOD = 200;
 const MIN_REPEATS = 4;
+// As long as a span can be and still repeat MIN_REPEATS times in the window: reasoning models
+// loop on whole paragraphs (300-500 characters) as often as on short phrases.
+const MAX_PERIOD = TAIL_CHARS / MIN_REPEATS;
 // A loop must cover this much of the tail, unless the whole text is shorter: then it must
 // cover all of it. Shorter runs are legitimate (a rule of dashes, a row of zeros).
 const MIN_COVERAGE = 300;
@@ -58,7 +60,7 @@ const MIN_COVERAGE = 300;
 const MIN_LOOP_CHARS = 20;
 
 /**
- * True when the tail of `text` is one span of 1..200 characters repeated at least 4 times,
+ * True when the tail of `text` is one span of 1..500 characters repeated at least 4 times,
  * covering 300 characters (or the whole text), once whitespace runs count as one space.
  * Cost is at most TAIL_CHARS × MAX_PERIOD character comparisons whatever the text's size,
  * and far less on healthy text, where every candidate period fails within a few characters.

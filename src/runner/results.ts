@@ -18,7 +18,17 @@ interface Base {
 
 /** What became of one dispatched sample; the writer turns a batch of these into one transaction. */
 export type Outcome =
-  | (Base & { kind: 'completed'; usage: Usage; finishReason: string | null; latencyMs: number; flags: number; output: string; at: number })
+  | (Base & {
+      kind: 'completed';
+      usage: Usage;
+      finishReason: string | null;
+      latencyMs: number;
+      flags: number;
+      /** Lengths of reasoning_content and content, for the quality histograms. */
+      chars: { reasoning: number; content: number };
+      output: string;
+      at: number;
+    })
   | (Base & { kind: 'failed'; error: { code: string; message: string; status: number | null }; at: number })
   // Back to the queue: a retry after backoff (usage is what the failed or flagged attempt cost).
   | (Base & { kind: 'retry'; availableAt: number; usage: Usage | null; qualityRetry: boolean; error: { code: string; message: string; status: number | null } | null })
@@ -84,7 +94,7 @@ export class ResultWriter {
     this.stmts = {
       complete: c.prepare(
         `update samples set status = 'completed', endpoint_id = ?, finish_reason = ?, prompt_tokens = ?, completion_tokens = ?,
-         reasoning_tokens = ?, cached_tokens = ?, latency_ms = ?, flags = ?, completed_at = ?, error_code = null,
+         reasoning_tokens = ?, cached_tokens = ?, latency_ms = ?, flags = ?, reasoning_chars = ?, content_chars = ?, completed_at = ?, error_code = null,
          error_message = null, error_status = null, lease_owner = null, lease_expires_at = null ${guard}`,
       ),
       stage: c.prepare(`insert or replace into staging (sample_id, run_id, shard_idx, output) values (?, ?, ?, ?)`),
@@ -160,7 +170,7 @@ export class ResultWriter {
         case 'completed':
           changed = s.complete.run(
             o.endpointId, o.finishReason, o.usage.prompt_tokens, o.usage.completion_tokens, o.usage.reasoning_tokens,
-            o.usage.cached_tokens, o.latencyMs, o.flags, o.at, o.sampleId, this.owner,
+            o.usage.cached_tokens, o.latencyMs, o.flags, o.chars.reasoning, o.chars.content, o.at, o.sampleId, this.owner,
           ).changes;
           if (changed) {
             s.stage.run(o.sampleId, o.runId, o.shardIdx, o.output);

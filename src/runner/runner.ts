@@ -12,6 +12,8 @@ import { ResultWriter, type FlushReport, type Outcome, type Usage } from './resu
 import { uploadShard, writeManifest, type StagedOutput } from './shard-writer.js';
 import type { EndpointLive, RunnerView, RunProgress } from './view.js';
 import { checkGate } from './gate.js';
+import { expireBatches } from './batches.js';
+import { describeStoreError } from '../storage/index.js';
 
 interface Claimed {
   id: number;
@@ -27,6 +29,8 @@ interface Flight {
   run: RunRow;
   endpoint: LiveEndpoint;
   controller: AbortController;
+  /** Thinking was asked for this sample (a line's own params may turn it on or off). */
+  thinking: boolean;
   /** Why we aborted it, if we did: decides what becomes of the sample. */
   abortReason: 'cancel' | 'release' | null;
 }
@@ -74,16 +78,25 @@ export class Runner implements RunnerView {
   private stopping = false;
   private pumping = false;
   private woken = false;
-  private readonly claimStmt;
+  /** Leases up to `limit` pending samples of a run, in input order, and moves its counters with them. */
+  private readonly claim: (runId: string, limit: number) => Omit<Claimed, 'runId'>[];
 
   constructor(private readonly deps: Deps) {
     this.pool = new EndpointPool(deps.db, deps.logger, deps.config.probeIntervalMs, () => this.wake(), (e) => this.abortEndpoint(e, 'release'));
     this.writer = new ResultWriter(deps.db, this.owner, deps.logger, (r) => this.afterFlush(r));
-    this.claimStmt = deps.db.$client.prepare(
+    const claimStmt = deps.db.$client.prepare(
       `update samples set status = 'in_progress', attempts = attempts + 1, lease_owner = ?, lease_expires_at = ?
        where id in (select id from samples where run_id = ? and status = 'pending' and available_at <= ? order by seq limit ?)
        returning id, shard_idx as shardIdx, request, attempts, quality_retries as qualityRetries`,
     );
+    const countStmt = deps.db.$client.prepare(`update runs set pending = pending - ?, in_progress = in_progress + ? where id = ?`);
+    // One transaction, so a crash between the two statements cannot leave the counters off by a batch.
+    this.claim = deps.db.$client.transaction((runId: string, limit: number) => {
+      const now = Date.now();
+      const rows = claimStmt.all(this.owner, now + LEASE_MS, runId, now, limit) as Omit<Claimed, 'runId'>[];
+      if (rows.length) countStmt.run(rows.length, rows.length, runId);
+      return rows;
+    });
   }
 
   // ---- start and stop ----
@@ -131,9 +144,10 @@ export class Runner implements RunnerView {
         continue;
       }
       const released = db.transaction((tx) => {
+        // Like a release on shutdown, an attempt cut short by a crash (or claimed and never sent) is not spent.
         const n = tx
           .update(samples)
-          .set({ status: 'pending', leaseOwner: null, leaseExpiresAt: null })
+          .set({ status: 'pending', attempts: sql`max(${samples.attempts} - 1, 0)`, leaseOwner: null, leaseExpiresAt: null })
           .where(and(eq(samples.runId, r.id), eq(samples.status, 'in_progress')))
           .run().changes;
         if (n) tx.update(runs).set({ pending: sql`${runs.pending} + ${n}`, inProgress: sql`${runs.inProgress} - ${n}` }).where(eq(runs.id, r.id)).run();
@@ -198,6 +212,7 @@ export class Runner implements RunnerView {
     if (this.stopping) return;
     const now = Date.now();
     this.pool.probeDue(now);
+    expireBatches(this.deps);
     this.refreshActive();
     this.dry.clear();
     this.pump();
@@ -264,8 +279,7 @@ export class Runner implements RunnerView {
       const fallback = this.deps.config.defaultConcurrency;
       let room = 0;
       for (const e of this.pool.live.values()) if (e.state === 'ready' && e.row.model === model) room += Math.max(0, e.cap(fallback) - e.inFlight.size);
-      const now = Date.now();
-      const rows = this.claimStmt.all(this.owner, now + LEASE_MS, run.id, now, Math.min(MAX_BUFFER, Math.max(1, room))) as Omit<Claimed, 'runId'>[];
+      const rows = this.claim(run.id, Math.min(MAX_BUFFER, Math.max(1, room)));
       if (rows.length === 0) {
         this.dry.add(run.id);
         return null;
@@ -273,13 +287,9 @@ export class Runner implements RunnerView {
       rows.sort((a, b) => a.id - b.id);
       buf = rows.map((r) => ({ ...r, runId: run.id }));
       this.buffers.set(run.id, buf);
-      this.deps.db
-        .update(runs)
-        .set({ pending: sql`${runs.pending} - ${rows.length}`, inProgress: sql`${runs.inProgress} + ${rows.length}` })
-        .where(eq(runs.id, run.id))
-        .run();
       if (run.status === 'queued') {
-        if (transitionRun(this.deps.db, run.id, ['queued'], 'in_progress', Date.now(), run.startedAt ? {} : { startedAt: Date.now() })) {
+        const at = this.deps.clock();
+        if (transitionRun(this.deps.db, run.id, ['queued'], 'in_progress', at, run.startedAt ? {} : { startedAt: at })) {
           this.deps.logger.info({ run_id: run.id, status: 'in_progress' }, 'run status');
         }
         run.status = 'in_progress';
@@ -316,12 +326,12 @@ export class Runner implements RunnerView {
   // ---- one request ----
 
   private send(e: LiveEndpoint, run: RunRow, sample: Claimed): void {
-    const controller = new AbortController();
-    const flight: Flight = { sample, run, endpoint: e, controller, abortReason: null };
-    this.flights.set(sample.id, flight);
-    e.inFlight.set(sample.id, controller);
     const request = JSON.parse(sample.request) as { messages: unknown[]; params?: Record<string, unknown> };
     const params = request.params ? { ...run.params, ...request.params } : run.params;
+    const controller = new AbortController();
+    const flight: Flight = { sample, run, endpoint: e, controller, thinking: thinkingRequested(params), abortReason: null };
+    this.flights.set(sample.id, flight);
+    e.inFlight.set(sample.id, controller);
     const body: Record<string, unknown> = { ...params, model: run.model, messages: request.messages };
     if (sample.qualityRetries > 0) {
       // A flagged answer is asked again with a different seed, else SGLang would repeat it.
@@ -357,22 +367,25 @@ export class Runner implements RunnerView {
     const content = typeof msg.content === 'string' ? msg.content : null;
     const reasoning = typeof msg.reasoning_content === 'string' ? msg.reasoning_content : null;
     const finishReason = choice?.finish_reason ?? null;
-    const now = Date.now();
+    const now = this.deps.clock();
     e.latency.add(latencyMs);
     e.rate.add(now, 1, usage.completion_tokens);
     const base = { sampleId: sample.id, runId: run.id, shardIdx: sample.shardIdx, endpointId: e.row.id };
     if (f.abortReason === 'cancel') return this.writer.add({ ...base, kind: 'cancelled' });
     const flags = run.quality
       ? computeFlags(
-          { content, reasoning_content: reasoning, finish_reason: finishReason, completion_tokens: usage.completion_tokens, thinking_requested: thinkingRequested(run.params) },
+          { content, reasoning_content: reasoning, finish_reason: finishReason, completion_tokens: usage.completion_tokens, thinking_requested: f.thinking },
           { min_completion_tokens: run.quality.min_completion_tokens },
         )
       : 0;
+    this.deps.metrics.answered(e.row.id, latencyMs, usage.completion_tokens, flags);
     if (flags && run.quality && sample.qualityRetries < run.quality.retry_flagged) {
+      this.deps.metrics.retried('quality');
       return this.writer.add({ ...base, kind: 'retry', availableAt: 0, usage, qualityRetry: true, error: null });
     }
     const output: StagedOutput = { reasoning_content: reasoning, content, model: res.model ?? run.model, response_id: res.id, created: res.created };
-    this.writer.add({ ...base, kind: 'completed', usage, finishReason, latencyMs, flags, output: JSON.stringify(output), at: now });
+    const chars = { reasoning: reasoning?.length ?? 0, content: content?.length ?? 0 };
+    this.writer.add({ ...base, kind: 'completed', usage, finishReason, latencyMs, flags, chars, output: JSON.stringify(output), at: now });
   }
 
   private onError(f: Flight, err: unknown): void {
@@ -412,13 +425,14 @@ export class Runner implements RunnerView {
     }
     const error = { code, message, status };
     if (!retryable || sample.attempts >= run.maxAttempts) return this.writer.add({ ...base, kind: 'failed', error, at: Date.now() });
+    this.deps.metrics.retried(code);
     this.writer.add({ ...base, kind: 'retry', availableAt: Date.now() + backoffMs(sample.attempts), usage: null, qualityRetry: false, error });
   }
 
   // ---- after each commit ----
 
   private afterFlush(r: FlushReport): void {
-    const now = Date.now();
+    const now = this.deps.clock();
     for (const [runId, d] of r.runs) {
       if (d.completed) {
         let w = this.runRates.get(runId);
@@ -451,7 +465,7 @@ export class Runner implements RunnerView {
       const settled = fresh.pending === 0 && fresh.inProgress === 0 && fresh.total > 0;
       if (!settled) continue;
       if (fresh.status === 'in_progress' || fresh.status === 'queued') {
-        if (transitionRun(db, run.id, [fresh.status as RunStatus], 'finalizing', Date.now())) {
+        if (transitionRun(db, run.id, [fresh.status as RunStatus], 'finalizing', this.deps.clock())) {
           this.deps.logger.info({ run_id: run.id, status: 'finalizing' }, 'run status');
         }
       }
@@ -486,17 +500,24 @@ export class Runner implements RunnerView {
     uploadShard(this.deps, run, shard)
       .then((done) => {
         this.uploadRetryAt.delete(key);
-        if (done) this.advanceRuns();
+        if (!done) return;
+        this.deps.metrics.shardUploaded();
+        this.advanceRuns();
       })
       .catch((err: Error) => {
+        this.deps.metrics.shardUploadFailed();
         const attempts = shard.uploadAttempts + 1;
-        this.uploadRetryAt.set(key, Date.now() + Math.min(60_000, 1000 * 2 ** Math.min(attempts, 6)));
-        this.deps.db
-          .update(shards)
-          .set({ uploadAttempts: attempts, lastError: 'upload failed; retrying' })
-          .where(and(eq(shards.runId, run.id), eq(shards.idx, shard.idx)))
-          .run();
+        const delayMs = Math.min(60_000, 1000 * 2 ** Math.min(attempts, 6));
+        this.uploadRetryAt.set(key, Date.now() + delayMs);
+        const lastError = `upload failed: ${describeStoreError(err)}; retrying in ${Math.round(delayMs / 1000)} s`;
         this.deps.logger.warn({ run_id: run.id, shard: shard.idx, attempts, err: { message: err.message } }, 'shard upload failed');
+        this.guard('recording a failed shard upload', () =>
+          this.deps.db
+            .update(shards)
+            .set({ uploadAttempts: attempts, lastError })
+            .where(and(eq(shards.runId, run.id), eq(shards.idx, shard.idx)))
+            .run(),
+        );
       })
       .finally(() => this.uploading.delete(key));
   }
@@ -508,7 +529,7 @@ export class Runner implements RunnerView {
     const final = run.status === 'cancelling' ? 'cancelled' : 'completed';
     writeManifest(this.deps, run, final)
       .then(() => {
-        if (transitionRun(this.deps.db, runId, [run.status as RunStatus], final, Date.now())) {
+        if (transitionRun(this.deps.db, runId, [run.status as RunStatus], final, this.deps.clock())) {
           this.deps.logger.info({ run_id: runId, status: final, completed: run.completed, failed: run.failed }, 'run status');
         }
         this.refreshActive();

@@ -36,6 +36,9 @@ export function outputLine(s: SampleRow, out: StagedOutput): string {
       cached_tokens: s.cachedTokens ?? 0,
     },
     model: out.model,
+    // The server's completion id and time: an OpenAI batch output line is rebuilt from them.
+    response_id: out.response_id ?? null,
+    created: out.created ?? null,
     endpoint_id: s.endpointId,
     latency_ms: s.latencyMs,
     attempts: s.attempts,
@@ -153,7 +156,8 @@ export async function writeManifest(deps: Deps, run: RunRow, finalStatus: 'compl
         repetitive: run.flagRepetitive,
         too_short: run.flagTooShort,
       },
-      settings: run.quality,
+      // false, as the API shows it, when the run turned quality checks off.
+      settings: run.quality ?? false,
     },
     shards: all.map((s) => ({
       index: s.idx,

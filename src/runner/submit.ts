@@ -50,9 +50,15 @@ function outputUriFor(deps: Deps, runId: string, requested?: string): string {
 
 /**
  * Creates a run in `validating` and starts its ingestion. With an idempotency key, the same body
- * returns the run made the first time, and a different body is a conflict.
+ * returns the run made the first time, and a different body is a conflict. `extra` sets columns
+ * the body has no field for (a batch's), in the same insert, so ingestion never sees the run without them.
  */
-export async function createRun(deps: Deps, body: CreateRunBody, idempotencyKey?: string): Promise<{ run: RunRow; replayed: boolean }> {
+export async function createRun(
+  deps: Deps,
+  body: CreateRunBody,
+  idempotencyKey?: string,
+  extra: Partial<typeof runs.$inferInsert> = {},
+): Promise<{ run: RunRow; replayed: boolean }> {
   const { db, config } = deps;
   const requestHash = createHash('sha256').update(JSON.stringify(body)).digest('hex');
   if (idempotencyKey) {
@@ -66,10 +72,15 @@ export async function createRun(deps: Deps, body: CreateRunBody, idempotencyKey?
   }
   const id = newId('run');
   const now = deps.clock();
+  // Checked before anything is stored, so a refused request leaves nothing behind.
+  const outputUri = outputUriFor(deps, id, body.output?.uri);
   let input: RunInput;
+  let inlineFile: { id: string; objectKey: string } | undefined;
   if ('file_id' in body.input) {
     const file = db.select().from(files).where(eq(files.id, body.input.file_id)).get();
-    if (!file) throw new ApiError('not_found', `file ${JSON.stringify(body.input.file_id)} does not exist`, { field: 'input.file_id' });
+    if (!file) {
+      throw new ApiError('not_found', `input.file_id: file ${JSON.stringify(body.input.file_id.slice(0, 100))} does not exist`, { field: 'input.file_id' });
+    }
     input = { file_id: file.id };
   } else if ('uri' in body.input) {
     resolveInput(body.input.uri, config);
@@ -84,6 +95,7 @@ export async function createRun(deps: Deps, body: CreateRunBody, idempotencyKey?
       .values({ id: fileId, filename: `${id}-requests.jsonl`, purpose: 'run_input', bytes: Buffer.byteLength(text), objectKey: key, createdAt: now })
       .run();
     input = { file_id: fileId };
+    inlineFile = { id: fileId, objectKey: key };
   }
   const row: typeof runs.$inferInsert = {
     id,
@@ -94,7 +106,7 @@ export async function createRun(deps: Deps, body: CreateRunBody, idempotencyKey?
     params: body.params ?? {},
     input,
     shardSize: body.shard_size ?? config.shardSize,
-    outputUri: outputUriFor(deps, id, body.output?.uri),
+    outputUri,
     priority: body.priority ?? 0,
     metadata: body.metadata ?? {},
     regenerate: body.regenerate ?? null,
@@ -105,6 +117,7 @@ export async function createRun(deps: Deps, body: CreateRunBody, idempotencyKey?
     idempotencyKey: idempotencyKey ?? null,
     requestHash,
     updatedAt: now,
+    ...extra,
   };
   try {
     db.transaction((tx) => {
@@ -112,8 +125,12 @@ export async function createRun(deps: Deps, body: CreateRunBody, idempotencyKey?
       appendEvent(tx as never, id, 'status', { status: 'validating', reason: null }, now);
     });
   } catch (err) {
+    if (inlineFile) {
+      await deps.stores.forUri(config.outputUri).delete(inlineFile.objectKey).catch(() => {});
+      db.delete(files).where(eq(files.id, inlineFile.id)).run();
+    }
     // Two requests raced with one key: the loser answers with the winner's run.
-    if (idempotencyKey && /UNIQUE/.test((err as Error).message)) return createRun(deps, body, idempotencyKey);
+    if (idempotencyKey && /UNIQUE.*idempotency_key/.test((err as Error).message)) return createRun(deps, body, idempotencyKey, extra);
     throw err;
   }
   deps.logger.info({ run_id: id, model: body.model, status: 'validating' }, 'run created');

@@ -40,6 +40,9 @@ export class FileStore implements ObjectStore {
   }
 
   async putStream(key: string, body: Readable): Promise<{ bytes: number }> {
+    // The pipeline below reports the body's errors, but it starts only after the folder exists: a
+    // body that fails before then (a client hanging up) must not become an uncaught exception.
+    body.on('error', () => {});
     const counter = byteCounter();
     await this.atomically(key, (tmp) => pipeline(body, counter, createWriteStream(tmp)));
     return { bytes: counter.bytes };

@@ -56,6 +56,39 @@ export function byteCounter(): Transform & { bytes: number } {
   return t;
 }
 
+const CAUSES: Record<string, string> = {
+  ECONNREFUSED: 'connection refused',
+  ECONNRESET: 'connection reset',
+  ETIMEDOUT: 'timed out',
+  TimeoutError: 'timed out',
+  ENOTFOUND: 'host not found',
+  EAI_AGAIN: 'host not found',
+  ENOTDIR: 'not a directory',
+  EEXIST: 'a file is in the way',
+  EACCES: 'permission denied',
+  EPERM: 'permission denied',
+  EROFS: 'read-only file system',
+  ENOSPC: 'no space left',
+  EDQUOT: 'disk quota exceeded',
+  ENOENT: 'no such file or folder',
+};
+
+/**
+ * Why a store operation failed, in words an operator can act on, without the message itself:
+ * a file system error's message carries the server's path, an SDK's may carry a signed URL.
+ */
+export function describeStoreError(err: unknown): string {
+  const e = err as { code?: unknown; name?: unknown; errors?: unknown[]; $metadata?: { httpStatusCode?: number } };
+  // A refused connection to a host with several addresses arrives as an AggregateError.
+  const code = typeof e?.code === 'string' ? e.code : typeof (e?.errors?.[0] as { code?: unknown })?.code === 'string' ? (e.errors![0] as { code: string }).code : null;
+  if (code) return CAUSES[code] ? `${CAUSES[code]} (${code})` : code;
+  const status = e?.$metadata?.httpStatusCode;
+  const name = typeof e?.name === 'string' && e.name !== 'Error' ? e.name : null;
+  if (name && status) return `${name} (HTTP ${status})`;
+  if (name) return CAUSES[name] ?? name;
+  return 'unknown storage error';
+}
+
 export function joinUri(base: string, key: string): string {
   return base.endsWith('/') ? base + key : `${base}/${key}`;
 }

@@ -35,7 +35,7 @@ export function registerPatchEndpoint(app: App) {
       updatedAt: deps.clock(),
     };
     deps.db.update(endpoints).set(set).where(eq(endpoints.id, id)).run();
-    if (body.state) deps.logger.info({ endpoint_id: id, from: row.state, state: set.state }, 'endpoint state');
+    if (body.state && set.state !== row.state) deps.logger.info({ endpoint_id: id, from: row.state, state: set.state }, 'endpoint state');
     deps.runner.wake();
     return c.json(renderEndpoint(getEndpoint(deps.db, id)!, deps.runner.endpointLive(id), deps.config.defaultConcurrency), 200);
   });

@@ -40,6 +40,7 @@ export function registerUpsertEndpoint(app: App) {
       // A re-registration usually means the server restarted: probe it again unless an operator parked it.
       const state = existing.state === 'draining' || existing.state === 'disabled' ? existing.state : 'starting';
       deps.db.update(endpoints).set({ ...given, state, updatedAt: now }).where(eq(endpoints.id, id)).run();
+      if (state !== existing.state) deps.logger.info({ endpoint_id: id, url, from: existing.state, state }, 'endpoint state');
     } else {
       id = newId('ep');
       deps.db

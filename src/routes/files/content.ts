@@ -3,6 +3,7 @@ import { Readable } from 'node:stream';
 import type { App } from '../../app.js';
 import { ApiError, notFound, problemResponses } from '../../errors.js';
 import { getFile } from '../../db/files.js';
+import { batchFileStream, resolveBatchFile } from '../../runner/batch-files.js';
 import { FileIdParam } from '../common.js';
 
 const route = createRoute({
@@ -22,7 +23,15 @@ export function registerFileContent(app: App) {
     const deps = c.get('deps');
     const { id } = c.req.valid('param');
     const file = getFile(deps.db, id);
-    if (!file) throw notFound('file', id);
+    if (!file) {
+      // A batch's output and error files are made from its shards as they are sent.
+      const batchFile = resolveBatchFile(deps.db, id);
+      if (!batchFile) throw notFound('file', id);
+      const lines = batchFileStream(deps, batchFile.run, batchFile.kind).on('error', (err) => {
+        deps.logger.error({ file_id: id, err: { message: err.message } }, 'batch file read failed');
+      });
+      return c.body(Readable.toWeb(lines) as ReadableStream, 200, { 'content-type': 'application/jsonl' }) as never;
+    }
     let stream: Readable;
     try {
       stream = await deps.stores.forUri(deps.config.outputUri).getStream(file.objectKey);

@@ -3,6 +3,7 @@ import { eq } from 'drizzle-orm';
 import type { App } from '../../app.js';
 import { ApiError, notFound, problemResponses } from '../../errors.js';
 import { getFile } from '../../db/files.js';
+import { resolveBatchFile } from '../../runner/batch-files.js';
 import { files, runs } from '../../db/schema.js';
 import { FileIdParam, jsonContent } from '../common.js';
 import { sql } from 'drizzle-orm';
@@ -23,6 +24,7 @@ export function registerDeleteFile(app: App) {
     const deps = c.get('deps');
     const { id } = c.req.valid('param');
     const file = getFile(deps.db, id);
+    if (!file && resolveBatchFile(deps.db, id)) throw new ApiError('conflict', "a batch's output and error files are views of its run's shards and go with the run");
     if (!file) throw notFound('file', id);
     const reader = deps.db
       .select({ id: runs.id })

@@ -2,6 +2,7 @@ import { createRoute } from '@hono/zod-openapi';
 import type { App } from '../../app.js';
 import { notFound, problemResponses } from '../../errors.js';
 import { getFile } from '../../db/files.js';
+import { renderBatchFile, resolveBatchFile } from '../../runner/batch-files.js';
 import { FileIdParam, jsonContent } from '../common.js';
 import { FileObject, renderFile } from './schemas.js';
 
@@ -15,10 +16,13 @@ const route = createRoute({
 });
 
 export function registerGetFile(app: App) {
-  app.openapi(route, (c) => {
+  app.openapi(route, async (c) => {
+    const deps = c.get('deps');
     const { id } = c.req.valid('param');
-    const file = getFile(c.get('deps').db, id);
-    if (!file) throw notFound('file', id);
-    return c.json(renderFile(file), 200);
+    const file = getFile(deps.db, id);
+    if (file) return c.json(renderFile(file), 200);
+    const batchFile = resolveBatchFile(deps.db, id);
+    if (!batchFile) throw notFound('file', id);
+    return c.json(await renderBatchFile(deps, batchFile.run, batchFile.kind), 200);
   });
 }

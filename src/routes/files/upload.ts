@@ -2,6 +2,7 @@ import { createRoute, z } from '@hono/zod-openapi';
 import busboy from 'busboy';
 import { eq } from 'drizzle-orm';
 import { Readable } from 'node:stream';
+import { pipeline } from 'node:stream/promises';
 import type { ReadableStream as WebReadableStream } from 'node:stream/web';
 import { validationError, type App } from '../../app.js';
 import type { Deps } from '../../deps.js';
@@ -57,6 +58,17 @@ async function store(deps: Deps, filename: string, purpose: string, body: Readab
   return row;
 }
 
+/** Drops a stored upload that the request turned out not to want. */
+async function discard(deps: Deps, row: { id: string; objectKey: string }) {
+  await deps.stores
+    .forUri(deps.config.outputUri)
+    .delete(row.objectKey)
+    .catch(() => {});
+  deps.db.delete(files).where(eqId(row.id)).run();
+}
+
+const emptyFile = () => new ApiError('invalid_request', 'the file is empty', { field: 'file' });
+
 /** Streams the `file` part of a multipart body into the store; the other fields may come before or after it. */
 function multipart(deps: Deps, req: Request, contentType: string) {
   return new Promise<ReturnType<typeof renderFile>>((resolve, reject) => {
@@ -68,25 +80,36 @@ function multipart(deps: Deps, req: Request, contentType: string) {
     }
     const fields: Record<string, string> = {};
     let stored: ReturnType<typeof store> | undefined;
+    let failed = false;
     bb.on('field', (name, value) => (fields[name] = value));
     bb.on('file', (name, stream, info) => {
-      if (name !== 'file') {
+      if (name !== 'file' || stored) {
+        // A truncated body errors the part being read; unheard, that error would be uncaught.
+        stream.on('error', () => {});
         stream.resume();
         return;
       }
       stored = store(deps, info.filename ?? 'upload.jsonl', 'pending', stream);
       stored.catch(() => {});
     });
-    bb.on('error', () => reject(new ApiError('invalid_request', 'malformed multipart/form-data body', { field: 'file' })));
+    // busboy emits `close` after `error` too; the upload is then dropped, not kept half-described.
+    bb.on('error', () => {
+      failed = true;
+      reject(new ApiError('invalid_request', 'malformed multipart/form-data body', { field: 'file' }));
+      stored?.then((row) => discard(deps, row), () => {});
+    });
     bb.on('close', async () => {
+      if (failed) return;
       if (!stored) return reject(new ApiError('validation_failed', 'file: a multipart part named "file" is required', { field: 'file' }));
-      const pending = stored;
       try {
-        const row = await pending;
+        const row = await stored;
         const purpose = fields.purpose ?? 'batch';
+        if (row.bytes === 0) {
+          await discard(deps, row);
+          return reject(emptyFile());
+        }
         if (!(PURPOSES as readonly string[]).includes(purpose)) {
-          await deps.stores.forUri(deps.config.outputUri).delete(row.objectKey);
-          deps.db.delete(files).where(eqId(row.id)).run();
+          await discard(deps, row);
           return reject(new ApiError('validation_failed', `purpose: expected one of ${PURPOSES.join(', ')}`, { field: 'purpose' }));
         }
         deps.db.update(files).set({ purpose }).where(eqId(row.id)).run();
@@ -95,7 +118,8 @@ function multipart(deps: Deps, req: Request, contentType: string) {
         reject(err);
       }
     });
-    Readable.fromWeb(req.body as WebReadableStream).pipe(bb);
+    // pipeline, not pipe: a client that hangs up mid-upload fails the form instead of leaving it waiting.
+    pipeline(Readable.fromWeb(req.body as WebReadableStream), bb).catch(() => {});
   });
 }
 
@@ -116,6 +140,10 @@ export function registerUploadFile(app: App) {
     if (!q.success) throw validationError(q.error, 'query');
     const body = Readable.fromWeb(c.req.raw.body as WebReadableStream);
     const row = await store(deps, q.data.filename ?? 'upload.jsonl', q.data.purpose ?? 'regen', body);
+    if (row.bytes === 0) {
+      await discard(deps, row);
+      throw emptyFile();
+    }
     return c.json(renderFile(row), 201);
   });
 }

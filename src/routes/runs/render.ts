@@ -5,11 +5,27 @@ import type { RunProgress } from '../../runner/view.js';
 import { iso } from '../common.js';
 import type { Run } from './schemas.js';
 
-export function renderRun(r: RunRow, live: RunProgress, now: number): Run {
+/**
+ * How far a run is and how fast it goes. The rates come from the runner's sliding window; the ETA
+ * is the samples still to do at the window's rate, and there is none while the run is not being
+ * dispatched (paused, validating) or the window is empty.
+ */
+export function renderProgress(r: RunRow, live: RunProgress, now: number): Run['progress'] {
   const done = r.completed + r.failed + r.cancelled;
   const remaining = r.pending + r.inProgress;
   const rate = live.samples_per_second;
+  const dispatching = r.status === 'queued' || r.status === 'in_progress';
   const end = r.finishedAt ?? now;
+  return {
+    fraction: r.total ? done / r.total : 0,
+    samples_per_second: round(rate),
+    completion_tokens_per_second: round(live.completion_tokens_per_second),
+    eta_seconds: r.total > 0 && remaining === 0 ? 0 : dispatching && rate > 0 ? Math.ceil(remaining / rate) : null,
+    elapsed_seconds: r.startedAt ? Math.max(0, Math.round((end - r.startedAt) / 1000)) : 0,
+  };
+}
+
+export function renderRun(r: RunRow, live: RunProgress, now: number): Run {
   return {
     id: r.id,
     object: 'run',
@@ -52,13 +68,7 @@ export function renderRun(r: RunRow, live: RunProgress, now: number): Run {
     },
     usage: { prompt_tokens: r.promptTokens, completion_tokens: r.completionTokens, reasoning_tokens: r.reasoningTokens },
     shards: { total: r.shardsTotal, uploaded: r.shardsUploaded },
-    progress: {
-      fraction: r.total ? done / r.total : 0,
-      samples_per_second: round(rate),
-      completion_tokens_per_second: round(live.completion_tokens_per_second),
-      eta_seconds: remaining === 0 ? 0 : rate > 0 ? Math.ceil(remaining / rate) : null,
-      elapsed_seconds: r.startedAt ? Math.max(0, Math.round((end - r.startedAt) / 1000)) : 0,
-    },
+    progress: renderProgress(r, live, now),
     manifest_uri: r.manifestKey ? joinUri(r.outputUri, r.manifestKey) : null,
   };
 }

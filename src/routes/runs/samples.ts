@@ -1,8 +1,8 @@
 import { createRoute } from '@hono/zod-openapi';
 import type { App } from '../../app.js';
-import { notFound, problemResponses } from '../../errors.js';
+import { ApiError, notFound, problemResponses } from '../../errors.js';
 import { getRun } from '../../db/runs.js';
-import { listSamples } from '../../db/samples.js';
+import { getSample, listSamples } from '../../db/samples.js';
 import { jsonContent, listOf, page, PageQuery, RunIdParam } from '../common.js';
 import { renderSample } from './render.js';
 import { Flag, Sample, SampleStatus } from './schemas.js';
@@ -22,6 +22,10 @@ export function registerListSamples(app: App) {
     const { id } = c.req.valid('param');
     if (!getRun(db, id)) throw notFound('run', id);
     const q = c.req.valid('query');
+    // An unknown cursor would silently restart the listing, and a client paging through would loop.
+    if (q.after !== undefined && !getSample(db, id, q.after)) {
+      throw new ApiError('validation_failed', `after: no sample ${JSON.stringify(q.after.slice(0, 100))} in this run`, { field: 'after' });
+    }
     const rows = listSamples(db, id, q);
     return c.json(page(rows, q.limit, (s) => s.customId, renderSample), 200);
   });

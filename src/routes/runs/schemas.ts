@@ -62,7 +62,7 @@ export const CreateRunBody = z
       z.object({ file_id: z.string().min(1).max(128) }).strict(),
       z.object({ uri: z.string().min(1).max(4096) }).strict(),
       z.object({ requests: z.array(z.unknown()).min(1).max(100_000) }).strict(),
-    ]),
+    ], { error: 'expected exactly one of {"file_id"}, {"uri"} or {"requests"}' }),
     params: Params.optional(),
     shard_size: z.number().int().min(1).max(100_000).optional(),
     output: z.object({ uri: z.string().min(1).max(4096) }).strict().optional(),

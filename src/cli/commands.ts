@@ -1,0 +1,69 @@
+import { InvalidArgumentError, Option, type Command } from 'commander';
+import { ApiCallError, DEFAULT_SERVER, UsageError } from './client.js';
+
+// Exit codes: 0 done, 1 the server refused or the run failed, 2 a usage error (here or a request
+// the server found invalid), 3 a watched run paused by the quality gate.
+async function run(action: () => Promise<number>): Promise<void> {
+  try {
+    process.exitCode = await action();
+  } catch (err) {
+    const usage = err instanceof UsageError || (err instanceof ApiCallError && (err.status === 400 || err.status === 422));
+    process.stderr.write(`regen: ${(err as Error).message}\n`);
+    process.exitCode = usage ? 2 : 1;
+  }
+}
+
+const positiveInt = (what: string) => (value: string) => {
+  if (!/^\d+$/.test(value) || Number(value) < 1) throw new InvalidArgumentError(`${what} must be a whole number of at least 1`);
+  return Number(value);
+};
+
+const collect = (value: string, previous: string[]) => [...previous, value];
+
+/** Adds what every client command has: which server to talk to, and a one-line hint after a usage error. */
+function client(cmd: Command): Command {
+  const name = [cmd.parent?.parent ? cmd.parent.name() : null, cmd.name()].filter(Boolean).join(' ');
+  return cmd.showHelpAfterError(`(regen ${name} --help shows the usage)`).option('--server <url>', `regen server (REGEN_URL, default ${DEFAULT_SERVER}); REGEN_TOKEN is sent as the bearer token`);
+}
+
+/** The commands that talk to a running server: submit, status, endpoints, runs. */
+export function registerClientCommands(program: Command): void {
+  client(program.command('submit'))
+    .description('upload a JSONL file of prompts and create a run; prints the run id')
+    .argument('<file>', 'prompts, one JSON object a line (native, OpenAI batch, ShareGPT or {"id","prompt"})')
+    .requiredOption('--model <model>', 'the model the endpoints serve')
+    .option('--param <key=value>', 'a generation param, repeatable; dotted keys nest, values are JSON when they parse (temperature=0.6, chat_template_kwargs.enable_thinking=true)', collect, [])
+    .option('--name <name>', 'a name for the run')
+    .option('--shard-size <n>', 'samples per output shard', positiveInt('--shard-size'))
+    .addOption(new Option('--regenerate <what>', 'drop a trailing assistant turn before sending').choices(['last_assistant']))
+    .option('--watch', 'follow the run with a progress bar; exit 0 completed, 1 failed or cancelled, 3 paused by the quality gate')
+    .action((file, opts) => run(async () => (await import('./submit.js')).submitCommand(file, opts)));
+
+  client(program.command('status'))
+    .description('a table of runs, or one run in detail')
+    .argument('[run]', 'a run id')
+    .option('--watch', 'with a run: follow it with a progress bar until it ends')
+    .action((runId, opts) => run(async () => (await import('./status.js')).statusCommand(runId, opts)));
+
+  const endpoints = program.command('endpoints').description('the SGLang servers the runs are sent to');
+  client(endpoints.command('add'))
+    .description('register an SGLang server (or update it: registering is an upsert by url)')
+    .argument('<url>', 'its base URL, e.g. http://10.0.0.5:30000')
+    .option('--name <name>', 'a name to show')
+    .option('--max-concurrency <n>', 'requests in flight at most (default: what the server reports)', positiveInt('--max-concurrency'))
+    .action((url, opts) => run(async () => (await import('./endpoints.js')).addEndpointCommand(url, opts)));
+  client(endpoints.command('list'))
+    .description('endpoints with their state, load and stats')
+    .action((opts) => run(async () => (await import('./endpoints.js')).listEndpointsCommand(opts)));
+
+  const runs = program.command('runs').description('pause, resume or cancel a run');
+  for (const [action, description] of [
+    ['pause', 'stop dispatching; requests in flight finish'],
+    ['resume', 'continue a paused run'],
+    ['cancel', 'abort in-flight requests; completed samples are still written'],
+  ] as const) {
+    const cmd = client(runs.command(action)).description(description).argument('<run>', 'a run id');
+    if (action === 'resume') cmd.option('--override-gate', 'keep the quality gate quiet for the rest of this run');
+    cmd.action((runId, opts) => run(async () => (await import('./runs.js')).runActionCommand(action, runId, opts)));
+  }
+}

@@ -1,0 +1,35 @@
+// Plain-text rendering for the client commands: numbers, durations and aligned tables.
+
+export const TERMINAL = ['completed', 'failed', 'cancelled'];
+
+export const num = (n: number | null | undefined) => (n == null ? '-' : n.toLocaleString('en-US'));
+
+export const pct = (fraction: number, digits = 1) => `${(100 * (fraction || 0)).toFixed(digits)}%`;
+
+export const rate = (perSecond: number) => (perSecond >= 100 ? Math.round(perSecond).toLocaleString('en-US') : (perSecond || 0).toFixed(1));
+
+/** 3725 → "1h 2m", 95 → "1m 35s" */
+export function duration(seconds: number | null | undefined): string {
+  if (seconds == null) return '-';
+  const s = Math.max(0, Math.round(seconds));
+  const d = Math.floor(s / 86400);
+  const h = Math.floor((s % 86400) / 3600);
+  const m = Math.floor((s % 3600) / 60);
+  if (d) return `${d}d ${h}h`;
+  if (h) return `${h}h ${m}m`;
+  if (m) return `${m}m ${s % 60}s`;
+  return `${s}s`;
+}
+
+export const ms = (n: number | null | undefined) => (n == null ? '-' : n >= 10_000 ? `${(n / 1000).toFixed(1)} s` : `${Math.round(n)} ms`);
+
+/** Columns padded to their widest cell; `right` lists the columns aligned right (numbers). */
+export function table(headers: string[], rows: string[][], right: number[] = []): string {
+  const widths = headers.map((h, i) => Math.max(h.length, ...rows.map((r) => r[i].length)));
+  const line = (cells: string[]) =>
+    cells
+      .map((c, i) => (right.includes(i) ? c.padStart(widths[i]) : c.padEnd(widths[i])))
+      .join('  ')
+      .trimEnd();
+  return [line(headers), ...rows.map(line)].join('\n');
+}

@@ -1,0 +1,83 @@
+// The throughput chart of a run page: samples/s (filled) and completion tokens/s (line, right
+// axis) over the time the page has been watching, one point per progress event.
+
+const PAD = { left: 52, right: 64, top: 12, bottom: 26 };
+
+function niceMax(v) {
+  if (v <= 0) return 1;
+  const p = 10 ** Math.floor(Math.log10(v));
+  return [1, 2, 2.5, 5, 10].map((m) => m * p).find((m) => m >= v);
+}
+
+const short = (v) => (v >= 10_000 ? `${(v / 1000).toFixed(0)}k` : v >= 1000 ? `${(v / 1000).toFixed(1)}k` : v >= 10 ? v.toFixed(0) : String(Number(v.toPrecision(3))));
+const clock = (t) => new Date(t).toLocaleTimeString([], { hour: '2-digit', minute: '2-digit', second: '2-digit' });
+
+export function drawThroughput(canvas, points) {
+  const dpr = window.devicePixelRatio || 1;
+  const width = canvas.clientWidth;
+  const height = canvas.clientHeight;
+  canvas.width = Math.round(width * dpr);
+  canvas.height = Math.round(height * dpr);
+  const ctx = canvas.getContext('2d');
+  ctx.setTransform(dpr, 0, 0, dpr, 0, 0);
+  ctx.clearRect(0, 0, width, height);
+  ctx.font = '11px system-ui, sans-serif';
+
+  if (points.length < 2) {
+    ctx.fillStyle = '#6b7385';
+    ctx.textAlign = 'center';
+    ctx.fillText('Collecting throughput… (one point per second while this page is open)', width / 2, height / 2);
+    return;
+  }
+  const plotW = width - PAD.left - PAD.right;
+  const plotH = height - PAD.top - PAD.bottom;
+  const t0 = points[0].t;
+  const t1 = points[points.length - 1].t;
+  const maxS = niceMax(Math.max(...points.map((p) => p.sps)));
+  const maxT = niceMax(Math.max(...points.map((p) => p.tps)));
+  const x = (t) => PAD.left + (plotW * (t - t0)) / Math.max(1, t1 - t0);
+  const yS = (v) => PAD.top + plotH - (plotH * v) / maxS;
+  const yT = (v) => PAD.top + plotH - (plotH * v) / maxT;
+
+  ctx.strokeStyle = '#e4e7ec';
+  ctx.lineWidth = 1;
+  for (let i = 0; i <= 4; i++) {
+    const y = Math.round(PAD.top + (plotH * i) / 4) + 0.5;
+    ctx.beginPath();
+    ctx.moveTo(PAD.left, y);
+    ctx.lineTo(PAD.left + plotW, y);
+    ctx.stroke();
+    ctx.fillStyle = '#2563c9';
+    ctx.textAlign = 'right';
+    ctx.fillText(short((maxS * (4 - i)) / 4), PAD.left - 6, y + 4);
+    ctx.fillStyle = '#c2610c';
+    ctx.textAlign = 'left';
+    ctx.fillText(short((maxT * (4 - i)) / 4), PAD.left + plotW + 6, y + 4);
+  }
+  ctx.fillStyle = '#6b7385';
+  ctx.textAlign = 'left';
+  ctx.fillText(clock(t0), PAD.left, height - 8);
+  ctx.textAlign = 'right';
+  ctx.fillText(clock(t1), PAD.left + plotW, height - 8);
+
+  ctx.beginPath();
+  ctx.moveTo(x(t0), yS(0));
+  for (const p of points) ctx.lineTo(x(p.t), yS(p.sps));
+  ctx.lineTo(x(t1), yS(0));
+  ctx.closePath();
+  ctx.fillStyle = 'rgba(37, 99, 201, 0.15)';
+  ctx.fill();
+  ctx.beginPath();
+  points.forEach((p, i) => (i ? ctx.lineTo(x(p.t), yS(p.sps)) : ctx.moveTo(x(p.t), yS(p.sps))));
+  ctx.strokeStyle = '#2563c9';
+  ctx.lineWidth = 2;
+  ctx.stroke();
+
+  ctx.beginPath();
+  points.forEach((p, i) => (i ? ctx.lineTo(x(p.t), yT(p.tps)) : ctx.moveTo(x(p.t), yT(p.tps))));
+  ctx.strokeStyle = '#c2610c';
+  ctx.lineWidth = 1.5;
+  ctx.setLineDash([4, 3]);
+  ctx.stroke();
+  ctx.setLineDash([]);
+}

@@ -1,0 +1,56 @@
+export const TERMINAL = ['completed', 'failed', 'cancelled'];
+
+export function num(n) {
+  return n == null ? '—' : Number(n).toLocaleString('en-US');
+}
+
+export function pct(fraction, digits = 1) {
+  return `${(100 * (fraction || 0)).toFixed(digits)}%`;
+}
+
+export function rate(perSecond) {
+  if (!perSecond) return '0';
+  return perSecond >= 100 ? Math.round(perSecond).toLocaleString('en-US') : perSecond.toFixed(1);
+}
+
+/** 3725 → "1h 2m", 95 → "1m 35s" */
+export function duration(seconds) {
+  if (seconds == null) return '—';
+  const s = Math.max(0, Math.round(seconds));
+  const d = Math.floor(s / 86400);
+  const hr = Math.floor((s % 86400) / 3600);
+  const m = Math.floor((s % 3600) / 60);
+  if (d) return `${d}d ${hr}h`;
+  if (hr) return `${hr}h ${m}m`;
+  if (m) return `${m}m ${s % 60}s`;
+  return `${s}s`;
+}
+
+export function eta(run) {
+  if (TERMINAL.includes(run.status)) return 'done';
+  if (run.status === 'paused') return 'paused';
+  return run.progress.eta_seconds == null ? '—' : duration(run.progress.eta_seconds);
+}
+
+export function when(isoTime) {
+  if (!isoTime) return '—';
+  const d = new Date(isoTime);
+  const ago = (Date.now() - d.getTime()) / 1000;
+  if (ago < 60) return 'just now';
+  if (ago < 86400) return `${duration(ago).split(' ')[0]} ago`;
+  return d.toLocaleDateString();
+}
+
+export function ms(n) {
+  if (n == null) return '—';
+  return n >= 10_000 ? `${(n / 1000).toFixed(1)} s` : `${Math.round(n)} ms`;
+}
+
+export function runTitle(run) {
+  return run.name || run.id;
+}
+
+/** A run the quality gate stopped: resuming it again needs the override. */
+export function pausedByGate(run) {
+  return run.status === 'paused' && /^quality gate/i.test(run.status_reason ?? '');
+}

@@ -1,0 +1,103 @@
+// Keeping a view current: a polling loop for lists, and for one run its event stream (with polling
+// when the server has no events route, and reconnects when the stream drops).
+import { api, streamEvents } from './api.js';
+import { TERMINAL } from './format.js';
+
+const sleep = (ms, signal) =>
+  new Promise((resolve) => {
+    const timer = setTimeout(resolve, ms);
+    signal?.addEventListener('abort', () => {
+      clearTimeout(timer);
+      resolve();
+    });
+  });
+
+export function setLive(text, state) {
+  const el = document.getElementById('live');
+  el.hidden = !text;
+  el.textContent = text ?? '';
+  el.className = `live ${state ?? ''}`;
+}
+
+/** Runs `fn` now and then every `ms` after it finishes, until the returned stop function is called. */
+export function every(ms, fn, errorEl) {
+  const abort = new AbortController();
+  (async () => {
+    while (!abort.signal.aborted) {
+      try {
+        await fn();
+        if (errorEl) errorEl.hidden = true;
+      } catch (err) {
+        if (errorEl && !abort.signal.aborted) {
+          errorEl.hidden = false;
+          errorEl.textContent = err.message;
+        }
+      }
+      await sleep(ms, abort.signal);
+    }
+  })();
+  return () => abort.abort();
+}
+
+/**
+ * Follows one run until it ends or the view goes away: onRun(fields) for every progress event (the
+ * run's changing fields: status, counts, quality, usage, shards, progress) or poll (the whole run),
+ * onStatus() when its status changes, onShard() when a shard is uploaded.
+ */
+export function followRun(runId, { onRun, onStatus, onShard }) {
+  const abort = new AbortController();
+  const { signal } = abort;
+  let status = null;
+  const track = (run) => {
+    const changed = status !== null && run.status !== status;
+    status = run.status;
+    onRun(run);
+    if (changed) onStatus();
+  };
+  const poll = async () => {
+    setLive('polling', 'polling');
+    while (!signal.aborted && !TERMINAL.includes(status)) {
+      try {
+        track(await api(`/v1/runs/${encodeURIComponent(runId)}`));
+      } catch {
+        /* shown as stale numbers; the next poll tries again */
+      }
+      await sleep(1000, signal);
+    }
+  };
+  (async () => {
+    let lastEventId = null;
+    while (!signal.aborted) {
+      setLive('connecting…', 'off');
+      try {
+        const end = await streamEvents(
+          runId,
+          (type, data, id) => {
+            if (id) lastEventId = id;
+            setLive('live', 'on');
+            if (type === 'progress') track(data);
+            else if (type === 'status') onStatus(data);
+            else if (type === 'shard_uploaded') onShard(data);
+          },
+          signal,
+          lastEventId,
+        );
+        if (end === 'missing') {
+          await poll();
+          break;
+        }
+        const run = await api(`/v1/runs/${encodeURIComponent(runId)}`);
+        track(run);
+        if (TERMINAL.includes(run.status)) break;
+      } catch {
+        if (signal.aborted) return;
+      }
+      await sleep(2000, signal);
+    }
+    if (!signal.aborted) setLive('run ended', 'ended');
+  })();
+  return () => {
+    abort.abort();
+    setLive(null);
+  };
+}

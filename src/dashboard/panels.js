@@ -1,0 +1,133 @@
+// The pieces of the run page (and the endpoints table the runs list shares), each a function from
+// API objects to nodes.
+import { badge, h, progressBar, route, table } from './dom.js';
+import { ms, num, pct, rate, when } from './format.js';
+
+const FLAGS = ['empty_content', 'missing_reasoning', 'truncated', 'repetitive', 'too_short'];
+
+const FLAG_HELP = {
+  empty_content: 'content is blank',
+  missing_reasoning: 'thinking was asked for but reasoning is empty',
+  truncated: 'stopped by max_tokens (finish_reason length)',
+  repetitive: 'the tail repeats one short span',
+  too_short: 'fewer completion tokens than the run’s minimum',
+};
+
+export function endpointsTable(endpoints, model) {
+  const rows = [...endpoints].sort((a, b) => Number(b.model === model) - Number(a.model === model));
+  return table(
+    [
+      {
+        label: 'Endpoint',
+        cell: (e) => h('div', { className: model && e.model && e.model !== model ? 'muted' : null }, h('strong', null, e.name), h('div', { className: 'small muted' }, e.url)),
+      },
+      { label: 'Model', cell: (e) => e.model ?? '—' },
+      {
+        label: 'State',
+        cell: (e) => h('div', null, badge(e.state), e.last_error && e.state !== 'ready' ? h('div', { className: 'small error clip', title: e.last_error }, e.last_error) : null),
+      },
+      {
+        label: 'In flight / cap',
+        className: 'num',
+        cell: (e) => h('div', null, `${num(e.in_flight)} / ${num(e.max_concurrency)}`, progressBar(e.max_concurrency ? e.in_flight / e.max_concurrency : 0, 'mini')),
+      },
+      { label: 'Samples/s', className: 'num', cell: (e) => rate(e.stats.samples_per_second) },
+      { label: 'Tokens/s', className: 'num', cell: (e) => rate(e.stats.completion_tokens_per_second) },
+      { label: 'p50', className: 'num', cell: (e) => ms(e.stats.p50_latency_ms) },
+      {
+        label: 'Server running / queued',
+        className: 'num',
+        cell: (e) => (e.server.running == null && e.server.queued == null ? '—' : `${num(e.server.running)} / ${num(e.server.queued)}`),
+      },
+      { label: 'Done / failed', className: 'num', cell: (e) => `${num(e.stats.completed)} / ${num(e.stats.failed)}` },
+    ],
+    rows,
+    'No endpoints registered. Add one with `regen endpoints add URL` or POST /v1/endpoints.',
+  );
+}
+
+/** One square per shard: green when uploaded, amber when every sample is done and it is being written. */
+export function shardGrid(shards, total) {
+  const cells = shards.map((s) => {
+    const state = s.status === 'uploaded' ? 'uploaded' : s.done >= s.samples ? 'writing' : s.done > 0 ? 'partial' : 'open';
+    const cell = h('span', {
+      className: `shard ${state}`,
+      title: `shard ${s.index}: ${s.done}/${s.samples} done${s.status === 'uploaded' ? `, uploaded (${num(s.lines)} lines)` : ''}${s.last_error ? `, last error: ${s.last_error}` : ''}`,
+    });
+    if (state === 'partial') cell.style.setProperty('--done', `${Math.round((100 * s.done) / s.samples)}%`);
+    return cell;
+  });
+  return h(
+    'div',
+    null,
+    h('div', { className: `shard-grid ${shards.length <= 60 ? 'few' : shards.length <= 300 ? 'some' : ''}` }, cells),
+    total > shards.length ? h('p', { className: 'small muted' }, `showing the first ${num(shards.length)} of ${num(total)} shards`) : null,
+    h(
+      'div',
+      { className: 'legend small' },
+      h('span', { className: 'shard uploaded' }),
+      ' uploaded ',
+      h('span', { className: 'shard writing' }),
+      ' writing ',
+      h('span', { className: 'shard partial' }),
+      ' in progress ',
+      h('span', { className: 'shard open' }),
+      ' waiting',
+    ),
+  );
+}
+
+export function gateText(quality) {
+  const { settings, gate } = quality;
+  if (!gate.enabled) return 'gate off';
+  const limit = `gate: pause above ${pct(settings.gate.max_flag_rate, 0)} flagged after ${num(settings.gate.min_samples)} samples`;
+  return gate.overridden ? `${limit} (overridden)` : limit;
+}
+
+/** The flag table: counts, shares of completed samples, and links to samples carrying each flag. */
+export function qualityTable(run, quality) {
+  const completed = run.request_counts.completed;
+  // A flag alone above the gate's limit would trip it: that is the share worth showing in red.
+  const limit = quality?.settings?.gate?.max_flag_rate ?? 0.2;
+  return table(
+    [
+      { label: 'Flag', cell: (f) => h('div', null, h('code', null, f), h('div', { className: 'small muted' }, FLAG_HELP[f])) },
+      { label: 'Samples', className: 'num', cell: (f) => num(run.quality.by_flag[f]) },
+      {
+        label: 'Share',
+        className: 'num',
+        cell: (f) => {
+          const share = completed ? run.quality.by_flag[f] / completed : 0;
+          return h('div', null, pct(share), progressBar(share, share > limit ? 'bad' : 'mini'));
+        },
+      },
+      {
+        label: 'Examples',
+        cell: (f) =>
+          run.quality.by_flag[f] === 0
+            ? h('span', { className: 'muted' }, '—')
+            : h(
+                'div',
+                { className: 'examples' },
+                (quality?.by_flag[f].examples ?? []).slice(0, 3).map((id) => h('a', { href: route('runs', run.id, 'samples', id) }, id)),
+                h('a', { href: `${route('runs', run.id, 'samples')}?flag=${encodeURIComponent(f)}`, className: 'more' }, 'all →'),
+              ),
+      },
+    ],
+    FLAGS,
+    '',
+  );
+}
+
+export function failuresList(run, failures) {
+  return table(
+    [
+      { label: 'Sample', cell: (s) => h('a', { href: route('runs', run.id, 'samples', s.custom_id) }, s.custom_id) },
+      { label: 'Error', cell: (s) => h('div', null, h('code', null, s.error?.code ?? '—'), h('div', { className: 'small clip', title: s.error?.message ?? '' }, s.error?.message ?? '')) },
+      { label: 'Attempts', className: 'num', cell: (s) => num(s.attempts) },
+      { label: 'When', cell: (s) => when(s.completed_at) },
+    ],
+    failures,
+    'No failed samples.',
+  );
+}

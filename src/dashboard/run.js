@@ -1,0 +1,221 @@
+// One run: live progress from its event stream, throughput over time, shards, the endpoint pool,
+// quality flags with example samples, failures, and the pause / resume / cancel buttons.
+import { api } from './api.js';
+import { drawThroughput } from './chart.js';
+import { badge, fill, h, progressBar, route } from './dom.js';
+import { duration, eta, num, pausedByGate, pct, rate, runTitle, TERMINAL, when } from './format.js';
+import { every, followRun } from './live.js';
+import { endpointsTable, failuresList, gateText, qualityTable, shardGrid } from './panels.js';
+
+// Throughput points per run, kept while the page is open so coming back to a run keeps its chart.
+const history = new Map();
+const MAX_POINTS = 1800;
+
+export function runView(root, runId) {
+  const path = `/v1/runs/${encodeURIComponent(runId)}`;
+  const points = history.get(runId) ?? [];
+  history.set(runId, points);
+  let run = null;
+  const seen = { failed: -1, flags: '', shardsUploaded: -1 };
+  let quality = null;
+
+  const title = h('h1', null, 'Loading run…');
+  const statusEl = h('span', null);
+  const subtitle = h('div', { className: 'muted small' });
+  const banner = h('div', { className: 'banner', hidden: true });
+  const actionError = h('p', { className: 'error', hidden: true });
+  const buttons = {
+    pause: h('button', { type: 'button', onclick: () => act('pause') }, 'Pause'),
+    resume: h('button', { type: 'button', className: 'primary', onclick: () => act('resume') }, 'Resume'),
+    override: h('button', { type: 'button', className: 'primary', onclick: () => act('resume', { override_gate: true }) }, 'Resume, overriding the gate'),
+    cancel: h('button', { type: 'button', className: 'danger', onclick: () => confirmCancel() }, 'Cancel run'),
+  };
+  const progressEl = h('section', { className: 'card progress-card' });
+  const canvas = h('canvas', { className: 'chart', 'aria-label': 'throughput over time' });
+  const shardsHead = h('span', { className: 'muted small' });
+  const shardsEl = h('div', null, h('p', { className: 'muted' }, 'Loading shards…'));
+  const endpointsEl = h('div', null, h('p', { className: 'muted' }, 'Loading endpoints…'));
+  const qualityHead = h('span', { className: 'muted small' });
+  const qualityEl = h('div', null);
+  const failuresHead = h('span', { className: 'muted small' });
+  const failuresEl = h('div', null, h('p', { className: 'muted' }, 'Loading failures…'));
+
+  fill(
+    root,
+    h('p', { className: 'crumbs' }, h('a', { href: '#/' }, 'Runs'), ' › ', runId),
+    h('div', { className: 'run-head' }, h('div', null, h('div', { className: 'title-row' }, title, statusEl), subtitle), h('div', { className: 'actions' }, Object.values(buttons))),
+    banner,
+    actionError,
+    progressEl,
+    h(
+      'div',
+      { className: 'grid2' },
+      h(
+        'section',
+        { className: 'card' },
+        h('h2', null, 'Throughput'),
+        h('div', { className: 'legend small' }, h('span', { className: 'swatch samples' }), ' samples/s (left) ', h('span', { className: 'swatch tokens' }), ' completion tokens/s (right)'),
+        canvas,
+      ),
+      h('section', { className: 'card' }, h('h2', null, 'Shards ', shardsHead), shardsEl),
+    ),
+    h('section', { className: 'card' }, h('h2', null, 'Endpoints'), endpointsEl),
+    h('div', { className: 'grid2' }, h('section', { className: 'card' }, h('h2', null, 'Quality ', qualityHead), qualityEl), h('section', { className: 'card' }, h('h2', null, 'Failures ', failuresHead), failuresEl)),
+  );
+
+  function update(next) {
+    run = next;
+    title.textContent = runTitle(run);
+    document.title = `${runTitle(run)} · regen`;
+    fill(statusEl, badge(run.status));
+    fill(subtitle, `${run.id} · ${run.model} · created ${when(run.created_at)}`, run.started_at ? ` · started ${when(run.started_at)}` : '');
+    const gate = pausedByGate(run);
+    banner.hidden = !run.status_reason;
+    banner.className = `banner ${gate || run.status === 'failed' ? 'warn' : ''}`;
+    fill(
+      banner,
+      run.status_reason ? h('strong', null, run.status_reason) : null,
+      gate ? h('div', null, 'The quality gate paused this run. Look at the flagged samples below; “Resume, overriding the gate” continues without it.') : null,
+    );
+    buttons.pause.hidden = !['queued', 'in_progress'].includes(run.status);
+    buttons.resume.hidden = run.status !== 'paused' || gate;
+    buttons.override.hidden = !gate;
+    buttons.cancel.hidden = !['validating', 'queued', 'in_progress', 'paused', 'finalizing'].includes(run.status);
+    renderProgress();
+    drawThroughput(canvas, points);
+    const failed = run.request_counts.failed;
+    fill(failuresHead, failed ? [`${num(failed)} · `, h('a', { href: `${route('runs', run.id, 'samples')}?status=failed` }, 'all →')] : '');
+    renderQuality();
+  }
+
+  function renderQuality() {
+    const completed = run.request_counts.completed;
+    fill(qualityHead, completed ? `${num(run.quality.flagged)} flagged (${pct(run.quality.flagged / completed)} of completed)` : '', quality ? ` · ${gateText(quality)}` : '');
+    fill(qualityEl, qualityTable(run, quality));
+  }
+
+  function renderProgress() {
+    const c = run.request_counts;
+    const p = run.progress;
+    const stat = (label, value, extra) => h('div', { className: 'stat' }, h('div', { className: 'label' }, label), h('div', { className: 'value' }, value), extra ? h('div', { className: 'small muted' }, extra) : null);
+    fill(
+      progressEl,
+      h('div', { className: 'progress-line' }, h('span', { className: 'big-pct' }, pct(p.fraction)), h('span', { className: 'muted' }, `${num(c.completed + c.failed + c.cancelled)} of ${num(c.total)} samples done`)),
+      progressBar(p.fraction, run.status),
+      h(
+        'div',
+        { className: 'stats' },
+        stat('Rate', `${rate(p.samples_per_second)} samples/s`, `${rate(p.completion_tokens_per_second)} tokens/s`),
+        stat('ETA', eta(run), `elapsed ${duration(p.elapsed_seconds)}`),
+        stat('Completed', num(c.completed)),
+        stat('Failed', num(c.failed)),
+        stat('In flight', num(c.in_progress), `${num(c.pending)} pending`),
+        stat('Tokens', num(run.usage.completion_tokens), `${num(run.usage.reasoning_tokens)} reasoning · ${num(run.usage.prompt_tokens)} prompt`),
+      ),
+      h('div', { className: 'small muted output' }, 'Output: ', h('code', null, run.output_uri), run.manifest_uri ? [' · manifest ', h('code', null, run.manifest_uri)] : null),
+    );
+  }
+
+  /** A progress event (the run's changing fields) or a poll (the whole run): one more point on the chart. */
+  function onProgress(fields) {
+    const next = { ...run, ...fields };
+    if (!TERMINAL.includes(next.status) && next.status !== 'validating') {
+      points.push({ t: Date.now(), sps: next.progress.samples_per_second, tps: next.progress.completion_tokens_per_second });
+      if (points.length > MAX_POINTS) points.splice(0, points.length - MAX_POINTS);
+    }
+    update(next);
+  }
+
+  async function act(action, body) {
+    Object.values(buttons).forEach((b) => (b.disabled = true));
+    actionError.hidden = true;
+    try {
+      update(await api(`${path}/${action}`, { method: 'POST', json: body ?? {} }));
+    } catch (err) {
+      actionError.hidden = false;
+      actionError.textContent = `Could not ${action} the run: ${err.message}`;
+    } finally {
+      Object.values(buttons).forEach((b) => (b.disabled = false));
+      resetCancel();
+    }
+  }
+
+  // Cancelling cannot be undone, so it takes a second click instead of a browser dialog.
+  let cancelTimer = null;
+  function confirmCancel() {
+    if (cancelTimer) return act('cancel');
+    buttons.cancel.textContent = 'Click again to cancel';
+    cancelTimer = setTimeout(resetCancel, 4000);
+  }
+  function resetCancel() {
+    clearTimeout(cancelTimer);
+    cancelTimer = null;
+    buttons.cancel.textContent = 'Cancel run';
+  }
+
+  async function refreshPanels() {
+    if (!run) return;
+    const tasks = [api('/v1/endpoints?limit=100').then((eps) => fill(endpointsEl, endpointsTable(eps.data, run.model)))];
+    if (run.shards.uploaded !== seen.shardsUploaded || !TERMINAL.includes(run.status)) {
+      seen.shardsUploaded = run.shards.uploaded;
+      tasks.push(
+        api(`${path}/shards?limit=1000`).then((s) => {
+          fill(shardsHead, `${num(run.shards.uploaded)} of ${num(run.shards.total)} uploaded · ${num(run.shard_size)} samples each`);
+          fill(shardsEl, progressBar(run.shards.total ? run.shards.uploaded / run.shards.total : 0, 'shards'), shardGrid(s.data, run.shards.total));
+        }),
+      );
+    }
+    if (run.request_counts.failed !== seen.failed) {
+      seen.failed = run.request_counts.failed;
+      tasks.push(
+        api(`${path}/samples?status=failed&limit=100`).then((s) => {
+          const recent = s.data.sort((a, b) => String(b.completed_at).localeCompare(String(a.completed_at))).slice(0, 10);
+          fill(failuresEl, failuresList(run, recent));
+        }),
+      );
+    }
+    const flagKey = `${run.status} ${JSON.stringify(run.quality.by_flag)}`;
+    if (flagKey !== seen.flags) {
+      seen.flags = flagKey;
+      tasks.push(
+        api(`${path}/quality`).then((q) => {
+          quality = q;
+          renderQuality();
+        }),
+      );
+    }
+    await Promise.all(tasks);
+  }
+
+  // Status events come in bursts (a new stream replays the run's history): one refetch at a time.
+  let refetching = null;
+  function refetch() {
+    refetching ??= api(path)
+      .then((r) => !closed && update(r), () => {})
+      .finally(() => (refetching = null));
+  }
+
+  let closed = false;
+  const stops = [() => (closed = true)];
+  const onResize = () => drawThroughput(canvas, points);
+  window.addEventListener('resize', onResize);
+  stops.push(() => window.removeEventListener('resize', onResize));
+
+  api(path)
+    .then((first) => {
+      if (closed) return;
+      update(first);
+      stops.push(every(3000, refreshPanels, actionError));
+      if (TERMINAL.includes(first.status)) return;
+      stops.push(
+        followRun(runId, {
+          onRun: onProgress,
+          onStatus: refetch,
+          onShard: () => (seen.shardsUploaded = -1),
+        }),
+      );
+    })
+    .catch((err) => fill(root, h('p', { className: 'crumbs' }, h('a', { href: '#/' }, 'Runs')), h('p', { className: 'error' }, err.status === 404 ? `There is no run ${runId}.` : err.message)));
+
+  return () => stops.forEach((stop) => stop());
+}

@@ -1,0 +1,55 @@
+// The home page: every run with its progress, rate and ETA, and the endpoint pool; polled.
+import { api } from './api.js';
+import { badge, fill, h, progressBar, route, table } from './dom.js';
+import { eta, num, pct, rate, runTitle, when } from './format.js';
+import { endpointsTable } from './panels.js';
+import { every } from './live.js';
+
+export function runsView(root) {
+  const runsEl = h('div', null, h('p', { className: 'muted' }, 'Loading runs…'));
+  const endpointsEl = h('div', null);
+  const errorEl = h('p', { className: 'error', hidden: true });
+  fill(root, h('h1', null, 'Runs'), errorEl, h('section', { className: 'card' }, runsEl), h('h2', null, 'Endpoints'), h('section', { className: 'card' }, endpointsEl));
+
+  return every(2000, async () => {
+    const [runs, endpoints] = await Promise.all([api('/v1/runs?limit=100'), api('/v1/endpoints?limit=100')]);
+    fill(runsEl, runsTable(runs.data));
+    fill(endpointsEl, endpointsTable(endpoints.data));
+  }, errorEl);
+}
+
+function runsTable(runs) {
+  return table(
+    [
+      {
+        label: 'Run',
+        cell: (r) => h('div', null, h('a', { href: route('runs', r.id), className: 'run-link' }, runTitle(r)), h('div', { className: 'small muted' }, `${r.id} · ${r.model}`)),
+      },
+      {
+        label: 'Status',
+        cell: (r) => h('div', null, badge(r.status), r.status_reason ? h('div', { className: 'small muted clip', title: r.status_reason }, r.status_reason) : null),
+      },
+      {
+        label: 'Progress',
+        className: 'progress-cell',
+        cell: (r) => h('div', null, h('div', { className: 'pct' }, pct(r.progress.fraction)), progressBar(r.progress.fraction, r.status)),
+      },
+      {
+        label: 'Done / total',
+        className: 'num',
+        cell: (r) => `${num(r.request_counts.completed + r.request_counts.failed + r.request_counts.cancelled)} / ${num(r.request_counts.total)}`,
+      },
+      { label: 'Rate', className: 'num', cell: (r) => `${rate(r.progress.samples_per_second)}/s` },
+      { label: 'ETA', className: 'num', cell: (r) => eta(r) },
+      {
+        label: 'Flagged',
+        className: 'num',
+        cell: (r) => `${num(r.quality.flagged)}${r.request_counts.completed ? ` (${pct(r.quality.flagged / r.request_counts.completed)})` : ''}`,
+      },
+      { label: 'Shards', className: 'num', cell: (r) => `${num(r.shards.uploaded)} / ${num(r.shards.total)}` },
+      { label: 'Created', cell: (r) => when(r.created_at) },
+    ],
+    runs,
+    'No runs yet. Submit one with `regen submit prompts.jsonl --model M` or POST /v1/runs.',
+  );
+}

@@ -1,0 +1,106 @@
+// A run's samples filtered by status or flag (page by page), and one sample: its messages, its
+// reasoning and its content.
+import { api } from './api.js';
+import { badge, fill, h, route, table } from './dom.js';
+import { ms, num, when } from './format.js';
+
+export function samplesView(root, runId, query) {
+  const status = query.get('status');
+  const flag = query.get('flag');
+  const filter = status ? `status=${encodeURIComponent(status)}` : flag ? `flag=${encodeURIComponent(flag)}` : '';
+  const rows = [];
+  const list = h('div', null, h('p', { className: 'muted' }, 'Loading samples…'));
+  const more = h('button', { type: 'button', hidden: true, onclick: () => load() }, 'Load more');
+  const errorEl = h('p', { className: 'error', hidden: true });
+  let after = null;
+  fill(
+    root,
+    h('p', { className: 'crumbs' }, h('a', { href: '#/' }, 'Runs'), ' › ', h('a', { href: route('runs', runId) }, runId), ' › samples'),
+    h('h1', null, 'Samples', status ? ` with status ${status}` : '', flag ? ` flagged ${flag}` : ''),
+    errorEl,
+    h('section', { className: 'card' }, list, more),
+  );
+
+  async function load() {
+    try {
+      const page = await api(`/v1/runs/${encodeURIComponent(runId)}/samples?limit=100${filter ? `&${filter}` : ''}${after ? `&after=${encodeURIComponent(after)}` : ''}`);
+      rows.push(...page.data);
+      after = page.last_id;
+      more.hidden = !page.has_more;
+      fill(list, samplesTable(runId, rows));
+    } catch (err) {
+      errorEl.hidden = false;
+      errorEl.textContent = err.message;
+    }
+  }
+  load();
+  return () => {};
+}
+
+function samplesTable(runId, rows) {
+  return table(
+    [
+      { label: 'Sample', cell: (s) => h('a', { href: route('runs', runId, 'samples', s.custom_id) }, s.custom_id) },
+      { label: 'Status', cell: (s) => badge(s.status) },
+      { label: 'Flags', cell: (s) => s.flags.map((f) => h('code', { className: 'flag' }, f)) },
+      { label: 'Finish', cell: (s) => s.finish_reason ?? '—' },
+      { label: 'Tokens', className: 'num', cell: (s) => (s.usage ? num(s.usage.completion_tokens) : '—') },
+      { label: 'Latency', className: 'num', cell: (s) => ms(s.latency_ms) },
+      { label: 'Attempts', className: 'num', cell: (s) => num(s.attempts) },
+      { label: 'Error', cell: (s) => (s.error ? h('span', { className: 'small clip', title: s.error.message }, `${s.error.code}: ${s.error.message}`) : '') },
+    ],
+    rows,
+    'No samples match.',
+  );
+}
+
+/** Message content is a string or a list of parts (text, images…); text is shown, the rest as JSON. */
+function contentText(content) {
+  if (typeof content === 'string') return content;
+  if (Array.isArray(content)) return content.map((part) => (part && part.type === 'text' ? part.text : JSON.stringify(part))).join('\n');
+  return content == null ? '' : JSON.stringify(content, null, 2);
+}
+
+export function sampleView(root, runId, customId) {
+  fill(root, h('p', { className: 'muted' }, 'Loading sample…'));
+  api(`/v1/runs/${encodeURIComponent(runId)}/samples/${encodeURIComponent(customId)}`)
+    .then((s) => {
+      const meta = (label, value) => h('div', { className: 'stat' }, h('div', { className: 'label' }, label), h('div', { className: 'value small' }, value));
+      fill(
+        root,
+        h('p', { className: 'crumbs' }, h('a', { href: '#/' }, 'Runs'), ' › ', h('a', { href: route('runs', runId) }, runId), ' › ', s.custom_id),
+        h('div', { className: 'title-row' }, h('h1', null, s.custom_id), badge(s.status), s.flags.map((f) => h('code', { className: 'flag' }, f))),
+        h(
+          'section',
+          { className: 'card stats' },
+          meta('Finish reason', s.finish_reason ?? '—'),
+          meta('Completion tokens', s.usage ? num(s.usage.completion_tokens) : '—'),
+          meta('Reasoning tokens', s.usage ? num(s.usage.reasoning_tokens) : '—'),
+          meta('Latency', ms(s.latency_ms)),
+          meta('Attempts', num(s.attempts)),
+          meta('Endpoint', s.endpoint_id ?? '—'),
+          meta('Shard', `${s.shard} (line ${s.output_line ?? '—'})`),
+          meta('Done', when(s.completed_at)),
+        ),
+        s.error ? h('div', { className: 'banner warn' }, h('strong', null, s.error.code), ` ${s.error.status ?? ''} `, s.error.message) : null,
+        h('h2', null, 'Messages'),
+        h(
+          'section',
+          { className: 'messages' },
+          s.messages.map((m) => h('div', { className: `message role-${m.role}` }, h('div', { className: 'role' }, m.role), h('pre', null, contentText(m.content)))),
+        ),
+        h('h2', null, 'Output'),
+        s.output
+          ? h(
+              'section',
+              { className: 'messages' },
+              h('details', { className: 'message reasoning', open: true }, h('summary', { className: 'role' }, 'reasoning'), h('pre', null, s.output.reasoning_content || '(empty)')),
+              h('div', { className: 'message role-assistant' }, h('div', { className: 'role' }, 'content'), h('pre', null, s.output.content || '(empty)')),
+            )
+          : h('p', { className: 'muted' }, s.status === 'completed' ? 'The output is not available.' : 'No output yet.'),
+        s.params ? h('details', null, h('summary', null, 'Per-sample params'), h('pre', null, JSON.stringify(s.params, null, 2))) : null,
+      );
+    })
+    .catch((err) => fill(root, h('p', { className: 'error' }, err.status === 404 ? `There is no sample ${customId} in run ${runId}.` : err.message)));
+  return () => {};
+}

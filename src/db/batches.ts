@@ -1,0 +1,101 @@
+import { and, asc, desc, eq, gt, gte, inArray, isNotNull, isNull, lt, lte, or, sql, type SQL } from 'drizzle-orm';
+import type { Db } from './client.js';
+import { events, runs, samples, shards, type RunRow } from './schema.js';
+
+export function getBatchRun(db: Db, batchId: string): RunRow | undefined {
+  return db.select().from(runs).where(eq(runs.batchId, batchId)).get();
+}
+
+/** Batch runs newest first; `after` is the batch id that ended the previous page. */
+export function listBatchRuns(db: Db, opts: { after?: string; limit: number }): RunRow[] {
+  const where: SQL[] = [isNotNull(runs.batchId)];
+  if (opts.after) where.push(lt(runs.batchId, opts.after));
+  return db
+    .select()
+    .from(runs)
+    .where(and(...where))
+    .orderBy(desc(runs.batchId))
+    .limit(opts.limit + 1)
+    .all();
+}
+
+/** The run whose batch output or error file has this id. */
+export function getRunByBatchFile(db: Db, fileId: string): RunRow | undefined {
+  return db
+    .select()
+    .from(runs)
+    .where(or(eq(runs.outputFileId, fileId), eq(runs.errorFileId, fileId)))
+    .get();
+}
+
+export interface StatusTimes {
+  /** First time the run entered each status. */
+  first: Map<string, number>;
+  /** Last time the run entered each status. */
+  last: Map<string, number>;
+}
+
+/** When each of these runs entered each status, from the events table, in one query. */
+export function statusTimes(db: Db, runIds: string[]): Map<string, StatusTimes> {
+  const out = new Map<string, StatusTimes>();
+  if (runIds.length === 0) return out;
+  const status = sql<string>`json_extract(${events.data}, '$.status')`;
+  const rows = db
+    .select({ runId: events.runId, status, first: sql<number>`min(${events.createdAt})`, last: sql<number>`max(${events.createdAt})` })
+    .from(events)
+    .where(and(inArray(events.runId, runIds), eq(events.type, 'status')))
+    .groupBy(events.runId, status)
+    .all();
+  for (const r of rows) {
+    let t = out.get(r.runId);
+    if (!t) out.set(r.runId, (t = { first: new Map(), last: new Map() }));
+    t.first.set(r.status, r.first);
+    t.last.set(r.status, r.last);
+  }
+  return out;
+}
+
+/** A run's shards in order, a page at a time. */
+export function shardPage(db: Db, runId: string, afterIdx: number, limit: number) {
+  return db
+    .select()
+    .from(shards)
+    .where(and(eq(shards.runId, runId), gt(shards.idx, afterIdx)))
+    .orderBy(asc(shards.idx))
+    .limit(limit)
+    .all();
+}
+
+/** The cancelled samples of one shard, in input order: never answered, so in no shard object. */
+export function cancelledSamples(db: Db, runId: string, shard: { firstSeq: number; sampleCount: number }): { customId: string }[] {
+  // A seq range, not shard_idx: it walks the (run, status, seq) index however many samples were cancelled.
+  return db
+    .select({ customId: samples.customId })
+    .from(samples)
+    .where(
+      and(
+        eq(samples.runId, runId),
+        eq(samples.status, 'cancelled'),
+        gte(samples.seq, shard.firstSeq),
+        lt(samples.seq, shard.firstSeq + shard.sampleCount),
+      ),
+    )
+    .orderBy(asc(samples.seq))
+    .all();
+}
+
+/** Batch runs past their completion window with unanswered samples left to give up. */
+export function dueBatchRuns(db: Db, now: number): RunRow[] {
+  return db
+    .select()
+    .from(runs)
+    .where(
+      and(
+        isNotNull(runs.batchId),
+        isNull(runs.expiredAt),
+        lte(runs.expiresAt, now),
+        inArray(runs.status, ['validating', 'queued', 'in_progress', 'paused']),
+      ),
+    )
+    .all();
+}

@@ -1,0 +1,59 @@
+import type { Db } from './client.js';
+import { flagBit, type Flag } from '../runner/quality.js';
+
+/**
+ * Lower bucket edges of the quality histograms; each bucket is [edge, next edge) and the last is
+ * open-ended. Fixed, so histograms of different runs (and of one run over time) compare directly.
+ * The first bucket, [0, 1), holds the empty answers and empty think blocks.
+ */
+export const HISTOGRAM_EDGES = {
+  completion_tokens: [0, 1, 16, 64, 256, 1024, 2048, 4096, 8192, 16384, 32768],
+  reasoning_chars: [0, 1, 64, 256, 1024, 4096, 8192, 16384, 32768, 65536, 131072],
+  content_chars: [0, 1, 64, 256, 1024, 4096, 8192, 16384, 32768, 65536, 131072],
+} as const;
+export type HistogramName = keyof typeof HISTOGRAM_EDGES;
+const NAMES = Object.keys(HISTOGRAM_EDGES) as HistogramName[];
+
+export interface Histogram {
+  /** Completed samples with a value (samples completed before lengths were recorded have none). */
+  samples: number;
+  buckets: { ge: number; lt: number | null; count: number }[];
+}
+
+// Each bucket is one range count over samples_<column>_idx, a narrow partial index of completed
+// samples: together they walk each index's entries for the run once and never read a row. On 1M
+// samples this takes ~0.1 s; one pass testing every edge on every row took ~1.1 s.
+const histogramSql =
+  'select ' +
+  NAMES.flatMap((col) =>
+    HISTOGRAM_EDGES[col].map((ge, i) => {
+      const lt = HISTOGRAM_EDGES[col][i + 1];
+      const range = lt === undefined ? `${col} >= ${ge}` : `${col} >= ${ge} and ${col} < ${lt}`;
+      return `(select count(*) from samples where run_id = @run and status = 'completed' and ${range})`;
+    }),
+  ).join(', ');
+
+export function qualityHistograms(db: Db, runId: string): Record<HistogramName, Histogram> {
+  const counts = db.$client.prepare(histogramSql).raw().get({ run: runId }) as number[];
+  const out = {} as Record<HistogramName, Histogram>;
+  let at = 0;
+  for (const col of NAMES) {
+    const edges = HISTOGRAM_EDGES[col];
+    const buckets = edges.map((ge, i) => ({ ge, lt: edges[i + 1] ?? null, count: counts[at + i] }));
+    at += edges.length;
+    out[col] = { samples: buckets.reduce((n, b) => n + b.count, 0), buckets };
+  }
+  return out;
+}
+
+/**
+ * The first `limit` flagged samples in input order. The literal bit makes the term match the
+ * partial index samples_flag_<flag>_idx, which holds only samples with that flag, so the walk
+ * stops after `limit` index entries however rare the flag is.
+ */
+export function flagExamples(db: Db, runId: string, flag: Flag, limit: number): string[] {
+  return db.$client
+    .prepare(`select custom_id from samples where run_id = ? and (flags & ${flagBit(flag)}) <> 0 order by seq limit ?`)
+    .pluck()
+    .all(runId, limit) as string[];
+}

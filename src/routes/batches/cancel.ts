@@ -1,0 +1,27 @@
+import { createRoute } from '@hono/zod-openapi';
+import type { App } from '../../app.js';
+import { notFound, problemResponses } from '../../errors.js';
+import { getBatchRun } from '../../db/batches.js';
+import { cancelRun } from '../../runner/lifecycle.js';
+import { jsonContent } from '../common.js';
+import { renderBatches } from './render.js';
+import { Batch, BatchIdParam } from './schemas.js';
+
+const route = createRoute({
+  method: 'post',
+  path: '/v1/batches/{id}/cancel',
+  tags: ['batches'],
+  summary: 'Cancel a batch: in-flight requests are aborted, answers so far stay in the output file',
+  request: { params: BatchIdParam },
+  responses: { 200: jsonContent(Batch, 'The batch, `cancelling` (or `cancelled` while it was still validating)'), ...problemResponses(401, 404, 409, 422) },
+});
+
+export function registerCancelBatch(app: App) {
+  app.openapi(route, (c) => {
+    const deps = c.get('deps');
+    const { id } = c.req.valid('param');
+    const run = getBatchRun(deps.db, id);
+    if (!run) throw notFound('batch', id);
+    return c.json(renderBatches(deps.db, [cancelRun(deps, run.id)])[0], 200);
+  });
+}

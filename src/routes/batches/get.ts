@@ -1,0 +1,26 @@
+import { createRoute } from '@hono/zod-openapi';
+import type { App } from '../../app.js';
+import { notFound, problemResponses } from '../../errors.js';
+import { getBatchRun } from '../../db/batches.js';
+import { jsonContent } from '../common.js';
+import { renderBatches } from './render.js';
+import { Batch, BatchIdParam } from './schemas.js';
+
+const route = createRoute({
+  method: 'get',
+  path: '/v1/batches/{id}',
+  tags: ['batches'],
+  summary: 'Get a batch: its status, request counts, errors and output files',
+  request: { params: BatchIdParam },
+  responses: { 200: jsonContent(Batch, 'The batch'), ...problemResponses(401, 404, 422) },
+});
+
+export function registerGetBatch(app: App) {
+  app.openapi(route, (c) => {
+    const { db } = c.get('deps');
+    const { id } = c.req.valid('param');
+    const run = getBatchRun(db, id);
+    if (!run) throw notFound('batch', id);
+    return c.json(renderBatches(db, [run])[0], 200);
+  });
+}

@@ -1,0 +1,125 @@
+// OpenAI's Batch API over runs: a batch is a run created from an uploaded file of batch lines,
+// with a completion window after which its unanswered samples are given up (status `expired`).
+import { eq } from 'drizzle-orm';
+import type { Readable } from 'node:stream';
+import type { Deps } from '../deps.js';
+import type { Db } from '../db/client.js';
+import { dueBatchRuns } from '../db/batches.js';
+import { getFile } from '../db/files.js';
+import { transitionRun, type RunStatus } from '../db/runs.js';
+import { endpoints, runs, type FileRow, type LineError, type RunRow } from '../db/schema.js';
+import { ApiError } from '../errors.js';
+import { newId } from '../ids.js';
+import type { CreateBatchBody } from '../routes/batches/schemas.js';
+import { parseInputLine, readLines } from './input-format.js';
+import { createRun } from './submit.js';
+
+// The model is read from the first lines that name one; a file whose start names none is refused.
+const PEEK_LINES = 100;
+
+/**
+ * Why no registered endpoint can serve `model`, or null when one does or may: an endpoint still
+ * loading its weights has not said yet what it serves, and SGLang servers take minutes to start.
+ */
+export function unservedModel(db: Db, model: string): string | null {
+  const served = db.select({ model: endpoints.model }).from(endpoints).all();
+  if (served.some((e) => e.model === null || e.model === model)) return null;
+  return `model ${JSON.stringify(model.slice(0, 100))} is not served by any registered endpoint`;
+}
+
+/** The model named by the first valid request of the file, which every other line must share. */
+async function peekModel(deps: Deps, file: FileRow): Promise<string> {
+  let source: Readable;
+  try {
+    source = await deps.stores.forUri(deps.config.outputUri).getStream(file.objectKey);
+  } catch (err) {
+    deps.logger.error({ file_id: file.id, err: { message: (err as Error).message } }, 'batch input read failed');
+    throw new ApiError('storage_unavailable', 'the object store could not return the input file; try again');
+  }
+  let model: string | null = null;
+  try {
+    for await (const raw of readLines(source, { maxLineBytes: deps.config.maxLineBytes })) {
+      if ('text' in raw && raw.text.trim() !== '') {
+        const parsed = parseInputLine(raw.text, raw.lineNo, { regenerate: null });
+        if (parsed.ok && parsed.model) model = parsed.model;
+      }
+      if (model !== null || raw.lineNo >= PEEK_LINES) break;
+    }
+  } catch (err) {
+    deps.logger.error({ file_id: file.id, err: { message: (err as Error).message } }, 'batch input read failed');
+    throw new ApiError('storage_unavailable', 'the object store could not return the input file; try again');
+  } finally {
+    source.destroy();
+  }
+  if (model === null) {
+    throw new ApiError(
+      'validation_failed',
+      `input_file_id: no valid request with a body.model in the file's first ${PEEK_LINES} lines; a batch runs the model its lines name`,
+      { field: 'input_file_id' },
+    );
+  }
+  if (model.length > 256) throw new ApiError('validation_failed', 'input_file_id: the lines name a model longer than 256 characters', { field: 'input_file_id' });
+  return model;
+}
+
+const hours = (window: string) => Number(window.slice(0, -1));
+
+/**
+ * Creates the run behind a batch: the file's model, the run defaults (per-line `body` params
+ * override them), invalid lines skipped and listed rather than failing the whole batch.
+ */
+export async function createBatch(deps: Deps, body: CreateBatchBody): Promise<RunRow> {
+  const file = getFile(deps.db, body.input_file_id);
+  if (!file) throw new ApiError('not_found', `file ${JSON.stringify(body.input_file_id.slice(0, 100))} does not exist`, { field: 'input_file_id' });
+  const model = await peekModel(deps, file);
+  const batchId = newId('batch');
+  const { run } = await createRun(
+    deps,
+    { name: batchId, model, input: { file_id: file.id }, on_invalid_line: 'skip', metadata: body.metadata ?? {} },
+    undefined,
+    {
+      batchId,
+      completionWindow: body.completion_window,
+      expiresAt: deps.clock() + hours(body.completion_window) * 3600_000,
+      outputFileId: newId('file'),
+      errorFileId: newId('file'),
+    },
+  );
+  deps.logger.info({ run_id: run.id, batch_id: batchId, model }, 'batch created');
+  return run;
+}
+
+/**
+ * Gives up the unanswered samples of batches whose completion window has passed: the run is
+ * cancelled (in-flight requests aborted, pending samples never sent), its answers are kept, and
+ * the batch reads `expired`. Runs already finalizing have nothing left to give up. Called every tick.
+ */
+export function expireBatches(deps: Deps): void {
+  const now = deps.clock();
+  const due = dueBatchRuns(deps.db, now);
+  for (const r of due) {
+    const to: RunStatus = r.status === 'validating' ? 'cancelled' : 'cancelling';
+    const moved = deps.db.transaction((tx) => {
+      const reason = `the batch's ${r.completionWindow} completion window passed`;
+      if (!transitionRun(tx as unknown as Db, r.id, [r.status as RunStatus], to, now, { statusReason: reason })) return false;
+      tx.update(runs).set({ expiredAt: now }).where(eq(runs.id, r.id)).run();
+      return true;
+    });
+    if (moved) deps.logger.info({ run_id: r.id, batch_id: r.batchId, status: to }, 'batch expired');
+  }
+  if (due.length) deps.runner.wake();
+}
+
+// Ingestion reports a bad line as text; these are the reasons a batch client can act on.
+const LINE_ERRORS: { pattern: RegExp; code: string; param: string | null }[] = [
+  { pattern: /^(not valid JSON|line is not a JSON object|not valid UTF-8|line is longer than|empty line)/, code: 'invalid_json_line', param: null },
+  { pattern: /^duplicate custom_id/, code: 'duplicate_custom_id', param: 'custom_id' },
+  { pattern: /^model .* does not match/, code: 'mismatched_model', param: 'body.model' },
+  { pattern: /is not served by any registered endpoint$/, code: 'model_not_found', param: 'body.model' },
+];
+
+/** An invalid input line as OpenAI's BatchError. */
+export function batchLineError(e: LineError): { code: string; line: number; message: string; param: string | null } {
+  const kind = LINE_ERRORS.find((k) => k.pattern.test(e.message));
+  return { code: kind?.code ?? 'invalid_request', line: e.line, message: e.message, param: kind?.param ?? null };
+}

@@ -1,0 +1,180 @@
+import { count, gte, notInArray, or } from 'drizzle-orm';
+import { collectDefaultMetrics, Counter, Gauge, Histogram, Registry } from 'prom-client';
+import type { Db } from '../db/client.js';
+import { effectiveConcurrency, ENDPOINT_STATES, listEndpoints } from '../db/endpoints.js';
+import { RUN_STATUSES, TERMINAL_RUN_STATUSES } from '../db/runs.js';
+import { runs } from '../db/schema.js';
+import type { RunnerView } from './view.js';
+import { FLAGS, flagBit } from './quality.js';
+
+/** The retry reasons every scrape shows, at 0 until they happen, so alerts and rate() have a series. */
+const RETRY_REASONS = ['timeout', 'connection_error', 'server_error', 'rate_limited', 'quality'] as const;
+const SAMPLE_STATUSES = ['pending', 'in_progress', 'completed', 'failed', 'cancelled'] as const;
+/** A finished run keeps its sample gauges this long, so a scrape after the end still sees its final counts. */
+const FINISHED_RUN_VISIBLE_MS = 3600_000;
+
+/** What a scrape reads besides the counters: the database and the live runner. */
+export interface MetricsSource {
+  db: Db;
+  runner: RunnerView;
+  defaultConcurrency: number;
+  now: number;
+}
+
+/**
+ * The Prometheus metrics of one regen process, in a registry of its own (several servers can share
+ * a process in tests). Counters move as the runner works; gauges are read from the run counters
+ * and the endpoint table at scrape time. Labels stay low-cardinality: run and endpoint ids, never
+ * a sample's custom_id.
+ */
+export class Metrics {
+  readonly registry = new Registry();
+  private readonly requestSeconds = new Histogram({
+    name: 'regen_request_duration_seconds',
+    help: 'Time from sending a sample to an endpoint to its answer, for answered requests',
+    labelNames: ['endpoint_id'] as const,
+    buckets: [0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800],
+    registers: [this.registry],
+  });
+  private readonly completionTokens = new Counter({
+    name: 'regen_completion_tokens_total',
+    help: 'Completion tokens (reasoning included) the endpoints generated',
+    labelNames: ['endpoint_id'] as const,
+    registers: [this.registry],
+  });
+  private readonly retries = new Counter({
+    name: 'regen_retries_total',
+    help: 'Samples sent back to the queue for another attempt, by reason',
+    labelNames: ['reason'] as const,
+    registers: [this.registry],
+  });
+  private readonly flags = new Counter({
+    name: 'regen_quality_flags_total',
+    help: 'Quality flags raised on answers, by flag (answers later re-asked included)',
+    labelNames: ['flag'] as const,
+    registers: [this.registry],
+  });
+  private readonly shardUploads = new Counter({
+    name: 'regen_shard_uploads_total',
+    help: 'Shards written to object storage, verified and marked uploaded',
+    registers: [this.registry],
+  });
+  private readonly shardUploadFailures = new Counter({
+    name: 'regen_shard_upload_failures_total',
+    help: 'Shard upload attempts that failed (each is retried with backoff)',
+    registers: [this.registry],
+  });
+  private readonly eventStreams = new Gauge({
+    name: 'regen_event_streams',
+    help: 'Open GET /v1/runs/{id}/events streams',
+    registers: [this.registry],
+  });
+  private readonly runSamples = new Gauge({
+    name: 'regen_run_samples',
+    help: 'Samples of a live or recently finished run, by sample status',
+    labelNames: ['run_id', 'status'] as const,
+    registers: [this.registry],
+  });
+  private readonly runCount = new Gauge({
+    name: 'regen_runs',
+    help: 'Runs by status',
+    labelNames: ['status'] as const,
+    registers: [this.registry],
+  });
+  private readonly endpointInFlight = new Gauge({
+    name: 'regen_endpoint_in_flight',
+    help: 'Requests in flight on an endpoint',
+    labelNames: ['endpoint_id'] as const,
+    registers: [this.registry],
+  });
+  private readonly endpointCap = new Gauge({
+    name: 'regen_endpoint_max_concurrency',
+    help: 'The most requests regen keeps in flight on an endpoint',
+    labelNames: ['endpoint_id'] as const,
+    registers: [this.registry],
+  });
+  private readonly endpointState = new Gauge({
+    name: 'regen_endpoint_state',
+    help: '1 for the state an endpoint is in, 0 for the others',
+    labelNames: ['endpoint_id', 'state'] as const,
+    registers: [this.registry],
+  });
+  private readonly endpointInfo = new Gauge({
+    name: 'regen_endpoint_info',
+    help: 'Always 1: names an endpoint id and the model it serves',
+    labelNames: ['endpoint_id', 'name', 'model'] as const,
+    registers: [this.registry],
+  });
+
+  constructor() {
+    collectDefaultMetrics({ register: this.registry });
+    for (const reason of RETRY_REASONS) this.retries.inc({ reason }, 0);
+    for (const flag of FLAGS) this.flags.inc({ flag }, 0);
+    this.shardUploads.inc(0);
+    this.shardUploadFailures.inc(0);
+  }
+
+  /** An endpoint answered a sample; `flags` is the quality bitmask of the answer. */
+  answered(endpointId: string, latencyMs: number, completionTokens: number, flags: number): void {
+    this.requestSeconds.observe({ endpoint_id: endpointId }, latencyMs / 1000);
+    this.completionTokens.inc({ endpoint_id: endpointId }, completionTokens);
+    for (const flag of FLAGS) if (flags & flagBit(flag)) this.flags.inc({ flag });
+  }
+
+  retried(reason: string): void {
+    this.retries.inc({ reason });
+  }
+
+  shardUploaded(): void {
+    this.shardUploads.inc();
+  }
+
+  shardUploadFailed(): void {
+    this.shardUploadFailures.inc();
+  }
+
+  /** Counts an open event stream; call the returned function when it closes. */
+  streamOpened(): () => void {
+    this.eventStreams.inc();
+    let open = true;
+    return () => {
+      if (open) this.eventStreams.dec();
+      open = false;
+    };
+  }
+
+  /** The Prometheus text: gauges refreshed from the database and the runner, then everything rendered. */
+  async render(src: MetricsSource): Promise<string> {
+    this.readRuns(src);
+    this.readEndpoints(src);
+    return this.registry.metrics();
+  }
+
+  get contentType(): string {
+    return this.registry.contentType;
+  }
+
+  private readRuns({ db, now }: MetricsSource): void {
+    this.runCount.reset();
+    this.runSamples.reset();
+    const byStatus = db.select({ status: runs.status, n: count() }).from(runs).groupBy(runs.status).all();
+    for (const status of RUN_STATUSES) this.runCount.set({ status }, byStatus.find((r) => r.status === status)?.n ?? 0);
+    const visible = db
+      .select({ id: runs.id, pending: runs.pending, in_progress: runs.inProgress, completed: runs.completed, failed: runs.failed, cancelled: runs.cancelled })
+      .from(runs)
+      .where(or(notInArray(runs.status, [...TERMINAL_RUN_STATUSES]), gte(runs.finishedAt, now - FINISHED_RUN_VISIBLE_MS)))
+      .all();
+    for (const r of visible) for (const status of SAMPLE_STATUSES) this.runSamples.set({ run_id: r.id, status }, r[status]);
+  }
+
+  private readEndpoints({ db, runner, defaultConcurrency }: MetricsSource): void {
+    for (const g of [this.endpointInFlight, this.endpointCap, this.endpointState, this.endpointInfo]) g.reset();
+    for (const e of listEndpoints(db)) {
+      const endpoint_id = e.id;
+      this.endpointInFlight.set({ endpoint_id }, runner.endpointLive(e.id).in_flight);
+      this.endpointCap.set({ endpoint_id }, effectiveConcurrency(e, defaultConcurrency));
+      for (const state of ENDPOINT_STATES) this.endpointState.set({ endpoint_id, state }, e.state === state ? 1 : 0);
+      this.endpointInfo.set({ endpoint_id, name: e.name ?? '', model: e.model ?? '' }, 1);
+    }
+  }
+}

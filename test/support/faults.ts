@@ -1,0 +1,152 @@
+import { spawn, type ChildProcess } from 'node:child_process';
+import { once } from 'node:events';
+import { readFileSync } from 'node:fs';
+import { createServer, request, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
+import { createRequire } from 'node:module';
+import type { AddressInfo } from 'node:net';
+import { fileURLToPath } from 'node:url';
+
+// s3rver ships no types; it is only started and stopped here.
+const S3rver = createRequire(import.meta.url)('s3rver');
+
+/** The credentials s3rver accepts, as the standard AWS variables a server reads. */
+export const S3RVER_AWS = { AWS_ACCESS_KEY_ID: 'S3RVER', AWS_SECRET_ACCESS_KEY: 'S3RVER', AWS_REGION: 'us-east-1' };
+
+export interface S3Server {
+  url: string;
+  port: number;
+  /** Closes the listener and every open connection, as a store that goes away would. */
+  stop(): Promise<void>;
+}
+
+/** s3rver on loopback with `bucket` created; `port` reuses a port (a store coming back), 0 picks one. */
+export async function startS3(directory: string, bucket: string, port = 0): Promise<S3Server> {
+  const s3 = new S3rver({ address: '127.0.0.1', port, silent: true, directory, configureBuckets: [{ name: bucket, configs: [] }] });
+  const addr = (await s3.run()) as AddressInfo;
+  return {
+    url: `http://127.0.0.1:${addr.port}`,
+    port: addr.port,
+    async stop() {
+      const http = s3.httpServer as Server;
+      const closed = s3.close();
+      http.closeAllConnections();
+      await closed;
+    },
+  };
+}
+
+export interface Hold {
+  /** Resolves when a matching request has arrived and is being held. */
+  arrived: Promise<string>;
+  /** Lets the held request through. */
+  release(): void;
+}
+
+/**
+ * An HTTP proxy in front of an object store that can hold one matching request (a shard PUT, a
+ * manifest read-back) until released, so a test can kill the server at exactly that point. A held
+ * request whose client dies is dropped, never forwarded: it died with the process that sent it.
+ */
+export class HoldingProxy {
+  private server!: Server;
+  private holds: { match: RegExp; method: string; arrive: (what: string) => void; released: Promise<void>; release: () => void; used: boolean }[] = [];
+  url = '';
+
+  constructor(private readonly upstream: { host: string; port: number }) {}
+
+  async start(): Promise<this> {
+    this.server = createServer((req, res) => void this.handle(req, res));
+    this.server.listen(0, '127.0.0.1');
+    await once(this.server, 'listening');
+    this.url = `http://127.0.0.1:${(this.server.address() as AddressInfo).port}`;
+    return this;
+  }
+
+  hold(method: string, match: RegExp): Hold {
+    let arrive!: (what: string) => void;
+    let release!: () => void;
+    const arrived = new Promise<string>((r) => (arrive = r));
+    const released = new Promise<void>((r) => (release = r));
+    this.holds.push({ method, match, arrive, released, release, used: false });
+    return { arrived, release };
+  }
+
+  private async handle(req: IncomingMessage, res: ServerResponse): Promise<void> {
+    const path = (req.url ?? '/').split('?')[0];
+    const hold = this.holds.find((h) => !h.used && h.method === req.method && h.match.test(path));
+    if (hold) {
+      hold.used = true;
+      hold.arrive(`${req.method} ${path}`);
+      const gone = new Promise<boolean>((r) => res.once('close', () => r(true)));
+      const dead = await Promise.race([hold.released.then(() => false), gone]);
+      if (dead) return;
+    }
+    const up = request({ ...this.upstream, method: req.method, path: req.url, headers: req.headers }, (upRes) => {
+      res.writeHead(upRes.statusCode ?? 502, upRes.headers);
+      upRes.pipe(res);
+    });
+    up.on('error', () => res.destroy());
+    res.on('close', () => up.destroy());
+    req.pipe(up);
+  }
+
+  async close(): Promise<void> {
+    for (const h of this.holds) h.release();
+    const closed = new Promise((r) => this.server.close(r));
+    this.server.closeAllConnections();
+    await closed;
+  }
+}
+
+/** Peak resident memory of a process so far, in MiB (VmHWM). */
+export function peakRssMiB(pid: number): number {
+  const m = /^VmHWM:\s+(\d+) kB$/m.exec(readFileSync(`/proc/${pid}/status`, 'utf8'));
+  if (!m) throw new Error('no VmHWM in /proc status');
+  return Number(m[1]) / 1024;
+}
+
+const ROOT = fileURLToPath(new URL('../../', import.meta.url));
+
+// CommonJS so `require` resolves better-sqlite3 from the project root (the cwd).
+const LOCK_SCRIPT = `
+const Database = require('better-sqlite3');
+const [path, ms] = process.argv.slice(1);
+const db = new Database(path);
+db.pragma('busy_timeout = 30000');
+db.exec('BEGIN IMMEDIATE');
+process.stdout.write('locked\\n');
+Atomics.wait(new Int32Array(new SharedArrayBuffer(4)), 0, 0, Number(ms));
+db.exec('COMMIT');
+db.close();
+process.stdout.write('released\\n');
+`;
+
+export interface DbLock {
+  proc: ChildProcess;
+  /** Resolves once the other process holds the write lock. */
+  locked: Promise<void>;
+  /** Resolves once it has committed and exited. */
+  released: Promise<void>;
+}
+
+/** Another process takes SQLite's write lock on `dbPath` (BEGIN IMMEDIATE) and keeps it for `ms`. */
+export function holdWriteLock(dbPath: string, ms: number): DbLock {
+  const proc = spawn(process.execPath, ['-e', LOCK_SCRIPT, dbPath, String(ms)], { cwd: ROOT, stdio: ['ignore', 'pipe', 'pipe'] });
+  let out = '';
+  let err = '';
+  proc.stderr!.on('data', (d: Buffer) => (err += d.toString()));
+  const locked = new Promise<void>((resolve, reject) => {
+    proc.stdout!.on('data', (d: Buffer) => {
+      out += d.toString();
+      if (out.includes('locked\n')) resolve();
+    });
+    proc.once('exit', (code) => (code === 0 ? resolve() : reject(new Error(`lock holder exited ${code}: ${err}`))));
+  });
+  const released = new Promise<void>((resolve, reject) => {
+    proc.once('exit', (code) => (code === 0 ? resolve() : reject(new Error(`lock holder exited ${code}: ${err}`))));
+  });
+  return { proc, locked, released };
+}
+
+/** Milliseconds since `t0`, rounded, for the figures a test reports. */
+export const since = (t0: number) => Math.round(performance.now() - t0);
