@@ -6,6 +6,7 @@ import { createHash, timingSafeEqual } from 'node:crypto';
 import type { Context, MiddlewareHandler } from 'hono';
 import { ZodError } from 'zod';
 import type { AppEnv, Deps } from './deps.js';
+import { isDbBusy } from './db/client.js';
 import { ApiError, problemBody } from './errors.js';
 import { registerRoutes } from './routes/index.js';
 
@@ -93,6 +94,10 @@ export function createApp(deps: Deps): App {
       if (status === 413) return problem(c, new ApiError('payload_too_large', 'request body is too large'));
       if (status === 415) return problem(c, new ApiError('unsupported_media_type', 'send the request body as application/json'));
       return problem(c, new ApiError('invalid_request', status === 400 ? 'request body is not valid JSON' : err.message));
+    }
+    if (isDbBusy(err)) {
+      deps.logger.warn({ req_id: c.get('requestId'), err: { message: err.message } }, 'database busy; request refused');
+      return problem(c, new ApiError('storage_unavailable', 'the database is busy; try again'));
     }
     deps.logger.error({ req_id: c.get('requestId'), err: { name: err.name, message: err.message, stack: err.stack } }, 'unhandled error');
     return problem(c, new ApiError('internal_error', 'internal error; see the server log for this request id'));

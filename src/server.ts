@@ -3,7 +3,7 @@ import { mkdirSync } from 'node:fs';
 import type { AddressInfo } from 'node:net';
 import { createApp } from './app.js';
 import type { Config } from './config.js';
-import { closeDb, openDb } from './db/client.js';
+import { closeDb, isDbBusy, openDb } from './db/client.js';
 import type { Deps } from './deps.js';
 import { makeLogger, type Logger } from './logger.js';
 import { ingestRun } from './runner/ingest.js';
@@ -34,17 +34,24 @@ function ingestQueue(getDeps: () => Deps, logger: Logger) {
       try {
         await ingestRun(getDeps(), runId, stopping.signal);
       } catch (err) {
+        if (isDbBusy(err)) {
+          // Another process held the write lock past busy_timeout: validate the run again, from the start.
+          logger.warn({ run_id: runId, err: { message: (err as Error).message } }, 'validation hit a busy database; retrying');
+          setTimeout(() => start(runId), 1000).unref();
+          continue;
+        }
         logger.error({ run_id: runId, err: { message: (err as Error).message, stack: (err as Error).stack } }, 'ingest crashed');
       }
     }
     current = null;
   };
+  const start = (runId: string) => {
+    if (stopping.signal.aborted || queue.includes(runId)) return;
+    queue.push(runId);
+    current ??= next();
+  };
   return {
-    start(runId: string) {
-      if (stopping.signal.aborted || queue.includes(runId)) return;
-      queue.push(runId);
-      current ??= next();
-    },
+    start,
     async stop() {
       stopping.abort();
       await current;
@@ -60,7 +67,7 @@ export async function startServer(config: Config, opts: { logger?: Logger; clock
   }
   mkdirSync(config.dataDir, { recursive: true });
   const logger = opts.logger ?? makeLogger(config.logLevel);
-  const db = openDb(config.dbPath);
+  const db = openDb(config.dbPath, { busyTimeoutMs: config.dbBusyTimeoutMs });
   const stores = new Stores({ endpoint: config.s3Endpoint, forcePathStyle: config.s3ForcePathStyle });
   const deps: Deps = {
     config,

@@ -40,7 +40,7 @@ describe('endpoint faults during a run', () => {
     let returning = await sim({ 'max-running': 8 });
     server = await spawnServer(data.dir);
     const base = server.url;
-    const eps = [];
+    const eps: any[] = [];
     for (const s of [...flaky, dying, returning]) eps.push(await registerEndpoint(base, s.url));
     const [epDying, epReturning] = [eps[2].id, eps[3].id];
     const state = async (id: string) => (await call(base, `/v1/endpoints/${id}`)).body.state as string;

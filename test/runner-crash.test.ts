@@ -1,8 +1,9 @@
+import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { spawnSimulator, type SimProcess } from '../src/sim/spawn.js';
 import { Stores } from '../src/storage/index.js';
 import { call, spawnServer, tempDir, waitFor, type ServerProcess } from './support/server.js';
-import { checkOutput, createRun, expectCountersMatchRecount, getRun, makePrompts, registerEndpoint, uploadFile, waitForStatus } from './support/runner-checks.js';
+import { checkDatabase, checkOutput, createRun, expectCountersMatchRecount, getRun, makePrompts, registerEndpoint, uploadFile, waitForStatus } from './support/runner-checks.js';
 
 const SAMPLES = 4000;
 const SHARD_SIZE = 250;
@@ -48,6 +49,9 @@ describe('a run through repeated SIGKILLs of the server', () => {
       expect(seen.status).toBe('in_progress');
       await server.kill('SIGKILL');
       kills.push({ at: doneOf(seen), inFlight: seen.request_counts.in_progress });
+      // What the killed process left is consistent as it stands, before any recovery.
+      const left = checkDatabase(join(data.dir, 'regen.db'), id);
+      expect(left.completed).toBeGreaterThanOrEqual(kills.at(-1)!.at);
       server = await spawnServer(data.dir);
       // The endpoints live in the database: the new process dispatches to them without being told again.
       const after = await getRun(server.url, id);

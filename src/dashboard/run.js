@@ -16,7 +16,7 @@ export function runView(root, runId) {
   const points = history.get(runId) ?? [];
   history.set(runId, points);
   let run = null;
-  const seen = { failed: -1, flags: '', shardsUploaded: -1 };
+  const seen = { failed: -1, flags: '', shardsUploaded: -1, shardsAt: 0 };
   let quality = null;
 
   const title = h('h1', null, 'Loading run…');
@@ -24,6 +24,7 @@ export function runView(root, runId) {
   const subtitle = h('div', { className: 'muted small' });
   const banner = h('div', { className: 'banner', hidden: true });
   const actionError = h('p', { className: 'error', hidden: true });
+  const panelError = h('p', { className: 'error', hidden: true });
   const buttons = {
     pause: h('button', { type: 'button', onclick: () => act('pause') }, 'Pause'),
     resume: h('button', { type: 'button', className: 'primary', onclick: () => act('resume') }, 'Resume'),
@@ -46,6 +47,7 @@ export function runView(root, runId) {
     h('div', { className: 'run-head' }, h('div', null, h('div', { className: 'title-row' }, title, statusEl), subtitle), h('div', { className: 'actions' }, Object.values(buttons))),
     banner,
     actionError,
+    panelError,
     progressEl,
     h(
       'div',
@@ -156,8 +158,10 @@ export function runView(root, runId) {
   async function refreshPanels() {
     if (!run) return;
     const tasks = [api('/v1/endpoints?limit=100').then((eps) => fill(endpointsEl, endpointsTable(eps.data, run.model)))];
-    if (run.shards.uploaded !== seen.shardsUploaded || !TERMINAL.includes(run.status)) {
+    // A shard list can be a thousand rows: read it when a shard is uploaded, else now and then.
+    if (run.shards.uploaded !== seen.shardsUploaded || (!TERMINAL.includes(run.status) && Date.now() - seen.shardsAt > 10_000)) {
       seen.shardsUploaded = run.shards.uploaded;
+      seen.shardsAt = Date.now();
       tasks.push(
         api(`${path}/shards?limit=1000`).then((s) => {
           fill(shardsHead, `${num(run.shards.uploaded)} of ${num(run.shards.total)} uploaded · ${num(run.shard_size)} samples each`);
@@ -205,7 +209,7 @@ export function runView(root, runId) {
     .then((first) => {
       if (closed) return;
       update(first);
-      stops.push(every(3000, refreshPanels, actionError));
+      stops.push(every(3000, refreshPanels, panelError));
       if (TERMINAL.includes(first.status)) return;
       stops.push(
         followRun(runId, {

@@ -8,18 +8,28 @@ export type Db = BetterSQLite3Database<typeof schema> & { $client: Database.Data
 
 const migrationsFolder = fileURLToPath(new URL('../../migrations', import.meta.url));
 
-/** Opens the database file, tunes it for one writer with many readers, and applies migrations. */
-export function openDb(path: string): Db {
+/**
+ * Opens the database file, tunes it for one writer with many readers, and applies migrations.
+ * `busyTimeoutMs` is how long a write waits for another connection's lock before SQLITE_BUSY;
+ * better-sqlite3 waits synchronously, so the whole process stands still for that long.
+ */
+export function openDb(path: string, opts: { busyTimeoutMs?: number } = {}): Db {
   const sqlite = new Database(path);
   sqlite.pragma('journal_mode = WAL');
   // NORMAL in WAL mode is durable across process crashes (only an OS crash can lose the last commits).
   sqlite.pragma('synchronous = NORMAL');
-  sqlite.pragma('busy_timeout = 10000');
+  sqlite.pragma(`busy_timeout = ${opts.busyTimeoutMs ?? 10_000}`);
   sqlite.pragma('foreign_keys = ON');
   sqlite.pragma('cache_size = -16384');
   const db = drizzle(sqlite, { schema }) as Db;
   migrate(db, { migrationsFolder });
   return db;
+}
+
+/** SQLITE_BUSY (or LOCKED): another connection held the write lock past busy_timeout; worth trying again. */
+export function isDbBusy(err: unknown): boolean {
+  const code = (err as { code?: unknown })?.code;
+  return typeof code === 'string' && (code.startsWith('SQLITE_BUSY') || code.startsWith('SQLITE_LOCKED'));
 }
 
 export function closeDb(db: Db): void {

@@ -2,7 +2,7 @@ import { eq } from 'drizzle-orm';
 import { createReadStream } from 'node:fs';
 import type { Readable } from 'node:stream';
 import type { Deps } from '../deps.js';
-import type { Db } from '../db/client.js';
+import { isDbBusy, type Db } from '../db/client.js';
 import { getRun, transitionRun } from '../db/runs.js';
 import { files, runs, samples, shards, type LineError, type RunRow } from '../db/schema.js';
 import { parseInputLine, readLines } from './input-format.js';
@@ -129,6 +129,8 @@ export async function ingestRun(deps: Deps, runId: string, signal?: AbortSignal)
       logger.info({ run_id: runId }, 'validation stopped by shutdown');
       return;
     }
+    // Not the input's fault: the run is validated again once the database takes writes (see server.ts).
+    if (isDbBusy(err)) throw err;
     const message = err instanceof IngestError ? err.message : 'the input could not be read';
     logger.warn({ run_id: runId, err: { message: (err as Error).message } }, 'input read failed');
     clearRunSamples(db, runId);

@@ -39,6 +39,7 @@ const TICK_MS = 100;
 const LEASE_MS = 24 * 3600_000;
 const MAX_BUFFER = 512;
 const LOCK_STALE_MS = 15_000;
+const MANIFEST_RETRY_MS = 2000;
 
 export class RunnerLockedError extends Error {}
 
@@ -83,7 +84,7 @@ export class Runner implements RunnerView {
 
   constructor(private readonly deps: Deps) {
     this.pool = new EndpointPool(deps.db, deps.logger, deps.config.probeIntervalMs, () => this.wake(), (e) => this.abortEndpoint(e, 'release'));
-    this.writer = new ResultWriter(deps.db, this.owner, deps.logger, (r) => this.afterFlush(r));
+    this.writer = new ResultWriter(deps.db, this.owner, deps.logger, (r) => this.guard('after a result commit', () => this.afterFlush(r)));
     const claimStmt = deps.db.$client.prepare(
       `update samples set status = 'in_progress', attempts = attempts + 1, lease_owner = ?, lease_expires_at = ?
        where id in (select id from samples where run_id = ? and status = 'pending' and available_at <= ? order by seq limit ?)
@@ -107,8 +108,8 @@ export class Runner implements RunnerView {
     this.recover();
     this.pool.sync();
     this.refreshActive();
-    this.timer = setInterval(() => this.tick(), TICK_MS);
-    this.heartbeat = setInterval(() => this.beat(), 5000);
+    this.timer = setInterval(() => this.guard('runner tick', () => this.tick()), TICK_MS);
+    this.heartbeat = setInterval(() => this.guard('runner heartbeat', () => this.beat()), 5000);
     this.tick();
   }
 
@@ -170,7 +171,8 @@ export class Runner implements RunnerView {
     if (this.heartbeat) clearInterval(this.heartbeat);
     this.writer.flush();
     while (this.uploading.size > 0 && Date.now() < deadline + 5000) await new Promise((r) => setTimeout(r, 50));
-    this.deps.db.delete(runnerLock).where(and(eq(runnerLock.id, 1), eq(runnerLock.owner, this.owner))).run();
+    // Left behind, the lock goes stale within LOCK_STALE_MS: not worth failing a clean shutdown for.
+    this.guard('releasing the runner lock', () => this.deps.db.delete(runnerLock).where(and(eq(runnerLock.id, 1), eq(runnerLock.owner, this.owner))).run());
   }
 
   /** The last-resort path of a second signal: commit what is known, leave the rest to recovery. */
@@ -196,9 +198,11 @@ export class Runner implements RunnerView {
     this.woken = true;
     queueMicrotask(() => {
       this.woken = false;
-      this.pool.sync();
-      this.refreshActive();
-      this.pump();
+      this.guard('runner wake', () => {
+        this.pool.sync();
+        this.refreshActive();
+        this.pump();
+      });
     });
   }
 
@@ -207,6 +211,20 @@ export class Runner implements RunnerView {
   }
 
   // ---- the loop ----
+
+  /**
+   * Runs one step of the loop that the database may refuse (SQLITE_BUSY once busy_timeout is spent,
+   * while another process holds the write lock): the step is logged and the next tick does it
+   * again, instead of an exception from a timer taking the whole process down.
+   */
+  private guard<T>(what: string, step: () => T): T | undefined {
+    try {
+      return step();
+    } catch (err) {
+      this.deps.logger.warn({ err: { message: (err as Error).message, code: (err as { code?: unknown }).code } }, `${what} failed; retrying`);
+      return undefined;
+    }
+  }
 
   private tick(): void {
     if (this.stopping) return;
@@ -278,8 +296,15 @@ export class Runner implements RunnerView {
     if (!buf || buf.length === 0) {
       const fallback = this.deps.config.defaultConcurrency;
       let room = 0;
-      for (const e of this.pool.live.values()) if (e.state === 'ready' && e.row.model === model) room += Math.max(0, e.cap(fallback) - e.inFlight.size);
-      const rows = this.claim(run.id, Math.min(MAX_BUFFER, Math.max(1, room)));
+      let cap = 0;
+      for (const e of this.pool.live.values()) {
+        if (e.state !== 'ready' || e.row.model !== model) continue;
+        cap += e.cap(fallback);
+        room += Math.max(0, e.cap(fallback) - e.inFlight.size);
+      }
+      // Claiming one sample per freed slot would cost a statement per request: claim at least half
+      // the fleet's slots at once, so the claim cost is spread over many requests.
+      const rows = this.claim(run.id, Math.min(MAX_BUFFER, Math.max(1, room, Math.ceil(cap / 2))));
       if (rows.length === 0) {
         this.dry.add(run.id);
         return null;
@@ -348,7 +373,7 @@ export class Runner implements RunnerView {
       .finally(() => {
         this.flights.delete(sample.id);
         e.inFlight.delete(sample.id);
-        this.pump();
+        this.guard('refilling a slot', () => this.pump());
       });
   }
 
@@ -400,11 +425,11 @@ export class Runner implements RunnerView {
     if (err instanceof APIConnectionTimeoutError || (err instanceof APIUserAbortError && !f.abortReason)) {
       code = 'timeout';
       message = `no answer within ${run.requestTimeoutMs} ms`;
-      this.pool.transportFailure(e, message) && this.abortEndpoint(e, 'release');
+      this.guard('marking an endpoint', () => this.pool.transportFailure(e, message) && this.abortEndpoint(e, 'release'));
     } else if (err instanceof APIConnectionError) {
       code = 'connection_error';
       message = 'the connection to the endpoint failed';
-      this.pool.transportFailure(e, message) && this.abortEndpoint(e, 'release');
+      this.guard('marking an endpoint', () => this.pool.transportFailure(e, message) && this.abortEndpoint(e, 'release'));
     } else if (err instanceof APIError && err.status) {
       const s = err.status;
       status = s;
@@ -414,7 +439,7 @@ export class Runner implements RunnerView {
       else if (s === 401 || s === 403 || s === 404) {
         // The endpoint, not the sample, is wrong (bad key, another model loaded): probe it again.
         code = 'endpoint_error';
-        this.pool.setState(e, 'starting', `${s}: ${message}`.slice(0, 300));
+        this.guard('marking an endpoint', () => this.pool.setState(e, 'starting', `${s}: ${message}`.slice(0, 300)));
       } else {
         code = 'invalid_request';
         retryable = false;
@@ -501,6 +526,8 @@ export class Runner implements RunnerView {
       .then((done) => {
         this.uploadRetryAt.delete(key);
         if (!done) return;
+        // The store answers again: the run's other shards waiting out a backoff need not wait longer.
+        for (const k of this.uploadRetryAt.keys()) if (k.startsWith(`${run.id}\0`)) this.uploadRetryAt.delete(k);
         this.deps.metrics.shardUploaded();
         this.advanceRuns();
       })
@@ -523,7 +550,8 @@ export class Runner implements RunnerView {
   }
 
   private finish(runId: string): void {
-    if (this.finishing.has(runId)) return;
+    const retryKey = `${runId}\0manifest`;
+    if (this.finishing.has(runId) || (this.uploadRetryAt.get(retryKey) ?? 0) > Date.now()) return;
     this.finishing.add(runId);
     const run = getRun(this.deps.db, runId)!;
     const final = run.status === 'cancelling' ? 'cancelled' : 'completed';
@@ -534,7 +562,11 @@ export class Runner implements RunnerView {
         }
         this.refreshActive();
       })
-      .catch((err: Error) => this.deps.logger.warn({ run_id: runId, err: { message: err.message } }, 'manifest write failed; retrying'))
+      .catch((err: Error) => {
+        // Not on every tick: an object store that is down would get ten writes a second.
+        this.uploadRetryAt.set(retryKey, Date.now() + MANIFEST_RETRY_MS);
+        this.deps.logger.warn({ run_id: runId, err: { message: err.message } }, 'manifest write failed; retrying');
+      })
       .finally(() => this.finishing.delete(runId));
   }
 }

@@ -110,9 +110,14 @@ const ROOT = fileURLToPath(new URL('../../', import.meta.url));
 // CommonJS so `require` resolves better-sqlite3 from the project root (the cwd).
 const LOCK_SCRIPT = `
 const Database = require('better-sqlite3');
-const [path, ms] = process.argv.slice(1);
+const [path, ms, waitForGo] = process.argv.slice(1);
 const db = new Database(path);
 db.pragma('busy_timeout = 30000');
+if (waitForGo === 'wait') {
+  // Ready and loaded: the lock is taken the moment the test says so, not after a process start.
+  process.stdout.write('ready\\n');
+  require('fs').readSync(0, Buffer.alloc(1));
+}
 db.exec('BEGIN IMMEDIATE');
 process.stdout.write('locked\\n');
 Atomics.wait(new Int32Array(new SharedArrayBuffer(4)), 0, 0, Number(ms));
@@ -123,21 +128,32 @@ process.stdout.write('released\\n');
 
 export interface DbLock {
   proc: ChildProcess;
+  /** With `onSignal`: resolves once the process is loaded and waits for go(). */
+  ready: Promise<void>;
+  /** With `onSignal`: takes the lock now. */
+  go(): void;
   /** Resolves once the other process holds the write lock. */
   locked: Promise<void>;
   /** Resolves once it has committed and exited. */
   released: Promise<void>;
 }
 
-/** Another process takes SQLite's write lock on `dbPath` (BEGIN IMMEDIATE) and keeps it for `ms`. */
-export function holdWriteLock(dbPath: string, ms: number): DbLock {
-  const proc = spawn(process.execPath, ['-e', LOCK_SCRIPT, dbPath, String(ms)], { cwd: ROOT, stdio: ['ignore', 'pipe', 'pipe'] });
+/**
+ * Another process takes SQLite's write lock on `dbPath` (BEGIN IMMEDIATE) and keeps it for `ms`;
+ * with `onSignal`, it loads and then waits for go() before taking it.
+ */
+export function holdWriteLock(dbPath: string, ms: number, opts: { onSignal?: boolean } = {}): DbLock {
+  const args = ['-e', LOCK_SCRIPT, dbPath, String(ms), opts.onSignal ? 'wait' : 'now'];
+  const proc = spawn(process.execPath, args, { cwd: ROOT, stdio: ['pipe', 'pipe', 'pipe'] });
   let out = '';
   let err = '';
   proc.stderr!.on('data', (d: Buffer) => (err += d.toString()));
+  let ready!: () => void;
+  const isReady = new Promise<void>((r) => (ready = r));
   const locked = new Promise<void>((resolve, reject) => {
     proc.stdout!.on('data', (d: Buffer) => {
       out += d.toString();
+      if (out.includes('ready\n')) ready();
       if (out.includes('locked\n')) resolve();
     });
     proc.once('exit', (code) => (code === 0 ? resolve() : reject(new Error(`lock holder exited ${code}: ${err}`))));
@@ -145,7 +161,7 @@ export function holdWriteLock(dbPath: string, ms: number): DbLock {
   const released = new Promise<void>((resolve, reject) => {
     proc.once('exit', (code) => (code === 0 ? resolve() : reject(new Error(`lock holder exited ${code}: ${err}`))));
   });
-  return { proc, locked, released };
+  return { proc, ready: isReady, go: () => proc.stdin!.end('g'), locked, released };
 }
 
 /** Milliseconds since `t0`, rounded, for the figures a test reports. */

@@ -1,3 +1,4 @@
+import Database from 'better-sqlite3';
 import { createHash } from 'node:crypto';
 import { expect } from 'vitest';
 import type { ObjectStore } from '../../src/storage/index.js';
@@ -174,4 +175,43 @@ export async function checkOutput(store: ObjectStore, expected: Map<string, Mess
     }
   }
   return { manifest, lines, errors };
+}
+
+/**
+ * Opens a stopped server's database and checks what must hold after any crash: the run's counters
+ * equal its samples by status, each shard's terminal count equals its terminal samples, uploaded
+ * shards are counted, completed samples of open shards have their text staged and those of uploaded
+ * shards point at their line. Returns the samples by status.
+ */
+export function checkDatabase(dbPath: string, runId: string): Record<string, number> {
+  const db = new Database(dbPath, { readonly: true });
+  try {
+    const byStatus: Record<string, number> = { pending: 0, in_progress: 0, completed: 0, failed: 0, cancelled: 0 };
+    for (const r of db.prepare(`select status, count(*) n from samples where run_id = ? group by status`).all(runId) as { status: string; n: number }[]) {
+      byStatus[r.status] = r.n;
+    }
+    const run = db.prepare(`select pending, in_progress, completed, failed, cancelled, shards_uploaded from runs where id = ?`).get(runId) as Record<string, number>;
+    expect({ ...run, shards_uploaded: undefined }).toEqual({ ...byStatus, shards_uploaded: undefined });
+    const shards = db
+      .prepare(
+        `select sh.idx, sh.status, sh.terminal_count, sh.sample_count,
+           (select count(*) from samples s where s.run_id = sh.run_id and s.shard_idx = sh.idx and s.status in ('completed', 'failed', 'cancelled')) terminal,
+           (select count(*) from samples s where s.run_id = sh.run_id and s.shard_idx = sh.idx and s.status = 'completed'
+              and s.output_line is null and not exists (select 1 from staging st where st.sample_id = s.id)) lost,
+           (select count(*) from samples s where s.run_id = sh.run_id and s.shard_idx = sh.idx and s.status = 'completed' and s.output_line is null) unplaced,
+           (select count(*) from staging st where st.run_id = sh.run_id and st.shard_idx = sh.idx) staged
+         from shards sh where sh.run_id = ? order by sh.idx`,
+      )
+      .all(runId) as { idx: number; status: string; terminal_count: number; terminal: number; lost: number; unplaced: number; staged: number }[];
+    for (const s of shards) {
+      expect(s.terminal_count, `terminal count of shard ${s.idx}`).toBe(s.terminal);
+      if (s.status === 'uploaded') expect([s.staged, s.unplaced], `staged and unplaced lines of uploaded shard ${s.idx}`).toEqual([0, 0]);
+      // An open shard holds each completion in staging, or in the line an earlier upload of it wrote.
+      else expect(s.lost, `completions of shard ${s.idx} found nowhere`).toBe(0);
+    }
+    expect(run.shards_uploaded).toBe(shards.filter((s) => s.status === 'uploaded').length);
+    return byStatus;
+  } finally {
+    db.close();
+  }
 }
