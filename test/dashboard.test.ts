@@ -116,6 +116,16 @@ describe.skipIf(!haveChromium)('dashboard', () => {
     mkdirSync(ARTIFACTS, { recursive: true });
     await page.screenshot({ path: `${ARTIFACTS}dashboard.png`, fullPage: true });
 
+    // Against a server without the events route the page polls the run instead.
+    const polling = await context.newPage();
+    polling.on('pageerror', (err) => problems.push(`page error (polling): ${err.message}`));
+    await polling.route('**/v1/runs/*/events', (route) => route.fulfill({ status: 404, contentType: 'application/problem+json', body: '{"detail":"no route"}' }));
+    await polling.goto(`${server.url}/#/runs/${runId}`);
+    await expect.poll(() => polling.locator('#live').textContent(), { timeout: 15_000 }).toBe('polling');
+    const polled = await polling.locator('.big-pct').textContent();
+    await expect.poll(() => polling.locator('.big-pct').textContent(), { timeout: 20_000 }).not.toBe(polled);
+    await polling.close();
+
     await page.getByRole('button', { name: 'Pause', exact: true }).click();
     await waitFor('the run to be paused', async () => {
       const r = await call(server.url, `/v1/runs/${runId}`, { headers: auth });

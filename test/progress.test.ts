@@ -118,7 +118,11 @@ describe('renderProgress', () => {
     const live = { samples_per_second: 3, completion_tokens_per_second: 30 };
     const none = { samples_per_second: 0, completion_tokens_per_second: 0 };
     expect(renderProgress(run({ pending: 10 }), none, T0).eta_seconds).toBeNull();
-    expect(renderProgress(run({ pending: 10, status: 'paused' }), live, T0).eta_seconds).toBeNull();
+    expect(renderProgress(run({ pending: 10, status: 'paused' }), live, T0)).toMatchObject({
+      eta_seconds: null,
+      samples_per_second: 0,
+      completion_tokens_per_second: 0,
+    });
     expect(renderProgress(run({ pending: 0, completed: 1000, status: 'finalizing' }), live, T0).eta_seconds).toBe(0);
     // A run still validating has no samples yet: nothing is known about its end.
     expect(renderProgress(run({ status: 'validating', total: 0, startedAt: null }), none, T0)).toEqual({
@@ -161,26 +165,27 @@ describe('the runner reads time from deps.clock', () => {
 
     const done = await waitForStatus(base, created.id, ['completed', 'failed', 'paused', 'cancelled']);
     expect(done.status).toBe('completed');
-    // The clock never moved: every completion landed in one second of the window, which is
-    // divided by its minimum span of one second, and the run took no time at all.
+    // The clock never moved, so the run took no time at all; finished, it has no rate any more.
     expect(done.progress).toEqual({
       fraction: 1,
-      samples_per_second: 24,
-      completion_tokens_per_second: done.usage.completion_tokens,
+      samples_per_second: 0,
+      completion_tokens_per_second: 0,
       eta_seconds: 0,
       elapsed_seconds: 0,
     });
     expect(done.usage.completion_tokens).toBeGreaterThan(0);
     expect(done.started_at).toBe(new Date(T0).toISOString());
     expect(done.finished_at).toBe(new Date(T0).toISOString());
+    // Every completion landed in one second of the endpoint's window, which is divided by its
+    // minimum span of one second; as the clock moves on, the window stretches and then empties.
     const endpoint = (await call(base, `/v1/endpoints/${ep.id}`)).body;
     expect(endpoint.stats.samples_per_second).toBe(24);
+    expect(endpoint.stats.completion_tokens_per_second).toBe(done.usage.completion_tokens);
 
     clock.advance(30_000);
-    expect((await call(base, `/v1/runs/${created.id}`)).body.progress.samples_per_second).toBe(24 / 30);
+    expect((await call(base, `/v1/endpoints/${ep.id}`)).body.stats.samples_per_second).toBe(Math.round((24 / 30) * 100) / 100);
     clock.advance(31_000);
-    const later = (await call(base, `/v1/runs/${created.id}`)).body;
-    expect(later.progress).toMatchObject({ samples_per_second: 0, completion_tokens_per_second: 0, elapsed_seconds: 0 });
     expect((await call(base, `/v1/endpoints/${ep.id}`)).body.stats.samples_per_second).toBe(0);
+    expect((await call(base, `/v1/runs/${created.id}`)).body.progress.elapsed_seconds).toBe(0);
   });
 });

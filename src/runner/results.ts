@@ -80,6 +80,7 @@ const newDelta = (): RunDelta => ({
 export class ResultWriter {
   private queue: Outcome[] = [];
   private timer: NodeJS.Timeout | null = null;
+  private closed = false;
   private readonly stmts;
 
   constructor(
@@ -126,8 +127,18 @@ export class ResultWriter {
   }
 
   add(o: Outcome): void {
+    // After close, an outcome is left to recovery: its sample is still leased and returns to the queue.
+    if (this.closed) return;
     this.queue.push(o);
     this.timer ??= setTimeout(() => this.flush(), this.intervalMs);
+  }
+
+  /** Commits what is queued one last time and takes no more: the database is about to close. */
+  close(): void {
+    this.flush();
+    this.closed = true;
+    if (this.timer) clearTimeout(this.timer);
+    this.timer = null;
   }
 
   get pending(): number {
@@ -147,7 +158,7 @@ export class ResultWriter {
     } catch (err) {
       this.logger.warn({ err: { message: (err as Error).message }, outcomes: batch.length }, 'result commit failed; retrying');
       this.queue = batch.concat(this.queue);
-      this.timer = setTimeout(() => this.flush(), 250);
+      if (!this.closed) this.timer = setTimeout(() => this.flush(), 250);
       return;
     }
     this.onFlush(report);

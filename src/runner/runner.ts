@@ -169,7 +169,7 @@ export class Runner implements RunnerView {
     while (this.flights.size > 0 && Date.now() < deadline + 2000) await new Promise((r) => setTimeout(r, 10));
     if (this.timer) clearInterval(this.timer);
     if (this.heartbeat) clearInterval(this.heartbeat);
-    this.writer.flush();
+    this.writer.close();
     while (this.uploading.size > 0 && Date.now() < deadline + 5000) await new Promise((r) => setTimeout(r, 50));
     // Left behind, the lock goes stale within LOCK_STALE_MS: not worth failing a clean shutdown for.
     this.guard('releasing the runner lock', () => this.deps.db.delete(runnerLock).where(and(eq(runnerLock.id, 1), eq(runnerLock.owner, this.owner))).run());
@@ -560,6 +560,8 @@ export class Runner implements RunnerView {
         if (transitionRun(this.deps.db, runId, [run.status as RunStatus], final, this.deps.clock())) {
           this.deps.logger.info({ run_id: runId, status: final, completed: run.completed, failed: run.failed }, 'run status');
         }
+        // A finished run has no rate; its window would otherwise stay in memory for the life of the process.
+        this.runRates.delete(runId);
         this.refreshActive();
       })
       .catch((err: Error) => {

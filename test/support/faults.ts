@@ -19,9 +19,19 @@ export interface S3Server {
   stop(): Promise<void>;
 }
 
-/** s3rver on loopback with `bucket` created; `port` reuses a port (a store coming back), 0 picks one. */
-export async function startS3(directory: string, bucket: string, port = 0): Promise<S3Server> {
-  const s3 = new S3rver({ address: '127.0.0.1', port, silent: true, directory, configureBuckets: [{ name: bucket, configs: [] }] });
+/**
+ * s3rver on loopback with `bucket` created; `port` reuses a port (a store coming back), 0 picks one.
+ * `anySecret` accepts requests signed with any secret key, so a test can use a secret of its own.
+ */
+export async function startS3(directory: string, bucket: string, port = 0, opts: { anySecret?: boolean } = {}): Promise<S3Server> {
+  const s3 = new S3rver({
+    address: '127.0.0.1',
+    port,
+    silent: true,
+    directory,
+    configureBuckets: [{ name: bucket, configs: [] }],
+    allowMismatchedSignatures: opts.anySecret ?? false,
+  });
   const addr = (await s3.run()) as AddressInfo;
   return {
     url: `http://127.0.0.1:${addr.port}`,

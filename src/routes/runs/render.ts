@@ -13,13 +13,15 @@ import type { Run } from './schemas.js';
 export function renderProgress(r: RunRow, live: RunProgress, now: number): Run['progress'] {
   const done = r.completed + r.failed + r.cancelled;
   const remaining = r.pending + r.inProgress;
-  const rate = live.samples_per_second;
   const dispatching = r.status === 'queued' || r.status === 'in_progress';
+  // A paused or finished run has no rate, though its window still holds the last minute's completions.
+  const moving = dispatching || r.status === 'finalizing' || r.status === 'cancelling';
+  const rate = moving ? live.samples_per_second : 0;
   const end = r.finishedAt ?? now;
   return {
     fraction: r.total ? done / r.total : 0,
     samples_per_second: round(rate),
-    completion_tokens_per_second: round(live.completion_tokens_per_second),
+    completion_tokens_per_second: moving ? round(live.completion_tokens_per_second) : 0,
     eta_seconds: r.total > 0 && remaining === 0 ? 0 : dispatching && rate > 0 ? Math.ceil(remaining / rate) : null,
     elapsed_seconds: r.startedAt ? Math.max(0, Math.round((end - r.startedAt) / 1000)) : 0,
   };
