@@ -1,9 +1,11 @@
+import type { Agent } from 'node:http';
 import OpenAI from 'openai';
 import { eq } from 'drizzle-orm';
 import type { Db } from '../db/client.js';
 import { effectiveConcurrency, listEndpoints, type EndpointState } from '../db/endpoints.js';
 import { endpoints, type EndpointRow } from '../db/schema.js';
 import type { Logger } from '../logger.js';
+import { agentFetch, endpointAgent } from './http-fetch.js';
 import { LatencyRing, RateWindow } from './rates.js';
 import type { EndpointLive } from './view.js';
 
@@ -15,6 +17,7 @@ const MAX_PROBE_BACKOFF_MS = 60_000;
 /** One SGLang server as the runner sees it: its row, its client, and what is in flight on it. */
 export class LiveEndpoint {
   client: OpenAI;
+  private agent: Agent;
   readonly inFlight = new Map<number, AbortController>();
   consecutiveFailures = 0;
   nextProbeAt = 0;
@@ -28,13 +31,30 @@ export class LiveEndpoint {
     public row: EndpointRow,
     private readonly baseProbeMs: number,
   ) {
-    this.client = LiveEndpoint.makeClient(row);
+    this.agent = endpointAgent(row.url);
+    this.client = this.makeClient();
     this.probeBackoffMs = Math.min(1000, baseProbeMs);
   }
 
-  static makeClient(row: EndpointRow): OpenAI {
+  private makeClient(): OpenAI {
     // Retries are regen's job (on any endpoint, with backoff), not the client's.
-    return new OpenAI({ baseURL: `${row.url}/v1`, apiKey: row.apiKey ?? 'none', maxRetries: 0, fetch: sglangErrorsAsOpenAI });
+    return new OpenAI({ baseURL: `${this.row.url}/v1`, apiKey: this.row.apiKey ?? 'none', maxRetries: 0, fetch: agentFetch(this.agent) });
+  }
+
+  /** Takes a changed row; a new url or key gets a new client (and, for a new url, new connections). */
+  update(row: EndpointRow): void {
+    const old = this.row;
+    this.row = row;
+    if (old.url !== row.url) {
+      this.agent.destroy();
+      this.agent = endpointAgent(row.url);
+    }
+    if (old.url !== row.url || old.apiKey !== row.apiKey) this.client = this.makeClient();
+  }
+
+  /** Closes the idle keep-alive connections of an endpoint that left the pool. */
+  close(): void {
+    this.agent.destroy();
   }
 
   cap(fallback: number): number {
@@ -55,24 +75,6 @@ export class LiveEndpoint {
       server: this.server,
     };
   }
-}
-
-/**
- * SGLang puts its error fields at the top level (`{"object":"error","message":...}`) while the
- * openai client only reads `{"error": {...}}`; without this the server's message would be lost.
- */
-async function sglangErrorsAsOpenAI(url: string | URL | Request, init?: RequestInit): Promise<Response> {
-  const res = await fetch(url, init);
-  if (res.ok) return res;
-  const text = await res.text();
-  let body: unknown;
-  try {
-    body = JSON.parse(text);
-  } catch {
-    body = { message: text.slice(0, 1000) };
-  }
-  const wrapped = body && typeof body === 'object' && !('error' in body) ? { error: body } : body;
-  return new Response(JSON.stringify(wrapped), { status: res.status, statusText: res.statusText, headers: res.headers });
 }
 
 async function getJson(url: string, apiKey: string | null): Promise<{ status: number; body: unknown }> {
@@ -121,8 +123,7 @@ export class EndpointPool {
       if (!e) this.live.set(row.id, new LiveEndpoint(row, this.probeIntervalMs));
       else {
         const wasState = e.row.state;
-        if (e.row.apiKey !== row.apiKey || e.row.url !== row.url) e.client = LiveEndpoint.makeClient(row);
-        e.row = row;
+        e.update(row);
         if (row.state === 'starting' && wasState !== 'starting') {
           e.nextProbeAt = 0;
           e.probeBackoffMs = Math.min(1000, this.probeIntervalMs);
@@ -133,6 +134,7 @@ export class EndpointPool {
       if (!seen.has(id)) {
         this.live.delete(id);
         this.onRemoved(e);
+        e.close();
       }
     }
   }

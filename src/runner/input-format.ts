@@ -1,4 +1,5 @@
 import { Params } from '../routes/runs/schemas.js';
+import { MAX_JSON_DEPTH, nestsDeeperThan } from '../json-depth.js';
 
 // One input line → one sample (DESIGN.md "Input"). Every reason returned here is shown to
 // users next to the line number, so it names the field path and says what was expected.
@@ -60,6 +61,8 @@ function parseJsonObject(text: string): JsonObject {
     throw new LineError(`not valid JSON: ${jsonErrorMessage(err)}`);
   }
   if (!isObject(value)) throw new LineError('line is not a JSON object');
+  // Parsed fine, but the sample could never be stored or sent: JSON.stringify would overflow.
+  if (nestsDeeperThan(value)) throw new LineError(`line is nested more than ${MAX_JSON_DEPTH} levels deep`);
   return value;
 }
 

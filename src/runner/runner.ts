@@ -170,6 +170,7 @@ export class Runner implements RunnerView {
     if (this.timer) clearInterval(this.timer);
     if (this.heartbeat) clearInterval(this.heartbeat);
     this.writer.close();
+    for (const e of this.pool.live.values()) e.close();
     while (this.uploading.size > 0 && Date.now() < deadline + 5000) await new Promise((r) => setTimeout(r, 50));
     // Left behind, the lock goes stale within LOCK_STALE_MS: not worth failing a clean shutdown for.
     this.guard('releasing the runner lock', () => this.deps.db.delete(runnerLock).where(and(eq(runnerLock.id, 1), eq(runnerLock.owner, this.owner))).run());

@@ -2,6 +2,7 @@ import { z } from '@hono/zod-openapi';
 import { RUN_STATUSES } from '../../db/runs.js';
 import { FLAGS } from '../../runner/quality.js';
 import { Timestamp } from '../common.js';
+import { nestsDeeperThan, tooDeepMessage } from '../../json-depth.js';
 
 const maxLen = (n: number) => z.string().max(n, `must be at most ${n} characters`);
 
@@ -29,6 +30,7 @@ export const Params = z
   })
   .catchall(z.unknown())
   .refine((p) => !('messages' in p) && !('model' in p), 'params must not contain messages or model')
+  .refine((p) => !nestsDeeperThan(p), tooDeepMessage)
   .openapi('GenerationParams', { example: { temperature: 0.6, top_p: 0.95, max_tokens: 8192, chat_template_kwargs: { enable_thinking: true } } });
 
 export const QualitySettings = z
@@ -61,7 +63,7 @@ export const CreateRunBody = z
     input: z.union([
       z.object({ file_id: z.string().min(1).max(128) }).strict(),
       z.object({ uri: z.string().min(1).max(4096) }).strict(),
-      z.object({ requests: z.array(z.unknown()).min(1).max(100_000) }).strict(),
+      z.object({ requests: z.array(z.unknown().refine((r) => !nestsDeeperThan(r), tooDeepMessage)).min(1).max(100_000) }).strict(),
     ], { error: 'expected exactly one of {"file_id"}, {"uri"} or {"requests"}' }),
     params: Params.optional(),
     shard_size: z.number().int().min(1).max(100_000).optional(),

@@ -1,0 +1,94 @@
+import http from 'node:http';
+import https from 'node:https';
+
+/** The error a spec-compliant fetch rejects with on abort; the openai client recognises it by name. */
+function abortError(): Error {
+  return new DOMException('This operation was aborted', 'AbortError');
+}
+
+function headerRecord(h: HeadersInit | undefined): Record<string, string> {
+  if (!h) return {};
+  if (h instanceof Headers) return Object.fromEntries(h.entries());
+  if (Array.isArray(h)) return Object.fromEntries(h);
+  return h as Record<string, string>;
+}
+
+function responseHeaders(raw: string[]): Headers {
+  const headers = new Headers();
+  for (let i = 0; i + 1 < raw.length; i += 2) {
+    try {
+      headers.append(raw[i], raw[i + 1]);
+    } catch {
+      /* a header the fetch Headers class refuses is of no use to the client either */
+    }
+  }
+  return headers;
+}
+
+/**
+ * SGLang puts its error fields at the top level (`{"object":"error","message":...}`) while the
+ * openai client only reads `{"error": {...}}`; without this the server's message would be lost.
+ */
+function errorBodyForClient(body: Buffer): string {
+  let parsed: unknown;
+  try {
+    parsed = JSON.parse(body.toString('utf8'));
+  } catch {
+    parsed = { message: body.toString('utf8').slice(0, 1000) };
+  }
+  return JSON.stringify(parsed && typeof parsed === 'object' && !('error' in parsed) ? { error: parsed } : parsed);
+}
+
+const NULL_BODY = new Set([101, 204, 205, 304]);
+
+/**
+ * A fetch for the openai client built on node:http with a keep-alive agent per endpoint. The
+ * global fetch (undici) spends several times more CPU per request on web-stream plumbing; with
+ * thousands of requests a second that, not the GPUs, would set the pace.
+ */
+export function agentFetch(agent: http.Agent | https.Agent): typeof fetch {
+  return ((input: string | URL | Request, init: RequestInit = {}) =>
+    new Promise<Response>((resolve, reject) => {
+      const url = new URL(typeof input === 'string' ? input : input instanceof URL ? input.href : input.url);
+      const signal = init.signal ?? undefined;
+      if (signal?.aborted) return reject(abortError());
+      const body = init.body;
+      if (body != null && typeof body !== 'string' && !(body instanceof Uint8Array)) {
+        return reject(new TypeError('agentFetch sends string or byte bodies only'));
+      }
+      const mod = url.protocol === 'https:' ? https : http;
+      let settled = false;
+      const finish = (fn: () => void) => {
+        if (settled) return;
+        settled = true;
+        signal?.removeEventListener('abort', onAbort);
+        fn();
+      };
+      const req = mod.request(url, { method: init.method ?? 'GET', headers: headerRecord(init.headers), agent }, (res) => {
+        const chunks: Buffer[] = [];
+        res.on('data', (c: Buffer) => chunks.push(c));
+        res.on('error', (err) => finish(() => reject(signal?.aborted ? abortError() : Object.assign(new TypeError('fetch failed'), { cause: err }))));
+        res.on('end', () =>
+          finish(() => {
+            const status = res.statusCode ?? 502;
+            const raw = Buffer.concat(chunks);
+            const payload = NULL_BODY.has(status) ? null : status >= 400 ? errorBodyForClient(raw) : raw;
+            resolve(new Response(payload, { status, statusText: res.statusMessage, headers: responseHeaders(res.rawHeaders) }));
+          }),
+        );
+      });
+      const onAbort = () => {
+        req.destroy();
+        finish(() => reject(abortError()));
+      };
+      signal?.addEventListener('abort', onAbort, { once: true });
+      req.on('error', (err) => finish(() => reject(signal?.aborted ? abortError() : Object.assign(new TypeError('fetch failed'), { cause: err }))));
+      req.end(body ?? undefined);
+    })) as typeof fetch;
+}
+
+/** Keep-alive with as many idle sockets kept as the endpoint can have requests in flight. */
+export function endpointAgent(url: string): http.Agent | https.Agent {
+  const opts = { keepAlive: true, maxSockets: Infinity, maxFreeSockets: 100_000, scheduling: 'lifo' as const };
+  return url.startsWith('https:') ? new https.Agent(opts) : new http.Agent(opts);
+}
