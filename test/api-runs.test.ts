@@ -199,6 +199,14 @@ describe('creating a run', () => {
     expectProblem(await create(api, { input: { requests: [{ prompt: 'x' }] }, output: { uri: 'http://169.254.169.254/' } }), 422, 'validation_failed', 'output.uri');
   });
 
+  it('refuses an output.uri another run already writes to', async () => {
+    const uri = `${pathToFileURL(api.config.dataDir).href}/shared-output/`;
+    const first = await createOk(api, { input: { requests: [{ prompt: 'x' }] }, output: { uri } });
+    const res = await create(api, { input: { requests: [{ prompt: 'y' }] }, output: { uri } });
+    expectProblem(res, 409, 'conflict', 'output.uri');
+    expect(res.text).toContain(first.id);
+  });
+
   it('answers 404 naming input.file_id for an unknown file', async () => {
     expectProblem(await create(api, { input: { file_id: 'file_nope' } }), 404, 'not_found', 'input.file_id');
   });

@@ -41,6 +41,11 @@ export async function serveCommand(flags: ServeFlags): Promise<Server> {
     throw err;
   }
   installSignals(server);
+  // State lives in the database, so one stray rejection is logged rather than allowed to stop
+  // dispatch for the whole fleet.
+  process.on('unhandledRejection', (err) => {
+    server.deps.logger.error({ err: { message: (err as Error)?.message, stack: (err as Error)?.stack } }, 'unhandled rejection');
+  });
   return server;
 }
 

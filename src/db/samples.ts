@@ -1,14 +1,10 @@
 import { and, asc, eq, gt, ne, sql, type SQL } from 'drizzle-orm';
 import type { Db } from './client.js';
-import { samples, shards, staging } from './schema.js';
+import { samples, shards } from './schema.js';
 import { flagBit, type Flag } from '../runner/quality.js';
 
 export function getSample(db: Db, runId: string, customId: string) {
   return db.select().from(samples).where(and(eq(samples.runId, runId), eq(samples.customId, customId))).get();
-}
-
-export function getStagedOutput(db: Db, sampleId: number): string | undefined {
-  return db.select({ output: staging.output }).from(staging).where(eq(staging.sampleId, sampleId)).get()?.output;
 }
 
 /** Samples in input order; `after` is the custom_id that ended the previous page. */

@@ -114,10 +114,13 @@ export const shards = sqliteTable(
     errorsLines: integer('errors_lines'),
     errorsSha256: text('errors_sha256'),
     uploadAttempts: integer('upload_attempts').notNull().default(0),
+    // Bumped whenever samples of the shard are put back in the queue, so an upload that started
+    // before can tell it is stale and must not mark the shard uploaded.
+    generation: integer('generation').notNull().default(0),
     lastError: text('last_error'),
     uploadedAt: integer('uploaded_at'),
   },
-  (t) => [primaryKey({ columns: [t.runId, t.idx] }), index('shards_status_idx').on(t.status)],
+  (t) => [primaryKey({ columns: [t.runId, t.idx] }), index('shards_run_status_idx').on(t.runId, t.status)],
 );
 
 export const samples = sqliteTable(
@@ -170,12 +173,16 @@ export const samples = sqliteTable(
 );
 
 // Completion text waits here until its shard is uploaded; then the shard object is the copy.
-export const staging = sqliteTable('staging', {
-  sampleId: integer('sample_id').primaryKey(),
-  runId: text('run_id').notNull(),
-  shardIdx: integer('shard_idx').notNull(),
-  output: text('output').notNull(),
-});
+export const staging = sqliteTable(
+  'staging',
+  {
+    sampleId: integer('sample_id').primaryKey(),
+    runId: text('run_id').notNull(),
+    shardIdx: integer('shard_idx').notNull(),
+    output: text('output').notNull(),
+  },
+  (t) => [index('staging_shard_idx').on(t.runId, t.shardIdx)],
+);
 
 export const events = sqliteTable(
   'events',

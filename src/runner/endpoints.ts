@@ -12,6 +12,7 @@ import type { EndpointLive } from './view.js';
 /** Consecutive transport failures after which an endpoint is taken out of rotation. */
 export const UNHEALTHY_AFTER = 3;
 const PROBE_TIMEOUT_MS = 5000;
+const PROBE_MAX_BYTES = 4 << 20;
 const MAX_PROBE_BACKOFF_MS = 60_000;
 
 /** One SGLang server as the runner sees it: its row, its client, and what is in flight on it. */
@@ -77,12 +78,28 @@ export class LiveEndpoint {
   }
 }
 
+/** Reads at most `limit` bytes of a body: a probe must not let a server fill regen's memory. */
+async function readCapped(res: Response, limit: number): Promise<string> {
+  if (!res.body) return '';
+  const chunks: Uint8Array[] = [];
+  let size = 0;
+  for await (const chunk of res.body as unknown as AsyncIterable<Uint8Array>) {
+    size += chunk.length;
+    if (size > limit) {
+      await res.body.cancel().catch(() => {});
+      throw new Error(`probe answer is larger than ${limit} bytes`);
+    }
+    chunks.push(chunk);
+  }
+  return Buffer.concat(chunks).toString('utf8');
+}
+
 async function getJson(url: string, apiKey: string | null): Promise<{ status: number; body: unknown }> {
   const res = await fetch(url, {
     headers: apiKey ? { authorization: `Bearer ${apiKey}` } : {},
     signal: AbortSignal.timeout(PROBE_TIMEOUT_MS),
   });
-  const text = await res.text();
+  const text = await readCapped(res, PROBE_MAX_BYTES);
   let body: unknown = text;
   try {
     body = JSON.parse(text);

@@ -83,6 +83,7 @@ function errorBodyForClient(body: Buffer): string {
 }
 
 const NULL_BODY = new Set([101, 204, 205, 304]);
+const MAX_RESPONSE_BYTES = 256 << 20;
 
 /**
  * A fetch for the openai client built on node:http with a keep-alive agent per endpoint. The
@@ -109,7 +110,16 @@ export function agentFetch(agent: http.Agent | https.Agent): typeof fetch {
       };
       const req = mod.request(url, { method: init.method ?? 'GET', headers: headerRecord(init.headers), agent }, (res) => {
         const chunks: Buffer[] = [];
-        res.on('data', (c: Buffer) => chunks.push(c));
+        let size = 0;
+        res.on('data', (c: Buffer) => {
+          size += c.length;
+          chunks.push(c);
+          if (size > MAX_RESPONSE_BYTES) {
+            // A completion is text; an endless body is a broken server or something that is not one.
+            req.destroy();
+            finish(() => reject(Object.assign(new TypeError('fetch failed'), { cause: new Error(`answer larger than ${MAX_RESPONSE_BYTES} bytes`) })));
+          }
+        });
         res.on('error', (err) => finish(() => reject(signal?.aborted ? abortError() : Object.assign(new TypeError('fetch failed'), { cause: err }))));
         res.on('end', () =>
           finish(() => {

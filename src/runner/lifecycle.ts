@@ -42,7 +42,7 @@ export function cancelRun(deps: Deps, id: string): RunRow {
  * Puts a run's failed (or flagged) samples back in the queue with a fresh attempt budget and
  * reopens their shards; the shard writer later rewrites each one whole.
  */
-export function retryRun(deps: Deps, id: string, only: 'failed' | 'flagged'): { run: RunRow; requeued: number } {
+export async function retryRun(deps: Deps, id: string, only: 'failed' | 'flagged'): Promise<{ run: RunRow; requeued: number }> {
   const run = mustGet(deps, id);
   const allowed: RunStatus[] = ['completed', 'failed', 'cancelled', 'paused', 'in_progress', 'queued'];
   if (!allowed.includes(run.status as RunStatus)) throw new ApiError('conflict', `cannot retry samples of a run that is ${run.status}`);
@@ -91,7 +91,7 @@ export function retryRun(deps: Deps, id: string, only: 'failed' | 'flagged'): { 
       const shard = tx.select().from(shards).where(and(eq(shards.runId, id), eq(shards.idx, idx))).get()!;
       if (shard.status === 'uploaded') reopenedUploaded++;
       tx.update(shards)
-        .set({ status: 'open', terminalCount: shard.terminalCount - n })
+        .set({ status: 'open', terminalCount: shard.terminalCount - n, generation: shard.generation + 1 })
         .where(and(eq(shards.runId, id), eq(shards.idx, idx)))
         .run();
     }
@@ -124,6 +124,13 @@ export function retryRun(deps: Deps, id: string, only: 'failed' | 'flagged'): { 
     if (transitionRun(db, id, ['completed', 'failed', 'cancelled'], 'queued', now, { finishedAt: null })) {
       deps.logger.info({ run_id: id, from: run.status, status: 'queued' }, 'run status');
     }
+  }
+  if (requeued > 0 && run.manifestKey) {
+    // The old manifest would describe shards that are about to be rewritten; a new one comes at the end.
+    await deps.stores
+      .forUri(run.outputUri)
+      .delete(run.manifestKey)
+      .catch((err: Error) => deps.logger.warn({ run_id: id, err: { message: err.message } }, 'stale manifest could not be deleted'));
   }
   deps.logger.info({ run_id: id, requeued, only }, 'samples requeued');
   deps.runner.wake();

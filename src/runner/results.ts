@@ -141,10 +141,6 @@ export class ResultWriter {
     this.timer = null;
   }
 
-  get pending(): number {
-    return this.queue.length;
-  }
-
   /** Commits everything queued now; on SQLITE_BUSY the batch stays queued and is tried again. */
   flush(): void {
     if (this.timer) clearTimeout(this.timer);

@@ -118,7 +118,9 @@ export class Runner implements RunnerView {
     const now = Date.now();
     db.transaction((tx) => {
       const held = tx.select().from(runnerLock).where(eq(runnerLock.id, 1)).get();
-      if (held && held.owner !== this.owner && now - held.heartbeatAt < LOCK_STALE_MS && (held.hostname !== hostname() || pidAlive(held.pid)) && held.pid !== process.pid) {
+      const sameProcess = held?.hostname === hostname() && held.pid === process.pid;
+      const alive = held && (held.hostname !== hostname() || pidAlive(held.pid));
+      if (held && held.owner !== this.owner && !sameProcess && alive && now - held.heartbeatAt < LOCK_STALE_MS) {
         throw new RunnerLockedError(`another regen process (pid ${held.pid} on ${held.hostname}) is running dispatch on this database`);
       }
       tx.insert(runnerLock)
@@ -129,7 +131,16 @@ export class Runner implements RunnerView {
   }
 
   private beat(): void {
-    this.deps.db.update(runnerLock).set({ heartbeatAt: Date.now() }).where(and(eq(runnerLock.id, 1), eq(runnerLock.owner, this.owner))).run();
+    const held = this.deps.db
+      .update(runnerLock)
+      .set({ heartbeatAt: Date.now() })
+      .where(and(eq(runnerLock.id, 1), eq(runnerLock.owner, this.owner)))
+      .run().changes;
+    if (held === 0 && !this.stopping) {
+      // Another process took the database over: two dispatchers would send samples twice.
+      this.deps.logger.error({ owner: this.owner }, 'the runner lock was taken by another process; dispatch stops');
+      void this.stop(0);
+    }
   }
 
   private recover(): void {
@@ -246,7 +257,17 @@ export class Runner implements RunnerView {
       .where(inArray(runs.status, ['queued', 'in_progress', 'paused', 'cancelling', 'finalizing']))
       .orderBy(sql`${runs.priority} desc`, runs.createdAt)
       .all();
-    const dispatchable = new Set(this.active.filter((r) => r.status === 'queued' || r.status === 'in_progress').map((r) => r.id));
+    const served = new Set<string>();
+    for (const e of this.pool.live.values()) {
+      if (e.state === 'ready' && e.row.model) served.add(e.row.model);
+      // An endpoint that stopped answering gives its in-flight samples back to the queue.
+      if (e.state === 'unhealthy' && e.inFlight.size) this.abortEndpoint(e, 'release');
+    }
+    // Claimed samples wait in a buffer only while some endpoint can take them; otherwise they
+    // would sit `in_progress` for as long as the fleet is down.
+    const dispatchable = new Set(
+      this.active.filter((r) => (r.status === 'queued' || r.status === 'in_progress') && served.has(r.model)).map((r) => r.id),
+    );
     for (const [runId] of this.buffers) if (!dispatchable.has(runId)) this.releaseBuffer(runId);
     for (const f of this.flights.values()) {
       const run = this.active.find((r) => r.id === f.run.id);
@@ -371,6 +392,12 @@ export class Runner implements RunnerView {
         (res) => this.onResponse(flight, res as unknown as ChatResponse, Date.now() - started),
         (err) => this.onError(flight, err),
       )
+      .catch((err: Error) => {
+        // An answer the code could not take (malformed, or a database fault): the sample goes back to
+        // the queue as a retry; the process must not die over one response.
+        this.deps.logger.error({ run_id: run.id, endpoint_id: e.row.id, err: { message: err.message, stack: err.stack } }, 'could not record an answer');
+        this.guard('recording an answer', () => this.onError(flight, err));
+      })
       .finally(() => {
         this.flights.delete(sample.id);
         e.inFlight.delete(sample.id);
@@ -381,7 +408,10 @@ export class Runner implements RunnerView {
   private onResponse(f: Flight, res: ChatResponse, latencyMs: number): void {
     const { sample, run, endpoint: e } = f;
     e.consecutiveFailures = 0;
-    const choice = res.choices?.[0];
+    if (!res || typeof res !== 'object' || !Array.isArray(res.choices) || !res.choices[0]) {
+      return this.onError(f, new MalformedAnswer('the endpoint answered 200 without choices'));
+    }
+    const choice = res.choices[0];
     const msg = choice?.message ?? {};
     const u = res.usage ?? {};
     const usage: Usage = {
@@ -397,7 +427,6 @@ export class Runner implements RunnerView {
     e.latency.add(latencyMs);
     e.rate.add(now, 1, usage.completion_tokens);
     const base = { sampleId: sample.id, runId: run.id, shardIdx: sample.shardIdx, endpointId: e.row.id };
-    if (f.abortReason === 'cancel') return this.writer.add({ ...base, kind: 'cancelled' });
     const flags = run.quality
       ? computeFlags(
           { content, reasoning_content: reasoning, finish_reason: finishReason, completion_tokens: usage.completion_tokens, thinking_requested: f.thinking },
@@ -405,7 +434,8 @@ export class Runner implements RunnerView {
         )
       : 0;
     this.deps.metrics.answered(e.row.id, latencyMs, usage.completion_tokens, flags);
-    if (flags && run.quality && sample.qualityRetries < run.quality.retry_flagged) {
+    // A cancelled run keeps an answer that arrived anyway, but asks nothing again.
+    if (flags && run.quality && sample.qualityRetries < run.quality.retry_flagged && f.abortReason !== 'cancel') {
       this.deps.metrics.retried('quality');
       return this.writer.add({ ...base, kind: 'retry', availableAt: 0, usage, qualityRetry: true, error: null });
     }
@@ -424,9 +454,13 @@ export class Runner implements RunnerView {
     let status: number | null = null;
     let retryable = true;
     if (err instanceof APIConnectionTimeoutError || (err instanceof APIUserAbortError && !f.abortReason)) {
+      // Not held against the endpoint: long generations on a busy server time out together, and
+      // a server that has really hung fails its health probe.
       code = 'timeout';
       message = `no answer within ${run.requestTimeoutMs} ms`;
-      this.guard('marking an endpoint', () => this.pool.transportFailure(e, message) && this.abortEndpoint(e, 'release'));
+    } else if (err instanceof MalformedAnswer) {
+      code = 'malformed_response';
+      message = err.message;
     } else if (err instanceof APIConnectionError) {
       code = 'connection_error';
       message = 'the connection to the endpoint failed';
@@ -435,12 +469,14 @@ export class Runner implements RunnerView {
       const s = err.status;
       status = s;
       message = errorMessage(err);
+      e.consecutiveFailures = 0;
       if (s === 429) code = 'rate_limited';
-      else if (s >= 500) code = 'server_error';
+      else if (s >= 500 || s === 408 || s === 409 || s === 425) code = 'server_error';
       else if (s === 401 || s === 403 || s === 404) {
-        // The endpoint, not the sample, is wrong (bad key, another model loaded): probe it again.
-        code = 'endpoint_error';
+        // The endpoint, not the sample, is wrong (bad key, another model loaded): probe it again,
+        // and give the sample back without spending its attempt.
         this.guard('marking an endpoint', () => this.pool.setState(e, 'starting', `${s}: ${message}`.slice(0, 300)));
+        return this.writer.add({ ...base, kind: 'release' });
       } else {
         code = 'invalid_request';
         retryable = false;
@@ -530,7 +566,8 @@ export class Runner implements RunnerView {
         // The store answers again: the run's other shards waiting out a backoff need not wait longer.
         for (const k of this.uploadRetryAt.keys()) if (k.startsWith(`${run.id}\0`)) this.uploadRetryAt.delete(k);
         this.deps.metrics.shardUploaded();
-        this.advanceRuns();
+        // Outside the upload's own error path: a fault here must not be taken for a failed upload.
+        setImmediate(() => this.guard('advancing runs', () => this.advanceRuns()));
       })
       .catch((err: Error) => {
         this.deps.metrics.shardUploadFailed();
@@ -573,6 +610,8 @@ export class Runner implements RunnerView {
       .finally(() => this.finishing.delete(runId));
   }
 }
+
+class MalformedAnswer extends Error {}
 
 interface ChatResponse {
   id?: string;

@@ -1,5 +1,5 @@
 import { createHash } from 'node:crypto';
-import { and, asc, eq, sql } from 'drizzle-orm';
+import { and, asc, eq, gte, lt, sql } from 'drizzle-orm';
 import type { Deps } from '../deps.js';
 import { ApiError } from '../errors.js';
 import { appendEvent } from '../db/events.js';
@@ -58,7 +58,10 @@ export function errorLine(s: SampleRow): string {
 async function previousLines(deps: Deps, run: RunRow, shard: ShardRow): Promise<Map<string, string>> {
   const map = new Map<string, string>();
   if (!shard.key) return map;
-  const text = (await deps.stores.forUri(run.outputUri).get(shard.key)).toString('utf8');
+  const bytes = await deps.stores.forUri(run.outputUri).get(shard.key);
+  // Only the object this shard wrote may be trusted, not whatever now sits at its key.
+  if (sha256(bytes) !== shard.sha256) throw new Error(`${shard.key} no longer holds the shard uploaded before`);
+  const text = bytes.toString('utf8');
   for (const line of text.split('\n')) {
     if (!line) continue;
     map.set((JSON.parse(line) as { custom_id: string }).custom_id, line);
@@ -87,7 +90,8 @@ export async function uploadShard(deps: Deps, run: RunRow, shard: ShardRow): Pro
     .select({ s: samples, output: staging.output })
     .from(samples)
     .leftJoin(staging, eq(staging.sampleId, samples.id))
-    .where(and(eq(samples.runId, run.id), eq(samples.shardIdx, shard.idx)))
+    // A seq range is what the (run_id, seq) index serves; filtering on shard_idx would read the whole run.
+    .where(and(eq(samples.runId, run.id), gte(samples.seq, shard.firstSeq), lt(samples.seq, shard.firstSeq + shard.sampleCount)))
     .orderBy(asc(samples.seq))
     .all();
   let previous: Map<string, string> | undefined;
@@ -124,7 +128,9 @@ export async function uploadShard(deps: Deps, run: RunRow, shard: ShardRow): Pro
   return db.transaction((tx) => {
     // A retry may have reopened samples while the upload ran: then this upload is stale.
     const current = tx.select().from(shards).where(and(eq(shards.runId, run.id), eq(shards.idx, shard.idx))).get();
-    if (!current || current.status !== 'open' || current.terminalCount !== current.sampleCount) return false;
+    if (!current || current.status !== 'open' || current.generation !== shard.generation || current.terminalCount !== current.sampleCount) {
+      return false;
+    }
     tx.update(shards)
       .set({ status: 'uploaded', key, bytes: body.length, lines: lines.length, sha256: digest, ...errorsMeta, uploadedAt: now, lastError: null })
       .where(and(eq(shards.runId, run.id), eq(shards.idx, shard.idx)))
@@ -193,6 +199,10 @@ export async function readSampleOutput(deps: Deps, run: RunRow, s: SampleRow): P
   }
   const line = text.split('\n')[s.outputLine - 1];
   if (!line) return null;
-  const o = JSON.parse(line) as { reasoning_content: string | null; content: string | null };
+  const o = JSON.parse(line) as { custom_id: string; reasoning_content: string | null; content: string | null };
+  if (o.custom_id !== s.customId) {
+    deps.logger.warn({ run_id: run.id, key: s.outputKey }, 'shard line does not belong to the sample; the object was replaced');
+    throw new ApiError('storage_unavailable', 'the stored shard no longer matches this run; its output cannot be shown');
+  }
   return { reasoning_content: o.reasoning_content, content: o.content };
 }

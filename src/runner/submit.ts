@@ -45,6 +45,9 @@ function outputUriFor(deps: Deps, runId: string, requested?: string): string {
       });
     }
   }
+  // Two runs writing shard-00000.jsonl and manifest.json to one prefix would overwrite each other.
+  const owner = deps.db.select({ id: runs.id }).from(runs).where(eq(runs.outputUri, uri)).get();
+  if (owner) throw new ApiError('conflict', `output.uri is already the output of run ${owner.id}; give each run its own prefix`, { field: 'output.uri' });
   return uri;
 }
 

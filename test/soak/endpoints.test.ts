@@ -38,7 +38,7 @@ describe.runIf(process.env.REGEN_SOAK)('soak: endpoints failing and returning fo
     for (const s of sims) eps.push(await registerEndpoint(base, s.url));
     const prompts = makePrompts(SAMPLES, 'se');
     const fileId = await uploadFile(base, prompts.jsonl);
-    const { id } = await createRun(base, { model: MODEL, input: { file_id: fileId }, shard_size: 1000, request_timeout_ms: 2000, max_attempts: 50 });
+    const { id } = await createRun(base, { model: MODEL, input: { file_id: fileId }, shard_size: 1000, regenerate: 'last_assistant', request_timeout_ms: 2000, max_attempts: 50 });
 
     let bounces = 0;
     for (let i = 0; ; i++) {

@@ -29,7 +29,7 @@ describe.runIf(process.env.REGEN_SOAK)('soak: SIGTERM over and over', () => {
     for (const s of sims) await registerEndpoint(server.url, s.url);
     const prompts = makePrompts(SAMPLES, 'sst');
     const fileId = await uploadFile(server.url, prompts.jsonl);
-    const { id } = await createRun(server.url, { model: MODEL, input: { file_id: fileId }, shard_size: 200 });
+    const { id } = await createRun(server.url, { model: MODEL, input: { file_id: fileId }, shard_size: 200, regenerate: 'last_assistant' });
     const exits: number[] = [];
     for (;;) {
       const running = async () => (await Promise.all(sims.map((s) => s.stats()))).reduce((t, s) => t + s.running, 0);

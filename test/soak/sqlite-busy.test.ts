@@ -30,7 +30,7 @@ describe.runIf(process.env.REGEN_SOAK)('soak: SQLITE_BUSY all run long', () => {
     for (const s of sims) await registerEndpoint(server.url, s.url);
     const prompts = makePrompts(SAMPLES, 'ssb');
     const fileId = await uploadFile(server.url, prompts.jsonl);
-    const { id } = await createRun(server.url, { model: MODEL, input: { file_id: fileId }, shard_size: 500 });
+    const { id } = await createRun(server.url, { model: MODEL, input: { file_id: fileId }, shard_size: 500, regenerate: 'last_assistant' });
     let locks = 0;
     while ((await getRun(server.url, id)).request_counts.pending > 0) {
       await new Promise((r) => setTimeout(r, 2000 + Math.random() * 3000));

@@ -38,7 +38,7 @@ describe.runIf(process.env.REGEN_SOAK)('soak: repeated S3 outages', () => {
     for (const s of sims) await registerEndpoint(base, s.url);
     const prompts = makePrompts(SAMPLES, 'sso');
     const fileId = await uploadFile(base, prompts.jsonl);
-    const { id } = await createRun(base, { model: 'm-soak-outage', input: { file_id: fileId }, shard_size: 250 });
+    const { id } = await createRun(base, { model: 'm-soak-outage', input: { file_id: fileId }, shard_size: 250, regenerate: 'last_assistant' });
     const recoveries: number[] = [];
     // The last outage starts just before the end, so the run finishes dispatching while the store is gone.
     for (const until of [0.2, 0.5, 0.97]) {

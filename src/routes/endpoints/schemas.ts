@@ -12,6 +12,20 @@ export function normalizeEndpointUrl(raw: string): string {
   return u.toString().replace(/\/+$/, '').replace(/\/v1$/, '');
 }
 
+/** `[::ffff:a9fe:a9fe]` → `169.254.169.254`: the URL parser writes IPv4-mapped IPv6 in hex. */
+function mappedIpv4(host: string): string | null {
+  const m = /^\[::ffff:([0-9a-f]{1,4}):([0-9a-f]{1,4})\]$/i.exec(host);
+  if (!m) return null;
+  const [hi, lo] = [parseInt(m[1], 16), parseInt(m[2], 16)];
+  return `${hi >> 8}.${hi & 255}.${lo >> 8}.${lo & 255}`;
+}
+
+// Link-local addresses and the metadata names are cloud instance metadata, never an inference server.
+function isMetadataHost(hostname: string): boolean {
+  const host = (mappedIpv4(hostname) ?? hostname).toLowerCase();
+  return /^169\.254\./.test(host) || /^\[fe[89ab][0-9a-f]?:/.test(host) || host === 'metadata.google.internal' || host === 'metadata';
+}
+
 export const EndpointUrl = z
   .string()
   .max(2048)
@@ -25,12 +39,11 @@ export const EndpointUrl = z
   }, 'expected an http:// or https:// base URL without credentials')
   .refine((v) => {
     try {
-      // Link-local addresses are cloud metadata services, never an inference server.
-      return !/^(169\.254\.|\[fe80:)/i.test(new URL(v).hostname);
+      return !isMetadataHost(new URL(v).hostname);
     } catch {
       return false;
     }
-  }, 'link-local addresses are not allowed')
+  }, 'link-local and cloud metadata addresses are not allowed')
   .openapi({ example: 'http://10.0.0.5:30000' });
 
 const Labels = z.record(z.string().max(64), z.string().max(256)).refine((l) => Object.keys(l).length <= 32, 'at most 32 labels');

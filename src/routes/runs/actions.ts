@@ -1,5 +1,8 @@
 import { createRoute, z } from '@hono/zod-openapi';
+import type { Context } from 'hono';
 import type { App } from '../../app.js';
+import type { AppEnv } from '../../deps.js';
+import type { RunRow } from '../../db/schema.js';
 import { problemResponses } from '../../errors.js';
 import { cancelRun, pauseRun, resumeRun, retryRun } from '../../runner/lifecycle.js';
 import { jsonContent, RunIdParam } from '../common.js';
@@ -22,7 +25,7 @@ const action = <B extends z.ZodTypeAny>(name: string, summary: string, body: B) 
 const Empty = z.object({}).strict();
 
 export function registerRunActions(app: App) {
-  const respond = (c: { get: App['request'] extends never ? never : any; json: any }, id: string, run: Parameters<typeof renderRun>[0]) => {
+  const respond = (c: Context<AppEnv>, id: string, run: RunRow) => {
     const deps = c.get('deps');
     return c.json(renderRun(run, deps.runner.runProgress(id), deps.clock()), 200);
   };
@@ -39,9 +42,9 @@ export function registerRunActions(app: App) {
     const { id } = c.req.valid('param');
     return respond(c, id, cancelRun(c.get('deps'), id));
   });
-  app.openapi(action('retry', 'Re-queue failed (or flagged) samples and reopen their shards', RetryBody), (c) => {
+  app.openapi(action('retry', 'Re-queue failed (or flagged) samples and reopen their shards', RetryBody), async (c) => {
     const { id } = c.req.valid('param');
     const body = (c.req.valid('json') ?? {}) as z.infer<typeof RetryBody>;
-    return respond(c, id, retryRun(c.get('deps'), id, body.only ?? 'failed').run);
+    return respond(c, id, (await retryRun(c.get('deps'), id, body.only ?? 'failed')).run);
   });
 }
