@@ -34,6 +34,7 @@ export async function benchMillion(): Promise<Figure[]> {
   const tmp = tempDir('regen-bench-million-');
   const dataDir = join(tmp.dir, 'data');
   const sims = await Promise.all([0, 1].map(() => spawnSimulator({ model: MODEL, 'max-running': 64, 'max-queue': 100_000, 'error-rate': 0.02 })));
+  const slow = await spawnSimulator({ model: MODEL, 'max-running': 64, 'ttft-ms': 500, 'max-queue': 100_000, 'error-rate': 0.02 });
   let server: ServerProcess = await spawnServer(dataDir);
   try {
     const file = join(tmp.dir, 'prompts.jsonl');
@@ -52,22 +53,37 @@ export async function benchMillion(): Promise<Figure[]> {
     });
     const view = () => json<RunView>(server.url, `/v1/runs/${run.id}`);
     await until('validation', async () => ((await view()).status === 'queued' ? true : undefined), 600_000, 200);
-    for (const sim of sims) {
-      await json(server.url, '/v1/endpoints', { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ url: sim.url }) });
-    }
+    const register = (url: string) =>
+      json(server.url, '/v1/endpoints', { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ url }) });
+    // First a pace like a real fleet's (64 slots, 500 ms a request), then the zero-latency
+    // simulators join and the process runs flat out.
+    await register(slow.url);
+    await until('a steady pace', async () => (done(await view()) >= 500 ? true : undefined), 600_000, 200);
+    const reads = scaled(200, 20);
+    const paced = {
+      run: await timed(server.url, `/v1/runs/${run.id}`, reads),
+      failed: await timed(server.url, `/v1/runs/${run.id}/samples?status=failed&limit=100`, reads),
+    };
+    for (const sim of sims) await register(sim.url);
     await until('10% done', async () => (done(await view()) >= n * 0.1 ? true : undefined), 600_000, 200);
     const rss10 = memoryOf(server.proc.pid!).rssMiB;
-    const getRun = await timed(server.url, `/v1/runs/${run.id}`, 200);
-    const getFailed = await timed(server.url, `/v1/runs/${run.id}/samples?status=failed&limit=100`, 100);
+    // At a small scale the run is short: fewer reads leave it running for the restart that follows.
+    const flatOut = {
+      run: await timed(server.url, `/v1/runs/${run.id}`, reads),
+      failed: await timed(server.url, `/v1/runs/${run.id}/samples?status=failed&limit=100`, reads),
+    };
 
     await until('40% done', async () => (done(await view()) >= n * 0.4 ? true : undefined), 600_000, 200);
     await server.kill('SIGKILL');
-    const before = (await Promise.all(sims.map((s) => s.stats()))).reduce((a, s) => a + s.requests, 0);
+    const requests = async () => (await Promise.all([...sims, slow].map((s) => s.stats()))).reduce((a, s) => a + s.requests, 0);
+    const before = await requests();
+    // One attempt per sample: as many requests as samples means nothing was left for the restart.
+    if (before >= n) throw new Error('the run finished before the server was killed; run at a larger BENCH_SCALE');
     const t0 = performance.now();
     server = await spawnServer(dataDir);
     await until(
       'the first dispatch after restart',
-      async () => ((await Promise.all(sims.map((s) => s.stats()))).reduce((a, s) => a + s.requests, 0) > before ? true : undefined),
+      async () => ((await requests()) > before ? true : undefined),
       60_000,
       5,
     );
@@ -80,18 +96,21 @@ export async function benchMillion(): Promise<Figure[]> {
     await until('completion', async () => ((await view()).status === 'completed' ? true : undefined), 900_000, 500);
     await sleep(100);
     const label = `${n.toLocaleString('en')}-sample run`;
+    const readRow = (what: string, how: string, ms: number, limit: number): Figure => ({
+      part: 'reads',
+      figure: `${what} p50, ${label}, ${how}`,
+      regen: ms,
+      baseline: null,
+      unit: 'ms',
+      ratio: null,
+      target: `≤ ${limit} ms`,
+      ok: ms <= limit,
+    });
     return [
-      { part: 'reads', figure: `GET /v1/runs/{id} p50, ${label}, while dispatching`, regen: getRun, baseline: null, unit: 'ms', ratio: null, target: '≤ 5 ms', ok: getRun <= 5 },
-      {
-        part: 'reads',
-        figure: `GET /v1/runs/{id}/samples?status=failed first page p50, ${label}, while dispatching`,
-        regen: getFailed,
-        baseline: null,
-        unit: 'ms',
-        ratio: null,
-        target: '≤ 20 ms',
-        ok: getFailed <= 20,
-      },
+      readRow('GET /v1/runs/{id}', 'dispatching at a fleet pace (64 slots × 500 ms)', paced.run, 5),
+      readRow('GET /v1/runs/{id}/samples?status=failed first page', 'dispatching at a fleet pace', paced.failed, 20),
+      readRow('GET /v1/runs/{id}', 'dispatching flat out on zero-latency simulators (CPU saturated)', flatOut.run, 5),
+      readRow('GET /v1/runs/{id}/samples?status=failed first page', 'dispatching flat out', flatOut.failed, 20),
       {
         part: 'recovery',
         figure: `process start → first dispatch after SIGKILL at 40% of a ${label} (includes Node start-up)`,
@@ -115,7 +134,7 @@ export async function benchMillion(): Promise<Figure[]> {
     ];
   } finally {
     await server.kill('SIGTERM');
-    await Promise.all(sims.map((s) => s.stop()));
+    await Promise.all([...sims, slow].map((s) => s.stop()));
     tmp.cleanup();
   }
 }

@@ -165,6 +165,11 @@ describe('object store faults', () => {
     renameSync(`${objects}.away`, objects);
     const tFixed = performance.now();
     await waitFor('/readyz 200 again', async () => ((await call(base, '/readyz')).status === 200 ? true : undefined), 10_000);
+    await waitFor('the shards that waited to be uploaded', async () => {
+      const r = (await call(base, `/v1/runs/${id}`)).body;
+      return r.shards.uploaded > during.shards.uploaded ? true : undefined;
+    }, 30_000);
+    const firstUploadAfterMs = since(tFixed);
     const done = await waitForStatus(base, id, ['completed', 'failed', 'paused', 'cancelled']);
     const completedAfterMs = since(tFixed);
     expect(done.status).toBe('completed');
@@ -178,6 +183,6 @@ describe('object store faults', () => {
     // Each failure was logged as a warning with the shard, never as a crash.
     expect(server.output()).toMatch(/"msg":"shard upload failed"/);
     expect(server.output()).not.toMatch(/uncaught|unhandled/i);
-    console.log('fault-storage local:', JSON.stringify({ samples: SAMPLES, broken_ms: brokenMs, completed_after_ms: completedAfterMs }));
+    console.log('fault-storage local:', JSON.stringify({ samples: SAMPLES, broken_ms: brokenMs, failed_uploads: failing.length, first_upload_after_ms: firstUploadAfterMs, completed_after_ms: completedAfterMs, left_at_fix: SAMPLES - doneOf(during) }));
   });
 });

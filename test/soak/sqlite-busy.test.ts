@@ -12,6 +12,9 @@ import { checkOutput, createRun, expectCountersMatchRecount, getRun, makePrompts
 const SAMPLES = 15_000;
 const MODEL = 'm-soak-busy';
 
+/** Validated, and nothing left waiting to be sent (the run's total is 0 while it validates). */
+const allSent = (run: any) => run.request_counts.total > 0 && run.request_counts.pending === 0;
+
 describe.runIf(process.env.REGEN_SOAK)('soak: SQLITE_BUSY all run long', () => {
   const data = tempDir('regen-soak-busy-');
   const sims: SimProcess[] = [];
@@ -32,7 +35,7 @@ describe.runIf(process.env.REGEN_SOAK)('soak: SQLITE_BUSY all run long', () => {
     const fileId = await uploadFile(server.url, prompts.jsonl);
     const { id } = await createRun(server.url, { model: MODEL, input: { file_id: fileId }, shard_size: 500, regenerate: 'last_assistant' });
     let locks = 0;
-    while ((await getRun(server.url, id)).request_counts.pending > 0) {
+    while (!allSent(await getRun(server.url, id))) {
       await new Promise((r) => setTimeout(r, 2000 + Math.random() * 3000));
       const lock = holdWriteLock(join(data.dir, 'regen.db'), 1000 + Math.random() * 3000);
       await lock.released;
