@@ -111,8 +111,10 @@ describe('SQLITE_BUSY from another process holding the write lock', () => {
     const log = t.server.output();
     const busy = busyLines(log);
     const sites = [...new Set(busy.map((l) => JSON.parse(l).msg as string))].sort();
-    // The failures reached the result writer, validation and the API, each retried or refused cleanly.
-    expect(sites).toEqual(expect.arrayContaining(['result commit failed; retrying', 'validation hit a busy database; retrying', 'database busy; request refused']));
+    // The failures reached the result writer and the API, each retried or refused cleanly. Whether
+    // validation itself met the lock depends on how far it got in 3 s; what it must do either way
+    // (queue exactly 200K samples, nothing doubled) is checked above.
+    expect(sites).toEqual(expect.arrayContaining(['result commit failed; retrying', 'database busy; request refused']));
     console.log('fault-sqlite-busy (250 ms):', JSON.stringify({ samples: SAMPLES, locks, busy_failures: busy.length, sites }));
   });
 
