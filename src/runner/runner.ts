@@ -402,6 +402,9 @@ export class Runner implements RunnerView {
         this.flights.delete(sample.id);
         e.inFlight.delete(sample.id);
         this.guard('refilling a slot', () => this.pump());
+        // Batching commits only pays while answers keep coming; the last ones of a run need not
+        // wait out the interval before their shard can close.
+        if (this.flights.size === 0) this.guard('committing results', () => this.writer.flush());
       });
   }
 
