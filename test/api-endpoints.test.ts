@@ -1,3 +1,4 @@
+import { expectProblem as shared, request, type Raw } from './support/http.js';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { call, spawnServer, startTestServer, tempDir, waitFor } from './support/server.js';
 
@@ -16,42 +17,15 @@ afterAll(async () => {
   await server?.cleanup();
 });
 
-interface Raw {
-  status: number;
-  headers: Headers;
-  text: string;
-  body: any;
-}
-
 /** Every response's raw text is kept, to check afterwards that no api_key was ever in one. */
 async function req(path: string, init: RequestInit & { json?: unknown } = {}): Promise<Raw> {
-  const { json, ...rest } = init;
-  const res = await fetch(server.url + path, {
-    ...rest,
-    ...(json !== undefined ? { body: JSON.stringify(json), headers: { 'content-type': 'application/json' } } : {}),
-  });
-  const text = await res.text();
-  responses.push(text);
-  let body: unknown = null;
-  try {
-    body = JSON.parse(text);
-  } catch {
-    /* not JSON */
-  }
-  return { status: res.status, headers: res.headers, text, body };
+  const res = await request(server.url, path, init);
+  responses.push(res.text);
+  return res;
 }
 
 function expectProblem(res: Raw, status: number, code?: string, field?: string) {
-  expect(res.status, res.text).toBe(status);
-  expect(res.headers.get('content-type')).toMatch(/^application\/problem\+json/);
-  expect(typeof res.body?.code).toBe('string');
-  expect(typeof res.body?.detail).toBe('string');
-  if (code) expect(res.body.code).toBe(code);
-  if (field) expect(res.body.field).toBe(field);
-  expect(res.text).not.toContain('at /');
-  expect(res.text).not.toContain('.ts:');
-  expect(res.text).not.toContain('Error:');
-  expect(res.text).not.toContain(server.config.dataDir);
+  shared(res, status, { code, field, hidden: [server.config.dataDir] });
 }
 
 // Ports nothing listens on: loopback port 1 and 9 refuse connections at once.

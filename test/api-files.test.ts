@@ -1,3 +1,4 @@
+import { expectProblem as shared, request, type Raw } from './support/http.js';
 import { createReadStream, readFileSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import OpenAI from 'openai';
@@ -15,36 +16,11 @@ afterAll(async () => {
   tmp.cleanup();
 });
 
-interface Raw {
-  status: number;
-  headers: Headers;
-  text: string;
-  body: any;
-}
-
-async function req(path: string, init: RequestInit & { duplex?: 'half' } = {}): Promise<Raw> {
-  const res = await fetch(server.url + path, init);
-  const text = await res.text();
-  let body: unknown = null;
-  try {
-    body = JSON.parse(text);
-  } catch {
-    /* not JSON */
-  }
-  return { status: res.status, headers: res.headers, text, body };
-}
+const req = (path: string, init: RequestInit & { duplex?: 'half' } = {}) => request(server.url, path, init);
 
 /** Every error is problem+json with a code and a detail, and leaks no stack, path or exception text. */
 function expectProblem(res: Raw, status: number, code?: string) {
-  expect(res.status, res.text).toBe(status);
-  expect(res.headers.get('content-type')).toMatch(/^application\/problem\+json/);
-  expect(typeof res.body?.code).toBe('string');
-  expect(typeof res.body?.detail).toBe('string');
-  if (code) expect(res.body.code).toBe(code);
-  expect(res.text).not.toContain('at /');
-  expect(res.text).not.toContain('.ts:');
-  expect(res.text).not.toContain('Error:');
-  expect(res.text).not.toContain(server.config.dataDir);
+  shared(res, status, { code, hidden: [server.config.dataDir] });
 }
 
 async function fileCount(): Promise<number> {

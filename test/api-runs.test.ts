@@ -1,3 +1,4 @@
+import { expectProblem as shared, request, type Raw } from './support/http.js';
 import { mkdirSync, symlinkSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { pathToFileURL } from 'node:url';
@@ -21,44 +22,10 @@ afterAll(async () => {
   outside.cleanup();
 });
 
-interface Raw {
-  status: number;
-  headers: Headers;
-  text: string;
-  body: any;
-}
+const req = (server: TestServer, path: string, init: Parameters<typeof request>[2] = {}) => request(server.url, path, init);
 
-async function req(server: TestServer, path: string, init: RequestInit & { json?: unknown; duplex?: 'half' } = {}): Promise<Raw> {
-  const { json, ...rest } = init;
-  const res = await fetch(server.url + path, {
-    ...rest,
-    ...(json !== undefined ? { body: JSON.stringify(json), headers: { 'content-type': 'application/json', ...(rest.headers as object) } } : {}),
-  });
-  const text = await res.text();
-  let body: unknown = null;
-  try {
-    body = JSON.parse(text);
-  } catch {
-    /* not JSON */
-  }
-  return { status: res.status, headers: res.headers, text, body };
-}
-
-/** Every error is problem+json with a code and a detail, and leaks no stack, path or exception text. */
 function expectProblem(res: Raw, status: number, code?: string, field?: string) {
-  expect(res.status, res.text).toBe(status);
-  expect(res.headers.get('content-type')).toMatch(/^application\/problem\+json/);
-  expect(typeof res.body?.code).toBe('string');
-  expect(typeof res.body?.detail).toBe('string');
-  if (code) expect(res.body.code).toBe(code);
-  if (field) {
-    expect(res.body.field).toBe(field);
-    expect(res.body.detail).toContain(field);
-  }
-  for (const s of [api, live]) expect(res.text).not.toContain(s.config.dataDir);
-  expect(res.text).not.toContain('at /');
-  expect(res.text).not.toContain('.ts:');
-  expect(res.text).not.toContain('Error:');
+  shared(res, status, { code, field, hidden: [api, live].map((srv) => srv.config.dataDir) });
 }
 
 async function upload(server: TestServer, text: string, filename = 'input.jsonl'): Promise<string> {
