@@ -125,6 +125,8 @@ export async function retryRun(deps: Deps, id: string, only: 'failed' | 'flagged
       deps.logger.info({ run_id: id, from: run.status, status: 'queued' }, 'run status');
     }
   }
+  // The answer shows the run as the retry left it, before the runner starts on it again.
+  const reopened = getRun(db, id)!;
   if (requeued > 0 && run.manifestKey) {
     // The old manifest would describe shards that are about to be rewritten; a new one comes at the end.
     await deps.stores
@@ -134,5 +136,5 @@ export async function retryRun(deps: Deps, id: string, only: 'failed' | 'flagged
   }
   deps.logger.info({ run_id: id, requeued, only }, 'samples requeued');
   deps.runner.wake();
-  return { run: getRun(db, id)!, requeued };
+  return { run: reopened, requeued };
 }
