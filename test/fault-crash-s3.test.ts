@@ -1,11 +1,10 @@
 import { ListObjectsV2Command } from '@aws-sdk/client-s3';
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { spawnSimulator, type SimProcess } from '../src/sim/spawn.js';
+import { describe, expect, it } from 'vitest';
 import { makeS3Client } from '../src/storage/s3-store.js';
-import { Stores } from '../src/storage/index.js';
-import { HoldingProxy, S3RVER_AWS, since, startS3, type S3Server } from './support/faults.js';
-import { call, spawnServer, tempDir, waitFor, type ServerProcess } from './support/server.js';
-import { checkOutput, createRun, expectCountersMatchRecount, getRun, makePrompts, registerEndpoint, uploadFile, waitForStatus } from './support/runner-checks.js';
+import { since } from './support/faults.js';
+import { doneOf, faultRig, preparePrompts, readOutput, s3ServerEnv, waitForEnd, waitForRun } from './support/fault-rig.js';
+import type { ServerProcess } from './support/server.js';
+import { createRun, expectCountersMatchRecount, getRun } from './support/runner-checks.js';
 
 // SIGKILL of a server writing to S3 at each dangerous moment: while it reads the input
 // (validating), with requests in flight, in the middle of a shard's PUT, between a shard's PUT and
@@ -18,64 +17,32 @@ const SAMPLES = 3000;
 const SHARD_SIZE = 200;
 const LATENCY = { 'ttft-ms': 30, 'tokens-per-second': 1000 };
 
-const s3dir = tempDir('regen-s3rver-crash-');
-const data = tempDir('regen-crash-s3-');
-const sims: SimProcess[] = [];
-let s3: S3Server;
-let proxy: HoldingProxy;
-let server: ServerProcess | null = null;
-const savedEnv = { ...process.env };
-
-beforeAll(async () => {
-  s3 = await startS3(s3dir.dir, BUCKET);
-  proxy = await new HoldingProxy({ host: '127.0.0.1', port: s3.port }).start();
-  Object.assign(process.env, S3RVER_AWS);
-  sims.push(await spawnSimulator({ ...LATENCY, 'max-running': 16, seed: 1 }));
-  sims.push(await spawnSimulator({ ...LATENCY, 'max-running': 8, seed: 2 }));
-});
-
-afterAll(async () => {
-  await server?.kill('SIGKILL');
-  await Promise.all(sims.map((s) => s.stop()));
-  await proxy?.close();
-  await s3?.stop();
-  process.env = savedEnv;
-  s3dir.cleanup();
-  data.cleanup();
-});
-
-const env = () => ({
-  ...S3RVER_AWS,
-  REGEN_S3_ENDPOINT: proxy.url,
-  REGEN_S3_FORCE_PATH_STYLE: 'true',
-  REGEN_OUTPUT_URI: `s3://${BUCKET}/regen/`,
-});
-const doneOf = (run: any) => run.request_counts.completed + run.request_counts.failed + run.request_counts.cancelled;
+const rig = faultRig();
 
 describe('SIGKILL of a server writing to S3', () => {
   it('at every step of a run, and the output still has each prompt exactly once', async () => {
-    server = await spawnServer(data.dir, env());
-    for (const s of sims) await registerEndpoint(server.url, s.url);
-    const prompts = makePrompts(SAMPLES, 'k');
-    const fileId = await uploadFile(server.url, prompts.jsonl);
+    const { s3, proxy } = await rig.startHeldS3(BUCKET);
+    await rig.sim({ ...LATENCY, 'max-running': 16, seed: 1 });
+    await rig.sim({ ...LATENCY, 'max-running': 8, seed: 2 });
+    const data = rig.dir('regen-crash-s3-');
+    const env = s3ServerEnv(proxy.url, BUCKET);
+    let server: ServerProcess = await rig.serve(data, env);
+    const { prompts, fileId } = await preparePrompts(server.url, rig.sims, SAMPLES, 'k');
     const kills: { point: string; status: string; done: number; inFlight: number; uploaded: number }[] = [];
     const recoveries: { point: string; listeningMs: number; progressMs: number }[] = [];
 
     /** SIGKILLs the server now, noting where the run was; restarts it and times the way back. */
     const killAndRestart = async (point: string, id: string, waitProgress = true) => {
-      const seen = await getRun(server!.url, id);
-      await server!.kill('SIGKILL');
+      const seen = await getRun(server.url, id);
+      await server.kill('SIGKILL');
       kills.push({ point, status: seen.status, done: doneOf(seen), inFlight: seen.request_counts.in_progress, uploaded: seen.shards.uploaded });
       const t0 = performance.now();
-      server = await spawnServer(data.dir, env());
+      server = await rig.serve(data, env);
       const listeningMs = since(t0);
-      const url = server.url;
       // Back to work: a sample or a shard more than at the kill (or the run finished).
       if (waitProgress) {
-        await waitFor(`progress after the kill ${point}`, async () => {
-          const r = (await call(url, `/v1/runs/${id}`)).body;
-          return doneOf(r) > doneOf(seen) || r.shards.uploaded > seen.shards.uploaded || r.status === 'completed' ? r : undefined;
-        }, 60_000, 50);
+        const progressed = (r: any) => doneOf(r) > doneOf(seen) || r.shards.uploaded > seen.shards.uploaded || r.status === 'completed';
+        await waitForRun(server.url, id, `progress after the kill ${point}`, progressed, 60_000, 50);
       }
       recoveries.push({ point, listeningMs, progressMs: since(t0) });
       return seen;
@@ -88,11 +55,7 @@ describe('SIGKILL of a server writing to S3', () => {
     expect((await killAndRestart('validating', id)).status).toBe('validating');
 
     // 2. Mid-dispatch, with requests in flight.
-    const url2 = server.url;
-    await waitFor('30% done with requests in flight', async () => {
-      const r = (await call(url2, `/v1/runs/${id}`)).body;
-      return doneOf(r) >= 0.3 * SAMPLES && r.request_counts.in_progress > 0 ? r : undefined;
-    }, 90_000, 50);
+    await waitForRun(server.url, id, '30% done with requests in flight', (r) => doneOf(r) >= 0.3 * SAMPLES && r.request_counts.in_progress > 0, 90_000, 50);
     expect((await killAndRestart('in flight', id)).status).toBe('in_progress');
 
     // 3. In the middle of a shard's PUT: the object never reaches the bucket.
@@ -117,7 +80,7 @@ describe('SIGKILL of a server writing to S3', () => {
     await manifestCheck.arrived;
     expect((await killAndRestart('between the manifest PUT and completed', id, false)).status).toBe('finalizing');
 
-    const done = await waitForStatus(server.url, id, ['completed', 'failed', 'paused', 'cancelled']);
+    const done = await waitForEnd(server.url, id);
     expect(done.status).toBe('completed');
     expect(done.request_counts).toMatchObject({ total: SAMPLES, completed: SAMPLES, failed: 0 });
     expect(done.shards).toEqual({ total: SAMPLES / SHARD_SIZE, uploaded: SAMPLES / SHARD_SIZE });
@@ -125,9 +88,7 @@ describe('SIGKILL of a server writing to S3', () => {
     expect(kills[1].inFlight).toBeGreaterThan(0);
 
     // Read the bucket directly, not through the proxy.
-    const stores = new Stores({ endpoint: s3.url, forcePathStyle: true });
-    const out = await checkOutput(stores.forUri(done.output_uri), prompts.expected);
-    stores.close();
+    const out = await readOutput(done, prompts, s3.url);
     expect(out.lines.size).toBe(SAMPLES);
     expect(out.errors.size).toBe(0);
     expect(out.manifest.run.status).toBe('completed');

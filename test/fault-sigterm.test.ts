@@ -1,11 +1,10 @@
 import Database from 'better-sqlite3';
 import { join } from 'node:path';
-import { afterAll, describe, expect, it } from 'vitest';
-import { spawnSimulator, type SimProcess } from '../src/sim/spawn.js';
-import { Stores } from '../src/storage/index.js';
+import { describe, expect, it } from 'vitest';
 import { since } from './support/faults.js';
-import { spawnServer, tempDir, waitFor, type ServerProcess } from './support/server.js';
-import { checkOutput, createRun, expectCountersMatchRecount, makePrompts, registerEndpoint, uploadFile, waitForStatus } from './support/runner-checks.js';
+import { faultRig, preparePrompts, readOutput, simTotals, SLOW_SIM, waitForEnd } from './support/fault-rig.js';
+import { waitFor, type ServerProcess } from './support/server.js';
+import { createRun, expectCountersMatchRecount } from './support/runner-checks.js';
 
 // SIGTERM while hundreds of slow requests are in flight: every one of them must be answered and
 // committed within the grace period, the process must exit 0, and a restart must send each of the
@@ -15,29 +14,19 @@ const SAMPLES = 1200;
 const GRACE_MS = 15_000;
 const MODEL = 'm-sigterm';
 
-const data = tempDir('regen-fault-sigterm-');
-const sims: SimProcess[] = [];
-let server: ServerProcess | null = null;
-
-afterAll(async () => {
-  await server?.kill('SIGKILL');
-  await Promise.all(sims.map((s) => s.stop()));
-  data.cleanup();
-});
+const rig = faultRig();
 
 describe('SIGTERM with hundreds of requests in flight', () => {
   it('drains them all, exits 0 within the grace period, and a restart finishes with nothing lost or duplicated', async () => {
-    // About 2 s a request, 200 at once on each server: max_concurrency comes from /get_server_info.
-    for (const seed of [1, 2]) sims.push(await spawnSimulator({ model: MODEL, 'max-running': 200, 'ttft-ms': 2000, 'tokens-per-second': 10_000, seed }));
-    server = await spawnServer(data.dir, { REGEN_SHUTDOWN_GRACE_MS: String(GRACE_MS) });
-    for (const s of sims) await registerEndpoint(server.url, s.url);
-    const prompts = makePrompts(SAMPLES, 'st');
-    const fileId = await uploadFile(server.url, prompts.jsonl);
+    const data = rig.dir('regen-fault-sigterm-');
+    // max_concurrency comes from /get_server_info.
+    for (const seed of [1, 2]) await rig.sim({ model: MODEL, ...SLOW_SIM, seed });
+    let server: ServerProcess = await rig.serve(data, { REGEN_SHUTDOWN_GRACE_MS: String(GRACE_MS) });
+    const { prompts, fileId } = await preparePrompts(server.url, rig.sims, SAMPLES, 'st');
     const { id } = await createRun(server.url, { model: MODEL, input: { file_id: fileId }, shard_size: 100, regenerate: 'last_assistant' });
 
-    const running = async () => (await Promise.all(sims.map((s) => s.stats()))).reduce((t, s) => t + s.running, 0);
     const inFlight = await waitFor('hundreds of requests in flight', async () => {
-      const n = await running();
+      const n = (await simTotals(rig.sims)).running;
       return n >= 300 ? n : undefined;
     }, 60_000, 50);
 
@@ -47,14 +36,14 @@ describe('SIGTERM with hundreds of requests in flight', () => {
     expect(code).toBe(0);
     expect(exitMs).toBeLessThan(GRACE_MS + 5000);
     expect(server.output()).toContain('regen stopped');
-    const stats = await Promise.all(sims.map((s) => s.stats()));
+    const stats = await simTotals(rig.sims);
     // Nothing was cut off: every request in flight at the signal was answered.
-    expect(stats.reduce((t, s) => t + s.aborted, 0)).toBe(0);
-    expect(stats.reduce((t, s) => t + s.running, 0)).toBe(0);
-    const answered = stats.reduce((t, s) => t + s.completed, 0);
+    expect(stats.aborted).toBe(0);
+    expect(stats.running).toBe(0);
+    const answered = stats.completed;
 
     // Every answer is committed, nothing is leased, the counters match the rows.
-    const db = new Database(join(data.dir, 'regen.db'), { readonly: true });
+    const db = new Database(join(data, 'regen.db'), { readonly: true });
     const counts = db.prepare(`select status, count(*) n, count(lease_owner) leased from samples where run_id = ? group by status`).all(id) as any[];
     const row = db.prepare(`select pending, in_progress, completed from runs where id = ?`).get(id) as any;
     db.close();
@@ -65,18 +54,15 @@ describe('SIGTERM with hundreds of requests in flight', () => {
     expect(n('pending')).toBeGreaterThan(0);
 
     const t1 = performance.now();
-    server = await spawnServer(data.dir, { REGEN_SHUTDOWN_GRACE_MS: String(GRACE_MS) });
-    const done = await waitForStatus(server.url, id, ['completed', 'failed', 'paused', 'cancelled']);
+    server = await rig.serve(data, { REGEN_SHUTDOWN_GRACE_MS: String(GRACE_MS) });
+    const done = await waitForEnd(server.url, id);
     const finishMs = since(t1);
     expect(done.status).toBe('completed');
     expect(done.request_counts).toMatchObject({ total: SAMPLES, completed: SAMPLES, failed: 0 });
-    const stores = new Stores({ forcePathStyle: false });
-    const out = await checkOutput(stores.forUri(done.output_uri), prompts.expected);
-    stores.close();
+    const out = await readOutput(done, prompts);
     expect(out.lines.size).toBe(SAMPLES);
     // Each prompt was sent exactly once across both processes.
-    const requests = (await Promise.all(sims.map((s) => s.stats()))).reduce((t, s) => t + s.requests, 0);
-    expect(requests).toBe(SAMPLES);
+    expect((await simTotals(rig.sims)).requests).toBe(SAMPLES);
     expect([...out.lines.values()].every((l) => l.attempts === 1)).toBe(true);
     await expectCountersMatchRecount(server.url, done);
     expect(await server.kill('SIGTERM')).toBe(0);

@@ -1,87 +1,61 @@
 import { renameSync, rmSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
-import { afterAll, describe, expect, it } from 'vitest';
-import { spawnSimulator, type SimProcess } from '../src/sim/spawn.js';
-import { Stores } from '../src/storage/index.js';
-import { S3RVER_AWS, since, startS3, type S3Server } from './support/faults.js';
-import { call, spawnServer, tempDir, waitFor, type ServerProcess } from './support/server.js';
-import { checkOutput, createRun, expectCountersMatchRecount, makePrompts, registerEndpoint, uploadFile, waitForStatus } from './support/runner-checks.js';
+import { describe, expect, it } from 'vitest';
+import { since } from './support/faults.js';
+import { doneOf, faultRig, preparePrompts, readOutput, s3ServerEnv, waitForEnd, waitForReadyz, waitForRun } from './support/fault-rig.js';
+import { call, waitFor } from './support/server.js';
+import { createRun, expectCountersMatchRecount } from './support/runner-checks.js';
 
 // The object store goes away mid-run: s3rver stopped for 30 s, and a local output folder that can
 // no longer be written. Tests run as root, where chmod 0555 does not stop a write, so the folder
 // is replaced by a plain file: every write under it fails with ENOTDIR whoever the user is.
 
-const sims: SimProcess[] = [];
-const servers: ServerProcess[] = [];
-const dirs: { cleanup(): void }[] = [];
-const savedEnv = { ...process.env };
-let s3: S3Server | null = null;
+const rig = faultRig();
 
-afterAll(async () => {
-  for (const s of servers) await s.kill('SIGKILL');
-  await Promise.all(sims.map((s) => s.stop()));
-  await s3?.stop().catch(() => {});
-  process.env = savedEnv;
-  for (const d of dirs) d.cleanup();
-});
-
-function dir(prefix: string): string {
-  const d = tempDir(prefix);
-  dirs.push(d);
-  return d.dir;
-}
-
-async function sim(model: string): Promise<SimProcess> {
-  const s = await spawnSimulator({ model, 'max-running': 8, 'ttft-ms': 60, 'tokens-per-second': 1000 });
-  sims.push(s);
-  return s;
-}
-
-const doneOf = (run: any) => run.request_counts.completed + run.request_counts.failed + run.request_counts.cancelled;
+const sim = (model: string) => rig.sim({ model, 'max-running': 8, 'ttft-ms': 60, 'tokens-per-second': 1000 });
 
 async function shardsOf(base: string, id: string): Promise<any[]> {
   return (await call(base, `/v1/runs/${id}/shards?limit=1000`)).body.data;
+}
+
+/** Shards that closed while the store was away: still open, with a failed upload behind them. */
+function waitForFailedUploads(base: string, id: string, ms: number): Promise<any[]> {
+  return waitFor('a shard upload to fail', async () => {
+    const open = (await shardsOf(base, id)).filter((x) => x.status === 'open' && x.upload_attempts > 0);
+    return open.length ? open : undefined;
+  }, ms);
+}
+
+/** Once the store is back at `t0`: /readyz 200, an upload beyond `uploaded`, the run's end; each with its time since `t0`. */
+async function waitForRecovery(base: string, id: string, uploaded: number, t0: number, readyMs: number) {
+  await waitForReadyz(base, 200, readyMs);
+  const readyAfterMs = since(t0);
+  await waitForRun(base, id, 'the shards that waited to be uploaded', (r) => r.shards.uploaded > uploaded, 30_000);
+  const firstUploadAfterMs = since(t0);
+  const done = await waitForEnd(base, id);
+  return { done, readyAfterMs, firstUploadAfterMs, completedAfterMs: since(t0) };
 }
 
 describe('object store faults', () => {
   it('an S3 outage of 30 s: shards wait, upload once it is back, and the run completes with nothing lost', async () => {
     const BUCKET = 'regen-outage';
     const SAMPLES = 2000;
-    const s3dir = dir('regen-s3rver-outage-');
-    s3 = await startS3(s3dir, BUCKET);
+    let s3 = await rig.startS3(BUCKET);
     const port = s3.port;
-    Object.assign(process.env, S3RVER_AWS);
     const s = await sim('m-outage');
-    const server = await spawnServer(dir('regen-outage-'), {
-      ...S3RVER_AWS,
-      REGEN_S3_ENDPOINT: s3.url,
-      REGEN_S3_FORCE_PATH_STYLE: 'true',
-      REGEN_OUTPUT_URI: `s3://${BUCKET}/regen/`,
-    });
-    servers.push(server);
+    const server = await rig.serve(rig.dir('regen-outage-'), s3ServerEnv(s3.url, BUCKET));
     const base = server.url;
     expect((await call(base, '/readyz')).status).toBe(200);
-    await registerEndpoint(base, s.url);
-    const prompts = makePrompts(SAMPLES, 'so');
-    const fileId = await uploadFile(base, prompts.jsonl);
+    const { prompts, fileId } = await preparePrompts(base, [s], SAMPLES, 'so');
     const { id } = await createRun(base, { model: 'm-outage', input: { file_id: fileId }, shard_size: 100, regenerate: 'last_assistant' });
-    const before = await waitFor('a few shards uploaded', async () => {
-      const r = (await call(base, `/v1/runs/${id}`)).body;
-      return r.shards.uploaded >= 2 ? r : undefined;
-    });
+    const before = await waitForRun(base, id, 'a few shards uploaded', (r) => r.shards.uploaded >= 2);
 
     await s3.stop();
     const tDown = performance.now();
-    const down = await waitFor('/readyz to report the object store', async () => {
-      const r = await call(base, '/readyz');
-      return r.status === 503 ? r : undefined;
-    }, 20_000);
+    const down = await waitForReadyz(base, 503, 20_000);
     expect(down.body).toMatchObject({ status: 'unavailable', checks: { database: 'ok', object_store: 'unavailable' } });
     // Shards that close meanwhile fail to upload, say why on the shard, and are retried.
-    const failing = await waitFor('a shard upload to fail', async () => {
-      const open = (await shardsOf(base, id)).filter((x) => x.status === 'open' && x.upload_attempts > 0);
-      return open.length ? open : undefined;
-    }, 25_000);
+    const failing = await waitForFailedUploads(base, id, 25_000);
     expect(failing[0].last_error).toMatch(/^upload failed: .*connection refused.*; retrying/);
     const remaining = 30_000 - since(tDown);
     if (remaining > 0) await new Promise((r) => setTimeout(r, remaining));
@@ -91,17 +65,8 @@ describe('object store faults', () => {
     expect(doneOf(duringOutage)).toBeGreaterThan(doneOf(before));
     const outageMs = since(tDown);
 
-    s3 = await startS3(s3dir, BUCKET, port);
-    const tUp = performance.now();
-    await waitFor('/readyz 200 again', async () => ((await call(base, '/readyz')).status === 200 ? true : undefined), 30_000);
-    const readyAfterMs = since(tUp);
-    await waitFor('the shards that waited to be uploaded', async () => {
-      const r = (await call(base, `/v1/runs/${id}`)).body;
-      return r.shards.uploaded > duringOutage.shards.uploaded ? true : undefined;
-    }, 30_000);
-    const firstUploadAfterMs = since(tUp);
-    const done = await waitForStatus(base, id, ['completed', 'failed', 'paused', 'cancelled']);
-    const completedAfterMs = since(tUp);
+    s3 = await rig.startS3(BUCKET, port);
+    const { done, readyAfterMs, firstUploadAfterMs, completedAfterMs } = await waitForRecovery(base, id, duringOutage.shards.uploaded, performance.now(), 30_000);
     expect(done.status).toBe('completed');
     expect(done.request_counts).toMatchObject({ total: SAMPLES, completed: SAMPLES, failed: 0 });
     expect(done.shards).toEqual({ total: SAMPLES / 100, uploaded: SAMPLES / 100 });
@@ -110,9 +75,7 @@ describe('object store faults', () => {
     const retriedShards = shards.filter((x) => x.upload_attempts > 0).length;
     expect(retriedShards).toBeGreaterThan(0);
 
-    const stores = new Stores({ endpoint: s3.url, forcePathStyle: true });
-    const out = await checkOutput(stores.forUri(done.output_uri), prompts.expected);
-    stores.close();
+    const out = await readOutput(done, prompts, s3.url);
     expect(out.lines.size).toBe(SAMPLES);
     await expectCountersMatchRecount(base, done);
     // The process rode it out: one listening line, no crash.
@@ -125,33 +88,21 @@ describe('object store faults', () => {
 
   it('a local output folder that cannot be written: a clear error on the shards, /readyz 503, no crash, recovery', async () => {
     const SAMPLES = 1500;
-    const data = dir('regen-readonly-');
+    const data = rig.dir('regen-readonly-');
     const s = await sim('m-readonly');
-    const server = await spawnServer(data);
-    servers.push(server);
+    const server = await rig.serve(data);
     const base = server.url;
-    await registerEndpoint(base, s.url);
-    const prompts = makePrompts(SAMPLES, 'ro');
-    const fileId = await uploadFile(base, prompts.jsonl);
+    const { prompts, fileId } = await preparePrompts(base, [s], SAMPLES, 'ro');
     const { id } = await createRun(base, { model: 'm-readonly', input: { file_id: fileId }, shard_size: 100, regenerate: 'last_assistant' });
-    const before = await waitFor('a shard uploaded', async () => {
-      const r = (await call(base, `/v1/runs/${id}`)).body;
-      return r.shards.uploaded >= 1 ? r : undefined;
-    });
+    const before = await waitForRun(base, id, 'a shard uploaded', (r) => r.shards.uploaded >= 1);
 
     const objects = join(data, 'objects');
     renameSync(objects, `${objects}.away`);
     writeFileSync(objects, 'not a folder');
     const tBroken = performance.now();
-    const down = await waitFor('/readyz 503', async () => {
-      const r = await call(base, '/readyz');
-      return r.status === 503 ? r : undefined;
-    }, 10_000);
+    const down = await waitForReadyz(base, 503, 10_000);
     expect(down.body.checks.object_store).toBe('unavailable');
-    const failing = await waitFor('a shard upload to fail', async () => {
-      const open = (await shardsOf(base, id)).filter((x) => x.status === 'open' && x.upload_attempts > 0);
-      return open.length ? open : undefined;
-    }, 30_000);
+    const failing = await waitForFailedUploads(base, id, 30_000);
     expect(failing[0].last_error).toMatch(/^upload failed: not a directory \(ENOTDIR\); retrying/);
     // No server path in what the API says.
     expect(JSON.stringify(failing)).not.toContain(data);
@@ -163,20 +114,10 @@ describe('object store faults', () => {
 
     rmSync(objects);
     renameSync(`${objects}.away`, objects);
-    const tFixed = performance.now();
-    await waitFor('/readyz 200 again', async () => ((await call(base, '/readyz')).status === 200 ? true : undefined), 10_000);
-    await waitFor('the shards that waited to be uploaded', async () => {
-      const r = (await call(base, `/v1/runs/${id}`)).body;
-      return r.shards.uploaded > during.shards.uploaded ? true : undefined;
-    }, 30_000);
-    const firstUploadAfterMs = since(tFixed);
-    const done = await waitForStatus(base, id, ['completed', 'failed', 'paused', 'cancelled']);
-    const completedAfterMs = since(tFixed);
+    const { done, firstUploadAfterMs, completedAfterMs } = await waitForRecovery(base, id, during.shards.uploaded, performance.now(), 10_000);
     expect(done.status).toBe('completed');
     expect(done.request_counts).toMatchObject({ total: SAMPLES, completed: SAMPLES, failed: 0 });
-    const stores = new Stores({ forcePathStyle: false });
-    const out = await checkOutput(stores.forUri(done.output_uri), prompts.expected);
-    stores.close();
+    const out = await readOutput(done, prompts);
     expect(out.lines.size).toBe(SAMPLES);
     await expectCountersMatchRecount(base, done);
     expect(server.proc.exitCode).toBeNull();

@@ -1,9 +1,8 @@
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { spawnSimulator, type SimProcess } from '../../src/sim/spawn.js';
-import { Stores } from '../../src/storage/index.js';
-import { HoldingProxy, S3RVER_AWS, startS3, type Hold, type S3Server } from '../support/faults.js';
-import { spawnServer, tempDir, type ServerProcess } from '../support/server.js';
-import { checkOutput, createRun, expectCountersMatchRecount, getRun, makePrompts, registerEndpoint, uploadFile, waitForStatus } from '../support/runner-checks.js';
+import { describe, expect, it } from 'vitest';
+import type { Hold } from '../support/faults.js';
+import { allSent, doneOf, faultRig, preparePrompts, readOutput, s3ServerEnv, waitForEnd } from '../support/fault-rig.js';
+import type { ServerProcess } from '../support/server.js';
+import { createRun, expectCountersMatchRecount, getRun } from '../support/runner-checks.js';
 
 // The soak variant of fault-crash-s3: a 20,000-sample run SIGKILLed over and over, each time at the
 // next of three points (requests in flight, inside a shard PUT, between a PUT and its check),
@@ -13,50 +12,23 @@ const BUCKET = 'regen-soak-crash';
 const SAMPLES = 20_000;
 const SHARD_SIZE = 500;
 
-/** Validated, and nothing left waiting to be sent (the run's total is 0 while it validates). */
-const allSent = (run: any) => run.request_counts.total > 0 && run.request_counts.pending === 0;
-
 describe.runIf(process.env.REGEN_SOAK)('soak: SIGKILL of an S3-writing server, over and over', () => {
-  const s3dir = tempDir('regen-soak-s3rver-');
-  const data = tempDir('regen-soak-crash-');
-  const sims: SimProcess[] = [];
-  let s3: S3Server;
-  let proxy: HoldingProxy;
-  let server: ServerProcess | null = null;
-  const savedEnv = { ...process.env };
-
-  beforeAll(async () => {
-    s3 = await startS3(s3dir.dir, BUCKET);
-    proxy = await new HoldingProxy({ host: '127.0.0.1', port: s3.port }).start();
-    Object.assign(process.env, S3RVER_AWS);
-    for (const seed of [1, 2, 3]) sims.push(await spawnSimulator({ 'ttft-ms': 150, 'tokens-per-second': 1000, 'max-running': 16, seed }));
-  });
-
-  afterAll(async () => {
-    await server?.kill('SIGKILL');
-    await Promise.all(sims.map((s) => s.stop()));
-    await proxy?.close();
-    await s3?.stop();
-    process.env = savedEnv;
-    s3dir.cleanup();
-    data.cleanup();
-  });
-
-  const env = () => ({ ...S3RVER_AWS, REGEN_S3_ENDPOINT: proxy.url, REGEN_S3_FORCE_PATH_STYLE: 'true', REGEN_OUTPUT_URI: `s3://${BUCKET}/regen/` });
-  const doneOf = (run: any) => run.request_counts.completed + run.request_counts.failed + run.request_counts.cancelled;
+  const rig = faultRig();
 
   it('completes with every prompt exactly once', async () => {
-    server = await spawnServer(data.dir, env());
-    for (const s of sims) await registerEndpoint(server.url, s.url);
-    const prompts = makePrompts(SAMPLES, 'soak');
-    const fileId = await uploadFile(server.url, prompts.jsonl);
+    const { s3, proxy } = await rig.startHeldS3(BUCKET);
+    for (const seed of [1, 2, 3]) await rig.sim({ 'ttft-ms': 150, 'tokens-per-second': 1000, 'max-running': 16, seed });
+    const data = rig.dir('regen-soak-crash-');
+    const env = s3ServerEnv(proxy.url, BUCKET);
+    let server: ServerProcess = await rig.serve(data, env);
+    const { prompts, fileId } = await preparePrompts(server.url, rig.sims, SAMPLES, 'soak');
     const { id } = await createRun(server.url, { model: 'sim-model', input: { file_id: fileId }, shard_size: SHARD_SIZE, regenerate: 'last_assistant' });
     const kills: string[] = [];
     const restart = async (point: string) => {
-      const seen = await getRun(server!.url, id);
-      await server!.kill('SIGKILL');
+      const seen = await getRun(server.url, id);
+      await server.kill('SIGKILL');
       kills.push(`${point}@${doneOf(seen)}`);
-      server = await spawnServer(data.dir, env());
+      server = await rig.serve(data, env);
     };
     /** Waits for a held request, or for the run to settle first (then there is nothing left to hold). */
     const arrivedOrSettled = async (hold: Hold) => {
@@ -64,7 +36,7 @@ describe.runIf(process.env.REGEN_SOAK)('soak: SIGKILL of an S3-writing server, o
       void hold.arrived.then(() => (arrived = true));
       for (;;) {
         if (arrived) return true;
-        if (allSent(await getRun(server!.url, id))) return arrived;
+        if (allSent(await getRun(server.url, id))) return arrived;
         await new Promise((r) => setTimeout(r, 100));
       }
     };
@@ -93,12 +65,10 @@ describe.runIf(process.env.REGEN_SOAK)('soak: SIGKILL of an S3-writing server, o
       await restart(point);
     }
 
-    const done = await waitForStatus(server.url, id, ['completed', 'failed', 'paused', 'cancelled'], 600_000);
+    const done = await waitForEnd(server.url, id, 600_000);
     expect(done.status).toBe('completed');
     expect(done.request_counts).toMatchObject({ total: SAMPLES, completed: SAMPLES, failed: 0 });
-    const stores = new Stores({ endpoint: s3.url, forcePathStyle: true });
-    const out = await checkOutput(stores.forUri(done.output_uri), prompts.expected);
-    stores.close();
+    const out = await readOutput(done, prompts, s3.url);
     expect(out.lines.size).toBe(SAMPLES);
     expect([...out.lines.values()].every((l) => l.attempts === 1)).toBe(true);
     await expectCountersMatchRecount(server.url, done);

@@ -1,9 +1,8 @@
 import { once } from 'node:events';
-import { afterAll, describe, expect, it } from 'vitest';
-import { spawnSimulator, type SimProcess } from '../../src/sim/spawn.js';
-import { Stores } from '../../src/storage/index.js';
-import { call, spawnServer, tempDir, waitFor, type ServerProcess } from '../support/server.js';
-import { checkOutput, createRun, expectCountersMatchRecount, makePrompts, registerEndpoint, uploadFile, waitForStatus } from '../support/runner-checks.js';
+import { describe, expect, it } from 'vitest';
+import { allSent, faultRig, preparePrompts, readOutput, waitForEnd } from '../support/fault-rig.js';
+import { call, waitFor } from '../support/server.js';
+import { createRun, expectCountersMatchRecount } from '../support/runner-checks.js';
 
 // The soak variant of fault-endpoints: 20,000 samples over flaky servers while, every few seconds,
 // one of two other servers crashes and comes back on its port, until the run is done.
@@ -12,35 +11,16 @@ const SAMPLES = 20_000;
 const MODEL = 'm-soak-eps';
 const FLAKY = { 'error-rate': 0.1, 'reset-rate': 0.05, 'hang-rate': 0.01 };
 
-/** Validated, and nothing left waiting to be sent (the run's total is 0 while it validates). */
-const allSent = (run: any) => run.request_counts.total > 0 && run.request_counts.pending === 0;
-
 describe.runIf(process.env.REGEN_SOAK)('soak: endpoints failing and returning for a whole run', () => {
-  const data = tempDir('regen-soak-eps-');
-  const sims: SimProcess[] = [];
-  let server: ServerProcess | null = null;
-
-  afterAll(async () => {
-    await server?.kill('SIGKILL');
-    await Promise.all(sims.map((s) => s.stop()));
-    data.cleanup();
-  });
-
-  const sim = async (flags: Record<string, string | number>) => {
-    const s = await spawnSimulator({ model: MODEL, 'ttft-ms': 100, 'tokens-per-second': 1000, 'max-running': 16, ...flags });
-    sims.push(s);
-    return s;
-  };
+  const rig = faultRig();
+  const sim = (flags: Record<string, string | number>) => rig.sim({ model: MODEL, 'ttft-ms': 100, 'tokens-per-second': 1000, 'max-running': 16, ...flags });
 
   it('completes every sample, and every endpoint ends ready', async () => {
     for (const seed of [3, 4]) await sim({ ...FLAKY, seed });
     const bouncing = [await sim({ seed: 5 }), await sim({ seed: 6 })];
-    server = await spawnServer(data.dir);
+    const server = await rig.serve(rig.dir('regen-soak-eps-'));
     const base = server.url;
-    const eps: any[] = [];
-    for (const s of sims) eps.push(await registerEndpoint(base, s.url));
-    const prompts = makePrompts(SAMPLES, 'se');
-    const fileId = await uploadFile(base, prompts.jsonl);
+    const { prompts, fileId, endpoints: eps } = await preparePrompts(base, rig.sims, SAMPLES, 'se');
     const { id } = await createRun(base, { model: MODEL, input: { file_id: fileId }, shard_size: 1000, regenerate: 'last_assistant', request_timeout_ms: 2000, max_attempts: 50 });
 
     let bounces = 0;
@@ -58,16 +38,14 @@ describe.runIf(process.env.REGEN_SOAK)('soak: endpoints failing and returning fo
       bounces++;
     }
 
-    const done = await waitForStatus(base, id, ['completed', 'failed', 'paused', 'cancelled'], 600_000);
+    const done = await waitForEnd(base, id, 600_000);
     expect(done.status).toBe('completed');
     expect(done.request_counts).toMatchObject({ total: SAMPLES, completed: SAMPLES, failed: 0 });
     await waitFor('every endpoint ready', async () => {
       const states = await Promise.all(eps.map(async (e) => (await call(base, `/v1/endpoints/${e.id}`)).body.state));
       return states.every((s) => s === 'ready') ? true : undefined;
     }, 120_000, 500);
-    const stores = new Stores({ forcePathStyle: false });
-    const out = await checkOutput(stores.forUri(done.output_uri), prompts.expected);
-    stores.close();
+    const out = await readOutput(done, prompts);
     expect(out.lines.size).toBe(SAMPLES);
     await expectCountersMatchRecount(base, done);
     console.log(`soak endpoints: ${SAMPLES} samples, ${bounces} crash-and-return cycles, ${done.progress.elapsed_seconds} s`);
