@@ -12,7 +12,7 @@ const PARTS: Record<string, () => Promise<Figure[]>> = {
   million: benchMillion,
 };
 
-const fmt = (n: number | null) => (n === null ? '' : n >= 100 ? Math.round(n).toLocaleString('en') : n.toFixed(n >= 10 ? 1 : 2));
+const fmt = (n: number | null, unit = '') => (n === null ? '' : unit === '%' ? n.toFixed(2) : n >= 100 ? Math.round(n).toLocaleString('en') : n.toFixed(n >= 10 ? 1 : 2));
 
 function table(figures: Figure[]): string {
   const rows = [
@@ -20,7 +20,7 @@ function table(figures: Figure[]): string {
     '|---|---|---|---|---|---|---|',
     ...figures.map(
       (f) =>
-        `| ${f.part} | ${f.figure} | ${fmt(f.regen)} ${f.unit} | ${f.baseline === null ? '' : `${fmt(f.baseline)} ${f.unit}`} | ${f.ratio === null ? '' : f.ratio.toFixed(3)} | ${f.target} | ${f.ok === null ? '' : f.ok ? 'yes' : 'no'} |`,
+        `| ${f.part} | ${f.figure} | ${fmt(f.regen, f.unit)} ${f.unit} | ${f.baseline === null ? '' : `${fmt(f.baseline, f.unit)} ${f.unit}`} | ${f.ratio === null ? '' : f.ratio.toFixed(3)} | ${f.target} | ${f.ok === null ? '' : f.ok ? 'yes' : 'no'} |`,
     ),
   ];
   return rows.join('\n');
