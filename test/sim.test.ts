@@ -444,7 +444,7 @@ describe('regen sim: process lifecycle', { timeout: 20_000 }, () => {
     const signalledAt = Date.now();
     sim.child.kill('SIGTERM');
     expect(await sim.exited).toBe(0);
-    expect(Date.now() - signalledAt).toBeLessThan(2000);
+    expect(Date.now() - signalledAt).toBeLessThan(10_000);
     expect(await hung).toBeInstanceOf(Error);
   });
 
