@@ -80,8 +80,13 @@ describe('SQLITE_BUSY from another process holding the write lock', () => {
       const lock = holdWriteLock(t.dbPath, 3000);
       await lock.locked;
       const t0 = performance.now();
-      // An API write is refused with a 503 problem, a read still answers.
-      const write = await call(t.base, `/v1/endpoints/${t.eps[0].id}`, { method: 'PATCH', json: { weight: 2 } });
+      // An API write is refused with a 503 problem, a read still answers. The server's own writes
+      // stall its event loop for a busy timeout each, so a request may be served only after the
+      // lock is gone: ask again until one lands inside the lock.
+      let released = false;
+      void lock.released.then(() => (released = true));
+      let write = await call(t.base, `/v1/endpoints/${t.eps[0].id}`, { method: 'PATCH', json: { weight: 2 } });
+      while (write.status === 200 && !released) write = await call(t.base, `/v1/endpoints/${t.eps[0].id}`, { method: 'PATCH', json: { weight: 2 } });
       expect(write.status, JSON.stringify(write.body)).toBe(503);
       expect(write.headers.get('content-type')).toContain('application/problem+json');
       expect(write.body.detail).toBe('the database is busy; try again');
@@ -111,10 +116,11 @@ describe('SQLITE_BUSY from another process holding the write lock', () => {
     const log = t.server.output();
     const busy = busyLines(log);
     const sites = [...new Set(busy.map((l) => JSON.parse(l).msg as string))].sort();
-    // The failures reached the result writer and the API, each retried or refused cleanly. Whether
-    // validation itself met the lock depends on how far it got in 3 s; what it must do either way
-    // (queue exactly 200K samples, nothing doubled) is checked above.
-    expect(sites).toEqual(expect.arrayContaining(['result commit failed; retrying', 'database busy; request refused']));
+    // The failures reached the API and the runner, each retried or refused cleanly. Which of the
+    // runner's writes meets a lock (a result commit, a slot refill, validation, a probe) depends on
+    // timing; what they must do either way (lose nothing, double nothing) is checked above.
+    expect(sites).toContain('database busy; request refused');
+    expect(sites.filter((s) => s !== 'database busy; request refused').length).toBeGreaterThan(0);
     console.log('fault-sqlite-busy (250 ms):', JSON.stringify({ samples: SAMPLES, locks, busy_failures: busy.length, sites }));
   });
 
