@@ -9,7 +9,8 @@ export type InputSource = { kind: 'path'; path: string } | { kind: 'object'; pre
 
 const bad = (message: string) => new ApiError('validation_failed', `input.uri: ${message}`, { field: 'input.uri' });
 
-function inside(path: string, root: string): boolean {
+/** Whether a path is a root or lies below it. */
+export function inside(path: string, root: string): boolean {
   return path === root || path.startsWith(root.endsWith(sep) ? root : root + sep);
 }
 

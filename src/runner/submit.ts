@@ -1,3 +1,4 @@
+import { fileURLToPath } from 'node:url';
 import { createHash } from 'node:crypto';
 import { eq } from 'drizzle-orm';
 import type { Deps } from '../deps.js';
@@ -7,7 +8,7 @@ import { getRunByIdempotencyKey } from '../db/runs.js';
 import { files, runs, type QualityConfig, type RunInput, type RunRow } from '../db/schema.js';
 import { parseStoreUri, StoreUriError } from '../storage/index.js';
 import type { CreateRunBody } from '../routes/runs/schemas.js';
-import { resolveInput } from './input-source.js';
+import { inside, resolveInput } from './input-source.js';
 import { appendEvent } from '../db/events.js';
 
 export const QUALITY_DEFAULTS: QualityConfig = {
@@ -37,9 +38,8 @@ function outputUriFor(deps: Deps, runId: string, requested?: string): string {
   }
   if (uri.startsWith('file:')) {
     // A local output folder is held to the same roots as local inputs.
-    const roots = [deps.config.dataDir, ...deps.config.inputRoots];
-    const path = decodeURIComponent(new URL(uri).pathname);
-    if (!roots.some((r) => path === r + '/' || path.startsWith(r.endsWith('/') ? r : r + '/'))) {
+    const path = fileURLToPath(uri);
+    if (![deps.config.dataDir, ...deps.config.inputRoots].some((root) => inside(path, root))) {
       throw new ApiError('validation_failed', 'output.uri: file:// outputs must lie inside the data folder or REGEN_INPUT_ROOTS', {
         field: 'output.uri',
       });
