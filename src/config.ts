@@ -24,6 +24,7 @@ const settings = {
   apiTokens: { env: 'REGEN_API_TOKENS', flag: undefined, parse: list, default: '' },
   allowPublicBind: { env: 'REGEN_ALLOW_PUBLIC_BIND', flag: undefined, parse: bool, default: 'false' },
   runner: { env: 'REGEN_RUNNER', flag: undefined, parse: bool, default: 'true' },
+  runnerThread: { env: 'REGEN_RUNNER_THREAD', flag: undefined, parse: bool, default: 'true' },
   requestTimeoutMs: { env: 'REGEN_REQUEST_TIMEOUT_MS', flag: undefined, parse: int(100, 86_400_000), default: '600000' },
   maxAttempts: { env: 'REGEN_MAX_ATTEMPTS', flag: undefined, parse: int(1, 100), default: '5' },
   shardSize: { env: 'REGEN_SHARD_SIZE', flag: undefined, parse: int(1, 1_000_000), default: '1000' },

@@ -2,7 +2,7 @@ import type { Config } from './config.js';
 import type { Db } from './db/client.js';
 import type { Logger } from './logger.js';
 import type { Stores } from './storage/index.js';
-import type { Metrics } from './runner/metrics.js';
+import type { Metrics, RunnerMetrics } from './runner/metrics.js';
 import type { RunnerView } from './runner/view.js';
 
 /** Everything a route or the runner needs, built once in src/index.ts (or by a test). */
@@ -21,3 +21,9 @@ export interface Deps {
 }
 
 export type AppEnv = { Variables: { deps: Deps; requestId: string } };
+
+/**
+ * The part of Deps the runner uses. In its worker thread, `metrics` and `startIngest` are
+ * forwarded to the API thread, which owns the Prometheus registry and validation.
+ */
+export type RunnerDeps = Pick<Deps, 'config' | 'db' | 'stores' | 'logger' | 'clock' | 'startIngest'> & { metrics: RunnerMetrics };

@@ -9,14 +9,23 @@ import { makeLogger, type Logger } from './logger.js';
 import { ingestRun } from './runner/ingest.js';
 import { Metrics } from './runner/metrics.js';
 import { Runner } from './runner/runner.js';
+import { RunnerThread } from './runner/thread.js';
 import { idleRunner } from './runner/view.js';
 import { Stores } from './storage/index.js';
+
+/** The runner as the process that started it controls it, whether in this thread or its own. */
+export interface RunnerControl {
+  /** Stops dispatch, waits up to the grace period for in-flight work, releases the rest, flushes. */
+  stop(graceMs: number): Promise<void>;
+  /** The last resort of a second signal: commit what is known; the rest returns on restart. */
+  flushNow(): void | Promise<void>;
+}
 
 export interface Server {
   url: string;
   port: number;
   deps: Deps;
-  runner: Runner | null;
+  runner: RunnerControl | null;
   /** Graceful: stop dispatch, wait up to the grace period for in-flight work, flush, close. */
   close(graceMs?: number): Promise<void>;
 }
@@ -59,7 +68,26 @@ function ingestQueue(getDeps: () => Deps, logger: Logger) {
   };
 }
 
-export async function startServer(config: Config, opts: { logger?: Logger; clock?: () => number } = {}): Promise<Server> {
+export interface StartOptions {
+  logger?: Logger;
+  /** Only with the runner in this thread (REGEN_RUNNER_THREAD=false): a function cannot reach another thread. */
+  clock?: () => number;
+  /** A runner thread spawned early (RunnerThread.spawn), so that its start-up overlapped this thread's. */
+  runnerThread?: RunnerThread;
+}
+
+export async function startServer(config: Config, opts: StartOptions = {}): Promise<Server> {
+  const useThread = config.runner && config.runnerThread;
+  if (opts.runnerThread && !useThread) opts.runnerThread.discard();
+  try {
+    return await start(config, opts, useThread ? (opts.runnerThread ?? RunnerThread.spawn()) : null);
+  } catch (err) {
+    opts.runnerThread?.discard();
+    throw err;
+  }
+}
+
+async function start(config: Config, opts: StartOptions, thread: RunnerThread | null): Promise<Server> {
   if (config.apiTokens.length === 0 && !LOOPBACK.has(config.host) && !config.allowPublicBind) {
     throw new Error(
       `refusing to listen on ${config.host} without REGEN_API_TOKENS; set tokens, or REGEN_ALLOW_PUBLIC_BIND=true to accept an open server`,
@@ -81,11 +109,17 @@ export async function startServer(config: Config, opts: { logger?: Logger; clock
   };
   const ingest = ingestQueue(() => deps, logger);
   deps.startIngest = ingest.start;
-  let runner: Runner | null = null;
-  if (config.runner) {
-    runner = new Runner(deps);
-    deps.runner = runner;
-    runner.start();
+  let runner: RunnerControl | null = null;
+  if (thread) {
+    if (opts.clock) throw new Error('an injected clock needs the runner in this thread (runnerThread: false)');
+    await thread.start(deps);
+    deps.runner = thread.view;
+    runner = thread;
+  } else if (config.runner) {
+    const inThread = new Runner(deps);
+    deps.runner = inThread;
+    inThread.start();
+    runner = inThread;
   } else {
     // Without a runner nothing else would validate the runs this API creates.
     const { runs } = await import('./db/schema.js');

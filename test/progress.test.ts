@@ -155,7 +155,8 @@ describe('the runner reads time from deps.clock', () => {
   it('computes run and endpoint rates, and elapsed time, on the injected clock', async () => {
     const clock = fakeClock(T0);
     sim = await spawnSimulator({ model: 'sim-progress', 'completion-tokens': 40, 'reasoning-tokens': 10 });
-    const config = loadConfig({ REGEN_LOG_LEVEL: 'silent', REGEN_PROBE_INTERVAL_MS: '200' }, { data: tmp.dir, port: '0' });
+    // The clock is a function, so the runner shares this thread to read it.
+    const config = loadConfig({ REGEN_LOG_LEVEL: 'silent', REGEN_PROBE_INTERVAL_MS: '200', REGEN_RUNNER_THREAD: 'false' }, { data: tmp.dir, port: '0' });
     server = await startServer(config, { logger: makeLogger('silent'), clock: clock.now });
     const base = server.url;
     const ep = await registerEndpoint(base, sim.url);

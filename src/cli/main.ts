@@ -18,9 +18,12 @@ program
   .option('--input-roots <dirs>', 'comma-separated folders file:// inputs may come from (REGEN_INPUT_ROOTS)')
   .option('--log-level <level>', 'trace, debug, info, warn, error (REGEN_LOG_LEVEL, default info)')
   .action(async (flags) => {
-    // Loaded on use, so the client commands start without the server's dependencies.
+    // The runner thread loads its modules while this thread loads the server's: a restart
+    // dispatches again sooner. Both are loaded on use, so the client commands start without them.
+    const { RunnerThread } = await import('../runner/thread.js');
+    const runnerThread = RunnerThread.spawn();
     const { serveCommand } = await import('./serve.js');
-    await serveCommand(flags);
+    await serveCommand(flags, runnerThread);
   });
 
 program

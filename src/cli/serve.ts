@@ -1,6 +1,7 @@
 import { ConfigError, loadConfig } from '../config.js';
 import { startServer, type Server } from '../server.js';
-import { RunnerLockedError } from '../runner/runner.js';
+import { RunnerLockedError } from '../runner/lock.js';
+import type { RunnerThread } from '../runner/thread.js';
 
 export interface ServeFlags {
   port?: string;
@@ -12,7 +13,7 @@ export interface ServeFlags {
 }
 
 /** `regen serve`: the API and the runner in one process, until SIGTERM or SIGINT. */
-export async function serveCommand(flags: ServeFlags): Promise<Server> {
+export async function serveCommand(flags: ServeFlags, runnerThread?: RunnerThread): Promise<Server> {
   let config;
   try {
     config = loadConfig(process.env, {
@@ -32,7 +33,7 @@ export async function serveCommand(flags: ServeFlags): Promise<Server> {
   }
   let server: Server;
   try {
-    server = await startServer(config);
+    server = await startServer(config, { runnerThread });
   } catch (err) {
     if (err instanceof RunnerLockedError || /refusing to listen|EADDRINUSE/.test((err as Error).message)) {
       process.stderr.write(`regen: ${(err as Error).message}\n`);
@@ -55,8 +56,8 @@ export function installSignals(server: Server, beforeExit: () => Promise<void> =
   const onSignal = (sig: NodeJS.Signals) => {
     if (signalled) {
       server.deps.logger.warn({ signal: sig }, 'second signal: exiting now; unfinished leases return to the queue on restart');
-      server.runner?.flushNow();
-      process.exit(130);
+      void Promise.resolve(server.runner?.flushNow()).finally(() => process.exit(130));
+      return;
     }
     signalled = true;
     server.deps.logger.info({ signal: sig, grace_ms: server.deps.config.shutdownGraceMs }, 'shutting down');

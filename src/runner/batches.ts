@@ -2,7 +2,7 @@
 // with a completion window after which its unanswered samples are given up (status `expired`).
 import { eq } from 'drizzle-orm';
 import type { Readable } from 'node:stream';
-import type { Deps } from '../deps.js';
+import type { Deps, RunnerDeps } from '../deps.js';
 import type { Db } from '../db/client.js';
 import { dueBatchRuns } from '../db/batches.js';
 import { getFile } from '../db/files.js';
@@ -92,9 +92,10 @@ export async function createBatch(deps: Deps, body: CreateBatchBody): Promise<Ru
 /**
  * Gives up the unanswered samples of batches whose completion window has passed: the run is
  * cancelled (in-flight requests aborted, pending samples never sent), its answers are kept, and
- * the batch reads `expired`. Runs already finalizing have nothing left to give up. Called every tick.
+ * the batch reads `expired`. Runs already finalizing have nothing left to give up. Called every tick,
+ * just before the tick reads the active runs again.
  */
-export function expireBatches(deps: Deps): void {
+export function expireBatches(deps: RunnerDeps): void {
   const now = deps.clock();
   const due = dueBatchRuns(deps.db, now);
   for (const r of due) {
@@ -107,7 +108,6 @@ export function expireBatches(deps: Deps): void {
     });
     if (moved) deps.logger.info({ run_id: r.id, batch_id: r.batchId, status: to }, 'batch expired');
   }
-  if (due.length) deps.runner.wake();
 }
 
 // Ingestion reports a bad line as text; these are the reasons a batch client can act on.

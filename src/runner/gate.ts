@@ -1,4 +1,4 @@
-import type { Deps } from '../deps.js';
+import type { RunnerDeps } from '../deps.js';
 import { transitionRun } from '../db/runs.js';
 import type { QualityConfig, RunRow } from '../db/schema.js';
 import { FLAGS, type Flag } from './quality.js';
@@ -54,7 +54,7 @@ export function gateVerdict(r: RunRow, gate: GateSettings): string {
  * model or template is caught in the first few hundred samples, not after days. Returns true when
  * it paused the run.
  */
-export function checkGate(deps: Deps, r: RunRow): boolean {
+export function checkGate(deps: RunnerDeps, r: RunRow): boolean {
   const gate = gateSettings(r);
   if (!gate || r.gateOverridden || r.status !== 'in_progress' || !overLimit(r, gate)) return false;
   const reason = gateVerdict(r, gate);

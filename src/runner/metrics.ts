@@ -21,6 +21,9 @@ export interface MetricsSource {
   now: number;
 }
 
+/** The counters the runner moves; the runner's worker thread forwards them to the API thread's registry. */
+export type RunnerMetrics = Pick<Metrics, 'answered' | 'retried' | 'shardUploaded' | 'shardUploadFailed'>;
+
 /**
  * The Prometheus metrics of one regen process, in a registry of its own (several servers can share
  * a process in tests). Counters move as the runner works; gauges are read from the run counters

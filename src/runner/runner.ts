@@ -2,7 +2,7 @@ import { randomBytes } from 'node:crypto';
 import { hostname } from 'node:os';
 import { and, eq, inArray, sql } from 'drizzle-orm';
 import { APIConnectionError, APIConnectionTimeoutError, APIError, APIUserAbortError } from 'openai';
-import type { Deps } from '../deps.js';
+import type { RunnerDeps } from '../deps.js';
 import { getRun, transitionRun, type RunStatus } from '../db/runs.js';
 import { runnerLock, runs, samples, shards, type RunRow } from '../db/schema.js';
 import { EndpointPool, type LiveEndpoint } from './endpoints.js';
@@ -10,10 +10,11 @@ import { computeFlags, thinkingRequested } from './quality.js';
 import { RateWindow } from './rates.js';
 import { ResultWriter, type FlushReport, type Outcome, type Usage } from './results.js';
 import { uploadShard, writeManifest, type StagedOutput } from './shard-writer.js';
-import type { EndpointLive, RunnerView, RunProgress } from './view.js';
+import { IDLE_ENDPOINT, IDLE_PROGRESS, type EndpointLive, type RunnerSnapshot, type RunnerView, type RunProgress } from './view.js';
 import { checkGate } from './gate.js';
 import { expireBatches } from './batches.js';
 import { describeStoreError } from '../storage/index.js';
+import { RunnerLockedError } from './lock.js';
 
 interface Claimed {
   id: number;
@@ -40,8 +41,6 @@ const LEASE_MS = 24 * 3600_000;
 const MAX_BUFFER = 512;
 const LOCK_STALE_MS = 15_000;
 const MANIFEST_RETRY_MS = 2000;
-
-export class RunnerLockedError extends Error {}
 
 function backoffMs(attempt: number): number {
   const base = Math.min(30_000, 500 * 2 ** Math.max(0, attempt - 1));
@@ -82,7 +81,7 @@ export class Runner implements RunnerView {
   /** Leases up to `limit` pending samples of a run, in input order, and moves its counters with them. */
   private readonly claim: (runId: string, limit: number) => Omit<Claimed, 'runId'>[];
 
-  constructor(private readonly deps: Deps) {
+  constructor(private readonly deps: RunnerDeps) {
     this.pool = new EndpointPool(deps.db, deps.logger, deps.config.probeIntervalMs, () => this.wake(), (e) => this.abortEndpoint(e, 'release'));
     this.writer = new ResultWriter(deps.db, this.owner, deps.logger, (r) => this.guard('after a result commit', () => this.afterFlush(r)));
     const claimStmt = deps.db.$client.prepare(
@@ -196,13 +195,22 @@ export class Runner implements RunnerView {
 
   runProgress(runId: string): RunProgress {
     const r = this.runRates.get(runId)?.rates(this.deps.clock());
-    return { samples_per_second: r?.samples ?? 0, completion_tokens_per_second: r?.tokens ?? 0 };
+    return r ? { samples_per_second: r.samples, completion_tokens_per_second: r.tokens } : IDLE_PROGRESS;
   }
 
   endpointLive(endpointId: string): EndpointLive {
     const e = this.pool.live.get(endpointId);
-    if (e) return e.live(this.deps.clock());
-    return { in_flight: 0, samples_per_second: 0, completion_tokens_per_second: 0, p50_latency_ms: null, server: { running: null, queued: null } };
+    return e ? e.live(this.deps.clock()) : IDLE_ENDPOINT;
+  }
+
+  /** Every run's rates and every live endpoint's state at once, for the API thread to read from. */
+  snapshot(): RunnerSnapshot {
+    const now = this.deps.clock();
+    const runs: RunnerSnapshot['runs'] = {};
+    for (const id of this.runRates.keys()) runs[id] = this.runProgress(id);
+    const endpoints: RunnerSnapshot['endpoints'] = {};
+    for (const [id, e] of this.pool.live) endpoints[id] = e.live(now);
+    return { runs, endpoints };
   }
 
   wake(): void {

@@ -1,6 +1,6 @@
 import { createHash } from 'node:crypto';
 import { and, asc, eq, gte, lt, sql } from 'drizzle-orm';
-import type { Deps } from '../deps.js';
+import type { RunnerDeps } from '../deps.js';
 import { ApiError } from '../errors.js';
 import { appendEvent } from '../db/events.js';
 import { runs, samples, shards, staging, type RunRow, type SampleRow, type ShardRow } from '../db/schema.js';
@@ -55,7 +55,7 @@ export function errorLine(s: SampleRow): string {
 }
 
 /** Lines of an earlier upload of this shard, by custom_id: the only copy once staging was cleared. */
-async function previousLines(deps: Deps, run: RunRow, shard: ShardRow): Promise<Map<string, string>> {
+async function previousLines(deps: RunnerDeps, run: RunRow, shard: ShardRow): Promise<Map<string, string>> {
   const map = new Map<string, string>();
   if (!shard.key) return map;
   const bytes = await deps.stores.forUri(run.outputUri).get(shard.key);
@@ -69,7 +69,7 @@ async function previousLines(deps: Deps, run: RunRow, shard: ShardRow): Promise<
   return map;
 }
 
-async function putVerified(deps: Deps, run: RunRow, key: string, body: Buffer): Promise<string> {
+async function putVerified(deps: RunnerDeps, run: RunRow, key: string, body: Buffer): Promise<string> {
   const store = deps.stores.forUri(run.outputUri);
   const digest = sha256(body);
   await store.put(key, body);
@@ -84,7 +84,7 @@ async function putVerified(deps: Deps, run: RunRow, key: string, body: Buffer): 
  * is the shard marked uploaded and its staging rows dropped. The bytes depend only on the database,
  * so writing a shard again produces the same object. Returns false when the shard changed meanwhile.
  */
-export async function uploadShard(deps: Deps, run: RunRow, shard: ShardRow): Promise<boolean> {
+export async function uploadShard(deps: RunnerDeps, run: RunRow, shard: ShardRow): Promise<boolean> {
   const { db } = deps;
   const rows = db
     .select({ s: samples, output: staging.output })
@@ -145,7 +145,7 @@ export async function uploadShard(deps: Deps, run: RunRow, shard: ShardRow): Pro
 }
 
 /** The manifest: everything needed to check the output without the database. */
-export async function writeManifest(deps: Deps, run: RunRow, finalStatus: 'completed' | 'cancelled'): Promise<void> {
+export async function writeManifest(deps: RunnerDeps, run: RunRow, finalStatus: 'completed' | 'cancelled'): Promise<void> {
   const all = deps.db.select().from(shards).where(eq(shards.runId, run.id)).orderBy(asc(shards.idx)).all();
   const manifest = {
     run: { id: run.id, name: run.name, model: run.model, status: finalStatus, created_at: new Date(run.createdAt).toISOString(), metadata: run.metadata },
@@ -182,7 +182,7 @@ export async function writeManifest(deps: Deps, run: RunRow, finalStatus: 'compl
 }
 
 /** A sample's output: from staging while its shard is open, else the line of the uploaded shard. */
-export async function readSampleOutput(deps: Deps, run: RunRow, s: SampleRow): Promise<{ reasoning_content: string | null; content: string | null } | null> {
+export async function readSampleOutput(deps: RunnerDeps, run: RunRow, s: SampleRow): Promise<{ reasoning_content: string | null; content: string | null } | null> {
   if (s.status !== 'completed') return null;
   const staged = deps.db.select({ output: staging.output }).from(staging).where(eq(staging.sampleId, s.id)).get();
   if (staged) {

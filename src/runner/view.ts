@@ -19,14 +19,28 @@ export interface RunnerView {
   wake(): void;
 }
 
-export const idleRunner: RunnerView = {
-  runProgress: () => ({ samples_per_second: 0, completion_tokens_per_second: 0 }),
-  endpointLive: () => ({
-    in_flight: 0,
-    samples_per_second: 0,
-    completion_tokens_per_second: 0,
-    p50_latency_ms: null,
-    server: { running: null, queued: null },
-  }),
-  wake: () => {},
+/** The whole view at one moment: what the runner's worker thread sends to the API thread. */
+export interface RunnerSnapshot {
+  runs: Record<string, RunProgress>;
+  endpoints: Record<string, EndpointLive>;
+}
+
+export const IDLE_PROGRESS: RunProgress = { samples_per_second: 0, completion_tokens_per_second: 0 };
+export const IDLE_ENDPOINT: EndpointLive = {
+  in_flight: 0,
+  samples_per_second: 0,
+  completion_tokens_per_second: 0,
+  p50_latency_ms: null,
+  server: { running: null, queued: null },
 };
+
+/** A view that reads from the last snapshot; what a run or endpoint missing from it reports. */
+export function snapshotView(get: () => RunnerSnapshot, wake: () => void): RunnerView {
+  return {
+    runProgress: (runId) => get().runs[runId] ?? IDLE_PROGRESS,
+    endpointLive: (endpointId) => get().endpoints[endpointId] ?? IDLE_ENDPOINT,
+    wake,
+  };
+}
+
+export const idleRunner: RunnerView = snapshotView(() => ({ runs: {}, endpoints: {} }), () => {});

@@ -1,0 +1,130 @@
+import { parentPort } from 'node:worker_threads';
+import type { Config } from '../config.js';
+import { closeDb, openDb } from '../db/client.js';
+import type { RunnerDeps } from '../deps.js';
+import { makeLogger } from '../logger.js';
+import { Stores } from '../storage/index.js';
+import type { RunnerMetrics } from './metrics.js';
+import { RunnerLockedError } from './lock.js';
+import { Runner } from './runner.js';
+import type { FromRunner, MetricsBatch, ToRunner } from './thread.js';
+
+/**
+ * The runner's own thread: its own SQLite connection, object stores and event loop, so that
+ * dispatch at full speed does not queue API reads behind it. Everything the API thread needs
+ * from here travels as messages: log lines, metric increments, snapshots of the live view.
+ * The thread loads its modules as soon as it exists and then waits for its settings, so that
+ * loading overlaps with the API thread's own start-up.
+ */
+export interface RunnerThreadInit {
+  type: 'init';
+  config: Config;
+  logLevel: string;
+}
+
+const SNAPSHOT_MS = 100;
+
+const port = parentPort!;
+const send = (m: FromRunner) => port.postMessage(m);
+
+const emptyBatch = (): MetricsBatch => ({ answered: [], retried: [], uploads: 0, uploadFailures: 0 });
+
+/** Collects the runner's metric increments and sends them once per turn of the event loop. */
+class ForwardedMetrics implements RunnerMetrics {
+  private batch = emptyBatch();
+  private scheduled = false;
+
+  constructor(private readonly afterSend: () => void) {}
+
+  answered(endpointId: string, latencyMs: number, completionTokens: number, flags: number): void {
+    this.batch.answered.push([endpointId, latencyMs, completionTokens, flags]);
+    this.schedule();
+  }
+
+  retried(reason: string): void {
+    this.batch.retried.push(reason);
+    this.schedule();
+  }
+
+  shardUploaded(): void {
+    this.batch.uploads++;
+    this.schedule();
+  }
+
+  shardUploadFailed(): void {
+    this.batch.uploadFailures++;
+    this.schedule();
+  }
+
+  private schedule(): void {
+    if (this.scheduled) return;
+    this.scheduled = true;
+    setImmediate(() => {
+      this.scheduled = false;
+      send({ type: 'metrics', batch: this.batch });
+      this.batch = emptyBatch();
+      this.afterSend();
+    });
+  }
+}
+
+const { config, logLevel } = await new Promise<RunnerThreadInit>((resolve) => port.once('message', resolve));
+const logger = makeLogger(logLevel, { write: (line: string) => send({ type: 'log', line }) });
+// As in `regen serve`: state lives in the database, so a stray rejection is logged, not fatal.
+process.on('unhandledRejection', (err) => {
+  logger.error({ err: { message: (err as Error)?.message, stack: (err as Error)?.stack } }, 'unhandled rejection in the runner thread');
+});
+
+const db = openDb(config.dbPath, { busyTimeoutMs: config.dbBusyTimeoutMs });
+const stores = new Stores({ endpoint: config.s3Endpoint, forcePathStyle: config.s3ForcePathStyle });
+let runner: Runner | null = null;
+const sendSnapshot = () => {
+  if (runner) send({ type: 'snapshot', snapshot: runner.snapshot() });
+};
+const deps: RunnerDeps = {
+  config,
+  db,
+  stores,
+  logger,
+  clock: Date.now,
+  // Once the last request in flight is answered, the API sees the endpoints idle at once.
+  metrics: new ForwardedMetrics(() => {
+    if (runner?.inFlight === 0) sendSnapshot();
+  }),
+  startIngest: (runId) => send({ type: 'ingest', runId }),
+};
+
+const close = () => {
+  stores.close();
+  closeDb(db);
+};
+
+try {
+  runner = new Runner(deps);
+  runner.start();
+} catch (err) {
+  close();
+  send({ type: 'start_failed', locked: err instanceof RunnerLockedError, message: (err as Error).message });
+  port.close();
+}
+
+if (runner) {
+  const live = runner;
+  const snapshots = setInterval(sendSnapshot, SNAPSHOT_MS);
+  port.on('message', (m: ToRunner) => {
+    if (m.type === 'wake') live.wake();
+    else if (m.type === 'flush') {
+      live.flushNow();
+      send({ type: 'flushed' });
+    } else if (m.type === 'stop') {
+      clearInterval(snapshots);
+      void live.stop(m.graceMs).then(() => {
+        close();
+        send({ type: 'stopped' });
+        port.close();
+      });
+    }
+  });
+  sendSnapshot();
+  send({ type: 'started' });
+}
