@@ -8,7 +8,6 @@ import type { Deps } from './deps.js';
 import { makeLogger, type Logger } from './logger.js';
 import { ingestRun } from './runner/ingest.js';
 import { Metrics } from './runner/metrics.js';
-import { Runner } from './runner/runner.js';
 import { RunnerThread } from './runner/thread.js';
 import { idleRunner } from './runner/view.js';
 import { Stores } from './storage/index.js';
@@ -116,6 +115,8 @@ async function start(config: Config, opts: StartOptions, thread: RunnerThread | 
     deps.runner = thread.view;
     runner = thread;
   } else if (config.runner) {
+    // Loaded on use: with the runner in its own thread, this thread never needs the openai client.
+    const { Runner } = await import('./runner/runner.js');
     const inThread = new Runner(deps);
     deps.runner = inThread;
     inThread.start();

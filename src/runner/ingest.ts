@@ -1,6 +1,8 @@
 import { eq } from 'drizzle-orm';
 import { createReadStream } from 'node:fs';
 import type { Readable } from 'node:stream';
+import { setFlagsFromString } from 'node:v8';
+import { runInNewContext } from 'node:vm';
 import type { Deps } from '../deps.js';
 import { isDbBusy, type Db } from '../db/client.js';
 import { getRun, transitionRun } from '../db/runs.js';
@@ -32,6 +34,23 @@ async function openInput(deps: Deps, run: RunRow): Promise<Readable> {
 }
 
 class IngestError extends Error {}
+
+let fullGc: (() => void) | undefined;
+/**
+ * JSON.parse interns short string values (up to 10 characters in V8): ids such as "s123456" go to
+ * the string table and old space, where only a full collection frees them, and V8 does not count
+ * the table towards the heap size that schedules one. A 1M-line input grew the peak RSS by ~50 MB
+ * that way; a full collection every 50K lines (~20 ms each, ~3% of the time) keeps it flat. Taken the way Jest
+ * takes it, switched off again so no other context sees `gc`.
+ */
+function collectGarbage(): void {
+  if (!fullGc) {
+    setFlagsFromString('--expose-gc');
+    fullGc = runInNewContext('gc') as () => void;
+    setFlagsFromString('--no-expose-gc');
+  }
+  fullGc();
+}
 
 /** Fails a run still validating, with the one log line of its status change. */
 function failValidation(deps: Deps, runId: string, reason: string, now: number): void {
@@ -113,7 +132,8 @@ export async function ingestRun(deps: Deps, runId: string, signal?: AbortSignal)
         return;
       }
       // Checking the run's status now and then lets a cancel stop a long validation.
-      if (++lines % 100_000 === 0) {
+      if (++lines % 50_000 === 0) {
+        collectGarbage();
         await new Promise((r) => setImmediate(r));
         if (getRun(db, runId)?.status !== 'validating') {
           source.destroy();
