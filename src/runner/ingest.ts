@@ -40,8 +40,8 @@ let fullGc: (() => void) | undefined;
  * JSON.parse interns short string values (up to 10 characters in V8): ids such as "s123456" go to
  * the string table and old space, where only a full collection frees them, and V8 does not count
  * the table towards the heap size that schedules one. A 1M-line input grew the peak RSS by ~50 MB
- * that way; a full collection every 50K lines (~20 ms each, ~3% of the time) keeps it flat. Taken the way Jest
- * takes it, switched off again so no other context sees `gc`.
+ * that way; a full collection every 50K lines (~20 ms each, ~3% of the time) keeps it flat. Taken
+ * the way Jest takes it, switched off again so no other context sees `gc`.
  */
 function collectGarbage(): void {
   if (!fullGc) {
