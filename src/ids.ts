@@ -7,5 +7,3 @@ export function newId(prefix: IdPrefix): string {
   const time = Date.now().toString(36).padStart(9, '0');
   return `${prefix}_${time}${randomBytes(8).toString('hex')}`;
 }
-
-export const ID_PATTERN = /^[a-z]+_[0-9a-z]{9}[0-9a-f]{16}$/;

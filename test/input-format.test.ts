@@ -1,7 +1,7 @@
 import { setFlagsFromString } from 'node:v8';
 import { runInNewContext } from 'node:vm';
 import { describe, expect, it } from 'vitest';
-import { parseInputLine, readLines, type RawLine } from '../src/runner/input-format.js';
+import { parseInputLine, readLines, type RawLine } from '../src/domain/input-line.js';
 
 const keep = { regenerate: null } as const;
 const regen = { regenerate: 'last_assistant' } as const;

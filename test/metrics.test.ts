@@ -2,7 +2,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { loadConfig } from '../src/config.js';
 import { eventsAfter } from '../src/db/events.js';
 import { makeLogger } from '../src/logger.js';
-import { FLAGS } from '../src/runner/quality.js';
+import { FLAGS } from '../src/domain/flags.js';
 import { startServer, type Server } from '../src/server.js';
 import { spawnSimulator, type SimProcess } from '../src/sim/spawn.js';
 import { call, startTestServer, tempDir, waitFor } from './support/server.js';

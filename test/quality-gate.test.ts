@@ -1,6 +1,6 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { FLAGS } from '../src/runner/quality.js';
-import { gateVerdict } from '../src/runner/gate.js';
+import { FLAGS } from '../src/domain/flags.js';
+import { gateVerdict } from '../src/domain/quality.js';
 import type { RunRow } from '../src/db/schema.js';
 import { spawnSimulator, type SimProcess } from '../src/sim/spawn.js';
 import { Stores } from '../src/storage/index.js';

@@ -2,13 +2,11 @@ import { describe, expect, it } from 'vitest';
 import {
   FLAGS,
   bitsFromFlags,
-  computeFlags,
   flagBit,
   flagsFromBits,
-  isRepetitive,
-  thinkingRequested,
-  type QualityInput,
-} from '../src/runner/quality.js';
+} from '../src/domain/flags.js';
+import { thinkingRequested } from '../src/domain/params.js';
+import { computeFlags, isRepetitive, type QualityInput } from '../src/domain/quality.js';
 
 const healthy: QualityInput = {
   content: 'The answer is 42, because 6 × 7 = 42.',

@@ -2,8 +2,6 @@ import { asc, eq, gt } from 'drizzle-orm';
 import type { Db } from './client.js';
 import { endpoints, type EndpointRow } from './schema.js';
 
-export const ENDPOINT_STATES = ['starting', 'ready', 'unhealthy', 'draining', 'disabled'] as const;
-export type EndpointState = (typeof ENDPOINT_STATES)[number];
 
 export function getEndpoint(db: Db, id: string): EndpointRow | undefined {
   return db.select().from(endpoints).where(eq(endpoints.id, id)).get();

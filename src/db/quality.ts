@@ -1,5 +1,5 @@
 import type { Db } from './client.js';
-import { flagBit, type Flag } from '../runner/quality.js';
+import { flagBit, type Flag } from '../domain/flags.js';
 
 /**
  * Lower bucket edges of the quality histograms; each bucket is [edge, next edge) and the last is

@@ -2,21 +2,8 @@ import { and, desc, eq, lt, sql, type SQL } from 'drizzle-orm';
 import type { Db } from './client.js';
 import { appendEvent } from './events.js';
 import { runs, type RunRow } from './schema.js';
+import { canTransition, TERMINAL_RUN_STATUSES, type RunStatus } from '../domain/statuses.js';
 
-export const RUN_STATUSES = [
-  'validating',
-  'queued',
-  'in_progress',
-  'paused',
-  'finalizing',
-  'completed',
-  'failed',
-  'cancelling',
-  'cancelled',
-] as const;
-export type RunStatus = (typeof RUN_STATUSES)[number];
-
-export const TERMINAL_RUN_STATUSES: readonly RunStatus[] = ['completed', 'failed', 'cancelled'];
 
 export function getRun(db: Db, id: string): RunRow | undefined {
   return db.select().from(runs).where(eq(runs.id, id)).get();
@@ -51,6 +38,7 @@ export function transitionRun(
   now: number,
   extra: Partial<Pick<RunRow, 'statusReason' | 'startedAt' | 'finishedAt' | 'gateOverridden'>> = {},
 ): boolean {
+  for (const f of from) if (!canTransition(f, to)) throw new Error(`a run cannot go from ${f} to ${to}`);
   return db.transaction((tx) => {
     const set: Partial<RunRow> = { status: to, updatedAt: now, statusReason: null, ...extra };
     if (TERMINAL_RUN_STATUSES.includes(to) && extra.finishedAt === undefined) set.finishedAt = now;

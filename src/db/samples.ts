@@ -1,7 +1,7 @@
 import { and, asc, eq, gt, ne, sql, type SQL } from 'drizzle-orm';
 import type { Db } from './client.js';
 import { samples, shards } from './schema.js';
-import { flagBit, type Flag } from '../runner/quality.js';
+import { flagBit, type Flag } from '../domain/flags.js';
 
 export function getSample(db: Db, runId: string, customId: string) {
   return db.select().from(samples).where(and(eq(samples.runId, runId), eq(samples.customId, customId))).get();

@@ -1,6 +1,8 @@
 import { sql } from 'drizzle-orm';
 import { index, integer, primaryKey, real, sqliteTable, text, uniqueIndex } from 'drizzle-orm/sqlite-core';
-import { FLAGS, flagBit } from '../runner/quality.js';
+import { FLAGS, flagBit } from '../domain/flags.js';
+import type { InvalidLine } from '../domain/input-line.js';
+import type { QualityConfig } from '../domain/quality.js';
 
 // Timestamps are integer milliseconds since the epoch; the API renders them as RFC 3339.
 
@@ -60,7 +62,7 @@ export const runs = sqliteTable(
     requestHash: text('request_hash'),
     // Line errors found while validating: the first 100 are kept, all are counted.
     invalidLines: integer('invalid_lines').notNull().default(0),
-    lineErrors: text('line_errors', { mode: 'json' }).$type<LineError[]>().notNull().default(sql`'[]'`),
+    lineErrors: text('line_errors', { mode: 'json' }).$type<InvalidLine[]>().notNull().default(sql`'[]'`),
     // Counters kept in step with sample status by the code that changes it.
     total: integer('total').notNull().default(0),
     pending: integer('pending').notNull().default(0),
@@ -211,16 +213,6 @@ export interface BatchFileBytes {
   at: number;
   output?: number;
   error?: number;
-}
-export interface LineError {
-  line: number;
-  message: string;
-  custom_id?: string;
-}
-export interface QualityConfig {
-  min_completion_tokens: number;
-  retry_flagged: number;
-  gate: { min_samples: number; max_flag_rate: number } | false;
 }
 
 export type EndpointRow = typeof endpoints.$inferSelect;

@@ -6,41 +6,26 @@ import { and, eq } from 'drizzle-orm';
 import type { Deps } from '../deps.js';
 import type { Db } from '../db/client.js';
 import { cancelledSamples, getRunByBatchFile, shardPage } from '../db/batches.js';
-import { getRun, TERMINAL_RUN_STATUSES, type RunStatus } from '../db/runs.js';
+import { getRun } from '../db/runs.js';
+import { batchLineError, readLines } from '../domain/input-line.js';
+import type { ErrorLine, OutputLine } from '../domain/output-line.js';
+import { BATCH_UNANSWERED } from '../domain/sample-errors.js';
+import { isTerminalRun } from '../domain/statuses.js';
 import { runs, type RunRow } from '../db/schema.js';
 import { ApiError } from '../errors.js';
-import { batchLineError } from './batches.js';
-import { readLines } from './input-format.js';
 
 export type BatchFileKind = 'output' | 'error';
 
-/** A shard line, as outputLine() in shard-writer.ts writes it (response_id and created since batches). */
-interface ShardOutputLine {
-  custom_id: string;
-  reasoning_content: string | null;
-  content: string | null;
-  finish_reason: string | null;
-  usage: { prompt_tokens: number; completion_tokens: number; reasoning_tokens: number; cached_tokens: number };
-  model: string;
-  response_id?: string | null;
-  created?: number | null;
-}
-
-interface ShardErrorLine {
-  custom_id: string;
-  error: { code: string | null; message: string | null; status: number | null };
-}
 
 const SHARDS_PER_QUERY = 100;
 const CHUNK_CHARS = 64 * 1024;
 // Shard lines carry whole conversations; they were written by regen, so no input limit applies.
 const MAX_SHARD_LINE_BYTES = 1 << 30;
 
-const isTerminal = (r: RunRow) => TERMINAL_RUN_STATUSES.includes(r.status as RunStatus);
 
 /** The batch's file ids, each once the run is done and the file has at least one line. */
 export function batchFileIds(r: RunRow): { output: string | null; error: string | null } {
-  const done = isTerminal(r);
+  const done = isTerminalRun(r.status);
   return {
     output: done && r.completed > 0 ? r.outputFileId : null,
     error: done && r.failed + r.cancelled + r.invalidLines > 0 ? r.errorFileId : null,
@@ -62,7 +47,7 @@ function requestId(r: RunRow, key: string): string {
   return `batch_req_${createHash('sha256').update(`${r.batchId}\0${key}`).digest('hex').slice(0, 24)}`;
 }
 
-function outputRecord(r: RunRow, l: ShardOutputLine): string {
+function outputRecord(r: RunRow, l: OutputLine): string {
   const id = requestId(r, l.custom_id);
   const u = l.usage;
   return JSON.stringify({
@@ -126,7 +111,7 @@ async function* outputRecords(deps: Deps, r: RunRow): AsyncGenerator<string> {
     for (const shard of page) {
       after = shard.idx;
       if (!shard.key || !shard.lines) continue;
-      for await (const line of shardLines(deps, r, shard.key)) yield outputRecord(r, JSON.parse(line) as ShardOutputLine);
+      for await (const line of shardLines(deps, r, shard.key)) yield outputRecord(r, JSON.parse(line) as OutputLine);
     }
   }
 }
@@ -136,9 +121,7 @@ async function* errorRecords(deps: Deps, r: RunRow): AsyncGenerator<string> {
     const { code, message } = batchLineError(e);
     yield errorRecord(r, e.custom_id ?? null, `line ${e.line}`, { code, message: `line ${e.line}: ${message}`, status: null });
   }
-  const unanswered = r.expiredAt
-    ? { code: 'batch_expired', message: 'This request could not be executed before the completion window expired.', status: null }
-    : { code: 'batch_cancelled', message: 'The batch was cancelled before this request was executed.', status: null };
+  const unanswered = { ...(r.expiredAt ? BATCH_UNANSWERED.expired : BATCH_UNANSWERED.cancelled), status: null };
   for (let after = -1; ; ) {
     const page = shardPage(deps.db, r.id, after, SHARDS_PER_QUERY);
     if (page.length === 0) return;
@@ -146,7 +129,7 @@ async function* errorRecords(deps: Deps, r: RunRow): AsyncGenerator<string> {
       after = shard.idx;
       if (shard.errorsKey) {
         for await (const line of shardLines(deps, r, shard.errorsKey)) {
-          const l = JSON.parse(line) as ShardErrorLine;
+          const l = JSON.parse(line) as ErrorLine;
           const error = { code: l.error.code ?? 'error', message: l.error.message ?? '', status: l.error.status };
           yield errorRecord(r, l.custom_id, l.custom_id, error);
         }

@@ -6,12 +6,13 @@ import type { Deps, RunnerDeps } from '../deps.js';
 import type { Db } from '../db/client.js';
 import { dueBatchRuns } from '../db/batches.js';
 import { getFile } from '../db/files.js';
-import { transitionRun, type RunStatus } from '../db/runs.js';
-import { endpoints, runs, type FileRow, type LineError, type RunRow } from '../db/schema.js';
+import { transitionRun } from '../db/runs.js';
+import type { RunStatus } from '../domain/statuses.js';
+import { endpoints, runs, type FileRow, type RunRow } from '../db/schema.js';
 import { ApiError } from '../errors.js';
 import { newId } from '../ids.js';
 import type { CreateBatchBody } from '../routes/batches/schemas.js';
-import { parseInputLine, readLines } from './input-format.js';
+import { parseInputLine, readLines } from '../domain/input-line.js';
 import { createRun } from './submit.js';
 
 // The model is read from the first lines that name one; a file whose start names none is refused.
@@ -108,18 +109,4 @@ export function expireBatches(deps: RunnerDeps): void {
     });
     if (moved) deps.logger.info({ run_id: r.id, batch_id: r.batchId, status: to }, 'batch expired');
   }
-}
-
-// Ingestion reports a bad line as text; these are the reasons a batch client can act on.
-const LINE_ERRORS: { pattern: RegExp; code: string; param: string | null }[] = [
-  { pattern: /^(not valid JSON|line is not a JSON object|not valid UTF-8|line is longer than|empty line)/, code: 'invalid_json_line', param: null },
-  { pattern: /^duplicate custom_id/, code: 'duplicate_custom_id', param: 'custom_id' },
-  { pattern: /^model .* does not match/, code: 'mismatched_model', param: 'body.model' },
-  { pattern: /is not served by any registered endpoint$/, code: 'model_not_found', param: 'body.model' },
-];
-
-/** An invalid input line as OpenAI's BatchError. */
-export function batchLineError(e: LineError): { code: string; line: number; message: string; param: string | null } {
-  const kind = LINE_ERRORS.find((k) => k.pattern.test(e.message));
-  return { code: kind?.code ?? 'invalid_request', line: e.line, message: e.message, param: kind?.param ?? null };
 }

@@ -6,8 +6,8 @@ import { runInNewContext } from 'node:vm';
 import type { Deps } from '../deps.js';
 import { isDbBusy, type Db } from '../db/client.js';
 import { getRun, transitionRun } from '../db/runs.js';
-import { files, runs, samples, shards, type LineError, type RunRow } from '../db/schema.js';
-import { parseInputLine, readLines } from './input-format.js';
+import { files, runs, samples, shards, type RunRow } from '../db/schema.js';
+import { parseInputLine, readLines, type InvalidLine, type LineErrorCode } from '../domain/input-line.js';
 import { resolveInput } from './input-source.js';
 import { unservedModel } from './batches.js';
 
@@ -82,7 +82,7 @@ export async function ingestRun(deps: Deps, runId: string, signal?: AbortSignal)
     `insert into samples (run_id, seq, shard_idx, custom_id, status, request) values (?, ?, ?, ?, 'pending', ?)
      on conflict (run_id, custom_id) do nothing`,
   );
-  const errors: LineError[] = [];
+  const errors: InvalidLine[] = [];
   let invalid = 0;
   let seq = 0;
   let batch: { lineNo: number; customId: string; request: string }[] = [];
@@ -90,14 +90,14 @@ export async function ingestRun(deps: Deps, runId: string, signal?: AbortSignal)
   // A batch takes its model from its lines, so a model no endpoint serves is an error of each line.
   const unserved = run.batchId ? unservedModel(db, run.model) : null;
 
-  const noteError = (line: number, message: string, customId?: string) => {
+  const noteError = (line: number, code: LineErrorCode, message: string, customId?: string) => {
     invalid++;
-    if (errors.length < MAX_LISTED_ERRORS) errors.push(customId ? { line, message, custom_id: customId } : { line, message });
+    if (errors.length < MAX_LISTED_ERRORS) errors.push(customId ? { line, message, custom_id: customId, code } : { line, message, code });
   };
   const flush = db.$client.transaction(() => {
     for (const row of batch) {
       const res = insert.run(runId, seq, Math.floor(seq / run.shardSize), row.customId, row.request);
-      if (res.changes === 0) noteError(row.lineNo, `duplicate custom_id ${JSON.stringify(row.customId)}`, row.customId);
+      if (res.changes === 0) noteError(row.lineNo, 'duplicate_custom_id', `duplicate custom_id ${JSON.stringify(row.customId)}`, row.customId);
       else seq++;
     }
     batch = [];
@@ -107,14 +107,14 @@ export async function ingestRun(deps: Deps, runId: string, signal?: AbortSignal)
     const source = await openInput(deps, run);
     let lines = 0;
     for await (const raw of readLines(source, { maxLineBytes: deps.config.maxLineBytes })) {
-      if ('error' in raw) noteError(raw.lineNo, raw.error);
+      if ('error' in raw) noteError(raw.lineNo, 'invalid_json_line', raw.error);
       else if (raw.text.trim() !== '') {
         const parsed = parseInputLine(raw.text, raw.lineNo, { regenerate: run.regenerate === 'last_assistant' ? 'last_assistant' : null });
-        if (!parsed.ok) noteError(raw.lineNo, parsed.reason);
+        if (!parsed.ok) noteError(raw.lineNo, parsed.code, parsed.reason);
         else if (parsed.model !== null && parsed.model !== run.model) {
-          noteError(raw.lineNo, `model ${JSON.stringify(parsed.model.slice(0, 100))} does not match the run's model`, parsed.custom_id);
+          noteError(raw.lineNo, 'mismatched_model', `model ${JSON.stringify(parsed.model.slice(0, 100))} does not match the run's model`, parsed.custom_id);
         } else if (unserved) {
-          noteError(raw.lineNo, unserved, parsed.custom_id);
+          noteError(raw.lineNo, 'model_not_found', unserved, parsed.custom_id);
         } else {
           const request = JSON.stringify(parsed.params ? { messages: parsed.messages, params: parsed.params } : { messages: parsed.messages });
           batch.push({ lineNo: raw.lineNo, customId: parsed.custom_id, request });

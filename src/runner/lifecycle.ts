@@ -1,9 +1,10 @@
 import { and, eq, inArray, ne, sql } from 'drizzle-orm';
 import type { Deps } from '../deps.js';
 import { ApiError, notFound } from '../errors.js';
-import { getRun, transitionRun, type RunStatus } from '../db/runs.js';
+import { getRun, transitionRun } from '../db/runs.js';
+import { countFlags, FLAG_COLUMNS } from '../domain/flags.js';
+import { CANCELLABLE_RUN_STATUSES, PAUSABLE_RUN_STATUSES, RETRYABLE_RUN_STATUSES, TERMINAL_RUN_STATUSES, type RunStatus } from '../domain/statuses.js';
 import { runs, samples, shards, staging, type RunRow } from '../db/schema.js';
-import { FLAGS, flagBit } from './quality.js';
 
 function mustGet(deps: Deps, id: string): RunRow {
   const run = getRun(deps.db, id);
@@ -23,7 +24,7 @@ function move(deps: Deps, run: RunRow, from: readonly RunStatus[], to: RunStatus
 
 /** No new dispatch; requests already sent finish and are recorded. */
 export function pauseRun(deps: Deps, id: string): RunRow {
-  return move(deps, mustGet(deps, id), ['queued', 'in_progress'], 'paused', 'pause');
+  return move(deps, mustGet(deps, id), PAUSABLE_RUN_STATUSES, 'paused', 'pause');
 }
 
 export function resumeRun(deps: Deps, id: string, overrideGate: boolean): RunRow {
@@ -35,7 +36,7 @@ export function resumeRun(deps: Deps, id: string, overrideGate: boolean): RunRow
 export function cancelRun(deps: Deps, id: string): RunRow {
   const run = mustGet(deps, id);
   if (run.status === 'validating') return move(deps, run, ['validating'], 'cancelled', 'cancel');
-  return move(deps, run, ['queued', 'in_progress', 'paused', 'finalizing'], 'cancelling', 'cancel');
+  return move(deps, run, CANCELLABLE_RUN_STATUSES, 'cancelling', 'cancel');
 }
 
 /**
@@ -44,8 +45,7 @@ export function cancelRun(deps: Deps, id: string): RunRow {
  */
 export async function retryRun(deps: Deps, id: string, only: 'failed' | 'flagged'): Promise<{ run: RunRow; requeued: number }> {
   const run = mustGet(deps, id);
-  const allowed: RunStatus[] = ['completed', 'failed', 'cancelled', 'paused', 'in_progress', 'queued'];
-  if (!allowed.includes(run.status as RunStatus)) throw new ApiError('conflict', `cannot retry samples of a run that is ${run.status}`);
+  if (!RETRYABLE_RUN_STATUSES.includes(run.status as RunStatus)) throw new ApiError('conflict', `cannot retry samples of a run that is ${run.status}`);
   if (run.total === 0) throw new ApiError('conflict', 'the run has no samples');
   const { db } = deps;
   const now = deps.clock();
@@ -61,11 +61,8 @@ export async function retryRun(deps: Deps, id: string, only: 'failed' | 'flagged
       .all();
     if (picked.length === 0) return 0;
     const perShard = new Map<number, number>();
-    const flagCounts = Object.fromEntries(FLAGS.map((f) => [f, 0])) as Record<(typeof FLAGS)[number], number>;
-    for (const s of picked) {
-      perShard.set(s.shardIdx, (perShard.get(s.shardIdx) ?? 0) + 1);
-      for (const f of FLAGS) if (s.flags & flagBit(f)) flagCounts[f]++;
-    }
+    for (const s of picked) perShard.set(s.shardIdx, (perShard.get(s.shardIdx) ?? 0) + 1);
+    const flagged = countFlags(picked.map((s) => s.flags));
     const ids = picked.map((s) => s.id);
     for (let i = 0; i < ids.length; i += 500) {
       const chunk = ids.slice(i, i + 500);
@@ -102,11 +99,7 @@ export async function retryRun(deps: Deps, id: string, only: 'failed' | 'flagged
         : {
             completed: sql`${runs.completed} - ${n}`,
             flagged: sql`${runs.flagged} - ${n}`,
-            flagEmptyContent: sql`${runs.flagEmptyContent} - ${flagCounts.empty_content}`,
-            flagMissingReasoning: sql`${runs.flagMissingReasoning} - ${flagCounts.missing_reasoning}`,
-            flagTruncated: sql`${runs.flagTruncated} - ${flagCounts.truncated}`,
-            flagRepetitive: sql`${runs.flagRepetitive} - ${flagCounts.repetitive}`,
-            flagTooShort: sql`${runs.flagTooShort} - ${flagCounts.too_short}`,
+            ...Object.fromEntries(FLAG_COLUMNS.map(({ flag, key }) => [key, sql`${runs[key]} - ${flagged[flag]}`])),
           };
     tx.update(runs)
       .set({
@@ -120,8 +113,8 @@ export async function retryRun(deps: Deps, id: string, only: 'failed' | 'flagged
       .run();
     return n;
   });
-  if (requeued > 0 && ['completed', 'failed', 'cancelled'].includes(run.status)) {
-    if (transitionRun(db, id, ['completed', 'failed', 'cancelled'], 'queued', now, { finishedAt: null })) {
+  if (requeued > 0 && TERMINAL_RUN_STATUSES.includes(run.status as RunStatus)) {
+    if (transitionRun(db, id, TERMINAL_RUN_STATUSES, 'queued', now, { finishedAt: null })) {
       deps.logger.info({ run_id: id, from: run.status, status: 'queued' }, 'run status');
     }
   }

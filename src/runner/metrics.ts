@@ -1,15 +1,13 @@
 import { count, gte, notInArray, or } from 'drizzle-orm';
 import { collectDefaultMetrics, Counter, Gauge, Histogram, Registry } from 'prom-client';
 import type { Db } from '../db/client.js';
-import { effectiveConcurrency, ENDPOINT_STATES, listEndpoints } from '../db/endpoints.js';
-import { RUN_STATUSES, TERMINAL_RUN_STATUSES } from '../db/runs.js';
+import { effectiveConcurrency, listEndpoints } from '../db/endpoints.js';
+import { FLAGS, flagBit } from '../domain/flags.js';
+import { RETRY_REASONS } from '../domain/sample-errors.js';
+import { ENDPOINT_STATES, RUN_STATUSES, SAMPLE_STATUSES, TERMINAL_RUN_STATUSES } from '../domain/statuses.js';
 import { runs } from '../db/schema.js';
 import type { RunnerView } from './view.js';
-import { FLAGS, flagBit } from './quality.js';
 
-/** The retry reasons every scrape shows, at 0 until they happen, so alerts and rate() have a series. */
-const RETRY_REASONS = ['timeout', 'connection_error', 'server_error', 'rate_limited', 'quality'] as const;
-const SAMPLE_STATUSES = ['pending', 'in_progress', 'completed', 'failed', 'cancelled'] as const;
 /** A finished run keeps its sample gauges this long, so a scrape after the end still sees its final counts. */
 const FINISHED_RUN_VISIBLE_MS = 3600_000;
 

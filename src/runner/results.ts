@@ -1,13 +1,10 @@
 import type { Db } from '../db/client.js';
 import type { Logger } from '../logger.js';
-import { FLAGS, flagBit } from './quality.js';
+import { FLAG_COLUMNS, FLAGS, flagBit } from '../domain/flags.js';
+import type { SampleError } from '../domain/sample-errors.js';
+import type { Usage } from '../domain/output-line.js';
 
-export interface Usage {
-  prompt_tokens: number;
-  completion_tokens: number;
-  reasoning_tokens: number;
-  cached_tokens: number;
-}
+export type { Usage } from '../domain/output-line.js';
 
 interface Base {
   sampleId: number;
@@ -29,9 +26,9 @@ export type Outcome =
       output: string;
       at: number;
     })
-  | (Base & { kind: 'failed'; error: { code: string; message: string; status: number | null }; at: number })
+  | (Base & { kind: 'failed'; error: SampleError; at: number })
   // Back to the queue: a retry after backoff (usage is what the failed or flagged attempt cost).
-  | (Base & { kind: 'retry'; availableAt: number; usage: Usage | null; qualityRetry: boolean; error: { code: string; message: string; status: number | null } | null })
+  | (Base & { kind: 'retry'; availableAt: number; usage: Usage | null; qualityRetry: boolean; error: SampleError | null })
   // Back to the queue without spending an attempt: shutdown, pause, a sick endpoint.
   | (Base & { kind: 'release' })
   | (Base & { kind: 'cancelled' });
@@ -113,9 +110,7 @@ export class ResultWriter {
       cancel: c.prepare(`update samples set status = 'cancelled', lease_owner = null, lease_expires_at = null ${guard}`),
       runCounters: c.prepare(
         `update runs set pending = pending + ?, in_progress = in_progress + ?, completed = completed + ?, failed = failed + ?,
-         cancelled = cancelled + ?, flagged = flagged + ?, flag_empty_content = flag_empty_content + ?,
-         flag_missing_reasoning = flag_missing_reasoning + ?, flag_truncated = flag_truncated + ?,
-         flag_repetitive = flag_repetitive + ?, flag_too_short = flag_too_short + ?, prompt_tokens = prompt_tokens + ?,
+         cancelled = cancelled + ?, flagged = flagged + ?, ${FLAG_COLUMNS.map(({ column }) => `${column} = ${column} + ?`).join(', ')}, prompt_tokens = prompt_tokens + ?,
          completion_tokens = completion_tokens + ?, reasoning_tokens = reasoning_tokens + ?, dropped_results = dropped_results + ?,
          updated_at = ? where id = ?`,
       ),

@@ -4,55 +4,10 @@ import type { RunnerDeps } from '../deps.js';
 import { ApiError } from '../errors.js';
 import { appendEvent } from '../db/events.js';
 import { runs, samples, shards, staging, type RunRow, type SampleRow, type ShardRow } from '../db/schema.js';
-import { flagsFromBits } from './quality.js';
-
-/** What the staging table keeps of a completion until its shard is uploaded. */
-export interface StagedOutput {
-  reasoning_content: string | null;
-  content: string | null;
-  model: string;
-  response_id?: string;
-  created?: number;
-}
-
-export const shardKey = (idx: number) => `shard-${String(idx).padStart(5, '0')}.jsonl`;
-export const shardErrorsKey = (idx: number) => `shard-${String(idx).padStart(5, '0')}.errors.jsonl`;
-export const MANIFEST_KEY = 'manifest.json';
+import { flagCounts } from '../domain/flags.js';
+import { errorLine, MANIFEST_KEY, outputLine, shardErrorsKey, shardKey, type StagedOutput } from '../domain/output-line.js';
 
 const sha256 = (b: Buffer) => createHash('sha256').update(b).digest('hex');
-
-export function outputLine(s: SampleRow, out: StagedOutput): string {
-  const request = JSON.parse(s.request) as { messages: unknown[] };
-  return JSON.stringify({
-    custom_id: s.customId,
-    messages: request.messages,
-    reasoning_content: out.reasoning_content,
-    content: out.content,
-    finish_reason: s.finishReason,
-    usage: {
-      prompt_tokens: s.promptTokens ?? 0,
-      completion_tokens: s.completionTokens ?? 0,
-      reasoning_tokens: s.reasoningTokens ?? 0,
-      cached_tokens: s.cachedTokens ?? 0,
-    },
-    model: out.model,
-    // The server's completion id and time: an OpenAI batch output line is rebuilt from them.
-    response_id: out.response_id ?? null,
-    created: out.created ?? null,
-    endpoint_id: s.endpointId,
-    latency_ms: s.latencyMs,
-    attempts: s.attempts,
-    flags: flagsFromBits(s.flags),
-  });
-}
-
-export function errorLine(s: SampleRow): string {
-  return JSON.stringify({
-    custom_id: s.customId,
-    error: { code: s.errorCode, message: s.errorMessage, status: s.errorStatus },
-    attempts: s.attempts,
-  });
-}
 
 /** Lines of an earlier upload of this shard, by custom_id: the only copy once staging was cleared. */
 async function previousLines(deps: RunnerDeps, run: RunRow, shard: ShardRow): Promise<Map<string, string>> {
@@ -155,13 +110,7 @@ export async function writeManifest(deps: RunnerDeps, run: RunRow, finalStatus: 
     usage: { prompt_tokens: run.promptTokens, completion_tokens: run.completionTokens, reasoning_tokens: run.reasoningTokens },
     quality: {
       flagged: run.flagged,
-      by_flag: {
-        empty_content: run.flagEmptyContent,
-        missing_reasoning: run.flagMissingReasoning,
-        truncated: run.flagTruncated,
-        repetitive: run.flagRepetitive,
-        too_short: run.flagTooShort,
-      },
+      by_flag: flagCounts(run),
       // false, as the API shows it, when the run turned quality checks off.
       settings: run.quality ?? false,
     },

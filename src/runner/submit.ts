@@ -5,27 +5,12 @@ import type { Deps } from '../deps.js';
 import { ApiError } from '../errors.js';
 import { newId } from '../ids.js';
 import { getRunByIdempotencyKey } from '../db/runs.js';
-import { files, runs, type QualityConfig, type RunInput, type RunRow } from '../db/schema.js';
+import { files, runs, type RunInput, type RunRow } from '../db/schema.js';
+import { qualityConfig } from '../domain/quality.js';
 import { parseStoreUri, StoreUriError } from '../storage/index.js';
 import type { CreateRunBody } from '../routes/runs/schemas.js';
 import { inside, resolveInput } from './input-source.js';
 import { appendEvent } from '../db/events.js';
-
-export const QUALITY_DEFAULTS: QualityConfig = {
-  min_completion_tokens: 0,
-  retry_flagged: 1,
-  gate: { min_samples: 200, max_flag_rate: 0.2 },
-};
-
-export function qualityConfig(q: CreateRunBody['quality']): QualityConfig | null {
-  if (q === false) return null;
-  const gate = q?.gate === false ? false : { ...(QUALITY_DEFAULTS.gate as object), ...(q?.gate ?? {}) };
-  return {
-    min_completion_tokens: q?.min_completion_tokens ?? QUALITY_DEFAULTS.min_completion_tokens,
-    retry_flagged: q?.retry_flagged ?? QUALITY_DEFAULTS.retry_flagged,
-    gate: gate as QualityConfig['gate'],
-  };
-}
 
 function outputUriFor(deps: Deps, runId: string, requested?: string): string {
   if (!requested) return `${deps.config.outputUri}runs/${runId}/`;

@@ -1,9 +1,9 @@
 import { statusTimes, type StatusTimes } from '../../db/batches.js';
 import type { Db } from '../../db/client.js';
 import type { RunRow } from '../../db/schema.js';
-import { batchLineError } from '../../runner/batches.js';
+import { batchLineError } from '../../domain/input-line.js';
+import { gateTripped } from '../../domain/quality.js';
 import { batchFileIds } from '../../runner/batch-files.js';
-import { gateTripped } from '../../runner/gate.js';
 import type { Batch } from './schemas.js';
 
 const seconds = (ms: number | null | undefined) => (ms == null ? null : Math.floor(ms / 1000));

@@ -1,5 +1,6 @@
 import { z } from '@hono/zod-openapi';
-import { ENDPOINT_STATES, effectiveConcurrency } from '../../db/endpoints.js';
+import { effectiveConcurrency } from '../../db/endpoints.js';
+import { ENDPOINT_STATES } from '../../domain/statuses.js';
 import type { EndpointRow } from '../../db/schema.js';
 import type { EndpointLive } from '../../runner/view.js';
 import { iso, Timestamp } from '../common.js';

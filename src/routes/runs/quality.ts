@@ -3,8 +3,9 @@ import type { App } from '../../app.js';
 import { notFound, problemResponses } from '../../errors.js';
 import { getRun } from '../../db/runs.js';
 import { flagExamples, HISTOGRAM_EDGES, qualityHistograms } from '../../db/quality.js';
-import { flagCounts, gateSettings, gateTripped, overLimit } from '../../runner/gate.js';
-import { FLAGS, thinkingRequested } from '../../runner/quality.js';
+import { FLAGS, flagCounts } from '../../domain/flags.js';
+import { thinkingRequested } from '../../domain/params.js';
+import { gateSettings, gateTripped, overLimit } from '../../domain/quality.js';
 import { jsonContent, RunIdParam } from '../common.js';
 import { RunStatus } from './schemas.js';
 

@@ -1,6 +1,6 @@
 import type { RunRow, SampleRow, ShardRow } from '../../db/schema.js';
 import { joinUri } from '../../storage/index.js';
-import { flagsFromBits } from '../../runner/quality.js';
+import { flagCounts, flagsFromBits } from '../../domain/flags.js';
 import type { RunProgress } from '../../runner/view.js';
 import { iso } from '../common.js';
 import type { Run } from './schemas.js';
@@ -49,7 +49,7 @@ export function renderRun(r: RunRow, live: RunProgress, now: number): Run {
     request_timeout_ms: r.requestTimeoutMs,
     max_attempts: r.maxAttempts,
     quality_settings: r.quality ?? false,
-    invalid_lines: { count: r.invalidLines, errors: r.lineErrors },
+    invalid_lines: { count: r.invalidLines, errors: r.lineErrors.map(({ line, message, custom_id }) => (custom_id === undefined ? { line, message } : { line, message, custom_id })) },
     request_counts: {
       total: r.total,
       pending: r.pending,
@@ -60,13 +60,7 @@ export function renderRun(r: RunRow, live: RunProgress, now: number): Run {
     },
     quality: {
       flagged: r.flagged,
-      by_flag: {
-        empty_content: r.flagEmptyContent,
-        missing_reasoning: r.flagMissingReasoning,
-        truncated: r.flagTruncated,
-        repetitive: r.flagRepetitive,
-        too_short: r.flagTooShort,
-      },
+      by_flag: flagCounts(r),
     },
     usage: { prompt_tokens: r.promptTokens, completion_tokens: r.completionTokens, reasoning_tokens: r.reasoningTokens },
     shards: { total: r.shardsTotal, uploaded: r.shardsUploaded },

@@ -1,60 +1,18 @@
 import { z } from '@hono/zod-openapi';
-import { RUN_STATUSES } from '../../db/runs.js';
-import { FLAGS } from '../../runner/quality.js';
+import { FLAGS } from '../../domain/flags.js';
+import { nestsDeeperThan, tooDeepMessage } from '../../domain/json-depth.js';
+import * as domain from '../../domain/params.js';
+import { maxLen, ON_INVALID_LINE, REGENERATE_MODES } from '../../domain/params.js';
+import { RUN_STATUSES, SAMPLE_STATUSES, SHARD_STATUSES } from '../../domain/statuses.js';
 import { Timestamp } from '../common.js';
-import { nestsDeeperThan, tooDeepMessage } from '../../json-depth.js';
 
-const maxLen = (n: number) => z.string().max(n, `must be at most ${n} characters`);
+export const Message = domain.Message.openapi('ChatMessage');
 
-export const Message = z
-  .object({ role: z.string().min(1).max(64), content: z.unknown() })
-  .catchall(z.unknown())
-  .openapi('ChatMessage');
-
-// Known sampling parameters are checked; anything else is passed through to SGLang untouched.
-export const Params = z
-  .object({
-    temperature: z.number().min(0).max(2).optional(),
-    top_p: z.number().gt(0).max(1).optional(),
-    top_k: z.number().int().min(-1).max(100_000).optional(),
-    min_p: z.number().min(0).max(1).optional(),
-    max_tokens: z.number().int().min(1).max(10_000_000).optional(),
-    seed: z.number().int().min(0).max(2 ** 53).optional(),
-    stop: z.union([maxLen(1000), z.array(maxLen(1000)).max(32)]).optional(),
-    repetition_penalty: z.number().gt(0).max(10).optional(),
-    frequency_penalty: z.number().min(-2).max(2).optional(),
-    presence_penalty: z.number().min(-2).max(2).optional(),
-    chat_template_kwargs: z.record(z.string(), z.unknown()).optional(),
-    stream: z.literal(false, 'streaming is not supported: regen collects whole completions').optional(),
-    n: z.literal(1, 'only n=1 is supported').optional(),
-  })
-  .catchall(z.unknown())
-  .refine((p) => !('messages' in p) && !('model' in p), 'params must not contain messages or model')
-  .refine((p) => !nestsDeeperThan(p), tooDeepMessage)
+export const Params = domain.Params
   .openapi('GenerationParams', { example: { temperature: 0.6, top_p: 0.95, max_tokens: 8192, chat_template_kwargs: { enable_thinking: true } } });
 
-export const QualitySettings = z
-  .union([
-    z.literal(false),
-    z.object({
-      min_completion_tokens: z.number().int().min(0).max(1_000_000).optional(),
-      retry_flagged: z.number().int().min(0).max(10).optional(),
-      gate: z
-        .union([
-          z.literal(false),
-          z.object({
-            min_samples: z.number().int().min(1).max(10_000_000).optional(),
-            max_flag_rate: z.number().min(0).max(1).optional(),
-          }),
-        ])
-        .optional(),
-    }),
-  ])
+export const QualitySettings = domain.QualitySettings
   .openapi('QualitySettings');
-
-export const RequestLine = z
-  .object({ custom_id: z.string().max(512).optional(), messages: z.array(Message).min(1), params: z.record(z.string(), z.unknown()).optional() })
-  .openapi('InlineRequest');
 
 export const CreateRunBody = z
   .object({
@@ -68,8 +26,8 @@ export const CreateRunBody = z
     params: Params.optional(),
     shard_size: z.number().int().min(1).max(100_000).optional(),
     output: z.object({ uri: z.string().min(1).max(4096) }).strict().optional(),
-    regenerate: z.enum(['last_assistant']).nullable().optional(),
-    on_invalid_line: z.enum(['fail', 'skip']).optional(),
+    regenerate: z.enum(REGENERATE_MODES).nullable().optional(),
+    on_invalid_line: z.enum(ON_INVALID_LINE).optional(),
     quality: QualitySettings.optional(),
     priority: z.number().int().min(-1000).max(1000).optional(),
     metadata: z.record(maxLen(64), maxLen(512)).refine((m) => Object.keys(m).length <= 16, 'at most 16 keys').optional(),
@@ -110,7 +68,7 @@ export const Run = z
     metadata: z.record(z.string(), z.string()),
     input: z.record(z.string(), z.unknown()),
     regenerate: z.string().nullable(),
-    on_invalid_line: z.enum(['fail', 'skip']),
+    on_invalid_line: z.enum(ON_INVALID_LINE),
     request_timeout_ms: z.number().int(),
     max_attempts: z.number().int(),
     quality_settings: z.unknown(),
@@ -134,7 +92,7 @@ export const Run = z
   .openapi('Run');
 export type Run = z.infer<typeof Run>;
 
-export const SampleStatus = z.enum(['pending', 'in_progress', 'completed', 'failed', 'cancelled']).openapi('SampleStatus');
+export const SampleStatus = z.enum(SAMPLE_STATUSES).openapi('SampleStatus');
 export const Flag = z.enum(FLAGS).openapi('QualityFlag');
 
 export const Sample = z
@@ -170,7 +128,7 @@ export const Shard = z
   .object({
     object: z.literal('shard'),
     index: z.number().int(),
-    status: z.enum(['open', 'uploaded']),
+    status: z.enum(SHARD_STATUSES),
     samples: z.number().int(),
     done: z.number().int(),
     key: z.string().nullable(),

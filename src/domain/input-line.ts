@@ -1,23 +1,45 @@
-import { Params } from '../routes/runs/schemas.js';
-import { MAX_JSON_DEPTH, nestsDeeperThan } from '../json-depth.js';
+import { MAX_JSON_DEPTH, nestsDeeperThan } from './json-depth.js';
+import { Params, type RegenerateMode } from './params.js';
 
 // One input line → one sample (DESIGN.md "Input"). Every reason returned here is shown to
 // users next to the line number, so it names the field path and says what was expected.
 
 export type ChatMessage = { role: string; content: unknown; [k: string]: unknown };
 
+/**
+ * Why a line was refused, as a client can act on it; OpenAI's batch errors use the same codes.
+ * Each has the request field at fault, when there is one.
+ */
+export const LINE_ERROR_PARAMS = {
+  invalid_json_line: null,
+  invalid_request: null,
+  duplicate_custom_id: 'custom_id',
+  mismatched_model: 'body.model',
+  model_not_found: 'body.model',
+} as const satisfies Record<string, string | null>;
+export type LineErrorCode = keyof typeof LINE_ERROR_PARAMS;
+
+/** A refused input line as a run keeps it (the first 100 of a run are kept). */
+export interface InvalidLine {
+  line: number;
+  message: string;
+  custom_id?: string;
+  /** Absent on lines refused before codes were stored: read as invalid_request. */
+  code?: LineErrorCode;
+}
+
 export type ParsedLine =
   | { ok: true; custom_id: string; messages: ChatMessage[]; params: Record<string, unknown> | null; model: string | null }
-  | { ok: false; reason: string };
+  | { ok: false; reason: string; code: LineErrorCode };
 
 export interface ParseOptions {
-  regenerate: 'last_assistant' | null;
+  regenerate: RegenerateMode | null;
 }
 
 type JsonObject = Record<string, unknown>;
 
 /** A line's content, before the run's options are applied. */
-interface Sample {
+interface LineContent {
   custom_id: string;
   messages: ChatMessage[];
   params: JsonObject | null;
@@ -25,7 +47,14 @@ interface Sample {
 }
 
 /** Thrown inside this module only, to stop at the first problem; parseInputLine returns it. */
-class LineError extends Error {}
+class LineRejected extends Error {
+  constructor(
+    message: string,
+    readonly code: LineErrorCode = 'invalid_request',
+  ) {
+    super(message);
+  }
+}
 
 const MAX_CUSTOM_ID_CHARS = 512;
 // C0, DEL and C1: invisible in logs and listings, and they break the ids users grep for.
@@ -43,26 +72,26 @@ const SHAREGPT_ROLES: Record<string, string> = {
 
 export function parseInputLine(text: string, lineNo: number, opts: ParseOptions): ParsedLine {
   try {
-    const sample = readSample(parseJsonObject(text), lineNo);
-    return { ok: true, ...sample, messages: applyRegenerate(sample.messages, opts) };
+    const content = readLine(parseJsonObject(text), lineNo);
+    return { ok: true, ...content, messages: applyRegenerate(content.messages, opts) };
   } catch (err) {
-    if (err instanceof LineError) return { ok: false, reason: err.message };
+    if (err instanceof LineRejected) return { ok: false, reason: err.message, code: err.code };
     throw err;
   }
 }
 
 function parseJsonObject(text: string): JsonObject {
   const line = text.endsWith('\r') ? text.slice(0, -1) : text;
-  if (line.trim() === '') throw new LineError('empty line');
+  if (line.trim() === '') throw new LineRejected('empty line', 'invalid_json_line');
   let value: unknown;
   try {
     value = JSON.parse(line);
   } catch (err) {
-    throw new LineError(`not valid JSON: ${jsonErrorMessage(err)}`);
+    throw new LineRejected(`not valid JSON: ${jsonErrorMessage(err)}`, 'invalid_json_line');
   }
-  if (!isObject(value)) throw new LineError('line is not a JSON object');
+  if (!isObject(value)) throw new LineRejected('line is not a JSON object', 'invalid_json_line');
   // Parsed fine, but the sample could never be stored or sent: JSON.stringify would overflow.
-  if (nestsDeeperThan(value)) throw new LineError(`line is nested more than ${MAX_JSON_DEPTH} levels deep`);
+  if (nestsDeeperThan(value)) throw new LineRejected(`line is nested more than ${MAX_JSON_DEPTH} levels deep`);
   return value;
 }
 
@@ -73,7 +102,7 @@ function jsonErrorMessage(err: unknown): string {
   return message.length > MAX_JSON_MESSAGE_CHARS ? `${message.slice(0, MAX_JSON_MESSAGE_CHARS)}…` : message;
 }
 
-function readSample(obj: JsonObject, lineNo: number): Sample {
+function readLine(obj: JsonObject, lineNo: number): LineContent {
   const custom_id = readCustomId(obj, lineNo);
   if (obj.messages !== undefined) {
     return { custom_id, messages: readMessages(obj.messages, 'messages'), ...splitModel(readParams(obj), 'params') };
@@ -85,33 +114,33 @@ function readSample(obj: JsonObject, lineNo: number): Sample {
   if (obj.prompt !== undefined) {
     return { custom_id, messages: [readPrompt(obj.prompt)], ...splitModel(readParams(obj), 'params') };
   }
-  throw new LineError('no messages: expected "messages", "body.messages", "conversations" or "prompt"');
+  throw new LineRejected('no messages: expected "messages", "body.messages", "conversations" or "prompt"');
 }
 
 function readCustomId(obj: JsonObject, lineNo: number): string {
   if (obj.custom_id !== undefined && obj.custom_id !== null) {
-    if (typeof obj.custom_id !== 'string') throw new LineError('custom_id must be a string');
+    if (typeof obj.custom_id !== 'string') throw new LineRejected('custom_id must be a string');
     return checkId(obj.custom_id, 'custom_id');
   }
   if (obj.id !== undefined && obj.id !== null) {
     // Dataset ids are often row numbers.
     if (typeof obj.id === 'number' && Number.isFinite(obj.id)) return String(obj.id);
-    if (typeof obj.id !== 'string') throw new LineError('id must be a string or a number');
+    if (typeof obj.id !== 'string') throw new LineRejected('id must be a string or a number');
     return checkId(obj.id, 'id');
   }
   return `line-${lineNo}`;
 }
 
 function checkId(id: string, field: string): string {
-  if (id === '') throw new LineError(`${field} must not be empty`);
-  if (id.length > MAX_CUSTOM_ID_CHARS) throw new LineError(`${field} is longer than ${MAX_CUSTOM_ID_CHARS} characters`);
-  if (CONTROL_CHARS.test(id)) throw new LineError(`${field} must not contain control characters`);
+  if (id === '') throw new LineRejected(`${field} must not be empty`);
+  if (id.length > MAX_CUSTOM_ID_CHARS) throw new LineRejected(`${field} is longer than ${MAX_CUSTOM_ID_CHARS} characters`);
+  if (CONTROL_CHARS.test(id)) throw new LineRejected(`${field} must not contain control characters`);
   return id;
 }
 
 function readParams(obj: JsonObject): JsonObject | null {
   if (obj.params === undefined || obj.params === null) return null;
-  if (!isObject(obj.params)) throw new LineError('params must be an object');
+  if (!isObject(obj.params)) throw new LineRejected('params must be an object');
   return obj.params;
 }
 
@@ -122,7 +151,7 @@ function readParams(obj: JsonObject): JsonObject | null {
 function splitModel(params: JsonObject | null, path: string): { params: JsonObject | null; model: string | null } {
   if (params === null) return { params: null, model: null };
   const { model = null, ...rest } = params;
-  if (model !== null && typeof model !== 'string') throw new LineError(`${path}.model must be a string`);
+  if (model !== null && typeof model !== 'string') throw new LineRejected(`${path}.model must be a string`);
   return { params: Object.keys(rest).length > 0 ? checkParams(rest, path) : null, model };
 }
 
@@ -135,59 +164,59 @@ function checkParams(params: JsonObject, path: string): JsonObject {
   if (checked.success) return checked.data;
   const issue = checked.error.issues[0];
   const where = issue.path.map((p) => (typeof p === 'number' ? `[${p}]` : `.${String(p)}`)).join('');
-  throw new LineError(`${path}${where}: ${issue.message}`);
+  throw new LineRejected(`${path}${where}: ${issue.message}`);
 }
 
-function readBatchRequest(obj: JsonObject): Omit<Sample, 'custom_id'> {
-  if (obj.method !== 'POST') throw new LineError('method must be "POST"');
-  if (obj.url !== '/v1/chat/completions') throw new LineError('url must be /v1/chat/completions');
-  if (!isObject(obj.body)) throw new LineError('body must be an object');
+function readBatchRequest(obj: JsonObject): Omit<LineContent, 'custom_id'> {
+  if (obj.method !== 'POST') throw new LineRejected('method must be "POST"');
+  if (obj.url !== '/v1/chat/completions') throw new LineRejected('url must be /v1/chat/completions');
+  if (!isObject(obj.body)) throw new LineRejected('body must be an object');
   const { messages, ...rest } = obj.body;
   return { messages: readMessages(messages, 'body.messages'), ...splitModel(rest, 'body') };
 }
 
 function readMessages(value: unknown, path: string): ChatMessage[] {
-  if (!Array.isArray(value) || value.length === 0) throw new LineError(`${path} must be a non-empty array`);
+  if (!Array.isArray(value) || value.length === 0) throw new LineRejected(`${path} must be a non-empty array`);
   value.forEach((message, i) => checkMessage(message, `${path}[${i}]`));
   return value as ChatMessage[];
 }
 
 function checkMessage(message: unknown, path: string): void {
-  if (!isObject(message)) throw new LineError(`${path} must be an object`);
-  if (typeof message.role !== 'string') throw new LineError(`${path}.role must be a string`);
+  if (!isObject(message)) throw new LineRejected(`${path} must be an object`);
+  if (typeof message.role !== 'string') throw new LineRejected(`${path}.role must be a string`);
   const { content } = message;
   // The OpenAI API allows an assistant turn that only calls tools to have no content.
   if (content === null && message.role === 'assistant' && Array.isArray(message.tool_calls)) return;
   if (typeof content === 'string') return;
-  if (!Array.isArray(content)) throw new LineError(`${path}.content must be a string or an array of content parts`);
+  if (!Array.isArray(content)) throw new LineRejected(`${path}.content must be a string or an array of content parts`);
   content.forEach((part, i) => {
     if (!isObject(part) || typeof part.type !== 'string') {
-      throw new LineError(`${path}.content[${i}] must be a content part: an object with a string "type"`);
+      throw new LineRejected(`${path}.content[${i}] must be a content part: an object with a string "type"`);
     }
   });
 }
 
 function readConversations(value: unknown): ChatMessage[] {
-  if (!Array.isArray(value) || value.length === 0) throw new LineError('conversations must be a non-empty array');
+  if (!Array.isArray(value) || value.length === 0) throw new LineRejected('conversations must be a non-empty array');
   return value.map((turn, i) => {
     const path = `conversations[${i}]`;
-    if (!isObject(turn)) throw new LineError(`${path} must be an object`);
-    if (typeof turn.from !== 'string') throw new LineError(`${path}.from must be a string`);
+    if (!isObject(turn)) throw new LineRejected(`${path} must be an object`);
+    if (typeof turn.from !== 'string') throw new LineRejected(`${path}.from must be a string`);
     const role = SHAREGPT_ROLES[turn.from];
-    if (role === undefined) throw new LineError(`unknown ShareGPT role ${JSON.stringify(turn.from)} in ${path}`);
-    if (typeof turn.value !== 'string') throw new LineError(`${path}.value must be a string`);
+    if (role === undefined) throw new LineRejected(`unknown ShareGPT role ${JSON.stringify(turn.from)} in ${path}`);
+    if (typeof turn.value !== 'string') throw new LineRejected(`${path}.value must be a string`);
     return { role, content: turn.value };
   });
 }
 
 function readPrompt(value: unknown): ChatMessage {
-  if (typeof value !== 'string' || value.trim() === '') throw new LineError('prompt must be a non-empty string');
+  if (typeof value !== 'string' || value.trim() === '') throw new LineRejected('prompt must be a non-empty string');
   return { role: 'user', content: value };
 }
 
 function applyRegenerate(messages: ChatMessage[], opts: ParseOptions): ChatMessage[] {
   if (opts.regenerate !== 'last_assistant' || messages[messages.length - 1].role !== 'assistant') return messages;
-  if (messages.length === 1) throw new LineError('nothing left to send after dropping the last assistant turn');
+  if (messages.length === 1) throw new LineRejected('nothing left to send after dropping the last assistant turn');
   return messages.slice(0, -1);
 }
 
@@ -199,6 +228,7 @@ function isObject(value: unknown): value is JsonObject {
 // Reading lines from a stream. Inputs can be gigabytes, so nothing here holds more than
 // one line (at most maxLineBytes) plus the chunk being scanned.
 
+/** A line's text, or why it could not be read as text (always an invalid_json_line). */
 export type RawLine = { lineNo: number; text: string } | { lineNo: number; error: string };
 
 export interface ReadLinesOptions {
@@ -266,4 +296,10 @@ export async function* readLines(source: AsyncIterable<Uint8Array>, opts: ReadLi
     }
   }
   if (pendingBytes > 0) yield decode(Buffer.concat(pending, pendingBytes), lineNo);
+}
+
+/** A refused input line as OpenAI's BatchError. */
+export function batchLineError(e: InvalidLine): { code: LineErrorCode; line: number; message: string; param: string | null } {
+  const code = e.code ?? 'invalid_request';
+  return { code, line: e.line, message: e.message, param: LINE_ERROR_PARAMS[code] };
 }

@@ -1,0 +1,107 @@
+import { flagsFromBits, type Flag } from './flags.js';
+
+// The lines of a run's output (DESIGN.md "Runner"): shard-NNNNN.jsonl holds one OutputLine per
+// completed sample, in input order; shard-NNNNN.errors.jsonl one ErrorLine per failed sample.
+// Readers of the shards (batch output files, the sample route) parse these same types.
+
+export interface Usage {
+  prompt_tokens: number;
+  completion_tokens: number;
+  reasoning_tokens: number;
+  cached_tokens: number;
+}
+
+/** What the staging table keeps of a completion until its shard is uploaded. */
+export interface StagedOutput {
+  reasoning_content: string | null;
+  content: string | null;
+  model: string;
+  response_id?: string;
+  created?: number;
+}
+
+export interface OutputLine {
+  custom_id: string;
+  messages: unknown[];
+  reasoning_content: string | null;
+  content: string | null;
+  finish_reason: string | null;
+  usage: Usage;
+  model: string;
+  /** The server's completion id and time: an OpenAI batch output line is rebuilt from them (null in shards written before batches). */
+  response_id: string | null;
+  created: number | null;
+  endpoint_id: string | null;
+  latency_ms: number | null;
+  attempts: number;
+  flags: Flag[];
+}
+
+export interface ErrorLine {
+  custom_id: string;
+  error: { code: string | null; message: string | null; status: number | null };
+  attempts: number;
+}
+
+/** A completed sample's record, as the shard writer has it from the database. */
+export interface CompletedSample {
+  customId: string;
+  /** The request as stored: JSON of {messages, params?}. */
+  request: string;
+  finishReason: string | null;
+  promptTokens: number | null;
+  completionTokens: number | null;
+  reasoningTokens: number | null;
+  cachedTokens: number | null;
+  endpointId: string | null;
+  latencyMs: number | null;
+  attempts: number;
+  flags: number;
+}
+
+export interface FailedSample {
+  customId: string;
+  errorCode: string | null;
+  errorMessage: string | null;
+  errorStatus: number | null;
+  attempts: number;
+}
+
+export function outputLine(s: CompletedSample, out: StagedOutput): string {
+  const request = JSON.parse(s.request) as { messages: unknown[] };
+  const line: OutputLine = {
+    custom_id: s.customId,
+    messages: request.messages,
+    reasoning_content: out.reasoning_content,
+    content: out.content,
+    finish_reason: s.finishReason,
+    usage: {
+      prompt_tokens: s.promptTokens ?? 0,
+      completion_tokens: s.completionTokens ?? 0,
+      reasoning_tokens: s.reasoningTokens ?? 0,
+      cached_tokens: s.cachedTokens ?? 0,
+    },
+    model: out.model,
+    response_id: out.response_id ?? null,
+    created: out.created ?? null,
+    endpoint_id: s.endpointId,
+    latency_ms: s.latencyMs,
+    attempts: s.attempts,
+    flags: flagsFromBits(s.flags),
+  };
+  return JSON.stringify(line);
+}
+
+export function errorLine(s: FailedSample): string {
+  const line: ErrorLine = {
+    custom_id: s.customId,
+    error: { code: s.errorCode, message: s.errorMessage, status: s.errorStatus },
+    attempts: s.attempts,
+  };
+  return JSON.stringify(line);
+}
+
+const shardName = (idx: number) => `shard-${String(idx).padStart(5, '0')}`;
+export const shardKey = (idx: number) => `${shardName(idx)}.jsonl`;
+export const shardErrorsKey = (idx: number) => `${shardName(idx)}.errors.jsonl`;
+export const MANIFEST_KEY = 'manifest.json';

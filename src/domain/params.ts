@@ -1,0 +1,60 @@
+import { z } from 'zod';
+import { nestsDeeperThan, tooDeepMessage } from './json-depth.js';
+
+// What a run (or one of its lines) may ask of the server. The routes give these schemas their
+// OpenAPI names; ingest checks each line's own params against the same rules.
+
+export const maxLen = (n: number) => z.string().max(n, `must be at most ${n} characters`);
+
+export const Message = z.object({ role: z.string().min(1).max(64), content: z.unknown() }).catchall(z.unknown());
+
+// Known sampling parameters are checked; anything else is passed through to SGLang untouched.
+export const Params = z
+  .object({
+    temperature: z.number().min(0).max(2).optional(),
+    top_p: z.number().gt(0).max(1).optional(),
+    top_k: z.number().int().min(-1).max(100_000).optional(),
+    min_p: z.number().min(0).max(1).optional(),
+    max_tokens: z.number().int().min(1).max(10_000_000).optional(),
+    seed: z.number().int().min(0).max(2 ** 53).optional(),
+    stop: z.union([maxLen(1000), z.array(maxLen(1000)).max(32)]).optional(),
+    repetition_penalty: z.number().gt(0).max(10).optional(),
+    frequency_penalty: z.number().min(-2).max(2).optional(),
+    presence_penalty: z.number().min(-2).max(2).optional(),
+    chat_template_kwargs: z.record(z.string(), z.unknown()).optional(),
+    stream: z.literal(false, 'streaming is not supported: regen collects whole completions').optional(),
+    n: z.literal(1, 'only n=1 is supported').optional(),
+  })
+  .catchall(z.unknown())
+  .refine((p) => !('messages' in p) && !('model' in p), 'params must not contain messages or model')
+  .refine((p) => !nestsDeeperThan(p), tooDeepMessage);
+
+export const QualitySettings = z.union([
+  z.literal(false),
+  z.object({
+    min_completion_tokens: z.number().int().min(0).max(1_000_000).optional(),
+    retry_flagged: z.number().int().min(0).max(10).optional(),
+    gate: z
+      .union([
+        z.literal(false),
+        z.object({
+          min_samples: z.number().int().min(1).max(10_000_000).optional(),
+          max_flag_rate: z.number().min(0).max(1).optional(),
+        }),
+      ])
+      .optional(),
+  }),
+]);
+
+export const REGENERATE_MODES = ['last_assistant'] as const;
+export type RegenerateMode = (typeof REGENERATE_MODES)[number];
+export const ON_INVALID_LINE = ['fail', 'skip'] as const;
+export type OnInvalidLine = (typeof ON_INVALID_LINE)[number];
+
+/** Whether params turn on a reasoning model's thinking mode (Qwen3 style). */
+export function thinkingRequested(params: Record<string, unknown>): boolean {
+  const kwargs = params.chat_template_kwargs;
+  if (typeof kwargs !== 'object' || kwargs === null) return false;
+  const { enable_thinking, thinking } = kwargs as Record<string, unknown>;
+  return enable_thinking === true || thinking === true;
+}

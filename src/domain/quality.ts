@@ -1,0 +1,163 @@
+import { bitsFromFlags, FLAGS, flagCounts, type Flag, type FlagCounterKey } from './flags.js';
+
+// Quality checks run on every completed sample (DESIGN.md "Quality"), and the gate pauses a run
+// whose flagged share is over its limit.
+
+export interface QualityConfig {
+  min_completion_tokens: number;
+  retry_flagged: number;
+  gate: { min_samples: number; max_flag_rate: number } | false;
+}
+export type GateSettings = Exclude<QualityConfig['gate'], false>;
+
+/** What a run asks for, field by field; false turns quality checks off. */
+export type QualityRequest =
+  | false
+  | {
+      min_completion_tokens?: number;
+      retry_flagged?: number;
+      gate?: false | { min_samples?: number; max_flag_rate?: number };
+    };
+
+export const QUALITY_DEFAULTS: QualityConfig = {
+  min_completion_tokens: 0,
+  retry_flagged: 1,
+  gate: { min_samples: 200, max_flag_rate: 0.2 },
+};
+
+/** The settings a run keeps: what it asked for over the defaults, or null when checks are off. */
+export function qualityConfig(q: QualityRequest | undefined): QualityConfig | null {
+  if (q === false) return null;
+  const gate = q?.gate === false ? false : { ...(QUALITY_DEFAULTS.gate as GateSettings), ...(q?.gate ?? {}) };
+  return {
+    min_completion_tokens: q?.min_completion_tokens ?? QUALITY_DEFAULTS.min_completion_tokens,
+    retry_flagged: q?.retry_flagged ?? QUALITY_DEFAULTS.retry_flagged,
+    gate,
+  };
+}
+
+export interface QualityInput {
+  content: string | null;
+  reasoning_content: string | null;
+  finish_reason: string | null;
+  completion_tokens: number;
+  thinking_requested: boolean;
+}
+
+export interface QualityCheckConfig {
+  /** 0 disables the too_short check. */
+  min_completion_tokens: number;
+}
+
+export function computeFlags(input: QualityInput, cfg: QualityCheckConfig): number {
+  const flags: Flag[] = [];
+  if (isBlank(input.content)) flags.push('empty_content');
+  if (input.thinking_requested && isBlank(input.reasoning_content)) flags.push('missing_reasoning');
+  if (input.finish_reason === 'length') flags.push('truncated');
+  // A loop in the reasoning matters even when the answer looks fine: it is training data too.
+  if (isRepetitive(input.content ?? '') || isRepetitive(input.reasoning_content ?? '')) flags.push('repetitive');
+  if (input.completion_tokens < cfg.min_completion_tokens) flags.push('too_short');
+  return bitsFromFlags(flags);
+}
+
+function isBlank(text: string | null): boolean {
+  return text === null || text.trim() === '';
+}
+
+// Only the end of a text is examined: a model stuck in a loop stays in it until the token
+// limit, so the loop is always at the tail, and a bounded window keeps the check O(1) in
+// the text's length.
+const TAIL_CHARS = 2000;
+// Raw characters read to fill the window after whitespace runs are collapsed.
+const RAW_TAIL_CHARS = 2 * TAIL_CHARS;
+const MIN_REPEATS = 4;
+// As long as a span can be and still repeat MIN_REPEATS times in the window: reasoning models
+// loop on whole paragraphs (300-500 characters) as often as on short phrases.
+const MAX_PERIOD = TAIL_CHARS / MIN_REPEATS;
+// A loop must cover this much of the tail, unless the whole text is shorter: then it must
+// cover all of it. Shorter runs are legitimate (a rule of dashes, a row of zeros).
+const MIN_COVERAGE = 300;
+// Below this a text is too short to call a loop ("0000", "ha ha ha ha").
+const MIN_LOOP_CHARS = 20;
+
+/**
+ * True when the tail of `text` is one span of 1..500 characters repeated at least 4 times,
+ * covering 300 characters (or the whole text), once whitespace runs count as one space.
+ * Cost is at most TAIL_CHARS × MAX_PERIOD character comparisons whatever the text's size,
+ * and far less on healthy text, where every candidate period fails within a few characters.
+ */
+export function isRepetitive(text: string): boolean {
+  const tail = normalisedTail(text);
+  if (tail.length < MIN_LOOP_CHARS) return false;
+  const required = Math.max(MIN_LOOP_CHARS, Math.min(MIN_COVERAGE, tail.length));
+  const maxPeriod = Math.min(MAX_PERIOD, Math.floor(tail.length / MIN_REPEATS));
+  for (let period = 1; period <= maxPeriod; period++) {
+    const covered = periodicSuffixLength(tail, period);
+    if (covered >= required && covered >= period * MIN_REPEATS) return true;
+  }
+  return false;
+}
+
+function normalisedTail(text: string): string {
+  const normalised = text.slice(-RAW_TAIL_CHARS).replace(/\s+/g, ' ').trim();
+  return normalised.slice(-TAIL_CHARS);
+}
+
+/** Length of the longest suffix of `s` that repeats with the given period. */
+function periodicSuffixLength(s: string, period: number): number {
+  let i = s.length - 1;
+  while (i >= period && s.charCodeAt(i) === s.charCodeAt(i - period)) i--;
+  return s.length - 1 - i + period;
+}
+
+// ---- the gate ----
+
+/** The part of a run the gate reads. */
+export type GateInput = {
+  status: string;
+  statusReason: string | null;
+  quality: QualityConfig | null;
+  gateOverridden: boolean;
+  completed: number;
+  flagged: number;
+} & Record<FlagCounterKey, number>;
+
+// Every verdict starts with this, so a pause by the gate can be told from a pause by a user.
+const VERDICT_PREFIX = 'quality gate:';
+
+/** The run's gate, or null when quality checks or the gate are off. */
+export function gateSettings(r: Pick<GateInput, 'quality'>): GateSettings | null {
+  return r.quality?.gate || null;
+}
+
+/** Enough samples are done to judge, and the flagged share is above the limit. */
+export function overLimit(r: GateInput, gate: GateSettings): boolean {
+  return r.completed >= gate.min_samples && r.flagged / r.completed > gate.max_flag_rate;
+}
+
+/** Whether the gate pauses this run now: it is dispatching, not overridden, and over its limit. */
+export function gateTrips(r: GateInput): boolean {
+  const gate = gateSettings(r);
+  return gate !== null && !r.gateOverridden && r.status === 'in_progress' && overLimit(r, gate);
+}
+
+/** The run is paused by the gate and waits for someone to look (resume, override, retry or cancel). */
+export function gateTripped(r: Pick<GateInput, 'status' | 'statusReason'>): boolean {
+  return r.status === 'paused' && (r.statusReason?.startsWith(VERDICT_PREFIX) ?? false);
+}
+
+// A flag on 3 of 1000 samples reads "<1%", not "0%": it is there, just rare.
+function percent(part: number, whole: number): string {
+  const p = (100 * part) / whole;
+  return part > 0 && p < 1 ? '<1%' : `${Math.round(p)}%`;
+}
+
+/** "quality gate: empty_content 86%, missing_reasoning 86% of 214 samples (flagged 87%, limit 20%)" */
+export function gateVerdict(r: GateInput, gate: GateSettings): string {
+  const counts: Record<Flag, number> = flagCounts(r);
+  const parts = FLAGS.filter((f) => counts[f] > 0)
+    .sort((a, b) => counts[b] - counts[a])
+    .map((f) => `${f} ${percent(counts[f], r.completed)}`);
+  const limit = `${Math.round(1000 * gate.max_flag_rate) / 10}%`;
+  return `${VERDICT_PREFIX} ${parts.join(', ')} of ${r.completed} samples (flagged ${percent(r.flagged, r.completed)}, limit ${limit})`;
+}
