@@ -21,3 +21,8 @@ export function listEndpoints(db: Db, opts: { after?: string; limit: number } = 
 export function effectiveConcurrency(e: EndpointRow, fallback: number): number {
   return e.maxConcurrency ?? e.serverMaxRunning ?? fallback;
 }
+
+/** Writes what a probe or the dispatcher learnt of an endpoint. */
+export function updateEndpoint(db: Db, id: string, set: Partial<EndpointRow>): void {
+  db.update(endpoints).set(set).where(eq(endpoints.id, id)).run();
+}

@@ -1,4 +1,4 @@
-import { and, desc, eq, lt, sql, type SQL } from 'drizzle-orm';
+import { and, desc, eq, inArray, lt, sql, type SQL } from 'drizzle-orm';
 import type { Db } from './client.js';
 import { appendEvent } from './events.js';
 import { runs, type RunRow } from './schema.js';
@@ -51,4 +51,18 @@ export function transitionRun(
     appendEvent(tx as unknown as Db, id, 'status', { status: to, reason: set.statusReason ?? null }, now);
     return true;
   });
+}
+
+/** Runs in any of `statuses`, highest priority first, then oldest: the order the runner serves them in. */
+export function listRunsByStatus(db: Db, statuses: readonly RunStatus[]): RunRow[] {
+  return db
+    .select()
+    .from(runs)
+    .where(inArray(runs.status, [...statuses]))
+    .orderBy(sql`${runs.priority} desc`, runs.createdAt)
+    .all();
+}
+
+export function setManifestKey(db: Db, id: string, key: string): void {
+  db.update(runs).set({ manifestKey: key }).where(eq(runs.id, id)).run();
 }

@@ -1,6 +1,6 @@
 import { and, asc, eq, gt, ne, sql, type SQL } from 'drizzle-orm';
 import type { Db } from './client.js';
-import { samples, shards } from './schema.js';
+import { runs, samples, shards } from './schema.js';
 import { flagBit, type Flag } from '../domain/flags.js';
 
 export function getSample(db: Db, runId: string, customId: string) {
@@ -33,4 +33,67 @@ export function listShards(db: Db, runId: string, opts: { after?: number; limit:
     .orderBy(asc(shards.idx))
     .limit(opts.limit + 1)
     .all();
+}
+
+// ---- leases (the runner) ----
+
+/**
+ * What a lease given back without an answer does to its sample: pending again, with the attempt it
+ * was charged on claim refunded (shutdown, a crash, a sick endpoint: not the sample's fault).
+ */
+export const RELEASE_LEASE = `status = 'pending', attempts = max(attempts - 1, 0), lease_owner = null, lease_expires_at = null`;
+
+/** A sample leased for dispatch. */
+export interface ClaimedRow {
+  id: number;
+  shardIdx: number;
+  request: string;
+  attempts: number;
+  qualityRetries: number;
+}
+
+/**
+ * Prepares the claim: leases up to `limit` pending samples of a run that are due, in input order,
+ * charging each an attempt, and moves the run's counters with them in the same transaction, so a
+ * crash between the two statements cannot leave the counters off by a batch.
+ */
+export function prepareClaim(db: Db): (runId: string, owner: string, now: number, leaseExpiresAt: number, limit: number) => ClaimedRow[] {
+  const claim = db.$client.prepare(
+    `update samples set status = 'in_progress', attempts = attempts + 1, lease_owner = ?, lease_expires_at = ?
+     where id in (select id from samples where run_id = ? and status = 'pending' and available_at <= ? order by seq limit ?)
+     returning id, shard_idx as shardIdx, request, attempts, quality_retries as qualityRetries`,
+  );
+  const count = db.$client.prepare(`update runs set pending = pending - ?, in_progress = in_progress + ? where id = ?`);
+  return db.$client.transaction((runId: string, owner: string, now: number, leaseExpiresAt: number, limit: number) => {
+    const rows = claim.all(owner, leaseExpiresAt, runId, now, limit) as ClaimedRow[];
+    if (rows.length) count.run(rows.length, rows.length, runId);
+    return rows;
+  });
+}
+
+/** Gives back every lease of a run, whoever held it (a restart, with the only dispatcher gone); returns how many. */
+export function releaseRunLeases(db: Db, runId: string): number {
+  return db.$client.transaction(() => {
+    const n = db.$client.prepare(`update samples set ${RELEASE_LEASE} where run_id = ? and status = 'in_progress'`).run(runId).changes;
+    if (n) db.$client.prepare(`update runs set pending = pending + ?, in_progress = in_progress - ? where id = ?`).run(n, n, runId);
+    return n;
+  })();
+}
+
+/** Cancels a run's pending samples, moving its shards' and its own counters with them. */
+export function cancelPendingSamples(db: Db, runId: string): void {
+  db.transaction((tx) => {
+    const perShard = tx
+      .select({ idx: samples.shardIdx, n: sql<number>`count(*)` })
+      .from(samples)
+      .where(and(eq(samples.runId, runId), eq(samples.status, 'pending')))
+      .groupBy(samples.shardIdx)
+      .all();
+    if (!perShard.length) return;
+    const n = tx.update(samples).set({ status: 'cancelled' }).where(and(eq(samples.runId, runId), eq(samples.status, 'pending'))).run().changes;
+    for (const s of perShard) {
+      tx.update(shards).set({ terminalCount: sql`${shards.terminalCount} + ${s.n}` }).where(and(eq(shards.runId, runId), eq(shards.idx, s.idx))).run();
+    }
+    tx.update(runs).set({ pending: sql`${runs.pending} - ${n}`, cancelled: sql`${runs.cancelled} + ${n}` }).where(eq(runs.id, runId)).run();
+  });
 }

@@ -1,20 +1,20 @@
 import type { Agent } from 'node:http';
 import OpenAI from 'openai';
-import { eq } from 'drizzle-orm';
 import type { Db } from '../db/client.js';
-import { effectiveConcurrency, listEndpoints } from '../db/endpoints.js';
+import { effectiveConcurrency, listEndpoints, updateEndpoint } from '../db/endpoints.js';
 import type { EndpointState } from '../domain/statuses.js';
-import { endpoints, type EndpointRow } from '../db/schema.js';
+import type { EndpointRow } from '../db/schema.js';
 import type { Logger } from '../logger.js';
 import { agentFetch, endpointAgent } from './http-fetch.js';
 import { LatencyRing, RateWindow } from './rates.js';
-import type { EndpointLive } from './view.js';
+import { backoffMs, firstProbeDelayMs, probeBackoff } from './failure-policy.js';
+import { IDLE_ENDPOINT, type EndpointLive } from './view.js';
 
 /** Consecutive transport failures after which an endpoint is taken out of rotation. */
 export const UNHEALTHY_AFTER = 3;
 const PROBE_TIMEOUT_MS = 5000;
+/** A probe reads at most this much of an answer: a server must not fill regen's memory. */
 const PROBE_MAX_BYTES = 4 << 20;
-const MAX_PROBE_BACKOFF_MS = 60_000;
 
 /** One SGLang server as the runner sees it: its row, its client, and what is in flight on it. */
 export class LiveEndpoint {
@@ -23,19 +23,16 @@ export class LiveEndpoint {
   readonly inFlight = new Map<number, AbortController>();
   consecutiveFailures = 0;
   nextProbeAt = 0;
-  probeBackoffMs: number;
+  /** Probes failed in a row; the wait before the next one grows with it. */
+  probeFailures = 0;
   probing = false;
   server: { running: number | null; queued: number | null } = { running: null, queued: null };
   readonly rate = new RateWindow();
   readonly latency = new LatencyRing();
 
-  constructor(
-    public row: EndpointRow,
-    private readonly baseProbeMs: number,
-  ) {
+  constructor(public row: EndpointRow) {
     this.agent = endpointAgent(row.url);
     this.client = this.makeClient();
-    this.probeBackoffMs = Math.min(1000, baseProbeMs);
   }
 
   private makeClient(): OpenAI {
@@ -126,6 +123,7 @@ export class EndpointPool {
   constructor(
     private readonly db: Db,
     private readonly logger: Logger,
+    private readonly clock: () => number,
     private readonly probeIntervalMs: number,
     private readonly onChange: () => void,
     private readonly onRemoved: (e: LiveEndpoint) => void,
@@ -138,13 +136,13 @@ export class EndpointPool {
     for (const row of rows) {
       seen.add(row.id);
       const e = this.live.get(row.id);
-      if (!e) this.live.set(row.id, new LiveEndpoint(row, this.probeIntervalMs));
+      if (!e) this.live.set(row.id, new LiveEndpoint(row));
       else {
         const wasState = e.row.state;
         e.update(row);
         if (row.state === 'starting' && wasState !== 'starting') {
           e.nextProbeAt = 0;
-          e.probeBackoffMs = Math.min(1000, this.probeIntervalMs);
+          e.probeFailures = 0;
         }
       }
     }
@@ -157,11 +155,51 @@ export class EndpointPool {
     }
   }
 
+  /** Closes every endpoint's idle connections: the runner stops. */
+  close(): void {
+    for (const e of this.live.values()) e.close();
+  }
+
+  /** Models some ready endpoint serves now. */
+  servedModels(): Set<string> {
+    const served = new Set<string>();
+    for (const e of this.live.values()) if (e.state === 'ready' && e.row.model) served.add(e.row.model);
+    return served;
+  }
+
+  /** Endpoints judged unhealthy that still have requests in flight. */
+  unhealthyWithFlights(): LiveEndpoint[] {
+    return [...this.live.values()].filter((e) => e.state === 'unhealthy' && e.inFlight.size > 0);
+  }
+
+  /** The free and total slots of the ready endpoints serving `model`. */
+  slotsFor(model: string, fallback: number): { free: number; total: number } {
+    let free = 0;
+    let total = 0;
+    for (const e of this.live.values()) {
+      if (e.state !== 'ready' || e.row.model !== model) continue;
+      const cap = e.cap(fallback);
+      total += cap;
+      free += Math.max(0, cap - e.inFlight.size);
+    }
+    return { free, total };
+  }
+
+  liveOf(endpointId: string, now: number): EndpointLive {
+    return this.live.get(endpointId)?.live(now) ?? IDLE_ENDPOINT;
+  }
+
+  snapshot(now: number): Record<string, EndpointLive> {
+    const out: Record<string, EndpointLive> = {};
+    for (const [id, e] of this.live) out[id] = e.live(now);
+    return out;
+  }
+
   setState(e: LiveEndpoint, state: EndpointState, lastError: string | null, extra: Partial<EndpointRow> = {}): void {
-    const now = Date.now();
+    const now = this.clock();
     const changed = e.row.state !== state;
     const set = { state, lastError, lastCheckedAt: now, updatedAt: now, ...extra };
-    this.db.update(endpoints).set(set).where(eq(endpoints.id, e.row.id)).run();
+    updateEndpoint(this.db, e.row.id, set);
     e.row = { ...e.row, ...set };
     if (changed) {
       this.logger.info({ endpoint_id: e.row.id, url: e.row.url, state, reason: lastError ?? undefined }, 'endpoint state');
@@ -173,15 +211,16 @@ export class EndpointPool {
   transportFailure(e: LiveEndpoint, message: string): boolean {
     e.consecutiveFailures++;
     if (e.state === 'ready' && e.consecutiveFailures >= UNHEALTHY_AFTER) {
-      e.probeBackoffMs = Math.min(1000, this.probeIntervalMs);
-      e.nextProbeAt = Date.now() + e.probeBackoffMs;
+      e.probeFailures = 0;
+      e.nextProbeAt = this.clock() + firstProbeDelayMs(this.probeIntervalMs);
       this.setState(e, 'unhealthy', message);
       return true;
     }
     return false;
   }
 
-  probeDue(now: number): void {
+  probeDue(): void {
+    const now = this.clock();
     for (const e of this.live.values()) {
       if (e.probing || e.nextProbeAt > now || e.state === 'disabled' || e.state === 'draining') continue;
       e.probing = true;
@@ -214,20 +253,21 @@ export class EndpointPool {
       failure = code === 'ECONNREFUSED' ? 'connection refused' : (err as Error).name === 'TimeoutError' ? 'health probe timed out' : 'health probe failed';
     }
     if (this.parked(e)) return;
-    const now = Date.now();
+    const now = this.clock();
     if (failure) {
-      e.probeBackoffMs = Math.min(MAX_PROBE_BACKOFF_MS, Math.max(this.probeIntervalMs, e.probeBackoffMs * 2));
-      e.nextProbeAt = now + (e.state === 'starting' ? Math.min(e.probeBackoffMs, this.probeIntervalMs) : e.probeBackoffMs);
+      const wait = backoffMs(++e.probeFailures, probeBackoff(this.probeIntervalMs));
+      // A server still loading is looked at every interval: it may come up any moment.
+      e.nextProbeAt = now + (e.state === 'starting' ? Math.min(wait, this.probeIntervalMs) : wait);
       // A server never seen healthy is still starting; one that was up and stopped answering is unhealthy.
       const next: EndpointState = e.state === 'starting' && (starting || e.row.model === null) ? 'starting' : 'unhealthy';
       this.setState(e, next, failure);
       return;
     }
     e.nextProbeAt = now + this.probeIntervalMs;
-    e.probeBackoffMs = Math.min(1000, this.probeIntervalMs);
+    e.probeFailures = 0;
     await this.readServerLoad(e);
     if (wasReady) {
-      this.db.update(endpoints).set({ lastCheckedAt: now }).where(eq(endpoints.id, e.row.id)).run();
+      updateEndpoint(this.db, e.row.id, { lastCheckedAt: now });
       return;
     }
     try {
@@ -246,7 +286,7 @@ export class EndpointPool {
       e.consecutiveFailures = 0;
       this.setState(e, 'ready', null, { model, serverMaxRunning });
     } catch (err) {
-      e.nextProbeAt = now + e.probeBackoffMs;
+      e.nextProbeAt = now + firstProbeDelayMs(this.probeIntervalMs);
       this.setState(e, e.state === 'starting' ? 'starting' : 'unhealthy', (err as Error).message.slice(0, 300));
     }
   }

@@ -1,5 +1,58 @@
+import { hostname } from 'node:os';
+import type { Db } from '../db/client.js';
+import { beatRunnerLock, releaseRunnerLock, takeRunnerLock } from '../db/runner-lock.js';
+
 /**
  * Another live regen process holds the runner lock of this database: two dispatchers would send
- * samples twice. Its own module, so the API thread can recognise it without loading the runner.
+ * samples twice. The API thread recognises it by name without loading the runner.
  */
 export class RunnerLockedError extends Error {}
+
+/** A holder whose heartbeat is older than this is taken for dead. */
+export const LOCK_STALE_MS = 15_000;
+/** How often the holder renews its heartbeat: a third of the staleness limit, so two missed beats are survived. */
+export const HEARTBEAT_MS = 5000;
+
+function pidAlive(pid: number): boolean {
+  try {
+    process.kill(pid, 0);
+    return true;
+  } catch (err) {
+    return (err as NodeJS.ErrnoException).code === 'EPERM';
+  }
+}
+
+/**
+ * The single-dispatcher lock of a SQLite database: one row naming the process that dispatches,
+ * so that a restart can tell a dead owner's leases from a live one's.
+ */
+export class RunnerLock {
+  private readonly host = hostname();
+
+  constructor(
+    private readonly db: Db,
+    readonly owner: string,
+    private readonly clock: () => number,
+  ) {}
+
+  /** Takes the lock, or throws RunnerLockedError while another live process holds it. */
+  take(): void {
+    const now = this.clock();
+    const held = takeRunnerLock(this.db, { owner: this.owner, pid: process.pid, hostname: this.host, heartbeatAt: now }, (h) => {
+      const sameProcess = h.hostname === this.host && h.pid === process.pid;
+      // Another host's pid cannot be checked: only its heartbeat tells.
+      const alive = h.hostname !== this.host || pidAlive(h.pid);
+      return h.owner !== this.owner && !sameProcess && alive && now - h.heartbeatAt < LOCK_STALE_MS;
+    });
+    if (held) throw new RunnerLockedError(`another regen process (pid ${held.pid} on ${held.hostname}) is running dispatch on this database`);
+  }
+
+  /** Renews the heartbeat; false when another process took the database over. */
+  beat(): boolean {
+    return beatRunnerLock(this.db, this.owner, this.clock());
+  }
+
+  release(): void {
+    releaseRunnerLock(this.db, this.owner);
+  }
+}

@@ -1,0 +1,42 @@
+// Which endpoint takes the next sample, and how many samples to claim at once (DESIGN.md "Runner").
+
+/** What the choice reads of an endpoint. */
+export interface Slots {
+  cap: number;
+  inFlight: number;
+  weight: number;
+}
+
+/**
+ * The endpoint with the most free room relative to its cap, the heavier one on a tie; null when
+ * none has a free slot. Filling the relatively emptiest first keeps a small server as busy as a
+ * big one.
+ */
+export function pickEndpoint<T>(candidates: Iterable<T>, slotsOf: (c: T) => Slots | null): T | null {
+  let best: T | null = null;
+  let bestRoom = 0;
+  let bestWeight = 0;
+  for (const c of candidates) {
+    const s = slotsOf(c);
+    if (!s || s.cap - s.inFlight <= 0) continue;
+    const room = (s.cap - s.inFlight) / s.cap;
+    if (room > bestRoom || (room === bestRoom && best !== null && s.weight > bestWeight)) {
+      best = c;
+      bestRoom = room;
+      bestWeight = s.weight;
+    }
+  }
+  return best;
+}
+
+/** The most samples one run keeps claimed ahead of dispatch. */
+export const MAX_CLAIM = 512;
+
+/**
+ * How many samples to claim for a run when its buffer is empty: the fleet's free slots, and at
+ * least half its slots, so that a claim statement is spread over many requests rather than paid
+ * once per freed slot; never more than MAX_CLAIM.
+ */
+export function claimSize(freeSlots: number, totalSlots: number): number {
+  return Math.min(MAX_CLAIM, Math.max(1, freeSlots, Math.ceil(totalSlots / 2)));
+}

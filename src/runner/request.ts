@@ -1,0 +1,146 @@
+import { APIConnectionError, APIConnectionTimeoutError, APIError, APIUserAbortError } from 'openai';
+import type { Usage } from '../domain/output-line.js';
+import { thinkingRequested } from '../domain/params.js';
+import type { SampleError } from '../domain/sample-errors.js';
+
+// One request to an endpoint: the body sent for a sample, what its answer means, and what its
+// error means. Pure, so that every answer and error shape has a case in a table test.
+
+/** A stored request: what ingest kept of the input line. */
+export interface StoredRequest {
+  messages: unknown[];
+  params?: Record<string, unknown>;
+}
+
+/**
+ * Offset between the seeds of successive quality retries. A prime, so that the retries of
+ * neighbouring base seeds do not land on each other's seeds; a random part on top keeps two runs
+ * with the same seed from asking the same retry.
+ */
+const RETRY_SEED_STRIDE = 7919;
+const RETRY_SEED_JITTER = 1000;
+
+export interface BuiltRequest {
+  body: Record<string, unknown>;
+  /** Thinking was asked for this sample (a line's own params may turn it on or off). */
+  thinking: boolean;
+}
+
+/** The chat completion body for a sample: the run's params, the line's own over them, the run's model. */
+export function buildRequest(
+  run: { model: string; params: Record<string, unknown> },
+  sample: { request: string; qualityRetries: number },
+  random: () => number = Math.random,
+): BuiltRequest {
+  const request = JSON.parse(sample.request) as StoredRequest;
+  const params = request.params ? { ...run.params, ...request.params } : run.params;
+  const body: Record<string, unknown> = { ...params, model: run.model, messages: request.messages };
+  if (sample.qualityRetries > 0) {
+    // A flagged answer is asked again with a different seed, else SGLang would repeat it.
+    const base = typeof params.seed === 'number' ? params.seed : 0;
+    body.seed = base + sample.qualityRetries * RETRY_SEED_STRIDE + Math.floor(random() * RETRY_SEED_JITTER);
+  }
+  return { body, thinking: thinkingRequested(params) };
+}
+
+/** The parts of a chat completion regen reads; anything may be missing from a broken server. */
+export interface ChatResponse {
+  id?: string;
+  created?: number;
+  model?: string;
+  choices?: { message?: { content?: unknown; reasoning_content?: unknown }; finish_reason?: string | null }[];
+  usage?: {
+    prompt_tokens?: number;
+    completion_tokens?: number;
+    reasoning_tokens?: number;
+    completion_tokens_details?: { reasoning_tokens?: number };
+    prompt_tokens_details?: { cached_tokens?: number } | null;
+  };
+}
+
+export interface Answer {
+  content: string | null;
+  reasoning: string | null;
+  finishReason: string | null;
+  usage: Usage;
+  model: string | null;
+  responseId: string | undefined;
+  created: number | undefined;
+}
+
+export type ParsedAnswer = { ok: true; answer: Answer } | { ok: false; error: SampleError };
+
+/** Reads a 200 answer; one without a first choice is malformed and tried again. */
+export function parseAnswer(res: unknown): ParsedAnswer {
+  const r = res as ChatResponse | null;
+  if (!r || typeof r !== 'object' || !Array.isArray(r.choices) || !r.choices[0]) {
+    return { ok: false, error: { code: 'malformed_response', message: 'the endpoint answered 200 without choices', status: null } };
+  }
+  const choice = r.choices[0];
+  const msg = choice.message ?? {};
+  const u = r.usage ?? {};
+  return {
+    ok: true,
+    answer: {
+      content: typeof msg.content === 'string' ? msg.content : null,
+      reasoning: typeof msg.reasoning_content === 'string' ? msg.reasoning_content : null,
+      finishReason: choice.finish_reason ?? null,
+      usage: {
+        prompt_tokens: u.prompt_tokens ?? 0,
+        completion_tokens: u.completion_tokens ?? 0,
+        // SGLang reports reasoning tokens at the top level of usage; OpenAI under completion_tokens_details.
+        reasoning_tokens: u.reasoning_tokens ?? u.completion_tokens_details?.reasoning_tokens ?? 0,
+        cached_tokens: u.prompt_tokens_details?.cached_tokens ?? 0,
+      },
+      model: typeof r.model === 'string' ? r.model : null,
+      responseId: r.id,
+      created: r.created,
+    },
+  };
+}
+
+/** What a failed request means for its sample and its endpoint. */
+export type ErrorVerdict =
+  /** The sample's error; `transport` ones count against the endpoint's health. */
+  | { kind: 'error'; error: SampleError; transport: boolean }
+  /** The endpoint, not the sample, is wrong (bad key, wrong URL): probe it again, give the sample back unspent. */
+  | { kind: 'endpoint_refused'; reason: string };
+
+const MAX_ERROR_MESSAGE_CHARS = 1000;
+const MAX_INTERNAL_MESSAGE_CHARS = 300;
+
+/**
+ * Classifies an error of the openai client. A request regen did not abort itself that ends in an
+ * abort was cut by its own timeout.
+ */
+export function classifyError(err: unknown, timeoutMs: number): ErrorVerdict {
+  if (err instanceof APIConnectionTimeoutError || err instanceof APIUserAbortError) {
+    // Not held against the endpoint: long generations on a busy server time out together, and
+    // a server that has really hung fails its health probe.
+    return { kind: 'error', error: { code: 'timeout', message: `no answer within ${timeoutMs} ms`, status: null }, transport: false };
+  }
+  if (err instanceof APIConnectionError) {
+    return { kind: 'error', error: { code: 'connection_error', message: 'the connection to the endpoint failed', status: null }, transport: true };
+  }
+  if (err instanceof APIError && err.status) {
+    const status = err.status;
+    const message = errorMessage(err);
+    if (status === 429) return { kind: 'error', error: { code: 'rate_limited', message, status }, transport: false };
+    if (status >= 500 || status === 408 || status === 409 || status === 425) {
+      return { kind: 'error', error: { code: 'server_error', message, status }, transport: false };
+    }
+    if (status === 401 || status === 403 || status === 404) {
+      return { kind: 'endpoint_refused', reason: `${status}: ${message}`.slice(0, MAX_INTERNAL_MESSAGE_CHARS) };
+    }
+    return { kind: 'error', error: { code: 'invalid_request', message, status }, transport: false };
+  }
+  const message = (err as Error)?.message?.slice(0, MAX_INTERNAL_MESSAGE_CHARS) ?? 'unknown error';
+  return { kind: 'error', error: { code: 'internal_error', message, status: null }, transport: false };
+}
+
+/** SGLang's error body is `{object: "error", message, ...}`; keep its message, bounded. */
+function errorMessage(err: APIError): string {
+  const body = err.error as { message?: unknown } | undefined;
+  const m = typeof body?.message === 'string' ? body.message : err.message;
+  return m.slice(0, MAX_ERROR_MESSAGE_CHARS);
+}
