@@ -1,0 +1,102 @@
+import { afterAll, afterEach, describe, expect, it } from 'vitest';
+import { join } from 'node:path';
+import { closeDb, openDb, type Db } from '../../src/db/client.js';
+import { prepareClaim, releaseRunLeases } from '../../src/db/samples.js';
+import { flagBit } from '../../src/domain/flags.js';
+import { makeLogger } from '../../src/logger.js';
+import { ResultWriter, type FlushReport } from '../../src/runner/results.js';
+import { tempDir } from '../support/server.js';
+
+const usage = { prompt_tokens: 10, completion_tokens: 20, reasoning_tokens: 5, cached_tokens: 0 };
+const NOW = 1_700_000_000_000;
+
+function seed(db: Db, n: number, shardSize: number): void {
+  const c = db.$client;
+  c.prepare(
+    `insert into runs (id, model, status, created_at, params, input, shard_size, output_uri, metadata, on_invalid_line, request_timeout_ms, max_attempts, updated_at, total, pending, shards_total)
+     values ('run_a', 'm', 'in_progress', ?, '{}', '{"requests":1}', ?, 'file:///tmp/x/', '{}', 'fail', 1000, 5, ?, ?, ?, ?)`,
+  ).run(NOW, shardSize, NOW, n, n, Math.ceil(n / shardSize));
+  for (let s = 0; s * shardSize < n; s++) {
+    c.prepare(`insert into shards (run_id, idx, first_seq, sample_count) values ('run_a', ?, ?, ?)`).run(s, s * shardSize, Math.min(shardSize, n - s * shardSize));
+  }
+  const insert = c.prepare(`insert into samples (run_id, seq, shard_idx, custom_id, request) values ('run_a', ?, ?, ?, '{"messages":[]}')`);
+  for (let i = 0; i < n; i++) insert.run(i, Math.floor(i / shardSize), `c${i}`);
+}
+
+const counters = (db: Db) =>
+  db.$client.prepare(`select pending, in_progress as inProgress, completed, failed, cancelled, flagged, flag_empty_content as empty, completion_tokens as tokens, dropped_results as dropped from runs`).get() as Record<string, number>;
+
+describe('the result writer on a temporary database', () => {
+  const tmp = tempDir();
+  let db: Db;
+  afterAll(() => tmp.cleanup());
+  afterEach(() => {
+    closeDb(db);
+  });
+
+  it('commits a batch of outcomes in one transaction, keeps the counters equal to a recount, and reports closed shards', () => {
+    db = openDb(join(tmp.dir, 'a.db'));
+    seed(db, 6, 3);
+    const claimed = prepareClaim(db)('run_a', 'me', NOW, NOW + 1000, 10);
+    expect(claimed.map((c) => c.attempts)).toEqual([1, 1, 1, 1, 1, 1]);
+    expect(counters(db)).toMatchObject({ pending: 0, inProgress: 6 });
+    const reports: FlushReport[] = [];
+    const w = new ResultWriter(db, 'me', makeLogger('silent'), (r) => reports.push(r), () => NOW);
+    const base = (i: number) => ({ sampleId: claimed[i].id, runId: 'run_a', shardIdx: claimed[i].shardIdx, endpointId: null });
+    const completed = (i: number, flags = 0) => ({
+      ...base(i),
+      kind: 'completed' as const,
+      usage,
+      finishReason: 'stop',
+      latencyMs: 5,
+      flags,
+      chars: { reasoning: 1, content: 1 },
+      output: '{}',
+      at: NOW,
+    });
+    w.add(completed(0));
+    w.add(completed(1, flagBit('empty_content')));
+    w.add({ ...base(2), kind: 'failed', error: { code: 'invalid_request', message: 'too long', status: 400 }, at: NOW });
+    w.add({ ...base(3), kind: 'retry', availableAt: NOW + 500, usage: null, qualityRetry: false, error: { code: 'server_error', message: 'x', status: 500 } });
+    w.add({ ...base(4), kind: 'release' });
+    w.add({ ...base(5), kind: 'cancelled' });
+    // A second answer for a sample already terminal changes nothing and is counted as dropped.
+    w.add(completed(0));
+    w.flush();
+    expect(reports).toHaveLength(1);
+    expect(reports[0].dropped).toBe(1);
+    expect(reports[0].closedShards).toEqual([{ runId: 'run_a', idx: 0 }]);
+    expect(reports[0].runs.get('run_a')).toEqual({ completed: 2, tokens: 40 });
+    expect(counters(db)).toEqual({ pending: 2, inProgress: 0, completed: 2, failed: 1, cancelled: 1, flagged: 1, empty: 1, tokens: 40, dropped: 1 });
+    const recount = db.$client.prepare(`select status, count(*) as n from samples group by status order by status`).all();
+    expect(recount).toEqual([
+      { status: 'cancelled', n: 1 },
+      { status: 'completed', n: 2 },
+      { status: 'failed', n: 1 },
+      { status: 'pending', n: 2 },
+    ]);
+    // The release refunded its attempt; the retry kept it and waits out its backoff.
+    const attempts = db.$client.prepare(`select custom_id, attempts, available_at as at from samples where status = 'pending' order by seq`).all();
+    expect(attempts).toEqual([
+      { custom_id: 'c3', attempts: 1, at: NOW + 500 },
+      { custom_id: 'c4', attempts: 0, at: 0 },
+    ]);
+    expect(db.$client.prepare(`select count(*) as n from staging`).get()).toEqual({ n: 2 });
+    w.close();
+  });
+
+  it('drops the outcomes of leases another owner holds, and recovery gives every lease back', () => {
+    db = openDb(join(tmp.dir, 'b.db'));
+    seed(db, 4, 4);
+    const claimed = prepareClaim(db)('run_a', 'old-process', NOW, NOW + 1000, 10);
+    const reports: FlushReport[] = [];
+    const w = new ResultWriter(db, 'me', makeLogger('silent'), (r) => reports.push(r), () => NOW);
+    w.add({ sampleId: claimed[0].id, runId: 'run_a', shardIdx: 0, endpointId: null, kind: 'cancelled' });
+    w.flush();
+    expect(reports[0].dropped).toBe(1);
+    expect(releaseRunLeases(db, 'run_a')).toBe(4);
+    expect(counters(db)).toMatchObject({ pending: 4, inProgress: 0, dropped: 1 });
+    expect(db.$client.prepare(`select max(attempts) as a from samples`).get()).toEqual({ a: 0 });
+    w.close();
+  });
+});

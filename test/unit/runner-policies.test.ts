@@ -1,0 +1,202 @@
+import { describe, expect, it } from 'vitest';
+import { APIConnectionError, APIConnectionTimeoutError, APIError, APIUserAbortError } from 'openai';
+import { claimSize, MAX_CLAIM, pickEndpoint, type Slots } from '../../src/runner/endpoint-choice.js';
+import { backoffMs, decideFailure, probeBackoff, REQUEST_BACKOFF, UPLOAD_BACKOFF } from '../../src/runner/failure-policy.js';
+import { buildRequest, classifyError, parseAnswer } from '../../src/runner/request.js';
+
+// SGLang's error shapes (DESIGN.md points at SGLang's own page), as the openai client raises them
+// once the dispatch fetch has put SGLang's top-level error fields under "error" (http-fetch.ts).
+const sglangError = (status: number, message: string) =>
+  APIError.generate(status, { error: { object: 'error', message, type: 'BadRequestError', param: null, code: status } }, undefined, new Headers());
+
+describe('classifyError: every SGLang error shape', () => {
+  const cases: { name: string; err: unknown; expect: ReturnType<typeof classifyError> }[] = [
+    {
+      name: 'prompt longer than the context (400)',
+      err: sglangError(400, "The input (40000 tokens) is longer than the model's context length (32768 tokens)."),
+      expect: {
+        kind: 'error',
+        transport: false,
+        error: { code: 'invalid_request', status: 400, message: "The input (40000 tokens) is longer than the model's context length (32768 tokens)." },
+      },
+    },
+    {
+      name: 'prompt + max_tokens over the context (400)',
+      err: sglangError(400, "Requested token count exceeds the model's maximum context length of 32768 tokens."),
+      expect: {
+        kind: 'error',
+        transport: false,
+        error: { code: 'invalid_request', status: 400, message: "Requested token count exceeds the model's maximum context length of 32768 tokens." },
+      },
+    },
+    {
+      name: 'validation error turned 400 by SGLang',
+      err: sglangError(400, 'Input should be a valid list'),
+      expect: { kind: 'error', transport: false, error: { code: 'invalid_request', status: 400, message: 'Input should be a valid list' } },
+    },
+    {
+      name: 'internal error (500)',
+      err: sglangError(500, 'Internal server error: CUDA out of memory'),
+      expect: { kind: 'error', transport: false, error: { code: 'server_error', status: 500, message: 'Internal server error: CUDA out of memory' } },
+    },
+    {
+      name: 'queue full (503)',
+      err: sglangError(503, 'The request queue is full.'),
+      expect: { kind: 'error', transport: false, error: { code: 'server_error', status: 503, message: 'The request queue is full.' } },
+    },
+    {
+      name: 'a gateway rate limit (429)',
+      err: sglangError(429, 'Too Many Requests'),
+      expect: { kind: 'error', transport: false, error: { code: 'rate_limited', status: 429, message: 'Too Many Requests' } },
+    },
+    {
+      name: 'missing API key (401)',
+      err: APIError.generate(401, { error: 'Unauthorized' }, undefined, new Headers()),
+      expect: { kind: 'endpoint_refused', reason: expect.stringMatching(/^401: /) as unknown as string },
+    },
+    {
+      name: 'wrong URL (404, FastAPI body)',
+      err: APIError.generate(404, { error: { detail: 'Not Found' } }, undefined, new Headers()),
+      expect: { kind: 'endpoint_refused', reason: expect.stringMatching(/^404: /) as unknown as string },
+    },
+    {
+      name: 'connection refused or reset',
+      err: new APIConnectionError({ message: 'Connection error.' }),
+      expect: { kind: 'error', transport: true, error: { code: 'connection_error', status: null, message: 'the connection to the endpoint failed' } },
+    },
+    {
+      name: 'client timeout',
+      err: new APIConnectionTimeoutError(),
+      expect: { kind: 'error', transport: false, error: { code: 'timeout', status: null, message: 'no answer within 1000 ms' } },
+    },
+    {
+      name: 'aborted by its own timeout signal',
+      err: new APIUserAbortError(),
+      expect: { kind: 'error', transport: false, error: { code: 'timeout', status: null, message: 'no answer within 1000 ms' } },
+    },
+    {
+      name: 'anything else',
+      err: new TypeError('boom'),
+      expect: { kind: 'error', transport: false, error: { code: 'internal_error', status: null, message: 'boom' } },
+    },
+  ];
+  for (const c of cases) {
+    it(c.name, () => {
+      expect(classifyError(c.err, 1000)).toEqual(c.expect);
+    });
+  }
+});
+
+describe('parseAnswer', () => {
+  const usage = { prompt_tokens: 12, completion_tokens: 30, total_tokens: 42, reasoning_tokens: 20, prompt_tokens_details: null };
+
+  it('reads SGLang usage with top-level reasoning_tokens and null cache details', () => {
+    const parsed = parseAnswer({
+      id: 'x',
+      created: 5,
+      model: 'm',
+      choices: [{ message: { role: 'assistant', content: 'hi', reasoning_content: 'think' }, finish_reason: 'stop' }],
+      usage,
+      metadata: { weight_version: 'default' },
+    });
+    expect(parsed).toEqual({
+      ok: true,
+      answer: {
+        content: 'hi',
+        reasoning: 'think',
+        finishReason: 'stop',
+        usage: { prompt_tokens: 12, completion_tokens: 30, reasoning_tokens: 20, cached_tokens: 0 },
+        model: 'm',
+        responseId: 'x',
+        created: 5,
+      },
+    });
+  });
+
+  it('reads OpenAI-style reasoning tokens and cache details', () => {
+    const parsed = parseAnswer({
+      choices: [{ message: { content: '', reasoning_content: null }, finish_reason: 'length' }],
+      usage: { prompt_tokens: 1, completion_tokens: 2, completion_tokens_details: { reasoning_tokens: 2 }, prompt_tokens_details: { cached_tokens: 1 } },
+    });
+    expect(parsed.ok && parsed.answer).toMatchObject({ content: '', reasoning: null, finishReason: 'length', usage: { reasoning_tokens: 2, cached_tokens: 1 } });
+  });
+
+  it('calls an answer without choices malformed', () => {
+    for (const res of [null, 'text', {}, { choices: [] }, { choices: 'x' }]) {
+      expect(parseAnswer(res)).toEqual({ ok: false, error: { code: 'malformed_response', message: 'the endpoint answered 200 without choices', status: null } });
+    }
+  });
+});
+
+describe('buildRequest', () => {
+  const run = { model: 'm', params: { temperature: 0.6, seed: 10, chat_template_kwargs: { enable_thinking: true } } };
+
+  it("puts the line's params over the run's, and the run's model last", () => {
+    const built = buildRequest(run, { request: JSON.stringify({ messages: [{ role: 'user', content: 'q' }], params: { temperature: 0 } }), qualityRetries: 0 });
+    expect(built.body).toEqual({ temperature: 0, seed: 10, chat_template_kwargs: { enable_thinking: true }, model: 'm', messages: [{ role: 'user', content: 'q' }] });
+    expect(built.thinking).toBe(true);
+  });
+
+  it('asks a quality retry with another seed', () => {
+    const request = JSON.stringify({ messages: [] });
+    const first = buildRequest(run, { request, qualityRetries: 1 }, () => 0).body.seed;
+    const second = buildRequest(run, { request, qualityRetries: 2 }, () => 0).body.seed;
+    expect(first).not.toBe(10);
+    expect(second).not.toBe(first);
+  });
+});
+
+describe('pickEndpoint', () => {
+  const pick = (slots: (Slots & { id: string })[]) => pickEndpoint(slots, (s) => s)?.id ?? null;
+
+  it('takes the endpoint with the most free room relative to its cap', () => {
+    expect(pick([{ id: 'a', cap: 100, inFlight: 60, weight: 1 }, { id: 'b', cap: 10, inFlight: 3, weight: 1 }])).toBe('b');
+  });
+
+  it('breaks a tie by weight, and keeps the first on a full tie', () => {
+    expect(pick([{ id: 'a', cap: 10, inFlight: 5, weight: 1 }, { id: 'b', cap: 20, inFlight: 10, weight: 2 }])).toBe('b');
+    expect(pick([{ id: 'a', cap: 10, inFlight: 5, weight: 1 }, { id: 'b', cap: 20, inFlight: 10, weight: 1 }])).toBe('a');
+  });
+
+  it('finds nothing when every endpoint is full or excluded', () => {
+    expect(pick([{ id: 'a', cap: 4, inFlight: 4, weight: 1 }])).toBeNull();
+    expect(pickEndpoint([{ id: 'a', cap: 4, inFlight: 0, weight: 1 }], () => null)).toBeNull();
+  });
+});
+
+describe('claimSize', () => {
+  it('claims the free slots, at least half the fleet, at most MAX_CLAIM', () => {
+    expect(claimSize(3, 100)).toBe(50);
+    expect(claimSize(80, 100)).toBe(80);
+    expect(claimSize(0, 0)).toBe(1);
+    expect(claimSize(5000, 8000)).toBe(MAX_CLAIM);
+  });
+});
+
+describe('backoff', () => {
+  it('doubles from the first wait up to the cap', () => {
+    const waits = [1, 2, 3, 4, 5, 6, 7, 8].map((n) => backoffMs(n, UPLOAD_BACKOFF));
+    expect(waits).toEqual([2000, 4000, 8000, 16000, 32000, 60000, 60000, 60000]);
+  });
+
+  it('jitters request retries over the upper half of the wait', () => {
+    expect(backoffMs(1, REQUEST_BACKOFF, () => 0)).toBe(250);
+    expect(backoffMs(1, REQUEST_BACKOFF, () => 1)).toBe(500);
+    expect(backoffMs(20, REQUEST_BACKOFF, () => 1)).toBe(30_000);
+  });
+
+  it('probes a failing endpoint at the interval, doubling, or soon when the interval is short', () => {
+    expect([1, 2, 3].map((n) => backoffMs(n, probeBackoff(5000)))).toEqual([5000, 10000, 20000]);
+    expect([1, 2, 3].map((n) => backoffMs(n, probeBackoff(200)))).toEqual([400, 800, 1600]);
+    expect(backoffMs(30, probeBackoff(5000))).toBe(60_000);
+  });
+});
+
+describe('decideFailure', () => {
+  const e = (code: 'server_error' | 'invalid_request') => ({ code, message: 'x', status: 500 });
+  it('fails a request error at once, retries a server error until the attempts are spent', () => {
+    expect(decideFailure(e('invalid_request'), 1, 5)).toEqual({ kind: 'failed' });
+    expect(decideFailure(e('server_error'), 1, 5, () => 1)).toEqual({ kind: 'retry', delayMs: 500 });
+    expect(decideFailure(e('server_error'), 5, 5)).toEqual({ kind: 'failed' });
+  });
+});
