@@ -20,8 +20,6 @@ export interface Deps {
   startIngest(runId: string): void;
 }
 
-export type AppEnv = { Variables: { deps: Deps; requestId: string } };
-
 /**
  * The part of Deps the runner uses. In its worker thread, `metrics` and `startIngest` are
  * forwarded to the API thread, which owns the Prometheus registry and validation.

@@ -1,6 +1,6 @@
 import { createRoute, z } from '@hono/zod-openapi';
 import { eq } from 'drizzle-orm';
-import type { App } from '../../app.js';
+import type { App } from '../../http/app.js';
 import { notFound, problemResponses } from '../../errors.js';
 import { getEndpoint } from '../../db/endpoints.js';
 import { endpoints } from '../../db/schema.js';

@@ -1,6 +1,6 @@
 import { createRoute, z } from '@hono/zod-openapi';
 import { Readable } from 'node:stream';
-import type { App } from '../../app.js';
+import type { App } from '../../http/app.js';
 import { ApiError, notFound, problemResponses } from '../../errors.js';
 import { getFile } from '../../db/files.js';
 import { batchFileStream, resolveBatchFile } from '../../runner/batch-files.js';

@@ -1,6 +1,6 @@
 import { createRoute, z } from '@hono/zod-openapi';
 import { eq } from 'drizzle-orm';
-import type { App } from '../../app.js';
+import type { App } from '../../http/app.js';
 import { ApiError, notFound, problemResponses } from '../../errors.js';
 import { getFile } from '../../db/files.js';
 import { resolveBatchFile } from '../../runner/batch-files.js';

@@ -1,7 +1,6 @@
 import { createRoute, z } from '@hono/zod-openapi';
 import type { Context } from 'hono';
-import type { App } from '../../app.js';
-import type { AppEnv } from '../../deps.js';
+import type { App, AppEnv } from '../../http/app.js';
 import type { RunRow } from '../../db/schema.js';
 import { problemResponses } from '../../errors.js';
 import { cancelRun, pauseRun, resumeRun, retryRun } from '../../runner/lifecycle.js';

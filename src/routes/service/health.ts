@@ -1,5 +1,5 @@
 import { createRoute, z } from '@hono/zod-openapi';
-import type { App } from '../../app.js';
+import type { App } from '../../http/app.js';
 import { jsonContent } from '../common.js';
 
 const Health = z.object({ status: z.enum(['ok', 'unavailable']), checks: z.record(z.string(), z.string()).optional() }).openapi('Health');
