@@ -2,7 +2,8 @@ import type { Config } from './config.js';
 import type { Db } from './db/client.js';
 import type { Logger } from './logger.js';
 import type { Stores } from './storage/index.js';
-import type { Metrics, RunnerMetrics } from './runner/metrics.js';
+import type { RunnerMetrics } from './runner/protocol.js';
+import type { Metrics } from './services/metrics.js';
 import type { RunnerView } from './runner/view.js';
 
 /** Everything a route or the runner needs, built once in src/index.ts (or by a test). */

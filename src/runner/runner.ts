@@ -16,7 +16,7 @@ import { ResultWriter, type FlushReport, type Outcome, type Usage } from './resu
 import { uploadShard, writeManifest } from './shard-writer.js';
 import { IDLE_ENDPOINT, IDLE_PROGRESS, type EndpointLive, type RunnerSnapshot, type RunnerView, type RunProgress } from './view.js';
 import { checkGate } from './gate.js';
-import { expireBatches } from './batches.js';
+import { expireBatches } from './batch-expiry.js';
 import { describeStoreError } from '../storage/index.js';
 import { RunnerLockedError } from './lock.js';
 

@@ -3,7 +3,7 @@ import type { Db } from '../../db/client.js';
 import type { RunRow } from '../../db/schema.js';
 import { batchLineError } from '../../domain/input-line.js';
 import { gateTripped } from '../../domain/quality.js';
-import { batchFileIds } from '../../runner/batch-files.js';
+import { batchFileIds } from '../../services/batches/files.js';
 import type { Batch } from './schemas.js';
 
 const seconds = (ms: number | null | undefined) => (ms == null ? null : Math.floor(ms / 1000));

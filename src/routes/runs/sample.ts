@@ -3,7 +3,7 @@ import type { App } from '../../http/app.js';
 import { notFound, problemResponses } from '../../errors.js';
 import { getRun } from '../../db/runs.js';
 import { getSample } from '../../db/samples.js';
-import { readSampleOutput } from '../../runner/shard-writer.js';
+import { readSampleOutput } from '../../services/samples.js';
 import { jsonContent, RunIdParam } from '../common.js';
 import { renderSample } from './render.js';
 import { SampleDetail } from './schemas.js';

@@ -1,4 +1,5 @@
 import { createRoute, z } from '@hono/zod-openapi';
+import { pingDb } from '../../db/client.js';
 import type { App } from '../../http/app.js';
 import { jsonContent } from '../common.js';
 
@@ -26,7 +27,7 @@ export function registerHealth(app: App) {
     const deps = c.get('deps');
     const checks: Record<string, string> = {};
     try {
-      deps.db.$client.prepare('select 1').get();
+      pingDb(deps.db);
       checks.database = 'ok';
     } catch {
       checks.database = 'unavailable';
