@@ -37,7 +37,7 @@ export function closeDb(db: Db): void {
 }
 
 /** A transaction of a Db: every statement function takes either, so one can run inside another's transaction. */
-export type Tx = Parameters<Parameters<Db['transaction']>[0]>[0];
+type Tx = Parameters<Parameters<Db['transaction']>[0]>[0];
 export type DbOrTx = Db | Tx;
 
 /** The cheapest statement that proves the database answers. */

@@ -3,7 +3,7 @@ import type { ZodError } from 'zod';
 import { ApiError, problemBody } from '../errors.js';
 
 /** Turns a zod issue path into the dotted field name users see (`params.temperature`, `input.requests[3]`). */
-export function fieldName(path: PropertyKey[]): string {
+function fieldName(path: PropertyKey[]): string {
   return path.reduce<string>((acc, p) => (typeof p === 'number' ? `${acc}[${p}]` : acc ? `${acc}.${String(p)}` : String(p)), '');
 }
 

@@ -26,6 +26,17 @@ export interface EndpointChange {
   labels?: Record<string, string>;
 }
 
+/** The columns of the fields a request gave; a field it left out leaves its column as it is. */
+function givenColumns(body: NewEndpoint | EndpointChange) {
+  return {
+    ...(body.name !== undefined && { name: body.name }),
+    ...(body.api_key !== undefined && { apiKey: body.api_key }),
+    ...(body.max_concurrency !== undefined && { maxConcurrency: body.max_concurrency }),
+    ...(body.weight !== undefined && { weight: body.weight }),
+    ...(body.labels !== undefined && { labels: body.labels }),
+  };
+}
+
 /**
  * Registers an endpoint, or updates the one with the same URL: a launch script calls this on every
  * boot. Returns the endpoint and whether it is new.
@@ -34,13 +45,7 @@ export function upsertEndpoint(deps: Deps, body: NewEndpoint): { endpoint: Endpo
   const url = normalizeEndpointUrl(body.url);
   const now = deps.clock();
   const existing = getEndpointByUrl(deps.db, url);
-  const given = {
-    ...(body.name !== undefined && { name: body.name }),
-    ...(body.api_key !== undefined && { apiKey: body.api_key }),
-    ...(body.max_concurrency !== undefined && { maxConcurrency: body.max_concurrency }),
-    ...(body.weight !== undefined && { weight: body.weight }),
-    ...(body.labels !== undefined && { labels: body.labels }),
-  };
+  const given = givenColumns(body);
   let id: string;
   if (existing) {
     id = existing.id;
@@ -61,11 +66,7 @@ export function patchEndpoint(deps: Deps, id: string, body: EndpointChange): End
   const row = getEndpoint(deps.db, id);
   if (!row) throw notFound('endpoint', id);
   const set = {
-    ...(body.name !== undefined && { name: body.name }),
-    ...(body.max_concurrency !== undefined && { maxConcurrency: body.max_concurrency }),
-    ...(body.weight !== undefined && { weight: body.weight }),
-    ...(body.api_key !== undefined && { apiKey: body.api_key }),
-    ...(body.labels !== undefined && { labels: body.labels }),
+    ...givenColumns(body),
     // Re-enabling goes through a probe rather than trusting the operator's word.
     ...(body.state !== undefined && { state: body.state === 'ready' ? 'starting' : body.state }),
     updatedAt: deps.clock(),

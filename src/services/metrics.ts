@@ -12,7 +12,7 @@ import type { RunnerView } from '../runner/view.js';
 const FINISHED_RUN_VISIBLE_MS = 3600_000;
 
 /** What a scrape reads besides the counters: the database and the live runner. */
-export interface MetricsSource {
+interface MetricsSource {
   db: Db;
   runner: RunnerView;
   defaultConcurrency: number;
