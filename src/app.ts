@@ -1,65 +1,17 @@
-import { OpenAPIHono } from '@hono/zod-openapi';
 import { bodyLimit } from 'hono/body-limit';
 import { HTTPException } from 'hono/http-exception';
 import { requestId } from 'hono/request-id';
-import { createHash, timingSafeEqual } from 'node:crypto';
-import type { Context, MiddlewareHandler } from 'hono';
 import { ZodError } from 'zod';
-import type { AppEnv, Deps } from './deps.js';
+import type { Deps } from './deps.js';
 import { isDbBusy } from './db/client.js';
-import { ApiError, problemBody } from './errors.js';
+import { ApiError } from './errors.js';
+import { createRouter, type App } from './http/app.js';
+import { requireToken } from './http/auth.js';
+import { problem, validationError } from './http/problems.js';
 import { registerRoutes } from './routes/index.js';
 
-export type App = OpenAPIHono<AppEnv>;
-
-/** Turns a zod issue path into the dotted field name users see (`params.temperature`, `input.requests[3]`). */
-export function fieldName(path: PropertyKey[]): string {
-  return path.reduce<string>((acc, p) => (typeof p === 'number' ? `${acc}[${p}]` : acc ? `${acc}.${String(p)}` : String(p)), '');
-}
-
-export function validationError(err: ZodError, where: string): ApiError {
-  const errors = err.issues.slice(0, 20).map((i) => ({
-    // A strict object refuses keys at its own path; name the first refused key, which is what users look for.
-    field: fieldName(i.code === 'unrecognized_keys' && i.keys.length ? [...i.path, i.keys[0]] : i.path) || where,
-    message: i.message,
-  }));
-  const first = errors[0];
-  return new ApiError('validation_failed', first ? `${first.field}: ${first.message}` : `invalid ${where}`, {
-    field: first?.field,
-    errors,
-  });
-}
-
-export function problem(c: Context, err: ApiError): Response {
-  const body = problemBody(err, c.get('requestId'));
-  return c.newResponse(JSON.stringify(body), err.status as 400, { 'content-type': 'application/problem+json' });
-}
-
-function digest(s: string): Buffer {
-  return createHash('sha256').update(s).digest();
-}
-
-/** Bearer-token check in constant time; a no-op when no tokens are configured. */
-export function requireToken(tokens: string[]): MiddlewareHandler<AppEnv> {
-  const digests = tokens.map(digest);
-  return async (c, next) => {
-    if (digests.length === 0) return next();
-    const m = /^Bearer\s+(.+)$/i.exec(c.req.header('authorization') ?? '');
-    const given = digest(m?.[1]?.trim() ?? '');
-    let ok = false;
-    for (const d of digests) ok = timingSafeEqual(d, given) || ok;
-    if (!ok) return problem(c, new ApiError('unauthorized', 'a valid "Authorization: Bearer <token>" header is required'));
-    return next();
-  };
-}
-
 export function createApp(deps: Deps): App {
-  const app = new OpenAPIHono<AppEnv>({
-    defaultHook: (result, c) => {
-      // Users send a body, not "json": the whole-body problems are named after what they sent.
-      if (!result.success) return problem(c, validationError(result.error as ZodError, result.target === 'json' ? 'body' : result.target));
-    },
-  });
+  const app = createRouter();
 
   app.use('*', requestId());
   app.use('*', async (c, next) => {

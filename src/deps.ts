@@ -2,7 +2,8 @@ import type { Config } from './config.js';
 import type { Db } from './db/client.js';
 import type { Logger } from './logger.js';
 import type { Stores } from './storage/index.js';
-import type { Metrics, RunnerMetrics } from './runner/metrics.js';
+import type { RunnerMetrics } from './runner/protocol.js';
+import type { Metrics } from './services/metrics.js';
 import type { RunnerView } from './runner/view.js';
 
 /** Everything a route or the runner needs, built once in src/index.ts (or by a test). */
@@ -19,8 +20,6 @@ export interface Deps {
   /** Starts validating a run's input in the background. */
   startIngest(runId: string): void;
 }
-
-export type AppEnv = { Variables: { deps: Deps; requestId: string } };
 
 /**
  * The part of Deps the runner uses. In its worker thread, `metrics` and `startIngest` are

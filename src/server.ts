@@ -4,12 +4,13 @@ import type { AddressInfo } from 'node:net';
 import { createApp } from './app.js';
 import type { Config } from './config.js';
 import { closeDb, isDbBusy, openDb } from './db/client.js';
+import { validatingRunIds } from './db/runs.js';
 import type { Deps } from './deps.js';
 import { makeLogger, type Logger } from './logger.js';
-import { ingestRun } from './runner/ingest.js';
-import { Metrics } from './runner/metrics.js';
 import { RunnerThread } from './runner/thread.js';
 import { idleRunner } from './runner/view.js';
+import { Metrics } from './services/metrics.js';
+import { ingestRun } from './services/runs/ingest.js';
 import { Stores } from './storage/index.js';
 
 /** The runner as the process that started it controls it, whether in this thread or its own. */
@@ -123,9 +124,7 @@ async function start(config: Config, opts: StartOptions, thread: RunnerThread | 
     runner = inThread;
   } else {
     // Without a runner nothing else would validate the runs this API creates.
-    const { runs } = await import('./db/schema.js');
-    const { eq } = await import('drizzle-orm');
-    for (const r of db.select({ id: runs.id }).from(runs).where(eq(runs.status, 'validating')).all()) deps.startIngest(r.id);
+    for (const id of validatingRunIds(db)) deps.startIngest(id);
   }
   const app = createApp(deps);
   const server: ServerType = await new Promise((resolve) => {

@@ -1,5 +1,5 @@
 import { and, asc, desc, eq, gt, gte, inArray, isNotNull, isNull, lt, lte, or, sql, type SQL } from 'drizzle-orm';
-import type { Db } from './client.js';
+import type { Db, DbOrTx } from './client.js';
 import { events, runs, samples, shards, type RunRow } from './schema.js';
 
 export function getBatchRun(db: Db, batchId: string): RunRow | undefined {
@@ -98,4 +98,17 @@ export function dueBatchRuns(db: Db, now: number): RunRow[] {
       ),
     )
     .all();
+}
+
+/** Marks a batch run as given up by its completion window. */
+export function markBatchExpired(db: DbOrTx, runId: string, now: number): void {
+  db.update(runs).set({ expiredAt: now }).where(eq(runs.id, runId)).run();
+}
+
+/** Remembers a batch file's size, unless the run finished again (a retry) since `finishedAt`. */
+export function setBatchFileBytes(db: DbOrTx, runId: string, finishedAt: number, bytes: NonNullable<RunRow['batchFileBytes']>): void {
+  db.update(runs)
+    .set({ batchFileBytes: bytes })
+    .where(and(eq(runs.id, runId), eq(runs.finishedAt, finishedAt)))
+    .run();
 }

@@ -35,3 +35,12 @@ export function isDbBusy(err: unknown): boolean {
 export function closeDb(db: Db): void {
   if (db.$client.open) db.$client.close();
 }
+
+/** A transaction of a Db: every statement function takes either, so one can run inside another's transaction. */
+type Tx = Parameters<Parameters<Db['transaction']>[0]>[0];
+export type DbOrTx = Db | Tx;
+
+/** The cheapest statement that proves the database answers. */
+export function pingDb(db: Db): void {
+  db.$client.prepare('select 1').get();
+}

@@ -1,5 +1,5 @@
 import { asc, eq, gt } from 'drizzle-orm';
-import type { Db } from './client.js';
+import type { Db, DbOrTx } from './client.js';
 import { endpoints, type EndpointRow } from './schema.js';
 
 
@@ -22,7 +22,23 @@ export function effectiveConcurrency(e: EndpointRow, fallback: number): number {
   return e.maxConcurrency ?? e.serverMaxRunning ?? fallback;
 }
 
-/** Writes what a probe or the dispatcher learnt of an endpoint. */
-export function updateEndpoint(db: Db, id: string, set: Partial<EndpointRow>): void {
+export function getEndpointByUrl(db: DbOrTx, url: string): EndpointRow | undefined {
+  return db.select().from(endpoints).where(eq(endpoints.url, url)).get();
+}
+
+export function insertEndpoint(db: DbOrTx, row: typeof endpoints.$inferInsert): void {
+  db.insert(endpoints).values(row).run();
+}
+
+export function updateEndpoint(db: DbOrTx, id: string, set: Partial<typeof endpoints.$inferInsert>): void {
   db.update(endpoints).set(set).where(eq(endpoints.id, id)).run();
+}
+
+export function deleteEndpoint(db: DbOrTx, id: string): void {
+  db.delete(endpoints).where(eq(endpoints.id, id)).run();
+}
+
+/** The model of every registered endpoint; null for one that has not said yet. */
+export function servedModels(db: DbOrTx): (string | null)[] {
+  return db.select({ model: endpoints.model }).from(endpoints).all().map((e) => e.model);
 }

@@ -1,14 +1,14 @@
 import { and, asc, eq, gt } from 'drizzle-orm';
-import type { Db } from './client.js';
+import type { DbOrTx } from './client.js';
 import { events } from './schema.js';
 
 export type RunEventType = 'status' | 'shard_uploaded' | 'gate';
 
-export function appendEvent(db: Db, runId: string, type: RunEventType, data: Record<string, unknown>, now: number): void {
+export function appendEvent(db: DbOrTx, runId: string, type: RunEventType, data: Record<string, unknown>, now: number): void {
   db.insert(events).values({ runId, type, data, createdAt: now }).run();
 }
 
-export function eventsAfter(db: Db, runId: string, afterId: number, limit = 500) {
+export function eventsAfter(db: DbOrTx, runId: string, afterId: number, limit = 500) {
   return db
     .select()
     .from(events)

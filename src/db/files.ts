@@ -1,5 +1,5 @@
 import { desc, eq, lt, and, type SQL } from 'drizzle-orm';
-import type { Db } from './client.js';
+import type { Db, DbOrTx } from './client.js';
 import { files } from './schema.js';
 
 export function getFile(db: Db, id: string) {
@@ -17,4 +17,16 @@ export function listFiles(db: Db, opts: { purpose?: string; after?: string; limi
     .orderBy(desc(files.id))
     .limit(opts.limit + 1)
     .all();
+}
+
+export function insertFile(db: DbOrTx, row: typeof files.$inferInsert): void {
+  db.insert(files).values(row).run();
+}
+
+export function setFilePurpose(db: DbOrTx, id: string, purpose: string): void {
+  db.update(files).set({ purpose }).where(eq(files.id, id)).run();
+}
+
+export function deleteFile(db: DbOrTx, id: string): void {
+  db.delete(files).where(eq(files.id, id)).run();
 }

@@ -1,19 +1,19 @@
-import { and, desc, eq, inArray, lt, sql, type SQL } from 'drizzle-orm';
-import type { Db } from './client.js';
+import { and, count, desc, eq, gte, inArray, lt, notInArray, or, sql, type SQL } from 'drizzle-orm';
+import type { DbOrTx } from './client.js';
 import { appendEvent } from './events.js';
 import { runs, type RunRow } from './schema.js';
+import { FLAG_COLUMNS, type Flag } from '../domain/flags.js';
 import { canTransition, TERMINAL_RUN_STATUSES, type RunStatus } from '../domain/statuses.js';
 
-
-export function getRun(db: Db, id: string): RunRow | undefined {
+export function getRun(db: DbOrTx, id: string): RunRow | undefined {
   return db.select().from(runs).where(eq(runs.id, id)).get();
 }
 
-export function getRunByIdempotencyKey(db: Db, key: string): RunRow | undefined {
+export function getRunByIdempotencyKey(db: DbOrTx, key: string): RunRow | undefined {
   return db.select().from(runs).where(eq(runs.idempotencyKey, key)).get();
 }
 
-export function listRuns(db: Db, opts: { status?: RunStatus; after?: string; limit: number }): RunRow[] {
+export function listRuns(db: DbOrTx, opts: { status?: RunStatus; after?: string; limit: number }): RunRow[] {
   const where: SQL[] = [];
   if (opts.status) where.push(eq(runs.status, opts.status));
   if (opts.after) where.push(lt(runs.id, opts.after));
@@ -31,7 +31,7 @@ export function listRuns(db: Db, opts: { status?: RunStatus; after?: string; lim
  * the run was not in an allowed status (someone else moved it first).
  */
 export function transitionRun(
-  db: Db,
+  db: DbOrTx,
   id: string,
   from: readonly RunStatus[],
   to: RunStatus,
@@ -48,13 +48,13 @@ export function transitionRun(
       .where(and(eq(runs.id, id), sql`${runs.status} in ${from}`))
       .run();
     if (res.changes === 0) return false;
-    appendEvent(tx as unknown as Db, id, 'status', { status: to, reason: set.statusReason ?? null }, now);
+    appendEvent(tx, id, 'status', { status: to, reason: set.statusReason ?? null }, now);
     return true;
   });
 }
 
 /** Runs in any of `statuses`, highest priority first, then oldest: the order the runner serves them in. */
-export function listRunsByStatus(db: Db, statuses: readonly RunStatus[]): RunRow[] {
+export function listRunsByStatus(db: DbOrTx, statuses: readonly RunStatus[]): RunRow[] {
   return db
     .select()
     .from(runs)
@@ -63,6 +63,78 @@ export function listRunsByStatus(db: Db, statuses: readonly RunStatus[]): RunRow
     .all();
 }
 
-export function setManifestKey(db: Db, id: string, key: string): void {
+export function setManifestKey(db: DbOrTx, id: string, key: string): void {
   db.update(runs).set({ manifestKey: key }).where(eq(runs.id, id)).run();
+}
+export function insertRun(db: DbOrTx, row: typeof runs.$inferInsert): void {
+  db.insert(runs).values(row).run();
+}
+
+/** The run that writes its output under this prefix, if any. */
+export function getRunByOutputUri(db: DbOrTx, uri: string): { id: string } | undefined {
+  return db.select({ id: runs.id }).from(runs).where(eq(runs.outputUri, uri)).get();
+}
+
+/** A run still validating this uploaded file: the file cannot go while it is read. */
+export function getRunValidatingFile(db: DbOrTx, fileId: string): { id: string } | undefined {
+  return db
+    .select({ id: runs.id })
+    .from(runs)
+    .where(sql`json_extract(${runs.input}, '$.file_id') = ${fileId} and ${runs.status} = 'validating'`)
+    .get();
+}
+
+export function validatingRunIds(db: DbOrTx): string[] {
+  return db.select({ id: runs.id }).from(runs).where(eq(runs.status, 'validating')).all().map((r) => r.id);
+}
+
+/** What validation found: the invalid lines, and once the run is laid out its sample and shard totals. */
+export function setRunValidation(
+  db: DbOrTx,
+  id: string,
+  set: Pick<RunRow, 'invalidLines' | 'lineErrors' | 'updatedAt'> & Partial<Pick<RunRow, 'total' | 'pending' | 'shardsTotal'>>,
+): void {
+  db.update(runs).set(set).where(eq(runs.id, id)).run();
+}
+
+/**
+ * Moves `n` retried samples out of the failed (or the completed and flagged) counters back to
+ * pending, takes back the shards they reopen, and drops the manifest that no longer holds.
+ */
+export function uncountRequeued(
+  db: DbOrTx,
+  id: string,
+  r: { only: 'failed' | 'flagged'; n: number; byFlag: Record<Flag, number>; reopenedUploaded: number; now: number },
+): void {
+  const counters =
+    r.only === 'failed'
+      ? { failed: sql`${runs.failed} - ${r.n}` }
+      : {
+          completed: sql`${runs.completed} - ${r.n}`,
+          flagged: sql`${runs.flagged} - ${r.n}`,
+          ...Object.fromEntries(FLAG_COLUMNS.map(({ flag, key }) => [key, sql`${runs[key]} - ${r.byFlag[flag]}`])),
+        };
+  db.update(runs)
+    .set({
+      ...counters,
+      pending: sql`${runs.pending} + ${r.n}`,
+      shardsUploaded: sql`${runs.shardsUploaded} - ${r.reopenedUploaded}`,
+      manifestKey: null,
+      updatedAt: r.now,
+    })
+    .where(eq(runs.id, id))
+    .run();
+}
+
+export function runCountsByStatus(db: DbOrTx): { status: string; n: number }[] {
+  return db.select({ status: runs.status, n: count() }).from(runs).groupBy(runs.status).all();
+}
+
+/** The sample counters of runs not finished, or finished at `finishedSince` or later. */
+export function recentRunSampleCounts(db: DbOrTx, finishedSince: number) {
+  return db
+    .select({ id: runs.id, pending: runs.pending, in_progress: runs.inProgress, completed: runs.completed, failed: runs.failed, cancelled: runs.cancelled })
+    .from(runs)
+    .where(or(notInArray(runs.status, [...TERMINAL_RUN_STATUSES]), gte(runs.finishedAt, finishedSince)))
+    .all();
 }

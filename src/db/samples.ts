@@ -1,5 +1,5 @@
-import { and, asc, eq, gt, ne, sql, type SQL } from 'drizzle-orm';
-import type { Db } from './client.js';
+import { and, asc, eq, gt, inArray, ne, sql, type SQL } from 'drizzle-orm';
+import type { Db, DbOrTx } from './client.js';
 import { runs, samples, shards } from './schema.js';
 import { flagBit, type Flag } from '../domain/flags.js';
 
@@ -96,4 +96,53 @@ export function cancelPendingSamples(db: Db, runId: string): void {
     }
     tx.update(runs).set({ pending: sql`${runs.pending} - ${n}`, cancelled: sql`${runs.cancelled} + ${n}` }).where(eq(runs.id, runId)).run();
   });
+}
+/**
+ * The ingest loop's insert, prepared once per run: a duplicate custom_id inserts nothing
+ * (changes = 0) rather than failing the batch.
+ */
+export function prepareSampleInsert(db: Db) {
+  const insert = db.$client.prepare(
+    `insert into samples (run_id, seq, shard_idx, custom_id, status, request) values (?, ?, ?, ?, 'pending', ?)
+     on conflict (run_id, custom_id) do nothing`,
+  );
+  // Positional arguments: this runs once per input line, and an object per call is garbage.
+  return (runId: string, seq: number, shardIdx: number, customId: string, request: string): boolean =>
+    insert.run(runId, seq, shardIdx, customId, request).changes > 0;
+}
+
+/** Drops what an attempt at validating a run inserted: its samples and its shards. */
+export function clearRunSamples(db: DbOrTx, runId: string): void {
+  db.transaction((tx) => {
+    tx.delete(samples).where(eq(samples.runId, runId)).run();
+    tx.delete(shards).where(eq(shards.runId, runId)).run();
+  });
+}
+
+/** The samples a retry puts back in the queue: the failed ones, or the completed ones with a flag. */
+export function samplesToRetry(db: DbOrTx, runId: string, only: 'failed' | 'flagged'): { id: number; shardIdx: number; flags: number }[] {
+  const which =
+    only === 'failed'
+      ? and(eq(samples.runId, runId), eq(samples.status, 'failed'))
+      : and(eq(samples.runId, runId), eq(samples.status, 'completed'), ne(samples.flags, 0));
+  return db.select({ id: samples.id, shardIdx: samples.shardIdx, flags: samples.flags }).from(samples).where(which).all();
+}
+
+/** Makes samples pending again with a fresh attempt budget, as if never sent. */
+export function requeueSamples(db: DbOrTx, ids: number[]): void {
+  db.update(samples)
+    .set({
+      status: 'pending',
+      attempts: 0,
+      qualityRetries: 0,
+      availableAt: 0,
+      errorCode: null,
+      errorMessage: null,
+      errorStatus: null,
+      flags: 0,
+      leaseOwner: null,
+      leaseExpiresAt: null,
+    })
+    .where(inArray(samples.id, ids))
+    .run();
 }

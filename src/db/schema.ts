@@ -84,7 +84,7 @@ export const runs = sqliteTable(
     droppedResults: integer('dropped_results').notNull().default(0),
     manifestKey: text('manifest_key'),
     updatedAt: integer('updated_at').notNull(),
-    // Set when the run was created as an OpenAI batch (POST /v1/batches); see src/runner/batches.ts.
+    // Set when the run was created as an OpenAI batch (POST /v1/batches); see src/services/batches/create.ts.
     batchId: text('batch_id').unique(),
     completionWindow: text('completion_window'),
     expiresAt: integer('expires_at'),

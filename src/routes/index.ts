@@ -1,4 +1,4 @@
-import type { App } from '../app.js';
+import type { App } from '../http/app.js';
 import { registerBatchRoutes } from './batches/index.js';
 import { registerDeleteEndpoint } from './endpoints/delete.js';
 import { registerGetEndpoint } from './endpoints/get.js';

@@ -1,9 +1,8 @@
 import { createHash } from 'node:crypto';
 import { and, asc, eq, gte, lt, sql } from 'drizzle-orm';
 import type { RunnerDeps } from '../deps.js';
-import { ApiError } from '../errors.js';
 import { appendEvent } from '../db/events.js';
-import { runs, samples, shards, staging, type RunRow, type SampleRow, type ShardRow } from '../db/schema.js';
+import { runs, samples, shards, staging, type RunRow, type ShardRow } from '../db/schema.js';
 import { flagCounts } from '../domain/flags.js';
 import { errorLine, MANIFEST_KEY, outputLine, shardErrorsKey, shardKey, type StagedOutput } from '../domain/output-line.js';
 
@@ -128,30 +127,4 @@ export async function writeManifest(deps: RunnerDeps, run: RunRow, finalStatus: 
   };
   await putVerified(deps, run, MANIFEST_KEY, Buffer.from(JSON.stringify(manifest, null, 2) + '\n'));
   deps.db.update(runs).set({ manifestKey: MANIFEST_KEY }).where(eq(runs.id, run.id)).run();
-}
-
-/** A sample's output: from staging while its shard is open, else the line of the uploaded shard. */
-export async function readSampleOutput(deps: RunnerDeps, run: RunRow, s: SampleRow): Promise<{ reasoning_content: string | null; content: string | null } | null> {
-  if (s.status !== 'completed') return null;
-  const staged = deps.db.select({ output: staging.output }).from(staging).where(eq(staging.sampleId, s.id)).get();
-  if (staged) {
-    const o = JSON.parse(staged.output) as StagedOutput;
-    return { reasoning_content: o.reasoning_content, content: o.content };
-  }
-  if (!s.outputKey || !s.outputLine) return null;
-  let text: string;
-  try {
-    text = (await deps.stores.forUri(run.outputUri).get(s.outputKey)).toString('utf8');
-  } catch (err) {
-    deps.logger.warn({ run_id: run.id, err: { message: (err as Error).message } }, 'shard read failed');
-    throw new ApiError('storage_unavailable', 'the object store could not return this sample; try again');
-  }
-  const line = text.split('\n')[s.outputLine - 1];
-  if (!line) return null;
-  const o = JSON.parse(line) as { custom_id: string; reasoning_content: string | null; content: string | null };
-  if (o.custom_id !== s.customId) {
-    deps.logger.warn({ run_id: run.id, key: s.outputKey }, 'shard line does not belong to the sample; the object was replaced');
-    throw new ApiError('storage_unavailable', 'the stored shard no longer matches this run; its output cannot be shown');
-  }
-  return { reasoning_content: o.reasoning_content, content: o.content };
 }

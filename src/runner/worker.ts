@@ -4,7 +4,7 @@ import { closeDb, openDb } from '../db/client.js';
 import type { RunnerDeps } from '../deps.js';
 import { makeLogger } from '../logger.js';
 import { Stores } from '../storage/index.js';
-import type { RunnerMetrics } from './metrics.js';
+import type { RunnerMetrics } from './protocol.js';
 import { RunnerLockedError } from './lock.js';
 import { Runner } from './runner.js';
 import type { FromRunner, MetricsBatch, ToRunner } from './thread.js';

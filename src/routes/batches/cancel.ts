@@ -1,8 +1,8 @@
 import { createRoute } from '@hono/zod-openapi';
-import type { App } from '../../app.js';
+import type { App } from '../../http/app.js';
 import { notFound, problemResponses } from '../../errors.js';
 import { getBatchRun } from '../../db/batches.js';
-import { cancelRun } from '../../runner/lifecycle.js';
+import { cancelRun } from '../../services/runs/actions.js';
 import { jsonContent } from '../common.js';
 import { renderBatches } from './render.js';
 import { Batch, BatchIdParam } from './schemas.js';

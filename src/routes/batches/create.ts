@@ -1,7 +1,7 @@
 import { createRoute } from '@hono/zod-openapi';
-import type { App } from '../../app.js';
+import type { App } from '../../http/app.js';
 import { problemResponses } from '../../errors.js';
-import { createBatch } from '../../runner/batches.js';
+import { createBatch } from '../../services/batches/create.js';
 import { jsonContent } from '../common.js';
 import { renderBatches } from './render.js';
 import { Batch, CreateBatchBody } from './schemas.js';

@@ -1,4 +1,4 @@
-import type { App } from '../../app.js';
+import type { App } from '../../http/app.js';
 import { registerCancelBatch } from './cancel.js';
 import { registerCreateBatch } from './create.js';
 import { registerGetBatch } from './get.js';

@@ -1,5 +1,5 @@
 import { createRoute, z } from '@hono/zod-openapi';
-import type { App } from '../../app.js';
+import type { App } from '../../http/app.js';
 import { problemResponses } from '../../errors.js';
 import { listBatchRuns } from '../../db/batches.js';
 import { jsonContent } from '../common.js';

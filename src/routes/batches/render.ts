@@ -3,13 +3,13 @@ import type { Db } from '../../db/client.js';
 import type { RunRow } from '../../db/schema.js';
 import { batchLineError } from '../../domain/input-line.js';
 import { gateTripped } from '../../domain/quality.js';
-import { batchFileIds } from '../../runner/batch-files.js';
+import { batchFileIds } from '../../services/batches/files.js';
 import type { Batch } from './schemas.js';
 
 const seconds = (ms: number | null | undefined) => (ms == null ? null : Math.floor(ms / 1000));
 
 /** The run's status in OpenAI's words (README "OpenAI Batch API" has the table). */
-export function batchStatus(r: RunRow): Batch['status'] {
+function batchStatus(r: RunRow): Batch['status'] {
   switch (r.status) {
     case 'validating':
       return 'validating';
@@ -46,7 +46,7 @@ function batchErrors(r: RunRow): Batch['errors'] {
   return data.length ? { object: 'list', data } : null;
 }
 
-export function renderBatch(r: RunRow, times: StatusTimes | undefined): Batch {
+function renderBatch(r: RunRow, times: StatusTimes | undefined): Batch {
   const status = batchStatus(r);
   const last = (s: string) => seconds(times?.last.get(s));
   // Processing began when validation ended: the run's first queued (or in_progress) moment.

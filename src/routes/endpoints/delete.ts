@@ -1,9 +1,7 @@
 import { createRoute, z } from '@hono/zod-openapi';
-import { eq } from 'drizzle-orm';
-import type { App } from '../../app.js';
-import { notFound, problemResponses } from '../../errors.js';
-import { getEndpoint } from '../../db/endpoints.js';
-import { endpoints } from '../../db/schema.js';
+import type { App } from '../../http/app.js';
+import { problemResponses } from '../../errors.js';
+import { removeEndpoint } from '../../services/endpoints.js';
 import { EndpointIdParam, jsonContent } from '../common.js';
 
 const Deleted = z.object({ id: z.string(), object: z.literal('endpoint'), deleted: z.literal(true) }).openapi('EndpointDeleted');
@@ -19,12 +17,8 @@ const route = createRoute({
 
 export function registerDeleteEndpoint(app: App) {
   app.openapi(route, (c) => {
-    const deps = c.get('deps');
     const { id } = c.req.valid('param');
-    if (!getEndpoint(deps.db, id)) throw notFound('endpoint', id);
-    deps.db.delete(endpoints).where(eq(endpoints.id, id)).run();
-    deps.logger.info({ endpoint_id: id }, 'endpoint removed');
-    deps.runner.wake();
+    removeEndpoint(c.get('deps'), id);
     return c.json({ id, object: 'endpoint' as const, deleted: true as const }, 200);
   });
 }

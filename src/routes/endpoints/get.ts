@@ -1,5 +1,5 @@
 import { createRoute } from '@hono/zod-openapi';
-import type { App } from '../../app.js';
+import type { App } from '../../http/app.js';
 import { notFound, problemResponses } from '../../errors.js';
 import { getEndpoint } from '../../db/endpoints.js';
 import { EndpointIdParam, jsonContent } from '../common.js';

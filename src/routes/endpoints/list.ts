@@ -1,5 +1,5 @@
 import { createRoute } from '@hono/zod-openapi';
-import type { App } from '../../app.js';
+import type { App } from '../../http/app.js';
 import { problemResponses } from '../../errors.js';
 import { listEndpoints } from '../../db/endpoints.js';
 import { jsonContent, listOf, page, PageQuery } from '../common.js';

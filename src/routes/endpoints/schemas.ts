@@ -5,14 +5,6 @@ import type { EndpointRow } from '../../db/schema.js';
 import type { EndpointLive } from '../../runner/view.js';
 import { iso, Timestamp } from '../common.js';
 
-/** Strips a trailing `/` and `/v1`, so `http://h:30000/v1/` and `http://h:30000` are one endpoint. */
-export function normalizeEndpointUrl(raw: string): string {
-  const u = new URL(raw);
-  u.hash = '';
-  u.search = '';
-  return u.toString().replace(/\/+$/, '').replace(/\/v1$/, '');
-}
-
 /** `[::ffff:a9fe:a9fe]` → `169.254.169.254`: the URL parser writes IPv4-mapped IPv6 in hex. */
 function mappedIpv4(host: string): string | null {
   const m = /^\[::ffff:([0-9a-f]{1,4}):([0-9a-f]{1,4})\]$/i.exec(host);

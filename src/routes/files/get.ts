@@ -1,8 +1,8 @@
 import { createRoute } from '@hono/zod-openapi';
-import type { App } from '../../app.js';
+import type { App } from '../../http/app.js';
 import { notFound, problemResponses } from '../../errors.js';
 import { getFile } from '../../db/files.js';
-import { renderBatchFile, resolveBatchFile } from '../../runner/batch-files.js';
+import { renderBatchFile, resolveBatchFile } from '../../services/batches/files.js';
 import { FileIdParam, jsonContent } from '../common.js';
 import { FileObject, renderFile } from './schemas.js';
 

@@ -1,17 +1,17 @@
-import { createRoute } from '@hono/zod-openapi';
-import type { App } from '../../app.js';
+import { createRoute, z } from '@hono/zod-openapi';
+import type { App } from '../../http/app.js';
+import { FILE_PURPOSES } from '../../domain/files.js';
 import { problemResponses } from '../../errors.js';
 import { listFiles } from '../../db/files.js';
 import { jsonContent, listOf, page, PageQuery } from '../common.js';
-import { FileObject, PURPOSES, renderFile } from './schemas.js';
-import { z } from '@hono/zod-openapi';
+import { FileObject, renderFile } from './schemas.js';
 
 const route = createRoute({
   method: 'get',
   path: '/v1/files',
   tags: ['files'],
   summary: 'List files, newest first',
-  request: { query: PageQuery.extend({ purpose: z.enum(PURPOSES).optional() }) },
+  request: { query: PageQuery.extend({ purpose: z.enum(FILE_PURPOSES).optional() }) },
   responses: { 200: jsonContent(listOf(FileObject, 'FileList'), 'A page of files'), ...problemResponses(401, 422) },
 });
 

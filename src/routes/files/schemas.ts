@@ -2,8 +2,6 @@ import { z } from '@hono/zod-openapi';
 import type { FileRow } from '../../db/schema.js';
 import { iso, Timestamp } from '../common.js';
 
-export const PURPOSES = ['batch', 'regen', 'run_input', 'batch_output', 'user_data'] as const;
-
 export const FileObject = z
   .object({
     id: z.string(),

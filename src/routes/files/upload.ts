@@ -1,16 +1,17 @@
 import { createRoute, z } from '@hono/zod-openapi';
 import busboy from 'busboy';
-import { eq } from 'drizzle-orm';
 import { Readable } from 'node:stream';
 import { pipeline } from 'node:stream/promises';
 import type { ReadableStream as WebReadableStream } from 'node:stream/web';
-import { validationError, type App } from '../../app.js';
+import type { App } from '../../http/app.js';
+import { validationError } from '../../http/problems.js';
 import type { Deps } from '../../deps.js';
+import type { FileRow } from '../../db/schema.js';
+import { FILE_PURPOSES } from '../../domain/files.js';
 import { ApiError, problemResponses } from '../../errors.js';
-import { newId } from '../../ids.js';
-import { files } from '../../db/schema.js';
+import { discardFile, keepFile, storeFile } from '../../services/files.js';
 import { jsonContent } from '../common.js';
-import { FileObject, PURPOSES, renderFile } from './schemas.js';
+import { FileObject, renderFile } from './schemas.js';
 
 const RAW_TYPES = ['application/jsonl', 'application/x-ndjson', 'application/octet-stream', 'application/json-lines', 'text/plain'];
 
@@ -22,7 +23,7 @@ const route = createRoute({
   request: {
     query: z.object({
       filename: z.string().min(1).max(255).optional(),
-      purpose: z.enum(PURPOSES).optional(),
+      purpose: z.enum(FILE_PURPOSES).optional(),
     }),
     body: {
       required: true,
@@ -31,43 +32,13 @@ const route = createRoute({
         'application/x-ndjson': { schema: z.string().openapi({ format: 'binary' }) },
         'application/octet-stream': { schema: z.string().openapi({ format: 'binary' }) },
         'multipart/form-data': {
-          schema: z.object({ file: z.string().openapi({ format: 'binary' }), purpose: z.enum(PURPOSES) }),
+          schema: z.object({ file: z.string().openapi({ format: 'binary' }), purpose: z.enum(FILE_PURPOSES) }),
         },
       },
     },
   },
   responses: { 201: jsonContent(FileObject, 'The stored file'), ...problemResponses(400, 401, 415, 422, 503) },
 });
-
-const eqId = (id: string) => eq(files.id, id);
-const cleanName = (name: string) => name.replace(/[\\/\0-\x1f]/g, '_').slice(0, 255) || 'upload.jsonl';
-
-async function store(deps: Deps, filename: string, purpose: string, body: Readable) {
-  const id = newId('file');
-  const key = `files/${id}.jsonl`;
-  let bytes: number;
-  try {
-    ({ bytes } = await deps.stores.forUri(deps.config.outputUri).putStream(key, body));
-  } catch (err) {
-    if (err instanceof ApiError) throw err;
-    deps.logger.error({ err: { message: (err as Error).message } }, 'file upload to object storage failed');
-    throw new ApiError('storage_unavailable', 'the object store could not take the file; try again');
-  }
-  const row = { id, filename: cleanName(filename), purpose, bytes, objectKey: key, createdAt: deps.clock() };
-  deps.db.insert(files).values(row).run();
-  return row;
-}
-
-/** Drops a stored upload that the request turned out not to want. */
-async function discard(deps: Deps, row: { id: string; objectKey: string }) {
-  await deps.stores
-    .forUri(deps.config.outputUri)
-    .delete(row.objectKey)
-    .catch(() => {});
-  deps.db.delete(files).where(eqId(row.id)).run();
-}
-
-const emptyFile = () => new ApiError('invalid_request', 'the file is empty', { field: 'file' });
 
 /** Streams the `file` part of a multipart body into the store; the other fields may come before or after it. */
 function multipart(deps: Deps, req: Request, contentType: string) {
@@ -79,7 +50,7 @@ function multipart(deps: Deps, req: Request, contentType: string) {
       return reject(new ApiError('invalid_request', 'malformed multipart/form-data body', { field: 'file' }));
     }
     const fields: Record<string, string> = {};
-    let stored: ReturnType<typeof store> | undefined;
+    let stored: Promise<FileRow> | undefined;
     let failed = false;
     bb.on('field', (name, value) => (fields[name] = value));
     bb.on('file', (name, stream, info) => {
@@ -89,31 +60,20 @@ function multipart(deps: Deps, req: Request, contentType: string) {
         stream.resume();
         return;
       }
-      stored = store(deps, info.filename ?? 'upload.jsonl', 'pending', stream);
+      stored = storeFile(deps, info.filename ?? 'upload.jsonl', 'pending', stream);
       stored.catch(() => {});
     });
     // busboy emits `close` after `error` too; the upload is then dropped, not kept half-described.
     bb.on('error', () => {
       failed = true;
       reject(new ApiError('invalid_request', 'malformed multipart/form-data body', { field: 'file' }));
-      stored?.then((row) => discard(deps, row), () => {});
+      stored?.then((row) => discardFile(deps, row), () => {});
     });
     bb.on('close', async () => {
       if (failed) return;
       if (!stored) return reject(new ApiError('validation_failed', 'file: a multipart part named "file" is required', { field: 'file' }));
       try {
-        const row = await stored;
-        const purpose = fields.purpose ?? 'batch';
-        if (row.bytes === 0) {
-          await discard(deps, row);
-          return reject(emptyFile());
-        }
-        if (!(PURPOSES as readonly string[]).includes(purpose)) {
-          await discard(deps, row);
-          return reject(new ApiError('validation_failed', `purpose: expected one of ${PURPOSES.join(', ')}`, { field: 'purpose' }));
-        }
-        deps.db.update(files).set({ purpose }).where(eqId(row.id)).run();
-        resolve(renderFile({ ...row, purpose }));
+        resolve(renderFile(await keepFile(deps, await stored, fields.purpose ?? 'batch')));
       } catch (err) {
         reject(err);
       }
@@ -139,11 +99,7 @@ export function registerUploadFile(app: App) {
     const q = route.request.query.safeParse(c.req.query());
     if (!q.success) throw validationError(q.error, 'query');
     const body = Readable.fromWeb(c.req.raw.body as WebReadableStream);
-    const row = await store(deps, q.data.filename ?? 'upload.jsonl', q.data.purpose ?? 'regen', body);
-    if (row.bytes === 0) {
-      await discard(deps, row);
-      throw emptyFile();
-    }
-    return c.json(renderFile(row), 201);
+    const row = await storeFile(deps, q.data.filename ?? 'upload.jsonl', q.data.purpose ?? 'regen', body);
+    return c.json(renderFile(await keepFile(deps, row)), 201);
   });
 }

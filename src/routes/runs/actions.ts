@@ -1,10 +1,9 @@
 import { createRoute, z } from '@hono/zod-openapi';
 import type { Context } from 'hono';
-import type { App } from '../../app.js';
-import type { AppEnv } from '../../deps.js';
+import type { App, AppEnv } from '../../http/app.js';
 import type { RunRow } from '../../db/schema.js';
 import { problemResponses } from '../../errors.js';
-import { cancelRun, pauseRun, resumeRun, retryRun } from '../../runner/lifecycle.js';
+import { cancelRun, pauseRun, resumeRun, retryRun } from '../../services/runs/actions.js';
 import { jsonContent, RunIdParam } from '../common.js';
 import { renderRun } from './render.js';
 import { Run } from './schemas.js';

@@ -1,7 +1,7 @@
 import { createRoute, z } from '@hono/zod-openapi';
-import type { App } from '../../app.js';
+import type { App } from '../../http/app.js';
 import { problemResponses } from '../../errors.js';
-import { createRun } from '../../runner/submit.js';
+import { createRun } from '../../services/runs/create.js';
 import { jsonContent } from '../common.js';
 import { renderRun } from './render.js';
 import { CreateRunBody, Run } from './schemas.js';

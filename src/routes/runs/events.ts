@@ -1,6 +1,6 @@
 import { createRoute, z } from '@hono/zod-openapi';
 import { streamSSE, type SSEStreamingApi } from 'hono/streaming';
-import type { App } from '../../app.js';
+import type { App } from '../../http/app.js';
 import type { Db } from '../../db/client.js';
 import { eventsAfter } from '../../db/events.js';
 import { getRun } from '../../db/runs.js';

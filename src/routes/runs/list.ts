@@ -1,5 +1,5 @@
 import { createRoute, z } from '@hono/zod-openapi';
-import type { App } from '../../app.js';
+import type { App } from '../../http/app.js';
 import { problemResponses } from '../../errors.js';
 import { listRuns } from '../../db/runs.js';
 import { jsonContent, listOf, page, PageQuery } from '../common.js';

@@ -1,9 +1,9 @@
 import { createRoute, z } from '@hono/zod-openapi';
-import type { App } from '../../app.js';
+import type { App } from '../../http/app.js';
 import { notFound, problemResponses } from '../../errors.js';
 import { getRun } from '../../db/runs.js';
 import { getSample } from '../../db/samples.js';
-import { readSampleOutput } from '../../runner/shard-writer.js';
+import { readSampleOutput } from '../../services/samples.js';
 import { jsonContent, RunIdParam } from '../common.js';
 import { renderSample } from './render.js';
 import { SampleDetail } from './schemas.js';

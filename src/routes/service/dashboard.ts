@@ -1,7 +1,7 @@
 import { readdirSync, readFileSync } from 'node:fs';
 import { extname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
-import type { App } from '../../app.js';
+import type { App } from '../../http/app.js';
 
 const ASSETS_DIR = fileURLToPath(new URL('../../dashboard/', import.meta.url));
 

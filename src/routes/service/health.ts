@@ -1,5 +1,6 @@
 import { createRoute, z } from '@hono/zod-openapi';
-import type { App } from '../../app.js';
+import { pingDb } from '../../db/client.js';
+import type { App } from '../../http/app.js';
 import { jsonContent } from '../common.js';
 
 const Health = z.object({ status: z.enum(['ok', 'unavailable']), checks: z.record(z.string(), z.string()).optional() }).openapi('Health');
@@ -26,7 +27,7 @@ export function registerHealth(app: App) {
     const deps = c.get('deps');
     const checks: Record<string, string> = {};
     try {
-      deps.db.$client.prepare('select 1').get();
+      pingDb(deps.db);
       checks.database = 'ok';
     } catch {
       checks.database = 'unavailable';

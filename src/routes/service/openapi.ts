@@ -1,4 +1,4 @@
-import type { App } from '../../app.js';
+import type { App } from '../../http/app.js';
 
 export const OPENAPI_INFO = {
   openapi: '3.1.0',

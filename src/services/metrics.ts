@@ -1,26 +1,23 @@
-import { count, gte, notInArray, or } from 'drizzle-orm';
 import { collectDefaultMetrics, Counter, Gauge, Histogram, Registry } from 'prom-client';
 import type { Db } from '../db/client.js';
 import { effectiveConcurrency, listEndpoints } from '../db/endpoints.js';
+import { recentRunSampleCounts, runCountsByStatus } from '../db/runs.js';
 import { FLAGS, flagBit } from '../domain/flags.js';
 import { RETRY_REASONS } from '../domain/sample-errors.js';
-import { ENDPOINT_STATES, RUN_STATUSES, SAMPLE_STATUSES, TERMINAL_RUN_STATUSES } from '../domain/statuses.js';
-import { runs } from '../db/schema.js';
-import type { RunnerView } from './view.js';
+import { ENDPOINT_STATES, RUN_STATUSES, SAMPLE_STATUSES } from '../domain/statuses.js';
+import type { RunnerMetrics } from '../runner/protocol.js';
+import type { RunnerView } from '../runner/view.js';
 
 /** A finished run keeps its sample gauges this long, so a scrape after the end still sees its final counts. */
 const FINISHED_RUN_VISIBLE_MS = 3600_000;
 
 /** What a scrape reads besides the counters: the database and the live runner. */
-export interface MetricsSource {
+interface MetricsSource {
   db: Db;
   runner: RunnerView;
   defaultConcurrency: number;
   now: number;
 }
-
-/** The counters the runner moves; the runner's worker thread forwards them to the API thread's registry. */
-export type RunnerMetrics = Pick<Metrics, 'answered' | 'retried' | 'shardUploaded' | 'shardUploadFailed'>;
 
 /**
  * The Prometheus metrics of one regen process, in a registry of its own (several servers can share
@@ -28,7 +25,7 @@ export type RunnerMetrics = Pick<Metrics, 'answered' | 'retried' | 'shardUploade
  * and the endpoint table at scrape time. Labels stay low-cardinality: run and endpoint ids, never
  * a sample's custom_id.
  */
-export class Metrics {
+export class Metrics implements RunnerMetrics {
   readonly registry = new Registry();
   private readonly requestSeconds = new Histogram({
     name: 'regen_request_duration_seconds',
@@ -158,14 +155,9 @@ export class Metrics {
   private readRuns({ db, now }: MetricsSource): void {
     this.runCount.reset();
     this.runSamples.reset();
-    const byStatus = db.select({ status: runs.status, n: count() }).from(runs).groupBy(runs.status).all();
+    const byStatus = runCountsByStatus(db);
     for (const status of RUN_STATUSES) this.runCount.set({ status }, byStatus.find((r) => r.status === status)?.n ?? 0);
-    const visible = db
-      .select({ id: runs.id, pending: runs.pending, in_progress: runs.inProgress, completed: runs.completed, failed: runs.failed, cancelled: runs.cancelled })
-      .from(runs)
-      .where(or(notInArray(runs.status, [...TERMINAL_RUN_STATUSES]), gte(runs.finishedAt, now - FINISHED_RUN_VISIBLE_MS)))
-      .all();
-    for (const r of visible) for (const status of SAMPLE_STATUSES) this.runSamples.set({ run_id: r.id, status }, r[status]);
+    for (const r of recentRunSampleCounts(db, now - FINISHED_RUN_VISIBLE_MS)) for (const status of SAMPLE_STATUSES) this.runSamples.set({ run_id: r.id, status }, r[status]);
   }
 
   private readEndpoints({ db, runner, defaultConcurrency }: MetricsSource): void {

@@ -1,11 +1,11 @@
 import { realpathSync, statSync } from 'node:fs';
 import { sep } from 'node:path';
 import { fileURLToPath } from 'node:url';
-import type { Config } from '../config.js';
-import { ApiError } from '../errors.js';
-import { parseStoreUri, StoreUriError } from '../storage/index.js';
+import type { Config } from '../../config.js';
+import { ApiError } from '../../errors.js';
+import { parseStoreUri, StoreUriError } from '../../storage/index.js';
 
-export type InputSource = { kind: 'path'; path: string } | { kind: 'object'; prefixUri: string; key: string };
+type InputSource = { kind: 'path'; path: string } | { kind: 'object'; prefixUri: string; key: string };
 
 const bad = (message: string) => new ApiError('validation_failed', `input.uri: ${message}`, { field: 'input.uri' });
 

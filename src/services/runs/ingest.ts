@@ -1,15 +1,17 @@
-import { eq } from 'drizzle-orm';
 import { createReadStream } from 'node:fs';
 import type { Readable } from 'node:stream';
 import { setFlagsFromString } from 'node:v8';
 import { runInNewContext } from 'node:vm';
-import type { Deps } from '../deps.js';
-import { isDbBusy, type Db } from '../db/client.js';
-import { getRun, transitionRun } from '../db/runs.js';
-import { files, runs, samples, shards, type RunRow } from '../db/schema.js';
-import { parseInputLine, readLines, type InvalidLine, type LineErrorCode } from '../domain/input-line.js';
+import type { Deps } from '../../deps.js';
+import { isDbBusy } from '../../db/client.js';
+import { getFile } from '../../db/files.js';
+import { getRun, setRunValidation, transitionRun } from '../../db/runs.js';
+import { clearRunSamples, prepareSampleInsert } from '../../db/samples.js';
+import type { RunRow } from '../../db/schema.js';
+import { insertShardLayout } from '../../db/shards.js';
+import { parseInputLine, readLines, type InvalidLine, type LineErrorCode } from '../../domain/input-line.js';
+import { unservedModel } from '../batches/create.js';
 import { resolveInput } from './input-source.js';
-import { unservedModel } from './batches.js';
 
 // Small enough that a batch's rows are flushed before the young generation promotes them: at 5000
 // the promoted garbage let the peak RSS grow by ~60 MB from a 100K- to a 300K-line input; at 1000
@@ -21,7 +23,7 @@ const MAX_LISTED_ERRORS = 100;
 async function openInput(deps: Deps, run: RunRow): Promise<Readable> {
   const input = run.input;
   if ('file_id' in input) {
-    const file = deps.db.select().from(files).where(eq(files.id, input.file_id)).get();
+    const file = getFile(deps.db, input.file_id);
     if (!file) throw new IngestError(`input file ${input.file_id} no longer exists`);
     return deps.stores.forUri(deps.config.outputUri).getStream(file.objectKey);
   }
@@ -59,13 +61,6 @@ function failValidation(deps: Deps, runId: string, reason: string, now: number):
   }
 }
 
-function clearRunSamples(db: Db, runId: string): void {
-  db.transaction((tx) => {
-    tx.delete(samples).where(eq(samples.runId, runId)).run();
-    tx.delete(shards).where(eq(shards.runId, runId)).run();
-  });
-}
-
 /**
  * Reads a run's input line by line, validates every line and inserts the samples in batched
  * transactions, then lays out the shards and queues the run. Memory stays bounded by the batch
@@ -78,10 +73,7 @@ export async function ingestRun(deps: Deps, runId: string, signal?: AbortSignal)
   if (!run || run.status !== 'validating') return;
   clearRunSamples(db, runId);
 
-  const insert = db.$client.prepare(
-    `insert into samples (run_id, seq, shard_idx, custom_id, status, request) values (?, ?, ?, ?, 'pending', ?)
-     on conflict (run_id, custom_id) do nothing`,
-  );
+  const insertSample = prepareSampleInsert(db);
   const errors: InvalidLine[] = [];
   let invalid = 0;
   let seq = 0;
@@ -96,8 +88,7 @@ export async function ingestRun(deps: Deps, runId: string, signal?: AbortSignal)
   };
   const flush = db.$client.transaction(() => {
     for (const row of batch) {
-      const res = insert.run(runId, seq, Math.floor(seq / run.shardSize), row.customId, row.request);
-      if (res.changes === 0) noteError(row.lineNo, 'duplicate_custom_id', `duplicate custom_id ${JSON.stringify(row.customId)}`, row.customId);
+      if (!insertSample(runId, seq, Math.floor(seq / run.shardSize), row.customId, row.request)) noteError(row.lineNo, 'duplicate_custom_id', `duplicate custom_id ${JSON.stringify(row.customId)}`, row.customId);
       else seq++;
     }
     batch = [];
@@ -164,34 +155,25 @@ export async function ingestRun(deps: Deps, runId: string, signal?: AbortSignal)
   const listed = { invalidLines: invalid, lineErrors: errors, updatedAt: now };
   if (failFast && invalid > 0) {
     clearRunSamples(db, runId);
-    db.update(runs).set(listed).where(eq(runs.id, runId)).run();
+    setRunValidation(db, runId, listed);
     const first = errors[0];
     failValidation(deps, runId, `input has ${invalid}${errors.length >= MAX_LISTED_ERRORS ? '+' : ''} invalid line(s); first: line ${first.line}: ${first.message}`, now);
     return;
   }
   if (seq === 0) {
-    db.update(runs).set(listed).where(eq(runs.id, runId)).run();
+    setRunValidation(db, runId, listed);
     failValidation(deps, runId, 'input has no valid lines', now);
     return;
   }
-  const shardCount = Math.ceil(seq / run.shardSize);
   // Immediate: the status check and the queueing are one step, so a cancel that landed while the
   // input was read leaves neither shards nor counters behind.
+  let shardCount = 0;
   const queued = db.transaction(
     (tx) => {
-      if (getRun(tx as unknown as Db, runId)?.status !== 'validating') return false;
-      for (let i = 0; i < shardCount; i += 500) {
-        const rows = [];
-        for (let idx = i; idx < Math.min(shardCount, i + 500); idx++) {
-          rows.push({ runId, idx, firstSeq: idx * run.shardSize, sampleCount: Math.min(run.shardSize, seq - idx * run.shardSize) });
-        }
-        tx.insert(shards).values(rows).run();
-      }
-      tx.update(runs)
-        .set({ ...listed, total: seq, pending: seq, shardsTotal: shardCount })
-        .where(eq(runs.id, runId))
-        .run();
-      return transitionRun(tx as unknown as Db, runId, ['validating'], 'queued', now, {
+      if (getRun(tx, runId)?.status !== 'validating') return false;
+      shardCount = insertShardLayout(tx, runId, run.shardSize, seq);
+      setRunValidation(tx, runId, { ...listed, total: seq, pending: seq, shardsTotal: shardCount });
+      return transitionRun(tx, runId, ['validating'], 'queued', now, {
         statusReason: invalid ? `${invalid} invalid line(s) skipped` : null,
       });
     },

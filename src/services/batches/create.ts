@@ -1,19 +1,22 @@
 // OpenAI's Batch API over runs: a batch is a run created from an uploaded file of batch lines,
 // with a completion window after which its unanswered samples are given up (status `expired`).
-import { eq } from 'drizzle-orm';
 import type { Readable } from 'node:stream';
-import type { Deps, RunnerDeps } from '../deps.js';
-import type { Db } from '../db/client.js';
-import { dueBatchRuns } from '../db/batches.js';
-import { getFile } from '../db/files.js';
-import { transitionRun } from '../db/runs.js';
-import type { RunStatus } from '../domain/statuses.js';
-import { endpoints, runs, type FileRow, type RunRow } from '../db/schema.js';
-import { ApiError } from '../errors.js';
-import { newId } from '../ids.js';
-import type { CreateBatchBody } from '../routes/batches/schemas.js';
-import { parseInputLine, readLines } from '../domain/input-line.js';
-import { createRun } from './submit.js';
+import type { Deps } from '../../deps.js';
+import type { DbOrTx } from '../../db/client.js';
+import { servedModels } from '../../db/endpoints.js';
+import { getFile } from '../../db/files.js';
+import type { FileRow, RunRow } from '../../db/schema.js';
+import { parseInputLine, readLines } from '../../domain/input-line.js';
+import { ApiError } from '../../errors.js';
+import { newId } from '../../ids.js';
+import { createRun } from '../runs/create.js';
+
+/** What a batch is made of: the body of POST /v1/batches, as its route has validated it. */
+export interface NewBatch {
+  input_file_id: string;
+  completion_window: string;
+  metadata?: Record<string, string> | null;
+}
 
 // The model is read from the first lines that name one; a file whose start names none is refused.
 const PEEK_LINES = 100;
@@ -22,9 +25,8 @@ const PEEK_LINES = 100;
  * Why no registered endpoint can serve `model`, or null when one does or may: an endpoint still
  * loading its weights has not said yet what it serves, and SGLang servers take minutes to start.
  */
-export function unservedModel(db: Db, model: string): string | null {
-  const served = db.select({ model: endpoints.model }).from(endpoints).all();
-  if (served.some((e) => e.model === null || e.model === model)) return null;
+export function unservedModel(db: DbOrTx, model: string): string | null {
+  if (servedModels(db).some((m) => m === null || m === model)) return null;
   return `model ${JSON.stringify(model.slice(0, 100))} is not served by any registered endpoint`;
 }
 
@@ -69,7 +71,7 @@ const hours = (window: string) => Number(window.slice(0, -1));
  * Creates the run behind a batch: the file's model, the run defaults (per-line `body` params
  * override them), invalid lines skipped and listed rather than failing the whole batch.
  */
-export async function createBatch(deps: Deps, body: CreateBatchBody): Promise<RunRow> {
+export async function createBatch(deps: Deps, body: NewBatch): Promise<RunRow> {
   const file = getFile(deps.db, body.input_file_id);
   if (!file) throw new ApiError('not_found', `file ${JSON.stringify(body.input_file_id.slice(0, 100))} does not exist`, { field: 'input_file_id' });
   const model = await peekModel(deps, file);
@@ -88,25 +90,4 @@ export async function createBatch(deps: Deps, body: CreateBatchBody): Promise<Ru
   );
   deps.logger.info({ run_id: run.id, batch_id: batchId, model }, 'batch created');
   return run;
-}
-
-/**
- * Gives up the unanswered samples of batches whose completion window has passed: the run is
- * cancelled (in-flight requests aborted, pending samples never sent), its answers are kept, and
- * the batch reads `expired`. Runs already finalizing have nothing left to give up. Called every tick,
- * just before the tick reads the active runs again.
- */
-export function expireBatches(deps: RunnerDeps): void {
-  const now = deps.clock();
-  const due = dueBatchRuns(deps.db, now);
-  for (const r of due) {
-    const to: RunStatus = r.status === 'validating' ? 'cancelled' : 'cancelling';
-    const moved = deps.db.transaction((tx) => {
-      const reason = `the batch's ${r.completionWindow} completion window passed`;
-      if (!transitionRun(tx as unknown as Db, r.id, [r.status as RunStatus], to, now, { statusReason: reason })) return false;
-      tx.update(runs).set({ expiredAt: now }).where(eq(runs.id, r.id)).run();
-      return true;
-    });
-    if (moved) deps.logger.info({ run_id: r.id, batch_id: r.batchId, status: to }, 'batch expired');
-  }
 }

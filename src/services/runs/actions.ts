@@ -1,10 +1,15 @@
-import { and, eq, inArray, ne, sql } from 'drizzle-orm';
-import type { Deps } from '../deps.js';
-import { ApiError, notFound } from '../errors.js';
-import { getRun, transitionRun } from '../db/runs.js';
-import { countFlags, FLAG_COLUMNS } from '../domain/flags.js';
-import { CANCELLABLE_RUN_STATUSES, PAUSABLE_RUN_STATUSES, RETRYABLE_RUN_STATUSES, TERMINAL_RUN_STATUSES, type RunStatus } from '../domain/statuses.js';
-import { runs, samples, shards, staging, type RunRow } from '../db/schema.js';
+import type { Deps } from '../../deps.js';
+import { ApiError, notFound } from '../../errors.js';
+import { getRun, transitionRun, uncountRequeued } from '../../db/runs.js';
+import { requeueSamples, samplesToRetry } from '../../db/samples.js';
+import type { RunRow } from '../../db/schema.js';
+import { reopenShards } from '../../db/shards.js';
+import { deleteStagedOutputs } from '../../db/staging.js';
+import { countFlags } from '../../domain/flags.js';
+import { CANCELLABLE_RUN_STATUSES, PAUSABLE_RUN_STATUSES, RETRYABLE_RUN_STATUSES, TERMINAL_RUN_STATUSES, type RunStatus } from '../../domain/statuses.js';
+
+// Ids per statement: an `in (...)` list binds one value per id, and SQLite caps bound values.
+const IDS_PER_STATEMENT = 500;
 
 function mustGet(deps: Deps, id: string): RunRow {
   const run = getRun(deps.db, id);
@@ -50,67 +55,19 @@ export async function retryRun(deps: Deps, id: string, only: 'failed' | 'flagged
   const { db } = deps;
   const now = deps.clock();
   const requeued = db.transaction((tx) => {
-    const which =
-      only === 'failed'
-        ? and(eq(samples.runId, id), eq(samples.status, 'failed'))
-        : and(eq(samples.runId, id), eq(samples.status, 'completed'), ne(samples.flags, 0));
-    const picked = tx
-      .select({ id: samples.id, shardIdx: samples.shardIdx, flags: samples.flags })
-      .from(samples)
-      .where(which)
-      .all();
+    const picked = samplesToRetry(tx, id, only);
     if (picked.length === 0) return 0;
     const perShard = new Map<number, number>();
     for (const s of picked) perShard.set(s.shardIdx, (perShard.get(s.shardIdx) ?? 0) + 1);
-    const flagged = countFlags(picked.map((s) => s.flags));
     const ids = picked.map((s) => s.id);
-    for (let i = 0; i < ids.length; i += 500) {
-      const chunk = ids.slice(i, i + 500);
-      tx.update(samples)
-        .set({
-          status: 'pending',
-          attempts: 0,
-          qualityRetries: 0,
-          availableAt: 0,
-          errorCode: null,
-          errorMessage: null,
-          errorStatus: null,
-          flags: 0,
-          leaseOwner: null,
-          leaseExpiresAt: null,
-        })
-        .where(inArray(samples.id, chunk))
-        .run();
-      tx.delete(staging).where(inArray(staging.sampleId, chunk)).run();
+    for (let i = 0; i < ids.length; i += IDS_PER_STATEMENT) {
+      const chunk = ids.slice(i, i + IDS_PER_STATEMENT);
+      requeueSamples(tx, chunk);
+      deleteStagedOutputs(tx, chunk);
     }
-    let reopenedUploaded = 0;
-    for (const [idx, n] of perShard) {
-      const shard = tx.select().from(shards).where(and(eq(shards.runId, id), eq(shards.idx, idx))).get()!;
-      if (shard.status === 'uploaded') reopenedUploaded++;
-      tx.update(shards)
-        .set({ status: 'open', terminalCount: shard.terminalCount - n, generation: shard.generation + 1 })
-        .where(and(eq(shards.runId, id), eq(shards.idx, idx)))
-        .run();
-    }
+    const reopenedUploaded = reopenShards(tx, id, perShard);
     const n = picked.length;
-    const counters =
-      only === 'failed'
-        ? { failed: sql`${runs.failed} - ${n}` }
-        : {
-            completed: sql`${runs.completed} - ${n}`,
-            flagged: sql`${runs.flagged} - ${n}`,
-            ...Object.fromEntries(FLAG_COLUMNS.map(({ flag, key }) => [key, sql`${runs[key]} - ${flagged[flag]}`])),
-          };
-    tx.update(runs)
-      .set({
-        ...counters,
-        pending: sql`${runs.pending} + ${n}`,
-        shardsUploaded: sql`${runs.shardsUploaded} - ${reopenedUploaded}`,
-        manifestKey: null,
-        updatedAt: now,
-      })
-      .where(eq(runs.id, id))
-      .run();
+    uncountRequeued(tx, id, { only, n, byFlag: countFlags(picked.map((s) => s.flags)), reopenedUploaded, now });
     return n;
   });
   if (requeued > 0 && TERMINAL_RUN_STATUSES.includes(run.status as RunStatus)) {

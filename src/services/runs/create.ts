@@ -1,16 +1,33 @@
 import { fileURLToPath } from 'node:url';
 import { createHash } from 'node:crypto';
-import { eq } from 'drizzle-orm';
-import type { Deps } from '../deps.js';
-import { ApiError } from '../errors.js';
-import { newId } from '../ids.js';
-import { getRunByIdempotencyKey } from '../db/runs.js';
-import { files, runs, type RunInput, type RunRow } from '../db/schema.js';
-import { qualityConfig } from '../domain/quality.js';
-import { parseStoreUri, StoreUriError } from '../storage/index.js';
-import type { CreateRunBody } from '../routes/runs/schemas.js';
+import type { Deps } from '../../deps.js';
+import { ApiError } from '../../errors.js';
+import { newId } from '../../ids.js';
+import { appendEvent } from '../../db/events.js';
+import { deleteFile, getFile, insertFile } from '../../db/files.js';
+import { getRun, getRunByIdempotencyKey, getRunByOutputUri, insertRun } from '../../db/runs.js';
+import type { runs, RunInput, RunRow } from '../../db/schema.js';
+import type { OnInvalidLine, RegenerateMode } from '../../domain/params.js';
+import { qualityConfig, type QualityRequest } from '../../domain/quality.js';
+import { parseStoreUri, StoreUriError } from '../../storage/index.js';
 import { inside, resolveInput } from './input-source.js';
-import { appendEvent } from '../db/events.js';
+
+/** What a run is made of: the body of POST /v1/runs, as its route has validated it. */
+export interface NewRun {
+  name?: string;
+  model: string;
+  input: { file_id: string } | { uri: string } | { requests: unknown[] };
+  params?: Record<string, unknown>;
+  shard_size?: number;
+  output?: { uri: string };
+  regenerate?: RegenerateMode | null;
+  on_invalid_line?: OnInvalidLine;
+  quality?: QualityRequest;
+  priority?: number;
+  metadata?: Record<string, string>;
+  request_timeout_ms?: number;
+  max_attempts?: number;
+}
 
 function outputUriFor(deps: Deps, runId: string, requested?: string): string {
   if (!requested) return `${deps.config.outputUri}runs/${runId}/`;
@@ -31,7 +48,7 @@ function outputUriFor(deps: Deps, runId: string, requested?: string): string {
     }
   }
   // Two runs writing shard-00000.jsonl and manifest.json to one prefix would overwrite each other.
-  const owner = deps.db.select({ id: runs.id }).from(runs).where(eq(runs.outputUri, uri)).get();
+  const owner = getRunByOutputUri(deps.db, uri);
   if (owner) throw new ApiError('conflict', `output.uri is already the output of run ${owner.id}; give each run its own prefix`, { field: 'output.uri' });
   return uri;
 }
@@ -43,7 +60,7 @@ function outputUriFor(deps: Deps, runId: string, requested?: string): string {
  */
 export async function createRun(
   deps: Deps,
-  body: CreateRunBody,
+  body: NewRun,
   idempotencyKey?: string,
   extra: Partial<typeof runs.$inferInsert> = {},
 ): Promise<{ run: RunRow; replayed: boolean }> {
@@ -65,7 +82,7 @@ export async function createRun(
   let input: RunInput;
   let inlineFile: { id: string; objectKey: string } | undefined;
   if ('file_id' in body.input) {
-    const file = db.select().from(files).where(eq(files.id, body.input.file_id)).get();
+    const file = getFile(db, body.input.file_id);
     if (!file) {
       throw new ApiError('not_found', `input.file_id: file ${JSON.stringify(body.input.file_id.slice(0, 100))} does not exist`, { field: 'input.file_id' });
     }
@@ -79,9 +96,7 @@ export async function createRun(
     const key = `files/${fileId}.jsonl`;
     const text = body.input.requests.map((r) => JSON.stringify(r)).join('\n') + '\n';
     await deps.stores.forUri(config.outputUri).put(key, text);
-    db.insert(files)
-      .values({ id: fileId, filename: `${id}-requests.jsonl`, purpose: 'run_input', bytes: Buffer.byteLength(text), objectKey: key, createdAt: now })
-      .run();
+    insertFile(db, { id: fileId, filename: `${id}-requests.jsonl`, purpose: 'run_input', bytes: Buffer.byteLength(text), objectKey: key, createdAt: now });
     input = { file_id: fileId };
     inlineFile = { id: fileId, objectKey: key };
   }
@@ -109,13 +124,13 @@ export async function createRun(
   };
   try {
     db.transaction((tx) => {
-      tx.insert(runs).values(row).run();
-      appendEvent(tx as never, id, 'status', { status: 'validating', reason: null }, now);
+      insertRun(tx, row);
+      appendEvent(tx, id, 'status', { status: 'validating', reason: null }, now);
     });
   } catch (err) {
     if (inlineFile) {
       await deps.stores.forUri(config.outputUri).delete(inlineFile.objectKey).catch(() => {});
-      db.delete(files).where(eq(files.id, inlineFile.id)).run();
+      deleteFile(db, inlineFile.id);
     }
     // Two requests raced with one key: the loser answers with the winner's run.
     if (idempotencyKey && /UNIQUE.*idempotency_key/.test((err as Error).message)) return createRun(deps, body, idempotencyKey, extra);
@@ -123,5 +138,5 @@ export async function createRun(
   }
   deps.logger.info({ run_id: id, model: body.model, status: 'validating' }, 'run created');
   deps.startIngest(id);
-  return { run: db.select().from(runs).where(eq(runs.id, id)).get()!, replayed: false };
+  return { run: getRun(db, id)!, replayed: false };
 }

@@ -2,26 +2,23 @@
 // line into OpenAI's batch output format as they are read, one shard at a time.
 import { createHash } from 'node:crypto';
 import { Readable } from 'node:stream';
-import { and, eq } from 'drizzle-orm';
-import type { Deps } from '../deps.js';
-import type { Db } from '../db/client.js';
-import { cancelledSamples, getRunByBatchFile, shardPage } from '../db/batches.js';
-import { getRun } from '../db/runs.js';
-import { batchLineError, readLines } from '../domain/input-line.js';
-import type { ErrorLine, OutputLine } from '../domain/output-line.js';
-import { BATCH_UNANSWERED } from '../domain/sample-errors.js';
-import { isTerminalRun } from '../domain/statuses.js';
-import { runs, type RunRow } from '../db/schema.js';
-import { ApiError } from '../errors.js';
+import type { Deps } from '../../deps.js';
+import type { Db } from '../../db/client.js';
+import { cancelledSamples, getRunByBatchFile, setBatchFileBytes, shardPage } from '../../db/batches.js';
+import { getRun } from '../../db/runs.js';
+import type { RunRow } from '../../db/schema.js';
+import { batchLineError, readLines } from '../../domain/input-line.js';
+import type { ErrorLine, OutputLine } from '../../domain/output-line.js';
+import { BATCH_UNANSWERED } from '../../domain/sample-errors.js';
+import { isTerminalRun } from '../../domain/statuses.js';
+import { ApiError } from '../../errors.js';
 
-export type BatchFileKind = 'output' | 'error';
-
+type BatchFileKind = 'output' | 'error';
 
 const SHARDS_PER_QUERY = 100;
 const CHUNK_CHARS = 64 * 1024;
 // Shard lines carry whole conversations; they were written by regen, so no input limit applies.
 const MAX_SHARD_LINE_BYTES = 1 << 30;
-
 
 /** The batch's file ids, each once the run is done and the file has at least one line. */
 export function batchFileIds(r: RunRow): { output: string | null; error: string | null } {
@@ -173,11 +170,7 @@ async function batchFileBytes(deps: Deps, r: RunRow, kind: BatchFileKind): Promi
   }
   const now = getRun(deps.db, r.id)?.batchFileBytes;
   const next = now?.at === at ? { ...now, [kind]: bytes } : { at, [kind]: bytes };
-  deps.db
-    .update(runs)
-    .set({ batchFileBytes: next })
-    .where(and(eq(runs.id, r.id), eq(runs.finishedAt, at)))
-    .run();
+  setBatchFileBytes(deps.db, r.id, at, next);
   return bytes;
 }
 

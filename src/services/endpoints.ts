@@ -1,0 +1,86 @@
+import type { Deps } from '../deps.js';
+import { deleteEndpoint, getEndpoint, getEndpointByUrl, insertEndpoint, updateEndpoint } from '../db/endpoints.js';
+import type { EndpointRow } from '../db/schema.js';
+import { normalizeEndpointUrl } from '../domain/endpoint-url.js';
+import { PARKED_ENDPOINT_STATES, type EndpointState } from '../domain/statuses.js';
+import { notFound } from '../errors.js';
+import { newId } from '../ids.js';
+
+/** An endpoint as registered: the body of POST /v1/endpoints, as its route has validated it. */
+export interface NewEndpoint {
+  url: string;
+  name?: string;
+  api_key?: string;
+  max_concurrency?: number;
+  weight?: number;
+  labels?: Record<string, string>;
+}
+
+/** What an operator may change on an endpoint: the body of PATCH /v1/endpoints/{id}. */
+export interface EndpointChange {
+  name?: string;
+  max_concurrency?: number | null;
+  weight?: number;
+  state?: 'draining' | 'disabled' | 'ready';
+  api_key?: string | null;
+  labels?: Record<string, string>;
+}
+
+/** The columns of the fields a request gave; a field it left out leaves its column as it is. */
+function givenColumns(body: NewEndpoint | EndpointChange) {
+  return {
+    ...(body.name !== undefined && { name: body.name }),
+    ...(body.api_key !== undefined && { apiKey: body.api_key }),
+    ...(body.max_concurrency !== undefined && { maxConcurrency: body.max_concurrency }),
+    ...(body.weight !== undefined && { weight: body.weight }),
+    ...(body.labels !== undefined && { labels: body.labels }),
+  };
+}
+
+/**
+ * Registers an endpoint, or updates the one with the same URL: a launch script calls this on every
+ * boot. Returns the endpoint and whether it is new.
+ */
+export function upsertEndpoint(deps: Deps, body: NewEndpoint): { endpoint: EndpointRow; created: boolean } {
+  const url = normalizeEndpointUrl(body.url);
+  const now = deps.clock();
+  const existing = getEndpointByUrl(deps.db, url);
+  const given = givenColumns(body);
+  let id: string;
+  if (existing) {
+    id = existing.id;
+    // A re-registration usually means the server restarted: probe it again unless an operator parked it.
+    const state = PARKED_ENDPOINT_STATES.includes(existing.state as EndpointState) ? existing.state : 'starting';
+    updateEndpoint(deps.db, id, { ...given, state, updatedAt: now });
+    if (state !== existing.state) deps.logger.info({ endpoint_id: id, url, from: existing.state, state }, 'endpoint state');
+  } else {
+    id = newId('ep');
+    insertEndpoint(deps.db, { id, url, name: body.name ?? new URL(url).host, state: 'starting', createdAt: now, updatedAt: now, ...given });
+    deps.logger.info({ endpoint_id: id, url, state: 'starting' }, 'endpoint registered');
+  }
+  deps.runner.wake();
+  return { endpoint: getEndpoint(deps.db, id)!, created: !existing };
+}
+
+export function patchEndpoint(deps: Deps, id: string, body: EndpointChange): EndpointRow {
+  const row = getEndpoint(deps.db, id);
+  if (!row) throw notFound('endpoint', id);
+  const set = {
+    ...givenColumns(body),
+    // Re-enabling goes through a probe rather than trusting the operator's word.
+    ...(body.state !== undefined && { state: body.state === 'ready' ? 'starting' : body.state }),
+    updatedAt: deps.clock(),
+  };
+  updateEndpoint(deps.db, id, set);
+  if (body.state && set.state !== row.state) deps.logger.info({ endpoint_id: id, from: row.state, state: set.state }, 'endpoint state');
+  deps.runner.wake();
+  return getEndpoint(deps.db, id)!;
+}
+
+/** Removes an endpoint; the runner aborts its in-flight requests and their samples return to the queue. */
+export function removeEndpoint(deps: Deps, id: string): void {
+  if (!getEndpoint(deps.db, id)) throw notFound('endpoint', id);
+  deleteEndpoint(deps.db, id);
+  deps.logger.info({ endpoint_id: id }, 'endpoint removed');
+  deps.runner.wake();
+}

@@ -1,0 +1,88 @@
+import type { Readable } from 'node:stream';
+import type { Deps } from '../deps.js';
+import { deleteFile, getFile, insertFile, setFilePurpose } from '../db/files.js';
+import { getRunValidatingFile } from '../db/runs.js';
+import type { FileRow } from '../db/schema.js';
+import { FILE_PURPOSES } from '../domain/files.js';
+import { ApiError, notFound } from '../errors.js';
+import { newId } from '../ids.js';
+import { batchFileStream, resolveBatchFile } from './batches/files.js';
+
+const cleanName = (name: string) => name.replace(/[\\/\0-\x1f]/g, '_').slice(0, 255) || 'upload.jsonl';
+
+/** Streams an upload into the object store and records it. */
+export async function storeFile(deps: Deps, filename: string, purpose: string, body: Readable): Promise<FileRow> {
+  const id = newId('file');
+  const key = `files/${id}.jsonl`;
+  let bytes: number;
+  try {
+    ({ bytes } = await deps.stores.forUri(deps.config.outputUri).putStream(key, body));
+  } catch (err) {
+    if (err instanceof ApiError) throw err;
+    deps.logger.error({ err: { message: (err as Error).message } }, 'file upload to object storage failed');
+    throw new ApiError('storage_unavailable', 'the object store could not take the file; try again');
+  }
+  const row = { id, filename: cleanName(filename), purpose, bytes, objectKey: key, createdAt: deps.clock() };
+  insertFile(deps.db, row);
+  return row;
+}
+
+/** Drops a stored upload that the request turned out not to want. */
+export async function discardFile(deps: Deps, row: Pick<FileRow, 'id' | 'objectKey'>): Promise<void> {
+  await deps.stores
+    .forUri(deps.config.outputUri)
+    .delete(row.objectKey)
+    .catch(() => {});
+  deleteFile(deps.db, row.id);
+}
+
+/**
+ * Keeps a stored upload, with the purpose given after it (a multipart field may follow the file);
+ * an empty file or an unknown purpose is refused and the upload dropped.
+ */
+export async function keepFile(deps: Deps, row: FileRow, purpose?: string): Promise<FileRow> {
+  if (row.bytes === 0) {
+    await discardFile(deps, row);
+    throw new ApiError('invalid_request', 'the file is empty', { field: 'file' });
+  }
+  if (purpose === undefined) return row;
+  if (!(FILE_PURPOSES as readonly string[]).includes(purpose)) {
+    await discardFile(deps, row);
+    throw new ApiError('validation_failed', `purpose: expected one of ${FILE_PURPOSES.join(', ')}`, { field: 'purpose' });
+  }
+  setFilePurpose(deps.db, row.id, purpose);
+  return { ...row, purpose };
+}
+
+/** Deletes a file that no run is still validating; a batch's output and error files go with their run. */
+export async function removeFile(deps: Deps, id: string): Promise<void> {
+  const file = getFile(deps.db, id);
+  if (!file && resolveBatchFile(deps.db, id)) throw new ApiError('conflict', "a batch's output and error files are views of its run's shards and go with the run");
+  if (!file) throw notFound('file', id);
+  const reader = getRunValidatingFile(deps.db, id);
+  if (reader) throw new ApiError('conflict', `run ${reader.id} is still validating this file`);
+  await deps.stores.forUri(deps.config.outputUri).delete(file.objectKey).catch((err: Error) => {
+    deps.logger.warn({ file_id: id, err: { message: err.message } }, 'file object delete failed; row removed anyway');
+  });
+  deleteFile(deps.db, id);
+}
+
+/** A file's bytes as a stream, with their count when it is known before reading. */
+export async function fileContent(deps: Deps, id: string): Promise<{ stream: Readable; bytes: number | null }> {
+  const file = getFile(deps.db, id);
+  if (!file) {
+    // A batch's output and error files are made from its shards as they are sent.
+    const batchFile = resolveBatchFile(deps.db, id);
+    if (!batchFile) throw notFound('file', id);
+    const stream = batchFileStream(deps, batchFile.run, batchFile.kind).on('error', (err) => {
+      deps.logger.error({ file_id: id, err: { message: err.message } }, 'batch file read failed');
+    });
+    return { stream, bytes: null };
+  }
+  try {
+    return { stream: await deps.stores.forUri(deps.config.outputUri).getStream(file.objectKey), bytes: file.bytes };
+  } catch (err) {
+    deps.logger.error({ file_id: id, err: { message: (err as Error).message } }, 'file content read failed');
+    throw new ApiError('storage_unavailable', 'the object store could not return the file; try again');
+  }
+}

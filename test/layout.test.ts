@@ -1,0 +1,81 @@
+import { readdirSync, readFileSync, statSync } from 'node:fs';
+import { dirname, join, relative, resolve } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { describe, expect, it } from 'vitest';
+
+// The import rules of ARCHITECTURE.md, checked on the source itself: every relative import of
+// every module under src/, type-only imports included.
+
+const root = resolve(dirname(fileURLToPath(import.meta.url)), '..');
+const src = join(root, 'src');
+
+function modules(dir: string): string[] {
+  return readdirSync(dir).flatMap((name) => {
+    const path = join(dir, name);
+    if (statSync(path).isDirectory()) return modules(path);
+    return /\.(ts|mjs|js)$/.test(name) ? [path] : [];
+  });
+}
+
+const IMPORT = /(?:^|\n)\s*(?:import|export)\s[^'"]*?from\s+['"](\.[^'"]+)['"]|import\(\s*['"](\.[^'"]+)['"]\s*\)/g;
+
+/** src-relative paths of the modules each module imports (extension as written in the file: .ts for .js). */
+function graph(): Map<string, string[]> {
+  const g = new Map<string, string[]>();
+  for (const file of modules(src)) {
+    const text = readFileSync(file, 'utf8');
+    const deps: string[] = [];
+    for (const m of text.matchAll(IMPORT)) {
+      const spec = m[1] ?? m[2];
+      const target = resolve(dirname(file), spec).replace(/\.js$/, '.ts');
+      if (target.startsWith(src)) deps.push(relative(src, target));
+    }
+    g.set(relative(src, file), deps);
+  }
+  return g;
+}
+
+const layer = (path: string) => path.split('/')[0];
+
+describe('the layout', () => {
+  const g = graph();
+
+  it('finds the modules and their imports', () => {
+    // A broken walk would pass every rule below; these prove it reads what is there.
+    expect(g.size).toBeGreaterThan(80);
+    expect(g.get('runner/runner.ts')).toContain('runner/claim-buffer.ts');
+  });
+
+  const rules: { from: string; may: (to: string) => boolean; rule: string }[] = [
+    { from: 'domain', may: (to) => layer(to) === 'domain', rule: 'src/domain imports nothing else in src' },
+    { from: 'db', may: (to) => ['db', 'domain'].includes(layer(to)), rule: 'src/db imports only src/domain' },
+    { from: 'runner', may: (to) => !['services', 'routes', 'http', 'app.ts', 'server.ts', 'cli'].includes(layer(to)), rule: 'src/runner imports neither services, routes nor http' },
+    { from: 'services', may: (to) => !['routes', 'http', 'app.ts', 'server.ts', 'cli'].includes(layer(to)), rule: 'src/services imports no routes' },
+    { from: 'sim', may: (to) => layer(to) === 'sim', rule: 'src/sim stands alone' },
+    { from: 'routes', may: (to) => !['app.ts', 'server.ts', 'cli'].includes(layer(to)), rule: 'routes do not import the app that registers them' },
+  ];
+  for (const { from, may, rule } of rules) {
+    it(rule, () => {
+      const broken = [...g].filter(([file]) => layer(file) === from).flatMap(([file, deps]) => deps.filter((d) => !may(d)).map((d) => `${file} → ${d}`));
+      expect(broken).toEqual([]);
+    });
+  }
+
+  it('has no import cycles', () => {
+    const cycles: string[] = [];
+    const state = new Map<string, 'open' | 'done'>();
+    const stack: string[] = [];
+    const visit = (file: string) => {
+      state.set(file, 'open');
+      stack.push(file);
+      for (const dep of g.get(file) ?? []) {
+        if (state.get(dep) === 'open') cycles.push([...stack.slice(stack.indexOf(dep)), dep].join(' → '));
+        else if (!state.has(dep)) visit(dep);
+      }
+      stack.pop();
+      state.set(file, 'done');
+    };
+    for (const file of g.keys()) if (!state.has(file)) visit(file);
+    expect(cycles).toEqual([]);
+  });
+});
