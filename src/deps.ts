@@ -6,7 +6,7 @@ import type { RunnerMetrics } from './runner/protocol.js';
 import type { Metrics } from './services/metrics.js';
 import type { RunnerView } from './runner/view.js';
 
-/** Everything a route or the runner needs, built once in src/index.ts (or by a test). */
+/** Everything a route or the runner needs, built once by startServer in src/server.ts (or by a test). */
 export interface Deps {
   config: Config;
   db: Db;

@@ -1,6 +1,7 @@
-import { and, eq, sql } from 'drizzle-orm';
+import { and, asc, eq, gte, lt, sql } from 'drizzle-orm';
 import type { Db, DbOrTx } from './client.js';
-import { shards, type ShardRow } from './schema.js';
+import { appendEvent } from './events.js';
+import { runs, samples, shards, staging, type ShardRow } from './schema.js';
 
 /** Open shards of a run whose samples are all terminal: ready to upload, at most `limit`. */
 export function closedOpenShards(db: Db, runId: string, limit: number): ShardRow[] {
@@ -50,4 +51,52 @@ export function reopenShards(db: DbOrTx, runId: string, requeued: Map<number, nu
       .run();
   }
   return reopenedUploaded;
+}
+
+/** A shard's samples in input order, each with its staged output while the shard is open. */
+export function shardSamplesWithOutput(db: DbOrTx, runId: string, shard: Pick<ShardRow, 'firstSeq' | 'sampleCount'>) {
+  return (
+    db
+      .select({ s: samples, output: staging.output })
+      .from(samples)
+      .leftJoin(staging, eq(staging.sampleId, samples.id))
+      // A seq range is what the (run_id, seq) index serves; filtering on shard_idx would read the whole run.
+      .where(and(eq(samples.runId, runId), gte(samples.seq, shard.firstSeq), lt(samples.seq, shard.firstSeq + shard.sampleCount)))
+      .orderBy(asc(samples.seq))
+      .all()
+  );
+}
+
+export type UploadedShard = Pick<
+  ShardRow,
+  'key' | 'bytes' | 'lines' | 'sha256' | 'errorsKey' | 'errorsBytes' | 'errorsLines' | 'errorsSha256'
+> & { lineOf: { id: number; line: number }[]; errorCount: number };
+
+/**
+ * Marks a shard uploaded with what was written, points its samples at their lines, drops its
+ * staging rows and records the event, in one transaction. False, changing nothing, when a retry
+ * reopened samples of the shard while the upload ran (its generation moved): that upload is stale.
+ */
+export function markShardUploaded(db: Db, runId: string, shard: Pick<ShardRow, 'idx' | 'generation'>, up: UploadedShard, now: number): boolean {
+  const { lineOf, errorCount, ...written } = up;
+  return db.transaction((tx) => {
+    const current = tx.select().from(shards).where(and(eq(shards.runId, runId), eq(shards.idx, shard.idx))).get();
+    if (!current || current.status !== 'open' || current.generation !== shard.generation || current.terminalCount !== current.sampleCount) {
+      return false;
+    }
+    tx.update(shards)
+      .set({ status: 'uploaded', ...written, uploadedAt: now, lastError: null })
+      .where(and(eq(shards.runId, runId), eq(shards.idx, shard.idx)))
+      .run();
+    const setLine = db.$client.prepare('update samples set output_key = ?, output_line = ? where id = ?');
+    for (const l of lineOf) setLine.run(up.key, l.line, l.id);
+    tx.delete(staging).where(and(eq(staging.runId, runId), eq(staging.shardIdx, shard.idx))).run();
+    tx.update(runs).set({ shardsUploaded: sql`${runs.shardsUploaded} + 1`, updatedAt: now }).where(eq(runs.id, runId)).run();
+    appendEvent(tx, runId, 'shard_uploaded', { shard: shard.idx, key: up.key, lines: up.lines, errors: errorCount }, now);
+    return true;
+  });
+}
+
+export function listRunShards(db: DbOrTx, runId: string): ShardRow[] {
+  return db.select().from(shards).where(eq(shards.runId, runId)).orderBy(asc(shards.idx)).all();
 }

@@ -1,3 +1,10 @@
+import type { Config } from '../config.js';
+import type { RetryReason } from '../domain/sample-errors.js';
+import type { RunnerSnapshot } from './view.js';
+
+// What crosses between the API thread (thread.ts) and the runner's worker thread (worker.ts).
+// Both sides import these types from here, never from each other.
+
 /**
  * The counters the runner moves. A plain interface, so the runner thread can count without loading
  * prom-client: in its worker thread they are forwarded to the API thread's registry.
@@ -5,7 +12,35 @@
 export interface RunnerMetrics {
   /** An endpoint answered a sample; `flags` is the quality bitmask of the answer. */
   answered(endpointId: string, latencyMs: number, completionTokens: number, flags: number): void;
-  retried(reason: string): void;
+  retried(reason: RetryReason): void;
   shardUploaded(): void;
   shardUploadFailed(): void;
 }
+
+/** The settings a new runner thread waits for before it starts. */
+export interface RunnerThreadInit {
+  type: 'init';
+  config: Config;
+  logLevel: string;
+}
+
+/** A metric increment as the runner thread sends it: [endpoint id, latency ms, completion tokens, flag bits]. */
+type Answered = [string, number, number, number];
+export interface MetricsBatch {
+  answered: Answered[];
+  retried: RetryReason[];
+  uploads: number;
+  uploadFailures: number;
+}
+
+export type ToRunner = RunnerThreadInit | { type: 'wake' } | { type: 'flush' } | { type: 'stop'; graceMs: number };
+export type FromRunner =
+  | { type: 'started' }
+  | { type: 'start_failed'; locked: boolean; message: string }
+  | { type: 'log'; line: string }
+  | { type: 'metrics'; batch: MetricsBatch }
+  | { type: 'snapshot'; snapshot: RunnerSnapshot }
+  | { type: 'ingest'; runId: string }
+  | { type: 'flushed' }
+  | { type: 'stopped' };
+

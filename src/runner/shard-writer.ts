@@ -1,8 +1,8 @@
 import { createHash } from 'node:crypto';
-import { and, asc, eq, gte, lt, sql } from 'drizzle-orm';
 import type { RunnerDeps } from '../deps.js';
-import { appendEvent } from '../db/events.js';
-import { runs, samples, shards, staging, type RunRow, type ShardRow } from '../db/schema.js';
+import { setManifestKey } from '../db/runs.js';
+import type { RunRow, ShardRow } from '../db/schema.js';
+import { listRunShards, markShardUploaded, shardSamplesWithOutput } from '../db/shards.js';
 import { flagCounts } from '../domain/flags.js';
 import { errorLine, MANIFEST_KEY, outputLine, shardErrorsKey, shardKey, type StagedOutput } from '../domain/output-line.js';
 
@@ -39,15 +39,7 @@ async function putVerified(deps: RunnerDeps, run: RunRow, key: string, body: Buf
  * so writing a shard again produces the same object. Returns false when the shard changed meanwhile.
  */
 export async function uploadShard(deps: RunnerDeps, run: RunRow, shard: ShardRow): Promise<boolean> {
-  const { db } = deps;
-  const rows = db
-    .select({ s: samples, output: staging.output })
-    .from(samples)
-    .leftJoin(staging, eq(staging.sampleId, samples.id))
-    // A seq range is what the (run_id, seq) index serves; filtering on shard_idx would read the whole run.
-    .where(and(eq(samples.runId, run.id), gte(samples.seq, shard.firstSeq), lt(samples.seq, shard.firstSeq + shard.sampleCount)))
-    .orderBy(asc(samples.seq))
-    .all();
+  const rows = shardSamplesWithOutput(deps.db, run.id, shard);
   let previous: Map<string, string> | undefined;
   const lines: string[] = [];
   const lineOf: { id: number; line: number }[] = [];
@@ -78,29 +70,13 @@ export async function uploadShard(deps: RunnerDeps, run: RunRow, shard: ShardRow
   } else if (shard.errorsKey) {
     await deps.stores.forUri(run.outputUri).delete(shard.errorsKey);
   }
-  const now = deps.clock();
-  return db.transaction((tx) => {
-    // A retry may have reopened samples while the upload ran: then this upload is stale.
-    const current = tx.select().from(shards).where(and(eq(shards.runId, run.id), eq(shards.idx, shard.idx))).get();
-    if (!current || current.status !== 'open' || current.generation !== shard.generation || current.terminalCount !== current.sampleCount) {
-      return false;
-    }
-    tx.update(shards)
-      .set({ status: 'uploaded', key, bytes: body.length, lines: lines.length, sha256: digest, ...errorsMeta, uploadedAt: now, lastError: null })
-      .where(and(eq(shards.runId, run.id), eq(shards.idx, shard.idx)))
-      .run();
-    const setLine = db.$client.prepare('update samples set output_key = ?, output_line = ? where id = ?');
-    for (const l of lineOf) setLine.run(key, l.line, l.id);
-    tx.delete(staging).where(and(eq(staging.runId, run.id), eq(staging.shardIdx, shard.idx))).run();
-    tx.update(runs).set({ shardsUploaded: sql`${runs.shardsUploaded} + 1`, updatedAt: now }).where(eq(runs.id, run.id)).run();
-    appendEvent(tx as never, run.id, 'shard_uploaded', { shard: shard.idx, key, lines: lines.length, errors: errors.length }, now);
-    return true;
-  });
+  const written = { key, bytes: body.length, lines: lines.length, sha256: digest, ...errorsMeta };
+  return markShardUploaded(deps.db, run.id, shard, { ...written, lineOf, errorCount: errors.length }, deps.clock());
 }
 
 /** The manifest: everything needed to check the output without the database. */
 export async function writeManifest(deps: RunnerDeps, run: RunRow, finalStatus: 'completed' | 'cancelled'): Promise<void> {
-  const all = deps.db.select().from(shards).where(eq(shards.runId, run.id)).orderBy(asc(shards.idx)).all();
+  const all = listRunShards(deps.db, run.id);
   const manifest = {
     run: { id: run.id, name: run.name, model: run.model, status: finalStatus, created_at: new Date(run.createdAt).toISOString(), metadata: run.metadata },
     params: run.params,
@@ -126,5 +102,5 @@ export async function writeManifest(deps: RunnerDeps, run: RunRow, finalStatus: 
     })),
   };
   await putVerified(deps, run, MANIFEST_KEY, Buffer.from(JSON.stringify(manifest, null, 2) + '\n'));
-  deps.db.update(runs).set({ manifestKey: MANIFEST_KEY }).where(eq(runs.id, run.id)).run();
+  setManifestKey(deps.db, run.id, MANIFEST_KEY);
 }

@@ -3,27 +3,7 @@ import type { Deps } from '../deps.js';
 import type { Logger } from '../logger.js';
 import { RunnerLockedError } from './lock.js';
 import { snapshotView, type RunnerSnapshot, type RunnerView } from './view.js';
-import type { RunnerThreadInit } from './worker.js';
-
-/** A metric increment as the runner thread sends it: [endpoint id, latency ms, completion tokens, flag bits]. */
-type Answered = [string, number, number, number];
-export interface MetricsBatch {
-  answered: Answered[];
-  retried: string[];
-  uploads: number;
-  uploadFailures: number;
-}
-
-export type ToRunner = RunnerThreadInit | { type: 'wake' } | { type: 'flush' } | { type: 'stop'; graceMs: number };
-export type FromRunner =
-  | { type: 'started' }
-  | { type: 'start_failed'; locked: boolean; message: string }
-  | { type: 'log'; line: string }
-  | { type: 'metrics'; batch: MetricsBatch }
-  | { type: 'snapshot'; snapshot: RunnerSnapshot }
-  | { type: 'ingest'; runId: string }
-  | { type: 'flushed' }
-  | { type: 'stopped' };
+import type { FromRunner, RunnerThreadInit, ToRunner } from './protocol.js';
 
 /** How long a second signal waits for the runner thread to commit what it knows. */
 const FLUSH_WAIT_MS = 1000;

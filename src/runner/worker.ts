@@ -1,13 +1,12 @@
 import { parentPort } from 'node:worker_threads';
-import type { Config } from '../config.js';
 import { closeDb, openDb } from '../db/client.js';
 import type { RunnerDeps } from '../deps.js';
 import { makeLogger } from '../logger.js';
 import { Stores } from '../storage/index.js';
-import type { RunnerMetrics } from './protocol.js';
 import { RunnerLockedError } from './lock.js';
 import { Runner } from './runner.js';
-import type { FromRunner, MetricsBatch, ToRunner } from './thread.js';
+import type { RetryReason } from '../domain/sample-errors.js';
+import type { FromRunner, MetricsBatch, RunnerMetrics, RunnerThreadInit, ToRunner } from './protocol.js';
 
 /**
  * The runner's own thread: its own SQLite connection, object stores and event loop, so that
@@ -16,11 +15,6 @@ import type { FromRunner, MetricsBatch, ToRunner } from './thread.js';
  * The thread loads its modules as soon as it exists and then waits for its settings, so that
  * loading overlaps with the API thread's own start-up.
  */
-export interface RunnerThreadInit {
-  type: 'init';
-  config: Config;
-  logLevel: string;
-}
 
 const SNAPSHOT_MS = 100;
 
@@ -41,7 +35,7 @@ class ForwardedMetrics implements RunnerMetrics {
     this.schedule();
   }
 
-  retried(reason: string): void {
+  retried(reason: RetryReason): void {
     this.batch.retried.push(reason);
     this.schedule();
   }

@@ -3,7 +3,7 @@ import type { Db } from '../db/client.js';
 import { effectiveConcurrency, listEndpoints } from '../db/endpoints.js';
 import { recentRunSampleCounts, runCountsByStatus } from '../db/runs.js';
 import { FLAGS, flagBit } from '../domain/flags.js';
-import { RETRY_REASONS } from '../domain/sample-errors.js';
+import { RETRY_REASONS, type RetryReason } from '../domain/sample-errors.js';
 import { ENDPOINT_STATES, RUN_STATUSES, SAMPLE_STATUSES } from '../domain/statuses.js';
 import type { RunnerMetrics } from '../runner/protocol.js';
 import type { RunnerView } from '../runner/view.js';
@@ -119,7 +119,7 @@ export class Metrics implements RunnerMetrics {
     for (const flag of FLAGS) if (flags & flagBit(flag)) this.flags.inc({ flag });
   }
 
-  retried(reason: string): void {
+  retried(reason: RetryReason): void {
     this.retries.inc({ reason });
   }
 
