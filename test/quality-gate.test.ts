@@ -161,7 +161,7 @@ describe('the quality gate on a broken endpoint', () => {
     expect(countIn(h.content_chars, 256)).toBe(q.completed - degenerate);
     const tokenHist = new Map<number, number>();
     for (const s of completed) tokenHist.set(bucketOf(h.completion_tokens, s.usage.completion_tokens), (tokenHist.get(bucketOf(h.completion_tokens, s.usage.completion_tokens)) ?? 0) + 1);
-    h.completion_tokens.buckets.forEach((b: any, i: number) => expect(b.count, `completion_tokens bucket ${b.ge}`).toBe(tokenHist.get(i) ?? 0));
+    for (const [i, b] of (h.completion_tokens.buckets as any[]).entries()) expect(b.count, `completion_tokens bucket ${b.ge}`).toBe(tokenHist.get(i) ?? 0);
 
     // Resuming without the override would only trip again; with it the run finishes.
     const resumed = await call(server.url, `/v1/runs/${created.id}/resume`, { method: 'POST', json: { override_gate: true } });

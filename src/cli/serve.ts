@@ -1,4 +1,4 @@
-import { ConfigError, loadConfig } from '../config.js';
+import { ConfigError, loadConfig, type Config } from '../config.js';
 import { startServer, type Server } from '../server.js';
 import { RunnerLockedError } from '../runner/lock.js';
 import type { RunnerThread } from '../runner/thread.js';
@@ -14,7 +14,7 @@ export interface ServeFlags {
 
 /** `regen serve`: the API and the runner in one process, until SIGTERM or SIGINT. */
 export async function serveCommand(flags: ServeFlags, runnerThread?: RunnerThread): Promise<Server> {
-  let config;
+  let config: Config;
   try {
     config = loadConfig(process.env, {
       port: flags.port,

@@ -68,13 +68,13 @@ export function drawThroughput(canvas, points) {
   ctx.fillStyle = 'rgba(37, 99, 201, 0.15)';
   ctx.fill();
   ctx.beginPath();
-  points.forEach((p, i) => (i ? ctx.lineTo(x(p.t), yS(p.sps)) : ctx.moveTo(x(p.t), yS(p.sps))));
+  for (const [i, p] of points.entries()) i ? ctx.lineTo(x(p.t), yS(p.sps)) : ctx.moveTo(x(p.t), yS(p.sps));
   ctx.strokeStyle = '#2563c9';
   ctx.lineWidth = 2;
   ctx.stroke();
 
   ctx.beginPath();
-  points.forEach((p, i) => (i ? ctx.lineTo(x(p.t), yT(p.tps)) : ctx.moveTo(x(p.t), yT(p.tps))));
+  for (const [i, p] of points.entries()) i ? ctx.lineTo(x(p.t), yT(p.tps)) : ctx.moveTo(x(p.t), yT(p.tps));
   ctx.strokeStyle = '#c2610c';
   ctx.lineWidth = 1.5;
   ctx.setLineDash([4, 3]);

@@ -129,7 +129,7 @@ export function runView(root, runId) {
   }
 
   async function act(action, body) {
-    Object.values(buttons).forEach((b) => (b.disabled = true));
+    for (const b of Object.values(buttons)) b.disabled = true;
     actionError.hidden = true;
     try {
       update(await api(`${path}/${action}`, { method: 'POST', json: body ?? {} }));
@@ -137,7 +137,7 @@ export function runView(root, runId) {
       actionError.hidden = false;
       actionError.textContent = `Could not ${action} the run: ${err.message}`;
     } finally {
-      Object.values(buttons).forEach((b) => (b.disabled = false));
+      for (const b of Object.values(buttons)) b.disabled = false;
       resetCancel();
     }
   }
@@ -221,5 +221,7 @@ export function runView(root, runId) {
     })
     .catch((err) => fill(root, h('p', { className: 'crumbs' }, h('a', { href: '#/' }, 'Runs')), h('p', { className: 'error' }, err.status === 404 ? `There is no run ${runId}.` : err.message)));
 
-  return () => stops.forEach((stop) => stop());
+  return () => {
+    for (const stop of stops) stop();
+  };
 }

@@ -131,7 +131,7 @@ export function applyOutcomes(s: ResultStatements, owner: string, batch: Outcome
           s.stage.run(o.sampleId, o.runId, o.shardIdx, o.output);
           d.completed++;
           if (o.flags) d.flagged++;
-          FLAGS.forEach((f, i) => o.flags & flagBit(f) && d.flags[i]++);
+          for (const [i, f] of FLAGS.entries()) if (o.flags & flagBit(f)) d.flags[i]++;
           terminal = true;
         }
         break;

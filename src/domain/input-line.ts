@@ -58,6 +58,7 @@ class LineRejected extends Error {
 
 const MAX_CUSTOM_ID_CHARS = 512;
 // C0, DEL and C1: invisible in logs and listings, and they break the ids users grep for.
+// biome-ignore lint/suspicious/noControlCharactersInRegex: matching control characters is the point
 const CONTROL_CHARS = /[\u0000-\u001f\u007f-\u009f]/;
 const MAX_JSON_MESSAGE_CHARS = 120;
 
@@ -177,7 +178,7 @@ function readBatchRequest(obj: JsonObject): Omit<LineContent, 'custom_id'> {
 
 function readMessages(value: unknown, path: string): ChatMessage[] {
   if (!Array.isArray(value) || value.length === 0) throw new LineRejected(`${path} must be a non-empty array`);
-  value.forEach((message, i) => checkMessage(message, `${path}[${i}]`));
+  for (const [i, message] of value.entries()) checkMessage(message, `${path}[${i}]`);
   return value as ChatMessage[];
 }
 

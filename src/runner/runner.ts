@@ -3,32 +3,19 @@ import { hostname } from 'node:os';
 import type { RunnerDeps } from '../deps.js';
 import { getRun, listRunsByStatus, transitionRun } from '../db/runs.js';
 import type { RunRow } from '../db/schema.js';
-import { computeFlags } from '../domain/quality.js';
-import type { StagedOutput } from '../domain/output-line.js';
 import { ACTIVE_RUN_STATUSES, isDispatchable } from '../domain/statuses.js';
 import { expireBatches } from './batch-expiry.js';
-import { ClaimBuffer, type Claimed } from './claim-buffer.js';
+import { ClaimBuffer } from './claim-buffer.js';
 import { claimSize, pickEndpoint } from './endpoint-choice.js';
-import { EndpointPool, type LiveEndpoint } from './endpoints.js';
-import { decideFailure } from './failure-policy.js';
+import { EndpointPool } from './endpoints.js';
 import { Finisher } from './finishing.js';
 import { checkGate } from './gate.js';
 import { HEARTBEAT_MS, RunnerLock } from './lock.js';
 import { RateWindow } from './rates.js';
+import { Requests } from './requests.js';
 import { recover } from './recovery.js';
-import { buildRequest, classifyError, parseAnswer } from './request.js';
 import { ResultWriter, type FlushReport } from './results.js';
 import { IDLE_PROGRESS, type EndpointLive, type RunnerSnapshot, type RunnerView, type RunProgress } from './view.js';
-
-interface Flight {
-  sample: Claimed;
-  run: RunRow;
-  endpoint: LiveEndpoint;
-  controller: AbortController;
-  thinking: boolean;
-  /** Why regen aborted it, if it did: decides what becomes of the sample. */
-  abortReason: 'cancel' | 'release' | null;
-}
 
 /** The loop's period: expiry, probes, run status and uploads are looked at this often. */
 const TICK_MS = 100;
@@ -51,7 +38,7 @@ export class Runner implements RunnerView {
   private readonly writer: ResultWriter;
   private readonly claims: ClaimBuffer;
   private readonly finisher: Finisher;
-  private readonly flights = new Map<number, Flight>();
+  private readonly requests: Requests;
   private readonly runRates = new Map<string, RateWindow>();
   private active: RunRow[] = [];
   private timer: NodeJS.Timeout | null = null;
@@ -63,9 +50,17 @@ export class Runner implements RunnerView {
   constructor(private readonly deps: RunnerDeps) {
     const { db, logger, clock, config } = deps;
     this.lock = new RunnerLock(db, this.owner, clock);
-    this.pool = new EndpointPool(db, logger, clock, config.probeIntervalMs, () => this.wake(), (e) => this.abortEndpoint(e, 'release'));
+    this.pool = new EndpointPool(db, logger, clock, config.probeIntervalMs, () => this.wake(), (e) => this.requests.abortEndpoint(e, 'release'));
     this.writer = new ResultWriter(db, this.owner, logger, (r) => this.guard('after a result commit', () => this.afterFlush(r)), clock);
     this.claims = new ClaimBuffer(db, this.owner, clock, this.writer);
+    this.requests = new Requests(deps, this.pool, this.writer, (what, step) => this.guard(what, step), {
+      settled: () => {
+        this.guard('refilling a slot', () => this.pump());
+        // Batching commits only pays while answers keep coming; the last ones of a run need not
+        // wait out the interval before their shard can close.
+        if (this.requests.size === 0) this.guard('committing results', () => this.writer.flush());
+      },
+    });
     this.finisher = new Finisher(deps, (what, step) => this.guard(what, step), {
       afterUpload: () => this.finisher.advance(this.active),
       afterFinish: (runId) => {
@@ -105,9 +100,9 @@ export class Runner implements RunnerView {
     const until = async (done: () => boolean, at: number) => {
       while (!done() && Date.now() < at) await new Promise((r) => setTimeout(r, STOP_POLL_MS));
     };
-    await until(() => this.flights.size === 0, deadline);
-    for (const f of this.flights.values()) this.abortFlight(f, 'release');
-    await until(() => this.flights.size === 0, deadline + ABORT_SLACK_MS);
+    await until(() => this.requests.size === 0, deadline);
+    for (const f of this.requests.all()) this.requests.abort(f, 'release');
+    await until(() => this.requests.size === 0, deadline + ABORT_SLACK_MS);
     if (this.timer) clearInterval(this.timer);
     if (this.heartbeat) clearInterval(this.heartbeat);
     this.writer.close();
@@ -154,7 +149,7 @@ export class Runner implements RunnerView {
   }
 
   get inFlight(): number {
-    return this.flights.size;
+    return this.requests.size;
   }
 
   // ---- the loop ----
@@ -188,14 +183,14 @@ export class Runner implements RunnerView {
     this.active = listRunsByStatus(this.deps.db, ACTIVE_RUN_STATUSES);
     const served = this.pool.servedModels();
     // An endpoint that stopped answering gives its in-flight samples back to the queue.
-    for (const e of this.pool.unhealthyWithFlights()) this.abortEndpoint(e, 'release');
+    for (const e of this.pool.unhealthyWithFlights()) this.requests.abortEndpoint(e, 'release');
     // Claimed samples wait in a buffer only while some endpoint can take them; otherwise they
     // would sit `in_progress` for as long as the fleet is down.
     const dispatchable = new Set(this.active.filter((r) => isDispatchable(r.status) && served.has(r.model)).map((r) => r.id));
     for (const runId of [...this.claims.runs()]) if (!dispatchable.has(runId)) this.claims.release(runId);
-    for (const f of this.flights.values()) {
+    for (const f of this.requests.all()) {
       const run = this.active.find((r) => r.id === f.run.id);
-      if (!run || run.status === 'cancelling') this.abortFlight(f, 'cancel');
+      if (!run || run.status === 'cancelling') this.requests.abort(f, 'cancel');
     }
   }
 
@@ -217,7 +212,7 @@ export class Runner implements RunnerView {
           if (!isDispatchable(run.status) || run.model !== best.row.model || this.claims.isDrained(run.id)) continue;
           const sample = this.claims.take(run.id, () => this.claimSizeFor(run.model), () => this.started(run));
           if (!sample) continue;
-          this.send(best, run, sample);
+          this.requests.send(best, run, sample);
           sent = true;
           break;
         }
@@ -241,120 +236,6 @@ export class Runner implements RunnerView {
       this.deps.logger.info({ run_id: run.id, status: 'in_progress' }, 'run status');
     }
     run.status = 'in_progress';
-  }
-
-  private abortFlight(f: Flight, reason: 'cancel' | 'release'): void {
-    if (f.abortReason) return;
-    f.abortReason = reason;
-    f.controller.abort();
-  }
-
-  private abortEndpoint(e: LiveEndpoint, reason: 'cancel' | 'release'): void {
-    for (const id of e.inFlight.keys()) {
-      const f = this.flights.get(id);
-      if (f) this.abortFlight(f, reason);
-    }
-  }
-
-  // ---- one request ----
-
-  private send(e: LiveEndpoint, run: RunRow, sample: Claimed): void {
-    const { body, thinking } = buildRequest(run, sample);
-    const controller = new AbortController();
-    const flight: Flight = { sample, run, endpoint: e, controller, thinking, abortReason: null };
-    this.flights.set(sample.id, flight);
-    e.inFlight.set(sample.id, controller);
-    const started = this.deps.clock();
-    e.client.chat.completions
-      .create(body as never, { signal: controller.signal, timeout: run.requestTimeoutMs })
-      .then(
-        (res) => this.onResponse(flight, res, this.deps.clock() - started),
-        (err) => this.onError(flight, err),
-      )
-      .catch((err: Error) => {
-        // An answer the code could not take (a database fault, say): the sample goes back to the
-        // queue as a retry; the process must not die over one response.
-        this.deps.logger.error({ run_id: run.id, endpoint_id: e.row.id, err: { message: err.message, stack: err.stack } }, 'could not record an answer');
-        this.guard('recording an answer', () => this.onError(flight, err));
-      })
-      .finally(() => {
-        this.flights.delete(sample.id);
-        e.inFlight.delete(sample.id);
-        this.guard('refilling a slot', () => this.pump());
-        // Batching commits only pays while answers keep coming; the last ones of a run need not
-        // wait out the interval before their shard can close.
-        if (this.flights.size === 0) this.guard('committing results', () => this.writer.flush());
-      });
-  }
-
-  private onResponse(f: Flight, res: unknown, latencyMs: number): void {
-    const { sample, run, endpoint: e } = f;
-    e.consecutiveFailures = 0;
-    const parsed = parseAnswer(res);
-    if (!parsed.ok) return f.abortReason ? this.onError(f, null) : this.fail(f, parsed.error);
-    const { answer } = parsed;
-    const { usage } = answer;
-    const now = this.deps.clock();
-    e.latency.add(latencyMs);
-    e.rate.add(now, 1, usage.completion_tokens);
-    const base = { sampleId: sample.id, runId: run.id, shardIdx: sample.shardIdx, endpointId: e.row.id };
-    const flags = run.quality
-      ? computeFlags(
-          {
-            content: answer.content,
-            reasoning_content: answer.reasoning,
-            finish_reason: answer.finishReason,
-            completion_tokens: usage.completion_tokens,
-            thinking_requested: f.thinking,
-          },
-          { min_completion_tokens: run.quality.min_completion_tokens },
-        )
-      : 0;
-    this.deps.metrics.answered(e.row.id, latencyMs, usage.completion_tokens, flags);
-    // A cancelled run keeps an answer that arrived anyway, but asks nothing again.
-    if (flags && run.quality && sample.qualityRetries < run.quality.retry_flagged && f.abortReason !== 'cancel') {
-      this.deps.metrics.retried('quality');
-      return this.writer.add({ ...base, kind: 'retry', availableAt: 0, usage, qualityRetry: true, error: null });
-    }
-    const output: StagedOutput = {
-      reasoning_content: answer.reasoning,
-      content: answer.content,
-      model: answer.model ?? run.model,
-      response_id: answer.responseId,
-      created: answer.created,
-    };
-    const chars = { reasoning: answer.reasoning?.length ?? 0, content: answer.content?.length ?? 0 };
-    this.writer.add({ ...base, kind: 'completed', usage, finishReason: answer.finishReason, latencyMs, flags, chars, output: JSON.stringify(output), at: now });
-  }
-
-  private onError(f: Flight, err: unknown): void {
-    const { sample, run, endpoint: e } = f;
-    const base = { sampleId: sample.id, runId: run.id, shardIdx: sample.shardIdx, endpointId: e.row.id };
-    if (f.abortReason === 'cancel') return this.writer.add({ ...base, kind: 'cancelled' });
-    if (f.abortReason === 'release') return this.writer.add({ ...base, kind: 'release' });
-    const verdict = classifyError(err, run.requestTimeoutMs);
-    if (verdict.kind === 'endpoint_refused') {
-      e.consecutiveFailures = 0;
-      this.guard('marking an endpoint', () => this.pool.setState(e, 'starting', verdict.reason));
-      return this.writer.add({ ...base, kind: 'release' });
-    }
-    if (verdict.transport) {
-      this.guard('marking an endpoint', () => this.pool.transportFailure(e, verdict.error.message) && this.abortEndpoint(e, 'release'));
-    } else if (verdict.error.status !== null) {
-      // The server answered: whatever the status, its connection works.
-      e.consecutiveFailures = 0;
-    }
-    this.fail(f, verdict.error);
-  }
-
-  private fail(f: Flight, error: Parameters<typeof decideFailure>[0]): void {
-    const { sample, run, endpoint: e } = f;
-    const base = { sampleId: sample.id, runId: run.id, shardIdx: sample.shardIdx, endpointId: e.row.id };
-    const now = this.deps.clock();
-    const decision = decideFailure(error, sample.attempts, run.maxAttempts);
-    if (decision.kind === 'failed') return this.writer.add({ ...base, kind: 'failed', error, at: now });
-    this.deps.metrics.retried(error.code);
-    this.writer.add({ ...base, kind: 'retry', availableAt: now + decision.delayMs, usage: null, qualityRetry: false, error });
   }
 
   // ---- after each commit ----

@@ -8,6 +8,7 @@ import { ApiError, notFound } from '../errors.js';
 import { newId } from '../ids.js';
 import { batchFileStream, resolveBatchFile } from './batches/files.js';
 
+// biome-ignore lint/suspicious/noControlCharactersInRegex: control characters in a file name are replaced
 const cleanName = (name: string) => name.replace(/[\\/\0-\x1f]/g, '_').slice(0, 255) || 'upload.jsonl';
 
 /** Streams an upload into the object store and records it. */

@@ -1,4 +1,4 @@
-import { createRoute, z } from '@hono/zod-openapi';
+import { createRoute } from '@hono/zod-openapi';
 import type { App } from '../../http/app.js';
 import { problemResponses } from '../../errors.js';
 import { listRuns } from '../../db/runs.js';

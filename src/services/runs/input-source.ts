@@ -20,7 +20,7 @@ export function inside(path: string, root: string): boolean {
  */
 export function resolveInput(uri: string, config: Pick<Config, 'dataDir' | 'inputRoots'>): InputSource {
   if (uri.startsWith('s3://')) {
-    let loc;
+    let loc: ReturnType<typeof parseStoreUri>;
     try {
       loc = parseStoreUri(uri);
     } catch (err) {

@@ -1,0 +1,83 @@
+import type { Outcome } from '../db/results.js';
+import type { QualityConfig } from '../domain/quality.js';
+import { computeFlags } from '../domain/quality.js';
+import type { StagedOutput } from '../domain/output-line.js';
+import type { RetryReason, SampleError } from '../domain/sample-errors.js';
+import { decideFailure } from './failure-policy.js';
+import type { Answer } from './request.js';
+
+// What one attempt's answer or error makes of its sample: the outcome the result writer commits,
+// and the retry reason /metrics counts. Pure: the runner does the rest (endpoint health, stats).
+
+/** One attempt at a sample, as the runner sent it. */
+export interface Attempt {
+  sampleId: number;
+  runId: string;
+  shardIdx: number;
+  endpointId: string;
+  /** Attempts charged so far, this one included. */
+  attempts: number;
+  qualityRetries: number;
+  /** Thinking was asked for (missing_reasoning is checked). */
+  thinking: boolean;
+  /** The run was cancelled while the request ran: an answer is kept, nothing is asked again. */
+  cancelled: boolean;
+}
+
+export interface Settled {
+  outcome: Outcome;
+  retried: RetryReason | null;
+}
+
+const base = (a: Attempt) => ({ sampleId: a.sampleId, runId: a.runId, shardIdx: a.shardIdx, endpointId: a.endpointId });
+
+/** A completion: checked, then kept, or asked again with a new seed when flagged and retries are left. */
+export function settleAnswer(
+  a: Attempt,
+  run: { model: string; quality: QualityConfig | null },
+  answer: Answer,
+  latencyMs: number,
+  now: number,
+): Settled & { flags: number } {
+  const { usage } = answer;
+  const flags = run.quality
+    ? computeFlags(
+        {
+          content: answer.content,
+          reasoning_content: answer.reasoning,
+          finish_reason: answer.finishReason,
+          completion_tokens: usage.completion_tokens,
+          thinking_requested: a.thinking,
+        },
+        { min_completion_tokens: run.quality.min_completion_tokens },
+      )
+    : 0;
+  if (flags && run.quality && a.qualityRetries < run.quality.retry_flagged && !a.cancelled) {
+    return { flags, retried: 'quality', outcome: { ...base(a), kind: 'retry', availableAt: 0, usage, qualityRetry: true, error: null } };
+  }
+  const output: StagedOutput = {
+    reasoning_content: answer.reasoning,
+    content: answer.content,
+    model: answer.model ?? run.model,
+    response_id: answer.responseId,
+    created: answer.created,
+  };
+  const chars = { reasoning: answer.reasoning?.length ?? 0, content: answer.content?.length ?? 0 };
+  return {
+    flags,
+    retried: null,
+    outcome: { ...base(a), kind: 'completed', usage, finishReason: answer.finishReason, latencyMs, flags, chars, output: JSON.stringify(output), at: now },
+  };
+}
+
+/** A failed attempt: failed for good, or back in the queue after a backoff. */
+export function settleError(a: Attempt, run: { maxAttempts: number }, error: SampleError, now: number, random: () => number = Math.random): Settled {
+  const decision = decideFailure(error, a.attempts, run.maxAttempts, random);
+  if (decision.kind === 'failed') return { retried: null, outcome: { ...base(a), kind: 'failed', error, at: now } };
+  return { retried: error.code, outcome: { ...base(a), kind: 'retry', availableAt: now + decision.delayMs, usage: null, qualityRetry: false, error } };
+}
+
+/** Regen aborted the request itself: a cancel ends the sample, anything else gives it back unspent. */
+export function settleAbort(a: Attempt, reason: 'cancel' | 'release'): Settled {
+  return { retried: null, outcome: { ...base(a), kind: reason === 'cancel' ? 'cancelled' : 'release' } };
+}
