@@ -22,7 +22,11 @@ async function registerAndWait(server: ServerProcess, sims: SimProcess[]): Promi
 
 async function submit(server: ServerProcess, n: number, extra: Record<string, unknown> = {}): Promise<string> {
   const body = Array.from({ length: n }, (_, i) => promptLine(i)).join('\n') + '\n';
-  const file = await json<{ id: string }>(server.url, '/v1/files?filename=bench.jsonl', { method: 'POST', headers: { 'content-type': 'application/jsonl' }, body });
+  const file = await json<{ id: string }>(server.url, '/v1/files?filename=bench.jsonl', {
+    method: 'POST',
+    headers: { 'content-type': 'application/jsonl' },
+    body,
+  });
   const run = await json<{ id: string }>(server.url, '/v1/runs', {
     method: 'POST',
     headers: { 'content-type': 'application/json' },

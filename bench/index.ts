@@ -12,7 +12,8 @@ const PARTS: Record<string, () => Promise<Figure[]>> = {
   million: benchMillion,
 };
 
-const fmt = (n: number | null, unit = '') => (n === null ? '' : unit === '%' ? n.toFixed(2) : n >= 100 ? Math.round(n).toLocaleString('en') : n.toFixed(n >= 10 ? 1 : 2));
+const fmt = (n: number | null, unit = '') =>
+  n === null ? '' : unit === '%' ? n.toFixed(2) : n >= 100 ? Math.round(n).toLocaleString('en') : n.toFixed(n >= 10 ? 1 : 2);
 
 function table(figures: Figure[]): string {
   const rows = [

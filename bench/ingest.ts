@@ -7,9 +7,7 @@ import { json, memoryOf, promptLine, scaled, until, writePrompts, type Figure } 
 /** Raw better-sqlite3 inserts of the rows regen stores for n prompts: the ceiling for ingestion. */
 function rawInsert(dir: string, n: number): number {
   const db = openDb(join(dir, 'raw.db'));
-  const insert = db.$client.prepare(
-    `insert into samples (run_id, seq, shard_idx, custom_id, status, request) values (?, ?, ?, ?, 'pending', ?)`,
-  );
+  const insert = db.$client.prepare(`insert into samples (run_id, seq, shard_idx, custom_id, status, request) values (?, ?, ?, ?, 'pending', ?)`);
   const batch = db.$client.transaction((from: number, to: number) => {
     for (let i = from; i < to; i++) {
       const line = JSON.parse(promptLine(i)) as { custom_id: string; messages: unknown };

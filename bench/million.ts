@@ -81,12 +81,7 @@ export async function benchMillion(): Promise<Figure[]> {
     if (before >= n) throw new Error('the run finished before the server was killed; run at a larger BENCH_SCALE');
     const t0 = performance.now();
     server = await spawnServer(dataDir);
-    await until(
-      'the first dispatch after restart',
-      async () => ((await requests()) > before ? true : undefined),
-      60_000,
-      5,
-    );
+    await until('the first dispatch after restart', async () => ((await requests()) > before ? true : undefined), 60_000, 5);
     const recovery = (performance.now() - t0) / 1000;
 
     await until('50% done', async () => (done(await view()) >= n * 0.5 ? true : undefined), 900_000, 200);

@@ -9,10 +9,13 @@ const int = (min: number, max: number) =>
     .transform(Number)
     .pipe(z.number().int().min(min, `expected a whole number from ${min} to ${max}`).max(max, `expected a whole number from ${min} to ${max}`));
 const bool = z.enum(['true', 'false', '1', '0', 'yes', 'no']).transform((v) => ['true', '1', 'yes'].includes(v));
-const list = z.string().transform((v) => v.split(',').map((s) => s.trim()).filter(Boolean));
-const uri = z
-  .string()
-  .refine((v) => /^(s3:\/\/[^/]+\/|file:\/\/\/)/.test(v), 'expected s3://bucket/prefix/ or file:///absolute/path/');
+const list = z.string().transform((v) =>
+  v
+    .split(',')
+    .map((s) => s.trim())
+    .filter(Boolean),
+);
+const uri = z.string().refine((v) => /^(s3:\/\/[^/]+\/|file:\/\/\/)/.test(v), 'expected s3://bucket/prefix/ or file:///absolute/path/');
 
 // Each setting: its env var, its `regen serve` flag, how to parse it, and its default.
 const settings = {

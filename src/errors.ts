@@ -45,8 +45,7 @@ export class ApiError extends Error {
   }
 }
 
-export const notFound = (what: string, id: string) =>
-  new ApiError('not_found', `${what} ${JSON.stringify(id.slice(0, 100))} does not exist`);
+export const notFound = (what: string, id: string) => new ApiError('not_found', `${what} ${JSON.stringify(id.slice(0, 100))} does not exist`);
 
 export const Problem = z
   .object({
@@ -89,10 +88,5 @@ export function problemBody(err: ApiError, requestId?: string): Problem {
 
 /** The standard error responses every route documents. */
 export function problemResponses(...statuses: number[]) {
-  return Object.fromEntries(
-    statuses.map((s) => [
-      s,
-      { description: titles[s] ?? 'Error', content: { 'application/problem+json': { schema: Problem } } },
-    ]),
-  );
+  return Object.fromEntries(statuses.map((s) => [s, { description: titles[s] ?? 'Error', content: { 'application/problem+json': { schema: Problem } } }]));
 }

@@ -9,17 +9,7 @@ export function makeLogger(level: string, destination?: pino.DestinationStream):
       level,
       base: { service: 'regen' },
       redact: {
-        paths: [
-          'authorization',
-          'headers.authorization',
-          'req.headers.authorization',
-          'api_key',
-          'apiKey',
-          '*.api_key',
-          '*.apiKey',
-          'token',
-          '*.token',
-        ],
+        paths: ['authorization', 'headers.authorization', 'req.headers.authorization', 'api_key', 'apiKey', '*.api_key', '*.apiKey', 'token', '*.token'],
         censor: '[redacted]',
       },
     },

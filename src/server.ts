@@ -89,9 +89,7 @@ export async function startServer(config: Config, opts: StartOptions = {}): Prom
 
 async function start(config: Config, opts: StartOptions, thread: RunnerThread | null): Promise<Server> {
   if (config.apiTokens.length === 0 && !LOOPBACK.has(config.host) && !config.allowPublicBind) {
-    throw new Error(
-      `refusing to listen on ${config.host} without REGEN_API_TOKENS; set tokens, or REGEN_ALLOW_PUBLIC_BIND=true to accept an open server`,
-    );
+    throw new Error(`refusing to listen on ${config.host} without REGEN_API_TOKENS; set tokens, or REGEN_ALLOW_PUBLIC_BIND=true to accept an open server`);
   }
   mkdirSync(config.dataDir, { recursive: true });
   const logger = opts.logger ?? makeLogger(config.logLevel);

@@ -186,9 +186,7 @@ describe('a client that hangs up mid-upload', () => {
       const before = await fileCount();
       const boundary = 'HangUp42';
       const head =
-        kind === 'raw'
-          ? ''
-          : `--${boundary}\r\nContent-Disposition: form-data; name="file"; filename="h.jsonl"\r\nContent-Type: application/jsonl\r\n\r\n`;
+        kind === 'raw' ? '' : `--${boundary}\r\nContent-Disposition: form-data; name="file"; filename="h.jsonl"\r\nContent-Type: application/jsonl\r\n\r\n`;
       const { request } = await import('node:http');
       const url = new URL(`${server.url}/v1/files`);
       const upload = request({

@@ -14,8 +14,10 @@ let live: TestServer;
 const outside = tempDir('regen-outside-');
 
 beforeAll(async () => {
-  [api, live] = await Promise.all([startTestServer({ REGEN_RUNNER: 'false', REGEN_S3_ENDPOINT: 'http://127.0.0.1:9', REGEN_S3_FORCE_PATH_STYLE: 'true' }),
-    startTestServer({ REGEN_PROBE_INTERVAL_MS: '200' })]);
+  [api, live] = await Promise.all([
+    startTestServer({ REGEN_RUNNER: 'false', REGEN_S3_ENDPOINT: 'http://127.0.0.1:9', REGEN_S3_FORCE_PATH_STYLE: 'true' }),
+    startTestServer({ REGEN_PROBE_INTERVAL_MS: '200' }),
+  ]);
 });
 afterAll(async () => {
   await Promise.all([api?.cleanup(), live?.cleanup()]);
@@ -47,10 +49,14 @@ async function createOk(server: TestServer, body: Record<string, unknown>): Prom
 
 /** Polls the run until it leaves `validating` (or reaches one of `statuses`). */
 async function settle(server: TestServer, id: string, statuses = ['queued', 'failed']): Promise<any> {
-  return waitFor(`run ${id} in ${statuses.join('|')}`, async () => {
-    const r = await req(server, `/v1/runs/${id}`);
-    return statuses.includes(r.body.status) ? r.body : undefined;
-  }, 60_000);
+  return waitFor(
+    `run ${id} in ${statuses.join('|')}`,
+    async () => {
+      const r = await req(server, `/v1/runs/${id}`);
+      return statuses.includes(r.body.status) ? r.body : undefined;
+    },
+    60_000,
+  );
 }
 
 async function sample(server: TestServer, runId: string, customId: string): Promise<any> {
@@ -163,7 +169,12 @@ describe('creating a run', () => {
 
   it('refuses an output.uri outside the data folder', async () => {
     expectProblem(await create(api, { input: { requests: [{ prompt: 'x' }] }, output: { uri: 'file:///etc/' } }), 422, 'validation_failed', 'output.uri');
-    expectProblem(await create(api, { input: { requests: [{ prompt: 'x' }] }, output: { uri: 'http://169.254.169.254/' } }), 422, 'validation_failed', 'output.uri');
+    expectProblem(
+      await create(api, { input: { requests: [{ prompt: 'x' }] }, output: { uri: 'http://169.254.169.254/' } }),
+      422,
+      'validation_failed',
+      'output.uri',
+    );
   });
 
   it('refuses an output.uri another run already writes to', async () => {
@@ -240,7 +251,11 @@ describe('input formats', () => {
 
 describe('invalid lines', () => {
   const tenWithBroken = (broken: number[]) =>
-    jsonl(Array.from({ length: 10 }, (_, i) => (broken.includes(i + 1) ? '{"custom_id": "oops", "messages": [' : { custom_id: `l${i + 1}`, messages: [msg(`q${i + 1}`)] })));
+    jsonl(
+      Array.from({ length: 10 }, (_, i) =>
+        broken.includes(i + 1) ? '{"custom_id": "oops", "messages": [' : { custom_id: `l${i + 1}`, messages: [msg(`q${i + 1}`)] },
+      ),
+    );
 
   it('a broken line 7 fails the run in validating, naming line 7', async () => {
     const run = await settle(api, (await createOk(api, { input: { file_id: await upload(api, tenWithBroken([7])) } })).id);
@@ -342,7 +357,7 @@ describe('shards', () => {
     expect(rest.data.map((s: any) => s.index)).toEqual([2]);
     expect((await sample(api, run.id, 's-999')).shard).toBe(0);
     expect((await sample(api, run.id, 's-1000')).shard).toBe(1);
-    expect((await sample(api, run.id, 's-2499'))).toMatchObject({ shard: 2, index: 2499 });
+    expect(await sample(api, run.id, 's-2499')).toMatchObject({ shard: 2, index: 2499 });
     await expectCountsMatchSamples(api, run.id);
   });
 
@@ -559,7 +574,11 @@ describe('errors', () => {
       expectProblem(res, res.status);
     }
     expectProblem(await req(api, '/v1/runs', { method: 'POST', headers: { 'content-type': 'application/json' }, body: '{"model": ' }), 400, 'invalid_request');
-    const plain = await req(api, '/v1/runs', { method: 'POST', headers: { 'content-type': 'text/plain' }, body: JSON.stringify({ model: 'm', input: { requests: [{ prompt: 'x' }] } }) });
+    const plain = await req(api, '/v1/runs', {
+      method: 'POST',
+      headers: { 'content-type': 'text/plain' },
+      body: JSON.stringify({ model: 'm', input: { requests: [{ prompt: 'x' }] } }),
+    });
     expectProblem(plain, 415, 'unsupported_media_type');
   });
 

@@ -51,16 +51,24 @@ async function submit(lines: unknown[], metadata?: Record<string, string>) {
 const TERMINAL = ['completed', 'failed', 'cancelled', 'expired'];
 
 async function settle(id: string, ms = 60_000) {
-  return waitFor(`batch ${id} to finish`, async () => {
-    const b = await client.batches.retrieve(id);
-    return TERMINAL.includes(b.status) ? b : undefined;
-  }, ms, 200);
+  return waitFor(
+    `batch ${id} to finish`,
+    async () => {
+      const b = await client.batches.retrieve(id);
+      return TERMINAL.includes(b.status) ? b : undefined;
+    },
+    ms,
+    200,
+  );
 }
 
 async function content(fileId: string): Promise<any[]> {
   const text = await (await client.files.content(fileId)).text();
   expect(text.endsWith('\n')).toBe(true);
-  return text.trimEnd().split('\n').map((l) => JSON.parse(l));
+  return text
+    .trimEnd()
+    .split('\n')
+    .map((l) => JSON.parse(l));
 }
 
 /** Each output line answers its own request: the simulator puts the digest of the messages in its answer. */
@@ -188,19 +196,19 @@ describe('a batch', () => {
 
   it('refuses what it cannot run with the SDK error the status maps to', async () => {
     const file = await upload(batchLines(2, 'refused'));
-    await expect(
-      client.batches.create({ input_file_id: file.id, endpoint: '/v1/embeddings', completion_window: '24h' }),
-    ).rejects.toBeInstanceOf(UnprocessableEntityError);
+    await expect(client.batches.create({ input_file_id: file.id, endpoint: '/v1/embeddings', completion_window: '24h' })).rejects.toBeInstanceOf(
+      UnprocessableEntityError,
+    );
     await expect(
       client.batches.create({ input_file_id: 'file_doesnotexist', endpoint: '/v1/chat/completions', completion_window: '24h' }),
     ).rejects.toBeInstanceOf(NotFoundError);
-    await expect(
-      client.batches.create({ input_file_id: file.id, endpoint: '/v1/chat/completions', completion_window: '1d' as '24h' }),
-    ).rejects.toBeInstanceOf(UnprocessableEntityError);
+    await expect(client.batches.create({ input_file_id: file.id, endpoint: '/v1/chat/completions', completion_window: '1d' as '24h' })).rejects.toBeInstanceOf(
+      UnprocessableEntityError,
+    );
     const noModel = await upload([{ custom_id: 'a', method: 'POST', url: '/v1/chat/completions', body: { messages: [{ role: 'user', content: 'hi' }] } }]);
-    await expect(
-      client.batches.create({ input_file_id: noModel.id, endpoint: '/v1/chat/completions', completion_window: '24h' }),
-    ).rejects.toBeInstanceOf(UnprocessableEntityError);
+    await expect(client.batches.create({ input_file_id: noModel.id, endpoint: '/v1/chat/completions', completion_window: '24h' })).rejects.toBeInstanceOf(
+      UnprocessableEntityError,
+    );
     await expect(client.batches.retrieve('batch_doesnotexist')).rejects.toBeInstanceOf(NotFoundError);
   });
 
@@ -333,7 +341,11 @@ describe('stopping early', () => {
         return b.request_counts!.completed >= 3 ? b : undefined;
       });
       // The window is 24 hours; move its end to now rather than wait.
-      server.deps.db.update(runs).set({ expiresAt: Date.now() - 1000 }).where(eq(runs.batchId, created.id)).run();
+      server.deps.db
+        .update(runs)
+        .set({ expiresAt: Date.now() - 1000 })
+        .where(eq(runs.batchId, created.id))
+        .run();
 
       const done = await settle(created.id);
       expect(done.status).toBe('expired');

@@ -87,7 +87,9 @@ describe('regen CLI', () => {
     const eps = await call(server.url, '/v1/endpoints', { headers: auth });
     expect(eps.body.data).toHaveLength(1);
     expect(eps.body.data[0]).toMatchObject({ name: 'sim-a', max_concurrency: 8, max_concurrency_source: 'user' });
-    await waitFor('the endpoint to be ready', async () => ((await call(server.url, '/v1/endpoints', { headers: auth })).body.data[0].state === 'ready' ? true : undefined));
+    await waitFor('the endpoint to be ready', async () =>
+      (await call(server.url, '/v1/endpoints', { headers: auth })).body.data[0].state === 'ready' ? true : undefined,
+    );
 
     const list = await regen(['endpoints', 'list']);
     expect(list.code, list.stderr).toBe(0);
@@ -102,9 +104,21 @@ describe('regen CLI', () => {
   it('submits a file, watches it to completion and exits 0', async () => {
     const file = prompts('watched', 240);
     const res = await regen([
-      'submit', file, '--model', 'sim-model',
-      '--param', 'temperature=0.6', '--param', 'chat_template_kwargs.enable_thinking=true',
-      '--name', 'cli-run', '--shard-size', '50', '--regenerate', 'last_assistant', '--watch',
+      'submit',
+      file,
+      '--model',
+      'sim-model',
+      '--param',
+      'temperature=0.6',
+      '--param',
+      'chat_template_kwargs.enable_thinking=true',
+      '--name',
+      'cli-run',
+      '--shard-size',
+      '50',
+      '--regenerate',
+      'last_assistant',
+      '--watch',
     ]);
     expect(res.code, res.stderr).toBe(0);
     const runId = res.stdout.trim().split('\n')[0];

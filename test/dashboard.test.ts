@@ -119,7 +119,9 @@ describe.skipIf(!haveChromium)('dashboard', () => {
     // Against a server without the events route the page polls the run instead.
     const polling = await context.newPage();
     polling.on('pageerror', (err) => problems.push(`page error (polling): ${err.message}`));
-    await polling.route('**/v1/runs/*/events', (route) => route.fulfill({ status: 404, contentType: 'application/problem+json', body: '{"detail":"no route"}' }));
+    await polling.route('**/v1/runs/*/events', (route) =>
+      route.fulfill({ status: 404, contentType: 'application/problem+json', body: '{"detail":"no route"}' }),
+    );
     await polling.goto(`${server.url}/#/runs/${runId}`);
     await expect.poll(() => polling.locator('#live').textContent(), { timeout: 15_000 }).toBe('polling');
     const polled = await polling.locator('.big-pct').textContent();
@@ -127,10 +129,14 @@ describe.skipIf(!haveChromium)('dashboard', () => {
     await polling.close();
 
     await page.getByRole('button', { name: 'Pause', exact: true }).click();
-    await waitFor('the run to be paused', async () => {
-      const r = await call(server.url, `/v1/runs/${runId}`, { headers: auth });
-      return r.body.status === 'paused' ? r.body : undefined;
-    }, 15_000);
+    await waitFor(
+      'the run to be paused',
+      async () => {
+        const r = await call(server.url, `/v1/runs/${runId}`, { headers: auth });
+        return r.body.status === 'paused' ? r.body : undefined;
+      },
+      15_000,
+    );
     await expect.poll(() => page.locator('.run-head .badge').textContent(), { timeout: 15_000 }).toBe('paused');
     expect(await page.getByRole('button', { name: 'Resume', exact: true }).isVisible()).toBe(true);
 

@@ -105,7 +105,9 @@ beforeAll(async () => {
   server = await startTestServer({ REGEN_API_TOKENS: TOKEN });
   const ep = await call(server.url, '/v1/endpoints', { method: 'POST', headers: AUTH, json: { url: sim.url } });
   expect(ep.status).toBe(201);
-  await waitFor('endpoint ready', async () => ((await call(server.url, `/v1/endpoints/${ep.body.id}`, { headers: AUTH })).body.state === 'ready' ? true : undefined));
+  await waitFor('endpoint ready', async () =>
+    (await call(server.url, `/v1/endpoints/${ep.body.id}`, { headers: AUTH })).body.state === 'ready' ? true : undefined,
+  );
 });
 
 afterAll(async () => {
@@ -155,10 +157,16 @@ describe('GET /v1/runs/{id}/events', () => {
       quality: run.quality,
       usage: run.usage,
       shards: { total: 3, uploaded: 3 },
-      progress: { ...run.progress, samples_per_second: last.progress.samples_per_second, completion_tokens_per_second: last.progress.completion_tokens_per_second },
+      progress: {
+        ...run.progress,
+        samples_per_second: last.progress.samples_per_second,
+        completion_tokens_per_second: last.progress.completion_tokens_per_second,
+      },
     });
     expect(last.request_counts).toMatchObject({ total: SAMPLES, completed: SAMPLES });
-    expect(progress.some((e) => e.data.status === 'in_progress' && e.data.request_counts.completed > 0 && e.data.request_counts.completed < SAMPLES)).toBe(true);
+    expect(progress.some((e) => e.data.status === 'in_progress' && e.data.request_counts.completed > 0 && e.data.request_counts.completed < SAMPLES)).toBe(
+      true,
+    );
   });
 
   it('replays what a client missed when it reconnects with Last-Event-ID, and stops its timers when the client goes away', async () => {
@@ -189,7 +197,14 @@ describe('GET /v1/runs/{id}/events', () => {
     const after = full.events.filter((e) => e.event !== 'progress' && Number(e.id) > Number(lastId));
     expect(missed.map((e) => [e.id, e.event, e.data])).toEqual(after.map((e) => [e.id, e.event, e.data]));
     expect(full.events.filter((e) => e.event === 'status').map((e) => e.data.status)).toEqual([
-      'validating', 'queued', 'in_progress', 'paused', 'queued', 'in_progress', 'finalizing', 'completed',
+      'validating',
+      'queued',
+      'in_progress',
+      'paused',
+      'queued',
+      'in_progress',
+      'finalizing',
+      'completed',
     ]);
     expect(await openStreams()).toBe(0);
   });

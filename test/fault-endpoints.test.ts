@@ -98,7 +98,11 @@ describe('endpoint faults during a run', () => {
     // The dead server stays out, the returned one and the flaky ones are in rotation.
     expect(await state(epDying)).toBe('unhealthy');
     expect(await state(epReturning)).toBe('ready');
-    await waitFor('the flaky endpoints ready', async () => ((await Promise.all(eps.slice(0, 2).map((e) => state(e.id)))).every((s) => s === 'ready') ? true : undefined), 30_000);
+    await waitFor(
+      'the flaky endpoints ready',
+      async () => ((await Promise.all(eps.slice(0, 2).map((e) => state(e.id)))).every((s) => s === 'ready') ? true : undefined),
+      30_000,
+    );
     const dead = (await call(base, `/v1/endpoints/${epDying}`)).body;
     expect(dead.last_error).toBeTruthy();
     expect(dead.in_flight).toBe(0);

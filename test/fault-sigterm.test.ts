@@ -25,10 +25,15 @@ describe('SIGTERM with hundreds of requests in flight', () => {
     const { prompts, fileId } = await preparePrompts(server.url, rig.sims, SAMPLES, 'st');
     const { id } = await createRun(server.url, { model: MODEL, input: { file_id: fileId }, shard_size: 100, regenerate: 'last_assistant' });
 
-    const inFlight = await waitFor('hundreds of requests in flight', async () => {
-      const n = (await simTotals(rig.sims)).running;
-      return n >= 300 ? n : undefined;
-    }, 60_000, 50);
+    const inFlight = await waitFor(
+      'hundreds of requests in flight',
+      async () => {
+        const n = (await simTotals(rig.sims)).running;
+        return n >= 300 ? n : undefined;
+      },
+      60_000,
+      50,
+    );
 
     const t0 = performance.now();
     const code = await server.kill('SIGTERM');
@@ -66,6 +71,16 @@ describe('SIGTERM with hundreds of requests in flight', () => {
     expect([...out.lines.values()].every((l) => l.attempts === 1)).toBe(true);
     await expectCountersMatchRecount(server.url, done);
     expect(await server.kill('SIGTERM')).toBe(0);
-    console.log('fault-sigterm:', JSON.stringify({ samples: SAMPLES, in_flight_at_signal: inFlight, drained_answers: answered, exit_ms: exitMs, grace_ms: GRACE_MS, restart_to_completed_ms: finishMs }));
+    console.log(
+      'fault-sigterm:',
+      JSON.stringify({
+        samples: SAMPLES,
+        in_flight_at_signal: inFlight,
+        drained_answers: answered,
+        exit_ms: exitMs,
+        grace_ms: GRACE_MS,
+        restart_to_completed_ms: finishMs,
+      }),
+    );
   });
 });

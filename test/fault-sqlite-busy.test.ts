@@ -41,10 +41,15 @@ async function setup(model: string, samples: number, env: Record<string, string>
 }
 
 async function waitDone(base: string, id: string, n: number) {
-  return waitFor(`${n} samples done`, async () => {
-    const r = (await call(base, `/v1/runs/${id}`)).body;
-    return doneOf(r) >= n ? r : undefined;
-  }, 90_000, 50);
+  return waitFor(
+    `${n} samples done`,
+    async () => {
+      const r = (await call(base, `/v1/runs/${id}`)).body;
+      return doneOf(r) >= n ? r : undefined;
+    },
+    90_000,
+    50,
+  );
 }
 
 /** The run completed with every prompt answered once, by one request each, and the process never restarted. */
@@ -144,6 +149,9 @@ describe('SQLITE_BUSY from another process holding the write lock', () => {
     const busy = busyLines(t.server.output());
     // The 4 s lock was waited out; past 10 s a write gave up (which one depends on timing) and was retried.
     expect(busy.length).toBeGreaterThan(0);
-    console.log('fault-sqlite-busy (10 s):', JSON.stringify({ samples: SAMPLES, locks, busy_failures: busy.length, sites: busy.map((l) => JSON.parse(l).msg) }));
+    console.log(
+      'fault-sqlite-busy (10 s):',
+      JSON.stringify({ samples: SAMPLES, locks, busy_failures: busy.length, sites: busy.map((l) => JSON.parse(l).msg) }),
+    );
   });
 });

@@ -20,10 +20,14 @@ async function shardsOf(base: string, id: string): Promise<any[]> {
 
 /** Shards that closed while the store was away: still open, with a failed upload behind them. */
 function waitForFailedUploads(base: string, id: string, ms: number): Promise<any[]> {
-  return waitFor('a shard upload to fail', async () => {
-    const open = (await shardsOf(base, id)).filter((x) => x.status === 'open' && x.upload_attempts > 0);
-    return open.length ? open : undefined;
-  }, ms);
+  return waitFor(
+    'a shard upload to fail',
+    async () => {
+      const open = (await shardsOf(base, id)).filter((x) => x.status === 'open' && x.upload_attempts > 0);
+      return open.length ? open : undefined;
+    },
+    ms,
+  );
 }
 
 /** Once the store is back at `t0`: /readyz 200, an upload beyond `uploaded`, the run's end; each with its time since `t0`. */
@@ -66,7 +70,13 @@ describe('object store faults', () => {
     const outageMs = since(tDown);
 
     s3 = await rig.startS3(BUCKET, port);
-    const { done, readyAfterMs, firstUploadAfterMs, completedAfterMs } = await waitForRecovery(base, id, duringOutage.shards.uploaded, performance.now(), 30_000);
+    const { done, readyAfterMs, firstUploadAfterMs, completedAfterMs } = await waitForRecovery(
+      base,
+      id,
+      duringOutage.shards.uploaded,
+      performance.now(),
+      30_000,
+    );
     expect(done.status).toBe('completed');
     expect(done.request_counts).toMatchObject({ total: SAMPLES, completed: SAMPLES, failed: 0 });
     expect(done.shards).toEqual({ total: SAMPLES / 100, uploaded: SAMPLES / 100 });
@@ -82,7 +92,15 @@ describe('object store faults', () => {
     expect(server.proc.exitCode).toBeNull();
     console.log(
       'fault-storage s3:',
-      JSON.stringify({ samples: SAMPLES, outage_ms: outageMs, done_during_outage: doneOf(duringOutage) - doneOf(before), retried_shards: retriedShards, ready_after_ms: readyAfterMs, first_upload_after_ms: firstUploadAfterMs, completed_after_ms: completedAfterMs }),
+      JSON.stringify({
+        samples: SAMPLES,
+        outage_ms: outageMs,
+        done_during_outage: doneOf(duringOutage) - doneOf(before),
+        retried_shards: retriedShards,
+        ready_after_ms: readyAfterMs,
+        first_upload_after_ms: firstUploadAfterMs,
+        completed_after_ms: completedAfterMs,
+      }),
     );
   });
 
@@ -124,6 +142,16 @@ describe('object store faults', () => {
     // Each failure was logged as a warning with the shard, never as a crash.
     expect(server.output()).toMatch(/"msg":"shard upload failed"/);
     expect(server.output()).not.toMatch(/uncaught|unhandled/i);
-    console.log('fault-storage local:', JSON.stringify({ samples: SAMPLES, broken_ms: brokenMs, failed_uploads: failing.length, first_upload_after_ms: firstUploadAfterMs, completed_after_ms: completedAfterMs, left_at_fix: SAMPLES - doneOf(during) }));
+    console.log(
+      'fault-storage local:',
+      JSON.stringify({
+        samples: SAMPLES,
+        broken_ms: brokenMs,
+        failed_uploads: failing.length,
+        first_upload_after_ms: firstUploadAfterMs,
+        completed_after_ms: completedAfterMs,
+        left_at_fix: SAMPLES - doneOf(during),
+      }),
+    );
   });
 });

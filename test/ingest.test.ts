@@ -17,7 +17,13 @@ async function writeInput(path: string, n: number): Promise<number> {
   const out = createWriteStream(path);
   const pad = 'lorem ipsum dolor sit amet '.repeat(6);
   for (let i = 0; i < n; i++) {
-    const line = JSON.stringify({ custom_id: `c-${i}`, messages: [{ role: 'system', content: 'be helpful' }, { role: 'user', content: `question ${i}: ${pad}` }] });
+    const line = JSON.stringify({
+      custom_id: `c-${i}`,
+      messages: [
+        { role: 'system', content: 'be helpful' },
+        { role: 'user', content: `question ${i}: ${pad}` },
+      ],
+    });
     if (!out.write(line + '\n')) await once(out, 'drain');
   }
   out.end();

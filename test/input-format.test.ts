@@ -202,9 +202,7 @@ describe('parseInputLine: bad lines', () => {
   });
 
   it('reports a line without messages', () => {
-    expect(reasonOf({ custom_id: 'a', text: 'hello' })).toBe(
-      'no messages: expected "messages", "body.messages", "conversations" or "prompt"',
-    );
+    expect(reasonOf({ custom_id: 'a', text: 'hello' })).toBe('no messages: expected "messages", "body.messages", "conversations" or "prompt"');
   });
 
   it('reports bad messages with their path', () => {
@@ -214,18 +212,10 @@ describe('parseInputLine: bad lines', () => {
     expect(reasonOf({ messages: [user, 'hi'] })).toBe('messages[1] must be an object');
     expect(reasonOf({ messages: [user, user, user, { content: 'x' }] })).toBe('messages[3].role must be a string');
     expect(reasonOf({ messages: [user, { role: 7, content: 'x' }] })).toBe('messages[1].role must be a string');
-    expect(reasonOf({ messages: [user, user, { role: 'user', content: 5 }] })).toBe(
-      'messages[2].content must be a string or an array of content parts',
-    );
-    expect(reasonOf({ messages: [{ role: 'user' }] })).toBe(
-      'messages[0].content must be a string or an array of content parts',
-    );
-    expect(reasonOf({ messages: [{ role: 'user', content: null }] })).toBe(
-      'messages[0].content must be a string or an array of content parts',
-    );
-    expect(reasonOf({ messages: [{ role: 'assistant', content: null }] })).toBe(
-      'messages[0].content must be a string or an array of content parts',
-    );
+    expect(reasonOf({ messages: [user, user, { role: 'user', content: 5 }] })).toBe('messages[2].content must be a string or an array of content parts');
+    expect(reasonOf({ messages: [{ role: 'user' }] })).toBe('messages[0].content must be a string or an array of content parts');
+    expect(reasonOf({ messages: [{ role: 'user', content: null }] })).toBe('messages[0].content must be a string or an array of content parts');
+    expect(reasonOf({ messages: [{ role: 'assistant', content: null }] })).toBe('messages[0].content must be a string or an array of content parts');
     expect(reasonOf({ messages: [{ role: 'user', content: [{ type: 'text', text: 'a' }, 'b'] }] })).toBe(
       'messages[0].content[1] must be a content part: an object with a string "type"',
     );
@@ -253,13 +243,17 @@ describe('parseInputLine: bad lines', () => {
 
   it('reports bad ShareGPT lines', () => {
     expect(reasonOf({ id: 's', conversations: [] })).toBe('conversations must be a non-empty array');
-    expect(reasonOf({ id: 's', conversations: [{ from: 'human', value: 'a' }, { from: 'foo', value: 'b' }] })).toBe(
-      'unknown ShareGPT role "foo" in conversations[1]',
-    );
+    expect(
+      reasonOf({
+        id: 's',
+        conversations: [
+          { from: 'human', value: 'a' },
+          { from: 'foo', value: 'b' },
+        ],
+      }),
+    ).toBe('unknown ShareGPT role "foo" in conversations[1]');
     expect(reasonOf({ id: 's', conversations: [{ value: 'a' }] })).toBe('conversations[0].from must be a string');
-    expect(reasonOf({ id: 's', conversations: [{ from: 'human', value: ['a'] }] })).toBe(
-      'conversations[0].value must be a string',
-    );
+    expect(reasonOf({ id: 's', conversations: [{ from: 'human', value: ['a'] }] })).toBe('conversations[0].value must be a string');
     expect(reasonOf({ id: 's', conversations: [null] })).toBe('conversations[0] must be an object');
   });
 
@@ -273,7 +267,13 @@ describe('parseInputLine: bad lines', () => {
 describe('parseInputLine: regenerate last_assistant', () => {
   it('drops a trailing assistant turn', () => {
     expect(parse({ custom_id: 'a', messages: [user, assistant] }, regen)).toMatchObject({ messages: [user] });
-    const sharegpt = { id: 's', conversations: [{ from: 'human', value: 'Hi' }, { from: 'gpt', value: 'OK.' }] };
+    const sharegpt = {
+      id: 's',
+      conversations: [
+        { from: 'human', value: 'Hi' },
+        { from: 'gpt', value: 'OK.' },
+      ],
+    };
     expect(parse(sharegpt, regen)).toMatchObject({ messages: [{ role: 'user', content: 'Hi' }] });
   });
 
@@ -290,9 +290,7 @@ describe('parseInputLine: regenerate last_assistant', () => {
   });
 
   it('reports a conversation that is only an assistant turn', () => {
-    expect(reasonOf({ custom_id: 'a', messages: [assistant] }, regen)).toBe(
-      'nothing left to send after dropping the last assistant turn',
-    );
+    expect(reasonOf({ custom_id: 'a', messages: [assistant] }, regen)).toBe('nothing left to send after dropping the last assistant turn');
   });
 });
 
@@ -349,12 +347,7 @@ describe('readLines', () => {
       for (let i = 0; i < input.length; i += size) pieces.push(input.subarray(i, i + size));
       expect(await collect(chunks(...pieces))).toEqual(expected);
     }
-    expect(expected.map((l) => ('text' in l ? l.text : l.error))).toEqual([
-      '{"id":1,"prompt":"héllo 🙂"}\r',
-      '',
-      '{"id":2,"prompt":"日本語"}',
-      'end',
-    ]);
+    expect(expected.map((l) => ('text' in l ? l.text : l.error))).toEqual(['{"id":1,"prompt":"héllo 🙂"}\r', '', '{"id":2,"prompt":"日本語"}', 'end']);
   });
 
   it('decodes a multi-byte character split across chunks', async () => {
@@ -503,11 +496,7 @@ describe('readLines', () => {
 });
 
 /** Passes chunks through, calling `probe` every `every` chunks and at the end. */
-async function* probeEvery(
-  source: AsyncIterable<Uint8Array>,
-  every: number,
-  probe: () => void,
-): AsyncGenerator<Uint8Array> {
+async function* probeEvery(source: AsyncIterable<Uint8Array>, every: number, probe: () => void): AsyncGenerator<Uint8Array> {
   let n = 0;
   for await (const chunk of source) {
     if (n++ % every === 0) probe();

@@ -49,7 +49,11 @@ describe('the layout', () => {
   const rules: { from: string; may: (to: string) => boolean; rule: string }[] = [
     { from: 'domain', may: (to) => layer(to) === 'domain', rule: 'src/domain imports nothing else in src' },
     { from: 'db', may: (to) => ['db', 'domain'].includes(layer(to)), rule: 'src/db imports only src/domain' },
-    { from: 'runner', may: (to) => !['services', 'routes', 'http', 'app.ts', 'server.ts', 'cli'].includes(layer(to)), rule: 'src/runner imports neither services, routes nor http' },
+    {
+      from: 'runner',
+      may: (to) => !['services', 'routes', 'http', 'app.ts', 'server.ts', 'cli'].includes(layer(to)),
+      rule: 'src/runner imports neither services, routes nor http',
+    },
     { from: 'services', may: (to) => !['routes', 'http', 'app.ts', 'server.ts', 'cli'].includes(layer(to)), rule: 'src/services imports no routes' },
     { from: 'sim', may: (to) => layer(to) === 'sim', rule: 'src/sim stands alone' },
     { from: 'routes', may: (to) => !['app.ts', 'server.ts', 'cli'].includes(layer(to)), rule: 'routes do not import the app that registers them' },

@@ -97,10 +97,15 @@ beforeAll(async () => {
   expect(created.status, JSON.stringify(created.body)).toBe(201);
   runId = created.body.id;
 
-  midRun = await waitFor('requests in flight', async () => {
-    const m = await scrape(base);
-    return m.value('regen_endpoint_in_flight', { endpoint_id: endpointId }) > 0 ? m : undefined;
-  }, 60_000, 50);
+  midRun = await waitFor(
+    'requests in flight',
+    async () => {
+      const m = await scrape(base);
+      return m.value('regen_endpoint_in_flight', { endpoint_id: endpointId }) > 0 ? m : undefined;
+    },
+    60_000,
+    50,
+  );
   run = await waitFor('the run to finish', async () => {
     const r = (await call(base, `/v1/runs/${runId}`, { headers: AUTH })).body;
     return ['completed', 'failed', 'cancelled', 'paused'].includes(r.status) ? r : undefined;
@@ -216,7 +221,9 @@ describe('logs', () => {
   const infoOrAbove = () => parsed().filter((l) => l.level >= 30);
 
   it('has one line per run status change, matching the run events, and none per sample', () => {
-    const statusEvents = eventsAfter(server.deps.db, runId, 0).filter((e) => e.type === 'status').map((e) => e.data.status);
+    const statusEvents = eventsAfter(server.deps.db, runId, 0)
+      .filter((e) => e.type === 'status')
+      .map((e) => e.data.status);
     expect(statusEvents).toEqual(['validating', 'queued', 'in_progress', 'finalizing', 'completed']);
     const statusLines = infoOrAbove().filter((l) => l.run_id === runId && typeof l.status === 'string');
     expect(statusLines.map((l) => l.status)).toEqual(statusEvents);
@@ -229,13 +236,18 @@ describe('logs', () => {
   });
 
   it('has one line per endpoint state change', async () => {
-    const states = () => infoOrAbove().filter((l) => l.endpoint_id === endpointId && typeof l.state === 'string').map((l) => l.state);
+    const states = () =>
+      infoOrAbove()
+        .filter((l) => l.endpoint_id === endpointId && typeof l.state === 'string')
+        .map((l) => l.state);
     expect(states()).toEqual(['starting', 'ready']);
     const patch = (state: string) => call(server.url, `/v1/endpoints/${endpointId}`, { method: 'PATCH', headers: AUTH, json: { state } });
     expect((await patch('draining')).status).toBe(200);
     expect((await patch('draining')).status).toBe(200);
     expect((await patch('ready')).status).toBe(200);
-    await waitFor('endpoint ready again', async () => ((await call(server.url, `/v1/endpoints/${endpointId}`, { headers: AUTH })).body.state === 'ready' ? true : undefined));
+    await waitFor('endpoint ready again', async () =>
+      (await call(server.url, `/v1/endpoints/${endpointId}`, { headers: AUTH })).body.state === 'ready' ? true : undefined,
+    );
     // Re-registering a running server sends it back through a probe: two changes, two lines.
     expect((await call(server.url, '/v1/endpoints', { method: 'POST', headers: AUTH, json: { url: sim.url } })).status).toBe(200);
     await waitFor('endpoint ready after re-registration', async () =>

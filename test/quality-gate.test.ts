@@ -70,7 +70,13 @@ async function readOutput(run: any): Promise<{ manifest: any; lines: any[] }> {
   const lines: any[] = [];
   for (const shard of manifest.shards) {
     const text = (await store.get(shard.key)).toString('utf8');
-    if (text) lines.push(...text.trimEnd().split('\n').map((l) => JSON.parse(l)));
+    if (text)
+      lines.push(
+        ...text
+          .trimEnd()
+          .split('\n')
+          .map((l) => JSON.parse(l)),
+      );
   }
   return { manifest, lines };
 }
@@ -83,7 +89,10 @@ async function expectExactFlags(run: any): Promise<any[]> {
   expect(run.quality).toEqual(tally(completed.map((s) => s.flags)));
   for (const f of FLAGS) {
     const listed = await listFlagged(run.id, f);
-    expect(listed.map((s) => s.custom_id), `?flag=${f}`).toEqual(completed.filter((s) => s.flags.includes(f)).map((s) => s.custom_id));
+    expect(
+      listed.map((s) => s.custom_id),
+      `?flag=${f}`,
+    ).toEqual(completed.filter((s) => s.flags.includes(f)).map((s) => s.custom_id));
   }
   return completed;
 }
@@ -145,7 +154,12 @@ describe('the quality gate on a broken endpoint', () => {
       const n = settled.quality.by_flag[f];
       expect(q.by_flag[f].count).toBe(n);
       expect(q.by_flag[f].share).toBeCloseTo(n / q.completed, 3);
-      expect(q.by_flag[f].examples).toEqual(completed.filter((s) => s.flags.includes(f)).slice(0, 5).map((s) => s.custom_id));
+      expect(q.by_flag[f].examples).toEqual(
+        completed
+          .filter((s) => s.flags.includes(f))
+          .slice(0, 5)
+          .map((s) => s.custom_id),
+      );
     }
     expect(q.by_flag.missing_reasoning.examples).toHaveLength(5);
     // The histograms agree with the samples: every degenerate answer has an empty think block
@@ -160,7 +174,11 @@ describe('the quality gate on a broken endpoint', () => {
     expect(countIn(h.content_chars, 3)).toBe(degenerate);
     expect(countIn(h.content_chars, 256)).toBe(q.completed - degenerate);
     const tokenHist = new Map<number, number>();
-    for (const s of completed) tokenHist.set(bucketOf(h.completion_tokens, s.usage.completion_tokens), (tokenHist.get(bucketOf(h.completion_tokens, s.usage.completion_tokens)) ?? 0) + 1);
+    for (const s of completed)
+      tokenHist.set(
+        bucketOf(h.completion_tokens, s.usage.completion_tokens),
+        (tokenHist.get(bucketOf(h.completion_tokens, s.usage.completion_tokens)) ?? 0) + 1,
+      );
     for (const [i, b] of (h.completion_tokens.buckets as any[]).entries()) expect(b.count, `completion_tokens bucket ${b.ge}`).toBe(tokenHist.get(i) ?? 0);
 
     // Resuming without the override would only trip again; with it the run finishes.

@@ -1,10 +1,5 @@
 import { describe, expect, it } from 'vitest';
-import {
-  FLAGS,
-  bitsFromFlags,
-  flagBit,
-  flagsFromBits,
-} from '../src/domain/flags.js';
+import { FLAGS, bitsFromFlags, flagBit, flagsFromBits } from '../src/domain/flags.js';
 import { thinkingRequested } from '../src/domain/params.js';
 import { computeFlags, isRepetitive, type QualityInput } from '../src/domain/quality.js';
 
@@ -173,26 +168,21 @@ describe('isRepetitive on healthy text', () => {
   });
 
   it('passes a markdown list with a repeated bullet structure', () => {
-    const steps = Array.from(
-      { length: 40 },
-      (_, i) => `- Step ${i + 1}: add the next term to the running total and check the result.`,
-    ).join('\n');
+    const steps = Array.from({ length: 40 }, (_, i) => `- Step ${i + 1}: add the next term to the running total and check the result.`).join('\n');
     expect(isRepetitive(`Here is the plan:\n\n${steps}\n\nThat completes the plan.`)).toBe(false);
     expect(isRepetitive(steps)).toBe(false);
   });
 
   it('passes code with repeated similar lines', () => {
-    const code = [
-      'function init(grid: number[][]): void {',
-      ...Array.from({ length: 60 }, (_, i) => `  grid[${i}][0] = 0;`),
-      '}',
-    ].join('\n');
+    const code = ['function init(grid: number[][]): void {', ...Array.from({ length: 60 }, (_, i) => `  grid[${i}][0] = 0;`), '}'].join('\n');
     expect(isRepetitive(code)).toBe(false);
     expect(isRepetitive(`\`\`\`ts\n${code}\n\`\`\``)).toBe(false);
   });
 
   it('passes Chinese prose and a list counting up', () => {
-    expect(isRepetitive('首先，我们需要计算总数。然后我们检查每一步是否正确，最后得出结论：答案是五。这个方法适用于所有类似的问题，因为它遵循了基本的计数原理。')).toBe(false);
+    expect(
+      isRepetitive('首先，我们需要计算总数。然后我们检查每一步是否正确，最后得出结论：答案是五。这个方法适用于所有类似的问题，因为它遵循了基本的计数原理。'),
+    ).toBe(false);
     expect(isRepetitive(Array.from({ length: 400 }, (_, i) => i + 1).join(', '))).toBe(false);
   });
 

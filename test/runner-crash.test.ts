@@ -3,7 +3,17 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { spawnSimulator, type SimProcess } from '../src/sim/spawn.js';
 import { Stores } from '../src/storage/index.js';
 import { call, spawnServer, tempDir, waitFor, type ServerProcess } from './support/server.js';
-import { checkDatabase, checkOutput, createRun, expectCountersMatchRecount, getRun, makePrompts, registerEndpoint, uploadFile, waitForStatus } from './support/runner-checks.js';
+import {
+  checkDatabase,
+  checkOutput,
+  createRun,
+  expectCountersMatchRecount,
+  getRun,
+  makePrompts,
+  registerEndpoint,
+  uploadFile,
+  waitForStatus,
+} from './support/runner-checks.js';
 
 const SAMPLES = 4000;
 const SHARD_SIZE = 250;

@@ -82,7 +82,11 @@ describe('a run across three simulators', () => {
     // and be turned away), and the late one took its share once it was up.
     const perEndpoint = new Map<string, number>();
     for (const l of out.lines.values()) perEndpoint.set(l.endpoint_id, (perEndpoint.get(l.endpoint_id) ?? 0) + 1);
-    for (const [sim, cap, ep] of [[late, 4, eps[0]], [a, 8, eps[1]], [b, 16, eps[2]]] as const) {
+    for (const [sim, cap, ep] of [
+      [late, 4, eps[0]],
+      [a, 8, eps[1]],
+      [b, 16, eps[2]],
+    ] as const) {
       const stats = await sim.stats();
       expect(stats.maxRunningSeen, `${sim.url} max running`).toBe(cap);
       expect(stats.rejected).toBe(0);

@@ -86,10 +86,14 @@ describe('runner faults', () => {
 
     // Still probed with backoff: a server back on the same address is taken into rotation again.
     await sim({ model: 'm-death', 'max-running': 8, port: dying.port });
-    await waitFor('the endpoint to be ready again', async () => {
-      const e = (await call(server.url, `/v1/endpoints/${epDying.id}`)).body;
-      return e.state === 'ready' ? e : undefined;
-    }, 30_000);
+    await waitFor(
+      'the endpoint to be ready again',
+      async () => {
+        const e = (await call(server.url, `/v1/endpoints/${epDying.id}`)).body;
+        return e.state === 'ready' ? e : undefined;
+      },
+      30_000,
+    );
   });
 
   it('fails a prompt longer than the context at once with the server message, then retry rewrites the shard whole', async () => {

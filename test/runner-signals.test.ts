@@ -4,7 +4,17 @@ import { afterAll, describe, expect, it } from 'vitest';
 import { spawnSimulator, type SimProcess } from '../src/sim/spawn.js';
 import { Stores } from '../src/storage/index.js';
 import { spawnServer, tempDir, waitFor, type ServerProcess } from './support/server.js';
-import { checkDatabase, checkOutput, createRun, expectCountersMatchRecount, getRun, makePrompts, registerEndpoint, uploadFile, waitForStatus } from './support/runner-checks.js';
+import {
+  checkDatabase,
+  checkOutput,
+  createRun,
+  expectCountersMatchRecount,
+  getRun,
+  makePrompts,
+  registerEndpoint,
+  uploadFile,
+  waitForStatus,
+} from './support/runner-checks.js';
 
 const TERMINAL = ['completed', 'failed', 'cancelled', 'paused'];
 const sims: SimProcess[] = [];

@@ -6,7 +6,16 @@ import { afterAll, describe, expect, it } from 'vitest';
 import { spawnSimulator, type SimProcess } from '../src/sim/spawn.js';
 import type { RunnerThread } from '../src/runner/thread.js';
 import { Stores } from '../src/storage/index.js';
-import { checkOutput, createRun, expectCountersMatchRecount, getRun, makePrompts, registerEndpoint, uploadFile, waitForStatus } from './support/runner-checks.js';
+import {
+  checkOutput,
+  createRun,
+  expectCountersMatchRecount,
+  getRun,
+  makePrompts,
+  registerEndpoint,
+  uploadFile,
+  waitForStatus,
+} from './support/runner-checks.js';
 import { call, spawnServer, startTestServer, tempDir, waitFor } from './support/server.js';
 
 const MAIN = fileURLToPath(new URL('../src/cli/main.ts', import.meta.url));

@@ -119,7 +119,10 @@ describe('bearer tokens', () => {
     const env = { ...process.env };
     delete env.REGEN_API_TOKENS;
     delete env.REGEN_ALLOW_PUBLIC_BIND;
-    const proc = spawn(process.execPath, ['--import', 'tsx', MAIN, 'serve', '--port', '0', '--host', '0.0.0.0', '--data', data], { env, stdio: ['ignore', 'pipe', 'pipe'] });
+    const proc = spawn(process.execPath, ['--import', 'tsx', MAIN, 'serve', '--port', '0', '--host', '0.0.0.0', '--data', data], {
+      env,
+      stdio: ['ignore', 'pipe', 'pipe'],
+    });
     let err = '';
     proc.stderr!.on('data', (d: Buffer) => (err += d.toString()));
     const [code] = await once(proc, 'exit');
@@ -185,17 +188,37 @@ describe('secrets', () => {
     expect(up.status).toBe(201);
     const run = await api('/v1/runs', { method: 'POST', json: { model: 'm-secret', input: { file_id: up.body.id }, shard_size: 25, metadata: { team: 'x' } } });
     expect(run.status).toBe(201);
-    const done = await waitFor('the run to finish', async () => {
-      const r = await api(`/v1/runs/${run.body.id}`);
-      return ['completed', 'failed'].includes(r.body.status) ? r : undefined;
-    }, 60_000, 250);
+    const done = await waitFor(
+      'the run to finish',
+      async () => {
+        const r = await api(`/v1/runs/${run.body.id}`);
+        return ['completed', 'failed'].includes(r.body.status) ? r : undefined;
+      },
+      60_000,
+      250,
+    );
     expect(done.body.status).toBe('completed');
 
     // Everything a user or a dashboard reads.
     for (const path of [
-      '/v1/runs', `/v1/runs/${run.body.id}/samples?limit=100`, `/v1/runs/${run.body.id}/samples/sec-1`, `/v1/runs/${run.body.id}/shards`,
-      `/v1/runs/${run.body.id}/quality`, `/v1/runs/${run.body.id}/events`, '/v1/endpoints', `/v1/endpoints/${ep.body.id}`, '/v1/files',
-      `/v1/files/${up.body.id}`, '/metrics', '/readyz', '/healthz', '/openapi.json', '/docs', '/', '/v1/runs/run_nope', '/v1/endpoints/ep_nope',
+      '/v1/runs',
+      `/v1/runs/${run.body.id}/samples?limit=100`,
+      `/v1/runs/${run.body.id}/samples/sec-1`,
+      `/v1/runs/${run.body.id}/shards`,
+      `/v1/runs/${run.body.id}/quality`,
+      `/v1/runs/${run.body.id}/events`,
+      '/v1/endpoints',
+      `/v1/endpoints/${ep.body.id}`,
+      '/v1/files',
+      `/v1/files/${up.body.id}`,
+      '/metrics',
+      '/readyz',
+      '/healthz',
+      '/openapi.json',
+      '/docs',
+      '/',
+      '/v1/runs/run_nope',
+      '/v1/endpoints/ep_nope',
     ]) {
       const res = await api(path);
       expect(res.status, path).toBeLessThan(500);
@@ -268,14 +291,29 @@ describe('hostile requests', () => {
   const deep = (n: number) => '['.repeat(n) + ']'.repeat(n);
 
   const cases = (): Hostile[] => [
-    { name: 'malformed JSON', method: 'POST', path: '/v1/runs', body: '{"model": "m", "input": ', headers: { 'content-type': 'application/json' }, status: 400, detail: /not valid JSON/ },
+    {
+      name: 'malformed JSON',
+      method: 'POST',
+      path: '/v1/runs',
+      body: '{"model": "m", "input": ',
+      headers: { 'content-type': 'application/json' },
+      status: 400,
+      detail: /not valid JSON/,
+    },
     { name: 'JSON that is not an object', method: 'POST', path: '/v1/runs', body: '[1,2,3]', headers: { 'content-type': 'application/json' }, status: 422 },
     { name: 'a body that is not JSON', method: 'POST', path: '/v1/runs', body: 'model=m', headers: { 'content-type': 'application/x-www-form-urlencoded' } },
     { name: 'model of the wrong type', method: 'POST', path: '/v1/runs', json: run({ model: 42 }), field: 'model' },
     { name: 'input of the wrong type', method: 'POST', path: '/v1/runs', json: run({ input: 'file_x' }), field: 'input' },
     { name: 'temperature -3', method: 'POST', path: '/v1/runs', json: run({ params: { temperature: -3 } }), field: 'params.temperature' },
     { name: 'temperature as a string', method: 'POST', path: '/v1/runs', json: run({ params: { temperature: 'hot' } }), field: 'params.temperature' },
-    { name: 'temperature 1e999 (Infinity)', method: 'POST', path: '/v1/runs', body: JSON.stringify(run({})).replace(/}$/, ',"params":{"temperature":1e999}}'), headers: { 'content-type': 'application/json' }, field: 'params.temperature' },
+    {
+      name: 'temperature 1e999 (Infinity)',
+      method: 'POST',
+      path: '/v1/runs',
+      body: JSON.stringify(run({})).replace(/}$/, ',"params":{"temperature":1e999}}'),
+      headers: { 'content-type': 'application/json' },
+      field: 'params.temperature',
+    },
     { name: 'shard_size 0', method: 'POST', path: '/v1/runs', json: run({ shard_size: 0 }), field: 'shard_size' },
     { name: 'shard_size 1e12', method: 'POST', path: '/v1/runs', json: run({ shard_size: 1e12 }), field: 'shard_size' },
     { name: 'shard_size 2.5', method: 'POST', path: '/v1/runs', json: run({ shard_size: 2.5 }), field: 'shard_size' },
@@ -286,11 +324,45 @@ describe('hostile requests', () => {
     { name: 'a 100 KB model name', method: 'POST', path: '/v1/runs', json: run({ model: 'm'.repeat(100_000) }), field: 'model' },
     { name: 'params with model inside', method: 'POST', path: '/v1/runs', json: run({ params: { model: 'other' } }), field: 'params' },
     { name: 'an unknown top-level key', method: 'POST', path: '/v1/runs', json: run({ endpoint_url: 'http://169.254.169.254/' }), field: 'endpoint_url' },
-    { name: '__proto__ as a key', method: 'POST', path: '/v1/runs', body: JSON.stringify(run({})).replace(/}$/, ',"__proto__":{"admin":true}}'), headers: { 'content-type': 'application/json' }, field: '__proto__' },
-    { name: 'params nested 5,000 deep', method: 'POST', path: '/v1/runs', body: JSON.stringify(run({})).replace(/}$/, `,"params":{"x":${deep(5000)}}}`), headers: { 'content-type': 'application/json' }, field: 'params' },
-    { name: 'metadata nested 100,000 deep', method: 'POST', path: '/v1/runs', body: JSON.stringify(run({})).replace(/}$/, `,"metadata":{"x":${deep(100_000)}}}`), headers: { 'content-type': 'application/json' }, field: 'metadata.x' },
-    { name: 'inline request content nested 5,000 deep', method: 'POST', path: '/v1/runs', body: `{"model":"m","input":{"requests":[{"messages":[{"role":"user","content":${deep(5000)}}]}]}}`, headers: { 'content-type': 'application/json' } },
-    { name: 'a 20 MB JSON body', method: 'POST', path: '/v1/runs', body: JSON.stringify(run({ name: 'x'.repeat(20 << 20) })), headers: { 'content-type': 'application/json' }, status: 413 },
+    {
+      name: '__proto__ as a key',
+      method: 'POST',
+      path: '/v1/runs',
+      body: JSON.stringify(run({})).replace(/}$/, ',"__proto__":{"admin":true}}'),
+      headers: { 'content-type': 'application/json' },
+      field: '__proto__',
+    },
+    {
+      name: 'params nested 5,000 deep',
+      method: 'POST',
+      path: '/v1/runs',
+      body: JSON.stringify(run({})).replace(/}$/, `,"params":{"x":${deep(5000)}}}`),
+      headers: { 'content-type': 'application/json' },
+      field: 'params',
+    },
+    {
+      name: 'metadata nested 100,000 deep',
+      method: 'POST',
+      path: '/v1/runs',
+      body: JSON.stringify(run({})).replace(/}$/, `,"metadata":{"x":${deep(100_000)}}}`),
+      headers: { 'content-type': 'application/json' },
+      field: 'metadata.x',
+    },
+    {
+      name: 'inline request content nested 5,000 deep',
+      method: 'POST',
+      path: '/v1/runs',
+      body: `{"model":"m","input":{"requests":[{"messages":[{"role":"user","content":${deep(5000)}}]}]}}`,
+      headers: { 'content-type': 'application/json' },
+    },
+    {
+      name: 'a 20 MB JSON body',
+      method: 'POST',
+      path: '/v1/runs',
+      body: JSON.stringify(run({ name: 'x'.repeat(20 << 20) })),
+      headers: { 'content-type': 'application/json' },
+      status: 413,
+    },
     { name: 'limit -5', path: '/v1/runs?limit=-5', field: 'limit' },
     { name: 'limit abc', path: '/v1/runs?limit=abc', field: 'limit' },
     { name: 'limit 1e12', path: '/v1/endpoints?limit=1e12', field: 'limit' },
@@ -307,21 +379,51 @@ describe('hostile requests', () => {
     { name: 'a bad percent-encoding in an id', path: '/v1/runs/%E0%A4%A' },
     { name: 'a lone % in an id', path: '/v1/runs/%ZZ' },
     { name: 'file:///etc/passwd as input', method: 'POST', path: '/v1/runs', json: { model: 'm', input: { uri: 'file:///etc/passwd' } }, field: 'input.uri' },
-    { name: 'a file:// input climbing out of the data folder', method: 'POST', path: '/v1/runs', json: { model: 'm', input: { uri: `file://${data}/../../etc/passwd` } }, field: 'input.uri' },
+    {
+      name: 'a file:// input climbing out of the data folder',
+      method: 'POST',
+      path: '/v1/runs',
+      json: { model: 'm', input: { uri: `file://${data}/../../etc/passwd` } },
+      field: 'input.uri',
+    },
     { name: 'a file://host/ input', method: 'POST', path: '/v1/runs', json: { model: 'm', input: { uri: 'file://localhost/etc/passwd' } }, field: 'input.uri' },
-    { name: 'the metadata service as input', method: 'POST', path: '/v1/runs', json: { model: 'm', input: { uri: 'http://169.254.169.254/latest/meta-data/' } }, field: 'input.uri' },
+    {
+      name: 'the metadata service as input',
+      method: 'POST',
+      path: '/v1/runs',
+      json: { model: 'm', input: { uri: 'http://169.254.169.254/latest/meta-data/' } },
+      field: 'input.uri',
+    },
     { name: 'an s3 input with ..', method: 'POST', path: '/v1/runs', json: { model: 'm', input: { uri: 's3://bucket/a/../../b.jsonl' } }, field: 'input.uri' },
     { name: 'an s3 output with ..', method: 'POST', path: '/v1/runs', json: run({ output: { uri: 's3://bucket/a/../b/' } }), field: 'output.uri' },
-    { name: 'a file output with ..', method: 'POST', path: '/v1/runs', json: run({ output: { uri: `file://${data}/objects/../../../tmp/` } }), field: 'output.uri' },
+    {
+      name: 'a file output with ..',
+      method: 'POST',
+      path: '/v1/runs',
+      json: run({ output: { uri: `file://${data}/objects/../../../tmp/` } }),
+      field: 'output.uri',
+    },
     { name: 'a file output outside the roots', method: 'POST', path: '/v1/runs', json: run({ output: { uri: 'file:///etc/' } }), field: 'output.uri' },
-    { name: 'an input file_id with traversal', method: 'POST', path: '/v1/runs', json: { model: 'm', input: { file_id: '../../regen.db' } }, field: 'input.file_id' },
+    {
+      name: 'an input file_id with traversal',
+      method: 'POST',
+      path: '/v1/runs',
+      json: { model: 'm', input: { file_id: '../../regen.db' } },
+      field: 'input.file_id',
+    },
     { name: 'an unknown endpoint state', method: 'PATCH', path: `/v1/endpoints/${ids.ep}`, json: { state: 'exploded' }, field: 'state' },
     { name: 'an endpoint state that only probes may set', method: 'PATCH', path: `/v1/endpoints/${ids.ep}`, json: { state: 'unhealthy' }, field: 'state' },
     { name: 'an endpoint URL that is not http', method: 'POST', path: '/v1/endpoints', json: { url: 'file:///etc/passwd' }, field: 'url' },
     { name: 'an endpoint URL with credentials', method: 'POST', path: '/v1/endpoints', json: { url: 'http://user:pass@10.0.0.5:30000' }, field: 'url' },
     { name: 'the metadata service as an endpoint', method: 'POST', path: '/v1/endpoints', json: { url: 'http://169.254.169.254/latest' }, field: 'url' },
     { name: 'the metadata service as a decimal address', method: 'POST', path: '/v1/endpoints', json: { url: 'http://2852039166/' }, field: 'url' },
-    { name: 'the metadata service as IPv4-mapped IPv6', method: 'POST', path: '/v1/endpoints', json: { url: 'http://[::ffff:169.254.169.254]/' }, field: 'url' },
+    {
+      name: 'the metadata service as IPv4-mapped IPv6',
+      method: 'POST',
+      path: '/v1/endpoints',
+      json: { url: 'http://[::ffff:169.254.169.254]/' },
+      field: 'url',
+    },
     { name: 'the metadata service by name', method: 'POST', path: '/v1/endpoints', json: { url: 'http://metadata.google.internal/' }, field: 'url' },
     { name: 'a javascript: endpoint URL', method: 'POST', path: '/v1/endpoints', json: { url: 'javascript:alert(1)' }, field: 'url' },
     { name: 'max_concurrency -1', method: 'POST', path: '/v1/endpoints', json: { url: 'http://10.0.0.9:1', max_concurrency: -1 }, field: 'max_concurrency' },
@@ -329,7 +431,14 @@ describe('hostile requests', () => {
     { name: 'a NUL sample filter', path: `/v1/runs/${ids.run}/samples?status=%00`, field: 'status' },
     { name: 'a NUL flag filter', path: `/v1/runs/${ids.run}/samples?flag=%00`, field: 'flag' },
     { name: 'a NUL purpose filter', path: '/v1/files?purpose=%00', field: 'purpose' },
-    { name: 'a 10 KB Idempotency-Key', method: 'POST', path: '/v1/runs', json: run({}), headers: { 'idempotency-key': 'k'.repeat(10_000) }, field: 'idempotency-key' },
+    {
+      name: 'a 10 KB Idempotency-Key',
+      method: 'POST',
+      path: '/v1/runs',
+      json: run({}),
+      headers: { 'idempotency-key': 'k'.repeat(10_000) },
+      field: 'idempotency-key',
+    },
     { name: 'a 10 KB Last-Event-ID', path: `/v1/runs/${ids.run}/events`, headers: { 'last-event-id': '9'.repeat(10_000) }, field: 'last-event-id' },
     { name: 'a 10 KB content-type', method: 'POST', path: '/v1/runs', body: '{}', headers: { 'content-type': `application/${'x'.repeat(10_000)}` } },
     { name: 'an upload of an unknown type', method: 'POST', path: '/v1/files', body: 'x', headers: { 'content-type': 'image/png' }, status: 415 },
@@ -397,7 +506,10 @@ describe('hostile input files', () => {
   }
 
   async function validate(fileId: string, onInvalid: 'skip' | 'fail' = 'skip'): Promise<any> {
-    const created = await call(server.url, '/v1/runs', { method: 'POST', json: { model: 'm-hostile', input: { file_id: fileId }, on_invalid_line: onInvalid } });
+    const created = await call(server.url, '/v1/runs', {
+      method: 'POST',
+      json: { model: 'm-hostile', input: { file_id: fileId }, on_invalid_line: onInvalid },
+    });
     expect(created.status, JSON.stringify(created.body)).toBe(201);
     return waitForStatus(server.url, created.body.id, ['queued', 'failed'], 90_000);
   }
@@ -413,14 +525,21 @@ describe('hostile input files', () => {
     // Bytes that are not UTF-8: inside a JSON string, and an overlong encoding of "/".
     const bytes = Buffer.concat([
       Buffer.from(valid('u1') + '\n'),
-      Buffer.from('{"custom_id":"u2","messages":[{"role":"user","content":"caf'), Buffer.from([0xff, 0xfe]), Buffer.from('"}]}\n'),
+      Buffer.from('{"custom_id":"u2","messages":[{"role":"user","content":"caf'),
+      Buffer.from([0xff, 0xfe]),
+      Buffer.from('"}]}\n'),
       Buffer.from(valid('u3') + '\n'),
-      Buffer.from('{"custom_id":"u4","prompt":"'), Buffer.from([0xc0, 0xaf]), Buffer.from('"}\n'),
+      Buffer.from('{"custom_id":"u4","prompt":"'),
+      Buffer.from([0xc0, 0xaf]),
+      Buffer.from('"}\n'),
     ]);
     const utf8 = await validate(await upload(bytes));
     expect(utf8.status).toBe('queued');
     expect(utf8.request_counts.total).toBe(2);
-    expect(errorsOf(utf8)).toEqual([[2, 'not valid UTF-8'], [4, 'not valid UTF-8']]);
+    expect(errorsOf(utf8)).toEqual([
+      [2, 'not valid UTF-8'],
+      [4, 'not valid UTF-8'],
+    ]);
 
     // One 50 MB line, generated as it is sent, then a good line.
     const MB = Buffer.alloc(1 << 20, 'a');
@@ -452,15 +571,19 @@ describe('hostile input files', () => {
 
     // Nesting: deep content parses but could never be stored or sent; a million levels parse too.
     const deep = (n: number) => '['.repeat(n) + ']'.repeat(n);
-    const nested = [
-      `{"custom_id":"deep","messages":[{"role":"user","content":${deep(5000)}}]}`,
-      `{"custom_id":"deeper","messages":${deep(1_000_000)}}`,
-      valid('shallow'),
-    ].join('\n') + '\n';
+    const nested =
+      [
+        `{"custom_id":"deep","messages":[{"role":"user","content":${deep(5000)}}]}`,
+        `{"custom_id":"deeper","messages":${deep(1_000_000)}}`,
+        valid('shallow'),
+      ].join('\n') + '\n';
     const deepRun = await validate(await upload(nested));
     expect(deepRun.status).toBe('queued');
     expect(deepRun.request_counts.total).toBe(1);
-    expect(errorsOf(deepRun)).toEqual([[1, 'line is nested more than 100 levels deep'], [2, 'line is nested more than 100 levels deep']]);
+    expect(errorsOf(deepRun)).toEqual([
+      [1, 'line is nested more than 100 levels deep'],
+      [2, 'line is nested more than 100 levels deep'],
+    ]);
 
     // Duplicate ids: the first of each is kept, every repeat is named with its line.
     const dups = await validate(await upload([valid('a'), valid('b'), valid('a'), valid('c'), valid('b'), valid('a')].join('\n') + '\n'));
@@ -472,7 +595,14 @@ describe('hostile input files', () => {
     ]);
 
     const peak = peakRssMiB(pid);
-    console.log('security files: peak RSS MiB', JSON.stringify({ at_start: Math.round(baseMiB), ...Object.fromEntries(Object.entries(figures).map(([k, v]) => [k, Math.round(v)])), at_end: Math.round(peak) }));
+    console.log(
+      'security files: peak RSS MiB',
+      JSON.stringify({
+        at_start: Math.round(baseMiB),
+        ...Object.fromEntries(Object.entries(figures).map(([k, v]) => [k, Math.round(v)])),
+        at_end: Math.round(peak),
+      }),
+    );
     // The 50 MB line is never held whole: at most the 16 MB line limit plus buffers.
     expect(peak - baseMiB).toBeLessThan(200);
     expect((await call(server.url, '/healthz')).status).toBe(200);

@@ -56,8 +56,7 @@ afterAll(async () => {
   );
 });
 
-const digest = (messages: unknown[]): string =>
-  createHash('sha256').update(JSON.stringify(messages)).digest('hex').slice(0, 16);
+const digest = (messages: unknown[]): string => createHash('sha256').update(JSON.stringify(messages)).digest('hex').slice(0, 16);
 
 const user = (content: string) => [{ role: 'user', content }];
 
@@ -98,8 +97,7 @@ interface SimMessage {
   reasoning_content: string | null;
 }
 
-const messageOf = (completion: OpenAI.Chat.ChatCompletion): SimMessage =>
-  completion.choices[0].message as unknown as SimMessage;
+const messageOf = (completion: OpenAI.Chat.ChatCompletion): SimMessage => completion.choices[0].message as unknown as SimMessage;
 
 describe('regen sim: responses', { timeout: 20_000 }, () => {
   let url: string;
@@ -127,9 +125,7 @@ describe('regen sim: responses', { timeout: 20_000 }, () => {
       { role: 'system' as const, content: 'You are terse.' },
       { role: 'user' as const, content: 'What is two plus two?' },
     ];
-    const { data, response } = await client.chat.completions
-      .create({ model: 'test-model', messages, temperature: 0.6, seed: 7 })
-      .withResponse();
+    const { data, response } = await client.chat.completions.create({ model: 'test-model', messages, temperature: 0.6, seed: 7 }).withResponse();
     const d = digest(messages);
     expect(response.headers.get('x-sim-digest')).toBe(d);
     expect(data.id).toMatch(/^[0-9a-f]{32}$/);
@@ -174,7 +170,10 @@ describe('regen sim: responses', { timeout: 20_000 }, () => {
 
   it('writes reasoning that does not look like a degenerate loop', async () => {
     const text: string = (await (await chat(url, { messages: user('loop?') })).json()).choices[0].message.reasoning_content;
-    const words = text.split(/[\s.]+/).filter(Boolean).slice(4);
+    const words = text
+      .split(/[\s.]+/)
+      .filter(Boolean)
+      .slice(4);
     expect(new Set(words).size).toBeGreaterThan(words.length / 2);
     expect(text.slice(-20)).not.toBe(text.slice(-40, -20));
   });
@@ -221,9 +220,7 @@ describe('regen sim: responses', { timeout: 20_000 }, () => {
     });
     // The SDK reads the message from `{"error": {...}}` only, so SGLang's top-level body reaches it as
     // "400 status code (no body)": whoever needs the message must read the body itself.
-    const sdkError = await client.chat.completions
-      .create({ model: 'test-model', messages: user('y'.repeat(1000)) as never })
-      .catch((error: unknown) => error);
+    const sdkError = await client.chat.completions.create({ model: 'test-model', messages: user('y'.repeat(1000)) as never }).catch((error: unknown) => error);
     expect(sdkError).toBeInstanceOf(OpenAI.BadRequestError);
     expect((sdkError as InstanceType<typeof OpenAI.BadRequestError>).status).toBe(400);
   });
@@ -242,9 +239,7 @@ describe('regen sim: responses', { timeout: 20_000 }, () => {
     const unknown = await chat(url, { model: 'other', messages: user('hi') });
     expect(unknown.status).toBe(404);
     expect((await unknown.json()).message).toBe("The model 'other' does not exist.");
-    await expect(client.chat.completions.create({ model: 'other', messages: user('hi') as never })).rejects.toBeInstanceOf(
-      OpenAI.NotFoundError,
-    );
+    await expect(client.chat.completions.create({ model: 'other', messages: user('hi') as never })).rejects.toBeInstanceOf(OpenAI.NotFoundError);
   });
 
   it('exposes SGLang metrics that count generated tokens', async () => {
@@ -256,9 +251,7 @@ describe('regen sim: responses', { timeout: 20_000 }, () => {
     expect(metric(before, 'num_queue_reqs')).toBe(0);
     const reply = await (await chat(url, { messages: user('count my tokens') })).json();
     const after = await (await fetch(`${url}/metrics`)).text();
-    expect(metric(after, 'generation_tokens_total') - metric(before, 'generation_tokens_total')).toBe(
-      reply.usage.completion_tokens,
-    );
+    expect(metric(after, 'generation_tokens_total') - metric(before, 'generation_tokens_total')).toBe(reply.usage.completion_tokens);
     expect(after).toContain('sglang:num_running_reqs{model_name="test-model"} 0');
   });
 
@@ -284,7 +277,11 @@ describe('regen sim: startup and latency', { timeout: 20_000 }, () => {
     expect(early.status).toBe(503);
     expect(await early.json()).toMatchObject({ object: 'error', type: 'ServiceUnavailableError', code: 503 });
 
-    const health = await waitFor(() => fetch(`${url}/health`).then((r) => r.status), (s) => s === 200, 5000);
+    const health = await waitFor(
+      () => fetch(`${url}/health`).then((r) => r.status),
+      (s) => s === 200,
+      5000,
+    );
     expect(health).toBe(200);
     expect(Date.now() - startedAt).toBeGreaterThanOrEqual(1000);
 
@@ -306,7 +303,10 @@ describe('regen sim: admission', { timeout: 20_000 }, () => {
 
   it('runs at most max-running requests, queues the next ones and turns away the rest', async () => {
     const admitted = [1, 2, 3, 4].map((i) => chat(url, { messages: user(`request ${i}`) }));
-    const busy = await waitFor(() => stats(url), (s) => s.running === 2 && s.queued === 2);
+    const busy = await waitFor(
+      () => stats(url),
+      (s) => s.running === 2 && s.queued === 2,
+    );
     expect(busy).toMatchObject({ running: 2, queued: 2 });
     const metrics = await (await fetch(`${url}/metrics`)).text();
     expect(metric(metrics, 'num_running_reqs')).toBe(2);
@@ -334,15 +334,28 @@ describe('regen sim: admission', { timeout: 20_000 }, () => {
     const first = chat(url, { messages: user('a') }, running.signal).catch((error: Error) => error);
     const second = chat(url, { messages: user('b') }, AbortSignal.timeout(5000));
     const third = chat(url, { messages: user('c') }, queued.signal).catch((error: Error) => error);
-    await waitFor(() => stats(url), (s) => s.running === 2 && s.queued === 1);
+    await waitFor(
+      () => stats(url),
+      (s) => s.running === 2 && s.queued === 1,
+    );
 
     queued.abort();
     expect(await third).toBeInstanceOf(Error);
-    expect(await waitFor(() => stats(url), (s) => s.queued === 0)).toMatchObject({ queued: 0, running: 2 });
+    expect(
+      await waitFor(
+        () => stats(url),
+        (s) => s.queued === 0,
+      ),
+    ).toMatchObject({ queued: 0, running: 2 });
 
     running.abort();
     expect(await first).toBeInstanceOf(Error);
-    expect(await waitFor(() => stats(url), (s) => s.running === 1)).toMatchObject({ running: 1 });
+    expect(
+      await waitFor(
+        () => stats(url),
+        (s) => s.running === 1,
+      ),
+    ).toMatchObject({ running: 1 });
     expect((await second).status).toBe(200);
     const after = await stats(url);
     expect(after.aborted - before.aborted).toBe(2);
@@ -351,7 +364,10 @@ describe('regen sim: admission', { timeout: 20_000 }, () => {
 
   it('takes queued requests at once when max running is raised at runtime', async () => {
     const pending = [1, 2, 3, 4].map((i) => chat(url, { messages: user(`raise ${i}`) }));
-    await waitFor(() => stats(url), (s) => s.running === 2 && s.queued === 2);
+    await waitFor(
+      () => stats(url),
+      (s) => s.running === 2 && s.queued === 2,
+    );
     expect((await configure(url, { maxRunning: 4 })).status).toBe(200);
     expect(await stats(url)).toMatchObject({ running: 4, queued: 0, maxRunningSeen: 4 });
     expect((await Promise.all(pending)).map((r) => r.status)).toEqual([200, 200, 200, 200]);
@@ -380,9 +396,7 @@ describe('regen sim: faults', { timeout: 20_000 }, () => {
     expect(healthy.choices[0].message.content).not.toBe('OK.');
 
     await configure(url, { degenerateRate: 0.5 });
-    const replies = await Promise.all(
-      Array.from({ length: 200 }, (_, i) => chat(url, { messages: user(`mixed ${i}`) }).then((r) => r.json())),
-    );
+    const replies = await Promise.all(Array.from({ length: 200 }, (_, i) => chat(url, { messages: user(`mixed ${i}`) }).then((r) => r.json())));
     const degenerate = replies.filter((r) => r.choices[0].message.content === 'OK.').length;
     expect(degenerate).toBeGreaterThan(60);
     expect(degenerate).toBeLessThan(140);
@@ -398,9 +412,7 @@ describe('regen sim: faults', { timeout: 20_000 }, () => {
     expect(body).toEqual({ object: 'error', message: 'Internal server error', type: 'InternalServerError', param: null, code: 500 });
     const unavailable = await responses.find((r) => r.status === 503)!.json();
     expect(unavailable).toMatchObject({ type: 'ServiceUnavailableError', code: 503 });
-    await expect(client.chat.completions.create({ model: 'sim-model', messages: user('sdk') as never })).rejects.toBeInstanceOf(
-      OpenAI.APIError,
-    );
+    await expect(client.chat.completions.create({ model: 'sim-model', messages: user('sdk') as never })).rejects.toBeInstanceOf(OpenAI.APIError);
     await configure(url, { errorRate: 0 });
     expect((await chat(url, { messages: user('recovered') })).status).toBe(200);
   });
@@ -409,9 +421,7 @@ describe('regen sim: faults', { timeout: 20_000 }, () => {
     const before = await stats(url);
     await configure(url, { resetRate: 1 });
     await expect(chat(url, { messages: user('reset') })).rejects.toThrow();
-    await expect(client.chat.completions.create({ model: 'sim-model', messages: user('sdk') as never })).rejects.toBeInstanceOf(
-      OpenAI.APIConnectionError,
-    );
+    await expect(client.chat.completions.create({ model: 'sim-model', messages: user('sdk') as never })).rejects.toBeInstanceOf(OpenAI.APIConnectionError);
     await configure(url, { resetRate: 0 });
     expect((await stats(url)).resets - before.resets).toBe(2);
   });
@@ -422,7 +432,10 @@ describe('regen sim: faults', { timeout: 20_000 }, () => {
     await expect(chat(url, { messages: user('hang') }, AbortSignal.timeout(300))).rejects.toThrow();
     expect(Date.now() - startedAt).toBeGreaterThanOrEqual(290);
     await configure(url, { hangRate: 0 });
-    const after = await waitFor(() => stats(url), (s) => s.running === 0);
+    const after = await waitFor(
+      () => stats(url),
+      (s) => s.running === 0,
+    );
     expect(after).toMatchObject({ running: 0, hangs: 1, aborted: 1 });
   });
 });
@@ -440,7 +453,10 @@ describe('regen sim: process lifecycle', { timeout: 20_000 }, () => {
   it('closes cleanly on SIGTERM even with a hung request open', async () => {
     const sim = await spawnSim('--hang-rate', '1');
     const hung = chat(sim.url, { messages: user('stuck') }).catch((error: Error) => error);
-    await waitFor(() => stats(sim.url), (s) => s.hangs === 1);
+    await waitFor(
+      () => stats(sim.url),
+      (s) => s.hangs === 1,
+    );
     const signalledAt = Date.now();
     sim.child.kill('SIGTERM');
     expect(await sim.exited).toBe(0);
@@ -476,7 +492,10 @@ describe('startSimulator in process', () => {
       expect(() => sim.configure({ errorRate: 2 })).toThrow(/errorRate must be a number from 0 to 1/);
       sim.configure({ hangRate: 1 });
       const hung = chat(sim.url, { messages: user('hang') }).catch((error: Error) => error);
-      await waitFor(async () => sim.stats(), (s) => s.hangs === 1);
+      await waitFor(
+        async () => sim.stats(),
+        (s) => s.hangs === 1,
+      );
       expect(sim.stats().running).toBe(1);
       await sim.close();
       expect(await hung).toBeInstanceOf(Error);

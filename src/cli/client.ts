@@ -33,7 +33,8 @@ export class Client {
     } catch {
       throw new UsageError(`--server: expected an http:// or https:// URL (got ${JSON.stringify(raw)})`);
     }
-    if (url.protocol !== 'http:' && url.protocol !== 'https:') throw new UsageError(`--server: expected an http:// or https:// URL (got ${JSON.stringify(raw)})`);
+    if (url.protocol !== 'http:' && url.protocol !== 'https:')
+      throw new UsageError(`--server: expected an http:// or https:// URL (got ${JSON.stringify(raw)})`);
     this.base = url.toString().replace(/\/+$/, '');
     this.token = env.REGEN_TOKEN?.trim() || undefined;
   }
@@ -47,7 +48,11 @@ export class Client {
     } catch (err) {
       if ((err as Error).name === 'AbortError') throw err;
       const cause = (err as { cause?: { code?: string; message?: string } }).cause;
-      throw new ApiCallError(0, 'unreachable', `cannot reach ${this.base} (${cause?.code ?? cause?.message ?? (err as Error).message}); is \`regen serve\` running? (--server / REGEN_URL)`);
+      throw new ApiCallError(
+        0,
+        'unreachable',
+        `cannot reach ${this.base} (${cause?.code ?? cause?.message ?? (err as Error).message}); is \`regen serve\` running? (--server / REGEN_URL)`,
+      );
     }
   }
 

@@ -23,7 +23,9 @@ const collect = (value: string, previous: string[]) => [...previous, value];
 /** Adds what every client command has: which server to talk to, and a one-line hint after a usage error. */
 function client(cmd: Command): Command {
   const name = [cmd.parent?.parent ? cmd.parent.name() : null, cmd.name()].filter(Boolean).join(' ');
-  return cmd.showHelpAfterError(`(regen ${name} --help shows the usage)`).option('--server <url>', `regen server (REGEN_URL, default ${DEFAULT_SERVER}); REGEN_TOKEN is sent as the bearer token`);
+  return cmd
+    .showHelpAfterError(`(regen ${name} --help shows the usage)`)
+    .option('--server <url>', `regen server (REGEN_URL, default ${DEFAULT_SERVER}); REGEN_TOKEN is sent as the bearer token`);
 }
 
 /** The commands that talk to a running server: submit, status, endpoints, runs. */
@@ -32,7 +34,12 @@ export function registerClientCommands(program: Command): void {
     .description('upload a JSONL file of prompts and create a run; prints the run id')
     .argument('<file>', 'prompts, one JSON object a line (native, OpenAI batch, ShareGPT or {"id","prompt"})')
     .requiredOption('--model <model>', 'the model the endpoints serve')
-    .option('--param <key=value>', 'a generation param, repeatable; dotted keys nest, values are JSON when they parse (temperature=0.6, chat_template_kwargs.enable_thinking=true)', collect, [])
+    .option(
+      '--param <key=value>',
+      'a generation param, repeatable; dotted keys nest, values are JSON when they parse (temperature=0.6, chat_template_kwargs.enable_thinking=true)',
+      collect,
+      [],
+    )
     .option('--name <name>', 'a name for the run')
     .option('--shard-size <n>', 'samples per output shard', positiveInt('--shard-size'))
     .addOption(new Option('--regenerate <what>', 'drop a trailing assistant turn before sending').choices(['last_assistant']))

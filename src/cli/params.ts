@@ -28,7 +28,8 @@ export function parseParams(pairs: string[]): Record<string, unknown> {
       at = at[part] = next as Record<string, unknown>;
     }
     const last = path[path.length - 1];
-    if (last in at && typeof at[last] === 'object' && at[last] !== null) throw new UsageError(`--param: ${key} would replace the ${key}.* values given earlier`);
+    if (last in at && typeof at[last] === 'object' && at[last] !== null)
+      throw new UsageError(`--param: ${key} would replace the ${key}.* values given earlier`);
     at[last] = value;
   }
   return params;

@@ -3,7 +3,8 @@ import { Client, enc, type ClientOptions } from './client.js';
 import { duration, num, pct, rate, table, TERMINAL } from './format.js';
 import { watchRun } from './watch.js';
 
-const eta = (r: Run) => (TERMINAL.includes(r.status) ? 'done' : r.status === 'paused' ? 'paused' : r.progress.eta_seconds == null ? '-' : duration(r.progress.eta_seconds));
+const eta = (r: Run) =>
+  TERMINAL.includes(r.status) ? 'done' : r.status === 'paused' ? 'paused' : r.progress.eta_seconds == null ? '-' : duration(r.progress.eta_seconds);
 const flagged = (r: Run) => `${num(r.quality.flagged)}${r.request_counts.completed ? ` (${pct(r.quality.flagged / r.request_counts.completed)})` : ''}`;
 const done = (r: Run) => r.request_counts.completed + r.request_counts.failed + r.request_counts.cancelled;
 
@@ -11,7 +12,17 @@ function runsTable(runs: Run[]): string {
   if (!runs.length) return 'no runs yet; submit one with `regen submit prompts.jsonl --model M`';
   return table(
     ['RUN', 'NAME', 'STATUS', 'PROGRESS', 'DONE/TOTAL', 'RATE/S', 'ETA', 'FLAGGED', 'CREATED'],
-    runs.map((r) => [r.id, r.name ?? '-', r.status, pct(r.progress.fraction), `${num(done(r))}/${num(r.request_counts.total)}`, rate(r.progress.samples_per_second), eta(r), flagged(r), r.created_at.slice(0, 19).replace('T', ' ')]),
+    runs.map((r) => [
+      r.id,
+      r.name ?? '-',
+      r.status,
+      pct(r.progress.fraction),
+      `${num(done(r))}/${num(r.request_counts.total)}`,
+      rate(r.progress.samples_per_second),
+      eta(r),
+      flagged(r),
+      r.created_at.slice(0, 19).replace('T', ' '),
+    ]),
     [3, 4, 5, 6],
   );
 }
@@ -27,7 +38,10 @@ function runDetail(r: Run): string {
     ['model', r.model],
     ['status', r.status + (r.status_reason ? `: ${r.status_reason}` : '')],
     ['progress', `${pct(r.progress.fraction)}, ${num(done(r))} of ${num(c.total)} samples done`],
-    ['samples', `${num(c.completed)} completed, ${num(c.failed)} failed, ${num(c.in_progress)} in flight, ${num(c.pending)} pending${c.cancelled ? `, ${num(c.cancelled)} cancelled` : ''}`],
+    [
+      'samples',
+      `${num(c.completed)} completed, ${num(c.failed)} failed, ${num(c.in_progress)} in flight, ${num(c.pending)} pending${c.cancelled ? `, ${num(c.cancelled)} cancelled` : ''}`,
+    ],
     ['rate', `${rate(r.progress.samples_per_second)} samples/s, ${rate(r.progress.completion_tokens_per_second)} completion tokens/s`],
     ['eta', `${eta(r)} (elapsed ${duration(r.progress.elapsed_seconds)})`],
     ['quality', `${flagged(r)} flagged${flags.length ? `: ${flags.join(', ')}` : ''}`],
@@ -38,7 +52,8 @@ function runDetail(r: Run): string {
     ['created', r.created_at + (r.started_at ? `, started ${r.started_at}` : '') + (r.finished_at ? `, finished ${r.finished_at}` : '')],
   ];
   if (r.manifest_uri) rows.push(['manifest', r.manifest_uri]);
-  if (r.invalid_lines.count) rows.push(['invalid lines', `${num(r.invalid_lines.count)}; first: line ${r.invalid_lines.errors[0]?.line}: ${r.invalid_lines.errors[0]?.message}`]);
+  if (r.invalid_lines.count)
+    rows.push(['invalid lines', `${num(r.invalid_lines.count)}; first: line ${r.invalid_lines.errors[0]?.line}: ${r.invalid_lines.errors[0]?.message}`]);
   const width = Math.max(...rows.map(([k]) => k.length));
   return rows.map(([k, v]) => `${k.padEnd(width)}  ${v}`).join('\n');
 }

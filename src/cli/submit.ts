@@ -69,7 +69,8 @@ export async function submitCommand(file: string, opts: SubmitOptions): Promise<
     });
   } catch (err) {
     // A refused run leaves nothing behind; after a lost connection the run may exist, so the file stays.
-    if (err instanceof ApiCallError && err.status >= 400 && err.status < 500) await client.fetch(`/v1/files/${enc(uploaded.id)}`, { method: 'DELETE' }).catch(() => {});
+    if (err instanceof ApiCallError && err.status >= 400 && err.status < 500)
+      await client.fetch(`/v1/files/${enc(uploaded.id)}`, { method: 'DELETE' }).catch(() => {});
     throw err;
   }
   process.stdout.write(`${run.id}\n`);

@@ -74,7 +74,9 @@ export async function watchRun(client: Client, runId: string): Promise<number> {
   const run = await client.get<Run>(`/v1/runs/${enc(runId)}`);
   process.stderr.write(summary(run) + '\n');
   if (pausedByGate(run)) {
-    process.stderr.write(`  look at the flagged samples in the dashboard, then: regen runs resume ${run.id} --override-gate (or regen runs cancel ${run.id})\n`);
+    process.stderr.write(
+      `  look at the flagged samples in the dashboard, then: regen runs resume ${run.id} --override-gate (or regen runs cancel ${run.id})\n`,
+    );
     return EXIT.gate;
   }
   return run.status === 'completed' ? EXIT.completed : EXIT.ended;

@@ -52,7 +52,25 @@ export function table(columns, rows, empty) {
   return h(
     'table',
     null,
-    h('thead', null, h('tr', null, columns.map((c) => h('th', { className: c.className }, c.label)))),
-    h('tbody', null, rows.map((r) => h('tr', null, columns.map((c) => h('td', { className: c.className }, c.cell(r)))))),
+    h(
+      'thead',
+      null,
+      h(
+        'tr',
+        null,
+        columns.map((c) => h('th', { className: c.className }, c.label)),
+      ),
+    ),
+    h(
+      'tbody',
+      null,
+      rows.map((r) =>
+        h(
+          'tr',
+          null,
+          columns.map((c) => h('td', { className: c.className }, c.cell(r))),
+        ),
+      ),
+    ),
   );
 }

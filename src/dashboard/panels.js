@@ -19,17 +19,30 @@ export function endpointsTable(endpoints, model) {
     [
       {
         label: 'Endpoint',
-        cell: (e) => h('div', { className: model && e.model && e.model !== model ? 'muted' : null }, h('strong', null, e.name), h('div', { className: 'small muted' }, e.url)),
+        cell: (e) =>
+          h(
+            'div',
+            { className: model && e.model && e.model !== model ? 'muted' : null },
+            h('strong', null, e.name),
+            h('div', { className: 'small muted' }, e.url),
+          ),
       },
       { label: 'Model', cell: (e) => e.model ?? '—' },
       {
         label: 'State',
-        cell: (e) => h('div', null, badge(e.state), e.last_error && e.state !== 'ready' ? h('div', { className: 'small error clip', title: e.last_error }, e.last_error) : null),
+        cell: (e) =>
+          h(
+            'div',
+            null,
+            badge(e.state),
+            e.last_error && e.state !== 'ready' ? h('div', { className: 'small error clip', title: e.last_error }, e.last_error) : null,
+          ),
       },
       {
         label: 'In flight / cap',
         className: 'num',
-        cell: (e) => h('div', null, `${num(e.in_flight)} / ${num(e.max_concurrency)}`, progressBar(e.max_concurrency ? e.in_flight / e.max_concurrency : 0, 'mini')),
+        cell: (e) =>
+          h('div', null, `${num(e.in_flight)} / ${num(e.max_concurrency)}`, progressBar(e.max_concurrency ? e.in_flight / e.max_concurrency : 0, 'mini')),
       },
       { label: 'Samples/s', className: 'num', cell: (e) => rate(e.stats.samples_per_second) },
       { label: 'Tokens/s', className: 'num', cell: (e) => rate(e.stats.completion_tokens_per_second) },
@@ -123,7 +136,11 @@ export function failuresList(run, failures) {
   return table(
     [
       { label: 'Sample', cell: (s) => h('a', { href: route('runs', run.id, 'samples', s.custom_id) }, s.custom_id) },
-      { label: 'Error', cell: (s) => h('div', null, h('code', null, s.error?.code ?? '—'), h('div', { className: 'small clip', title: s.error?.message ?? '' }, s.error?.message ?? '')) },
+      {
+        label: 'Error',
+        cell: (s) =>
+          h('div', null, h('code', null, s.error?.code ?? '—'), h('div', { className: 'small clip', title: s.error?.message ?? '' }, s.error?.message ?? '')),
+      },
       { label: 'Attempts', className: 'num', cell: (s) => num(s.attempts) },
       { label: 'When', cell: (s) => when(s.completed_at) },
     ],

@@ -44,7 +44,12 @@ export function runView(root, runId) {
   fill(
     root,
     h('p', { className: 'crumbs' }, h('a', { href: '#/' }, 'Runs'), ' › ', runId),
-    h('div', { className: 'run-head' }, h('div', null, h('div', { className: 'title-row' }, title, statusEl), subtitle), h('div', { className: 'actions' }, Object.values(buttons))),
+    h(
+      'div',
+      { className: 'run-head' },
+      h('div', null, h('div', { className: 'title-row' }, title, statusEl), subtitle),
+      h('div', { className: 'actions' }, Object.values(buttons)),
+    ),
     banner,
     actionError,
     panelError,
@@ -56,13 +61,25 @@ export function runView(root, runId) {
         'section',
         { className: 'card' },
         h('h2', null, 'Throughput'),
-        h('div', { className: 'legend small' }, h('span', { className: 'swatch samples' }), ' samples/s (left) ', h('span', { className: 'swatch tokens' }), ' completion tokens/s (right)'),
+        h(
+          'div',
+          { className: 'legend small' },
+          h('span', { className: 'swatch samples' }),
+          ' samples/s (left) ',
+          h('span', { className: 'swatch tokens' }),
+          ' completion tokens/s (right)',
+        ),
         canvas,
       ),
       h('section', { className: 'card' }, h('h2', null, 'Shards ', shardsHead), shardsEl),
     ),
     h('section', { className: 'card' }, h('h2', null, 'Endpoints'), endpointsEl),
-    h('div', { className: 'grid2' }, h('section', { className: 'card' }, h('h2', null, 'Quality ', qualityHead), qualityEl), h('section', { className: 'card' }, h('h2', null, 'Failures ', failuresHead), failuresEl)),
+    h(
+      'div',
+      { className: 'grid2' },
+      h('section', { className: 'card' }, h('h2', null, 'Quality ', qualityHead), qualityEl),
+      h('section', { className: 'card' }, h('h2', null, 'Failures ', failuresHead), failuresEl),
+    ),
   );
 
   function update(next) {
@@ -92,17 +109,33 @@ export function runView(root, runId) {
 
   function renderQuality() {
     const completed = run.request_counts.completed;
-    fill(qualityHead, completed ? `${num(run.quality.flagged)} flagged (${pct(run.quality.flagged / completed)} of completed)` : '', quality ? ` · ${gateText(quality)}` : '');
+    fill(
+      qualityHead,
+      completed ? `${num(run.quality.flagged)} flagged (${pct(run.quality.flagged / completed)} of completed)` : '',
+      quality ? ` · ${gateText(quality)}` : '',
+    );
     fill(qualityEl, qualityTable(run, quality));
   }
 
   function renderProgress() {
     const c = run.request_counts;
     const p = run.progress;
-    const stat = (label, value, extra) => h('div', { className: 'stat' }, h('div', { className: 'label' }, label), h('div', { className: 'value' }, value), extra ? h('div', { className: 'small muted' }, extra) : null);
+    const stat = (label, value, extra) =>
+      h(
+        'div',
+        { className: 'stat' },
+        h('div', { className: 'label' }, label),
+        h('div', { className: 'value' }, value),
+        extra ? h('div', { className: 'small muted' }, extra) : null,
+      );
     fill(
       progressEl,
-      h('div', { className: 'progress-line' }, h('span', { className: 'big-pct' }, pct(p.fraction)), h('span', { className: 'muted' }, `${num(c.completed + c.failed + c.cancelled)} of ${num(c.total)} samples done`)),
+      h(
+        'div',
+        { className: 'progress-line' },
+        h('span', { className: 'big-pct' }, pct(p.fraction)),
+        h('span', { className: 'muted' }, `${num(c.completed + c.failed + c.cancelled)} of ${num(c.total)} samples done`),
+      ),
       progressBar(p.fraction, run.status),
       h(
         'div',
@@ -114,7 +147,13 @@ export function runView(root, runId) {
         stat('In flight', num(c.in_progress), `${num(c.pending)} pending`),
         stat('Tokens', num(run.usage.completion_tokens), `${num(run.usage.reasoning_tokens)} reasoning · ${num(run.usage.prompt_tokens)} prompt`),
       ),
-      h('div', { className: 'small muted output' }, 'Output: ', h('code', null, run.output_uri), run.manifest_uri ? [' · manifest ', h('code', null, run.manifest_uri)] : null),
+      h(
+        'div',
+        { className: 'small muted output' },
+        'Output: ',
+        h('code', null, run.output_uri),
+        run.manifest_uri ? [' · manifest ', h('code', null, run.manifest_uri)] : null,
+      ),
     );
   }
 
@@ -195,7 +234,10 @@ export function runView(root, runId) {
   let refetching = null;
   function refetch() {
     refetching ??= api(path)
-      .then((r) => !closed && update(r), () => {})
+      .then(
+        (r) => !closed && update(r),
+        () => {},
+      )
       .finally(() => (refetching = null));
   }
 
@@ -219,7 +261,13 @@ export function runView(root, runId) {
         }),
       );
     })
-    .catch((err) => fill(root, h('p', { className: 'crumbs' }, h('a', { href: '#/' }, 'Runs')), h('p', { className: 'error' }, err.status === 404 ? `There is no run ${runId}.` : err.message)));
+    .catch((err) =>
+      fill(
+        root,
+        h('p', { className: 'crumbs' }, h('a', { href: '#/' }, 'Runs')),
+        h('p', { className: 'error' }, err.status === 404 ? `There is no run ${runId}.` : err.message),
+      ),
+    );
 
   return () => {
     for (const stop of stops) stop();

@@ -9,13 +9,24 @@ export function runsView(root) {
   const runsEl = h('div', null, h('p', { className: 'muted' }, 'Loading runs…'));
   const endpointsEl = h('div', null);
   const errorEl = h('p', { className: 'error', hidden: true });
-  fill(root, h('h1', null, 'Runs'), errorEl, h('section', { className: 'card' }, runsEl), h('h2', null, 'Endpoints'), h('section', { className: 'card' }, endpointsEl));
+  fill(
+    root,
+    h('h1', null, 'Runs'),
+    errorEl,
+    h('section', { className: 'card' }, runsEl),
+    h('h2', null, 'Endpoints'),
+    h('section', { className: 'card' }, endpointsEl),
+  );
 
-  return every(2000, async () => {
-    const [runs, endpoints] = await Promise.all([api('/v1/runs?limit=100'), api('/v1/endpoints?limit=100')]);
-    fill(runsEl, runsTable(runs.data));
-    fill(endpointsEl, endpointsTable(endpoints.data));
-  }, errorEl);
+  return every(
+    2000,
+    async () => {
+      const [runs, endpoints] = await Promise.all([api('/v1/runs?limit=100'), api('/v1/endpoints?limit=100')]);
+      fill(runsEl, runsTable(runs.data));
+      fill(endpointsEl, endpointsTable(endpoints.data));
+    },
+    errorEl,
+  );
 }
 
 function runsTable(runs) {
@@ -23,11 +34,18 @@ function runsTable(runs) {
     [
       {
         label: 'Run',
-        cell: (r) => h('div', null, h('a', { href: route('runs', r.id), className: 'run-link' }, runTitle(r)), h('div', { className: 'small muted' }, `${r.id} · ${r.model}`)),
+        cell: (r) =>
+          h(
+            'div',
+            null,
+            h('a', { href: route('runs', r.id), className: 'run-link' }, runTitle(r)),
+            h('div', { className: 'small muted' }, `${r.id} · ${r.model}`),
+          ),
       },
       {
         label: 'Status',
-        cell: (r) => h('div', null, badge(r.status), r.status_reason ? h('div', { className: 'small muted clip', title: r.status_reason }, r.status_reason) : null),
+        cell: (r) =>
+          h('div', null, badge(r.status), r.status_reason ? h('div', { className: 'small muted clip', title: r.status_reason }, r.status_reason) : null),
       },
       {
         label: 'Progress',

@@ -23,7 +23,9 @@ export function samplesView(root, runId, query) {
 
   async function load() {
     try {
-      const page = await api(`/v1/runs/${encodeURIComponent(runId)}/samples?limit=100${filter ? `&${filter}` : ''}${after ? `&after=${encodeURIComponent(after)}` : ''}`);
+      const page = await api(
+        `/v1/runs/${encodeURIComponent(runId)}/samples?limit=100${filter ? `&${filter}` : ''}${after ? `&after=${encodeURIComponent(after)}` : ''}`,
+      );
       rows.push(...page.data);
       after = page.last_id;
       more.hidden = !page.has_more;
@@ -69,7 +71,13 @@ export function sampleView(root, runId, customId) {
       fill(
         root,
         h('p', { className: 'crumbs' }, h('a', { href: '#/' }, 'Runs'), ' › ', h('a', { href: route('runs', runId) }, runId), ' › ', s.custom_id),
-        h('div', { className: 'title-row' }, h('h1', null, s.custom_id), badge(s.status), s.flags.map((f) => h('code', { className: 'flag' }, f))),
+        h(
+          'div',
+          { className: 'title-row' },
+          h('h1', null, s.custom_id),
+          badge(s.status),
+          s.flags.map((f) => h('code', { className: 'flag' }, f)),
+        ),
         h(
           'section',
           { className: 'card stats' },
@@ -87,14 +95,21 @@ export function sampleView(root, runId, customId) {
         h(
           'section',
           { className: 'messages' },
-          s.messages.map((m) => h('div', { className: `message role-${m.role}` }, h('div', { className: 'role' }, m.role), h('pre', null, contentText(m.content)))),
+          s.messages.map((m) =>
+            h('div', { className: `message role-${m.role}` }, h('div', { className: 'role' }, m.role), h('pre', null, contentText(m.content))),
+          ),
         ),
         h('h2', null, 'Output'),
         s.output
           ? h(
               'section',
               { className: 'messages' },
-              h('details', { className: 'message reasoning', open: true }, h('summary', { className: 'role' }, 'reasoning'), h('pre', null, s.output.reasoning_content || '(empty)')),
+              h(
+                'details',
+                { className: 'message reasoning', open: true },
+                h('summary', { className: 'role' }, 'reasoning'),
+                h('pre', null, s.output.reasoning_content || '(empty)'),
+              ),
               h('div', { className: 'message role-assistant' }, h('div', { className: 'role' }, 'content'), h('pre', null, s.output.content || '(empty)')),
             )
           : h('p', { className: 'muted' }, s.status === 'completed' ? 'The output is not available.' : 'No output yet.'),

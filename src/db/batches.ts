@@ -73,12 +73,7 @@ export function cancelledSamples(db: Db, runId: string, shard: { firstSeq: numbe
     .select({ customId: samples.customId })
     .from(samples)
     .where(
-      and(
-        eq(samples.runId, runId),
-        eq(samples.status, 'cancelled'),
-        gte(samples.seq, shard.firstSeq),
-        lt(samples.seq, shard.firstSeq + shard.sampleCount),
-      ),
+      and(eq(samples.runId, runId), eq(samples.status, 'cancelled'), gte(samples.seq, shard.firstSeq), lt(samples.seq, shard.firstSeq + shard.sampleCount)),
     )
     .orderBy(asc(samples.seq))
     .all();
@@ -90,12 +85,7 @@ export function dueBatchRuns(db: Db, now: number): RunRow[] {
     .select()
     .from(runs)
     .where(
-      and(
-        isNotNull(runs.batchId),
-        isNull(runs.expiredAt),
-        lte(runs.expiresAt, now),
-        inArray(runs.status, ['validating', 'queued', 'in_progress', 'paused']),
-      ),
+      and(isNotNull(runs.batchId), isNull(runs.expiredAt), lte(runs.expiresAt, now), inArray(runs.status, ['validating', 'queued', 'in_progress', 'paused'])),
     )
     .all();
 }

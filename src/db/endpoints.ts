@@ -2,7 +2,6 @@ import { asc, eq, gt } from 'drizzle-orm';
 import type { Db, DbOrTx } from './client.js';
 import { endpoints, type EndpointRow } from './schema.js';
 
-
 export function getEndpoint(db: Db, id: string): EndpointRow | undefined {
   return db.select().from(endpoints).where(eq(endpoints.id, id)).get();
 }
@@ -40,5 +39,9 @@ export function deleteEndpoint(db: DbOrTx, id: string): void {
 
 /** The model of every registered endpoint; null for one that has not said yet. */
 export function servedModels(db: DbOrTx): (string | null)[] {
-  return db.select({ model: endpoints.model }).from(endpoints).all().map((e) => e.model);
+  return db
+    .select({ model: endpoints.model })
+    .from(endpoints)
+    .all()
+    .map((e) => e.model);
 }

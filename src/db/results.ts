@@ -72,12 +72,11 @@ const newDelta = (): RunDelta => ({
   dropped: 0,
 });
 
-
 export type ResultStatements = ReturnType<typeof prepareResultStatements>;
 
 export function prepareResultStatements(db: Db) {
   const guard = `where id = ? and status = 'in_progress' and lease_owner = ?`;
-return {
+  return {
     complete: db.$client.prepare(
       `update samples set status = 'completed', endpoint_id = ?, finish_reason = ?, prompt_tokens = ?, completion_tokens = ?,
        reasoning_tokens = ?, cached_tokens = ?, latency_ms = ?, flags = ?, reasoning_chars = ?, content_chars = ?, completed_at = ?, error_code = null,
@@ -92,9 +91,7 @@ return {
       `update samples set status = 'pending', available_at = ?, quality_retries = quality_retries + ?, error_code = ?, error_message = ?,
        error_status = ?, lease_owner = null, lease_expires_at = null ${guard}`,
     ),
-    release: db.$client.prepare(
-      `update samples set ${RELEASE_LEASE} ${guard}`,
-    ),
+    release: db.$client.prepare(`update samples set ${RELEASE_LEASE} ${guard}`),
     cancel: db.$client.prepare(`update samples set status = 'cancelled', lease_owner = null, lease_expires_at = null ${guard}`),
     runCounters: db.$client.prepare(
       `update runs set pending = pending + ?, in_progress = in_progress + ?, completed = completed + ?, failed = failed + ?,
@@ -124,8 +121,19 @@ export function applyOutcomes(s: ResultStatements, owner: string, batch: Outcome
     switch (o.kind) {
       case 'completed':
         changed = s.complete.run(
-          o.endpointId, o.finishReason, o.usage.prompt_tokens, o.usage.completion_tokens, o.usage.reasoning_tokens,
-          o.usage.cached_tokens, o.latencyMs, o.flags, o.chars.reasoning, o.chars.content, o.at, o.sampleId, owner,
+          o.endpointId,
+          o.finishReason,
+          o.usage.prompt_tokens,
+          o.usage.completion_tokens,
+          o.usage.reasoning_tokens,
+          o.usage.cached_tokens,
+          o.latencyMs,
+          o.flags,
+          o.chars.reasoning,
+          o.chars.content,
+          o.at,
+          o.sampleId,
+          owner,
         ).changes;
         if (changed) {
           s.stage.run(o.sampleId, o.runId, o.shardIdx, o.output);
@@ -144,7 +152,13 @@ export function applyOutcomes(s: ResultStatements, owner: string, batch: Outcome
         break;
       case 'retry':
         changed = s.retry.run(
-          o.availableAt, o.qualityRetry ? 1 : 0, o.error?.code ?? null, o.error?.message ?? null, o.error?.status ?? null, o.sampleId, owner,
+          o.availableAt,
+          o.qualityRetry ? 1 : 0,
+          o.error?.code ?? null,
+          o.error?.message ?? null,
+          o.error?.status ?? null,
+          o.sampleId,
+          owner,
         ).changes;
         if (changed) d.pending++;
         break;
@@ -191,8 +205,19 @@ export function applyOutcomes(s: ResultStatements, owner: string, batch: Outcome
   }
   for (const [runId, d] of deltas) {
     s.runCounters.run(
-      d.pending, d.inProgress, d.completed, d.failed, d.cancelled, d.flagged, ...d.flags,
-      d.prompt, d.completion, d.reasoning, d.dropped, now, runId,
+      d.pending,
+      d.inProgress,
+      d.completed,
+      d.failed,
+      d.cancelled,
+      d.flagged,
+      ...d.flags,
+      d.prompt,
+      d.completion,
+      d.reasoning,
+      d.dropped,
+      now,
+      runId,
     );
     if (!report.runs.has(runId)) report.runs.set(runId, { completed: 0, tokens: 0 });
   }

@@ -35,5 +35,7 @@ export function beatRunnerLock(db: Db, owner: string, now: number): boolean {
 }
 
 export function releaseRunnerLock(db: Db, owner: string): void {
-  db.delete(runnerLock).where(and(eq(runnerLock.id, LOCK_ID), eq(runnerLock.owner, owner))).run();
+  db.delete(runnerLock)
+    .where(and(eq(runnerLock.id, LOCK_ID), eq(runnerLock.owner, owner)))
+    .run();
 }

@@ -77,15 +77,16 @@ export function getRunByOutputUri(db: DbOrTx, uri: string): { id: string } | und
 
 /** A run still validating this uploaded file: the file cannot go while it is read. */
 export function getRunValidatingFile(db: DbOrTx, fileId: string): { id: string } | undefined {
-  return db
-    .select({ id: runs.id })
-    .from(runs)
-    .where(sql`json_extract(${runs.input}, '$.file_id') = ${fileId} and ${runs.status} = 'validating'`)
-    .get();
+  return db.select({ id: runs.id }).from(runs).where(sql`json_extract(${runs.input}, '$.file_id') = ${fileId} and ${runs.status} = 'validating'`).get();
 }
 
 export function validatingRunIds(db: DbOrTx): string[] {
-  return db.select({ id: runs.id }).from(runs).where(eq(runs.status, 'validating')).all().map((r) => r.id);
+  return db
+    .select({ id: runs.id })
+    .from(runs)
+    .where(eq(runs.status, 'validating'))
+    .all()
+    .map((r) => r.id);
 }
 
 /** What validation found: the invalid lines, and once the run is laid out its sample and shard totals. */

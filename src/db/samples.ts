@@ -4,7 +4,11 @@ import { runs, samples, shards } from './schema.js';
 import { flagBit, type Flag } from '../domain/flags.js';
 
 export function getSample(db: Db, runId: string, customId: string) {
-  return db.select().from(samples).where(and(eq(samples.runId, runId), eq(samples.customId, customId))).get();
+  return db
+    .select()
+    .from(samples)
+    .where(and(eq(samples.runId, runId), eq(samples.customId, customId)))
+    .get();
 }
 
 /** Samples in input order; `after` is the custom_id that ended the previous page. */
@@ -90,11 +94,21 @@ export function cancelPendingSamples(db: Db, runId: string): void {
       .groupBy(samples.shardIdx)
       .all();
     if (!perShard.length) return;
-    const n = tx.update(samples).set({ status: 'cancelled' }).where(and(eq(samples.runId, runId), eq(samples.status, 'pending'))).run().changes;
+    const n = tx
+      .update(samples)
+      .set({ status: 'cancelled' })
+      .where(and(eq(samples.runId, runId), eq(samples.status, 'pending')))
+      .run().changes;
     for (const s of perShard) {
-      tx.update(shards).set({ terminalCount: sql`${shards.terminalCount} + ${s.n}` }).where(and(eq(shards.runId, runId), eq(shards.idx, s.idx))).run();
+      tx.update(shards)
+        .set({ terminalCount: sql`${shards.terminalCount} + ${s.n}` })
+        .where(and(eq(shards.runId, runId), eq(shards.idx, s.idx)))
+        .run();
     }
-    tx.update(runs).set({ pending: sql`${runs.pending} - ${n}`, cancelled: sql`${runs.cancelled} + ${n}` }).where(eq(runs.id, runId)).run();
+    tx.update(runs)
+      .set({ pending: sql`${runs.pending} - ${n}`, cancelled: sql`${runs.cancelled} + ${n}` })
+      .where(eq(runs.id, runId))
+      .run();
   });
 }
 /**

@@ -101,7 +101,9 @@ export const runs = sqliteTable(
 export const shards = sqliteTable(
   'shards',
   {
-    runId: text('run_id').notNull().references(() => runs.id, { onDelete: 'cascade' }),
+    runId: text('run_id')
+      .notNull()
+      .references(() => runs.id, { onDelete: 'cascade' }),
     idx: integer('idx').notNull(),
     status: text('status').notNull().default('open'),
     firstSeq: integer('first_seq').notNull(),
@@ -170,7 +172,11 @@ export const samples = sqliteTable(
     index('samples_content_chars_idx').on(t.runId, t.contentChars).where(sql`status = 'completed'`),
     // One small index per flag, holding only the flagged samples: `?flag=` pages and the quality
     // examples walk them in input order however rare the flag is.
-    ...FLAGS.map((f) => index(`samples_flag_${f}_idx`).on(t.runId, t.seq).where(sql.raw(`(flags & ${flagBit(f)}) <> 0`))),
+    ...FLAGS.map((f) =>
+      index(`samples_flag_${f}_idx`)
+        .on(t.runId, t.seq)
+        .where(sql.raw(`(flags & ${flagBit(f)}) <> 0`)),
+    ),
   ],
 );
 

@@ -14,7 +14,10 @@ export function closedOpenShards(db: Db, runId: string, limit: number): ShardRow
 }
 
 export function recordUploadFailure(db: Db, runId: string, idx: number, attempts: number, lastError: string): void {
-  db.update(shards).set({ uploadAttempts: attempts, lastError }).where(and(eq(shards.runId, runId), eq(shards.idx, idx))).run();
+  db.update(shards)
+    .set({ uploadAttempts: attempts, lastError })
+    .where(and(eq(shards.runId, runId), eq(shards.idx, idx)))
+    .run();
 }
 
 // Rows per multi-row insert: a validated run may have thousands of shards, and one statement
@@ -67,10 +70,10 @@ export function shardSamplesWithOutput(db: DbOrTx, runId: string, shard: Pick<Sh
   );
 }
 
-export type UploadedShard = Pick<
-  ShardRow,
-  'key' | 'bytes' | 'lines' | 'sha256' | 'errorsKey' | 'errorsBytes' | 'errorsLines' | 'errorsSha256'
-> & { lineOf: { id: number; line: number }[]; errorCount: number };
+export type UploadedShard = Pick<ShardRow, 'key' | 'bytes' | 'lines' | 'sha256' | 'errorsKey' | 'errorsBytes' | 'errorsLines' | 'errorsSha256'> & {
+  lineOf: { id: number; line: number }[];
+  errorCount: number;
+};
 
 /**
  * Marks a shard uploaded with what was written, points its samples at their lines, drops its
@@ -80,7 +83,11 @@ export type UploadedShard = Pick<
 export function markShardUploaded(db: Db, runId: string, shard: Pick<ShardRow, 'idx' | 'generation'>, up: UploadedShard, now: number): boolean {
   const { lineOf, errorCount, ...written } = up;
   return db.transaction((tx) => {
-    const current = tx.select().from(shards).where(and(eq(shards.runId, runId), eq(shards.idx, shard.idx))).get();
+    const current = tx
+      .select()
+      .from(shards)
+      .where(and(eq(shards.runId, runId), eq(shards.idx, shard.idx)))
+      .get();
     if (!current || current.status !== 'open' || current.generation !== shard.generation || current.terminalCount !== current.sampleCount) {
       return false;
     }
@@ -90,8 +97,13 @@ export function markShardUploaded(db: Db, runId: string, shard: Pick<ShardRow, '
       .run();
     const setLine = db.$client.prepare('update samples set output_key = ?, output_line = ? where id = ?');
     for (const l of lineOf) setLine.run(up.key, l.line, l.id);
-    tx.delete(staging).where(and(eq(staging.runId, runId), eq(staging.shardIdx, shard.idx))).run();
-    tx.update(runs).set({ shardsUploaded: sql`${runs.shardsUploaded} + 1`, updatedAt: now }).where(eq(runs.id, runId)).run();
+    tx.delete(staging)
+      .where(and(eq(staging.runId, runId), eq(staging.shardIdx, shard.idx)))
+      .run();
+    tx.update(runs)
+      .set({ shardsUploaded: sql`${runs.shardsUploaded} + 1`, updatedAt: now })
+      .where(eq(runs.id, runId))
+      .run();
     appendEvent(tx, runId, 'shard_uploaded', { shard: shard.idx, key: up.key, lines: up.lines, errors: errorCount }, now);
     return true;
   });

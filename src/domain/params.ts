@@ -16,7 +16,12 @@ export const Params = z
     top_k: z.number().int().min(-1).max(100_000).optional(),
     min_p: z.number().min(0).max(1).optional(),
     max_tokens: z.number().int().min(1).max(10_000_000).optional(),
-    seed: z.number().int().min(0).max(2 ** 53).optional(),
+    seed: z
+      .number()
+      .int()
+      .min(0)
+      .max(2 ** 53)
+      .optional(),
     stop: z.union([maxLen(1000), z.array(maxLen(1000)).max(32)]).optional(),
     repetition_penalty: z.number().gt(0).max(10).optional(),
     frequency_penalty: z.number().min(-2).max(2).optional(),

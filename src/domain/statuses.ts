@@ -1,17 +1,7 @@
 // The lifecycle words of runs, samples, shards and endpoints (DESIGN.md). One list each; every
 // other set of statuses in the code is derived from these.
 
-export const RUN_STATUSES = [
-  'validating',
-  'queued',
-  'in_progress',
-  'paused',
-  'finalizing',
-  'completed',
-  'failed',
-  'cancelling',
-  'cancelled',
-] as const;
+export const RUN_STATUSES = ['validating', 'queued', 'in_progress', 'paused', 'finalizing', 'completed', 'failed', 'cancelling', 'cancelled'] as const;
 export type RunStatus = (typeof RUN_STATUSES)[number];
 
 /**

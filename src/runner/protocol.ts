@@ -43,4 +43,3 @@ export type FromRunner =
   | { type: 'ingest'; runId: string }
   | { type: 'flushed' }
   | { type: 'stopped' };
-

@@ -50,7 +50,14 @@ export class Runner implements RunnerView {
   constructor(private readonly deps: RunnerDeps) {
     const { db, logger, clock, config } = deps;
     this.lock = new RunnerLock(db, this.owner, clock);
-    this.pool = new EndpointPool(db, logger, clock, config.probeIntervalMs, () => this.wake(), (e) => this.requests.abortEndpoint(e, 'release'));
+    this.pool = new EndpointPool(
+      db,
+      logger,
+      clock,
+      config.probeIntervalMs,
+      () => this.wake(),
+      (e) => this.requests.abortEndpoint(e, 'release'),
+    );
     this.writer = new ResultWriter(db, this.owner, logger, (r) => this.guard('after a result commit', () => this.afterFlush(r)), clock);
     this.claims = new ClaimBuffer(db, this.owner, clock, this.writer);
     this.requests = new Requests(deps, this.pool, this.writer, (what, step) => this.guard(what, step), {
@@ -210,7 +217,11 @@ export class Runner implements RunnerView {
         let sent = false;
         for (const run of this.active) {
           if (!isDispatchable(run.status) || run.model !== best.row.model || this.claims.isDrained(run.id)) continue;
-          const sample = this.claims.take(run.id, () => this.claimSizeFor(run.model), () => this.started(run));
+          const sample = this.claims.take(
+            run.id,
+            () => this.claimSizeFor(run.model),
+            () => this.started(run),
+          );
           if (!sample) continue;
           this.requests.send(best, run, sample);
           sent = true;

@@ -62,7 +62,12 @@ export async function uploadShard(deps: RunnerDeps, run: RunRow, shard: ShardRow
   const body = Buffer.from(lines.length ? lines.join('\n') + '\n' : '');
   const key = shardKey(shard.idx);
   const digest = await putVerified(deps, run, key, body);
-  let errorsMeta = { errorsKey: null as string | null, errorsBytes: null as number | null, errorsLines: null as number | null, errorsSha256: null as string | null };
+  let errorsMeta = {
+    errorsKey: null as string | null,
+    errorsBytes: null as number | null,
+    errorsLines: null as number | null,
+    errorsSha256: null as string | null,
+  };
   if (errors.length) {
     const eb = Buffer.from(errors.join('\n') + '\n');
     const ek = shardErrorsKey(shard.idx);

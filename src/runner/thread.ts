@@ -46,7 +46,10 @@ export class RunnerThread {
   private waiters = new Map<'flushed' | 'stopped', () => void>();
 
   private constructor() {
-    this.view = snapshotView(() => this.latest, () => this.post({ type: 'wake' }));
+    this.view = snapshotView(
+      () => this.latest,
+      () => this.post({ type: 'wake' }),
+    );
     this.spawn();
   }
 

@@ -43,4 +43,7 @@ export function snapshotView(get: () => RunnerSnapshot, wake: () => void): Runne
   };
 }
 
-export const idleRunner: RunnerView = snapshotView(() => ({ runs: {}, endpoints: {} }), () => {});
+export const idleRunner: RunnerView = snapshotView(
+  () => ({ runs: {}, endpoints: {} }),
+  () => {},
+);

@@ -58,13 +58,17 @@ export async function keepFile(deps: Deps, row: FileRow, purpose?: string): Prom
 /** Deletes a file that no run is still validating; a batch's output and error files go with their run. */
 export async function removeFile(deps: Deps, id: string): Promise<void> {
   const file = getFile(deps.db, id);
-  if (!file && resolveBatchFile(deps.db, id)) throw new ApiError('conflict', "a batch's output and error files are views of its run's shards and go with the run");
+  if (!file && resolveBatchFile(deps.db, id))
+    throw new ApiError('conflict', "a batch's output and error files are views of its run's shards and go with the run");
   if (!file) throw notFound('file', id);
   const reader = getRunValidatingFile(deps.db, id);
   if (reader) throw new ApiError('conflict', `run ${reader.id} is still validating this file`);
-  await deps.stores.forUri(deps.config.outputUri).delete(file.objectKey).catch((err: Error) => {
-    deps.logger.warn({ file_id: id, err: { message: err.message } }, 'file object delete failed; row removed anyway');
-  });
+  await deps.stores
+    .forUri(deps.config.outputUri)
+    .delete(file.objectKey)
+    .catch((err: Error) => {
+      deps.logger.warn({ file_id: id, err: { message: err.message } }, 'file object delete failed; row removed anyway');
+    });
   deleteFile(deps.db, id);
 }
 

@@ -157,7 +157,8 @@ export class Metrics implements RunnerMetrics {
     this.runSamples.reset();
     const byStatus = runCountsByStatus(db);
     for (const status of RUN_STATUSES) this.runCount.set({ status }, byStatus.find((r) => r.status === status)?.n ?? 0);
-    for (const r of recentRunSampleCounts(db, now - FINISHED_RUN_VISIBLE_MS)) for (const status of SAMPLE_STATUSES) this.runSamples.set({ run_id: r.id, status }, r[status]);
+    for (const r of recentRunSampleCounts(db, now - FINISHED_RUN_VISIBLE_MS))
+      for (const status of SAMPLE_STATUSES) this.runSamples.set({ run_id: r.id, status }, r[status]);
   }
 
   private readEndpoints({ db, runner, defaultConcurrency }: MetricsSource): void {

@@ -30,10 +30,7 @@ export function parseChatRequest(body: unknown, knobs: Knobs): ChatRequest {
   }
   const promptTokens = countPromptTokens(messages);
   if (promptTokens > knobs.contextLength) {
-    throw new SimHttpError(
-      400,
-      `The input (${promptTokens} tokens) is longer than the model's context length (${knobs.contextLength} tokens).`,
-    );
+    throw new SimHttpError(400, `The input (${promptTokens} tokens) is longer than the model's context length (${knobs.contextLength} tokens).`);
   }
   const kwargs = body.chat_template_kwargs;
   return {
@@ -61,9 +58,7 @@ function generate(request: ChatRequest, knobs: Knobs): Generated {
   // Separate streams so a cut reasoning leaves the answer's words unchanged.
   const seed = `${request.digest}:${knobs.seed}`;
   return {
-    reasoning: request.thinking
-      ? fillerText(`Reasoning about ${request.digest}. `, reasoningTokens, seededRandom(hashSeed(`${seed}:reasoning`)))
-      : null,
+    reasoning: request.thinking ? fillerText(`Reasoning about ${request.digest}. `, reasoningTokens, seededRandom(hashSeed(`${seed}:reasoning`))) : null,
     content: fillerText(`Answer ${request.digest}: `, contentTokens, seededRandom(hashSeed(`${seed}:content`))),
     reasoningTokens,
     contentTokens,

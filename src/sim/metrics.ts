@@ -5,8 +5,7 @@ export interface MetricValues {
   generationTokens: number;
 }
 
-const escapeLabel = (value: string): string =>
-  value.replace(/\\/g, '\\\\').replace(/"/g, '\\"').replace(/\n/g, '\\n');
+const escapeLabel = (value: string): string => value.replace(/\\/g, '\\\\').replace(/"/g, '\\"').replace(/\n/g, '\\n');
 
 /** The subset of SGLang's Prometheus metrics that regen reads, under SGLang's names. */
 export function renderMetrics(model: string, values: MetricValues): string {

@@ -80,7 +80,8 @@ const CAUSES: Record<string, string> = {
 export function describeStoreError(err: unknown): string {
   const e = err as { code?: unknown; name?: unknown; errors?: unknown[]; $metadata?: { httpStatusCode?: number } };
   // A refused connection to a host with several addresses arrives as an AggregateError.
-  const code = typeof e?.code === 'string' ? e.code : typeof (e?.errors?.[0] as { code?: unknown })?.code === 'string' ? (e.errors![0] as { code: string }).code : null;
+  const code =
+    typeof e?.code === 'string' ? e.code : typeof (e?.errors?.[0] as { code?: unknown })?.code === 'string' ? (e.errors![0] as { code: string }).code : null;
   if (code) return CAUSES[code] ? `${CAUSES[code]} (${code})` : code;
   const status = e?.$metadata?.httpStatusCode;
   const name = typeof e?.name === 'string' && e.name !== 'Error' ? e.name : null;

@@ -59,7 +59,10 @@ describe.runIf(process.env.REGEN_SOAK)('soak: SIGKILL of an S3-writing server, o
       }
       await restart(point);
     }
-    for (const [method, point] of [['PUT', 'manifest PUT'], ['GET', 'manifest check']] as const) {
+    for (const [method, point] of [
+      ['PUT', 'manifest PUT'],
+      ['GET', 'manifest check'],
+    ] as const) {
       const hold = proxy.hold(method, /\/manifest\.json$/);
       await hold.arrived;
       await restart(point);

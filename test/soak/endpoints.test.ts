@@ -21,7 +21,14 @@ describe.runIf(process.env.REGEN_SOAK)('soak: endpoints failing and returning fo
     const server = await rig.serve(rig.dir('regen-soak-eps-'));
     const base = server.url;
     const { prompts, fileId, endpoints: eps } = await preparePrompts(base, rig.sims, SAMPLES, 'se');
-    const { id } = await createRun(base, { model: MODEL, input: { file_id: fileId }, shard_size: 1000, regenerate: 'last_assistant', request_timeout_ms: 2000, max_attempts: 50 });
+    const { id } = await createRun(base, {
+      model: MODEL,
+      input: { file_id: fileId },
+      shard_size: 1000,
+      regenerate: 'last_assistant',
+      request_timeout_ms: 2000,
+      max_attempts: 50,
+    });
 
     let bounces = 0;
     for (let i = 0; ; i++) {
@@ -41,10 +48,15 @@ describe.runIf(process.env.REGEN_SOAK)('soak: endpoints failing and returning fo
     const done = await waitForEnd(base, id, 600_000);
     expect(done.status).toBe('completed');
     expect(done.request_counts).toMatchObject({ total: SAMPLES, completed: SAMPLES, failed: 0 });
-    await waitFor('every endpoint ready', async () => {
-      const states = await Promise.all(eps.map(async (e) => (await call(base, `/v1/endpoints/${e.id}`)).body.state));
-      return states.every((s) => s === 'ready') ? true : undefined;
-    }, 120_000, 500);
+    await waitFor(
+      'every endpoint ready',
+      async () => {
+        const states = await Promise.all(eps.map(async (e) => (await call(base, `/v1/endpoints/${e.id}`)).body.state));
+        return states.every((s) => s === 'ready') ? true : undefined;
+      },
+      120_000,
+      500,
+    );
     const out = await readOutput(done, prompts);
     expect(out.lines.size).toBe(SAMPLES);
     await expectCountersMatchRecount(base, done);

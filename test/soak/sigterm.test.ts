@@ -23,10 +23,15 @@ describe.runIf(process.env.REGEN_SOAK)('soak: SIGTERM over and over', () => {
     const exits: number[] = [];
     for (;;) {
       const url = server.url;
-      const busy = await waitFor('requests in flight', async () => {
-        if (allSent(await getRun(url, id))) return false;
-        return (await simTotals(rig.sims)).running >= 200 ? true : undefined;
-      }, 120_000, 50);
+      const busy = await waitFor(
+        'requests in flight',
+        async () => {
+          if (allSent(await getRun(url, id))) return false;
+          return (await simTotals(rig.sims)).running >= 200 ? true : undefined;
+        },
+        120_000,
+        50,
+      );
       if (!busy) break;
       const t0 = performance.now();
       expect(await server.kill('SIGTERM')).toBe(0);

@@ -35,7 +35,10 @@ describe.runIf(process.env.REGEN_SOAK)('soak: SQLITE_BUSY all run long', () => {
     expect(out.lines.size).toBe(SAMPLES);
     expect((await simTotals(rig.sims)).requests).toBe(SAMPLES);
     await expectCountersMatchRecount(server.url, done);
-    const busy = server.output().split('\n').filter((l) => /SQLITE_BUSY|database is locked/.test(l)).length;
+    const busy = server
+      .output()
+      .split('\n')
+      .filter((l) => /SQLITE_BUSY|database is locked/.test(l)).length;
     expect(busy).toBeGreaterThan(locks);
     console.log(`soak sqlite-busy: ${locks} locks, ${busy} refused writes, ${done.progress.elapsed_seconds} s`);
   }, 1_200_000);

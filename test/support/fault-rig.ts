@@ -30,18 +30,27 @@ export const waitForEnd = (base: string, id: string, ms?: number): Promise<any> 
 
 /** Polls the run until `ok` holds for it; returns the run as it was then. */
 export function waitForRun(base: string, id: string, what: string, ok: (run: any) => boolean, ms?: number, every?: number): Promise<any> {
-  return waitFor(what, async () => {
-    const run = (await call(base, `/v1/runs/${id}`)).body;
-    return ok(run) ? run : undefined;
-  }, ms, every);
+  return waitFor(
+    what,
+    async () => {
+      const run = (await call(base, `/v1/runs/${id}`)).body;
+      return ok(run) ? run : undefined;
+    },
+    ms,
+    every,
+  );
 }
 
 /** Polls /readyz until it answers `status`; returns that answer. */
 export function waitForReadyz(base: string, status: number, ms: number): Promise<{ status: number; body: any }> {
-  return waitFor(`/readyz ${status}`, async () => {
-    const res = await call(base, '/readyz');
-    return res.status === status ? res : undefined;
-  }, ms);
+  return waitFor(
+    `/readyz ${status}`,
+    async () => {
+      const res = await call(base, '/readyz');
+      return res.status === status ? res : undefined;
+    },
+    ms,
+  );
 }
 
 /** The simulators' counters (requests, running, completed, aborted…) summed, from one look at each. */
@@ -54,7 +63,12 @@ export async function simTotals(sims: SimProcess[]): Promise<Record<string, numb
 }
 
 /** Registers each simulator as an endpoint and uploads `n` prompts tagged `tag`, ready for a run. */
-export async function preparePrompts(base: string, sims: SimProcess[], n: number, tag: string): Promise<{ prompts: Prompts; fileId: string; endpoints: any[] }> {
+export async function preparePrompts(
+  base: string,
+  sims: SimProcess[],
+  n: number,
+  tag: string,
+): Promise<{ prompts: Prompts; fileId: string; endpoints: any[] }> {
   const endpoints: any[] = [];
   for (const s of sims) endpoints.push(await registerEndpoint(base, s.url));
   const prompts = makePrompts(n, tag);

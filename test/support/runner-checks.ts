@@ -27,8 +27,14 @@ export function makePrompts(n: number, tag = 'p'): Prompts {
   const expected = new Map<string, Message[]>();
   for (let i = 0; i < n; i++) {
     const id = `${tag}-${i}`;
-    const question = `Question ${i} of ${tag}: how many ways are there to pick ${i % 17} items from ${i % 31 + 20}?`;
-    const sent: Message[] = i % 5 === 0 ? [{ role: 'system', content: 'Think step by step.' }, { role: 'user', content: question }] : [{ role: 'user', content: question }];
+    const question = `Question ${i} of ${tag}: how many ways are there to pick ${i % 17} items from ${(i % 31) + 20}?`;
+    const sent: Message[] =
+      i % 5 === 0
+        ? [
+            { role: 'system', content: 'Think step by step.' },
+            { role: 'user', content: question },
+          ]
+        : [{ role: 'user', content: question }];
     const withOld = i % 3 === 0 ? [...sent, { role: 'assistant', content: 'OK.' }] : sent;
     switch (i % 4) {
       case 0:
@@ -38,7 +44,12 @@ export function makePrompts(n: number, tag = 'p'): Prompts {
         lines.push(JSON.stringify({ custom_id: id, method: 'POST', url: '/v1/chat/completions', body: { messages: withOld } }));
         break;
       case 2:
-        lines.push(JSON.stringify({ id, conversations: withOld.map((m) => ({ from: { system: 'system', user: 'human', assistant: 'gpt' }[m.role], value: m.content })) }));
+        lines.push(
+          JSON.stringify({
+            id,
+            conversations: withOld.map((m) => ({ from: { system: 'system', user: 'human', assistant: 'gpt' }[m.role], value: m.content })),
+          }),
+        );
         break;
       default:
         // A plain prompt is one user turn: nothing to drop.
@@ -148,7 +159,13 @@ export async function checkOutput(store: ObjectStore, expected: Map<string, Mess
     expect(body.length, `bytes of ${shard.key}`).toBe(shard.bytes);
     expect(sha256(body), `sha256 of ${shard.key}`).toBe(shard.sha256);
     const text = body.toString('utf8');
-    const parsed = text === '' ? [] : text.trimEnd().split('\n').map((l) => JSON.parse(l));
+    const parsed =
+      text === ''
+        ? []
+        : text
+            .trimEnd()
+            .split('\n')
+            .map((l) => JSON.parse(l));
     expect(parsed.length, `lines of ${shard.key}`).toBe(shard.lines);
     let prev = -1;
     for (const line of parsed) {
@@ -166,7 +183,11 @@ export async function checkOutput(store: ObjectStore, expected: Map<string, Mess
       const eb = await store.get(shard.errors_key);
       expect(eb.length).toBe(shard.errors_bytes);
       expect(sha256(eb)).toBe(shard.errors_sha256);
-      for (const l of eb.toString('utf8').trimEnd().split('\n').map((x) => JSON.parse(x))) {
+      for (const l of eb
+        .toString('utf8')
+        .trimEnd()
+        .split('\n')
+        .map((x) => JSON.parse(x))) {
         expect(lines.has(l.custom_id) || errors.has(l.custom_id), `${l.custom_id} written twice`).toBe(false);
         errors.set(l.custom_id, l);
       }
@@ -190,7 +211,10 @@ export function checkDatabase(dbPath: string, runId: string): Record<string, num
     for (const r of db.prepare(`select status, count(*) n from samples where run_id = ? group by status`).all(runId) as { status: string; n: number }[]) {
       byStatus[r.status] = r.n;
     }
-    const run = db.prepare(`select pending, in_progress, completed, failed, cancelled, shards_uploaded from runs where id = ?`).get(runId) as Record<string, number>;
+    const run = db.prepare(`select pending, in_progress, completed, failed, cancelled, shards_uploaded from runs where id = ?`).get(runId) as Record<
+      string,
+      number
+    >;
     expect({ ...run, shards_uploaded: undefined }).toEqual({ ...byStatus, shards_uploaded: undefined });
     const shards = db
       .prepare(

@@ -82,7 +82,11 @@ export async function spawnServer(dataDir: string, env: Record<string, string> =
 }
 
 /** fetch + JSON with the status kept, for assertions. */
-export async function call<T = any>(base: string, path: string, init: RequestInit & { json?: unknown } = {}): Promise<{ status: number; body: T; headers: Headers }> {
+export async function call<T = any>(
+  base: string,
+  path: string,
+  init: RequestInit & { json?: unknown } = {},
+): Promise<{ status: number; body: T; headers: Headers }> {
   const { json, ...rest } = init;
   const res = await fetch(base + path, {
     ...rest,

@@ -17,14 +17,22 @@ function seed(db: Db, n: number, shardSize: number): void {
      values ('run_a', 'm', 'in_progress', ?, '{}', '{"requests":1}', ?, 'file:///tmp/x/', '{}', 'fail', 1000, 5, ?, ?, ?, ?)`,
   ).run(NOW, shardSize, NOW, n, n, Math.ceil(n / shardSize));
   for (let s = 0; s * shardSize < n; s++) {
-    c.prepare(`insert into shards (run_id, idx, first_seq, sample_count) values ('run_a', ?, ?, ?)`).run(s, s * shardSize, Math.min(shardSize, n - s * shardSize));
+    c.prepare(`insert into shards (run_id, idx, first_seq, sample_count) values ('run_a', ?, ?, ?)`).run(
+      s,
+      s * shardSize,
+      Math.min(shardSize, n - s * shardSize),
+    );
   }
   const insert = c.prepare(`insert into samples (run_id, seq, shard_idx, custom_id, request) values ('run_a', ?, ?, ?, '{"messages":[]}')`);
   for (let i = 0; i < n; i++) insert.run(i, Math.floor(i / shardSize), `c${i}`);
 }
 
 const counters = (db: Db) =>
-  db.$client.prepare(`select pending, in_progress as inProgress, completed, failed, cancelled, flagged, flag_empty_content as empty, completion_tokens as tokens, dropped_results as dropped from runs`).get() as Record<string, number>;
+  db.$client
+    .prepare(
+      `select pending, in_progress as inProgress, completed, failed, cancelled, flagged, flag_empty_content as empty, completion_tokens as tokens, dropped_results as dropped from runs`,
+    )
+    .get() as Record<string, number>;
 
 describe('the result writer on a temporary database', () => {
   const tmp = tempDir();
@@ -41,7 +49,13 @@ describe('the result writer on a temporary database', () => {
     expect(claimed.map((c) => c.attempts)).toEqual([1, 1, 1, 1, 1, 1]);
     expect(counters(db)).toMatchObject({ pending: 0, inProgress: 6 });
     const reports: FlushReport[] = [];
-    const w = new ResultWriter(db, 'me', makeLogger('silent'), (r) => reports.push(r), () => NOW);
+    const w = new ResultWriter(
+      db,
+      'me',
+      makeLogger('silent'),
+      (r) => reports.push(r),
+      () => NOW,
+    );
     const base = (i: number) => ({ sampleId: claimed[i].id, runId: 'run_a', shardIdx: claimed[i].shardIdx, endpointId: null });
     const completed = (i: number, flags = 0) => ({
       ...base(i),
@@ -90,7 +104,13 @@ describe('the result writer on a temporary database', () => {
     seed(db, 4, 4);
     const claimed = prepareClaim(db)('run_a', 'old-process', NOW, NOW + 1000, 10);
     const reports: FlushReport[] = [];
-    const w = new ResultWriter(db, 'me', makeLogger('silent'), (r) => reports.push(r), () => NOW);
+    const w = new ResultWriter(
+      db,
+      'me',
+      makeLogger('silent'),
+      (r) => reports.push(r),
+      () => NOW,
+    );
     w.add({ sampleId: claimed[0].id, runId: 'run_a', shardIdx: 0, endpointId: null, kind: 'cancelled' });
     w.flush();
     expect(reports[0].dropped).toBe(1);

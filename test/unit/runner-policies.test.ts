@@ -118,12 +118,20 @@ describe('parseAnswer', () => {
       choices: [{ message: { content: '', reasoning_content: null }, finish_reason: 'length' }],
       usage: { prompt_tokens: 1, completion_tokens: 2, completion_tokens_details: { reasoning_tokens: 2 }, prompt_tokens_details: { cached_tokens: 1 } },
     });
-    expect(parsed.ok && parsed.answer).toMatchObject({ content: '', reasoning: null, finishReason: 'length', usage: { reasoning_tokens: 2, cached_tokens: 1 } });
+    expect(parsed.ok && parsed.answer).toMatchObject({
+      content: '',
+      reasoning: null,
+      finishReason: 'length',
+      usage: { reasoning_tokens: 2, cached_tokens: 1 },
+    });
   });
 
   it('calls an answer without choices malformed', () => {
     for (const res of [null, 'text', {}, { choices: [] }, { choices: 'x' }]) {
-      expect(parseAnswer(res)).toEqual({ ok: false, error: { code: 'malformed_response', message: 'the endpoint answered 200 without choices', status: null } });
+      expect(parseAnswer(res)).toEqual({
+        ok: false,
+        error: { code: 'malformed_response', message: 'the endpoint answered 200 without choices', status: null },
+      });
     }
   });
 });
@@ -133,7 +141,13 @@ describe('buildRequest', () => {
 
   it("puts the line's params over the run's, and the run's model last", () => {
     const built = buildRequest(run, { request: JSON.stringify({ messages: [{ role: 'user', content: 'q' }], params: { temperature: 0 } }), qualityRetries: 0 });
-    expect(built.body).toEqual({ temperature: 0, seed: 10, chat_template_kwargs: { enable_thinking: true }, model: 'm', messages: [{ role: 'user', content: 'q' }] });
+    expect(built.body).toEqual({
+      temperature: 0,
+      seed: 10,
+      chat_template_kwargs: { enable_thinking: true },
+      model: 'm',
+      messages: [{ role: 'user', content: 'q' }],
+    });
     expect(built.thinking).toBe(true);
   });
 
@@ -150,12 +164,27 @@ describe('pickEndpoint', () => {
   const pick = (slots: (Slots & { id: string })[]) => pickEndpoint(slots, (s) => s)?.id ?? null;
 
   it('takes the endpoint with the most free room relative to its cap', () => {
-    expect(pick([{ id: 'a', cap: 100, inFlight: 60, weight: 1 }, { id: 'b', cap: 10, inFlight: 3, weight: 1 }])).toBe('b');
+    expect(
+      pick([
+        { id: 'a', cap: 100, inFlight: 60, weight: 1 },
+        { id: 'b', cap: 10, inFlight: 3, weight: 1 },
+      ]),
+    ).toBe('b');
   });
 
   it('breaks a tie by weight, and keeps the first on a full tie', () => {
-    expect(pick([{ id: 'a', cap: 10, inFlight: 5, weight: 1 }, { id: 'b', cap: 20, inFlight: 10, weight: 2 }])).toBe('b');
-    expect(pick([{ id: 'a', cap: 10, inFlight: 5, weight: 1 }, { id: 'b', cap: 20, inFlight: 10, weight: 1 }])).toBe('a');
+    expect(
+      pick([
+        { id: 'a', cap: 10, inFlight: 5, weight: 1 },
+        { id: 'b', cap: 20, inFlight: 10, weight: 2 },
+      ]),
+    ).toBe('b');
+    expect(
+      pick([
+        { id: 'a', cap: 10, inFlight: 5, weight: 1 },
+        { id: 'b', cap: 20, inFlight: 10, weight: 1 },
+      ]),
+    ).toBe('a');
   });
 
   it('finds nothing when every endpoint is full or excluded', () => {

@@ -27,9 +27,6 @@ export function registerListBatches(app: App) {
     const q = c.req.valid('query');
     const rows = listBatchRuns(db, q);
     const data = renderBatches(db, rows.slice(0, q.limit));
-    return c.json(
-      { object: 'list' as const, data, first_id: data[0]?.id ?? null, last_id: data.at(-1)?.id ?? null, has_more: rows.length > q.limit },
-      200,
-    );
+    return c.json({ object: 'list' as const, data, first_id: data[0]?.id ?? null, last_id: data.at(-1)?.id ?? null, has_more: rows.length > q.limit }, 200);
   });
 }

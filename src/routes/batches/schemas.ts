@@ -25,7 +25,10 @@ export const CreateBatchBody = z
       .nullable()
       .optional(),
     // Accepted for compatibility; the output files live as long as the run's shards.
-    output_expires_after: z.object({ anchor: z.literal('created_at'), seconds: z.number().int().min(3600).max(2_592_000) }).strict().optional(),
+    output_expires_after: z
+      .object({ anchor: z.literal('created_at'), seconds: z.number().int().min(3600).max(2_592_000) })
+      .strict()
+      .optional(),
   })
   .strict()
   .openapi('CreateBatch', {

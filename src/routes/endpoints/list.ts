@@ -19,6 +19,14 @@ export function registerListEndpoints(app: App) {
     const deps = c.get('deps');
     const q = c.req.valid('query');
     const rows = listEndpoints(deps.db, q);
-    return c.json(page(rows, q.limit, (e) => e.id, (e) => renderEndpoint(e, deps.runner.endpointLive(e.id), deps.config.defaultConcurrency)), 200);
+    return c.json(
+      page(
+        rows,
+        q.limit,
+        (e) => e.id,
+        (e) => renderEndpoint(e, deps.runner.endpointLive(e.id), deps.config.defaultConcurrency),
+      ),
+      200,
+    );
   });
 }

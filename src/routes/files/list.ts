@@ -18,6 +18,9 @@ const route = createRoute({
 export function registerListFiles(app: App) {
   app.openapi(route, (c) => {
     const q = c.req.valid('query');
-    return c.json(page(listFiles(c.get('deps').db, q), q.limit, (f) => f.id, renderFile), 200);
+    return c.json(
+      page(listFiles(c.get('deps').db, q), q.limit, (f) => f.id, renderFile),
+      200,
+    );
   });
 }

@@ -16,5 +16,13 @@ export const FileObject = z
   .openapi('File');
 
 export function renderFile(f: FileRow) {
-  return { id: f.id, object: 'file' as const, bytes: f.bytes, filename: f.filename, purpose: f.purpose, created_at: iso(f.createdAt)!, status: 'processed' as const };
+  return {
+    id: f.id,
+    object: 'file' as const,
+    bytes: f.bytes,
+    filename: f.filename,
+    purpose: f.purpose,
+    created_at: iso(f.createdAt)!,
+    status: 'processed' as const,
+  };
 }

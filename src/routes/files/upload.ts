@@ -67,7 +67,10 @@ function multipart(deps: Deps, req: Request, contentType: string) {
     bb.on('error', () => {
       failed = true;
       reject(new ApiError('invalid_request', 'malformed multipart/form-data body', { field: 'file' }));
-      stored?.then((row) => discardFile(deps, row), () => {});
+      stored?.then(
+        (row) => discardFile(deps, row),
+        () => {},
+      );
     });
     bb.on('close', async () => {
       if (failed) return;

@@ -9,7 +9,10 @@ import { renderRun } from './render.js';
 import { Run } from './schemas.js';
 
 const ResumeBody = z.object({ override_gate: z.boolean().optional() }).strict().openapi('ResumeRun');
-const RetryBody = z.object({ only: z.enum(['failed', 'flagged']).optional() }).strict().openapi('RetryRun');
+const RetryBody = z
+  .object({ only: z.enum(['failed', 'flagged']).optional() })
+  .strict()
+  .openapi('RetryRun');
 
 const action = <B extends z.ZodTypeAny>(name: string, summary: string, body: B) =>
   createRoute({

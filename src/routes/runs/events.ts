@@ -42,10 +42,10 @@ const route = createRoute({
   summary: 'Follow a run as Server-Sent Events',
   description: [
     'A `text/event-stream` with three kinds of event:',
-    '- `progress` about once a second: the run\'s status, counts, quality, usage, shards and progress (RunProgressEvent); no id.',
+    "- `progress` about once a second: the run's status, counts, quality, usage, shards and progress (RunProgressEvent); no id.",
     '- `status` on each status change (RunStatusEvent) and `shard_uploaded` when a shard is in object storage (ShardUploadedEvent);',
-    '  their ids are the run\'s event ids, so a client reconnecting with `Last-Event-ID` receives every one it missed.',
-    'A new connection without `Last-Event-ID` first replays the run\'s history. The stream ends after the status event of a',
+    "  their ids are the run's event ids, so a client reconnecting with `Last-Event-ID` receives every one it missed.",
+    "A new connection without `Last-Event-ID` first replays the run's history. The stream ends after the status event of a",
     'terminal status (completed, failed, cancelled): close the EventSource then, or it reconnects and gets the end again.',
   ].join('\n'),
   request: {
@@ -61,7 +61,11 @@ const route = createRoute({
   responses: {
     200: {
       description: 'The event stream; see the description for its events',
-      content: { 'text/event-stream': { schema: z.string().openapi({ example: 'event: status\ndata: {"run_id":"run_…","status":"in_progress","reason":null,"at":"…"}\nid: 42\n\n' }) } },
+      content: {
+        'text/event-stream': {
+          schema: z.string().openapi({ example: 'event: status\ndata: {"run_id":"run_…","status":"in_progress","reason":null,"at":"…"}\nid: 42\n\n' }),
+        },
+      },
     },
     ...problemResponses(401, 404, 422),
   },

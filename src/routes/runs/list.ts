@@ -21,6 +21,14 @@ export function registerListRuns(app: App) {
     const q = c.req.valid('query');
     const rows = listRuns(deps.db, q);
     const now = deps.clock();
-    return c.json(page(rows, q.limit, (r) => r.id, (r) => renderRun(r, deps.runner.runProgress(r.id), now)), 200);
+    return c.json(
+      page(
+        rows,
+        q.limit,
+        (r) => r.id,
+        (r) => renderRun(r, deps.runner.runProgress(r.id), now),
+      ),
+      200,
+    );
   });
 }

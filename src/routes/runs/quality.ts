@@ -49,7 +49,9 @@ const RunQuality = z
     flagged_share: z.number(),
     by_flag: z.object(Object.fromEntries(FLAGS.map((f) => [f, FlagStats])) as Record<(typeof FLAGS)[number], typeof FlagStats>),
     settings: SettingsInForce,
-    thinking_requested: z.boolean().openapi({ description: "Whether missing_reasoning is checked: the run's params turn thinking on (a line's own params may differ)" }),
+    thinking_requested: z
+      .boolean()
+      .openapi({ description: "Whether missing_reasoning is checked: the run's params turn thinking on (a line's own params may differ)" }),
     gate: z.object({
       enabled: z.boolean(),
       overridden: z.boolean().openapi({ description: 'Resumed with override_gate: the gate stays quiet for this run' }),
@@ -57,14 +59,12 @@ const RunQuality = z
       over_limit: z.boolean().openapi({ description: 'min_samples are done and the flagged share is above max_flag_rate' }),
       status_reason: z.string().nullable(),
     }),
-    histograms: z
-      .object({ completion_tokens: Histogram, reasoning_chars: Histogram, content_chars: Histogram })
-      .openapi({
-        description:
-          'Over completed samples, with fixed bucket edges. completion_tokens (reasoning included): ' +
-          `${edgesText('completion_tokens')}. reasoning_chars, the length of reasoning_content: ${edgesText('reasoning_chars')}. ` +
-          `content_chars, the length of content: ${edgesText('content_chars')}. Lengths count UTF-16 code units.`,
-      }),
+    histograms: z.object({ completion_tokens: Histogram, reasoning_chars: Histogram, content_chars: Histogram }).openapi({
+      description:
+        'Over completed samples, with fixed bucket edges. completion_tokens (reasoning included): ' +
+        `${edgesText('completion_tokens')}. reasoning_chars, the length of reasoning_content: ${edgesText('reasoning_chars')}. ` +
+        `content_chars, the length of content: ${edgesText('content_chars')}. Lengths count UTF-16 code units.`,
+    }),
   })
   .openapi('RunQuality');
 

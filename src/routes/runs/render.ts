@@ -49,7 +49,10 @@ export function renderRun(r: RunRow, live: RunProgress, now: number): Run {
     request_timeout_ms: r.requestTimeoutMs,
     max_attempts: r.maxAttempts,
     quality_settings: r.quality ?? false,
-    invalid_lines: { count: r.invalidLines, errors: r.lineErrors.map(({ line, message, custom_id }) => (custom_id === undefined ? { line, message } : { line, message, custom_id })) },
+    invalid_lines: {
+      count: r.invalidLines,
+      errors: r.lineErrors.map(({ line, message, custom_id }) => (custom_id === undefined ? { line, message } : { line, message, custom_id })),
+    },
     request_counts: {
       total: r.total,
       pending: r.pending,

@@ -14,7 +14,13 @@ const route = createRoute({
   tags: ['runs'],
   summary: "A sample's metadata, its request, and its output (from staging or from the uploaded shard)",
   request: {
-    params: RunIdParam.extend({ custom_id: z.string().min(1).max(512).openapi({ param: { name: 'custom_id', in: 'path' } }) }),
+    params: RunIdParam.extend({
+      custom_id: z
+        .string()
+        .min(1)
+        .max(512)
+        .openapi({ param: { name: 'custom_id', in: 'path' } }),
+    }),
   },
   responses: { 200: jsonContent(SampleDetail, 'The sample'), ...problemResponses(401, 404, 422, 503) },
 });

@@ -27,6 +27,9 @@ export function registerListSamples(app: App) {
       throw new ApiError('validation_failed', `after: no sample ${JSON.stringify(q.after.slice(0, 100))} in this run`, { field: 'after' });
     }
     const rows = listSamples(db, id, q);
-    return c.json(page(rows, q.limit, (s) => s.customId, renderSample), 200);
+    return c.json(
+      page(rows, q.limit, (s) => s.customId, renderSample),
+      200,
+    );
   });
 }

@@ -8,29 +8,45 @@ import { Timestamp } from '../common.js';
 
 export const Message = domain.Message.openapi('ChatMessage');
 
-export const Params = domain.Params
-  .openapi('GenerationParams', { example: { temperature: 0.6, top_p: 0.95, max_tokens: 8192, chat_template_kwargs: { enable_thinking: true } } });
+export const Params = domain.Params.openapi('GenerationParams', {
+  example: { temperature: 0.6, top_p: 0.95, max_tokens: 8192, chat_template_kwargs: { enable_thinking: true } },
+});
 
-export const QualitySettings = domain.QualitySettings
-  .openapi('QualitySettings');
+export const QualitySettings = domain.QualitySettings.openapi('QualitySettings');
 
 export const CreateRunBody = z
   .object({
     name: maxLen(256).optional(),
     model: z.string().min(1, 'must not be empty').max(256, 'must be at most 256 characters'),
-    input: z.union([
-      z.object({ file_id: z.string().min(1).max(128) }).strict(),
-      z.object({ uri: z.string().min(1).max(4096) }).strict(),
-      z.object({ requests: z.array(z.unknown().refine((r) => !nestsDeeperThan(r), tooDeepMessage)).min(1).max(100_000) }).strict(),
-    ], { error: 'expected exactly one of {"file_id"}, {"uri"} or {"requests"}' }),
+    input: z.union(
+      [
+        z.object({ file_id: z.string().min(1).max(128) }).strict(),
+        z.object({ uri: z.string().min(1).max(4096) }).strict(),
+        z
+          .object({
+            requests: z
+              .array(z.unknown().refine((r) => !nestsDeeperThan(r), tooDeepMessage))
+              .min(1)
+              .max(100_000),
+          })
+          .strict(),
+      ],
+      { error: 'expected exactly one of {"file_id"}, {"uri"} or {"requests"}' },
+    ),
     params: Params.optional(),
     shard_size: z.number().int().min(1).max(100_000).optional(),
-    output: z.object({ uri: z.string().min(1).max(4096) }).strict().optional(),
+    output: z
+      .object({ uri: z.string().min(1).max(4096) })
+      .strict()
+      .optional(),
     regenerate: z.enum(REGENERATE_MODES).nullable().optional(),
     on_invalid_line: z.enum(ON_INVALID_LINE).optional(),
     quality: QualitySettings.optional(),
     priority: z.number().int().min(-1000).max(1000).optional(),
-    metadata: z.record(maxLen(64), maxLen(512)).refine((m) => Object.keys(m).length <= 16, 'at most 16 keys').optional(),
+    metadata: z
+      .record(maxLen(64), maxLen(512))
+      .refine((m) => Object.keys(m).length <= 16, 'at most 16 keys')
+      .optional(),
     request_timeout_ms: z.number().int().min(1000).max(86_400_000).optional(),
     max_attempts: z.number().int().min(1).max(100).optional(),
   })

@@ -29,6 +29,9 @@ export function registerListShards(app: App) {
     if (!getRun(db, id)) throw notFound('run', id);
     const q = c.req.valid('query');
     const rows = listShards(db, id, { after: q.after === undefined ? undefined : Number(q.after), limit: q.limit });
-    return c.json(page(rows, q.limit, (s) => String(s.idx), renderShard), 200);
+    return c.json(
+      page(rows, q.limit, (s) => String(s.idx), renderShard),
+      200,
+    );
   });
 }

@@ -61,7 +61,8 @@ async function peekModel(deps: Deps, file: FileRow): Promise<string> {
       { field: 'input_file_id' },
     );
   }
-  if (model.length > 256) throw new ApiError('validation_failed', 'input_file_id: the lines name a model longer than 256 characters', { field: 'input_file_id' });
+  if (model.length > 256)
+    throw new ApiError('validation_failed', 'input_file_id: the lines name a model longer than 256 characters', { field: 'input_file_id' });
   return model;
 }
 

@@ -129,7 +129,10 @@ export async function createRun(
     });
   } catch (err) {
     if (inlineFile) {
-      await deps.stores.forUri(config.outputUri).delete(inlineFile.objectKey).catch(() => {});
+      await deps.stores
+        .forUri(config.outputUri)
+        .delete(inlineFile.objectKey)
+        .catch(() => {});
       deleteFile(db, inlineFile.id);
     }
     // Two requests raced with one key: the loser answers with the winner's run.

@@ -88,7 +88,8 @@ export async function ingestRun(deps: Deps, runId: string, signal?: AbortSignal)
   };
   const flush = db.$client.transaction(() => {
     for (const row of batch) {
-      if (!insertSample(runId, seq, Math.floor(seq / run.shardSize), row.customId, row.request)) noteError(row.lineNo, 'duplicate_custom_id', `duplicate custom_id ${JSON.stringify(row.customId)}`, row.customId);
+      if (!insertSample(runId, seq, Math.floor(seq / run.shardSize), row.customId, row.request))
+        noteError(row.lineNo, 'duplicate_custom_id', `duplicate custom_id ${JSON.stringify(row.customId)}`, row.customId);
       else seq++;
     }
     batch = [];
@@ -157,7 +158,12 @@ export async function ingestRun(deps: Deps, runId: string, signal?: AbortSignal)
     clearRunSamples(db, runId);
     setRunValidation(db, runId, listed);
     const first = errors[0];
-    failValidation(deps, runId, `input has ${invalid}${errors.length >= MAX_LISTED_ERRORS ? '+' : ''} invalid line(s); first: line ${first.line}: ${first.message}`, now);
+    failValidation(
+      deps,
+      runId,
+      `input has ${invalid}${errors.length >= MAX_LISTED_ERRORS ? '+' : ''} invalid line(s); first: line ${first.line}: ${first.message}`,
+      now,
+    );
     return;
   }
   if (seq === 0) {
