@@ -46,7 +46,8 @@ function die(): never {
 
 /**
  * `regen sim`: starts the simulator, prints one JSON line `{"event":"listening",url,port,pid}`
- * on stdout once it accepts connections, and closes on SIGTERM/SIGINT. Bad flags exit with code 2.
+ * on stdout once it accepts connections, drains on SIGTERM (a second one closes at once) and
+ * closes on SIGINT. Bad flags exit with code 2.
  */
 export async function runSimCommand(argv: string[]): Promise<void> {
   let knobs: Partial<Knobs> | 'help';
@@ -71,12 +72,20 @@ export async function runSimCommand(argv: string[]): Promise<void> {
     return;
   }
   process.stdout.write(`${JSON.stringify({ event: 'listening', url: sim.url, port: sim.port, pid: process.pid })}\n`);
-  const stop = (): void => {
-    // Once the listeners are gone, a second signal kills the process the default way.
-    process.off('SIGTERM', stop);
-    process.off('SIGINT', stop);
+  // SIGTERM is SGLang's graceful exit: /health turns 503, requests already sent go on to finish
+  // (new ones are still taken, as SGLang's routes never check), and the process exits once idle.
+  const drain = (): void => {
+    process.off('SIGTERM', drain);
+    process.once('SIGTERM', close);
+    void sim.drain();
+  };
+  // Once the listeners are gone, a further signal kills the process the default way.
+  const close = (): void => {
+    process.off('SIGTERM', drain);
+    process.off('SIGTERM', close);
+    process.off('SIGINT', close);
     void sim.close();
   };
-  process.on('SIGTERM', stop);
-  process.on('SIGINT', stop);
+  process.on('SIGTERM', drain);
+  process.on('SIGINT', close);
 }

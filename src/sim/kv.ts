@@ -57,6 +57,7 @@ export class KvRank implements Rank {
   readonly #finished: { at: number; job: Job }[] = [];
   readonly #throughput = new Throughput();
   #usedTokens = 0;
+  #maxUsedTokens = 0;
   #ratio = INIT_NEW_TOKEN_RATIO;
   #retractions = 0;
   #now: number;
@@ -81,6 +82,10 @@ export class KvRank implements Rank {
 
   get usedTokens(): number {
     return this.#usedTokens;
+  }
+
+  get maxUsedTokens(): number {
+    return this.#maxUsedTokens;
   }
 
   get retractedWaiting(): number {
@@ -155,6 +160,7 @@ export class KvRank implements Rank {
     // At zero latency a decode step finishes every running request.
     const gain = tokensPerSecond > 0 ? 1 : Infinity;
     let generated = 0;
+    this.#maxUsedTokens = Math.max(this.#maxUsedTokens, this.#usedTokens + this.#running.size);
     for (const seq of this.#running.values()) {
       const add = Math.min(gain, seq.job.completionTokens - seq.generated);
       seq.generated += add;
@@ -199,6 +205,7 @@ export class KvRank implements Rank {
         const held = seq.job.promptTokens + seq.generated;
         this.#usedTokens += held;
         tokens += held;
+        this.#maxUsedTokens = Math.max(this.#maxUsedTokens, this.#usedTokens);
         this.onStart();
         seq.job.start();
       }

@@ -17,6 +17,8 @@ export interface Rank {
   readonly queued: number;
   /** KV tokens the running requests hold. */
   readonly usedTokens: number;
+  /** The most KV tokens the running requests ever held at once. */
+  readonly maxUsedTokens: number;
   /** Requests pushed back to the queue for lack of KV, waiting to be prefilled again. */
   readonly retractedWaiting: number;
   readonly retractions: number;

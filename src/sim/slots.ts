@@ -11,6 +11,7 @@ export class Slots implements Rank {
   readonly #queue = new Set<Job>();
   readonly #throughput = new Throughput();
   #usedTokens = 0;
+  #maxUsedTokens = 0;
   #refilling = false;
 
   constructor(
@@ -28,6 +29,10 @@ export class Slots implements Rank {
 
   get usedTokens(): number {
     return this.#usedTokens;
+  }
+
+  get maxUsedTokens(): number {
+    return this.#maxUsedTokens;
   }
 
   readonly retractedWaiting = 0;
@@ -64,6 +69,7 @@ export class Slots implements Rank {
         this.#running.add(job);
         // Without a KV model a request holds its whole length from the start.
         this.#usedTokens += job.promptTokens + job.completionTokens;
+        this.#maxUsedTokens = Math.max(this.#maxUsedTokens, this.#usedTokens);
         this.onStart();
         job.start();
       }
