@@ -17,7 +17,6 @@ async function start(options: Parameters<typeof startSimulator>[0]): Promise<Sim
   return sim;
 }
 
-// eslint-disable-next-line @typescript-eslint/no-explicit-any
 async function chat(url: string, body: object): Promise<any> {
   const response = await fetch(`${url}/v1/chat/completions`, { method: 'POST', body: JSON.stringify(body) });
   expect(response.status).toBe(200);

@@ -66,7 +66,7 @@ export const DEFAULTS: Readonly<Knobs> = {
   maxRunningRequests: 0,
   dpSize: 1,
   kvTokens: 0,
-  // Ten times the decode speed of one request is typical of one GPU; 0 keeps the zero-latency default.
+  // Instant, like the rest of the zero-latency default.
   prefillTokensPerSecond: 0,
   retractStallMs: 0,
   // On so that existing callers keep their metrics; real SGLang needs --enable-metrics.
