@@ -7,9 +7,21 @@ const flagName = (knob: string): string => knob.replace(/[A-Z]/g, (c) => `-${c.t
 
 const FLAGS = new Map(KNOB_NAMES.map((knob) => [flagName(knob), knob]));
 
+// The KV model's knobs interact: a word on each (options.ts has the full story).
+const NOTES: Partial<Record<keyof Knobs, string>> = {
+  kvTokens: 'KV pool per DP rank in tokens; 0: no KV model, only --max-running binds',
+  kvAdmission: "optimistic: SGLang's reservation rule; none: only the running limit admits, an over-committed pool thrashes",
+  prefillTokensPerSecond: 'KV model: prefill and re-prefill speed; 0 is instant',
+  retractStallMs: 'KV model: extra stall per retraction',
+};
+
 const USAGE = [
   'usage: regen sim [flags]   an SGLang look-alike for tests, benchmarks and the demo',
-  ...KNOB_NAMES.map((knob) => `  --${flagName(knob)} ${DEFAULTS[knob]}`),
+  ...KNOB_NAMES.map((knob) => {
+    const line = `  --${flagName(knob)} ${DEFAULTS[knob]}`;
+    const note = NOTES[knob];
+    return note ? `${line.padEnd(36)} ${note}` : line;
+  }),
 ].join('\n');
 
 class UsageError extends Error {}

@@ -13,8 +13,17 @@ const CLIP_MAX_NEW_TOKENS = 4096;
 /** How often a busy rank catches up with the clock: an answer leaves at most this late. */
 const TICK_MS = 10;
 
+/**
+ * How a KV rank admits requests. `optimistic` is SGLang's reservation rule: a request joins
+ * the batch while new_token_ratio of its max_new_tokens still fits. `none` checks nothing but
+ * the running limit: see KvRank for what over-committing the pool then costs.
+ */
+export type KvAdmission = 'optimistic' | 'none';
+
 export interface KvSettings {
   readonly kvTokens: number;
+  /** `optimistic` when absent. */
+  readonly kvAdmission?: KvAdmission;
   readonly tokensPerSecond: number;
   readonly prefillTokensPerSecond: number;
   readonly retractStallMs: number;
@@ -48,6 +57,18 @@ const realClock: KvClock = {
  * tokens (longest prompt first on ties) is retracted to the head of the queue, keeping its
  * tokens but not its KV, and must be prefilled again. Steps run in the rank's own virtual
  * time, which follows the clock; an answer is released once the clock reaches its step's end.
+ *
+ * With kvAdmission `none` the rank behaves like a default-launched SGLang whose advertised
+ * running limit (effective_max_running_requests_per_dp, 2048 or more) is far past what its pool
+ * holds, with nothing but that limit to stop admission: every queued request up to the limit is
+ * prefilled, and each decode step first retracts (fewest generated tokens first, then longest
+ * prompt, then latest admitted, as SGLang's retract_decode sorts) until the batch fits. A
+ * retracted request loses its progress, so it is prefilled again from its prompt and regenerates
+ * its answer, and while the batch asked for more KV than the pool has, the decode step takes
+ * 1 / tokensPerSecond × (asked / pool): the eviction and recomputation churn that sglang #26248
+ * saw as decode about 14 times slower after retraction. The cost grows with the over-commitment,
+ * so throughput peaks where the client's concurrency about fills the pool and falls past it, as
+ * the CONCUR paper found (up to 4 times more throughput with KV-aware admission).
  */
 export class KvRank implements Rank {
   readonly #running = new Map<Job, Seq>();
@@ -81,7 +102,8 @@ export class KvRank implements Rank {
   }
 
   get usedTokens(): number {
-    return this.#usedTokens;
+    // Without KV admission the batch holds more than the pool between a prefill and the retractions after it.
+    return this.#noAdmission() ? Math.min(this.#usedTokens, this.settings.kvTokens) : this.#usedTokens;
   }
 
   get maxUsedTokens(): number {
@@ -97,7 +119,8 @@ export class KvRank implements Rank {
   }
 
   hasRoomFor(job: Job): boolean {
-    return this.queued === 0 && this.#running.size < this.limit() && this.#need(job, 0) <= this.#budget();
+    if (this.queued > 0 || this.#running.size >= this.limit()) return false;
+    return this.#noAdmission() || this.#need(job, 0) <= this.#budget();
   }
 
   enter(job: Job): void {
@@ -129,6 +152,10 @@ export class KvRank implements Rank {
     this.#cancelTick = undefined;
   }
 
+  #noAdmission(): boolean {
+    return this.settings.kvAdmission === 'none';
+  }
+
   #idle(): boolean {
     return this.#running.size === 0 && this.queued === 0;
   }
@@ -154,9 +181,18 @@ export class KvRank implements Rank {
       const { prefillTokensPerSecond } = this.settings;
       return prefillTokensPerSecond > 0 ? (prefillTokens / prefillTokensPerSecond) * 1000 : 0;
     }
-    const retracted = this.#retractWhileFull();
-    const { tokensPerSecond, retractStallMs } = this.settings;
-    const length = (tokensPerSecond > 0 ? 1000 / tokensPerSecond : 0) + retracted * retractStallMs;
+    const { tokensPerSecond, retractStallMs, kvTokens } = this.settings;
+    let decode = tokensPerSecond > 0 ? 1000 / tokensPerSecond : 0;
+    let retracted: number;
+    if (this.#noAdmission()) {
+      // What the batch asks for this step: what it holds plus one token each.
+      const asked = this.#usedTokens + this.#running.size;
+      if (asked > kvTokens) decode *= asked / kvTokens;
+      retracted = this.#retractOvercommitted();
+    } else {
+      retracted = this.#retractWhileFull();
+    }
+    const length = decode + retracted * retractStallMs;
     // At zero latency a decode step finishes every running request.
     const gain = tokensPerSecond > 0 ? 1 : Infinity;
     let generated = 0;
@@ -198,7 +234,7 @@ export class KvRank implements Rank {
         if (this.#running.size >= this.limit()) return tokens;
         const need = this.#need(seq.job, seq.generated);
         // An empty rank takes the head of the queue whatever its size, or it would never run.
-        if (need > budget && this.#running.size > 0) return tokens;
+        if (need > budget && this.#running.size > 0 && !this.#noAdmission()) return tokens;
         budget -= need;
         queue.delete(seq.job);
         this.#running.set(seq.job, seq);
@@ -235,5 +271,30 @@ export class KvRank implements Rank {
       this.#ratio = INIT_NEW_TOKEN_RATIO;
     }
     return retracted;
+  }
+
+  /**
+   * kvAdmission `none`: retracts until the batch fits, in SGLang's order, and throws away each
+   * victim's progress. One sort per step: the batch can hold thousands of requests.
+   */
+  #retractOvercommitted(): number {
+    const { kvTokens } = this.settings;
+    if (this.#usedTokens + this.#running.size <= kvTokens || this.#running.size <= 1) return 0;
+    // Stable: among equals the latest admitted ends up last, and goes first.
+    const order = [...this.#running.values()].sort(
+      (a, b) => b.generated - a.generated || a.job.promptTokens - b.job.promptTokens,
+    );
+    const victims: Seq[] = [];
+    while (this.#usedTokens + this.#running.size > kvTokens && this.#running.size > 1) {
+      const victim = order.pop()!;
+      this.#running.delete(victim.job);
+      this.#usedTokens -= victim.job.promptTokens + victim.generated;
+      victim.generated = 0;
+      victims.push(victim);
+    }
+    // Back to the queue in the order they were admitted, so that the oldest is prefilled first again.
+    for (let i = victims.length - 1; i >= 0; i--) this.#retracted.set(victims[i].job, victims[i]);
+    this.#retractions += victims.length;
+    return victims.length;
   }
 }

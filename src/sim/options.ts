@@ -22,6 +22,17 @@ export interface SimOptions {
   dpSize?: number;
   /** KV pool per DP rank in tokens (`max_total_num_tokens`); 0 means room for every running request at full context, so KV never binds. Fixed at start. */
   kvTokens?: number;
+  /**
+   * How a KV rank (kvTokens > 0) admits requests. `optimistic`: SGLang's rule, a request joins
+   * the batch while new_token_ratio of its max_new_tokens fits in the pool, so a larger client
+   * cap only lengthens the queue. `none`: only the running limit (maxRunning split over the DP
+   * ranks) is checked, like a server whose advertised limit is far past its KV pool; the
+   * overflow is retracted every decode step with its progress lost (re-prefill, regeneration,
+   * retractStallMs each), and an over-committed decode step is slowed by asked KV / pool, so a
+   * client cap past the pool loses throughput. The overflow is prefilled again on every step,
+   * so a prefillTokensPerSecond above 0 turns that slope into a cliff. See KvRank in kv.ts.
+   */
+  kvAdmission?: 'optimistic' | 'none';
   /** Prefill speed of the KV model: a newly admitted or retracted request stalls its rank for (prompt + generated) / this. 0 is instant. */
   prefillTokensPerSecond?: number;
   /** Each retraction also stalls its rank this long: the cache eviction and re-planning that make a thrashing server slow. */
@@ -66,6 +77,7 @@ export const DEFAULTS: Readonly<Knobs> = {
   maxRunningRequests: 0,
   dpSize: 1,
   kvTokens: 0,
+  kvAdmission: 'optimistic',
   // Instant, like the rest of the zero-latency default.
   prefillTokensPerSecond: 0,
   retractStallMs: 0,
@@ -118,6 +130,7 @@ const RULES: Record<keyof Knobs, Rule> = {
   maxRunningRequests: count,
   dpSize: positive,
   kvTokens: count,
+  kvAdmission: { expect: '"optimistic" or "none"', ok: (v) => v === 'optimistic' || v === 'none' },
   prefillTokensPerSecond: duration,
   retractStallMs: duration,
   enableMetrics: flag,
