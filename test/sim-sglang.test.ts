@@ -1,6 +1,6 @@
 import { connect } from 'node:net';
 import { afterEach, describe, expect, it } from 'vitest';
-import { KvRank, type KvClock } from '../src/sim/kv.js';
+import { KvRank, type KvClock, type KvSettings } from '../src/sim/kv.js';
 import type { Job } from '../src/sim/rank.js';
 import { startSimulator, type Simulator } from '../src/sim/server.js';
 
@@ -116,8 +116,30 @@ describe('simulator: replies', () => {
   });
 });
 
-/** Drives a KV rank in virtual time: `cap` clients, each sending again as soon as it is answered. */
-function sweep(cap: number, durationMs: number): { completed: number; retractions: number } {
+interface Workload {
+  settings: KvSettings;
+  /** The rank's running limit. */
+  limit: number;
+  /** The i-th request sent. */
+  request: (i: number) => Pick<Job, 'promptTokens' | 'completionTokens' | 'maxNewTokens'>;
+}
+
+// Half short answers, half long ones: what makes an optimistic admission overshoot.
+const MIXED: Workload = {
+  settings: { kvTokens: 100_000, tokensPerSecond: 50, prefillTokensPerSecond: 20_000, retractStallMs: 0 },
+  limit: 1000,
+  request: (i) => ({ promptTokens: 1000, completionTokens: (i * 7919) % 100 < 50 ? 6000 : 200, maxNewTokens: 8192 }),
+};
+
+/**
+ * Drives a KV rank in virtual time: `cap` clients, each sending again as soon as it is answered.
+ * `tokenUsage` is the mean of what /v1/loads would report, sampled at every tick after the first quarter.
+ */
+function sweep(
+  cap: number,
+  durationMs: number,
+  workload: Workload = MIXED,
+): { completed: number; retractions: number; tokenUsage: number } {
   let now = 0;
   const timers: { at: number; fn: () => void }[] = [];
   const clock: KvClock = {
@@ -128,14 +150,13 @@ function sweep(cap: number, durationMs: number): { completed: number; retraction
       return () => timers.splice(timers.indexOf(timer), 1);
     },
   };
-  const settings = { kvTokens: 100_000, tokensPerSecond: 50, prefillTokensPerSecond: 20_000, retractStallMs: 0 };
-  const rank = new KvRank(settings, () => 1000, () => {}, clock);
+  const rank = new KvRank(workload.settings, () => workload.limit, () => {}, clock);
   let completed = 0;
   let sent = 0;
+  let usage = 0;
+  let samples = 0;
   const send = (): void => {
-    // Half short answers, half long ones: what makes an optimistic admission overshoot.
-    const long = (sent++ * 7919) % 100 < 50;
-    const job: Job = { promptTokens: 1000, completionTokens: long ? 6000 : 200, maxNewTokens: 8192, start() {}, finish() { completed++; send(); } };
+    const job: Job = { ...workload.request(sent++), start() {}, finish() { completed++; send(); } };
     rank.enter(job);
   };
   for (let i = 0; i < cap; i++) send();
@@ -144,8 +165,12 @@ function sweep(cap: number, durationMs: number): { completed: number; retraction
     const next = timers.shift()!;
     now = next.at;
     next.fn();
+    if (now >= durationMs / 4) {
+      usage += rank.usedTokens / workload.settings.kvTokens;
+      samples++;
+    }
   }
-  return { completed, retractions: rank.retractions };
+  return { completed, retractions: rank.retractions, tokenUsage: usage / Math.max(1, samples) };
 }
 
 describe('simulator: KV budget', () => {
@@ -169,5 +194,59 @@ describe('simulator: KV budget', () => {
     expect(results[1].completed).toBeGreaterThan(results[0].completed * 2);
     expect(results[1].retractions).toBeGreaterThan(0);
     expect(results[2].retractions).toBeGreaterThan(0);
+  });
+
+  // 60,000 tokens of KV; a request holds 500 prompt tokens plus up to 400 answer tokens, about
+  // 650 on average: some 92 fit. The advertised running limit is 512.
+  const thrashing = (kvAdmission: 'optimistic' | 'none'): Workload => ({
+    settings: { kvTokens: 60_000, kvAdmission, tokensPerSecond: 50, prefillTokensPerSecond: 0, retractStallMs: 0 },
+    limit: 512,
+    request: (i) => ({ promptTokens: 500, completionTokens: 200 + ((i * 7919) % 201), maxNewTokens: 1024 }),
+  });
+
+  it('without KV admission, a client cap past the pool thrashes: the best cap is where the pool fills', () => {
+    const [starved, knee, past, limit] = [8, 96, 192, 512].map((cap) => sweep(cap, 120_000, thrashing('none')));
+    expect(knee.completed).toBeGreaterThan(starved.completed * 5);
+    expect(knee.completed).toBeGreaterThan(past.completed * 1.3);
+    expect(past.completed).toBeGreaterThan(limit.completed * 1.3);
+    expect(knee.completed).toBeGreaterThan(limit.completed * 3);
+    expect(knee.tokenUsage).toBeGreaterThan(0.9);
+    expect(starved.retractions).toBe(0);
+    expect(past.retractions).toBeGreaterThan(knee.retractions * 2);
+    expect(limit.retractions).toBeGreaterThan(past.retractions);
+    // SGLang's own admission keeps the cap-512 client at the knee's throughput: the queue just grows.
+    expect(sweep(512, 120_000, thrashing('optimistic')).completed).toBeGreaterThan(knee.completed * 0.85);
+  });
+
+  it('shows the thrashing in /v1/loads, /sim/stats and /metrics', async () => {
+    // About 105 prompt tokens and 40 answer tokens each: some 14 fit in 2,000 tokens, 48 are sent.
+    const sim = await start({
+      maxRunning: 64,
+      kvTokens: 2000,
+      kvAdmission: 'none',
+      tokensPerSecond: 400,
+      completionTokens: 40,
+      reasoningTokens: 0,
+    });
+    const messages = (i: number) => user(`${'t'.repeat(400)} ${i}`);
+    const pending = Array.from({ length: 48 }, (_, i) => chat(sim.url, { messages: messages(i), max_tokens: 100 }));
+    await new Promise((resolve) => setTimeout(resolve, 60));
+    const loads = await (await fetch(`${sim.url}/v1/loads`)).json();
+    expect(loads.loads[0].token_usage).toBeGreaterThan(0.9);
+    expect(loads.loads[0].token_usage).toBeLessThanOrEqual(1);
+    expect(loads.loads[0].num_waiting_reqs).toBeGreaterThan(0);
+    const metrics = await (await fetch(`${sim.url}/metrics`)).text();
+    expect(Number(/^sglang:num_retracted_reqs\{[^}]*\} (\S+)$/m.exec(metrics)?.[1])).toBeGreaterThan(0);
+    expect(Number(/^sglang:num_retracted_requests_total\{[^}]*\} (\S+)$/m.exec(metrics)?.[1])).toBeGreaterThan(0);
+    const replies = await Promise.all(pending);
+    expect(replies.every((reply) => reply.usage.completion_tokens === 40)).toBe(true);
+    const stats = await (await fetch(`${sim.url}/sim/stats`)).json();
+    expect(stats).toMatchObject({ completed: 48, running: 0, queued: 0 });
+    expect(stats.retracted).toBeGreaterThan(0);
+    // The batch asked for more than the pool holds: that is what the thrashing costs.
+    expect(stats.maxKvUsed).toBeGreaterThan(2000);
+    await expect(startSimulator({ kvAdmission: 'never' as never })).rejects.toThrow(
+      'kvAdmission must be "optimistic" or "none"',
+    );
   });
 });
