@@ -86,8 +86,10 @@ async function waitFor<T>(probe: () => Promise<T>, ok: (value: T) => boolean, ti
   }
 }
 
+const LABELS = 'engine_type="unified",tp_rank="0",pp_rank="0",moe_ep_rank="0"';
+
 function metric(text: string, name: string): number {
-  const match = new RegExp(`^sglang:${name}\\{model_name="[^"]*"\\} (\\S+)$`, 'm').exec(text);
+  const match = new RegExp(`^sglang:${name}\\{model_name="[^"]*",${LABELS}\\} (\\S+)$`, 'm').exec(text);
   if (!match) throw new Error(`metric ${name} missing from:\n${text}`);
   return Number(match[1]);
 }
@@ -104,7 +106,18 @@ describe('regen sim: responses', { timeout: 20_000 }, () => {
   let client: OpenAI;
 
   beforeAll(async () => {
-    ({ url } = await spawnSim('--model', 'test-model', '--context-length', '200', '--completion-tokens', '40', '--reasoning-tokens', '20'));
+    ({ url } = await spawnSim(
+      '--model',
+      'test-model',
+      '--context-length',
+      '200',
+      '--completion-tokens',
+      '40',
+      '--reasoning-tokens',
+      '20',
+      '--enable-cache-report',
+      '1',
+    ));
     client = new OpenAI({ baseURL: `${url}/v1`, apiKey: 'unused', maxRetries: 0 });
   }, 20_000);
 
@@ -113,9 +126,24 @@ describe('regen sim: responses', { timeout: 20_000 }, () => {
     expect(models.data).toEqual([
       { id: 'test-model', object: 'model', created: expect.any(Number), owned_by: 'sglang', root: 'test-model', max_model_len: 200 },
     ]);
-    const info = await (await fetch(`${url}/get_server_info`)).json();
-    expect(info).toMatchObject({ model_path: 'test-model', context_length: 200, max_running_requests: 64, version: 'sim' });
-    expect(info.max_total_num_tokens).toBeGreaterThan(0);
+    const info = await (await fetch(`${url}/server_info`)).json();
+    expect(info).toMatchObject({
+      model_path: 'test-model',
+      served_model_name: 'test-model',
+      context_length: 200,
+      max_running_requests: null,
+      max_total_num_tokens: 64 * 200,
+      startup_time: expect.any(Number),
+      version: '0.5.17',
+      internal_states: [
+        {
+          last_gen_throughput: expect.any(Number),
+          memory_usage: { weight: 0, kvcache: 0, token_capacity: 64 * 200, graph: 0 },
+          effective_max_running_requests_per_dp: 64,
+        },
+      ],
+    });
+    expect(await (await fetch(`${url}/get_server_info`)).json()).toEqual({ ...info, internal_states: expect.any(Array) });
     expect((await fetch(`${url}/health`)).status).toBe(200);
     expect((await fetch(`${url}/health_generate`)).status).toBe(200);
   });
@@ -150,9 +178,10 @@ describe('regen sim: responses', { timeout: 20_000 }, () => {
       prompt_tokens: promptTokens,
       completion_tokens: 60,
       total_tokens: promptTokens + 60,
-      prompt_tokens_details: { cached_tokens: 0 },
       reasoning_tokens: 20,
+      prompt_tokens_details: null,
     });
+    expect((data as unknown as { metadata: object }).metadata).toEqual({ weight_version: 'default' });
   });
 
   it('is deterministic per prompt and reports cached tokens on a repeat', async () => {
@@ -163,9 +192,12 @@ describe('regen sim: responses', { timeout: 20_000 }, () => {
     expect(second.choices[0].message).toEqual(first.choices[0].message);
     expect(second.id).not.toBe(first.id);
     expect(other.choices[0].message.content).not.toBe(first.choices[0].message.content);
-    expect(first.usage.prompt_tokens_details.cached_tokens).toBe(0);
-    expect(second.usage.prompt_tokens_details.cached_tokens).toBe(first.usage.prompt_tokens - 1);
-    expect(second.model).toBe('test-model');
+    expect(first.usage.prompt_tokens_details).toBeNull();
+    expect(second.usage.prompt_tokens_details).toEqual({ cached_tokens: first.usage.prompt_tokens - 1 });
+    // SGLang never checks `model`: whatever was sent comes back.
+    expect(first.model).toBe('test-model');
+    expect(second.model).toBe('default');
+    expect(other.model).toBe('test-model');
   });
 
   it('writes reasoning that does not look like a degenerate loop', async () => {
@@ -225,21 +257,47 @@ describe('regen sim: responses', { timeout: 20_000 }, () => {
     expect((sdkError as InstanceType<typeof OpenAI.BadRequestError>).status).toBe(400);
   });
 
-  it('rejects streaming, a missing messages array and an unknown model', async () => {
+  it('rejects prompt + max_tokens at or over the context with SGLang message', async () => {
+    const messages = user('x'.repeat(400));
+    const response = await chat(url, { messages, max_tokens: 96 });
+    expect(response.status).toBe(400);
+    expect(await response.json()).toEqual({
+      object: 'error',
+      message:
+        "Requested token count exceeds the model's maximum context length of 200 tokens. You requested a total of 200 " +
+        'tokens: 104 tokens from the input messages and 96 tokens for the completion. Please reduce the number of tokens ' +
+        'in the input messages or the completion to fit within the limit.',
+      type: 'BadRequestError',
+      param: null,
+      code: 400,
+    });
+    expect((await chat(url, { messages, max_tokens: 95 })).status).toBe(200);
+    // Without max_tokens SGLang caps the generation at what is left of the context.
+    const capped = await (await chat(url, { messages: user('y'.repeat(600)) })).json();
+    expect(capped.usage).toMatchObject({ prompt_tokens: 154, completion_tokens: 46 });
+    expect(capped.choices[0].finish_reason).toBe('length');
+  });
+
+  it('rejects streaming and a missing messages array, accepts any model, and 404s a wrong URL like FastAPI', async () => {
     const stream = await chat(url, { messages: user('hi'), stream: true });
     expect(stream.status).toBe(400);
     expect((await stream.json()).message).toBe('streaming is not supported by the simulator');
     for (const body of [{}, { messages: [] }, { messages: 'hi' }, { messages: ['hi'] }]) {
       const response = await chat(url, body);
       expect(response.status).toBe(400);
-      expect(await response.json()).toMatchObject({ object: 'error', type: 'BadRequestError', code: 400 });
+      expect(await response.json()).toMatchObject({ object: 'error', type: 'Bad Request', code: 400 });
     }
     const badJson = await fetch(`${url}/v1/chat/completions`, { method: 'POST', body: '{"messages": [' });
     expect(badJson.status).toBe(400);
-    const unknown = await chat(url, { model: 'other', messages: user('hi') });
-    expect(unknown.status).toBe(404);
-    expect((await unknown.json()).message).toBe("The model 'other' does not exist.");
-    await expect(client.chat.completions.create({ model: 'other', messages: user('hi') as never })).rejects.toBeInstanceOf(OpenAI.NotFoundError);
+    const other = await chat(url, { model: '/models/Other-7B', messages: user('hi') });
+    expect(other.status).toBe(200);
+    expect((await other.json()).model).toBe('/models/Other-7B');
+    const wrongUrl = await fetch(`${url}/v1/chat/complete`, { method: 'POST', body: '{}' });
+    expect(wrongUrl.status).toBe(404);
+    expect(await wrongUrl.json()).toEqual({ detail: 'Not Found' });
+    const wrongMethod = await fetch(`${url}/v1/chat/completions`);
+    expect(wrongMethod.status).toBe(405);
+    expect(await wrongMethod.json()).toEqual({ detail: 'Method Not Allowed' });
   });
 
   it('exposes SGLang metrics that count generated tokens', async () => {
@@ -252,7 +310,12 @@ describe('regen sim: responses', { timeout: 20_000 }, () => {
     const reply = await (await chat(url, { messages: user('count my tokens') })).json();
     const after = await (await fetch(`${url}/metrics`)).text();
     expect(metric(after, 'generation_tokens_total') - metric(before, 'generation_tokens_total')).toBe(reply.usage.completion_tokens);
-    expect(after).toContain('sglang:num_running_reqs{model_name="test-model"} 0');
+    expect(after).toContain(`sglang:num_running_reqs{model_name="test-model",${LABELS}} 0`);
+    for (const name of ['token_usage', 'gen_throughput', 'cache_hit_rate', 'num_retracted_reqs']) {
+      expect(after).toContain(`# TYPE sglang:${name} gauge`);
+      expect(metric(after, name)).toBeGreaterThanOrEqual(0);
+    }
+    expect(after).toContain('# TYPE sglang:num_retracted_requests_total counter');
   });
 
   it('refuses a bad runtime config and an unknown route', async () => {
@@ -272,7 +335,8 @@ describe('regen sim: startup and latency', { timeout: 20_000 }, () => {
     expect((await fetch(`${url}/health`)).status).toBe(503);
     expect((await fetch(`${url}/health_generate`)).status).toBe(503);
     expect((await fetch(`${url}/v1/models`)).status).toBe(503);
-    expect((await fetch(`${url}/get_server_info`)).status).toBe(503);
+    expect((await fetch(`${url}/server_info`)).status).toBe(503);
+    expect((await fetch(`${url}/v1/loads`)).status).toBe(503);
     const early = await chat(url, { messages: user('too early') });
     expect(early.status).toBe(503);
     expect(await early.json()).toMatchObject({ object: 'error', type: 'ServiceUnavailableError', code: 503 });
@@ -385,7 +449,7 @@ describe('regen sim: faults', { timeout: 20_000 }, () => {
 
   it('replies with an empty think block and "OK." at degenerate rate 1', async () => {
     const body = await (await chat(url, { messages: user('degenerate') })).json();
-    expect(body.choices[0].message).toMatchObject({ content: 'OK.', reasoning_content: '' });
+    expect(body.choices[0].message).toMatchObject({ content: 'OK.', reasoning_content: null });
     expect(body.choices[0].finish_reason).toBe('stop');
     expect(body.usage).toMatchObject({ completion_tokens: 2, reasoning_tokens: 0 });
   });
@@ -450,17 +514,41 @@ describe('regen sim: process lifecycle', { timeout: 20_000 }, () => {
     await expect(fetch(`${sim.url}/health`)).rejects.toThrow();
   });
 
-  it('closes cleanly on SIGTERM even with a hung request open', async () => {
+  it('drains on SIGTERM: /health 503, running requests finish, then it exits', async () => {
+    const sim = await spawnSim('--ttft-ms', '800');
+    const running = chat(sim.url, { messages: user('finish me') });
+    await waitFor(
+      () => stats(sim.url),
+      (s) => s.running === 1,
+    );
+    sim.child.kill('SIGTERM');
+    await waitFor(
+      () => fetch(`${sim.url}/health`).then((r) => r.status),
+      (status) => status === 503,
+    );
+    expect((await fetch(`${sim.url}/health`)).status).toBe(503);
+    expect(sim.child.exitCode).toBeNull();
+    expect((await running).status).toBe(200);
+    expect(await sim.exited).toBe(0);
+  });
+
+  it('waits on a hung request while draining, and a second SIGTERM closes at once', async () => {
     const sim = await spawnSim('--hang-rate', '1');
     const hung = chat(sim.url, { messages: user('stuck') }).catch((error: Error) => error);
     await waitFor(
       () => stats(sim.url),
       (s) => s.hangs === 1,
     );
+    sim.child.kill('SIGTERM');
+    await waitFor(
+      () => fetch(`${sim.url}/health`).then((r) => r.status),
+      (status) => status === 503,
+    );
+    expect(sim.child.exitCode).toBeNull();
     const signalledAt = Date.now();
     sim.child.kill('SIGTERM');
     expect(await sim.exited).toBe(0);
-    expect(Date.now() - signalledAt).toBeLessThan(10_000);
+    expect(Date.now() - signalledAt).toBeLessThan(5000);
     expect(await hung).toBeInstanceOf(Error);
   });
 

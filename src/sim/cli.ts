@@ -7,9 +7,21 @@ const flagName = (knob: string): string => knob.replace(/[A-Z]/g, (c) => `-${c.t
 
 const FLAGS = new Map(KNOB_NAMES.map((knob) => [flagName(knob), knob]));
 
+// The KV model's knobs interact: a word on each (options.ts has the full story).
+const NOTES: Partial<Record<keyof Knobs, string>> = {
+  kvTokens: 'KV pool per DP rank in tokens; 0: no KV model, only --max-running binds',
+  kvAdmission: "optimistic: SGLang's reservation rule; none: only the running limit admits, an over-committed pool thrashes",
+  prefillTokensPerSecond: 'KV model: prefill and re-prefill speed; 0 is instant',
+  retractStallMs: 'KV model: extra stall per retraction',
+};
+
 const USAGE = [
   'usage: regen sim [flags]   an SGLang look-alike for tests, benchmarks and the demo',
-  ...KNOB_NAMES.map((knob) => `  --${flagName(knob)} ${DEFAULTS[knob]}`),
+  ...KNOB_NAMES.map((knob) => {
+    const line = `  --${flagName(knob)} ${DEFAULTS[knob]}`;
+    const note = NOTES[knob];
+    return note ? `${line.padEnd(36)} ${note}` : line;
+  }),
 ].join('\n');
 
 class UsageError extends Error {}
@@ -46,7 +58,8 @@ function die(): never {
 
 /**
  * `regen sim`: starts the simulator, prints one JSON line `{"event":"listening",url,port,pid}`
- * on stdout once it accepts connections, and closes on SIGTERM/SIGINT. Bad flags exit with code 2.
+ * on stdout once it accepts connections, drains on SIGTERM (a second one closes at once) and
+ * closes on SIGINT. Bad flags exit with code 2.
  */
 export async function runSimCommand(argv: string[]): Promise<void> {
   let knobs: Partial<Knobs> | 'help';
@@ -71,12 +84,20 @@ export async function runSimCommand(argv: string[]): Promise<void> {
     return;
   }
   process.stdout.write(`${JSON.stringify({ event: 'listening', url: sim.url, port: sim.port, pid: process.pid })}\n`);
-  const stop = (): void => {
-    // Once the listeners are gone, a second signal kills the process the default way.
-    process.off('SIGTERM', stop);
-    process.off('SIGINT', stop);
+  // SIGTERM is SGLang's graceful exit: /health turns 503, requests already sent go on to finish
+  // (new ones are still taken, as SGLang's routes never check), and the process exits once idle.
+  const drain = (): void => {
+    process.off('SIGTERM', drain);
+    process.once('SIGTERM', close);
+    void sim.drain();
+  };
+  // Once the listeners are gone, a further signal kills the process the default way.
+  const close = (): void => {
+    process.off('SIGTERM', drain);
+    process.off('SIGTERM', close);
+    process.off('SIGINT', close);
     void sim.close();
   };
-  process.on('SIGTERM', stop);
-  process.on('SIGINT', stop);
+  process.on('SIGTERM', drain);
+  process.on('SIGINT', close);
 }

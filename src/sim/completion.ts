@@ -6,75 +6,116 @@ import { countPromptTokens, digestOf, fillerText, hashSeed, seededRandom } from 
 /** Qwen's <|im_end|>: the token SGLang reports in `matched_stop` when generation stops on its own. */
 const EOS_TOKEN_ID = 151645;
 
+/** `--weight-version`'s default, reported in every reply's `metadata`. */
+const WEIGHT_VERSION = 'default';
+
+// A test hook, not SGLang: "[len=N]" in the last user message asks for an answer of N tokens.
+const ANSWER_LENGTH = /\[len=(\d+)\]/;
+
 export interface ChatRequest {
   digest: string;
+  /** The `model` the client sent, echoed back: SGLang never checks it. */
+  model: string;
   promptTokens: number;
-  maxTokens: number | undefined;
+  /** max_tokens, or what is left of the context when the client sent none (SGLang's own cap). */
+  maxTokens: number;
   thinking: boolean;
+  /** Answer length asked for with "[len=N]", else the completionTokens knob. */
+  answerTokens: number;
+}
+
+const badRequest = (message: string): SimHttpError => new SimHttpError(400, message, 'Bad Request');
+
+// Qwen3 thinks unless `enable_thinking: false`; reasoning_effort and reasoning only ask for the default.
+function wantsThinking(body: Record<string, unknown>): boolean {
+  const kwargs = body.chat_template_kwargs;
+  if (isRecord(kwargs) && typeof kwargs.enable_thinking === 'boolean') return kwargs.enable_thinking;
+  return true;
+}
+
+function answerLength(messages: Record<string, unknown>[], knobs: Knobs): number {
+  let lastUser: Record<string, unknown> | undefined;
+  for (const message of messages) if (message.role === 'user') lastUser = message;
+  const match = typeof lastUser?.content === 'string' ? ANSWER_LENGTH.exec(lastUser.content) : null;
+  return match ? Number(match[1]) : knobs.completionTokens;
 }
 
 /** Checks a chat-completion body the way SGLang would, in the order it would complain. */
 export function parseChatRequest(body: unknown, knobs: Knobs): ChatRequest {
-  if (!isRecord(body)) throw new SimHttpError(400, 'The request body must be a JSON object.');
+  if (!isRecord(body)) throw badRequest('The request body must be a JSON object.');
   if (body.stream === true) throw new SimHttpError(400, 'streaming is not supported by the simulator');
-  const { messages, model } = body;
+  const { messages } = body;
   if (!Array.isArray(messages) || messages.length === 0 || !messages.every(isRecord)) {
-    throw new SimHttpError(400, '`messages` must be a non-empty array of message objects.');
-  }
-  if (model !== undefined && model !== knobs.model && model !== 'default') {
-    throw new SimHttpError(404, `The model '${String(model)}' does not exist.`);
+    throw badRequest('`messages` must be a non-empty array of message objects.');
   }
   const maxTokens = body.max_completion_tokens ?? body.max_tokens ?? undefined;
   if (maxTokens !== undefined && !(Number.isInteger(maxTokens) && (maxTokens as number) > 0)) {
-    throw new SimHttpError(400, '`max_tokens` must be a positive integer.');
+    throw badRequest('`max_tokens` must be a positive integer.');
   }
+  // Both checks use >=, as tokenizer_manager._validate_one_request does.
+  const { contextLength } = knobs;
   const promptTokens = countPromptTokens(messages);
-  if (promptTokens > knobs.contextLength) {
-    throw new SimHttpError(400, `The input (${promptTokens} tokens) is longer than the model's context length (${knobs.contextLength} tokens).`);
+  if (promptTokens >= contextLength) {
+    throw new SimHttpError(400, `The input (${promptTokens} tokens) is longer than the model's context length (${contextLength} tokens).`);
   }
-  const kwargs = body.chat_template_kwargs;
+  if (typeof maxTokens === 'number' && promptTokens + maxTokens >= contextLength) {
+    throw new SimHttpError(
+      400,
+      `Requested token count exceeds the model's maximum context length of ${contextLength} tokens. ` +
+        `You requested a total of ${promptTokens + maxTokens} tokens: ${promptTokens} tokens from the input messages and ` +
+        `${maxTokens} tokens for the completion. Please reduce the number of tokens in the input messages or the ` +
+        'completion to fit within the limit.',
+    );
+  }
   return {
     digest: digestOf(messages),
+    model: typeof body.model === 'string' ? body.model : knobs.model,
     promptTokens,
-    maxTokens: maxTokens as number | undefined,
-    thinking: !(isRecord(kwargs) && kwargs.enable_thinking === false),
+    maxTokens: typeof maxTokens === 'number' ? maxTokens : contextLength - promptTokens,
+    thinking: wantsThinking(body),
+    answerTokens: answerLength(messages, knobs),
   };
 }
 
 interface Generated {
-  reasoning: string | null;
+  reasoning: string;
   content: string;
   reasoningTokens: number;
   contentTokens: number;
-  finishReason: 'stop' | 'length';
+  finishReason: 'stop' | 'length' | 'abort';
 }
 
 // The reply text depends only on the prompt and the simulator's seed, so a rerun reproduces it.
-function generate(request: ChatRequest, knobs: Knobs): Generated {
-  const budget = request.maxTokens ?? Infinity;
+function generate(request: ChatRequest, knobs: Knobs, budget: number): Generated {
   const wantedReasoning = request.thinking ? knobs.reasoningTokens : 0;
   const reasoningTokens = Math.min(wantedReasoning, budget);
-  const contentTokens = Math.min(knobs.completionTokens, budget - reasoningTokens);
+  const contentTokens = Math.min(request.answerTokens, budget - reasoningTokens);
   // Separate streams so a cut reasoning leaves the answer's words unchanged.
   const seed = `${request.digest}:${knobs.seed}`;
   return {
-    reasoning: request.thinking ? fillerText(`Reasoning about ${request.digest}. `, reasoningTokens, seededRandom(hashSeed(`${seed}:reasoning`))) : null,
+    reasoning: fillerText(`Reasoning about ${request.digest}. `, reasoningTokens, seededRandom(hashSeed(`${seed}:reasoning`))),
     content: fillerText(`Answer ${request.digest}: `, contentTokens, seededRandom(hashSeed(`${seed}:content`))),
     reasoningTokens,
     contentTokens,
-    finishReason: wantedReasoning + knobs.completionTokens > budget ? 'length' : 'stop',
+    finishReason: wantedReasoning + request.answerTokens > budget ? 'length' : 'stop',
   };
 }
 
 // The failure regen exists to catch: an empty think block and a throwaway answer.
-function degenerate(request: ChatRequest): Generated {
-  return {
-    reasoning: request.thinking ? '' : null,
-    content: 'OK.',
-    reasoningTokens: 0,
-    contentTokens: 2,
-    finishReason: 'stop',
-  };
+function degenerate(): Generated {
+  return { reasoning: '', content: 'OK.', reasoningTokens: 0, contentTokens: 2, finishReason: 'stop' };
+}
+
+/**
+ * What the client sees of the text. With the Qwen3 parser the think block goes to
+ * `reasoning_content` (null when empty), and a block cut before it closes takes all the
+ * text; without a parser the block stays inside `content`, tags and all.
+ */
+function split(out: Generated, request: ChatRequest, parser: boolean): { content: string; reasoning: string | null } {
+  if (!request.thinking) return { content: out.content, reasoning: null };
+  const closed = out.contentTokens > 0 || out.finishReason === 'stop';
+  if (parser) return { content: closed ? out.content : '', reasoning: out.reasoning === '' ? null : out.reasoning };
+  return { content: closed ? `<think>\n${out.reasoning}\n</think>\n\n${out.content}` : `<think>\n${out.reasoning}`, reasoning: null };
 }
 
 export interface Reply {
@@ -85,23 +126,32 @@ export interface Reply {
 export interface ReplyPlan {
   degenerate: boolean;
   cachedTokens: number;
+  /** Aborted after this share of the generation (0 gives the empty text aborts often have), or undefined. */
+  abortAt: number | undefined;
 }
 
 /** SGLang's non-streaming chat.completion body for `request`. */
 export function buildReply(request: ChatRequest, knobs: Knobs, plan: ReplyPlan): Reply {
-  const out = plan.degenerate ? degenerate(request) : generate(request, knobs);
+  let out = plan.degenerate ? degenerate() : generate(request, knobs, request.maxTokens);
+  if (plan.abortAt !== undefined) {
+    const cut = Math.floor((out.reasoningTokens + out.contentTokens) * plan.abortAt);
+    out = { ...generate(request, knobs, cut), finishReason: 'abort' };
+  }
+  const parser = knobs.reasoningParser === 1;
+  const { content, reasoning } = split(out, request, parser);
   const completionTokens = out.reasoningTokens + out.contentTokens;
+  const cached = knobs.enableCacheReport === 1 && plan.cachedTokens > 0;
   return {
     completionTokens,
     body: {
       id: randomBytes(16).toString('hex'),
       object: 'chat.completion',
       created: Math.floor(Date.now() / 1000),
-      model: knobs.model,
+      model: request.model,
       choices: [
         {
           index: 0,
-          message: { role: 'assistant', content: out.content, reasoning_content: out.reasoning, tool_calls: null },
+          message: { role: 'assistant', content, reasoning_content: reasoning, tool_calls: null },
           logprobs: null,
           finish_reason: out.finishReason,
           matched_stop: out.finishReason === 'stop' ? EOS_TOKEN_ID : null,
@@ -111,9 +161,10 @@ export function buildReply(request: ChatRequest, knobs: Knobs, plan: ReplyPlan):
         prompt_tokens: request.promptTokens,
         completion_tokens: completionTokens,
         total_tokens: request.promptTokens + completionTokens,
-        prompt_tokens_details: { cached_tokens: plan.cachedTokens },
-        reasoning_tokens: out.reasoningTokens,
+        reasoning_tokens: parser ? out.reasoningTokens : 0,
+        prompt_tokens_details: cached ? { cached_tokens: plan.cachedTokens } : null,
       },
+      metadata: { weight_version: WEIGHT_VERSION },
     },
   };
 }

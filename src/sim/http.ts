@@ -5,6 +5,8 @@ export class SimHttpError extends Error {
   constructor(
     readonly status: number,
     message: string,
+    /** SGLang's `type`; by default derived from the status. FastAPI validation errors say "Bad Request". */
+    readonly type?: string,
   ) {
     super(message);
   }
@@ -12,7 +14,6 @@ export class SimHttpError extends Error {
 
 const ERROR_TYPES: Record<number, string> = {
   400: 'BadRequestError',
-  404: 'NotFoundError',
   413: 'BadRequestError',
   500: 'InternalServerError',
   503: 'ServiceUnavailableError',
@@ -33,9 +34,14 @@ export function sendText(res: ServerResponse, status: number, text: string, cont
   res.end(text);
 }
 
+/** FastAPI's answer for a route that does not exist (or a method it does not take). */
+export function sendDetail(res: ServerResponse, status: 404 | 405, detail: string): void {
+  sendJson(res, status, { detail });
+}
+
 /** SGLang's error body: `{"object":"error","message","type","param","code"}`. */
-export function sendError(res: ServerResponse, status: number, message: string): void {
-  const type = ERROR_TYPES[status] ?? (status >= 500 ? 'InternalServerError' : 'BadRequestError');
+export function sendError(res: ServerResponse, status: number, message: string, errorType?: string): void {
+  const type = errorType ?? ERROR_TYPES[status] ?? (status >= 500 ? 'InternalServerError' : 'BadRequestError');
   sendJson(res, status, { object: 'error', message, type, param: null, code: status });
 }
 

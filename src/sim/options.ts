@@ -16,6 +16,39 @@ export interface SimOptions {
   hangRate?: number;
   dieAfter?: number;
   seed?: number;
+  /** What `--max-running-requests` SGLang was launched with: only reported (top-level `max_running_requests`); 0 means not given, reported as null. */
+  maxRunningRequests?: number;
+  /** Data-parallel ranks; `maxRunning` and the queue are split across them. */
+  dpSize?: number;
+  /** KV pool per DP rank in tokens (`max_total_num_tokens`); 0 means room for every running request at full context, so KV never binds. Fixed at start. */
+  kvTokens?: number;
+  /**
+   * How a KV rank (kvTokens > 0) admits requests. `optimistic`: SGLang's rule, a request joins
+   * the batch while new_token_ratio of its max_new_tokens fits in the pool, so a larger client
+   * cap only lengthens the queue. `none`: only the running limit (maxRunning split over the DP
+   * ranks) is checked, like a server whose advertised limit is far past its KV pool; the
+   * overflow is retracted every decode step with its progress lost (re-prefill, regeneration,
+   * retractStallMs each), and an over-committed decode step is slowed by asked KV / pool, so a
+   * client cap past the pool loses throughput. The overflow is prefilled again on every step,
+   * so a prefillTokensPerSecond above 0 turns that slope into a cliff. See KvRank in kv.ts.
+   */
+  kvAdmission?: 'optimistic' | 'none';
+  /** Prefill speed of the KV model: a newly admitted or retracted request stalls its rank for (prompt + generated) / this. 0 is instant. */
+  prefillTokensPerSecond?: number;
+  /** Each retraction also stalls its rank this long: the cache eviction and re-planning that make a thrashing server slow. */
+  retractStallMs?: number;
+  /** 0 (off) or 1 (on, like `--enable-metrics`): without it `/metrics` is a 404. */
+  enableMetrics?: number;
+  /** 0 (off, SGLang's default) or 1 (`--enable-cache-report`): report `prompt_tokens_details.cached_tokens`. */
+  enableCacheReport?: number;
+  /** 0 (no `--reasoning-parser`: the think block stays in `content`) or 1 (Qwen3 parser). */
+  reasoningParser?: number;
+  /** How long `/health` takes to answer; real SGLang runs a one-token generation after sleeping 1 s. */
+  healthMs?: number;
+  /** Share of chat requests answered HTTP 200 with `finish_reason: "abort"` and the text generated so far. */
+  abortRate?: number;
+  /** Idle keep-alive sockets are closed after this long (`SGLANG_TIMEOUT_KEEP_ALIVE`). */
+  keepAliveMs?: number;
   /** Called when the `dieAfter`-th chat request arrives; by default the server drops every connection and stops listening. */
   onDie?: () => void;
 }
@@ -41,6 +74,22 @@ export const DEFAULTS: Readonly<Knobs> = {
   hangRate: 0,
   dieAfter: 0,
   seed: 1,
+  maxRunningRequests: 0,
+  dpSize: 1,
+  kvTokens: 0,
+  kvAdmission: 'optimistic',
+  // Instant, like the rest of the zero-latency default.
+  prefillTokensPerSecond: 0,
+  retractStallMs: 0,
+  // On so that existing callers keep their metrics; real SGLang needs --enable-metrics.
+  enableMetrics: 1,
+  enableCacheReport: 0,
+  reasoningParser: 1,
+  // 0 keeps tests fast; real SGLang takes at least 1 s (see SGLANG.md, "Start-up and health").
+  healthMs: 0,
+  abortRate: 0,
+  // SGLANG_TIMEOUT_KEEP_ALIVE's default.
+  keepAliveMs: 5000,
 };
 
 export class SimOptionError extends Error {}
@@ -58,6 +107,7 @@ const rate: Rule = { expect: 'a number from 0 to 1', ok: (v) => isNumber(v) && v
 const duration: Rule = { expect: 'a non-negative number', ok: (v) => isNumber(v) && v >= 0 };
 const count: Rule = { expect: 'a non-negative integer', ok: (v) => isInteger(v) && v >= 0 };
 const positive: Rule = { expect: 'a positive integer', ok: (v) => isInteger(v) && v > 0 };
+const flag: Rule = { expect: '0 or 1', ok: (v) => v === 0 || v === 1 };
 
 const RULES: Record<keyof Knobs, Rule> = {
   host: text,
@@ -77,12 +127,24 @@ const RULES: Record<keyof Knobs, Rule> = {
   hangRate: rate,
   dieAfter: count,
   seed: { expect: 'an integer', ok: isInteger },
+  maxRunningRequests: count,
+  dpSize: positive,
+  kvTokens: count,
+  kvAdmission: { expect: '"optimistic" or "none"', ok: (v) => v === 'optimistic' || v === 'none' },
+  prefillTokensPerSecond: duration,
+  retractStallMs: duration,
+  enableMetrics: flag,
+  enableCacheReport: flag,
+  reasoningParser: flag,
+  healthMs: duration,
+  abortRate: rate,
+  keepAliveMs: duration,
 };
 
 export const KNOB_NAMES = Object.keys(RULES) as (keyof Knobs)[];
 
-// Listening address is fixed once the socket is bound.
-const FIXED_AT_START = new Set<string>(['host', 'port']);
+// The listening address is fixed once the socket is bound, and the ranks and their KV pools once they are built.
+const FIXED_AT_START = new Set<string>(['host', 'port', 'dpSize', 'kvTokens']);
 
 export function isRecord(value: unknown): value is Record<string, unknown> {
   return typeof value === 'object' && value !== null && !Array.isArray(value);

@@ -1,11 +1,13 @@
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
 import type { AddressInfo } from 'node:net';
-import { buildReply, parseChatRequest, type ChatRequest, type Reply } from './completion.js';
-import { readJson, sendError, sendJson, sendText, SimHttpError } from './http.js';
+import { buildReply, parseChatRequest, type ChatRequest } from './completion.js';
+import { readJson, sendDetail, sendError, sendJson, sendText, SimHttpError } from './http.js';
+import { KvRank } from './kv.js';
 import { renderMetrics } from './metrics.js';
 import { checkKnobs, DEFAULTS, SimOptionError, type Knobs, type SimOptions } from './options.js';
-import { Slots, type Job } from './slots.js';
-import { seededRandom, type Random } from './text.js';
+import type { Job, Rank } from './rank.js';
+import { Slots } from './slots.js';
+import { hashSeed, seededRandom, type Random } from './text.js';
 
 export type { SimOptions } from './options.js';
 
@@ -25,49 +27,101 @@ export interface SimStats {
   rejected: number;
   /** Clients that hung up while their request was queued or running. */
   aborted: number;
+  /** Answers sent with finish_reason "abort". */
+  aborts: number;
+  /** Requests pushed back to the queue for lack of KV (KV model only). */
+  retracted: number;
+  /** The most KV tokens one rank's running requests ever held. */
+  maxKvUsed: number;
 }
 
 export interface Simulator {
   url: string;
   port: number;
   close(): Promise<void>;
+  /** What SIGTERM does: /health answers 503, running and queued requests finish, then the server closes. */
+  drain(): Promise<void>;
   stats(): SimStats;
   configure(patch: Partial<SimOptions>): void;
 }
 
+/** The SGLang release SGLANG.md was read from. */
+const SGLANG_VERSION = '0.5.17';
 const MAX_BODY_BYTES = 32 * 1024 * 1024;
 // Bounds the prefix-cache bookkeeping during long benchmarks; forgetting everything is what a full cache does.
 const SEEN_DIGESTS_LIMIT = 100_000;
-// Longer than any client's idle keep-alive, so the server never closes a socket the client is reusing.
-const KEEP_ALIVE_MS = 65_000;
 
 const STARTING = 'The server is starting: model weights are still loading.';
+
+// Every route the simulator serves, so that a known path with the wrong method is a 405, as in FastAPI.
+const ROUTES = new Map<string, string>([
+  ['/v1/chat/completions', 'POST'],
+  ['/health', 'GET'],
+  ['/health_generate', 'GET'],
+  ['/v1/models', 'GET'],
+  ['/server_info', 'GET'],
+  ['/get_server_info', 'GET'],
+  ['/model_info', 'GET'],
+  ['/get_model_info', 'GET'],
+  ['/v1/loads', 'GET'],
+  ['/get_load', 'GET'],
+  ['/metrics', 'GET'],
+  ['/sim/stats', 'GET'],
+  ['/sim/config', 'POST'],
+]);
 
 interface Faults {
   reset: boolean;
   hang: boolean;
   error: 500 | 503 | undefined;
   degenerate: boolean;
+  abortAt: number | undefined;
 }
+
+interface RankCache {
+  promptTokens: number;
+  cachedTokens: number;
+}
+
+const sleep = (ms: number): Promise<void> => new Promise((resolve) => setTimeout(resolve, ms).unref());
 
 class SimServer {
   readonly http: Server;
   readonly #knobs: Knobs;
-  readonly #slots: Slots;
+  /** Knobs given at start: SGLang reports a CLI value only when it was given. */
+  readonly #given: ReadonlySet<string>;
+  readonly #ranks: Rank[];
+  readonly #cache: RankCache[];
   readonly #onDie: () => void;
   readonly #startedAt = Date.now();
   readonly #seenDigests = new Set<string>();
   #random: Random;
-  readonly #counts = { requests: 0, completed: 0, errors: 0, resets: 0, hangs: 0, rejected: 0, aborted: 0 };
+  // Its own stream, so that turning aborts on leaves the other faults' sequence as it was.
+  #abortRandom: Random;
+  readonly #counts = { requests: 0, completed: 0, errors: 0, resets: 0, hangs: 0, rejected: 0, aborted: 0, aborts: 0 };
+  #maxRunningSeen = 0;
   #promptTokens = 0;
   #generationTokens = 0;
+  #draining = false;
+  #onDrained: (() => void) | undefined;
 
-  constructor(knobs: Knobs, onDie: (() => void) | undefined) {
+  constructor(knobs: Knobs, given: ReadonlySet<string>, onDie: (() => void) | undefined) {
     this.#knobs = knobs;
-    this.#slots = new Slots(knobs);
+    this.#given = given;
     this.#random = seededRandom(knobs.seed);
+    this.#abortRandom = seededRandom(hashSeed(`${knobs.seed}:abort`));
+    const onStart = (): void => {
+      this.#maxRunningSeen = Math.max(
+        this.#maxRunningSeen,
+        this.#sum((rank) => rank.running),
+      );
+    };
+    this.#ranks = Array.from({ length: knobs.dpSize }, (_, i) =>
+      knobs.kvTokens > 0 ? new KvRank(knobs, () => this.#share(i), onStart) : new Slots(() => this.#share(i), onStart),
+    );
+    this.#cache = this.#ranks.map(() => ({ promptTokens: 0, cachedTokens: 0 }));
     this.#onDie = onDie ?? (() => this.#dropEverything());
-    this.http = createServer({ keepAliveTimeout: KEEP_ALIVE_MS }, (req, res) => {
+    this.http = createServer({ keepAliveTimeout: knobs.keepAliveMs }, (req, res) => {
       this.#route(req, res).catch((error: unknown) => this.#fail(res, error));
     });
   }
@@ -75,19 +129,62 @@ class SimServer {
   stats(): SimStats {
     return {
       ...this.#counts,
-      running: this.#slots.running,
-      queued: this.#slots.queued,
-      maxRunningSeen: this.#slots.maxRunningSeen,
+      running: this.#sum((rank) => rank.running),
+      queued: this.#sum((rank) => rank.queued),
+      maxRunningSeen: this.#maxRunningSeen,
+      retracted: this.#sum((rank) => rank.retractions),
+      maxKvUsed: Math.max(...this.#ranks.map((rank) => rank.maxUsedTokens)),
     };
   }
 
   configure(patch: unknown): Knobs {
     const checked = checkKnobs(patch, 'runtime');
     Object.assign(this.#knobs, checked);
-    if (checked.seed !== undefined) this.#random = seededRandom(checked.seed);
+    if (checked.seed !== undefined) {
+      this.#random = seededRandom(checked.seed);
+      this.#abortRandom = seededRandom(hashSeed(`${checked.seed}:abort`));
+    }
+    if (checked.keepAliveMs !== undefined) this.http.keepAliveTimeout = checked.keepAliveMs;
     // A raised maxRunning should take queued requests now, not when the next one finishes.
-    this.#slots.refill();
+    for (const rank of this.#ranks) rank.refill();
     return { ...this.#knobs };
+  }
+
+  drain(): Promise<void> {
+    this.#draining = true;
+    return new Promise((resolve) => {
+      this.#onDrained = resolve;
+      this.#checkDrained();
+    });
+  }
+
+  closeRanks(): void {
+    for (const rank of this.#ranks) rank.close();
+  }
+
+  #sum(of: (rank: Rank) => number): number {
+    let total = 0;
+    for (const rank of this.#ranks) total += of(rank);
+    return total;
+  }
+
+  #checkDrained(): void {
+    if (!this.#onDrained || this.#sum((rank) => rank.running + rank.queued) > 0) return;
+    const resolve = this.#onDrained;
+    this.#onDrained = undefined;
+    resolve();
+  }
+
+  /** Rank i's running limit: maxRunning split as evenly as it goes, and at least one. */
+  #share(i: number): number {
+    const { maxRunning, dpSize } = this.#knobs;
+    return Math.max(1, Math.floor(maxRunning / dpSize) + (i < maxRunning % dpSize ? 1 : 0));
+  }
+
+  /** Rank i's KV pool in tokens. */
+  #pool(i: number): number {
+    // Without a KV model every running request fits at full context.
+    return this.#knobs.kvTokens > 0 ? this.#knobs.kvTokens : this.#share(i) * this.#knobs.contextLength;
   }
 
   #dropEverything(): void {
@@ -104,28 +201,40 @@ class SimServer {
   }
 
   async #route(req: IncomingMessage, res: ServerResponse): Promise<void> {
-    const path = (req.url ?? '/').split('?', 1)[0];
+    const [path, query = ''] = (req.url ?? '/').split('?', 2);
     switch (`${req.method} ${path}`) {
       case 'POST /v1/chat/completions':
         return this.#chat(req, res);
       case 'GET /health':
       case 'GET /health_generate':
-        res.writeHead(this.#starting() ? 503 : 200, { 'content-length': 0 }).end();
-        return;
+        return this.#health(res);
       case 'GET /v1/models':
         this.#requireStarted();
         return sendJson(res, 200, this.#models());
+      case 'GET /server_info':
       case 'GET /get_server_info':
         this.#requireStarted();
         return sendJson(res, 200, this.#serverInfo());
+      case 'GET /model_info':
+      case 'GET /get_model_info':
+        this.#requireStarted();
+        return sendJson(res, 200, this.#modelInfo());
+      case 'GET /v1/loads':
+        this.#requireStarted();
+        return sendJson(res, 200, this.#loads(new URLSearchParams(query)));
+      case 'GET /get_load':
+        this.#requireStarted();
+        return sendJson(res, 200, this.#legacyLoad());
       case 'GET /metrics':
+        if (this.#knobs.enableMetrics !== 1) return sendDetail(res, 404, 'Not Found');
         return sendText(res, 200, this.#metrics(), 'text/plain; version=0.0.4');
       case 'GET /sim/stats':
         return sendJson(res, 200, this.stats());
       case 'POST /sim/config':
         return sendJson(res, 200, this.configure(await readJson(req, MAX_BODY_BYTES)));
       default:
-        throw new SimHttpError(404, `Not found: ${req.method} ${path}`);
+        if (ROUTES.has(path)) return sendDetail(res, 405, 'Method Not Allowed');
+        return sendDetail(res, 404, 'Not Found');
     }
   }
 
@@ -133,12 +242,19 @@ class SimServer {
     if (res.headersSent || res.destroyed) {
       res.destroy();
     } else if (error instanceof SimHttpError) {
-      sendError(res, error.status, error.message);
+      sendError(res, error.status, error.message, error.type);
     } else if (error instanceof SimOptionError) {
       sendError(res, 400, error.message);
     } else {
-      sendError(res, 500, `Simulator error: ${error instanceof Error ? error.message : String(error)}`);
+      sendError(res, 500, `Internal server error: ${error instanceof Error ? error.message : String(error)}`);
     }
+  }
+
+  // Real SGLang generates one token for a healthy answer, so even an idle server takes about a second.
+  async #health(res: ServerResponse): Promise<void> {
+    if (!this.#starting() && this.#knobs.healthMs > 0) await sleep(this.#knobs.healthMs);
+    const healthy = !this.#starting() && !this.#draining;
+    res.writeHead(healthy ? 200 : 503, { 'content-length': 0 }).end();
   }
 
   #models(): object {
@@ -150,24 +266,121 @@ class SimServer {
     };
   }
 
+  #modelInfo(): object {
+    const { model } = this.#knobs;
+    return { model_path: model, tokenizer_path: model, is_generation: true, weight_version: 'default' };
+  }
+
+  // A few of SGLang's server_args (all given as null when not on the command line), the
+  // scheduler's KV pool, and one internal state per DP rank.
   #serverInfo(): object {
-    const { model, contextLength, maxRunning, maxQueue } = this.#knobs;
+    const k = this.#knobs;
     return {
-      model_path: model,
-      served_model_name: model,
-      context_length: contextLength,
-      max_running_requests: maxRunning,
-      max_queued_requests: maxQueue,
-      // Room for every running request at full context.
-      max_total_num_tokens: maxRunning * contextLength,
-      version: 'sim',
+      model_path: k.model,
+      tokenizer_path: k.model,
+      served_model_name: k.model,
+      context_length: this.#given.has('contextLength') ? k.contextLength : null,
+      max_running_requests: k.maxRunningRequests > 0 ? k.maxRunningRequests : null,
+      max_queued_requests: k.maxQueue,
+      tp_size: 1,
+      dp_size: k.dpSize,
+      enable_metrics: k.enableMetrics === 1,
+      enable_cache_report: k.enableCacheReport === 1,
+      reasoning_parser: k.reasoningParser === 1 ? 'qwen3' : null,
+      max_total_num_tokens: this.#pool(0),
+      max_req_input_len: Math.min(k.contextLength, this.#pool(0)) - 1,
+      startup_time: this.#startedAt / 1000,
+      internal_states: this.#ranks.map((rank, i) => ({
+        last_gen_throughput: rank.genThroughput(),
+        // The simulator has no GPU: only the token capacity is meaningful.
+        memory_usage: { weight: 0, kvcache: 0, token_capacity: this.#pool(i), graph: 0 },
+        effective_max_running_requests_per_dp: this.#share(i),
+      })),
+      version: SGLANG_VERSION,
     };
   }
 
+  #rankLoad(i: number): {
+    dp_rank: number;
+    num_running_reqs: number;
+    num_waiting_reqs: number;
+    num_used_tokens: number;
+    max_total_num_tokens: number;
+    token_usage: number;
+    gen_throughput: number;
+    cache_hit_rate: number;
+    utilization: number;
+    max_running_requests: number;
+    num_total_reqs: number;
+  } {
+    const rank = this.#ranks[i];
+    const cache = this.#cache[i];
+    return {
+      dp_rank: i,
+      num_running_reqs: rank.running,
+      num_waiting_reqs: rank.queued,
+      num_used_tokens: rank.usedTokens,
+      max_total_num_tokens: this.#pool(i),
+      token_usage: rank.usedTokens / this.#pool(i),
+      gen_throughput: rank.genThroughput(),
+      cache_hit_rate: cache.promptTokens > 0 ? cache.cachedTokens / cache.promptTokens : 0,
+      // The share of the rank's running slots in use.
+      utilization: rank.running / this.#share(i),
+      max_running_requests: this.#share(i),
+      num_total_reqs: rank.running + rank.queued,
+    };
+  }
+
+  // entrypoints/v1_loads.py: the `core` fields per rank (the optional sections have nothing to show here) and their aggregate.
+  #loads(query: URLSearchParams): object {
+    const only = query.get('dp_rank');
+    const loads = this.#ranks.map((_, i) => this.#rankLoad(i)).filter((load) => only === null || String(load.dp_rank) === only);
+    const n = Math.max(1, loads.length);
+    const total = (of: (load: (typeof loads)[number]) => number): number => loads.reduce((sum, load) => sum + of(load), 0);
+    return {
+      timestamp: new Date().toISOString(),
+      version: SGLANG_VERSION,
+      dp_rank_count: loads.length,
+      loads,
+      aggregate: {
+        total_running_reqs: total((l) => l.num_running_reqs),
+        total_waiting_reqs: total((l) => l.num_waiting_reqs),
+        total_reqs: total((l) => l.num_total_reqs),
+        avg_token_usage: Number((total((l) => l.token_usage) / n).toFixed(4)),
+        avg_throughput: Number((total((l) => l.gen_throughput) / n).toFixed(2)),
+        avg_utilization: Number((total((l) => l.utilization) / n).toFixed(4)),
+      },
+    };
+  }
+
+  // The deprecated /get_load shim's shape.
+  #legacyLoad(): object {
+    return this.#ranks.map((rank, i) => ({
+      dp_rank: i,
+      num_reqs: rank.running + rank.queued,
+      num_waiting_reqs: rank.queued,
+      num_tokens: rank.usedTokens,
+      num_pending_tokens: 0,
+      ts_tic: performance.now() / 1000,
+    }));
+  }
+
   #metrics(): string {
-    return renderMetrics(this.#knobs.model, {
-      running: this.#slots.running,
-      queued: this.#slots.queued,
+    return renderMetrics({
+      model: this.#knobs.model,
+      dataParallel: this.#knobs.dpSize > 1,
+      ranks: this.#ranks.map((_, i) => {
+        const load = this.#rankLoad(i);
+        return {
+          running: load.num_running_reqs,
+          queued: load.num_waiting_reqs,
+          tokenUsage: load.token_usage,
+          genThroughput: load.gen_throughput,
+          cacheHitRate: load.cache_hit_rate,
+          retractedWaiting: this.#ranks[i].retractedWaiting,
+          retractions: this.#ranks[i].retractions,
+        };
+      }),
       promptTokens: this.#promptTokens,
       generationTokens: this.#generationTokens,
     });
@@ -203,30 +416,60 @@ class SimServer {
     const error = next() < k.errorRate;
     const error500 = next() < 0.5;
     const degenerate = next() < k.degenerateRate;
-    return { reset, hang, error: error ? (error500 ? 500 : 503) : undefined, degenerate };
+    const abort = this.#abortRandom() < k.abortRate;
+    // Half of the aborts come back empty, as most do on a real server; the rest part-way through.
+    const abortShare = Math.max(0, this.#abortRandom() * 2 - 1);
+    return { reset, hang, error: error ? (error500 ? 500 : 503) : undefined, degenerate, abortAt: abort ? abortShare : undefined };
+  }
+
+  // SGLang's DP controller sends each request to the least loaded rank.
+  #pickRank(): number {
+    let best = 0;
+    for (let i = 1; i < this.#ranks.length; i++) {
+      const load = this.#ranks[i].running + this.#ranks[i].queued;
+      if (load < this.#ranks[best].running + this.#ranks[best].queued) best = i;
+    }
+    return best;
   }
 
   #schedule(request: ChatRequest, faults: Faults, res: ServerResponse): void {
+    const index = this.#pickRank();
+    const rank = this.#ranks[index];
+    const cachedTokens = this.#cachedTokens(request);
+    const reply = buildReply(request, this.#knobs, { degenerate: faults.degenerate, cachedTokens, abortAt: faults.abortAt });
+    const kv = this.#knobs.kvTokens > 0;
     let settled = false;
     let timer: NodeJS.Timeout | undefined;
-    const answer = (reply: Reply): void => {
+    const answer = (): void => {
       settled = true;
-      this.#counts.completed++;
+      if (faults.abortAt === undefined) this.#counts.completed++;
+      else this.#counts.aborts++;
       this.#promptTokens += request.promptTokens;
       this.#generationTokens += reply.completionTokens;
+      this.#cache[index].promptTokens += request.promptTokens;
+      this.#cache[index].cachedTokens += cachedTokens;
       sendJson(res, 200, reply.body, { 'x-sim-digest': request.digest });
-      this.#slots.leave(job);
+      if (!kv) rank.leave(job);
+      this.#checkDrained();
     };
     const job: Job = {
+      promptTokens: request.promptTokens,
+      // A hung request in the KV model leaves the batch at once and is never answered.
+      completionTokens: faults.hang && kv ? 0 : reply.completionTokens,
+      maxNewTokens: request.maxTokens,
       start: () => {
         // A hung request holds its slot until the client gives up, as a stuck server would.
-        if (faults.hang) return;
-        const cachedTokens = this.#cachedTokens(request);
-        const reply = buildReply(request, this.#knobs, { degenerate: faults.degenerate, cachedTokens });
+        if (kv || faults.hang) return;
         const delay = this.#latencyMs(reply.completionTokens);
         // No timer at zero latency: benchmarks need the fastest possible path.
-        if (delay === 0) answer(reply);
-        else timer = setTimeout(answer, delay, reply);
+        if (delay === 0) answer();
+        else timer = setTimeout(answer, delay);
+      },
+      // The KV model times prefill and decode itself; ttftMs is then a fixed delay on top.
+      finish: () => {
+        if (faults.hang || settled) return;
+        if (this.#knobs.ttftMs > 0) timer = setTimeout(answer, this.#knobs.ttftMs);
+        else answer();
       },
     };
     res.on('close', () => {
@@ -234,13 +477,16 @@ class SimServer {
       settled = true;
       clearTimeout(timer);
       this.#counts.aborted++;
-      this.#slots.leave(job);
+      rank.leave(job);
+      this.#checkDrained();
     });
-    if (!this.#slots.enter(job)) {
+    if (this.#sum((r) => r.queued) >= this.#knobs.maxQueue && !rank.hasRoomFor(job)) {
       settled = true;
       this.#counts.rejected++;
       sendError(res, 503, 'The request queue is full.');
+      return;
     }
+    rank.enter(job);
   }
 
   #latencyMs(completionTokens: number): number {
@@ -260,8 +506,9 @@ class SimServer {
 /** Starts an SGLang look-alike on `host:port` (127.0.0.1 and a free port by default). */
 export async function startSimulator(opts: SimOptions = {}): Promise<Simulator> {
   const { onDie, ...options } = opts;
-  const knobs: Knobs = { ...DEFAULTS, ...checkKnobs(options, 'start') };
-  const sim = new SimServer(knobs, onDie);
+  const checked = checkKnobs(options, 'start');
+  const knobs: Knobs = { ...DEFAULTS, ...checked };
+  const sim = new SimServer(knobs, new Set(Object.keys(checked)), onDie);
   await new Promise<void>((resolve, reject) => {
     sim.http.once('error', reject);
     sim.http.listen(knobs.port, knobs.host, () => {
@@ -271,6 +518,13 @@ export async function startSimulator(opts: SimOptions = {}): Promise<Simulator> 
   });
   const { port } = sim.http.address() as AddressInfo;
   const host = knobs.host.includes(':') ? `[${knobs.host}]` : knobs.host;
+  // Destroying every socket (idle keep-alive and hung requests included) is what lets tests end promptly.
+  const close = (): Promise<void> =>
+    new Promise<void>((resolve) => {
+      sim.closeRanks();
+      sim.http.close(() => resolve());
+      sim.http.closeAllConnections();
+    });
   return {
     url: `http://${host}:${port}`,
     port,
@@ -278,11 +532,10 @@ export async function startSimulator(opts: SimOptions = {}): Promise<Simulator> 
     configure: (patch) => {
       sim.configure(patch);
     },
-    // Destroying every socket (idle keep-alive and hung requests included) is what lets tests end promptly.
-    close: () =>
-      new Promise<void>((resolve) => {
-        sim.http.close(() => resolve());
-        sim.http.closeAllConnections();
-      }),
+    drain: async () => {
+      await sim.drain();
+      await close();
+    },
+    close,
   };
 }
