@@ -231,18 +231,30 @@ describe('isRepetitive cost', () => {
 
 describe('thinkingRequested', () => {
   it('reads chat_template_kwargs.enable_thinking or .thinking', () => {
-    expect(thinkingRequested({ chat_template_kwargs: { enable_thinking: true } })).toBe(true);
-    expect(thinkingRequested({ chat_template_kwargs: { thinking: true } })).toBe(true);
-    expect(thinkingRequested({ temperature: 0.6, chat_template_kwargs: { enable_thinking: true, foo: 1 } })).toBe(true);
+    expect(thinkingRequested({ chat_template_kwargs: { enable_thinking: true } }, 'm')).toBe(true);
+    expect(thinkingRequested({ chat_template_kwargs: { thinking: true } }, 'm')).toBe(true);
+    expect(thinkingRequested({ temperature: 0.6, chat_template_kwargs: { enable_thinking: true, foo: 1 } }, 'm')).toBe(true);
   });
 
-  it('is false unless the value is literally true', () => {
-    expect(thinkingRequested({})).toBe(false);
-    expect(thinkingRequested({ chat_template_kwargs: { enable_thinking: false } })).toBe(false);
-    expect(thinkingRequested({ chat_template_kwargs: { enable_thinking: 'true' } })).toBe(false);
-    expect(thinkingRequested({ chat_template_kwargs: null })).toBe(false);
-    expect(thinkingRequested({ chat_template_kwargs: 'enable_thinking' })).toBe(false);
-    expect(thinkingRequested({ enable_thinking: true })).toBe(false);
+  it('is false for other models unless asked for', () => {
+    expect(thinkingRequested({}, 'm')).toBe(false);
+    expect(thinkingRequested({ chat_template_kwargs: { enable_thinking: false } }, 'm')).toBe(false);
+    expect(thinkingRequested({ chat_template_kwargs: { enable_thinking: 'true' } }, 'm')).toBe(false);
+    expect(thinkingRequested({ chat_template_kwargs: null }, 'm')).toBe(false);
+    expect(thinkingRequested({ chat_template_kwargs: 'enable_thinking' }, 'm')).toBe(false);
+    expect(thinkingRequested({ enable_thinking: true }, 'm')).toBe(false);
+  });
+
+  it('follows Qwen3: thinking by default, off only when enable_thinking is false', () => {
+    expect(thinkingRequested({}, 'Qwen/Qwen3-27B')).toBe(true);
+    expect(thinkingRequested({}, '/models/qwen3-8b')).toBe(true);
+    expect(thinkingRequested({ chat_template_kwargs: { enable_thinking: false } }, 'Qwen/Qwen3-27B')).toBe(false);
+  });
+
+  it('turns thinking on with reasoning_effort or reasoning', () => {
+    expect(thinkingRequested({ reasoning_effort: 'high' }, 'm')).toBe(true);
+    expect(thinkingRequested({ reasoning: { effort: 'low' } }, 'm')).toBe(true);
+    expect(thinkingRequested({ reasoning_effort: 'high', chat_template_kwargs: { enable_thinking: false } }, 'm')).toBe(false);
   });
 });
 

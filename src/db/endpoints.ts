@@ -1,4 +1,4 @@
-import { asc, eq, gt } from 'drizzle-orm';
+import { and, asc, eq, gt } from 'drizzle-orm';
 import type { Db, DbOrTx } from './client.js';
 import { endpoints, type EndpointRow } from './schema.js';
 
@@ -37,11 +37,21 @@ export function deleteEndpoint(db: DbOrTx, id: string): void {
   db.delete(endpoints).where(eq(endpoints.id, id)).run();
 }
 
-/** The model of every registered endpoint; null for one that has not said yet. */
-export function servedModels(db: DbOrTx): (string | null)[] {
-  return db
-    .select({ model: endpoints.model })
-    .from(endpoints)
-    .all()
-    .map((e) => e.model);
+/** The model and aliases of every registered endpoint; the model is null for one that has not said yet. */
+export function servedModels(db: DbOrTx): { model: string | null; aliases: string[] }[] {
+  return db.select({ model: endpoints.model, aliases: endpoints.aliases }).from(endpoints).all();
+}
+
+/**
+ * Writes what a probe learnt, only while the endpoint is still in the state the probe read: an
+ * operator's change made meanwhile wins. Returns whether the write happened.
+ */
+export function updateEndpointIfState(db: DbOrTx, id: string, expected: string, set: Partial<typeof endpoints.$inferInsert>): boolean {
+  return (
+    db
+      .update(endpoints)
+      .set(set)
+      .where(and(eq(endpoints.id, id), eq(endpoints.state, expected)))
+      .run().changes > 0
+  );
 }

@@ -30,8 +30,9 @@ export type Outcome =
       at: number;
     })
   | (Base & { kind: 'failed'; error: SampleError; at: number })
-  // Back to the queue: a retry after backoff (usage is what the failed or flagged attempt cost).
-  | (Base & { kind: 'retry'; availableAt: number; usage: Usage | null; qualityRetry: boolean; error: SampleError | null })
+  // Back to the queue: a retry after backoff (usage is what the failed or flagged attempt cost). After
+  // a server's fault the attempt is refunded and the fault counted instead.
+  | (Base & { kind: 'retry'; availableAt: number; usage: Usage | null; qualityRetry: boolean; serverFault: boolean; error: SampleError | null })
   // Back to the queue without spending an attempt: shutdown, pause, a sick endpoint.
   | (Base & { kind: 'release' })
   | (Base & { kind: 'cancelled' });
@@ -88,8 +89,8 @@ export function prepareResultStatements(db: Db) {
        lease_owner = null, lease_expires_at = null ${guard}`,
     ),
     retry: db.$client.prepare(
-      `update samples set status = 'pending', available_at = ?, quality_retries = quality_retries + ?, error_code = ?, error_message = ?,
-       error_status = ?, lease_owner = null, lease_expires_at = null ${guard}`,
+      `update samples set status = 'pending', available_at = ?, quality_retries = quality_retries + ?, attempts = max(attempts - ?, 0),
+       server_faults = server_faults + ?, error_code = ?, error_message = ?, error_status = ?, lease_owner = null, lease_expires_at = null ${guard}`,
     ),
     release: db.$client.prepare(`update samples set ${RELEASE_LEASE} ${guard}`),
     cancel: db.$client.prepare(`update samples set status = 'cancelled', lease_owner = null, lease_expires_at = null ${guard}`),
@@ -154,6 +155,8 @@ export function applyOutcomes(s: ResultStatements, owner: string, batch: Outcome
         changed = s.retry.run(
           o.availableAt,
           o.qualityRetry ? 1 : 0,
+          o.serverFault ? 1 : 0,
+          o.serverFault ? 1 : 0,
           o.error?.code ?? null,
           o.error?.message ?? null,
           o.error?.status ?? null,

@@ -139,3 +139,14 @@ export function recentRunSampleCounts(db: DbOrTx, finishedSince: number) {
     .where(or(notInArray(runs.status, [...TERMINAL_RUN_STATUSES]), gte(runs.finishedAt, finishedSince)))
     .all();
 }
+
+/** Sets a run's status_reason without moving its status, only while its status is one of `statuses`. */
+export function setStatusReason(db: DbOrTx, id: string, reason: string | null, statuses: readonly RunStatus[]): boolean {
+  return (
+    db
+      .update(runs)
+      .set({ statusReason: reason })
+      .where(and(eq(runs.id, id), inArray(runs.status, [...statuses])))
+      .run().changes > 0
+  );
+}

@@ -54,6 +54,7 @@ export interface ClaimedRow {
   request: string;
   attempts: number;
   qualityRetries: number;
+  serverFaults: number;
 }
 
 /**
@@ -65,7 +66,7 @@ export function prepareClaim(db: Db): (runId: string, owner: string, now: number
   const claim = db.$client.prepare(
     `update samples set status = 'in_progress', attempts = attempts + 1, lease_owner = ?, lease_expires_at = ?
      where id in (select id from samples where run_id = ? and status = 'pending' and available_at <= ? order by seq limit ?)
-     returning id, shard_idx as shardIdx, request, attempts, quality_retries as qualityRetries`,
+     returning id, shard_idx as shardIdx, request, attempts, quality_retries as qualityRetries, server_faults as serverFaults`,
   );
   const count = db.$client.prepare(`update runs set pending = pending - ?, in_progress = in_progress + ? where id = ?`);
   return db.$client.transaction((runId: string, owner: string, now: number, leaseExpiresAt: number, limit: number) => {

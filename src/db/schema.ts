@@ -16,6 +16,13 @@ export const endpoints = sqliteTable('endpoints', {
   // Set by the user; when null the server's own max_running_requests (or the default) applies.
   maxConcurrency: integer('max_concurrency'),
   serverMaxRunning: integer('server_max_running'),
+  // What the probes read of the server (SGLANG.md "Capacity", "Models"): its KV pool in tokens, its
+  // context length, and when its process started (a change means it restarted).
+  kvTokens: integer('kv_tokens'),
+  maxModelLen: integer('max_model_len'),
+  startupTime: real('startup_time'),
+  // Other names the endpoint answers to, as the operator registered them.
+  aliases: text('aliases', { mode: 'json' }).$type<string[]>().notNull().default(sql`'[]'`),
   weight: real('weight').notNull().default(1),
   labels: text('labels', { mode: 'json' }).$type<Record<string, string>>().notNull().default(sql`'{}'`),
   lastError: text('last_error'),
@@ -139,6 +146,9 @@ export const samples = sqliteTable(
     // The request as sent: {messages, params?} in JSON, kept so a retry or restart can resend it.
     request: text('request').notNull(),
     attempts: integer('attempts').notNull().default(0),
+    // Attempts lost to the server's faults (connection errors, timeouts, 5xx, aborts): refunded
+    // from attempts and counted here against a budget of their own.
+    serverFaults: integer('server_faults').notNull().default(0),
     qualityRetries: integer('quality_retries').notNull().default(0),
     availableAt: integer('available_at').notNull().default(0),
     leaseOwner: text('lease_owner'),

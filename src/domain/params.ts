@@ -56,10 +56,21 @@ export type RegenerateMode = (typeof REGENERATE_MODES)[number];
 export const ON_INVALID_LINE = ['fail', 'skip'] as const;
 export type OnInvalidLine = (typeof ON_INVALID_LINE)[number];
 
-/** Whether params turn on a reasoning model's thinking mode (Qwen3 style). */
-export function thinkingRequested(params: Record<string, unknown>): boolean {
+/** Qwen3-family chat templates think unless told not to (SGLANG.md "Chat completions"). */
+const THINKS_BY_DEFAULT = /qwen3/i;
+
+/**
+ * Whether a request asks a reasoning model to think, as SGLang and the Qwen3 templates read it:
+ * `chat_template_kwargs.enable_thinking` (or `thinking`) decides when set; else `reasoning_effort`
+ * or `reasoning` turn it on; else a Qwen3 model thinks by default.
+ */
+export function thinkingRequested(params: Record<string, unknown>, model: string): boolean {
   const kwargs = params.chat_template_kwargs;
-  if (typeof kwargs !== 'object' || kwargs === null) return false;
-  const { enable_thinking, thinking } = kwargs as Record<string, unknown>;
-  return enable_thinking === true || thinking === true;
+  if (typeof kwargs === 'object' && kwargs !== null) {
+    const { enable_thinking, thinking } = kwargs as Record<string, unknown>;
+    if (typeof enable_thinking === 'boolean') return enable_thinking;
+    if (typeof thinking === 'boolean') return thinking;
+  }
+  if (params.reasoning_effort != null || params.reasoning != null) return true;
+  return THINKS_BY_DEFAULT.test(model);
 }

@@ -1,22 +1,29 @@
 // Why a sample's attempt did not complete: the `error.code` of a failed sample and of an error
 // line. One union; the retry reasons in /metrics are derived from it.
+//
+// `fault` says whose fault it is. A server's faults are tried again on the fleet under a budget of
+// their own and do not use up the sample's max_attempts: spread over a healthy fleet they would
+// otherwise fail samples at random (at 16% faults, 0.16^5 of them). A sample's own faults count
+// against max_attempts.
 
 export const SAMPLE_ERROR_CODES = {
   /** No answer within the run's request_timeout_ms. */
-  timeout: { retryable: true },
+  timeout: { retryable: true, fault: 'server' },
   /** The connection failed or was reset. */
-  connection_error: { retryable: true },
+  connection_error: { retryable: true, fault: 'server' },
   /** 5xx, 408, 409 or 425 from the server. */
-  server_error: { retryable: true },
+  server_error: { retryable: true, fault: 'server' },
   /** 429 (only a gateway in front of SGLang sends it). */
-  rate_limited: { retryable: true },
-  /** 200 without the shape of a chat completion. */
-  malformed_response: { retryable: true },
+  rate_limited: { retryable: true, fault: 'server' },
+  /** The server aborted the request (finish_reason "abort": a pause, a weight update, /abort_request). */
+  aborted: { retryable: true, fault: 'server' },
+  /** 200 without the shape of a chat completion, or with a finish_reason SGLang does not send. */
+  malformed_response: { retryable: true, fault: 'server' },
   /** An answer regen could not take (a fault of its own); tried again. */
-  internal_error: { retryable: true },
+  internal_error: { retryable: true, fault: 'sample' },
   /** A 4xx other than the above: the request itself is wrong (e.g. longer than the context). */
-  invalid_request: { retryable: false },
-} as const satisfies Record<string, { retryable: boolean }>;
+  invalid_request: { retryable: false, fault: 'sample' },
+} as const satisfies Record<string, { retryable: boolean; fault: 'server' | 'sample' }>;
 export type SampleErrorCode = keyof typeof SAMPLE_ERROR_CODES;
 
 export interface SampleError {

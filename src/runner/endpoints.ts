@@ -1,32 +1,63 @@
 import type { Agent } from 'node:http';
 import OpenAI from 'openai';
 import type { Db } from '../db/client.js';
-import { effectiveConcurrency, listEndpoints, updateEndpoint } from '../db/endpoints.js';
-import type { EndpointState } from '../domain/statuses.js';
+import { getEndpoint, listEndpoints, updateEndpointIfState } from '../db/endpoints.js';
 import type { EndpointRow } from '../db/schema.js';
+import { servesModel } from '../domain/models.js';
+import type { EndpointState } from '../domain/statuses.js';
 import type { Logger } from '../logger.js';
+import { AdaptiveCap, capInUse, serverCeiling, type CapSource, type Load, type ServerCapacity } from './capacity.js';
+import { backoffMs, firstProbeDelayMs, probeBackoff } from './failure-policy.js';
 import { agentFetch, endpointAgent } from './http-fetch.js';
 import { LatencyRing, RateWindow } from './rates.js';
-import { backoffMs, firstProbeDelayMs, probeBackoff } from './failure-policy.js';
+import { parseLoads, parseMetrics, parseModels, parseServerInfo } from './server-info.js';
 import { IDLE_ENDPOINT, type EndpointLive } from './view.js';
 
-/** Consecutive transport failures after which an endpoint is taken out of rotation. */
+/** Consecutive transport failures while dispatching after which an endpoint is taken out of rotation. */
 export const UNHEALTHY_AFTER = 3;
+/** Every probe request but /health: these answer at once on a healthy server. */
 const PROBE_TIMEOUT_MS = 5000;
 /** A probe reads at most this much of an answer: a server must not fill regen's memory. */
 const PROBE_MAX_BYTES = 4 << 20;
+/** A load reading older than this many intervals no longer steers the cap. */
+const STALE_LOAD_INTERVALS = 5;
+/** The adaptive cap's ceiling on a server that does not say what it can run. */
+const UNKNOWN_CEILING = 100_000;
+const MAX_REASON_CHARS = 300;
 
-/** One SGLang server as the runner sees it: its row, its client, and what is in flight on it. */
+export interface PoolSettings {
+  probeIntervalMs: number;
+  healthTimeoutMs: number;
+  unhealthyAfterProbes: number;
+  loadIntervalMs: number;
+  adaptiveConcurrency: boolean;
+  defaultConcurrency: number;
+}
+
+/** One SGLang server as the runner sees it: its row, its client, its live load, and what is in flight on it. */
 export class LiveEndpoint {
   client: OpenAI;
   private agent: Agent;
   readonly inFlight = new Map<number, AbortController>();
+  /** Transport failures in a row while dispatching. */
   consecutiveFailures = 0;
   nextProbeAt = 0;
   /** Probes failed in a row; the wait before the next one grows with it. */
   probeFailures = 0;
   probing = false;
-  server: { running: number | null; queued: number | null } = { running: null, queued: null };
+  /**
+   * Nothing new is sent until a probe succeeds: a probe failed, the server answered /health with
+   * 503 (it drains), or a connection broke (it may have restarted, with another model). What runs
+   * there goes on to its own answer, error or timeout.
+   */
+  suspect = false;
+  nextLoadAt = 0;
+  loading = false;
+  /** Which load route the server has: /v1/loads (v0.5.8+), else /metrics (with --enable-metrics), else none. */
+  loadRoute: 'loads' | 'metrics' | 'none' = 'loads';
+  hasMetrics = true;
+  load: Load | null = null;
+  adaptive: AdaptiveCap | null = null;
   readonly rate = new RateWindow();
   readonly latency = new LatencyRing();
 
@@ -56,22 +87,43 @@ export class LiveEndpoint {
     this.agent.destroy();
   }
 
-  cap(fallback: number): number {
-    return effectiveConcurrency(this.row, fallback);
+  get capacity(): ServerCapacity {
+    return { maxRunning: this.row.serverMaxRunning, kvTokens: this.row.kvTokens };
+  }
+
+  /** The cap in use and where it comes from. */
+  capInfo(fallback: number, now: number, loadIntervalMs: number): { cap: number; source: CapSource } {
+    const fresh = this.adaptive && this.load && now - this.load.at <= STALE_LOAD_INTERVALS * loadIntervalMs;
+    return capInUse(this.row.maxConcurrency, this.capacity, fresh ? this.adaptive!.cap : null, fallback);
   }
 
   get state(): EndpointState {
     return this.row.state as EndpointState;
   }
 
-  live(now: number): EndpointLive {
+  /** Ready, and not waiting for a probe to clear it: new samples may be sent. */
+  get dispatchable(): boolean {
+    return this.state === 'ready' && !this.suspect;
+  }
+
+  serves(model: string): boolean {
+    return servesModel(this.row.model, this.row.aliases, model);
+  }
+
+  live(now: number, cap: { cap: number; source: CapSource }): EndpointLive {
     const r = this.rate.rates(now);
     return {
       in_flight: this.inFlight.size,
       samples_per_second: Math.round(r.samples * 100) / 100,
       completion_tokens_per_second: Math.round(r.tokens * 100) / 100,
       p50_latency_ms: this.latency.p50(),
-      server: this.server,
+      cap: cap.cap,
+      cap_source: cap.source,
+      server: {
+        running: this.load?.running ?? null,
+        queued: this.load?.waiting ?? null,
+        token_usage: this.load?.tokenUsage == null ? null : Math.round(this.load.tokenUsage * 1000) / 1000,
+      },
     };
   }
 }
@@ -92,10 +144,10 @@ async function readCapped(res: Response, limit: number): Promise<string> {
   return Buffer.concat(chunks).toString('utf8');
 }
 
-async function getJson(url: string, apiKey: string | null): Promise<{ status: number; body: unknown }> {
+async function getJson(url: string, apiKey: string | null, timeoutMs = PROBE_TIMEOUT_MS): Promise<{ status: number; body: unknown }> {
   const res = await fetch(url, {
     headers: apiKey ? { authorization: `Bearer ${apiKey}` } : {},
-    signal: AbortSignal.timeout(PROBE_TIMEOUT_MS),
+    signal: AbortSignal.timeout(timeoutMs),
   });
   const text = await readCapped(res, PROBE_MAX_BYTES);
   let body: unknown = text;
@@ -107,15 +159,23 @@ async function getJson(url: string, apiKey: string | null): Promise<{ status: nu
   return { status: res.status, body };
 }
 
-function metricValue(text: string, name: string): number | null {
-  const m = new RegExp(`^${name.replace(/[:]/g, '\\:')}(?:\\{[^}]*\\})?\\s+([0-9.eE+-]+)`, 'm').exec(text);
-  return m ? Number(m[1]) : null;
+/** `/server_info`, or the deprecated `/get_server_info` on a server older than v0.5.6. */
+async function serverInfo(url: string, apiKey: string | null) {
+  let info = await getJson(`${url}/server_info`, apiKey);
+  if (info.status === 404) info = await getJson(`${url}/get_server_info`, apiKey);
+  return info.status === 200 ? parseServerInfo(info.body) : null;
 }
 
+type HealthVerdict = { ok: true } | { ok: false; reason: string; loading: boolean; draining: boolean };
+
 /**
- * Keeps the in-memory endpoint set in step with the table and probes each server: `starting`
- * until /health answers 200 (SGLang loads weights for minutes), then the served model and
- * max_running_requests are read; `unhealthy` ones are probed again with backoff.
+ * Keeps the in-memory endpoint set in step with the table and probes each server as SGLANG.md
+ * describes it. `/health` is a real one-token generation that can take many seconds on a busy
+ * server: a slow or failed probe stops new dispatch there until a probe succeeds, and only
+ * `unhealthyAfterProbes` failures in a row make a ready endpoint unhealthy. Neither aborts the
+ * requests running there. Each successful probe reads the served model and the capacity again, so a
+ * restart or a new model is noticed before anything more is sent; the live load is read every
+ * `loadIntervalMs` to steer the cap.
  */
 export class EndpointPool {
   readonly live = new Map<string, LiveEndpoint>();
@@ -124,7 +184,7 @@ export class EndpointPool {
     private readonly db: Db,
     private readonly logger: Logger,
     private readonly clock: () => number,
-    private readonly probeIntervalMs: number,
+    private readonly settings: PoolSettings,
     private readonly onChange: () => void,
     private readonly onRemoved: (e: LiveEndpoint) => void,
   ) {}
@@ -136,15 +196,17 @@ export class EndpointPool {
     for (const row of rows) {
       seen.add(row.id);
       const e = this.live.get(row.id);
-      if (!e) this.live.set(row.id, new LiveEndpoint(row));
-      else {
-        const wasState = e.row.state;
-        e.update(row);
-        if (row.state === 'starting' && wasState !== 'starting') {
-          e.nextProbeAt = 0;
-          e.probeFailures = 0;
-        }
+      if (!e) {
+        this.live.set(row.id, new LiveEndpoint(row));
+        continue;
       }
+      const wasState = e.row.state;
+      e.update(row);
+      if (row.state === wasState) continue;
+      e.nextProbeAt = 0;
+      e.probeFailures = 0;
+      // Put back by an operator: probed before anything is sent.
+      if (row.state === 'ready') e.suspect = true;
     }
     for (const [id, e] of this.live) {
       if (!seen.has(id)) {
@@ -160,61 +222,84 @@ export class EndpointPool {
     for (const e of this.live.values()) e.close();
   }
 
-  /** Models some ready endpoint serves now. */
-  servedModels(): Set<string> {
-    const served = new Set<string>();
-    for (const e of this.live.values()) if (e.state === 'ready' && e.row.model) served.add(e.row.model);
-    return served;
+  capOf(e: LiveEndpoint): number {
+    return e.capInfo(this.settings.defaultConcurrency, this.clock(), this.settings.loadIntervalMs).cap;
   }
 
-  /** Endpoints judged unhealthy that still have requests in flight. */
-  unhealthyWithFlights(): LiveEndpoint[] {
-    return [...this.live.values()].filter((e) => e.state === 'unhealthy' && e.inFlight.size > 0);
+  /** Models some dispatchable endpoint serves now, as a test for a run's model. */
+  servesNow(model: string): boolean {
+    for (const e of this.live.values()) if (e.dispatchable && e.serves(model)) return true;
+    return false;
   }
 
-  /** The free and total slots of the ready endpoints serving `model`. */
-  slotsFor(model: string, fallback: number): { free: number; total: number } {
+  /** The free and total slots of the dispatchable endpoints serving `model`. */
+  slotsFor(model: string): { free: number; total: number } {
     let free = 0;
     let total = 0;
     for (const e of this.live.values()) {
-      if (e.state !== 'ready' || e.row.model !== model) continue;
-      const cap = e.cap(fallback);
+      if (!e.dispatchable || !e.serves(model)) continue;
+      const cap = this.capOf(e);
       total += cap;
       free += Math.max(0, cap - e.inFlight.size);
     }
     return { free, total };
   }
 
+  /** What the endpoints serve, for a run that none can serve: "ep_x (/models/Qwen3-27B, ready)". */
+  describeServed(): string {
+    if (this.live.size === 0) return 'no endpoints are registered';
+    const parts = [...this.live.values()].map((e) => {
+      const names = [e.row.model ?? 'model not known yet', ...e.row.aliases].join(', ');
+      return `${e.row.name} (${names}; ${e.suspect && e.state === 'ready' ? 'being probed' : e.state})`;
+    });
+    return `the endpoints serve: ${parts.join('; ')}`;
+  }
+
   liveOf(endpointId: string, now: number): EndpointLive {
-    return this.live.get(endpointId)?.live(now) ?? IDLE_ENDPOINT;
+    const e = this.live.get(endpointId);
+    return e ? e.live(now, e.capInfo(this.settings.defaultConcurrency, now, this.settings.loadIntervalMs)) : IDLE_ENDPOINT;
   }
 
   snapshot(now: number): Record<string, EndpointLive> {
     const out: Record<string, EndpointLive> = {};
-    for (const [id, e] of this.live) out[id] = e.live(now);
+    for (const id of this.live.keys()) out[id] = this.liveOf(id, now);
     return out;
   }
 
-  setState(e: LiveEndpoint, state: EndpointState, lastError: string | null, extra: Partial<EndpointRow> = {}): void {
+  /**
+   * Moves an endpoint to `state`, only while it is still in the state `expected` (by default the one
+   * this pool last saw): an operator's change made meanwhile wins, and the row is read again.
+   */
+  setState(e: LiveEndpoint, state: EndpointState, lastError: string | null, extra: Partial<EndpointRow> = {}, expected = e.row.state): boolean {
     const now = this.clock();
-    const changed = e.row.state !== state;
     const set = { state, lastError, lastCheckedAt: now, updatedAt: now, ...extra };
-    updateEndpoint(this.db, e.row.id, set);
+    if (!updateEndpointIfState(this.db, e.row.id, expected, set)) {
+      const row = getEndpoint(this.db, e.row.id);
+      if (row) e.update(row);
+      return false;
+    }
+    const changed = e.row.state !== state;
     e.row = { ...e.row, ...set };
     if (changed) {
       this.logger.info({ endpoint_id: e.row.id, url: e.row.url, state, reason: lastError ?? undefined }, 'endpoint state');
       this.onChange();
     }
+    return true;
   }
 
-  /** A transport failure seen while dispatching; enough in a row takes the endpoint out. */
+  /**
+   * A transport failure seen while dispatching: nothing more is sent until a probe (at once) says
+   * the server is back, and enough in a row take the endpoint out. True when it was taken out, so
+   * that what runs there is given back: its connections are failing.
+   */
   transportFailure(e: LiveEndpoint, message: string): boolean {
     e.consecutiveFailures++;
+    e.suspect = true;
+    e.nextProbeAt = Math.min(e.nextProbeAt, this.clock());
     if (e.state === 'ready' && e.consecutiveFailures >= UNHEALTHY_AFTER) {
       e.probeFailures = 0;
-      e.nextProbeAt = this.clock() + firstProbeDelayMs(this.probeIntervalMs);
-      this.setState(e, 'unhealthy', message);
-      return true;
+      e.nextProbeAt = this.clock() + firstProbeDelayMs(this.settings.probeIntervalMs);
+      return this.setState(e, 'unhealthy', message);
     }
     return false;
   }
@@ -222,83 +307,174 @@ export class EndpointPool {
   probeDue(): void {
     const now = this.clock();
     for (const e of this.live.values()) {
-      if (e.probing || e.nextProbeAt > now || e.state === 'disabled' || e.state === 'draining') continue;
-      e.probing = true;
-      this.probe(e)
-        .catch((err) => this.logger.warn({ endpoint_id: e.row.id, err: { message: (err as Error).message } }, 'probe failed'))
-        .finally(() => (e.probing = false));
+      if (!e.probing && e.nextProbeAt <= now && !this.parked(e)) {
+        e.probing = true;
+        this.probe(e)
+          .catch((err) => this.logger.warn({ endpoint_id: e.row.id, err: { message: (err as Error).message } }, 'probe failed'))
+          .finally(() => (e.probing = false));
+      }
+      if (!e.loading && e.nextLoadAt <= now && e.state === 'ready' && e.loadRoute !== 'none') {
+        e.loading = true;
+        this.readLoad(e)
+          .catch(() => {})
+          .finally(() => (e.loading = false));
+      }
     }
   }
 
-  /** Removed, or parked by an operator, while a probe awaited the server: the probe must not revive it. */
+  /** Removed, or parked by an operator: probes leave it alone, and must not revive it. */
   private parked(e: LiveEndpoint): boolean {
     const state: EndpointState = e.state;
     return !this.live.has(e.row.id) || state === 'disabled' || state === 'draining';
   }
 
-  private async probe(e: LiveEndpoint): Promise<void> {
-    const { url, apiKey } = e.row;
-    const wasReady = e.state === 'ready';
-    let failure: string | null = null;
-    let starting = false;
+  private async health(e: LiveEndpoint): Promise<HealthVerdict> {
+    const timeoutMs = this.settings.healthTimeoutMs;
     try {
-      const health = await getJson(`${url}/health`, apiKey);
-      if (health.status === 503) {
-        starting = true;
-        failure = '/health answered 503 (the server is still loading)';
-      } else if (health.status !== 200) failure = `/health answered ${health.status}`;
+      const res = await getJson(`${e.row.url}/health`, e.row.apiKey, timeoutMs);
+      if (res.status === 200) return { ok: true };
+      if (res.status === 503) {
+        // Before the first 200 the server is warming up; after it, it is shutting down cleanly.
+        return e.row.model === null
+          ? { ok: false, reason: '/health answered 503 (the server is still loading)', loading: true, draining: false }
+          : { ok: false, reason: '/health answered 503: the server is draining; nothing new is sent, running requests finish', loading: false, draining: true };
+      }
+      return { ok: false, reason: `/health answered ${res.status}`, loading: false, draining: false };
     } catch (err) {
       const code = (err as { cause?: { code?: string } }).cause?.code;
-      starting = code === 'ECONNREFUSED';
-      failure = code === 'ECONNREFUSED' ? 'connection refused' : (err as Error).name === 'TimeoutError' ? 'health probe timed out' : 'health probe failed';
-    }
-    if (this.parked(e)) return;
-    const now = this.clock();
-    if (failure) {
-      const wait = backoffMs(++e.probeFailures, probeBackoff(this.probeIntervalMs));
-      // A server still loading is looked at every interval: it may come up any moment.
-      e.nextProbeAt = now + (e.state === 'starting' ? Math.min(wait, this.probeIntervalMs) : wait);
-      // A server never seen healthy is still starting; one that was up and stopped answering is unhealthy.
-      const next: EndpointState = e.state === 'starting' && (starting || e.row.model === null) ? 'starting' : 'unhealthy';
-      this.setState(e, next, failure);
-      return;
-    }
-    e.nextProbeAt = now + this.probeIntervalMs;
-    e.probeFailures = 0;
-    await this.readServerLoad(e);
-    if (wasReady) {
-      updateEndpoint(this.db, e.row.id, { lastCheckedAt: now });
-      return;
-    }
-    try {
-      const models = await getJson(`${url}/v1/models`, apiKey);
-      const model = (models.body as { data?: { id?: string }[] })?.data?.[0]?.id;
-      if (models.status !== 200 || typeof model !== 'string') throw new Error(`/v1/models answered ${models.status} without a model`);
-      let serverMaxRunning: number | null = e.row.serverMaxRunning;
-      try {
-        const info = await getJson(`${url}/get_server_info`, apiKey);
-        const v = (info.body as { max_running_requests?: unknown })?.max_running_requests;
-        if (info.status === 200 && typeof v === 'number' && Number.isInteger(v) && v > 0) serverMaxRunning = v;
-      } catch {
-        /* optional: not every OpenAI-compatible server has it */
-      }
-      if (this.parked(e)) return;
-      e.consecutiveFailures = 0;
-      this.setState(e, 'ready', null, { model, serverMaxRunning });
-    } catch (err) {
-      e.nextProbeAt = now + firstProbeDelayMs(this.probeIntervalMs);
-      this.setState(e, e.state === 'starting' ? 'starting' : 'unhealthy', (err as Error).message.slice(0, 300));
+      if (code === 'ECONNREFUSED') return { ok: false, reason: 'connection refused', loading: true, draining: false };
+      const timedOut = (err as Error).name === 'TimeoutError';
+      return {
+        ok: false,
+        reason: timedOut ? `health probe timed out after ${Math.round(timeoutMs / 1000)} s` : 'health probe failed',
+        loading: false,
+        draining: false,
+      };
     }
   }
 
-  /** SGLang's own view of its load, when it exposes /metrics; never required. */
-  private async readServerLoad(e: LiveEndpoint): Promise<void> {
+  private async probe(e: LiveEndpoint): Promise<void> {
+    const before = e.row.state;
+    const verdict = await this.health(e);
+    if (this.parked(e)) return;
+    if (!verdict.ok) return this.probeFailed(e, before, verdict.reason, verdict.loading);
+    const { url, apiKey } = e.row;
+    let models: ReturnType<typeof parseModels>;
+    let info: Awaited<ReturnType<typeof serverInfo>> = null;
     try {
-      const res = await getJson(`${e.row.url}/metrics`, e.row.apiKey);
-      if (res.status !== 200 || typeof res.body !== 'string') return;
-      e.server = { running: metricValue(res.body, 'sglang:num_running_reqs'), queued: metricValue(res.body, 'sglang:num_queue_reqs') };
-    } catch {
-      e.server = { running: null, queued: null };
+      const res = await getJson(`${url}/v1/models`, apiKey);
+      models = res.status === 200 ? parseModels(res.body) : null;
+      if (!models) throw new Error(`/v1/models answered ${res.status} without a model`);
+      // Optional: not every OpenAI-compatible server has it.
+      info = await serverInfo(url, apiKey).catch(() => null);
+    } catch (err) {
+      return this.probeFailed(e, before, (err as Error).message.slice(0, MAX_REASON_CHARS), false);
     }
+    if (this.parked(e)) return;
+    this.noticeChanges(e, models.model, info?.startupTime ?? null);
+    const extra: Partial<EndpointRow> = {
+      model: models.model,
+      maxModelLen: models.maxModelLen,
+      serverMaxRunning: info?.capacity.maxRunning ?? e.row.serverMaxRunning,
+      kvTokens: info?.capacity.kvTokens ?? e.row.kvTokens,
+      startupTime: info?.startupTime ?? e.row.startupTime,
+    };
+    const now = this.clock();
+    e.nextProbeAt = now + this.settings.probeIntervalMs;
+    e.probeFailures = 0;
+    if (!this.setState(e, 'ready', null, extra, before)) return;
+    e.consecutiveFailures = 0;
+    if (e.suspect) {
+      e.suspect = false;
+      this.onChange();
+    }
+    this.fitCeiling(e);
+    if (e.capInfo(this.settings.defaultConcurrency, now, this.settings.loadIntervalMs).source === 'default') this.warnDefault(e);
+  }
+
+  private probeFailed(e: LiveEndpoint, before: string, reason: string, loading: boolean): void {
+    const now = this.clock();
+    const failures = ++e.probeFailures;
+    const wait = backoffMs(failures, probeBackoff(this.settings.probeIntervalMs));
+    if (e.state === 'ready') {
+      e.suspect = true;
+      // Soon again: one slow probe of a busy server should hold its dispatch back briefly, not for long.
+      e.nextProbeAt = now + firstProbeDelayMs(this.settings.probeIntervalMs);
+      const judged = failures >= this.settings.unhealthyAfterProbes;
+      this.setState(e, judged ? 'unhealthy' : 'ready', `${reason} (${failures} of ${this.settings.unhealthyAfterProbes} probes in a row)`, {}, before);
+      return;
+    }
+    // A server still loading is looked at every interval: it may come up any moment.
+    e.nextProbeAt = now + (e.state === 'starting' ? Math.min(wait, this.settings.probeIntervalMs) : wait);
+    // A server never seen healthy is still starting; one that was up and stopped answering is unhealthy.
+    const next: EndpointState = e.state === 'starting' && (loading || e.row.model === null) ? 'starting' : 'unhealthy';
+    this.setState(e, next, reason, {}, before);
+  }
+
+  /** A new served model or a new process: logged, and the endpoint leaves runs for the old model. */
+  private noticeChanges(e: LiveEndpoint, model: string, startupTime: number | null): void {
+    const old = e.row;
+    if (old.model !== null && old.model !== model) {
+      this.logger.warn({ endpoint_id: old.id, url: old.url, from: old.model, model }, 'the endpoint now serves another model');
+    } else if (old.startupTime !== null && startupTime !== null && old.startupTime !== startupTime) {
+      this.logger.info({ endpoint_id: old.id, url: old.url, model }, 'the endpoint restarted');
+    }
+    if (old.startupTime !== startupTime && startupTime !== null) {
+      // Another process: its load and what regen learnt of it start over.
+      e.adaptive = null;
+      e.load = null;
+      e.loadRoute = 'loads';
+      e.hasMetrics = true;
+    }
+  }
+
+  private ceiling(e: LiveEndpoint): number {
+    const server = e.row.serverMaxRunning === null ? UNKNOWN_CEILING : serverCeiling(e.row.serverMaxRunning);
+    return Math.min(server, e.row.maxConcurrency ?? Number.POSITIVE_INFINITY);
+  }
+
+  private fitCeiling(e: LiveEndpoint): void {
+    e.adaptive?.setCeiling(this.ceiling(e));
+  }
+
+  private readonly warned = new Set<string>();
+
+  private warnDefault(e: LiveEndpoint): void {
+    if (this.warned.has(e.row.id)) return;
+    this.warned.add(e.row.id);
+    this.logger.warn(
+      { endpoint_id: e.row.id, url: e.row.url, cap: this.settings.defaultConcurrency },
+      'the server says neither what it can run nor its load: its cap is REGEN_DEFAULT_CONCURRENCY; set max_concurrency on the endpoint',
+    );
+  }
+
+  /** The server's live load: /v1/loads for running, waiting and KV usage, /metrics for retractions. */
+  private async readLoad(e: LiveEndpoint): Promise<void> {
+    const { url, apiKey } = e.row;
+    e.nextLoadAt = this.clock() + this.settings.loadIntervalMs;
+    let load: Load | null = null;
+    if (e.loadRoute === 'loads') {
+      const res = await getJson(`${url}/v1/loads?include=core`, apiKey).catch(() => null);
+      if (res?.status === 404) e.loadRoute = 'metrics';
+      else if (res?.status === 200) load = parseLoads(res.body, this.clock());
+    }
+    if (e.hasMetrics) {
+      const res = await getJson(`${url}/metrics`, apiKey).catch(() => null);
+      if (res?.status === 404) {
+        e.hasMetrics = false;
+        if (e.loadRoute === 'metrics') e.loadRoute = 'none';
+      } else if (res?.status === 200 && typeof res.body === 'string') {
+        const m = parseMetrics(res.body, this.clock());
+        if (m && load) load = { ...load, retracted: m.retracted, retractedNow: m.retractedNow };
+        else if (m && e.loadRoute === 'metrics') load = m;
+      }
+    }
+    if (!load) return;
+    e.load = load;
+    if (!this.settings.adaptiveConcurrency) return;
+    const before = e.adaptive?.cap ?? null;
+    e.adaptive ??= new AdaptiveCap(this.ceiling(e));
+    e.adaptive.observe(load, e.inFlight.size);
+    if (e.adaptive.cap !== before) this.onChange();
   }
 }

@@ -108,40 +108,63 @@ export function agentFetch(agent: http.Agent | https.Agent): typeof fetch {
         signal?.removeEventListener('abort', onAbort);
         fn();
       };
-      const req = mod.request(url, { method: init.method ?? 'GET', headers: headerRecord(init.headers), agent }, (res) => {
-        const chunks: Buffer[] = [];
-        let size = 0;
-        res.on('data', (c: Buffer) => {
-          size += c.length;
-          chunks.push(c);
-          if (size > MAX_RESPONSE_BYTES) {
-            // A completion is text; an endless body is a broken server or something that is not one.
-            req.destroy();
-            finish(() => reject(Object.assign(new TypeError('fetch failed'), { cause: new Error(`answer larger than ${MAX_RESPONSE_BYTES} bytes`) })));
-          }
+      let req: http.ClientRequest;
+      // A reused keep-alive socket that the server closed while idle fails before the server read
+      // a byte of the request: that one is sent again, once, on a new connection.
+      const send = (retried: boolean) => {
+        let answered = false;
+        req = mod.request(url, { method: init.method ?? 'GET', headers: headerRecord(init.headers), agent }, (res) => {
+          answered = true;
+          const chunks: Buffer[] = [];
+          let size = 0;
+          res.on('data', (c: Buffer) => {
+            size += c.length;
+            chunks.push(c);
+            if (size > MAX_RESPONSE_BYTES) {
+              // A completion is text; an endless body is a broken server or something that is not one.
+              req.destroy();
+              finish(() => reject(Object.assign(new TypeError('fetch failed'), { cause: new Error(`answer larger than ${MAX_RESPONSE_BYTES} bytes`) })));
+            }
+          });
+          res.on('error', (err) => finish(() => reject(signal?.aborted ? abortError() : Object.assign(new TypeError('fetch failed'), { cause: err }))));
+          res.on('end', () =>
+            finish(() => {
+              const status = res.statusCode ?? 502;
+              const raw = Buffer.concat(chunks);
+              const payload = NULL_BODY.has(status) ? Buffer.alloc(0) : status >= 400 ? Buffer.from(errorBodyForClient(raw)) : raw;
+              resolve(new BufferedResponse(status, res.statusMessage ?? '', new ResponseHeaders(res.rawHeaders), url.href, payload) as unknown as Response);
+            }),
+          );
         });
-        res.on('error', (err) => finish(() => reject(signal?.aborted ? abortError() : Object.assign(new TypeError('fetch failed'), { cause: err }))));
-        res.on('end', () =>
-          finish(() => {
-            const status = res.statusCode ?? 502;
-            const raw = Buffer.concat(chunks);
-            const payload = NULL_BODY.has(status) ? Buffer.alloc(0) : status >= 400 ? Buffer.from(errorBodyForClient(raw)) : raw;
-            resolve(new BufferedResponse(status, res.statusMessage ?? '', new ResponseHeaders(res.rawHeaders), url.href, payload) as unknown as Response);
-          }),
-        );
-      });
+        const sent = req;
+        req.on('error', (err) => {
+          const code = (err as NodeJS.ErrnoException).code;
+          if (!retried && !answered && !settled && !signal?.aborted && sent.reusedSocket && (code === 'ECONNRESET' || code === 'EPIPE')) return send(true);
+          finish(() => reject(signal?.aborted ? abortError() : Object.assign(new TypeError('fetch failed'), { cause: err })));
+        });
+        req.end(body ?? undefined);
+      };
       const onAbort = () => {
         req.destroy();
         finish(() => reject(abortError()));
       };
       signal?.addEventListener('abort', onAbort, { once: true });
-      req.on('error', (err) => finish(() => reject(signal?.aborted ? abortError() : Object.assign(new TypeError('fetch failed'), { cause: err }))));
-      req.end(body ?? undefined);
+      send(false);
     })) as typeof fetch;
 }
 
-/** Keep-alive with as many idle sockets kept as the endpoint can have requests in flight. */
+/**
+ * How long an idle keep-alive socket is kept: under SGLang's own 5 s (SGLANG_TIMEOUT_KEEP_ALIVE),
+ * so regen closes it before the server does and never reuses a socket the server is closing.
+ */
+export const IDLE_SOCKET_MS = 4000;
+
+/**
+ * Keep-alive with as many idle sockets kept as the endpoint can have requests in flight. The
+ * agent's timeout closes a socket idle in its free list; on a request in flight it only emits an
+ * event nobody acts on, so a long generation is not cut.
+ */
 export function endpointAgent(url: string): http.Agent | https.Agent {
-  const opts = { keepAlive: true, maxSockets: Infinity, maxFreeSockets: 100_000, scheduling: 'lifo' as const };
+  const opts = { keepAlive: true, maxSockets: Infinity, maxFreeSockets: 100_000, scheduling: 'lifo' as const, timeout: IDLE_SOCKET_MS };
   return url.startsWith('https:') ? new https.Agent(opts) : new http.Agent(opts);
 }

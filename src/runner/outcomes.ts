@@ -18,6 +18,7 @@ export interface Attempt {
   /** Attempts charged so far, this one included. */
   attempts: number;
   qualityRetries: number;
+  serverFaults: number;
   /** Thinking was asked for (missing_reasoning is checked). */
   thinking: boolean;
   /** The run was cancelled while the request ran: an answer is kept, nothing is asked again. */
@@ -53,7 +54,7 @@ export function settleAnswer(
       )
     : 0;
   if (flags && run.quality && a.qualityRetries < run.quality.retry_flagged && !a.cancelled) {
-    return { flags, retried: 'quality', outcome: { ...base(a), kind: 'retry', availableAt: 0, usage, qualityRetry: true, error: null } };
+    return { flags, retried: 'quality', outcome: { ...base(a), kind: 'retry', availableAt: 0, usage, qualityRetry: true, serverFault: false, error: null } };
   }
   const output: StagedOutput = {
     reasoning_content: answer.reasoning,
@@ -71,10 +72,18 @@ export function settleAnswer(
 }
 
 /** A failed attempt: failed for good, or back in the queue after a backoff. */
-export function settleError(a: Attempt, run: { maxAttempts: number }, error: SampleError, now: number, random: () => number = Math.random): Settled {
-  const decision = decideFailure(error, a.attempts, run.maxAttempts, random);
+export function settleError(
+  a: Attempt,
+  limits: { maxAttempts: number; maxServerFaults: number },
+  error: SampleError,
+  now: number,
+  random: () => number = Math.random,
+): Settled {
+  const budget = { attempts: a.attempts, maxAttempts: limits.maxAttempts, serverFaults: a.serverFaults, maxServerFaults: limits.maxServerFaults };
+  const decision = decideFailure(error, budget, random);
   if (decision.kind === 'failed') return { retried: null, outcome: { ...base(a), kind: 'failed', error, at: now } };
-  return { retried: error.code, outcome: { ...base(a), kind: 'retry', availableAt: now + decision.delayMs, usage: null, qualityRetry: false, error } };
+  const retry = { kind: 'retry' as const, availableAt: now + decision.delayMs, usage: null, qualityRetry: false, serverFault: decision.serverFault, error };
+  return { retried: error.code, outcome: { ...base(a), ...retry } };
 }
 
 /** Regen aborted the request itself: a cancel ends the sample, anything else gives it back unspent. */

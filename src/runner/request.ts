@@ -40,7 +40,7 @@ export function buildRequest(
     const base = typeof params.seed === 'number' ? params.seed : 0;
     body.seed = base + sample.qualityRetries * RETRY_SEED_STRIDE + Math.floor(random() * RETRY_SEED_JITTER);
   }
-  return { body, thinking: thinkingRequested(params) };
+  return { body, thinking: thinkingRequested(params, run.model) };
 }
 
 /** The parts of a chat completion regen reads; anything may be missing from a broken server. */
@@ -70,13 +70,27 @@ export interface Answer {
 
 export type ParsedAnswer = { ok: true; answer: Answer } | { ok: false; error: SampleError };
 
-/** Reads a 200 answer; one without a first choice is malformed and tried again. */
+/** The finish reasons SGLang sends for a finished completion (SGLANG.md "Chat completions"). */
+const FINISHED = new Set(['stop', 'length', 'tool_calls', 'content_filter', 'function_call']);
+const MAX_REASON_CHARS = 40;
+
+/**
+ * Reads a 200 answer. One without a first choice is malformed; one the server aborted
+ * (`finish_reason: "abort"`, with partial or no text) is not a completion; a finish reason SGLang
+ * does not send is taken for a broken answer, not a success. All are tried again.
+ */
 export function parseAnswer(res: unknown): ParsedAnswer {
   const r = res as ChatResponse | null;
   if (!r || typeof r !== 'object' || !Array.isArray(r.choices) || !r.choices[0]) {
     return { ok: false, error: { code: 'malformed_response', message: 'the endpoint answered 200 without choices', status: null } };
   }
   const choice = r.choices[0];
+  const reason = choice.finish_reason;
+  if (reason === 'abort') return { ok: false, error: { code: 'aborted', message: 'the server aborted the request (finish_reason "abort")', status: null } };
+  if (typeof reason !== 'string' || !FINISHED.has(reason)) {
+    const shown = typeof reason === 'string' ? JSON.stringify(reason.slice(0, MAX_REASON_CHARS)) : String(reason);
+    return { ok: false, error: { code: 'malformed_response', message: `the endpoint answered with finish_reason ${shown}`, status: null } };
+  }
   const msg = choice.message ?? {};
   const u = r.usage ?? {};
   return {
@@ -84,7 +98,7 @@ export function parseAnswer(res: unknown): ParsedAnswer {
     answer: {
       content: typeof msg.content === 'string' ? msg.content : null,
       reasoning: typeof msg.reasoning_content === 'string' ? msg.reasoning_content : null,
-      finishReason: choice.finish_reason ?? null,
+      finishReason: reason,
       usage: {
         prompt_tokens: u.prompt_tokens ?? 0,
         completion_tokens: u.completion_tokens ?? 0,

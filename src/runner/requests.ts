@@ -78,9 +78,14 @@ export class Requests {
       endpointId: endpoint.row.id,
       attempts: sample.attempts,
       qualityRetries: sample.qualityRetries,
+      serverFaults: sample.serverFaults,
       thinking: f.thinking,
       cancelled: f.abortReason === 'cancel',
     };
+  }
+
+  private limits(run: RunRow): { maxAttempts: number; maxServerFaults: number } {
+    return { maxAttempts: run.maxAttempts, maxServerFaults: this.deps.config.maxServerFaults };
   }
 
   private settle({ outcome, retried }: Settled): void {
@@ -94,7 +99,7 @@ export class Requests {
     const parsed = parseAnswer(res);
     if (!parsed.ok) {
       if (f.abortReason) this.onError(f, null);
-      else this.settle(settleError(this.attempt(f), f.run, parsed.error, this.deps.clock()));
+      else this.settle(settleError(this.attempt(f), this.limits(f.run), parsed.error, this.deps.clock()));
       return;
     }
     const now = this.deps.clock();
@@ -125,7 +130,7 @@ export class Requests {
       // The server answered: whatever the status, its connection works.
       e.consecutiveFailures = 0;
     }
-    this.settle(settleError(this.attempt(f), f.run, verdict.error, this.deps.clock()));
+    this.settle(settleError(this.attempt(f), this.limits(f.run), verdict.error, this.deps.clock()));
   }
 
   abort(f: Flight, reason: 'cancel' | 'release'): void {

@@ -1,9 +1,9 @@
 import { randomBytes } from 'node:crypto';
 import { hostname } from 'node:os';
 import type { RunnerDeps } from '../deps.js';
-import { getRun, listRunsByStatus, transitionRun } from '../db/runs.js';
+import { getRun, listRunsByStatus, setStatusReason, transitionRun } from '../db/runs.js';
 import type { RunRow } from '../db/schema.js';
-import { ACTIVE_RUN_STATUSES, isDispatchable } from '../domain/statuses.js';
+import { ACTIVE_RUN_STATUSES, DISPATCHABLE_RUN_STATUSES, isDispatchable } from '../domain/statuses.js';
 import { expireBatches } from './batch-expiry.js';
 import { ClaimBuffer } from './claim-buffer.js';
 import { claimSize, pickEndpoint } from './endpoint-choice.js';
@@ -21,6 +21,8 @@ import { IDLE_PROGRESS, type EndpointLive, type RunnerSnapshot, type RunnerView,
 const TICK_MS = 100;
 /** While stopping, how often in-flight requests and uploads are looked at (wall time: real timers end them). */
 const STOP_POLL_MS = 50;
+/** Starts the status_reason of a run that no endpoint can serve now. */
+const WAITING_PREFIX = 'waiting for an endpoint:';
 /** Past the grace period: the aborted requests' answers, then the last uploads, get this long. */
 const ABORT_SLACK_MS = 2000;
 const UPLOAD_SLACK_MS = 5000;
@@ -54,7 +56,7 @@ export class Runner implements RunnerView {
       db,
       logger,
       clock,
-      config.probeIntervalMs,
+      config,
       () => this.wake(),
       (e) => this.requests.abortEndpoint(e, 'release'),
     );
@@ -188,12 +190,15 @@ export class Runner implements RunnerView {
 
   private refreshActive(): void {
     this.active = listRunsByStatus(this.deps.db, ACTIVE_RUN_STATUSES);
-    const served = this.pool.servedModels();
-    // An endpoint that stopped answering gives its in-flight samples back to the queue.
-    for (const e of this.pool.unhealthyWithFlights()) this.requests.abortEndpoint(e, 'release');
     // Claimed samples wait in a buffer only while some endpoint can take them; otherwise they
     // would sit `in_progress` for as long as the fleet is down.
-    const dispatchable = new Set(this.active.filter((r) => isDispatchable(r.status) && served.has(r.model)).map((r) => r.id));
+    const dispatchable = new Set<string>();
+    for (const r of this.active) {
+      if (!isDispatchable(r.status)) continue;
+      const served = this.pool.servesNow(r.model);
+      if (served) dispatchable.add(r.id);
+      this.sayWhyWaiting(r, served);
+    }
     for (const runId of [...this.claims.runs()]) if (!dispatchable.has(runId)) this.claims.release(runId);
     for (const f of this.requests.all()) {
       const run = this.active.find((r) => r.id === f.run.id);
@@ -206,17 +211,18 @@ export class Runner implements RunnerView {
     if (this.pumping || this.stopping) return;
     this.pumping = true;
     try {
-      const fallback = this.deps.config.defaultConcurrency;
-      // Endpoints with free slots but no sample for them in this pump.
-      const idle = new Set<string>();
+      // Caps do not move within one pump; endpoints with free slots but no sample for them leave it.
+      const caps = new Map<string, number>();
+      for (const e of this.pool.live.values()) if (e.dispatchable) caps.set(e.row.id, this.pool.capOf(e));
       for (;;) {
-        const best = pickEndpoint(this.pool.live.values(), (e) =>
-          e.state === 'ready' && !idle.has(e.row.id) ? { cap: e.cap(fallback), inFlight: e.inFlight.size, weight: e.row.weight } : null,
-        );
+        const best = pickEndpoint(this.pool.live.values(), (e) => {
+          const cap = caps.get(e.row.id);
+          return cap === undefined ? null : { cap, inFlight: e.inFlight.size, weight: e.row.weight };
+        });
         if (!best) break;
         let sent = false;
         for (const run of this.active) {
-          if (!isDispatchable(run.status) || run.model !== best.row.model || this.claims.isDrained(run.id)) continue;
+          if (!isDispatchable(run.status) || !best.serves(run.model) || this.claims.isDrained(run.id)) continue;
           const sample = this.claims.take(
             run.id,
             () => this.claimSizeFor(run.model),
@@ -227,7 +233,7 @@ export class Runner implements RunnerView {
           sent = true;
           break;
         }
-        if (!sent) idle.add(best.row.id);
+        if (!sent) caps.delete(best.row.id);
       }
     } finally {
       this.pumping = false;
@@ -235,8 +241,23 @@ export class Runner implements RunnerView {
   }
 
   private claimSizeFor(model: string): number {
-    const { free, total } = this.pool.slotsFor(model, this.deps.config.defaultConcurrency);
+    const { free, total } = this.pool.slotsFor(model);
     return claimSize(free, total);
+  }
+
+  /**
+   * A run no dispatchable endpoint serves says so in its status_reason, with what the endpoints
+   * serve, so that a name mismatch or a fleet still loading is seen at once; the reason goes when
+   * an endpoint serves it.
+   */
+  private sayWhyWaiting(run: RunRow, served: boolean): void {
+    const ours = run.statusReason?.startsWith(WAITING_PREFIX) ?? false;
+    const reason = served ? null : `${WAITING_PREFIX} no ready endpoint serves model ${JSON.stringify(run.model)}; ${this.pool.describeServed()}`;
+    if (reason === run.statusReason || (served && !ours) || (!served && run.statusReason && !ours)) return;
+    if (setStatusReason(this.deps.db, run.id, reason, DISPATCHABLE_RUN_STATUSES)) {
+      if (reason) this.deps.logger.warn({ run_id: run.id, model: run.model, reason }, 'run waits for an endpoint');
+      run.statusReason = reason;
+    }
   }
 
   /** A run's first claim moves it from queued to in_progress. */

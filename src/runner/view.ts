@@ -9,7 +9,10 @@ export interface EndpointLive {
   samples_per_second: number;
   completion_tokens_per_second: number;
   p50_latency_ms: number | null;
-  server: { running: number | null; queued: number | null };
+  /** The cap in use and where it came from; null when the runner has not seen the endpoint. */
+  cap: number | null;
+  cap_source: 'user' | 'adaptive' | 'server' | 'default' | null;
+  server: { running: number | null; queued: number | null; token_usage: number | null };
 }
 
 export interface RunnerView {
@@ -31,7 +34,9 @@ export const IDLE_ENDPOINT: EndpointLive = {
   samples_per_second: 0,
   completion_tokens_per_second: 0,
   p50_latency_ms: null,
-  server: { running: null, queued: null },
+  cap: null,
+  cap_source: null,
+  server: { running: null, queued: null, token_usage: null },
 };
 
 /** A view that reads from the last snapshot; what a run or endpoint missing from it reports. */

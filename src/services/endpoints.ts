@@ -14,6 +14,7 @@ export interface NewEndpoint {
   max_concurrency?: number;
   weight?: number;
   labels?: Record<string, string>;
+  aliases?: string[];
 }
 
 /** What an operator may change on an endpoint: the body of PATCH /v1/endpoints/{id}. */
@@ -24,6 +25,7 @@ export interface EndpointChange {
   state?: 'draining' | 'disabled' | 'ready';
   api_key?: string | null;
   labels?: Record<string, string>;
+  aliases?: string[];
 }
 
 /** The columns of the fields a request gave; a field it left out leaves its column as it is. */
@@ -34,6 +36,7 @@ function givenColumns(body: NewEndpoint | EndpointChange) {
     ...(body.max_concurrency !== undefined && { maxConcurrency: body.max_concurrency }),
     ...(body.weight !== undefined && { weight: body.weight }),
     ...(body.labels !== undefined && { labels: body.labels }),
+    ...(body.aliases !== undefined && { aliases: body.aliases }),
   };
 }
 

@@ -97,6 +97,18 @@ export class Metrics implements RunnerMetrics {
     labelNames: ['endpoint_id', 'state'] as const,
     registers: [this.registry],
   });
+  private readonly endpointCapSource = new Gauge({
+    name: 'regen_endpoint_max_concurrency_source',
+    help: "Always 1: where an endpoint's cap comes from (user, adaptive, server or default)",
+    labelNames: ['endpoint_id', 'source'] as const,
+    registers: [this.registry],
+  });
+  private readonly endpointTokenUsage = new Gauge({
+    name: 'regen_endpoint_server_token_usage',
+    help: "The server's KV token usage at its last load reading, 0 to 1",
+    labelNames: ['endpoint_id'] as const,
+    registers: [this.registry],
+  });
   private readonly endpointInfo = new Gauge({
     name: 'regen_endpoint_info',
     help: 'Always 1: names an endpoint id and the model it serves',
@@ -162,11 +174,15 @@ export class Metrics implements RunnerMetrics {
   }
 
   private readEndpoints({ db, runner, defaultConcurrency }: MetricsSource): void {
-    for (const g of [this.endpointInFlight, this.endpointCap, this.endpointState, this.endpointInfo]) g.reset();
+    for (const g of [this.endpointInFlight, this.endpointCap, this.endpointCapSource, this.endpointTokenUsage, this.endpointState, this.endpointInfo])
+      g.reset();
     for (const e of listEndpoints(db)) {
       const endpoint_id = e.id;
-      this.endpointInFlight.set({ endpoint_id }, runner.endpointLive(e.id).in_flight);
-      this.endpointCap.set({ endpoint_id }, effectiveConcurrency(e, defaultConcurrency));
+      const live = runner.endpointLive(e.id);
+      this.endpointInFlight.set({ endpoint_id }, live.in_flight);
+      this.endpointCap.set({ endpoint_id }, live.cap ?? effectiveConcurrency(e, defaultConcurrency));
+      if (live.cap_source) this.endpointCapSource.set({ endpoint_id, source: live.cap_source }, 1);
+      if (live.server.token_usage !== null) this.endpointTokenUsage.set({ endpoint_id }, live.server.token_usage);
       for (const state of ENDPOINT_STATES) this.endpointState.set({ endpoint_id, state }, e.state === state ? 1 : 0);
       this.endpointInfo.set({ endpoint_id, name: e.name ?? '', model: e.model ?? '' }, 1);
     }

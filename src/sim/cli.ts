@@ -77,7 +77,11 @@ export async function runSimCommand(argv: string[]): Promise<void> {
   }
   let sim: Simulator;
   try {
-    sim = await startSimulator({ ...knobs, onDie: die });
+    sim = await startSimulator({
+      ...knobs,
+      onDie: die,
+      onDrained: (stats) => process.stdout.write(`${JSON.stringify({ event: 'drained', stats })}\n`),
+    });
   } catch (error) {
     process.stderr.write(`regen sim: cannot listen: ${(error as Error).message}\n`);
     process.exitCode = 1;

@@ -51,10 +51,12 @@ export interface SimOptions {
   keepAliveMs?: number;
   /** Called when the `dieAfter`-th chat request arrives; by default the server drops every connection and stops listening. */
   onDie?: () => void;
+  /** Called with the final stats once a drain has finished the last request, just before the server closes. */
+  onDrained?: (stats: object) => void;
 }
 
 /** The settings a simulator runs with: every option filled in. */
-export type Knobs = Required<Omit<SimOptions, 'onDie'>>;
+export type Knobs = Required<Omit<SimOptions, 'onDie' | 'onDrained'>>;
 
 export const DEFAULTS: Readonly<Knobs> = {
   host: '127.0.0.1',

@@ -505,7 +505,7 @@ class SimServer {
 
 /** Starts an SGLang look-alike on `host:port` (127.0.0.1 and a free port by default). */
 export async function startSimulator(opts: SimOptions = {}): Promise<Simulator> {
-  const { onDie, ...options } = opts;
+  const { onDie, onDrained, ...options } = opts;
   const checked = checkKnobs(options, 'start');
   const knobs: Knobs = { ...DEFAULTS, ...checked };
   const sim = new SimServer(knobs, new Set(Object.keys(checked)), onDie);
@@ -534,6 +534,8 @@ export async function startSimulator(opts: SimOptions = {}): Promise<Simulator> 
     },
     drain: async () => {
       await sim.drain();
+      // What the server saw, before it goes: a drain test reads it from the process's last line.
+      onDrained?.(sim.stats());
       await close();
     },
     close,

@@ -14,6 +14,8 @@ export interface SimProcess {
   /** Changes the simulator's knobs while it runs (POST /sim/config). */
   configure(patch: Record<string, number | string>): Promise<void>;
   stats(): Promise<Record<string, number>>;
+  /** The final stats a drain (SIGTERM) printed before the process exited; null until then. */
+  drained(): Record<string, number> | null;
 }
 
 /** Starts `regen sim` as its own process and resolves once it prints its listening line. */
@@ -23,6 +25,15 @@ export async function spawnSimulator(flags: Record<string, string | number> = {}
   let stderr = '';
   proc.stderr!.on('data', (d: Buffer) => (stderr = (stderr + d.toString()).slice(-2000)));
   const lines = createInterface({ input: proc.stdout! });
+  let drained: Record<string, number> | null = null;
+  lines.on('line', (line) => {
+    try {
+      const msg = JSON.parse(line) as { event?: string; stats?: Record<string, number> };
+      if (msg.event === 'drained' && msg.stats) drained = msg.stats;
+    } catch {
+      /* not an event line */
+    }
+  });
   const listening = await new Promise<{ url: string; port: number }>((resolve, reject) => {
     const timer = setTimeout(() => reject(new Error(`simulator did not start: ${stderr}`)), 30_000);
     lines.on('line', (line) => {
@@ -56,6 +67,7 @@ export async function spawnSimulator(flags: Record<string, string | number> = {}
       const res = await fetch(`${listening.url}/sim/config`, { method: 'POST', body: JSON.stringify(patch), headers: { 'content-type': 'application/json' } });
       if (!res.ok) throw new Error(`sim config rejected: ${await res.text()}`);
     },
+    drained: () => drained,
     async stats() {
       return (await (await fetch(`${listening.url}/sim/stats`)).json()) as Record<string, number>;
     },

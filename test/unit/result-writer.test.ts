@@ -71,7 +71,15 @@ describe('the result writer on a temporary database', () => {
     w.add(completed(0));
     w.add(completed(1, flagBit('empty_content')));
     w.add({ ...base(2), kind: 'failed', error: { code: 'invalid_request', message: 'too long', status: 400 }, at: NOW });
-    w.add({ ...base(3), kind: 'retry', availableAt: NOW + 500, usage: null, qualityRetry: false, error: { code: 'server_error', message: 'x', status: 500 } });
+    w.add({
+      ...base(3),
+      kind: 'retry',
+      availableAt: NOW + 500,
+      usage: null,
+      qualityRetry: false,
+      serverFault: true,
+      error: { code: 'server_error', message: 'x', status: 500 },
+    });
     w.add({ ...base(4), kind: 'release' });
     w.add({ ...base(5), kind: 'cancelled' });
     // A second answer for a sample already terminal changes nothing and is counted as dropped.
@@ -89,11 +97,13 @@ describe('the result writer on a temporary database', () => {
       { status: 'failed', n: 1 },
       { status: 'pending', n: 2 },
     ]);
-    // The release refunded its attempt; the retry kept it and waits out its backoff.
-    const attempts = db.$client.prepare(`select custom_id, attempts, available_at as at from samples where status = 'pending' order by seq`).all();
+    // The release refunded its attempt; the server's fault refunded it too, counted the fault, and waits out its backoff.
+    const attempts = db.$client
+      .prepare(`select custom_id, attempts, server_faults as faults, available_at as at from samples where status = 'pending' order by seq`)
+      .all();
     expect(attempts).toEqual([
-      { custom_id: 'c3', attempts: 1, at: NOW + 500 },
-      { custom_id: 'c4', attempts: 0, at: 0 },
+      { custom_id: 'c3', attempts: 0, faults: 1, at: NOW + 500 },
+      { custom_id: 'c4', attempts: 0, faults: 0, at: 0 },
     ]);
     expect(db.$client.prepare(`select count(*) as n from staging`).get()).toEqual({ n: 2 });
     w.close();

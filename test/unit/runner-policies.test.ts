@@ -126,6 +126,22 @@ describe('parseAnswer', () => {
     });
   });
 
+  it('never takes an aborted answer for a completion', () => {
+    const parsed = parseAnswer({ choices: [{ message: { content: 'partial', reasoning_content: null }, finish_reason: 'abort' }], usage });
+    expect(parsed).toEqual({ ok: false, error: { code: 'aborted', message: 'the server aborted the request (finish_reason "abort")', status: null } });
+  });
+
+  it('calls a finish_reason SGLang does not send malformed', () => {
+    for (const finish_reason of [null, 'eos', 42]) {
+      const parsed = parseAnswer({ choices: [{ message: { content: 'x' }, finish_reason }], usage });
+      expect(parsed.ok).toBe(false);
+      expect(!parsed.ok && parsed.error.code).toBe('malformed_response');
+    }
+    for (const finish_reason of ['stop', 'length', 'tool_calls', 'content_filter', 'function_call']) {
+      expect(parseAnswer({ choices: [{ message: { content: 'x' }, finish_reason }], usage }).ok).toBe(true);
+    }
+  });
+
   it('calls an answer without choices malformed', () => {
     for (const res of [null, 'text', {}, { choices: [] }, { choices: 'x' }]) {
       expect(parseAnswer(res)).toEqual({
@@ -222,10 +238,21 @@ describe('backoff', () => {
 });
 
 describe('decideFailure', () => {
-  const e = (code: 'server_error' | 'invalid_request') => ({ code, message: 'x', status: 500 });
-  it('fails a request error at once, retries a server error until the attempts are spent', () => {
-    expect(decideFailure(e('invalid_request'), 1, 5)).toEqual({ kind: 'failed' });
-    expect(decideFailure(e('server_error'), 1, 5, () => 1)).toEqual({ kind: 'retry', delayMs: 500 });
-    expect(decideFailure(e('server_error'), 5, 5)).toEqual({ kind: 'failed' });
+  const e = (code: 'server_error' | 'invalid_request' | 'aborted' | 'internal_error') => ({ code, message: 'x', status: null });
+  const budget = (attempts: number, serverFaults: number) => ({ attempts, maxAttempts: 5, serverFaults, maxServerFaults: 20 });
+
+  it("fails the request's own error at once", () => {
+    expect(decideFailure(e('invalid_request'), budget(1, 0))).toEqual({ kind: 'failed' });
+  });
+
+  it("retries the server's faults under their own budget, whatever the attempts", () => {
+    expect(decideFailure(e('server_error'), budget(5, 0), () => 1)).toEqual({ kind: 'retry', delayMs: 500, serverFault: true });
+    expect(decideFailure(e('aborted'), budget(5, 3), () => 1)).toEqual({ kind: 'retry', delayMs: 4000, serverFault: true });
+    expect(decideFailure(e('server_error'), budget(1, 19))).toEqual({ kind: 'failed' });
+  });
+
+  it("spends the sample's attempts on its own faults", () => {
+    expect(decideFailure(e('internal_error'), budget(1, 0), () => 1)).toEqual({ kind: 'retry', delayMs: 500, serverFault: false });
+    expect(decideFailure(e('internal_error'), budget(5, 0))).toEqual({ kind: 'failed' });
   });
 });

@@ -39,6 +39,14 @@ export const EndpointUrl = z
   }, 'link-local and cloud metadata addresses are not allowed')
   .openapi({ example: 'http://10.0.0.5:30000' });
 
+const Aliases = z
+  .array(z.string().min(1).max(256))
+  .max(16)
+  .openapi({
+    description: "Other model names the endpoint answers to, besides the one it serves (a run's model may be any of them)",
+    example: ['Qwen/Qwen3-27B'],
+  });
+
 const Labels = z.record(z.string().max(64), z.string().max(256)).refine((l) => Object.keys(l).length <= 32, 'at most 32 labels');
 
 export const CreateEndpointBody = z
@@ -49,6 +57,7 @@ export const CreateEndpointBody = z
     max_concurrency: z.number().int().min(1).max(100_000).optional(),
     weight: z.number().gt(0).max(1000).optional(),
     labels: Labels.optional(),
+    aliases: Aliases.optional(),
   })
   .strict()
   .openapi('CreateEndpoint', { example: { url: 'http://10.0.0.5:30000', name: 'node-a', max_concurrency: 64 } });
@@ -61,6 +70,7 @@ export const PatchEndpointBody = z
     state: z.enum(['draining', 'disabled', 'ready']).optional(),
     api_key: z.string().min(1).max(4096).nullable().optional(),
     labels: Labels.optional(),
+    aliases: Aliases.optional(),
   })
   .strict()
   .openapi('PatchEndpoint');
@@ -73,8 +83,21 @@ export const Endpoint = z
     name: z.string(),
     model: z.string().nullable(),
     state: z.enum(ENDPOINT_STATES),
-    max_concurrency: z.number().int(),
-    max_concurrency_source: z.enum(['user', 'server', 'default']),
+    max_concurrency: z.number().int().openapi({ description: 'The cap in use: never more requests in flight than this' }),
+    max_concurrency_source: z.enum(['user', 'adaptive', 'server', 'default']).openapi({
+      description:
+        "user: the operator's max_concurrency; adaptive: steered from the server's live load (never above the operator's value); server: the server's running limit; default: REGEN_DEFAULT_CONCURRENCY",
+    }),
+    aliases: z.array(z.string()),
+    capacity: z.object({
+      max_running: z
+        .number()
+        .int()
+        .nullable()
+        .openapi({ description: "What the server can run at once (the sum over its DP ranks of SGLang's effective limit)" }),
+      kv_tokens: z.number().int().nullable().openapi({ description: "The server's KV pool in tokens (max_total_num_tokens)" }),
+      max_model_len: z.number().int().nullable().openapi({ description: 'The context length the server serves' }),
+    }),
     in_flight: z.number().int(),
     weight: z.number(),
     has_api_key: z.boolean(),
@@ -89,7 +112,7 @@ export const Endpoint = z
       completion_tokens_per_second: z.number(),
       p50_latency_ms: z.number().nullable(),
     }),
-    server: z.object({ running: z.number().nullable(), queued: z.number().nullable() }),
+    server: z.object({ running: z.number().nullable(), queued: z.number().nullable(), token_usage: z.number().nullable() }),
   })
   .openapi('Endpoint');
 
@@ -101,8 +124,11 @@ export function renderEndpoint(e: EndpointRow, live: EndpointLive, defaultConcur
     name: e.name,
     model: e.model,
     state: e.state as (typeof ENDPOINT_STATES)[number],
-    max_concurrency: effectiveConcurrency(e, defaultConcurrency),
-    max_concurrency_source: e.maxConcurrency != null ? ('user' as const) : e.serverMaxRunning != null ? ('server' as const) : ('default' as const),
+    max_concurrency: live.cap ?? effectiveConcurrency(e, defaultConcurrency),
+    max_concurrency_source:
+      live.cap_source ?? (e.maxConcurrency != null ? ('user' as const) : e.serverMaxRunning != null ? ('server' as const) : ('default' as const)),
+    aliases: e.aliases,
+    capacity: { max_running: e.serverMaxRunning, kv_tokens: e.kvTokens, max_model_len: e.maxModelLen },
     in_flight: live.in_flight,
     weight: e.weight,
     has_api_key: e.apiKey != null,

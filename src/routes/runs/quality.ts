@@ -103,7 +103,7 @@ export function registerRunQuality(app: App) {
         flagged_share: share(run.flagged, run.completed),
         by_flag: byFlag,
         settings: run.quality ?? false,
-        thinking_requested: thinkingRequested(run.params),
+        thinking_requested: thinkingRequested(run.params, run.model),
         gate: {
           enabled: gate !== null,
           overridden: run.gateOverridden,

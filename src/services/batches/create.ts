@@ -4,6 +4,7 @@ import type { Readable } from 'node:stream';
 import type { Deps } from '../../deps.js';
 import type { DbOrTx } from '../../db/client.js';
 import { servedModels } from '../../db/endpoints.js';
+import { servesModel } from '../../domain/models.js';
 import { getFile } from '../../db/files.js';
 import type { FileRow, RunRow } from '../../db/schema.js';
 import { parseInputLine, readLines } from '../../domain/input-line.js';
@@ -26,7 +27,7 @@ const PEEK_LINES = 100;
  * loading its weights has not said yet what it serves, and SGLang servers take minutes to start.
  */
 export function unservedModel(db: DbOrTx, model: string): string | null {
-  if (servedModels(db).some((m) => m === null || m === model)) return null;
+  if (servedModels(db).some((e) => e.model === null || servesModel(e.model, e.aliases, model))) return null;
   return `model ${JSON.stringify(model.slice(0, 100))} is not served by any registered endpoint`;
 }
 

@@ -1,0 +1,134 @@
+// How many requests regen keeps in flight on an endpoint (DESIGN.md "Runner", SGLANG.md "Capacity").
+//
+// SGLang's own tuning guide asks for a large running batch with a waiting queue behind it, KV
+// token usage above 0.9, and retractions rare. Its advertised running limit is no guide: by default
+// it is 2048 or more per data-parallel rank, far past what the KV pool holds, and past the KV
+// budget requests are retracted and re-prefilled, which costs more than it gains. So the cap is
+// steered from the server's live load: grown while the KV pool has room and the queue is short,
+// held once the pool is full with a queue in its band, and cut back when the server retracts.
+
+export type CapSource = 'user' | 'adaptive' | 'server' | 'default';
+
+/** What a probe read of the server's capacity (`/server_info`). */
+export interface ServerCapacity {
+  /** The sum over DP ranks of effective_max_running_requests_per_dp, else the launch flag; null when unknown. */
+  maxRunning: number | null;
+  /** The KV pool in tokens (max_total_num_tokens); null when unknown. */
+  kvTokens: number | null;
+}
+
+/** One reading of the server's live load, summed over its DP ranks. */
+export interface Load {
+  at: number;
+  running: number;
+  waiting: number;
+  /** Used over total KV tokens, 0 to 1; null when the server does not say. */
+  tokenUsage: number | null;
+  /** Requests retracted since the server started (a counter); null when the server does not say. */
+  retracted: number | null;
+  /** Retracted requests waiting to run again now (a gauge), where the server gives no counter. */
+  retractedNow?: number | null;
+}
+
+/** Where the adaptive cap starts: enough to fill a small server at once, low enough not to flood a KV pool before the first reading. */
+const START_CAP = 64;
+const MIN_CAP = 4;
+/** Growth per reading while the KV pool has room: a server that runs 1,000 is reached in about ten readings. */
+const GROWTH = 1.25;
+/** The cut when the server retracts: below the level that made it retract. */
+const BACKOFF = 0.85;
+/** KV usage at which the pool counts as full (SGLang's guide: above 0.9). */
+const FULL_TOKEN_USAGE = 0.9;
+/** Retractions the guide calls rare: about one a minute. */
+const RARE_RETRACTIONS_PER_MS = 1 / 60_000;
+/** How long a level that made the server retract is remembered before it is tried again. */
+const KNEE_MEMORY_MS = 60_000;
+/** In-flight share of the cap at which regen, not its supply of samples, is what limits the server. */
+const SATURATED = 0.95;
+/** SGLang's recommended waiting queue is 100 to 2000; smaller servers get a proportionally shorter one. */
+const QUEUE_LOW_MAX = 100;
+const QUEUE_HIGH_MAX = 2000;
+const QUEUE_MIN = 4;
+
+/** The waiting queue the cap aims for on a server running `running` requests. */
+export function queueBand(running: number): { low: number; high: number } {
+  const low = Math.max(QUEUE_MIN, Math.min(QUEUE_LOW_MAX, Math.ceil(running / 8)));
+  const high = Math.max(2 * low, Math.min(QUEUE_HIGH_MAX, Math.ceil(running / 2)));
+  return { low, high };
+}
+
+/**
+ * The adaptive cap of one endpoint. `observe` takes each new load reading with the requests regen
+ * has in flight there; the cap never exceeds what the server can run plus a short queue, nor an
+ * operator's max_concurrency.
+ */
+export class AdaptiveCap {
+  private value: number;
+  private last: Load | null = null;
+  /** The in-flight level at which the server last retracted, and when. */
+  private knee: { level: number; at: number } | null = null;
+
+  constructor(private ceiling: number) {
+    this.value = Math.max(MIN_CAP, Math.min(ceiling, START_CAP));
+  }
+
+  get cap(): number {
+    return this.value;
+  }
+
+  /** The server's capacity changed (a restart, a new launch flag), or the operator's ceiling did. */
+  setCeiling(ceiling: number): void {
+    this.ceiling = Math.max(MIN_CAP, ceiling);
+    this.value = Math.min(this.value, this.ceiling);
+  }
+
+  observe(load: Load, inFlight: number): void {
+    const prev = this.last;
+    this.last = load;
+    if (this.knee && load.at - this.knee.at > KNEE_MEMORY_MS) this.knee = null;
+    const elapsed = prev ? Math.max(1, load.at - prev.at) : 1;
+    const band = queueBand(load.running);
+    let next = this.value;
+    if (retracting(prev, load, elapsed)) {
+      const level = Math.min(this.value, inFlight);
+      this.knee = { level, at: load.at };
+      next = Math.floor(level * BACKOFF);
+    } else if (load.waiting > band.high) {
+      next = this.value - (load.waiting - band.high);
+    } else if (inFlight >= this.value * SATURATED && load.waiting < band.low) {
+      const full = load.tokenUsage !== null && load.tokenUsage >= FULL_TOKEN_USAGE;
+      // A full pool takes no more running requests: only the queue may grow, to its band.
+      next = full ? this.value + (band.low - load.waiting) : Math.ceil(this.value * GROWTH);
+      if (this.knee) next = Math.min(next, this.knee.level - 1);
+      next = Math.max(next, this.value);
+    }
+    this.value = Math.max(MIN_CAP, Math.min(this.ceiling, next));
+  }
+}
+
+/** More retractions since the last reading than the guide calls rare. */
+function retracting(prev: Load | null, load: Load, elapsedMs: number): boolean {
+  if (load.retracted === null) return (load.retractedNow ?? 0) > 0;
+  if (!prev || prev.retracted === null) return false;
+  return load.retracted - prev.retracted > Math.max(1, elapsedMs * RARE_RETRACTIONS_PER_MS);
+}
+
+/** The most regen sends a server that can run `maxRunning`: that, plus the low end of the queue band. */
+export function serverCeiling(maxRunning: number): number {
+  return maxRunning + queueBand(maxRunning).low;
+}
+
+/**
+ * The cap in use and where it comes from: the adaptive cap when the server's load is readable,
+ * never above an operator's max_concurrency; else the operator's value, the server's running
+ * limit, or the default.
+ */
+export function capInUse(maxConcurrency: number | null, server: ServerCapacity, adaptive: number | null, fallback: number): { cap: number; source: CapSource } {
+  if (adaptive !== null) {
+    if (maxConcurrency !== null && maxConcurrency <= adaptive) return { cap: maxConcurrency, source: 'user' };
+    return { cap: adaptive, source: 'adaptive' };
+  }
+  if (maxConcurrency !== null) return { cap: maxConcurrency, source: 'user' };
+  if (server.maxRunning !== null) return { cap: server.maxRunning, source: 'server' };
+  return { cap: fallback, source: 'default' };
+}

@@ -1,0 +1,147 @@
+import { describe, expect, it } from 'vitest';
+import { AdaptiveCap, capInUse, queueBand, serverCeiling, type Load } from '../../src/runner/capacity.js';
+import { metricSum, parseLoads, parseMetrics, parseModels, parseServerInfo } from '../../src/runner/server-info.js';
+
+const load = (at: number, l: Partial<Load>): Load => ({ at, running: 0, waiting: 0, tokenUsage: 0, retracted: 0, ...l });
+
+describe('AdaptiveCap', () => {
+  it('starts low enough not to flood a KV pool, never above the ceiling', () => {
+    expect(new AdaptiveCap(2048).cap).toBe(64);
+    expect(new AdaptiveCap(20).cap).toBe(20);
+  });
+
+  it('grows while regen fills its cap, the queue is short and the KV pool has room', () => {
+    const c = new AdaptiveCap(2048);
+    c.observe(load(0, { running: 64, tokenUsage: 0.3 }), 64);
+    expect(c.cap).toBe(80);
+    c.observe(load(1000, { running: 80, tokenUsage: 0.4 }), 80);
+    expect(c.cap).toBe(100);
+  });
+
+  it('does not grow on a server regen is not keeping full', () => {
+    const c = new AdaptiveCap(2048);
+    c.observe(load(0, { running: 10, tokenUsage: 0.1 }), 10);
+    expect(c.cap).toBe(64);
+  });
+
+  it('once the pool is full, lets only the waiting queue grow to the low end of its band', () => {
+    const c = new AdaptiveCap(2048);
+    c.observe(load(0, { running: 60, waiting: 1, tokenUsage: 0.95 }), 64);
+    expect(c.cap).toBe(64 + queueBand(60).low - 1);
+  });
+
+  it('cuts back when the server retracts, and does not go back up to that level for a minute', () => {
+    const c = new AdaptiveCap(2048);
+    c.observe(load(0, { running: 64, tokenUsage: 0.5, retracted: 0 }), 64);
+    c.observe(load(1000, { running: 80, tokenUsage: 0.99, retracted: 50 }), 80);
+    expect(c.cap).toBe(Math.floor(80 * 0.85));
+    for (let t = 2000; t < 50_000; t += 1000) c.observe(load(t, { running: c.cap, tokenUsage: 0.8, retracted: 50 }), c.cap);
+    expect(c.cap).toBe(79);
+    for (let t = 62_000; t < 70_000; t += 1000) c.observe(load(t, { running: c.cap, tokenUsage: 0.8, retracted: 50 }), c.cap);
+    expect(c.cap).toBeGreaterThan(80);
+  });
+
+  it('takes a retraction a minute as rare, as SGLang does', () => {
+    const c = new AdaptiveCap(2048);
+    c.observe(load(0, { running: 64, waiting: 10, tokenUsage: 0.95, retracted: 0 }), 64);
+    c.observe(load(1000, { running: 64, waiting: 10, tokenUsage: 0.95, retracted: 1 }), 64);
+    expect(c.cap).toBe(64);
+  });
+
+  it('shrinks a queue past the top of its band', () => {
+    const c = new AdaptiveCap(2048);
+    const { high } = queueBand(40);
+    c.observe(load(0, { running: 40, waiting: high + 10, tokenUsage: 0.95 }), 64);
+    expect(c.cap).toBe(54);
+  });
+
+  it('settles just under the knee of a server that retracts past it', () => {
+    // A toy server whose KV pool holds `knee` requests: usage grows with what runs, and more than
+    // fit are retracted at once.
+    const knee = 300;
+    const c = new AdaptiveCap(serverCeiling(2048));
+    let retracted = 0;
+    const seen: number[] = [];
+    for (let t = 0; t < 300_000; t += 1000) {
+      const inFlight = c.cap;
+      if (inFlight > knee) retracted += inFlight - knee;
+      c.observe(load(t, { running: inFlight, tokenUsage: Math.min(1, inFlight / knee), retracted }), inFlight);
+      if (t > 60_000) seen.push(c.cap);
+    }
+    const mean = seen.reduce((a, b) => a + b, 0) / seen.length;
+    expect(mean).toBeGreaterThan(0.9 * knee);
+    expect(mean).toBeLessThanOrEqual(1.02 * knee);
+  });
+});
+
+describe('capInUse', () => {
+  const server = { maxRunning: 256, kvTokens: 100_000 };
+  it('prefers the adaptive cap, never above the operator', () => {
+    expect(capInUse(null, server, 120, 32)).toEqual({ cap: 120, source: 'adaptive' });
+    expect(capInUse(100, server, 120, 32)).toEqual({ cap: 100, source: 'user' });
+    expect(capInUse(200, server, 120, 32)).toEqual({ cap: 120, source: 'adaptive' });
+  });
+  it('falls back to the operator, the server and the default', () => {
+    expect(capInUse(50, server, null, 32)).toEqual({ cap: 50, source: 'user' });
+    expect(capInUse(null, server, null, 32)).toEqual({ cap: 256, source: 'server' });
+    expect(capInUse(null, { maxRunning: null, kvTokens: null }, null, 32)).toEqual({ cap: 32, source: 'default' });
+  });
+});
+
+describe('reading what SGLang says of itself', () => {
+  it('sums effective_max_running_requests_per_dp over DP ranks; the null launch flag says nothing', () => {
+    const info = parseServerInfo({
+      max_running_requests: null,
+      max_total_num_tokens: 500_000,
+      startup_time: 1733200000.5,
+      internal_states: [{ effective_max_running_requests_per_dp: 2048 }, { effective_max_running_requests_per_dp: 2048 }],
+    });
+    expect(info).toEqual({ capacity: { maxRunning: 4096, kvTokens: 500_000 }, startupTime: 1733200000.5 });
+  });
+
+  it('uses the launch flag only when the ranks do not say (before v0.5.8)', () => {
+    expect(parseServerInfo({ max_running_requests: 256 }).capacity.maxRunning).toBe(256);
+    expect(parseServerInfo({ max_running_requests: null }).capacity.maxRunning).toBeNull();
+    expect(parseServerInfo('not json').capacity).toEqual({ maxRunning: null, kvTokens: null });
+  });
+
+  it('reads the served name and context length from /v1/models', () => {
+    expect(parseModels({ object: 'list', data: [{ id: '/models/Qwen3-27B', max_model_len: 40960 }] })).toEqual({
+      model: '/models/Qwen3-27B',
+      maxModelLen: 40960,
+    });
+    expect(parseModels({ data: [] })).toBeNull();
+    expect(parseModels({ detail: 'Not Found' })).toBeNull();
+  });
+
+  it('sums /v1/loads over DP ranks', () => {
+    const l = parseLoads(
+      {
+        loads: [
+          { dp_rank: 0, num_running_reqs: 10, num_waiting_reqs: 2, num_used_tokens: 500, max_total_num_tokens: 1000 },
+          { dp_rank: 1, num_running_reqs: 20, num_waiting_reqs: 3, num_used_tokens: 900, max_total_num_tokens: 1000 },
+        ],
+      },
+      7,
+    );
+    expect(l).toEqual({ at: 7, running: 30, waiting: 5, tokenUsage: 0.7, retracted: null });
+    expect(parseLoads({ loads: [] }, 7)).toBeNull();
+  });
+
+  it('reads /metrics series per DP rank, and the retraction counter', () => {
+    const text = [
+      '# TYPE sglang:num_running_reqs gauge',
+      'sglang:num_running_reqs{model_name="m",dp_rank="0"} 10.0',
+      'sglang:num_running_reqs{model_name="m",dp_rank="1"} 12.0',
+      'sglang:num_queue_reqs{model_name="m",dp_rank="0"} 1.0',
+      'sglang:num_queue_reqs{model_name="m",dp_rank="1"} 0.0',
+      'sglang:token_usage{model_name="m",dp_rank="0"} 0.5',
+      'sglang:token_usage{model_name="m",dp_rank="1"} 0.7',
+      'sglang:num_retracted_reqs{model_name="m",dp_rank="0"} 0.0',
+      'sglang:num_retracted_requests_total{model_name="m"} 42.0',
+    ].join('\n');
+    expect(parseMetrics(text, 3)).toEqual({ at: 3, running: 22, waiting: 1, tokenUsage: 0.6, retracted: 42, retractedNow: 0 });
+    expect(metricSum(text, 'sglang:gen_throughput')).toBeNull();
+    expect(parseMetrics('# nothing', 3)).toBeNull();
+  });
+});

@@ -1,0 +1,103 @@
+import { createServer, type Server } from 'node:http';
+import type { AddressInfo } from 'node:net';
+import { join } from 'node:path';
+import { afterAll, describe, expect, it } from 'vitest';
+import { closeDb, openDb } from '../../src/db/client.js';
+import { getEndpoint, insertEndpoint, updateEndpoint } from '../../src/db/endpoints.js';
+import { makeLogger } from '../../src/logger.js';
+import { EndpointPool } from '../../src/runner/endpoints.js';
+import { tempDir } from '../support/server.js';
+
+/** An SGLang-like server whose /health answers only when the test says so. */
+async function heldHealthServer(model: string) {
+  const held: (() => void)[] = [];
+  let healthCalls = 0;
+  const server: Server = createServer((req, res) => {
+    const json = (body: unknown) => res.writeHead(200, { 'content-type': 'application/json' }).end(JSON.stringify(body));
+    if (req.url === '/health') {
+      healthCalls++;
+      held.push(() => res.writeHead(200).end());
+    } else if (req.url === '/v1/models') json({ data: [{ id: model, max_model_len: 4096 }] });
+    else if (req.url === '/server_info')
+      json({ max_running_requests: null, internal_states: [{ effective_max_running_requests_per_dp: 8 }], max_total_num_tokens: 1000 });
+    else res.writeHead(404).end();
+  });
+  await new Promise<void>((r) => server.listen(0, '127.0.0.1', () => r()));
+  return {
+    url: `http://127.0.0.1:${(server.address() as AddressInfo).port}`,
+    healthCalls: () => healthCalls,
+    release: () => {
+      for (const answer of held.splice(0)) answer();
+    },
+    close: () => new Promise<void>((r) => server.close(() => r())),
+  };
+}
+
+const settings = {
+  probeIntervalMs: 60_000,
+  healthTimeoutMs: 10_000,
+  unhealthyAfterProbes: 3,
+  loadIntervalMs: 60_000,
+  adaptiveConcurrency: true,
+  defaultConcurrency: 32,
+};
+
+describe('a probe in flight against an operator', () => {
+  const tmp = tempDir();
+  afterAll(() => tmp.cleanup());
+
+  it('never writes its verdict over a state the operator set while it awaited the server', async () => {
+    const fake = await heldHealthServer('m');
+    const db = openDb(join(tmp.dir, 'race.db'));
+    try {
+      insertEndpoint(db, { id: 'ep_1', url: fake.url, name: 'a', state: 'starting', createdAt: 1, updatedAt: 1 });
+      const pool = new EndpointPool(
+        db,
+        makeLogger('silent'),
+        Date.now,
+        settings,
+        () => {},
+        () => {},
+      );
+      pool.sync();
+      pool.probeDue();
+      await expect.poll(() => fake.healthCalls()).toBe(1);
+      // The API thread's PATCH lands now; the runner thread has not re-read the table yet.
+      updateEndpoint(db, 'ep_1', { state: 'draining' });
+      fake.release();
+      const e = pool.live.get('ep_1')!;
+      await expect.poll(() => e.probing).toBe(false);
+      expect(getEndpoint(db, 'ep_1')!.state).toBe('draining');
+      // The probe read the row again instead: the pool now sees the operator's state.
+      expect(e.row.state).toBe('draining');
+    } finally {
+      closeDb(db);
+      await fake.close();
+    }
+  });
+
+  it('still moves an endpoint nobody touched from starting to ready, with what the server said', async () => {
+    const fake = await heldHealthServer('/models/M');
+    const db = openDb(join(tmp.dir, 'plain.db'));
+    try {
+      insertEndpoint(db, { id: 'ep_1', url: fake.url, name: 'a', state: 'starting', createdAt: 1, updatedAt: 1 });
+      const pool = new EndpointPool(
+        db,
+        makeLogger('silent'),
+        Date.now,
+        settings,
+        () => {},
+        () => {},
+      );
+      pool.sync();
+      pool.probeDue();
+      await expect.poll(() => fake.healthCalls()).toBe(1);
+      fake.release();
+      await expect.poll(() => getEndpoint(db, 'ep_1')!.state).toBe('ready');
+      expect(getEndpoint(db, 'ep_1')).toMatchObject({ model: '/models/M', maxModelLen: 4096, serverMaxRunning: 8, kvTokens: 1000 });
+    } finally {
+      closeDb(db);
+      await fake.close();
+    }
+  });
+});
