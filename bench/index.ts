@@ -1,5 +1,6 @@
 import { writeFileSync } from 'node:fs';
 import { fileURLToPath } from 'node:url';
+import { benchAdaptive } from './adaptive.js';
 import { benchDispatch, benchSaturation } from './dispatch.js';
 import { benchIngest } from './ingest.js';
 import { benchMillion } from './million.js';
@@ -10,6 +11,7 @@ const PARTS: Record<string, () => Promise<Figure[]>> = {
   dispatch: benchDispatch,
   saturation: benchSaturation,
   million: benchMillion,
+  adaptive: benchAdaptive,
 };
 
 const fmt = (n: number | null, unit = '') =>
@@ -29,7 +31,7 @@ function table(figures: Figure[]): string {
 
 /**
  * `npm run bench [part…]`: runs the parts (all by default), prints regen next to its baseline for
- * every figure, and, for a full-scale run of every part, writes BENCHMARKS.md. Parts: ingest, dispatch, saturation, million.
+ * every figure, and, for a full-scale run of every part, writes BENCHMARKS.md. Parts: ingest, dispatch, saturation, million, adaptive.
  */
 async function main(): Promise<void> {
   const asked = process.argv.slice(2);

@@ -483,8 +483,10 @@ describe('pause, resume, cancel', () => {
     const res = await req(api, `/v1/runs/${created.id}/cancel`, { method: 'POST' });
     if (res.status === 200) {
       expect(res.body.status).toBe('cancelled');
-      // Give the ingestion time to notice, then check it left nothing queued behind.
-      await new Promise((r) => setTimeout(r, 1500));
+      // The ingestion notices within a batch of lines and clears what it had inserted.
+      await waitFor('the cancelled validation to clear its samples', async () =>
+        (await req(api, `/v1/runs/${created.id}/samples?limit=1`)).body.data.length === 0 ? true : undefined,
+      );
       const after = (await req(api, `/v1/runs/${created.id}`)).body;
       expect(after.status).toBe('cancelled');
       expect(after.request_counts.total).toBe(0);

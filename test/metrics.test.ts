@@ -2,7 +2,9 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { loadConfig } from '../src/config.js';
 import { eventsAfter } from '../src/db/events.js';
 import { makeLogger } from '../src/logger.js';
+import { CAP_SOURCES } from '../src/domain/concurrency.js';
 import { FLAGS } from '../src/domain/flags.js';
+import { serverCeiling } from '../src/runner/capacity.js';
 import { startServer, type Server } from '../src/server.js';
 import { spawnSimulator, type SimProcess } from '../src/sim/spawn.js';
 import { call, startTestServer, tempDir, waitFor } from './support/server.js';
@@ -129,8 +131,19 @@ describe('GET /metrics', () => {
   it('showed the endpoint busy, within its cap, while the run went on', () => {
     const inFlight = midRun.value('regen_endpoint_in_flight', { endpoint_id: endpointId });
     expect(inFlight).toBeGreaterThan(0);
-    expect(inFlight).toBeLessThanOrEqual(MAX_RUNNING);
-    expect(midRun.value('regen_endpoint_max_concurrency', { endpoint_id: endpointId })).toBe(MAX_RUNNING);
+    // What the server runs, plus the short queue the adaptive cap keeps behind it.
+    const cap = midRun.value('regen_endpoint_max_concurrency', { endpoint_id: endpointId })!;
+    expect(inFlight).toBeLessThanOrEqual(cap);
+    expect(cap).toBeGreaterThanOrEqual(MAX_RUNNING);
+    expect(cap).toBeLessThanOrEqual(serverCeiling(MAX_RUNNING));
+    // One source, the server's own: its running limit, or its live load once that has been read.
+    const sources = CAP_SOURCES.filter((source) =>
+      midRun.series.some(
+        (x) => x.name === 'regen_endpoint_max_concurrency_source' && x.labels.endpoint_id === endpointId && x.labels.source === source && x.value === 1,
+      ),
+    );
+    expect(sources).toHaveLength(1);
+    expect(['adaptive', 'server']).toContain(sources[0]);
     expect(midRun.value('regen_run_samples', { run_id: runId, status: 'in_progress' })).toBeGreaterThan(0);
   });
 
@@ -164,7 +177,7 @@ describe('GET /metrics', () => {
     expect(m.value('regen_endpoint_state', { endpoint_id: endpointId, state: 'ready' })).toBe(1);
     expect(m.value('regen_endpoint_state', { endpoint_id: endpointId })).toBe(1);
     expect(m.value('regen_endpoint_in_flight', { endpoint_id: endpointId })).toBe(0);
-    expect(m.value('regen_endpoint_max_concurrency', { endpoint_id: endpointId })).toBe(MAX_RUNNING);
+    expect(m.value('regen_endpoint_max_concurrency', { endpoint_id: endpointId })).toBeLessThanOrEqual(serverCeiling(MAX_RUNNING));
     expect(m.value('regen_endpoint_info', { endpoint_id: endpointId, model: MODEL })).toBe(1);
 
     // Every answer the simulator gave was timed; each either completed a sample or was re-asked.
@@ -196,7 +209,7 @@ describe('GET /metrics', () => {
 
     // Low cardinality: ids of runs and endpoints at most, never a sample's.
     expect(m.text).not.toContain('mcid-');
-    const allowed = new Set(['run_id', 'status', 'endpoint_id', 'state', 'name', 'model', 'reason', 'flag', 'le']);
+    const allowed = new Set(['run_id', 'status', 'endpoint_id', 'state', 'name', 'model', 'reason', 'flag', 'le', 'source']);
     for (const s of m.series.filter((x) => x.name.startsWith('regen_'))) {
       for (const label of Object.keys(s.labels)) expect(allowed.has(label), `${s.name} has label ${label}`).toBe(true);
     }

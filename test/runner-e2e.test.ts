@@ -1,6 +1,7 @@
 import { fileURLToPath } from 'node:url';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { spawnSimulator, type SimProcess } from '../src/sim/spawn.js';
+import { serverCeiling } from '../src/runner/capacity.js';
 import { Stores } from '../src/storage/index.js';
 import { call, startTestServer } from './support/server.js';
 import { checkOutput, createRun, expectCountersMatchRecount, makePrompts, registerEndpoint, uploadFile, waitForStatus } from './support/runner-checks.js';
@@ -9,7 +10,7 @@ const MODEL = 'qwen3-sim';
 const SAMPLES = 3000;
 const SHARD_SIZE = 500;
 // ~40 ms to the first token plus 96 tokens at 1000/s: each request takes ~140 ms.
-const LATENCY = { 'ttft-ms': 40, 'tokens-per-second': 1000, model: MODEL, 'max-queue': 0 };
+const LATENCY = { 'ttft-ms': 40, 'tokens-per-second': 1000, model: MODEL };
 
 let server: Awaited<ReturnType<typeof startTestServer>>;
 const sims: SimProcess[] = [];
@@ -78,8 +79,9 @@ describe('a run across three simulators', () => {
     expect(line.reasoning_content.length).toBeGreaterThan(0);
     expect(fileURLToPath(done.output_uri)).toContain(done.id);
 
-    // Every server was kept full, never over its limit (a request over it would find no queue
-    // and be turned away), and the late one took its share once it was up.
+    // Every server was kept full, with at most a short queue behind what it runs (its cap is
+    // adaptive: what it can run plus the low end of its queue band), and the late one took its
+    // share once it was up.
     const perEndpoint = new Map<string, number>();
     for (const l of out.lines.values()) perEndpoint.set(l.endpoint_id, (perEndpoint.get(l.endpoint_id) ?? 0) + 1);
     for (const [sim, cap, ep] of [
@@ -92,7 +94,9 @@ describe('a run across three simulators', () => {
       expect(stats.rejected).toBe(0);
       expect(stats.completed).toBe(perEndpoint.get(ep.id));
       const row = (await call(base, `/v1/endpoints/${ep.id}`)).body;
-      expect(row).toMatchObject({ state: 'ready', model: MODEL, max_concurrency: cap, max_concurrency_source: 'server', in_flight: 0 });
+      expect(row).toMatchObject({ state: 'ready', model: MODEL, max_concurrency_source: 'adaptive', in_flight: 0, capacity: { max_running: cap } });
+      expect(row.max_concurrency).toBeGreaterThanOrEqual(cap);
+      expect(row.max_concurrency).toBeLessThanOrEqual(serverCeiling(cap));
       expect(row.stats.completed).toBe(perEndpoint.get(ep.id));
     }
 

@@ -192,25 +192,33 @@ describe('runner faults', () => {
     await expectCountersMatchRecount(server.url, done);
   });
 
-  it('fails a sample with its last error once max_attempts are spent', async () => {
-    const broken = await sim({ model: 'm-broken', 'max-running': 4, 'error-rate': 1 });
-    await endpointOf(broken);
-    const prompts = makePrompts(12, 'broken');
-    const id = await startRun('m-broken', prompts, { max_attempts: 2 });
-    const done = await waitForStatus(server.url, id, TERMINAL);
-    expect(done.status).toBe('completed');
-    expect(done.request_counts).toMatchObject({ total: 12, completed: 0, failed: 12 });
-    const out = await checkOutput(stores.forUri(done.output_uri), prompts.expected);
-    expect(out.lines.size).toBe(0);
-    expect(out.errors.size).toBe(12);
-    for (const e of out.errors.values()) {
-      expect(e.attempts).toBe(2);
-      expect(e.error.code).toBe('server_error');
-      expect(e.error.message).toBe(e.error.status === 500 ? 'Internal server error' : 'Service temporarily unavailable');
+  it("fails a sample with its last error once its budget for the server's faults is spent, whatever max_attempts says", async () => {
+    // A budget of two server faults: on a server that always fails, each sample is sent twice.
+    const strict = await startTestServer({ REGEN_MAX_SERVER_FAULTS: '2' });
+    try {
+      const broken = await sim({ model: 'm-broken', 'max-running': 4, 'error-rate': 1 });
+      await registerEndpoint(strict.url, broken.url);
+      const prompts = makePrompts(12, 'broken');
+      const fileId = await uploadFile(strict.url, prompts.jsonl);
+      const id = (await createRun(strict.url, { model: 'm-broken', input: { file_id: fileId }, regenerate: 'last_assistant', max_attempts: 10 })).id;
+      const done = await waitForStatus(strict.url, id, TERMINAL);
+      expect(done.status).toBe('completed');
+      expect(done.request_counts).toMatchObject({ total: 12, completed: 0, failed: 12 });
+      const out = await checkOutput(stores.forUri(done.output_uri), prompts.expected);
+      expect(out.lines.size).toBe(0);
+      expect(out.errors.size).toBe(12);
+      for (const e of out.errors.values()) {
+        expect(e.attempts).toBe(2);
+        expect(e.error.code).toBe('server_error');
+        expect(e.error.message).toBe(e.error.status === 500 ? 'Internal server error' : 'Service temporarily unavailable');
+      }
+      expect((await broken.stats()).requests).toBe(24);
+      const all = await expectCountersMatchRecount(strict.url, done);
+      // The first fault was refunded and counted apart; the last send is the one attempt charged.
+      expect(all.every((s) => s.status === 'failed' && s.attempts === 2 && s.server_faults === 1 && s.error.code === 'server_error')).toBe(true);
+    } finally {
+      await strict.cleanup();
     }
-    expect((await broken.stats()).requests).toBe(24);
-    const all = await expectCountersMatchRecount(server.url, done);
-    expect(all.every((s) => s.status === 'failed' && s.attempts === 2 && s.error.code === 'server_error')).toBe(true);
   });
 
   it('pauses (in-flight requests finish, nothing new is sent), resumes, and finishes', async () => {

@@ -13,6 +13,14 @@ const FLAG_HELP = {
   too_short: 'fewer completion tokens than the run’s minimum',
 };
 
+/** What each source of an endpoint's cap means, for the cell's tooltip. */
+const CAP_SOURCES = {
+  user: "the operator's max_concurrency",
+  adaptive: "steered from the server's live load (KV usage, queue, retractions)",
+  server: "the server's own running limit",
+  default: 'REGEN_DEFAULT_CONCURRENCY: the server says neither its limit nor its load',
+};
+
 export function endpointsTable(endpoints, model) {
   const rows = [...endpoints].sort((a, b) => Number(b.model === model) - Number(a.model === model));
   return table(
@@ -30,19 +38,19 @@ export function endpointsTable(endpoints, model) {
       { label: 'Model', cell: (e) => e.model ?? '—' },
       {
         label: 'State',
-        cell: (e) =>
-          h(
-            'div',
-            null,
-            badge(e.state),
-            e.last_error && e.state !== 'ready' ? h('div', { className: 'small error clip', title: e.last_error }, e.last_error) : null,
-          ),
+        cell: (e) => h('div', null, badge(e.state), e.last_error ? h('div', { className: 'small error clip', title: e.last_error }, e.last_error) : null),
       },
       {
         label: 'In flight / cap',
         className: 'num',
         cell: (e) =>
-          h('div', null, `${num(e.in_flight)} / ${num(e.max_concurrency)}`, progressBar(e.max_concurrency ? e.in_flight / e.max_concurrency : 0, 'mini')),
+          h(
+            'div',
+            null,
+            `${num(e.in_flight)} / ${num(e.max_concurrency)}`,
+            h('span', { className: 'small muted', title: CAP_SOURCES[e.max_concurrency_source] ?? '' }, ` ${e.max_concurrency_source}`),
+            progressBar(e.max_concurrency ? e.in_flight / e.max_concurrency : 0, 'mini'),
+          ),
       },
       { label: 'Samples/s', className: 'num', cell: (e) => rate(e.stats.samples_per_second) },
       { label: 'Tokens/s', className: 'num', cell: (e) => rate(e.stats.completion_tokens_per_second) },
@@ -50,7 +58,15 @@ export function endpointsTable(endpoints, model) {
       {
         label: 'Server running / queued',
         className: 'num',
-        cell: (e) => (e.server.running == null && e.server.queued == null ? '—' : `${num(e.server.running)} / ${num(e.server.queued)}`),
+        cell: (e) =>
+          e.server.running == null && e.server.queued == null
+            ? '—'
+            : h(
+                'div',
+                null,
+                `${num(e.server.running)} / ${num(e.server.queued)}`,
+                e.server.token_usage == null ? null : h('div', { className: 'small muted' }, `KV ${Math.round(e.server.token_usage * 100)}%`),
+              ),
       },
       { label: 'Done / failed', className: 'num', cell: (e) => `${num(e.stats.completed)} / ${num(e.stats.failed)}` },
     ],

@@ -16,11 +16,6 @@ export function listEndpoints(db: Db, opts: { after?: string; limit: number } = 
     .all();
 }
 
-/** The concurrency the runner uses: the user's setting, else what the server said it runs, else the default. */
-export function effectiveConcurrency(e: EndpointRow, fallback: number): number {
-  return e.maxConcurrency ?? e.serverMaxRunning ?? fallback;
-}
-
 export function getEndpointByUrl(db: DbOrTx, url: string): EndpointRow | undefined {
   return db.select().from(endpoints).where(eq(endpoints.url, url)).get();
 }

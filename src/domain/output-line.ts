@@ -56,6 +56,7 @@ export interface CompletedSample {
   endpointId: string | null;
   latencyMs: number | null;
   attempts: number;
+  serverFaults: number;
   flags: number;
 }
 
@@ -65,6 +66,15 @@ export interface FailedSample {
   errorMessage: string | null;
   errorStatus: number | null;
   attempts: number;
+  serverFaults: number;
+}
+
+/**
+ * How many times a sample was sent: the attempts charged against max_attempts and the ones
+ * refunded after a server's fault. Output lines, error lines and the sample object report this.
+ */
+export function triesOf(s: { attempts: number; serverFaults: number }): number {
+  return s.attempts + s.serverFaults;
 }
 
 export function outputLine(s: CompletedSample, out: StagedOutput): string {
@@ -86,7 +96,7 @@ export function outputLine(s: CompletedSample, out: StagedOutput): string {
     created: out.created ?? null,
     endpoint_id: s.endpointId,
     latency_ms: s.latencyMs,
-    attempts: s.attempts,
+    attempts: triesOf(s),
     flags: flagsFromBits(s.flags),
   };
   return JSON.stringify(line);
@@ -96,7 +106,7 @@ export function errorLine(s: FailedSample): string {
   const line: ErrorLine = {
     custom_id: s.customId,
     error: { code: s.errorCode, message: s.errorMessage, status: s.errorStatus },
-    attempts: s.attempts,
+    attempts: triesOf(s),
   };
   return JSON.stringify(line);
 }

@@ -7,15 +7,7 @@
 // steered from the server's live load: grown while the KV pool has room and the queue is short,
 // held once the pool is full with a queue in its band, and cut back when the server retracts.
 
-export type CapSource = 'user' | 'adaptive' | 'server' | 'default';
-
-/** What a probe read of the server's capacity (`/server_info`). */
-export interface ServerCapacity {
-  /** The sum over DP ranks of effective_max_running_requests_per_dp, else the launch flag; null when unknown. */
-  maxRunning: number | null;
-  /** The KV pool in tokens (max_total_num_tokens); null when unknown. */
-  kvTokens: number | null;
-}
+export type { CapSource, ServerCapacity } from '../domain/concurrency.js';
 
 /** One reading of the server's live load, summed over its DP ranks. */
 export interface Load {
@@ -116,19 +108,4 @@ function retracting(prev: Load | null, load: Load, elapsedMs: number): boolean {
 /** The most regen sends a server that can run `maxRunning`: that, plus the low end of the queue band. */
 export function serverCeiling(maxRunning: number): number {
   return maxRunning + queueBand(maxRunning).low;
-}
-
-/**
- * The cap in use and where it comes from: the adaptive cap when the server's load is readable,
- * never above an operator's max_concurrency; else the operator's value, the server's running
- * limit, or the default.
- */
-export function capInUse(maxConcurrency: number | null, server: ServerCapacity, adaptive: number | null, fallback: number): { cap: number; source: CapSource } {
-  if (adaptive !== null) {
-    if (maxConcurrency !== null && maxConcurrency <= adaptive) return { cap: maxConcurrency, source: 'user' };
-    return { cap: adaptive, source: 'adaptive' };
-  }
-  if (maxConcurrency !== null) return { cap: maxConcurrency, source: 'user' };
-  if (server.maxRunning !== null) return { cap: server.maxRunning, source: 'server' };
-  return { cap: fallback, source: 'default' };
 }

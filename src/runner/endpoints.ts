@@ -6,7 +6,8 @@ import type { EndpointRow } from '../db/schema.js';
 import { servesModel } from '../domain/models.js';
 import type { EndpointState } from '../domain/statuses.js';
 import type { Logger } from '../logger.js';
-import { AdaptiveCap, capInUse, serverCeiling, type CapSource, type Load, type ServerCapacity } from './capacity.js';
+import { capInUse, type CapSource, type ServerCapacity } from '../domain/concurrency.js';
+import { AdaptiveCap, serverCeiling, type Load } from './capacity.js';
 import { backoffMs, firstProbeDelayMs, probeBackoff } from './failure-policy.js';
 import { agentFetch, endpointAgent } from './http-fetch.js';
 import { LatencyRing, RateWindow } from './rates.js';
@@ -93,8 +94,7 @@ export class LiveEndpoint {
 
   /** The cap in use and where it comes from. */
   capInfo(fallback: number, now: number, loadIntervalMs: number): { cap: number; source: CapSource } {
-    const fresh = this.adaptive && this.load && now - this.load.at <= STALE_LOAD_INTERVALS * loadIntervalMs;
-    return capInUse(this.row.maxConcurrency, this.capacity, fresh ? this.adaptive!.cap : null, fallback);
+    return capInUse(this.row.maxConcurrency, this.capacity, this.adaptiveCap(now, loadIntervalMs), fallback);
   }
 
   get state(): EndpointState {
@@ -110,15 +110,19 @@ export class LiveEndpoint {
     return servesModel(this.row.model, this.row.aliases, model);
   }
 
-  live(now: number, cap: { cap: number; source: CapSource }): EndpointLive {
+  /** The adaptive cap, while a fresh load reading backs it. */
+  adaptiveCap(now: number, loadIntervalMs: number): number | null {
+    return this.adaptive && this.load && now - this.load.at <= STALE_LOAD_INTERVALS * loadIntervalMs ? this.adaptive.cap : null;
+  }
+
+  live(now: number, loadIntervalMs: number): EndpointLive {
     const r = this.rate.rates(now);
     return {
       in_flight: this.inFlight.size,
       samples_per_second: Math.round(r.samples * 100) / 100,
       completion_tokens_per_second: Math.round(r.tokens * 100) / 100,
       p50_latency_ms: this.latency.p50(),
-      cap: cap.cap,
-      cap_source: cap.source,
+      adaptive_cap: this.adaptiveCap(now, loadIntervalMs),
       server: {
         running: this.load?.running ?? null,
         queued: this.load?.waiting ?? null,
@@ -257,7 +261,7 @@ export class EndpointPool {
 
   liveOf(endpointId: string, now: number): EndpointLive {
     const e = this.live.get(endpointId);
-    return e ? e.live(now, e.capInfo(this.settings.defaultConcurrency, now, this.settings.loadIntervalMs)) : IDLE_ENDPOINT;
+    return e ? e.live(now, this.settings.loadIntervalMs) : IDLE_ENDPOINT;
   }
 
   snapshot(now: number): Record<string, EndpointLive> {

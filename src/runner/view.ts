@@ -9,9 +9,8 @@ export interface EndpointLive {
   samples_per_second: number;
   completion_tokens_per_second: number;
   p50_latency_ms: number | null;
-  /** The cap in use and where it came from; null when the runner has not seen the endpoint. */
-  cap: number | null;
-  cap_source: 'user' | 'adaptive' | 'server' | 'default' | null;
+  /** The cap steered from the server's live load; null while no fresh reading backs it. */
+  adaptive_cap: number | null;
   server: { running: number | null; queued: number | null; token_usage: number | null };
 }
 
@@ -34,8 +33,7 @@ export const IDLE_ENDPOINT: EndpointLive = {
   samples_per_second: 0,
   completion_tokens_per_second: 0,
   p50_latency_ms: null,
-  cap: null,
-  cap_source: null,
+  adaptive_cap: null,
   server: { running: null, queued: null, token_usage: null },
 };
 

@@ -1,6 +1,7 @@
 import { collectDefaultMetrics, Counter, Gauge, Histogram, Registry } from 'prom-client';
 import type { Db } from '../db/client.js';
-import { effectiveConcurrency, listEndpoints } from '../db/endpoints.js';
+import { listEndpoints } from '../db/endpoints.js';
+import { endpointCap } from '../domain/concurrency.js';
 import { recentRunSampleCounts, runCountsByStatus } from '../db/runs.js';
 import { FLAGS, flagBit } from '../domain/flags.js';
 import { RETRY_REASONS, type RetryReason } from '../domain/sample-errors.js';
@@ -180,8 +181,9 @@ export class Metrics implements RunnerMetrics {
       const endpoint_id = e.id;
       const live = runner.endpointLive(e.id);
       this.endpointInFlight.set({ endpoint_id }, live.in_flight);
-      this.endpointCap.set({ endpoint_id }, live.cap ?? effectiveConcurrency(e, defaultConcurrency));
-      if (live.cap_source) this.endpointCapSource.set({ endpoint_id, source: live.cap_source }, 1);
+      const cap = endpointCap(e, live, defaultConcurrency);
+      this.endpointCap.set({ endpoint_id }, cap.cap);
+      this.endpointCapSource.set({ endpoint_id, source: cap.source }, 1);
       if (live.server.token_usage !== null) this.endpointTokenUsage.set({ endpoint_id }, live.server.token_usage);
       for (const state of ENDPOINT_STATES) this.endpointState.set({ endpoint_id, state }, e.state === state ? 1 : 0);
       this.endpointInfo.set({ endpoint_id, name: e.name ?? '', model: e.model ?? '' }, 1);

@@ -1,5 +1,6 @@
 import { describe, expect, it } from 'vitest';
-import { AdaptiveCap, capInUse, queueBand, serverCeiling, type Load } from '../../src/runner/capacity.js';
+import { capInUse } from '../../src/domain/concurrency.js';
+import { AdaptiveCap, queueBand, serverCeiling, type Load } from '../../src/runner/capacity.js';
 import { metricSum, parseLoads, parseMetrics, parseModels, parseServerInfo } from '../../src/runner/server-info.js';
 
 const load = (at: number, l: Partial<Load>): Load => ({ at, running: 0, waiting: 0, tokenUsage: 0, retracted: 0, ...l });

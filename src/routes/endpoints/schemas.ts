@@ -1,5 +1,5 @@
 import { z } from '@hono/zod-openapi';
-import { effectiveConcurrency } from '../../db/endpoints.js';
+import { CAP_SOURCES, endpointCap } from '../../domain/concurrency.js';
 import { ENDPOINT_STATES } from '../../domain/statuses.js';
 import type { EndpointRow } from '../../db/schema.js';
 import type { EndpointLive } from '../../runner/view.js';
@@ -84,7 +84,7 @@ export const Endpoint = z
     model: z.string().nullable(),
     state: z.enum(ENDPOINT_STATES),
     max_concurrency: z.number().int().openapi({ description: 'The cap in use: never more requests in flight than this' }),
-    max_concurrency_source: z.enum(['user', 'adaptive', 'server', 'default']).openapi({
+    max_concurrency_source: z.enum(CAP_SOURCES).openapi({
       description:
         "user: the operator's max_concurrency; adaptive: steered from the server's live load (never above the operator's value); server: the server's running limit; default: REGEN_DEFAULT_CONCURRENCY",
     }),
@@ -117,6 +117,7 @@ export const Endpoint = z
   .openapi('Endpoint');
 
 export function renderEndpoint(e: EndpointRow, live: EndpointLive, defaultConcurrency: number) {
+  const cap = endpointCap(e, live, defaultConcurrency);
   return {
     id: e.id,
     object: 'endpoint' as const,
@@ -124,9 +125,8 @@ export function renderEndpoint(e: EndpointRow, live: EndpointLive, defaultConcur
     name: e.name,
     model: e.model,
     state: e.state as (typeof ENDPOINT_STATES)[number],
-    max_concurrency: live.cap ?? effectiveConcurrency(e, defaultConcurrency),
-    max_concurrency_source:
-      live.cap_source ?? (e.maxConcurrency != null ? ('user' as const) : e.serverMaxRunning != null ? ('server' as const) : ('default' as const)),
+    max_concurrency: cap.cap,
+    max_concurrency_source: cap.source,
     aliases: e.aliases,
     capacity: { max_running: e.serverMaxRunning, kv_tokens: e.kvTokens, max_model_len: e.maxModelLen },
     in_flight: live.in_flight,

@@ -1,6 +1,7 @@
 import type { RunRow, SampleRow, ShardRow } from '../../db/schema.js';
 import { joinUri } from '../../storage/index.js';
 import { flagCounts, flagsFromBits } from '../../domain/flags.js';
+import { triesOf } from '../../domain/output-line.js';
 import type { RunProgress } from '../../runner/view.js';
 import { iso } from '../common.js';
 import type { Run } from './schemas.js';
@@ -82,7 +83,8 @@ export function renderSample(s: SampleRow) {
     index: s.seq,
     shard: s.shardIdx,
     status: s.status as 'pending',
-    attempts: s.attempts,
+    attempts: triesOf(s),
+    server_faults: s.serverFaults,
     endpoint_id: s.endpointId,
     finish_reason: s.finishReason,
     usage:

@@ -119,7 +119,10 @@ export const Sample = z
     index: z.number().int(),
     shard: z.number().int(),
     status: SampleStatus,
-    attempts: z.number().int(),
+    attempts: z.number().int().openapi({ description: 'Times the sample was sent, the ones that met a server fault included' }),
+    server_faults: z.number().int().openapi({
+      description: "Sends that met the server's fault (connection, timeout, 5xx, abort): they do not count against max_attempts",
+    }),
     endpoint_id: z.string().nullable(),
     finish_reason: z.string().nullable(),
     usage: z

@@ -18,6 +18,10 @@ import { resolveInput } from './input-source.js';
 // it stays flat, at no cost in throughput (commits are cheap in WAL mode).
 const BATCH = 1000;
 const MAX_LISTED_ERRORS = 100;
+/** Lines between full collections (see collectGarbage). */
+const GC_LINES = 50_000;
+/** Lines between looks at the run's status: one indexed read per batch, so a cancel is seen within milliseconds. */
+const CANCEL_CHECK_LINES = BATCH;
 
 /** Opens the run's input as a byte stream, wherever it lives. */
 async function openInput(deps: Deps, run: RunRow): Promise<Readable> {
@@ -123,15 +127,15 @@ export async function ingestRun(deps: Deps, runId: string, signal?: AbortSignal)
         logger.info({ run_id: runId }, 'validation stopped by shutdown');
         return;
       }
-      // Checking the run's status now and then lets a cancel stop a long validation.
-      if (++lines % 50_000 === 0) {
+      if (++lines % GC_LINES === 0) {
         collectGarbage();
         await new Promise((r) => setImmediate(r));
-        if (getRun(db, runId)?.status !== 'validating') {
-          source.destroy();
-          clearRunSamples(db, runId);
-          return;
-        }
+      }
+      // A cancel stops a long validation within a batch of lines, so its samples never linger.
+      if (lines % CANCEL_CHECK_LINES === 0 && getRun(db, runId)?.status !== 'validating') {
+        source.destroy();
+        clearRunSamples(db, runId);
+        return;
       }
     }
     if (!(failFast && invalid > 0)) flush();
