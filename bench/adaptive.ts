@@ -26,7 +26,7 @@ async function setup(
 ): Promise<{ server: ServerProcess; sim: SimProcess; endpointId: string; runId: string; stop(): Promise<void> }> {
   const tmp = tempDir('regen-bench-adaptive-');
   const sim = await spawnSimulator(SIM);
-  const server = await spawnServer(join(tmp.dir, 'data'), { REGEN_LOG_LEVEL: 'warn', REGEN_LOAD_INTERVAL_MS: '250', ...env });
+  const server = await spawnServer(join(tmp.dir, 'data'), { REGEN_LOAD_INTERVAL_MS: '250', ...env });
   const ep = await json<{ id: string }>(server.url, '/v1/endpoints', {
     method: 'POST',
     headers: { 'content-type': 'application/json' },
