@@ -11,6 +11,11 @@ export interface Usage {
   cached_tokens: number;
 }
 
+/** A run's token usage, as the run object and the manifest show it. */
+export function runUsage(r: { promptTokens: number; completionTokens: number; reasoningTokens: number }) {
+  return { prompt_tokens: r.promptTokens, completion_tokens: r.completionTokens, reasoning_tokens: r.reasoningTokens };
+}
+
 /** What the staging table keeps of a completion until its shard is uploaded. */
 export interface StagedOutput {
   reasoning_content: string | null;

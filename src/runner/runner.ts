@@ -105,6 +105,7 @@ export class Runner implements RunnerView {
     if (this.stopping) return;
     this.stopping = true;
     this.claims.releaseAll();
+    // Wall time, not deps.clock(): the grace period is real seconds that real requests get to finish in.
     const deadline = Date.now() + graceMs;
     const until = async (done: () => boolean, at: number) => {
       while (!done() && Date.now() < at) await new Promise((r) => setTimeout(r, STOP_POLL_MS));

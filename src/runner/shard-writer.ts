@@ -4,7 +4,7 @@ import { setManifestKey } from '../db/runs.js';
 import type { RunRow, ShardRow } from '../db/schema.js';
 import { listRunShards, markShardUploaded, shardSamplesWithOutput } from '../db/shards.js';
 import { flagCounts } from '../domain/flags.js';
-import { errorLine, MANIFEST_KEY, outputLine, shardErrorsKey, shardKey, type StagedOutput } from '../domain/output-line.js';
+import { errorLine, MANIFEST_KEY, outputLine, runUsage, shardErrorsKey, shardKey, type StagedOutput } from '../domain/output-line.js';
 
 const sha256 = (b: Buffer) => createHash('sha256').update(b).digest('hex');
 
@@ -87,7 +87,7 @@ export async function writeManifest(deps: RunnerDeps, run: RunRow, finalStatus: 
     params: run.params,
     output_uri: run.outputUri,
     counts: { total: run.total, completed: run.completed, failed: run.failed, cancelled: run.cancelled },
-    usage: { prompt_tokens: run.promptTokens, completion_tokens: run.completionTokens, reasoning_tokens: run.reasoningTokens },
+    usage: runUsage(run),
     quality: {
       flagged: run.flagged,
       by_flag: flagCounts(run),

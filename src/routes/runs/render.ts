@@ -1,7 +1,7 @@
 import type { RunRow, SampleRow, ShardRow } from '../../db/schema.js';
 import { joinUri } from '../../storage/index.js';
 import { flagCounts, flagsFromBits } from '../../domain/flags.js';
-import { triesOf } from '../../domain/output-line.js';
+import { runUsage, triesOf } from '../../domain/output-line.js';
 import type { RunProgress } from '../../runner/view.js';
 import { iso } from '../common.js';
 import type { Run } from './schemas.js';
@@ -66,7 +66,7 @@ export function renderRun(r: RunRow, live: RunProgress, now: number): Run {
       flagged: r.flagged,
       by_flag: flagCounts(r),
     },
-    usage: { prompt_tokens: r.promptTokens, completion_tokens: r.completionTokens, reasoning_tokens: r.reasoningTokens },
+    usage: runUsage(r),
     shards: { total: r.shardsTotal, uploaded: r.shardsUploaded },
     progress: renderProgress(r, live, now),
     manifest_uri: r.manifestKey ? joinUri(r.outputUri, r.manifestKey) : null,
