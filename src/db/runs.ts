@@ -150,3 +150,8 @@ export function setStatusReason(db: DbOrTx, id: string, reason: string | null, s
       .run().changes > 0
   );
 }
+
+/** A run's status alone: cheap enough to ask often (ingest asks every batch of lines). */
+export function getRunStatus(db: DbOrTx, id: string): string | undefined {
+  return db.select({ status: runs.status }).from(runs).where(eq(runs.id, id)).get()?.status;
+}

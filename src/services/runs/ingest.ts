@@ -5,7 +5,7 @@ import { runInNewContext } from 'node:vm';
 import type { Deps } from '../../deps.js';
 import { isDbBusy } from '../../db/client.js';
 import { getFile } from '../../db/files.js';
-import { getRun, setRunValidation, transitionRun } from '../../db/runs.js';
+import { getRun, getRunStatus, setRunValidation, transitionRun } from '../../db/runs.js';
 import { clearRunSamples, prepareSampleInsert } from '../../db/samples.js';
 import type { RunRow } from '../../db/schema.js';
 import { insertShardLayout } from '../../db/shards.js';
@@ -132,7 +132,7 @@ export async function ingestRun(deps: Deps, runId: string, signal?: AbortSignal)
         await new Promise((r) => setImmediate(r));
       }
       // A cancel stops a long validation within a batch of lines, so its samples never linger.
-      if (lines % CANCEL_CHECK_LINES === 0 && getRun(db, runId)?.status !== 'validating') {
+      if (lines % CANCEL_CHECK_LINES === 0 && getRunStatus(db, runId) !== 'validating') {
         source.destroy();
         clearRunSamples(db, runId);
         return;
