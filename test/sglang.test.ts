@@ -88,6 +88,7 @@ describe('regen against real SGLang behaviour', () => {
     expect(endpoint.capacity.max_running).toBe(256);
     const out = await checkOutput(stores.forUri(done.output_uri), prompts.expected);
     expect(out.lines.size).toBe(4000);
+    console.log(`sglang capacity: ${JSON.stringify({ server_runs: 256, peak_in_flight: watch.seen.maxInFlight, peak_running_at_server: stats.maxRunningSeen, cap: endpoint.max_concurrency })}`);
   });
 
   it('admits a server whose /health takes 6.5 s, keeps it ready, and aborts none of its requests', async () => {
@@ -104,7 +105,9 @@ describe('regen against real SGLang behaviour', () => {
     await watch.stop();
     expect(done.status).toBe('completed');
     expect([...watch.seen.states]).toEqual(['ready']);
-    expect((await s.stats()).aborted).toBe(0);
+    const slow = await s.stats();
+    expect(slow.aborted).toBe(0);
+    console.log(`sglang slow health: ${JSON.stringify({ health_ms: 6500, states: [...watch.seen.states], aborted: slow.aborted, completed: done.request_counts.completed })}`);
     expect((await checkOutput(stores.forUri(done.output_uri), prompts.expected)).lines.size).toBe(600);
   });
 
@@ -122,6 +125,7 @@ describe('regen against real SGLang behaviour', () => {
     const sent = (await s.stats()).aborts;
     expect(sent).toBeGreaterThan(50);
     expect((await retries('aborted')) - abortsBefore).toBe(sent);
+    console.log(`sglang aborts: ${JSON.stringify({ abort_answers: sent, kept: 0, completed: out.lines.size, failed: done.request_counts.failed })}`);
   });
 
   it('lets a server given SIGTERM finish what it runs: nothing aborted by regen, nothing lost', async () => {
@@ -144,6 +148,7 @@ describe('regen against real SGLang behaviour', () => {
     expect(done.request_counts).toMatchObject({ completed: 1500, failed: 0 });
     expect((await checkOutput(stores.forUri(done.output_uri), prompts.expected)).lines.size).toBe(1500);
     expect((await call(server.url, `/v1/endpoints/${epA.id}`)).body.state).not.toBe('ready');
+    console.log(`sglang drain: ${JSON.stringify({ finished_while_draining: drained!.completed, aborted_by_regen: drained!.aborted, lost: 1500 - done.request_counts.completed })}`);
   });
 
   it('resumes after an idle pause longer than the 5 s keep-alive without a connection error', async () => {
@@ -191,7 +196,9 @@ describe('regen against real SGLang behaviour', () => {
     );
     const done = await waitForStatus(server.url, id, TERMINAL, 120_000);
     expect(done.status).toBe('completed');
-    expect((await swapped.stats()).requests).toBe(0);
+    const wrong = (await swapped.stats()).requests;
+    expect(wrong).toBe(0);
+    console.log(`sglang model swap: ${JSON.stringify({ requests_to_the_new_model: wrong, completed: done.request_counts.completed })}`);
     const out = await checkOutput(stores.forUri(done.output_uri), prompts.expected);
     expect(out.lines.size).toBe(600);
     for (const line of out.lines.values()) expect(line.model).toBe('m-swap');
