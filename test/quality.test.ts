@@ -71,6 +71,16 @@ describe('computeFlags', () => {
     expect(flagsOf({ completion_tokens: 0 }, { min_completion_tokens: 0 })).toEqual([]);
   });
 
+  it('flags a think block left inside content by a server without a reasoning parser', () => {
+    const whole = '<think>\nLet me add 2 and 2.\n</think>\n\nThe answer is 4.';
+    expect(flagsOf({ content: whole, reasoning_content: null, thinking_requested: false })).toEqual(['think_in_content']);
+    expect(flagsOf({ content: whole, reasoning_content: null })).toEqual(['missing_reasoning', 'think_in_content']);
+    // Cut open by max_tokens, or with <think> already in the prompt (Qwen3's template).
+    expect(flagsOf({ content: '<think>\nLet me add', finish_reason: 'length' })).toEqual(['truncated', 'think_in_content']);
+    expect(flagsOf({ content: 'Adding 2 and 2.\n</think>\n\n4' })).toEqual(['think_in_content']);
+    expect(flagsOf({ content: 'I will think about it.' })).toEqual([]);
+  });
+
   it('flags a loop in the content or in the reasoning', () => {
     const loop = 'I think the answer is 5. '.repeat(40);
     expect(flagsOf({ content: loop })).toEqual(['repetitive']);

@@ -57,7 +57,17 @@ export function computeFlags(input: QualityInput, cfg: QualityCheckConfig): numb
   // A loop in the reasoning matters even when the answer looks fine: it is training data too.
   if (isRepetitive(input.content ?? '') || isRepetitive(input.reasoning_content ?? '')) flags.push('repetitive');
   if (input.completion_tokens < cfg.min_completion_tokens) flags.push('too_short');
+  if (hasThinkTag(input.content)) flags.push('think_in_content');
   return bitsFromFlags(flags);
+}
+
+/**
+ * A think tag in the answer: the server runs without `--reasoning-parser`, so the think block
+ * stays inside content (SGLANG.md "Chat completions"), whole or cut open by max_tokens. Qwen3's
+ * template can put `<think>` in the prompt, leaving only `</think>` in the text: either tag counts.
+ */
+export function hasThinkTag(content: string | null): boolean {
+  return content !== null && (content.includes('<think>') || content.includes('</think>'));
 }
 
 function isBlank(text: string | null): boolean {
