@@ -133,7 +133,7 @@ export type GateInput = {
 } & Record<FlagCounterKey, number>;
 
 // Every verdict starts with this, so a pause by the gate can be told from a pause by a user.
-const VERDICT_PREFIX = 'quality gate:';
+export const VERDICT_PREFIX = 'quality gate:';
 
 /** The run's gate, or null when quality checks or the gate are off. */
 export function gateSettings(r: Pick<GateInput, 'quality'>): GateSettings | null {
@@ -157,7 +157,7 @@ export function gateTripped(r: Pick<GateInput, 'status' | 'statusReason'>): bool
 }
 
 // A flag on 3 of 1000 samples reads "<1%", not "0%": it is there, just rare.
-function percent(part: number, whole: number): string {
+export function percent(part: number, whole: number): string {
   const p = (100 * part) / whole;
   return part > 0 && p < 1 ? '<1%' : `${Math.round(p)}%`;
 }
