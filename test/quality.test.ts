@@ -1,7 +1,7 @@
 import { describe, expect, it } from 'vitest';
 import { FLAGS, bitsFromFlags, flagBit, flagsFromBits } from '../src/domain/flags.js';
 import { thinkingRequested } from '../src/domain/params.js';
-import { computeFlags, isRepetitive, type QualityInput } from '../src/domain/quality.js';
+import { computeFlags, isRepetitive, type QualityInput, WHITESPACE_TO_COLLAPSE } from '../src/domain/quality.js';
 
 const healthy: QualityInput = {
   content: 'The answer is 42, because 6 × 7 = 42.',
@@ -79,6 +79,11 @@ describe('computeFlags', () => {
     expect(flagsOf({ content: '<think>\nLet me add', finish_reason: 'length' })).toEqual(['truncated', 'think_in_content']);
     expect(flagsOf({ content: 'Adding 2 and 2.\n</think>\n\n4' })).toEqual(['think_in_content']);
     expect(flagsOf({ content: 'I will think about it.' })).toEqual([]);
+  });
+
+  it('collapses whitespace as /\\s+/ would', () => {
+    for (const text of ['a b', 'a  b', 'a\tb', 'a \n\t b', ' \n', 'a\u00a0b c\r\nd', '  x  ', 'a\u2028 b'])
+      expect(text.replace(WHITESPACE_TO_COLLAPSE, ' ')).toBe(text.replace(/\s+/g, ' '));
   });
 
   it('flags a loop in the content or in the reasoning', () => {

@@ -1,3 +1,5 @@
+import { WHITESPACE_TO_COLLAPSE } from './quality.js';
+
 // duplicate_content: how many of the run's recent answers are the same text. A broken model or
 // template answers "OK." to everything; a healthy run, even one of short answers ("42", "Paris"),
 // spreads over many texts, the commonest rarely above 1-2% of them.
@@ -35,7 +37,7 @@ const HEAD_TAIL_CHARS = 1024;
 export function normaliseContent(content: string): string {
   return content
     .trim()
-    .replace(/\s+/g, ' ')
+    .replace(WHITESPACE_TO_COLLAPSE, ' ')
     .toLowerCase()
     .replace(/[.!?。]+$/, '');
 }

@@ -108,8 +108,14 @@ export function isRepetitive(text: string): boolean {
   return false;
 }
 
+/**
+ * Every whitespace run that is not already one space: replacing these with a space gives what
+ * /\s+/g would, without rewriting each single space of the text (that made it 10 times slower).
+ */
+export const WHITESPACE_TO_COLLAPSE = /\s{2,}|[^\S ]/g;
+
 function normalisedTail(text: string): string {
-  const normalised = text.slice(-RAW_TAIL_CHARS).replace(/\s+/g, ' ').trim();
+  const normalised = text.slice(-RAW_TAIL_CHARS).replace(WHITESPACE_TO_COLLAPSE, ' ').trim();
   return normalised.slice(-TAIL_CHARS);
 }
 

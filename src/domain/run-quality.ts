@@ -181,8 +181,9 @@ const HINTS: Record<Flag, (f: HintFacts) => string> = {
 /** SGLang's parser for the model's think tags (SGLang "Reasoning Parser"), by its name. */
 export function reasoningParser(model: string): string {
   const m = model.toLowerCase();
-  if (m.includes('qwen3')) return 'qwen3';
+  // R1 and its distillations (on Qwen bases too) take deepseek-r1.
   if (/deepseek.*(r1|reasoner)/.test(m)) return 'deepseek-r1';
+  if (m.includes('qwen3')) return 'qwen3';
   if (m.includes('deepseek')) return 'deepseek-v3';
   return "<the model's parser: qwen3, deepseek-r1, …>";
 }
