@@ -1,7 +1,7 @@
 import { describe, expect, it } from 'vitest';
 import { FLAGS, bitsFromFlags, flagBit, flagsFromBits } from '../src/domain/flags.js';
 import { thinkingRequested } from '../src/domain/params.js';
-import { computeFlags, isRepetitive, type QualityInput } from '../src/domain/quality.js';
+import { computeFlags, isRepetitive, type QualityInput, WHITESPACE_TO_COLLAPSE } from '../src/domain/quality.js';
 
 const healthy: QualityInput = {
   content: 'The answer is 42, because 6 × 7 = 42.',
@@ -14,7 +14,7 @@ const cfg = { min_completion_tokens: 10 };
 
 describe('flag bits', () => {
   it('gives each flag its own bit in FLAGS order', () => {
-    expect(FLAGS.map(flagBit)).toEqual([1, 2, 4, 8, 16]);
+    expect(FLAGS.map(flagBit)).toEqual([1, 2, 4, 8, 16, 32, 64, 128]);
   });
 
   it('round-trips between flags and bits', () => {
@@ -23,12 +23,12 @@ describe('flag bits', () => {
     expect(bitsFromFlags(['too_short', 'too_short'])).toBe(16);
     expect(flagsFromBits(0)).toEqual([]);
     expect(flagsFromBits(5)).toEqual(['empty_content', 'truncated']);
-    expect(flagsFromBits(31)).toEqual([...FLAGS]);
-    for (let bits = 0; bits < 32; bits++) expect(bitsFromFlags(flagsFromBits(bits))).toBe(bits);
+    expect(flagsFromBits(255)).toEqual([...FLAGS]);
+    for (let bits = 0; bits < 256; bits++) expect(bitsFromFlags(flagsFromBits(bits))).toBe(bits);
   });
 
   it('ignores bits no flag owns', () => {
-    expect(flagsFromBits(32 | 8)).toEqual(['repetitive']);
+    expect(flagsFromBits(256 | 8)).toEqual(['repetitive']);
   });
 });
 
@@ -69,6 +69,21 @@ describe('computeFlags', () => {
     expect(flagsOf({ completion_tokens: 9 })).toEqual(['too_short']);
     expect(flagsOf({ completion_tokens: 10 })).toEqual([]);
     expect(flagsOf({ completion_tokens: 0 }, { min_completion_tokens: 0 })).toEqual([]);
+  });
+
+  it('flags a think block left inside content by a server without a reasoning parser', () => {
+    const whole = '<think>\nLet me add 2 and 2.\n</think>\n\nThe answer is 4.';
+    expect(flagsOf({ content: whole, reasoning_content: null, thinking_requested: false })).toEqual(['think_in_content']);
+    expect(flagsOf({ content: whole, reasoning_content: null })).toEqual(['missing_reasoning', 'think_in_content']);
+    // Cut open by max_tokens, or with <think> already in the prompt (Qwen3's template).
+    expect(flagsOf({ content: '<think>\nLet me add', finish_reason: 'length' })).toEqual(['truncated', 'think_in_content']);
+    expect(flagsOf({ content: 'Adding 2 and 2.\n</think>\n\n4' })).toEqual(['think_in_content']);
+    expect(flagsOf({ content: 'I will think about it.' })).toEqual([]);
+  });
+
+  it('collapses whitespace as /\\s+/ would', () => {
+    for (const text of ['a b', 'a  b', 'a\tb', 'a \n\t b', ' \n', 'a\u00a0b c\r\nd', '  x  ', 'a\u2028 b'])
+      expect(text.replace(WHITESPACE_TO_COLLAPSE, ' ')).toBe(text.replace(/\s+/g, ' '));
   });
 
   it('flags a loop in the content or in the reasoning', () => {

@@ -1,7 +1,16 @@
 // Quality flags (DESIGN.md "Quality"). They are stored as a bitmask in samples.flags, so the order
 // of FLAGS is part of the stored format: append only. Each flag also has a counter on its run.
 
-export const FLAGS = ['empty_content', 'missing_reasoning', 'truncated', 'repetitive', 'too_short'] as const;
+export const FLAGS = [
+  'empty_content',
+  'missing_reasoning',
+  'truncated',
+  'repetitive',
+  'too_short',
+  'duplicate_content',
+  'think_in_content',
+  'short_for_run',
+] as const;
 export type Flag = (typeof FLAGS)[number];
 
 export function flagBit(f: Flag): number {

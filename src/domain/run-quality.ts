@@ -1,0 +1,189 @@
+import { ContentCounter, type TopContent } from './content-counter.js';
+import { FLAGS, flagBit, type Flag } from './flags.js';
+import { LengthHistogram } from './length-histogram.js';
+import { computeFlags, type GateSettings, percent, type QualityCheckConfig, type QualityInput, VERDICT_PREFIX } from './quality.js';
+import { type EndpointQuarantine, endpointVerdict, QUALITY_WINDOW, QualityWindow } from './quality-window.js';
+
+// One run's quality as its answers come in: the checks that need the run so far (duplicate_content,
+// short_for_run) on top of computeFlags, the run's window for the gate, and a window per endpoint
+// to tell one bad server from a bad run. O(1) a sample, memory bounded whatever the run's size.
+
+/** What the gate says of a run now. */
+export interface RunVerdict {
+  /** The run's window is over its limit: pause the run with `reason`. */
+  overLimit: boolean;
+  /** The operator's words, set when overLimit. */
+  reason: string | null;
+  /** Endpoints worse than their peers, to take out of dispatch, each with its reason. */
+  quarantine: (EndpointQuarantine & { reason: string })[];
+}
+
+/** One completed sample as the database holds it, for restore. */
+export interface CompletedRow {
+  flags: number;
+  endpointId: string | null;
+}
+
+export class RunQuality {
+  private readonly contents = new ContentCounter();
+  private readonly lengths = new LengthHistogram();
+  private readonly window: QualityWindow;
+  private readonly endpoints = new Map<string, QualityWindow>();
+
+  constructor(
+    private readonly cfg: QualityCheckConfig & { model: string },
+    private readonly capacity = QUALITY_WINDOW,
+  ) {
+    this.window = new QualityWindow(capacity);
+  }
+
+  /**
+   * The flags of one answer from an endpoint: computeFlags, then duplicate_content and
+   * short_for_run against the run's answers so far. Call it for every answer, one to be asked
+   * again included: each is evidence about its endpoint, whose window it enters here.
+   */
+  check(input: QualityInput, endpointId: string): number {
+    let flags = computeFlags(input, this.cfg);
+    if (this.contents.observe(input.content).flagged) flags |= flagBit('duplicate_content');
+    if (this.lengths.isShort(input.completion_tokens)) flags |= flagBit('short_for_run');
+    this.lengths.add(input.completion_tokens);
+    this.endpointWindow(endpointId).push(flags);
+    return flags;
+  }
+
+  /** A sample kept as completed, with the flags it is stored with: it enters the run's window. */
+  completed(flags: number): void {
+    this.window.push(flags);
+  }
+
+  /** The run's gate and the endpoints to quarantine. O(texts in the content window + endpoints): call it with the gate's check, not per sample. */
+  verdict(gate: GateSettings): RunVerdict {
+    const overLimit = this.window.overLimit(gate);
+    const quarantine = endpointVerdict(this.endpoints, gate).map((q) => ({ ...q, reason: explainQuarantine(q, this.facts(this.window, gate)) }));
+    return { overLimit, reason: overLimit ? explainVerdict(this.facts(this.window, gate)) : null, quarantine };
+  }
+
+  /**
+   * After a restart: the run's latest completed samples, newest first (the query in
+   * QualityWindow.restore, with endpoint_id), its completed count, and its completion lengths as
+   * (tokens, samples) pairs. Endpoint windows get those samples' kept answers until new ones come;
+   * the content counter starts empty (see ContentCounter).
+   */
+  restore(newestFirst: readonly CompletedRow[], completed: number, lengths: Iterable<readonly [tokens: number, samples: number]>): void {
+    this.window.restore(
+      newestFirst.map((r) => r.flags),
+      completed,
+    );
+    this.endpoints.clear();
+    const byEndpoint = new Map<string, number[]>();
+    for (const r of newestFirst) {
+      if (r.endpointId === null) continue;
+      const flags = byEndpoint.get(r.endpointId);
+      if (flags) flags.push(r.flags);
+      else byEndpoint.set(r.endpointId, [r.flags]);
+    }
+    for (const [id, flags] of byEndpoint) this.endpointWindow(id).restore(flags);
+    for (const [tokens, samples] of lengths) this.lengths.add(tokens, samples);
+  }
+
+  /** Forgets an endpoint's answers: once it is removed, or put back after a fix. */
+  forgetEndpoint(endpointId: string): void {
+    this.endpoints.delete(endpointId);
+  }
+
+  private endpointWindow(endpointId: string): QualityWindow {
+    let w = this.endpoints.get(endpointId);
+    if (!w) {
+      w = new QualityWindow(this.capacity);
+      this.endpoints.set(endpointId, w);
+    }
+    return w;
+  }
+
+  private facts(window: QualityWindow, gate: GateSettings): VerdictFacts {
+    return { window, gate, topContent: this.contents.top(), medianTokens: this.lengths.median(), model: this.cfg.model };
+  }
+}
+
+// ---- the operator's words ----
+
+/** What a verdict is made of. */
+export interface VerdictFacts {
+  window: QualityWindow;
+  gate: GateSettings;
+  /** The run's commonest recent text (ContentCounter.top). */
+  topContent: TopContent | null;
+  /** The run's median completion length (LengthHistogram.median). */
+  medianTokens: number | null;
+  model: string;
+}
+
+// Hints named for at most this many flags, the commonest first: the rest are in the counts.
+const MAX_HINTS = 2;
+
+/**
+ * "quality gate: 87% of the last 400 samples flagged (limit 20%): think_in_content 87%, truncated
+ * 3%; the server returns its thinking inside content: launch SGLang with --reasoning-parser qwen3"
+ */
+export function explainVerdict(f: VerdictFacts): string {
+  const { window: w } = f;
+  return `${VERDICT_PREFIX} ${percent(w.flagged, w.size)} of the last ${w.size} samples flagged (limit ${limit(f.gate)}): ${flagShares(w)}${hints(f)}`;
+}
+
+/** "quality gate: endpoint gpu-3: 87% of its last 50 answers flagged against 0% on the other endpoints: …" */
+export function explainQuarantine(q: EndpointQuarantine, f: Omit<VerdictFacts, 'window'>): string {
+  const hint = HINTS[q.flag](f);
+  return `${VERDICT_PREFIX} endpoint ${q.endpointId}: ${percent(q.share, 1)} of its last ${q.samples} answers flagged against ${percent(q.peerShare, 1)} on the other endpoints: ${q.flag} ${percent(q.flagShare, 1)}; ${hint}`;
+}
+
+function limit(gate: GateSettings): string {
+  return `${Math.round(1000 * gate.max_flag_rate) / 10}%`;
+}
+
+function flagShares(w: QualityWindow): string {
+  const counts = w.counts();
+  return FLAGS.filter((f) => counts[f] > 0)
+    .sort((a, b) => counts[b] - counts[a])
+    .map((f) => `${f} ${percent(counts[f], w.size)}`)
+    .join(', ');
+}
+
+function hints(f: VerdictFacts): string {
+  const counts = f.window.counts();
+  const named = FLAGS.filter((flag) => counts[flag] > 0).sort((a, b) => counts[b] - counts[a]);
+  // A server without a reasoning parser also leaves reasoning_content empty: think_in_content is
+  // the cause of missing_reasoning, so it is named first whenever it is over the limit.
+  const cause = named.indexOf('think_in_content');
+  if (cause > 0 && counts.think_in_content > f.gate.max_flag_rate * f.window.size) named.unshift(...named.splice(cause, 1));
+  return named
+    .slice(0, MAX_HINTS)
+    .map((flag) => `; ${HINTS[flag](f)}`)
+    .join('');
+}
+
+type HintFacts = Omit<VerdictFacts, 'window'>;
+
+/** What each flag means on a server, and what to check. */
+const HINTS: Record<Flag, (f: HintFacts) => string> = {
+  empty_content: () => 'answers are empty: check the chat template, and max_tokens when the think block never closes',
+  missing_reasoning: () =>
+    'thinking was asked for but reasoning_content is empty: check that SGLang runs with --reasoning-parser and that the chat template thinks (enable_thinking)',
+  truncated: () => 'answers stop at max_tokens (finish_reason length): raise max_tokens, or look for loops',
+  repetitive: () => 'answers loop on the same text: check temperature and the repetition penalties',
+  too_short: () => "answers are under the run's min_completion_tokens",
+  duplicate_content: ({ topContent: top }) =>
+    top ? `${percent(top.share, 1)} of recent answers are the same text '${top.text}'` : 'many answers are the same text',
+  think_in_content: ({ model }) => `the server returns its thinking inside content: launch SGLang with --reasoning-parser ${reasoningParser(model)}`,
+  short_for_run: ({ medianTokens }) =>
+    `answers are far shorter than the run's median${medianTokens === null ? '' : ` (median ${Math.round(medianTokens)} tokens)`}: check the chat template and the stop settings`,
+};
+
+/** SGLang's parser for the model's think tags (SGLang "Reasoning Parser"), by its name. */
+export function reasoningParser(model: string): string {
+  const m = model.toLowerCase();
+  // R1 and its distillations (on Qwen bases too) take deepseek-r1.
+  if (/deepseek.*(r1|reasoner)/.test(m)) return 'deepseek-r1';
+  if (m.includes('qwen3')) return 'qwen3';
+  if (m.includes('deepseek')) return 'deepseek-v3';
+  return "<the model's parser: qwen3, deepseek-r1, …>";
+}
