@@ -88,7 +88,9 @@ describe('regen against real SGLang behaviour', () => {
     expect(endpoint.capacity.max_running).toBe(256);
     const out = await checkOutput(stores.forUri(done.output_uri), prompts.expected);
     expect(out.lines.size).toBe(4000);
-    console.log(`sglang capacity: ${JSON.stringify({ server_runs: 256, peak_in_flight: watch.seen.maxInFlight, peak_running_at_server: stats.maxRunningSeen, cap: endpoint.max_concurrency })}`);
+    console.log(
+      `sglang capacity: ${JSON.stringify({ server_runs: 256, peak_in_flight: watch.seen.maxInFlight, peak_running_at_server: stats.maxRunningSeen, cap: endpoint.max_concurrency })}`,
+    );
   });
 
   it('admits a server whose /health takes 6.5 s, keeps it ready, and aborts none of its requests', async () => {
@@ -107,7 +109,9 @@ describe('regen against real SGLang behaviour', () => {
     expect([...watch.seen.states]).toEqual(['ready']);
     const slow = await s.stats();
     expect(slow.aborted).toBe(0);
-    console.log(`sglang slow health: ${JSON.stringify({ health_ms: 6500, states: [...watch.seen.states], aborted: slow.aborted, completed: done.request_counts.completed })}`);
+    console.log(
+      `sglang slow health: ${JSON.stringify({ health_ms: 6500, states: [...watch.seen.states], aborted: slow.aborted, completed: done.request_counts.completed })}`,
+    );
     expect((await checkOutput(stores.forUri(done.output_uri), prompts.expected)).lines.size).toBe(600);
   });
 
@@ -148,7 +152,9 @@ describe('regen against real SGLang behaviour', () => {
     expect(done.request_counts).toMatchObject({ completed: 1500, failed: 0 });
     expect((await checkOutput(stores.forUri(done.output_uri), prompts.expected)).lines.size).toBe(1500);
     expect((await call(server.url, `/v1/endpoints/${epA.id}`)).body.state).not.toBe('ready');
-    console.log(`sglang drain: ${JSON.stringify({ finished_while_draining: drained!.completed, aborted_by_regen: drained!.aborted, lost: 1500 - done.request_counts.completed })}`);
+    console.log(
+      `sglang drain: ${JSON.stringify({ finished_while_draining: drained!.completed, aborted_by_regen: drained!.aborted, lost: 1500 - done.request_counts.completed })}`,
+    );
   });
 
   it('resumes after an idle pause longer than the 5 s keep-alive without a connection error', async () => {

@@ -135,11 +135,12 @@ export function clearRunSamples(db: DbOrTx, runId: string): void {
 }
 
 /** The samples a retry puts back in the queue: the failed ones, or the completed ones with a flag. */
-export function samplesToRetry(db: DbOrTx, runId: string, only: 'failed' | 'flagged'): { id: number; shardIdx: number; flags: number }[] {
-  const which =
-    only === 'failed'
-      ? and(eq(samples.runId, runId), eq(samples.status, 'failed'))
-      : and(eq(samples.runId, runId), eq(samples.status, 'completed'), ne(samples.flags, 0));
+export function samplesToRetry(db: DbOrTx, runId: string, only: 'failed' | 'flagged', endpointId?: string): { id: number; shardIdx: number; flags: number }[] {
+  const which = and(
+    eq(samples.runId, runId),
+    only === 'failed' ? eq(samples.status, 'failed') : and(eq(samples.status, 'completed'), ne(samples.flags, 0)),
+    endpointId === undefined ? undefined : eq(samples.endpointId, endpointId),
+  );
   return db.select({ id: samples.id, shardIdx: samples.shardIdx, flags: samples.flags }).from(samples).where(which).all();
 }
 
@@ -149,6 +150,7 @@ export function requeueSamples(db: DbOrTx, ids: number[]): void {
     .set({
       status: 'pending',
       attempts: 0,
+      serverFaults: 0,
       qualityRetries: 0,
       availableAt: 0,
       errorCode: null,
@@ -160,4 +162,29 @@ export function requeueSamples(db: DbOrTx, ids: number[]): void {
     })
     .where(inArray(samples.id, ids))
     .run();
+}
+
+/**
+ * A run's latest completed samples, newest first: what the quality window held before a restart.
+ * Samples are sent in input order, so the last ones in input order are the latest; the (run_id,
+ * seq) index serves that walk, where ordering by completed_at would read the whole run.
+ */
+export function recentCompleted(db: DbOrTx, runId: string, limit: number): { flags: number; endpointId: string | null }[] {
+  return db
+    .select({ flags: samples.flags, endpointId: samples.endpointId })
+    .from(samples)
+    .where(and(eq(samples.runId, runId), eq(samples.status, 'completed')))
+    .orderBy(sql`${samples.seq} desc`)
+    .limit(limit)
+    .all();
+}
+
+/** How many completed samples of a run have each completion length: (tokens, samples) pairs, from samples_completion_tokens_idx. */
+export function completionLengthCounts(db: Db, runId: string): [number, number][] {
+  return db.$client
+    .prepare(
+      `select completion_tokens, count(*) from samples where run_id = ? and status = 'completed' and completion_tokens is not null group by completion_tokens`,
+    )
+    .raw()
+    .all(runId) as [number, number][];
 }

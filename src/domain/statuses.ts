@@ -53,9 +53,12 @@ export type SampleStatus = (typeof SAMPLE_STATUSES)[number];
 export const SHARD_STATUSES = ['open', 'uploaded'] as const;
 export type ShardStatus = (typeof SHARD_STATUSES)[number];
 
-export const ENDPOINT_STATES = ['starting', 'ready', 'unhealthy', 'draining', 'disabled'] as const;
+export const ENDPOINT_STATES = ['starting', 'ready', 'unhealthy', 'draining', 'disabled', 'quarantined'] as const;
 export type EndpointState = (typeof ENDPOINT_STATES)[number];
 /** States an operator may set with PATCH; the others are the probes' verdicts. */
 export const OPERATOR_ENDPOINT_STATES = ['ready', 'draining', 'disabled'] as const satisfies readonly EndpointState[];
-/** States in which the probes leave an endpoint alone: an operator parked it. */
-export const PARKED_ENDPOINT_STATES: readonly EndpointState[] = ['draining', 'disabled'];
+/**
+ * States in which the probes leave an endpoint alone: an operator parked it, or the quality gate
+ * took it out for its answers (an operator puts it back with PATCH state=ready).
+ */
+export const PARKED_ENDPOINT_STATES: readonly EndpointState[] = ['draining', 'disabled', 'quarantined'];

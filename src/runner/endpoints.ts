@@ -4,7 +4,7 @@ import type { Db } from '../db/client.js';
 import { getEndpoint, listEndpoints, updateEndpointIfState } from '../db/endpoints.js';
 import type { EndpointRow } from '../db/schema.js';
 import { servesModel } from '../domain/models.js';
-import type { EndpointState } from '../domain/statuses.js';
+import { PARKED_ENDPOINT_STATES, type EndpointState } from '../domain/statuses.js';
 import type { Logger } from '../logger.js';
 import { capInUse, type CapSource, type ServerCapacity } from '../domain/concurrency.js';
 import { AdaptiveCap, serverCeiling, type Load } from './capacity.js';
@@ -326,10 +326,9 @@ export class EndpointPool {
     }
   }
 
-  /** Removed, or parked by an operator: probes leave it alone, and must not revive it. */
+  /** Removed, or parked by an operator or the quality gate: probes leave it alone, and must not revive it. */
   private parked(e: LiveEndpoint): boolean {
-    const state: EndpointState = e.state;
-    return !this.live.has(e.row.id) || state === 'disabled' || state === 'draining';
+    return !this.live.has(e.row.id) || PARKED_ENDPOINT_STATES.includes(e.state);
   }
 
   private async health(e: LiveEndpoint): Promise<HealthVerdict> {

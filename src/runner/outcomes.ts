@@ -1,6 +1,5 @@
 import type { Outcome } from '../db/results.js';
 import type { QualityConfig } from '../domain/quality.js';
-import { computeFlags } from '../domain/quality.js';
 import type { StagedOutput } from '../domain/output-line.js';
 import type { RetryReason, SampleError } from '../domain/sample-errors.js';
 import { decideFailure } from './failure-policy.js';
@@ -23,6 +22,8 @@ export interface Attempt {
   thinking: boolean;
   /** The run was cancelled while the request ran: an answer is kept, nothing is asked again. */
   cancelled: boolean;
+  /** The endpoint was quarantined while the request ran: a flagged answer from it is asked again elsewhere, whatever the retries left. */
+  quarantined: boolean;
 }
 
 export interface Settled {
@@ -32,29 +33,21 @@ export interface Settled {
 
 const base = (a: Attempt) => ({ sampleId: a.sampleId, runId: a.runId, shardIdx: a.shardIdx, endpointId: a.endpointId });
 
-/** A completion: checked, then kept, or asked again with a new seed when flagged and retries are left. */
+/** A completion with its flags: kept, or asked again with a new seed when flagged and retries are left. */
 export function settleAnswer(
   a: Attempt,
   run: { model: string; quality: QualityConfig | null },
   answer: Answer,
   latencyMs: number,
   now: number,
-): Settled & { flags: number } {
+  flags: number,
+): Settled {
   const { usage } = answer;
-  const flags = run.quality
-    ? computeFlags(
-        {
-          content: answer.content,
-          reasoning_content: answer.reasoning,
-          finish_reason: answer.finishReason,
-          completion_tokens: usage.completion_tokens,
-          thinking_requested: a.thinking,
-        },
-        { min_completion_tokens: run.quality.min_completion_tokens },
-      )
-    : 0;
+  if (flags && run.quality && a.quarantined && !a.cancelled) {
+    return { retried: 'quality', outcome: { ...base(a), kind: 'retry', availableAt: 0, usage, qualityRetry: false, serverFault: false, error: null } };
+  }
   if (flags && run.quality && a.qualityRetries < run.quality.retry_flagged && !a.cancelled) {
-    return { flags, retried: 'quality', outcome: { ...base(a), kind: 'retry', availableAt: 0, usage, qualityRetry: true, serverFault: false, error: null } };
+    return { retried: 'quality', outcome: { ...base(a), kind: 'retry', availableAt: 0, usage, qualityRetry: true, serverFault: false, error: null } };
   }
   const output: StagedOutput = {
     reasoning_content: answer.reasoning,
@@ -65,7 +58,6 @@ export function settleAnswer(
   };
   const chars = { reasoning: answer.reasoning?.length ?? 0, content: answer.content?.length ?? 0 };
   return {
-    flags,
     retried: null,
     outcome: { ...base(a), kind: 'completed', usage, finishReason: answer.finishReason, latencyMs, flags, chars, output: JSON.stringify(output), at: now },
   };

@@ -5,6 +5,7 @@ import type { EndpointPool, LiveEndpoint } from './endpoints.js';
 import { settleAbort, settleAnswer, settleError, type Attempt, type Settled } from './outcomes.js';
 import { buildRequest, classifyError, parseAnswer } from './request.js';
 import type { ResultWriter } from './results.js';
+import type { RunQuality } from '../domain/run-quality.js';
 
 export type AbortReason = 'cancel' | 'release';
 
@@ -31,8 +32,12 @@ export class Requests {
     private readonly pool: EndpointPool,
     private readonly writer: ResultWriter,
     private readonly guard: <T>(what: string, step: () => T) => T | undefined,
-    /** After each request has settled and left its slot. */
-    private readonly hooks: { settled(): void },
+    private readonly hooks: {
+      /** After each request has settled and left its slot. */
+      settled(): void;
+      /** The quality checks of a run, or null when the run turned them off. */
+      qualityOf(run: RunRow): RunQuality | null;
+    },
   ) {}
 
   get size(): number {
@@ -81,6 +86,7 @@ export class Requests {
       serverFaults: sample.serverFaults,
       thinking: f.thinking,
       cancelled: f.abortReason === 'cancel',
+      quarantined: endpoint.state === 'quarantined',
     };
   }
 
@@ -106,8 +112,19 @@ export class Requests {
     const tokens = parsed.answer.usage.completion_tokens;
     e.latency.add(latencyMs);
     e.rate.add(now, 1, tokens);
-    const settled = settleAnswer(this.attempt(f), f.run, parsed.answer, latencyMs, now);
-    this.deps.metrics.answered(e.row.id, latencyMs, tokens, settled.flags);
+    const { answer } = parsed;
+    const quality = this.hooks.qualityOf(f.run);
+    const input = {
+      content: answer.content,
+      reasoning_content: answer.reasoning,
+      finish_reason: answer.finishReason,
+      completion_tokens: tokens,
+      thinking_requested: f.thinking,
+    };
+    const flags = quality ? quality.check(input, e.row.id) : 0;
+    const settled = settleAnswer(this.attempt(f), f.run, answer, latencyMs, now, flags);
+    if (quality && settled.outcome.kind === 'completed') quality.completed(flags);
+    this.deps.metrics.answered(e.row.id, latencyMs, tokens, flags);
     this.settle(settled);
   }
 

@@ -9,7 +9,7 @@ import { ClaimBuffer } from './claim-buffer.js';
 import { claimSize, pickEndpoint } from './endpoint-choice.js';
 import { EndpointPool } from './endpoints.js';
 import { Finisher } from './finishing.js';
-import { checkGate } from './gate.js';
+import { QualityWatch } from './quality-watch.js';
 import { HEARTBEAT_MS, RunnerLock } from './lock.js';
 import { RateWindow } from './rates.js';
 import { Requests } from './requests.js';
@@ -41,6 +41,7 @@ export class Runner implements RunnerView {
   private readonly claims: ClaimBuffer;
   private readonly finisher: Finisher;
   private readonly requests: Requests;
+  private readonly quality: QualityWatch;
   private readonly runRates = new Map<string, RateWindow>();
   private active: RunRow[] = [];
   private timer: NodeJS.Timeout | null = null;
@@ -62,6 +63,7 @@ export class Runner implements RunnerView {
     );
     this.writer = new ResultWriter(db, this.owner, logger, (r) => this.guard('after a result commit', () => this.afterFlush(r)), clock);
     this.claims = new ClaimBuffer(db, this.owner, clock, this.writer);
+    this.quality = new QualityWatch(deps, this.pool);
     this.requests = new Requests(deps, this.pool, this.writer, (what, step) => this.guard(what, step), {
       settled: () => {
         this.guard('refilling a slot', () => this.pump());
@@ -69,10 +71,12 @@ export class Runner implements RunnerView {
         // wait out the interval before their shard can close.
         if (this.requests.size === 0) this.guard('committing results', () => this.writer.flush());
       },
+      qualityOf: (run) => this.quality.qualityOf(run),
     });
     this.finisher = new Finisher(deps, (what, step) => this.guard(what, step), {
       afterUpload: () => this.finisher.advance(this.active),
       afterFinish: (runId) => {
+        this.quality.forget(runId);
         // A finished run has no rate; its window would otherwise stay in memory for the life of the process.
         this.runRates.delete(runId);
         this.refreshActive();
@@ -282,7 +286,7 @@ export class Runner implements RunnerView {
         w.add(now, d.completed, d.tokens);
       }
       const run = getRun(this.deps.db, runId);
-      if (run && checkGate(this.deps, run)) {
+      if (run && this.quality.judge(run)) {
         this.claims.release(runId);
         this.refreshActive();
       }

@@ -31,6 +31,10 @@ export const RunStatusEvent = z
   .object({ run_id: z.string(), status: RunStatusSchema, reason: z.string().nullable(), at: z.string() })
   .openapi('RunStatusEvent');
 
+export const EndpointQuarantinedEvent = z
+  .object({ run_id: z.string(), endpoint_id: z.string(), reason: z.string(), at: z.string() })
+  .openapi('EndpointQuarantinedEvent');
+
 export const ShardUploadedEvent = z
   .object({ run_id: z.string(), shard: z.number().int(), key: z.string(), lines: z.number().int(), errors: z.number().int(), at: z.string() })
   .openapi('ShardUploadedEvent');
@@ -43,7 +47,8 @@ const route = createRoute({
   description: [
     'A `text/event-stream` with three kinds of event:',
     "- `progress` about once a second: the run's status, counts, quality, usage, shards and progress (RunProgressEvent); no id.",
-    '- `status` on each status change (RunStatusEvent) and `shard_uploaded` when a shard is in object storage (ShardUploadedEvent);',
+    '- `status` on each status change (RunStatusEvent), `shard_uploaded` when a shard is in object storage (ShardUploadedEvent),',
+    '  and `endpoint_quarantined` when the quality gate takes an endpoint out for its answers (EndpointQuarantinedEvent);',
     "  their ids are the run's event ids, so a client reconnecting with `Last-Event-ID` receives every one it missed.",
     "A new connection without `Last-Event-ID` first replays the run's history. The stream ends after the status event of a",
     'terminal status (completed, failed, cancelled): close the EventSource then, or it reconnects and gets the end again.',
@@ -74,6 +79,7 @@ const route = createRoute({
 export function registerRunEvents(app: App) {
   app.openAPIRegistry.register('RunStatusEvent', RunStatusEvent);
   app.openAPIRegistry.register('ShardUploadedEvent', ShardUploadedEvent);
+  app.openAPIRegistry.register('EndpointQuarantinedEvent', EndpointQuarantinedEvent);
   app.openAPIRegistry.register('RunProgressEvent', RunProgressEvent);
   app.openapi(route, (c) => {
     const deps = c.get('deps');

@@ -1,15 +1,9 @@
 import type { Deps } from '../../deps.js';
 import { ApiError, notFound } from '../../errors.js';
-import { getRun, transitionRun, uncountRequeued } from '../../db/runs.js';
-import { requeueSamples, samplesToRetry } from '../../db/samples.js';
+import { requeueRunSamples } from '../../db/requeue.js';
+import { getRun, transitionRun } from '../../db/runs.js';
 import type { RunRow } from '../../db/schema.js';
-import { reopenShards } from '../../db/shards.js';
-import { deleteStagedOutputs } from '../../db/staging.js';
-import { countFlags } from '../../domain/flags.js';
 import { CANCELLABLE_RUN_STATUSES, PAUSABLE_RUN_STATUSES, RETRYABLE_RUN_STATUSES, TERMINAL_RUN_STATUSES, type RunStatus } from '../../domain/statuses.js';
-
-// Ids per statement: an `in (...)` list binds one value per id, and SQLite caps bound values.
-const IDS_PER_STATEMENT = 500;
 
 function mustGet(deps: Deps, id: string): RunRow {
   const run = getRun(deps.db, id);
@@ -54,22 +48,7 @@ export async function retryRun(deps: Deps, id: string, only: 'failed' | 'flagged
   if (run.total === 0) throw new ApiError('conflict', 'the run has no samples');
   const { db } = deps;
   const now = deps.clock();
-  const requeued = db.transaction((tx) => {
-    const picked = samplesToRetry(tx, id, only);
-    if (picked.length === 0) return 0;
-    const perShard = new Map<number, number>();
-    for (const s of picked) perShard.set(s.shardIdx, (perShard.get(s.shardIdx) ?? 0) + 1);
-    const ids = picked.map((s) => s.id);
-    for (let i = 0; i < ids.length; i += IDS_PER_STATEMENT) {
-      const chunk = ids.slice(i, i + IDS_PER_STATEMENT);
-      requeueSamples(tx, chunk);
-      deleteStagedOutputs(tx, chunk);
-    }
-    const reopenedUploaded = reopenShards(tx, id, perShard);
-    const n = picked.length;
-    uncountRequeued(tx, id, { only, n, byFlag: countFlags(picked.map((s) => s.flags)), reopenedUploaded, now });
-    return n;
-  });
+  const requeued = requeueRunSamples(db, id, only, now);
   if (requeued > 0 && TERMINAL_RUN_STATUSES.includes(run.status as RunStatus)) {
     if (transitionRun(db, id, TERMINAL_RUN_STATUSES, 'queued', now, { finishedAt: null })) {
       deps.logger.info({ run_id: id, from: run.status, status: 'queued' }, 'run status');

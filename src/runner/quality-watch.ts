@@ -1,0 +1,75 @@
+import type { RunnerDeps } from '../deps.js';
+import { appendEvent } from '../db/events.js';
+import { requeueRunSamples } from '../db/requeue.js';
+import { transitionRun } from '../db/runs.js';
+import { completionLengthCounts, recentCompleted } from '../db/samples.js';
+import type { RunRow } from '../db/schema.js';
+import { gateSettings } from '../domain/quality.js';
+import { QUALITY_WINDOW } from '../domain/quality-window.js';
+import { RunQuality } from '../domain/run-quality.js';
+import type { EndpointPool } from './endpoints.js';
+import { checkGate } from './gate.js';
+
+/**
+ * The quality gate over the runs being dispatched (README "The quality gate"): one RunQuality a
+ * run, built on the run's first answer after a start from what the database kept (its latest
+ * completed samples' flags, its completion lengths), so a restart judges as the process before it
+ * did. After each commit it takes out of rotation an endpoint clearly worse than its peers, gives
+ * its flagged answers back to be asked elsewhere, and pauses a run whose recent answers are over
+ * the limit.
+ */
+export class QualityWatch {
+  private readonly runs = new Map<string, RunQuality>();
+
+  constructor(
+    private readonly deps: RunnerDeps,
+    private readonly pool: EndpointPool,
+  ) {}
+
+  qualityOf(run: RunRow): RunQuality | null {
+    if (!run.quality) return null;
+    let q = this.runs.get(run.id);
+    if (!q) {
+      q = new RunQuality({ min_completion_tokens: run.quality.min_completion_tokens, model: run.model });
+      q.restore(recentCompleted(this.deps.db, run.id, QUALITY_WINDOW), run.completed, completionLengthCounts(this.deps.db, run.id));
+      this.runs.set(run.id, q);
+    }
+    return q;
+  }
+
+  /** A finished run's checks are dropped: they would otherwise stay in memory for the life of the process. */
+  forget(runId: string): void {
+    this.runs.delete(runId);
+  }
+
+  /** After a commit of `run`'s answers. Returns true when it paused the run. */
+  judge(run: RunRow): boolean {
+    const gate = gateSettings(run);
+    const q = this.runs.get(run.id);
+    if (!gate || !q) return false;
+    const verdict = q.verdict(gate);
+    for (const bad of verdict.quarantine) this.quarantine(run, bad.endpointId, bad.reason);
+    if (verdict.overLimit && verdict.reason && !run.gateOverridden && run.status === 'in_progress') {
+      if (transitionRun(this.deps.db, run.id, ['in_progress'], 'paused', this.deps.clock(), { statusReason: verdict.reason })) {
+        this.deps.logger.warn({ run_id: run.id, status: 'paused', reason: verdict.reason }, 'run status');
+        return true;
+      }
+    }
+    // The run's whole share, as before the window: a slow drift that no window catches.
+    return checkGate(this.deps, run);
+  }
+
+  private quarantine(run: RunRow, endpointId: string, reason: string): void {
+    const e = this.pool.live.get(endpointId);
+    if (!e || e.state !== 'ready' || !this.pool.setState(e, 'quarantined', reason)) return;
+    const { db, logger, clock } = this.deps;
+    const now = clock();
+    logger.warn({ endpoint_id: endpointId, url: e.row.url, run_id: run.id, reason }, 'endpoint quarantined');
+    appendEvent(db, run.id, 'endpoint_quarantined', { endpoint_id: endpointId, reason }, now);
+    // Its flagged answers are asked again, on the endpoints still in rotation.
+    const requeued = requeueRunSamples(db, run.id, 'flagged', now, endpointId);
+    if (requeued) logger.info({ run_id: run.id, endpoint_id: endpointId, requeued }, 'flagged answers of a quarantined endpoint requeued');
+    // Back in rotation after a fix, it is judged on its new answers only.
+    for (const q of this.runs.values()) q.forgetEndpoint(endpointId);
+  }
+}

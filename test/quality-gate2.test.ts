@@ -1,0 +1,132 @@
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { spawnSimulator, type SimProcess } from '../src/sim/spawn.js';
+import { Stores } from '../src/storage/index.js';
+import { call, startTestServer, waitFor } from './support/server.js';
+import { checkOutput, createRun, getRun, makePrompts, registerEndpoint, uploadFile, waitForStatus } from './support/runner-checks.js';
+
+// Quality gate 2 against simulator processes: the "OK." disaster without thinking asked for, one
+// broken server among good ones, a late turn, and a server without a reasoning parser. Each
+// scenario has its own model name, so its runs reach only its own simulators.
+
+const TERMINAL = ['completed', 'failed', 'cancelled', 'paused'];
+const THINKING = { chat_template_kwargs: { enable_thinking: true } };
+let server: Awaited<ReturnType<typeof startTestServer>>;
+const sims: SimProcess[] = [];
+const stores = new Stores({ forcePathStyle: false });
+
+async function sim(flags: Record<string, string | number>): Promise<SimProcess> {
+  const s = await spawnSimulator({ 'ttft-ms': 20, 'tokens-per-second': 4000, 'max-running': 16, ...flags });
+  sims.push(s);
+  return s;
+}
+
+async function run(model: string, n: number, tag: string, extra: Record<string, unknown> = {}) {
+  const prompts = makePrompts(n, tag);
+  const fileId = await uploadFile(server.url, prompts.jsonl);
+  const created = await createRun(server.url, { model, input: { file_id: fileId }, regenerate: 'last_assistant', shard_size: 500, ...extra });
+  return { id: created.id as string, prompts };
+}
+
+beforeAll(async () => {
+  server = await startTestServer();
+});
+
+afterAll(async () => {
+  await server?.cleanup();
+  await Promise.all(sims.map((s) => s.stop()));
+  stores.close();
+});
+
+describe('quality gate 2', () => {
+  it('pauses the "OK." disaster without thinking asked for, within 300 completions, naming the text', async () => {
+    const s = await sim({ model: 'g-ok', 'degenerate-rate': 0.87, seed: 3 });
+    await registerEndpoint(server.url, s.url);
+    const { id } = await run('g-ok', 3000, 'ok');
+    const paused = await waitForStatus(server.url, id, TERMINAL, 90_000);
+    expect(paused.status).toBe('paused');
+    expect(paused.status_reason).toMatch(/^quality gate: /);
+    expect(paused.status_reason).toContain('duplicate_content');
+    expect(paused.status_reason).toContain('OK.');
+    // Requests already in flight when it paused still finish and count.
+    expect(paused.request_counts.completed).toBeLessThanOrEqual(300);
+    console.log(`gate ok-disaster: ${JSON.stringify({ completed_at_pause: paused.request_counts.completed, reason: paused.status_reason })}`);
+    expect((await call(server.url, `/v1/runs/${id}/cancel`, { method: 'POST' })).status).toBe(200);
+  });
+
+  it('quarantines the one broken server of five, asks its flagged answers again elsewhere, and completes clean', async () => {
+    const good = await Promise.all([1, 2, 3, 4].map((seed) => sim({ model: 'g-five', seed })));
+    const bad = await sim({ model: 'g-five', 'degenerate-rate': 0.87, seed: 9 });
+    for (const s of good) await registerEndpoint(server.url, s.url);
+    const badEp = await registerEndpoint(server.url, bad.url);
+    const { id, prompts } = await run('g-five', 4000, 'five', { params: THINKING });
+    const done = await waitForStatus(server.url, id, TERMINAL, 120_000);
+    expect(done.status, done.status_reason).toBe('completed');
+    const ep = (await call(server.url, `/v1/endpoints/${badEp.id}`)).body;
+    expect(ep.state).toBe('quarantined');
+    expect(ep.last_error).toMatch(/^quality gate: endpoint /);
+    expect(ep.last_error).toMatch(/missing_reasoning|duplicate_content|empty_content/);
+    const answeredByBad = (await bad.stats()).completed;
+    expect(answeredByBad).toBeLessThan(400);
+    const out = await checkOutput(stores.forUri(done.output_uri), prompts.expected);
+    expect(out.lines.size).toBe(4000);
+    const flagged = [...out.lines.values()].filter((l) => l.flags.length > 0).length;
+    expect(flagged / out.lines.size).toBeLessThan(0.01);
+    const metrics = (await call(server.url, '/metrics')).body as unknown as string;
+    expect(metrics).toContain(`regen_endpoint_state{endpoint_id="${badEp.id}",state="quarantined"} 1`);
+    console.log(`gate five endpoints: ${JSON.stringify({ answers_from_the_broken_one: answeredByBad, flagged_in_output: flagged, total: out.lines.size })}`);
+
+    // Put back by an operator: probed, and it takes work again, under watch.
+    expect((await call(server.url, `/v1/endpoints/${badEp.id}`, { method: 'PATCH', json: { state: 'ready' } })).status).toBe(200);
+    await waitFor('the endpoint back in rotation', async () =>
+      (await call(server.url, `/v1/endpoints/${badEp.id}`)).body.state === 'ready' ? true : undefined,
+    );
+  });
+
+  it('pauses a run that turns bad after 2,000 healthy samples within 400 samples of the turn', async () => {
+    const s = await sim({ model: 'g-turn', seed: 4 });
+    await registerEndpoint(server.url, s.url);
+    const { id } = await run('g-turn', 6000, 'turn', { params: THINKING });
+    const turnedAt = await waitFor(
+      '2,000 healthy samples',
+      async () => {
+        const r = await getRun(server.url, id);
+        return r.request_counts.completed >= 2000 ? r.request_counts.completed : undefined;
+      },
+      90_000,
+      20,
+    );
+    await s.configure({ degenerateRate: 0.87 });
+    const paused = await waitForStatus(server.url, id, TERMINAL, 90_000);
+    expect(paused.status).toBe('paused');
+    expect(paused.status_reason).toMatch(/^quality gate: \d+% of the last \d+ samples flagged/);
+    const after = paused.request_counts.completed - turnedAt;
+    expect(after).toBeLessThanOrEqual(400);
+    console.log(`gate late turn: ${JSON.stringify({ healthy: turnedAt, samples_after_the_turn: after })}`);
+    expect((await call(server.url, `/v1/runs/${id}/cancel`, { method: 'POST' })).status).toBe(200);
+  });
+
+  it('says the thinking is in content when the server has no reasoning parser', async () => {
+    const s = await sim({ model: 'g-parser', 'reasoning-parser': 0, seed: 6 });
+    await registerEndpoint(server.url, s.url);
+    const { id } = await run('g-parser', 1500, 'parser', { params: THINKING });
+    const paused = await waitForStatus(server.url, id, TERMINAL, 90_000);
+    expect(paused.status).toBe('paused');
+    expect(paused.status_reason).toContain('think_in_content');
+    expect(paused.status_reason).toContain('--reasoning-parser');
+    expect((await call(server.url, `/v1/runs/${id}/cancel`, { method: 'POST' })).status).toBe(200);
+  });
+
+  it('flags nothing on healthy runs: long reasoning, and short distinct answers', async () => {
+    const long = await sim({ model: 'g-long', 'completion-tokens': 400, 'reasoning-tokens': 300, seed: 7 });
+    const short = await sim({ model: 'g-short', 'completion-tokens': 6, 'reasoning-tokens': 0, seed: 8 });
+    await registerEndpoint(server.url, long.url);
+    await registerEndpoint(server.url, short.url);
+    const a = await run('g-long', 2000, 'long', { params: THINKING });
+    const b = await run('g-short', 2000, 'short', { params: { chat_template_kwargs: { enable_thinking: false } } });
+    for (const r of [a, b]) {
+      const done = await waitForStatus(server.url, r.id, TERMINAL, 120_000);
+      expect(done.status, done.status_reason).toBe('completed');
+      expect(done.quality.flagged).toBe(0);
+    }
+  });
+});
