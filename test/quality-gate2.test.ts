@@ -1,7 +1,7 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { spawnSimulator, type SimProcess } from '../src/sim/spawn.js';
 import { Stores } from '../src/storage/index.js';
-import { call, startTestServer, waitFor } from './support/server.js';
+import { call, spawnServer, startTestServer, tempDir, waitFor, type ServerProcess } from './support/server.js';
 import { checkOutput, createRun, getRun, makePrompts, registerEndpoint, uploadFile, waitForStatus } from './support/runner-checks.js';
 
 // Quality gate 2 against simulator processes: the "OK." disaster without thinking asked for, one
@@ -128,5 +128,49 @@ describe('quality gate 2', () => {
       expect(done.status, done.status_reason).toBe('completed');
       expect(done.quality.flagged).toBe(0);
     }
+  });
+});
+
+describe('quality gate 2 across a crash', () => {
+  const data = tempDir('regen-gate-crash-');
+  let proc: ServerProcess | null = null;
+  let s: SimProcess;
+
+  afterAll(async () => {
+    await proc?.kill('SIGKILL');
+    await s?.stop();
+    data.cleanup();
+  });
+
+  it('still pauses within 400 samples of the turn when the server is killed -9 in between', async () => {
+    s = await spawnSimulator({ model: 'g-crash', 'ttft-ms': 20, 'tokens-per-second': 4000, 'max-running': 16, seed: 12 });
+    proc = await spawnServer(data.dir);
+    await registerEndpoint(proc.url, s.url);
+    const prompts = makePrompts(6000, 'crash');
+    const fileId = await uploadFile(proc.url, prompts.jsonl);
+    const { id } = await createRun(proc.url, { model: 'g-crash', input: { file_id: fileId }, regenerate: 'last_assistant', params: THINKING });
+    const completed = async (url: string) => (await getRun(url, id)).request_counts.completed as number;
+    const first = proc.url;
+    const turnedAt = await waitFor('2,000 healthy samples', async () => ((await completed(first)) >= 2000 ? completed(first) : undefined), 90_000, 20);
+    // Slower now, so that the process dies with some bad answers in and the decision still to come.
+    await s.configure({ degenerateRate: 0.87, ttftMs: 150 });
+    const atKill = await waitFor(
+      'the first bad answers',
+      async () => {
+        const r = await getRun(first, id);
+        return r.request_counts.completed >= turnedAt + 40 ? r : undefined;
+      },
+      60_000,
+      10,
+    );
+    await proc.kill('SIGKILL');
+    expect(atKill.status).toBe('in_progress');
+    proc = await spawnServer(data.dir);
+    const paused = await waitForStatus(proc.url, id, TERMINAL, 90_000);
+    expect(paused.status).toBe('paused');
+    expect(paused.status_reason).toMatch(/^quality gate: /);
+    const after = paused.request_counts.completed - turnedAt;
+    expect(after).toBeLessThanOrEqual(400);
+    console.log(`gate late turn across kill -9: ${JSON.stringify({ healthy: turnedAt, samples_after_the_turn: after })}`);
   });
 });
