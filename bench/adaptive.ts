@@ -26,36 +26,40 @@ async function setup(
 ): Promise<{ server: ServerProcess; sim: SimProcess; endpointId: string; runId: string; stop(): Promise<void> }> {
   const tmp = tempDir('regen-bench-adaptive-');
   const sim = await spawnSimulator(SIM);
-  const server = await spawnServer(join(tmp.dir, 'data'), { REGEN_LOAD_INTERVAL_MS: '250', ...env });
-  const ep = await json<{ id: string }>(server.url, '/v1/endpoints', {
-    method: 'POST',
-    headers: { 'content-type': 'application/json' },
-    body: JSON.stringify({ url: sim.url }),
+  const server = await spawnServer(join(tmp.dir, 'data'), { REGEN_LOAD_INTERVAL_MS: '250', ...env }).catch(async (err: Error) => {
+    await sim.stop();
+    tmp.cleanup();
+    throw err;
   });
-  await until('the endpoint ready', async () => ((await json(server.url, `/v1/endpoints/${ep.id}`)).state === 'ready' ? true : undefined), 30_000);
-  const n = scaled(60_000, 200);
-  const body = Array.from({ length: n }, (_, i) => promptLine(i)).join('\n') + '\n';
-  const file = await json<{ id: string }>(server.url, '/v1/files?filename=bench.jsonl', {
-    method: 'POST',
-    headers: { 'content-type': 'application/jsonl' },
-    body,
-  });
-  const run = await json<{ id: string }>(server.url, '/v1/runs', {
-    method: 'POST',
-    headers: { 'content-type': 'application/json' },
-    body: JSON.stringify({ model: MODEL, input: { file_id: file.id }, params: { max_tokens: 1024 }, quality: false }),
-  });
-  return {
-    server,
-    sim,
-    endpointId: ep.id,
-    runId: run.id,
-    stop: async () => {
-      await server.kill('SIGKILL');
-      await sim.stop();
-      tmp.cleanup();
-    },
+  const stop = async () => {
+    await server.kill('SIGKILL');
+    await sim.stop();
+    tmp.cleanup();
   };
+  try {
+    const ep = await json<{ id: string }>(server.url, '/v1/endpoints', {
+      method: 'POST',
+      headers: { 'content-type': 'application/json' },
+      body: JSON.stringify({ url: sim.url }),
+    });
+    await until('the endpoint ready', async () => ((await json(server.url, `/v1/endpoints/${ep.id}`)).state === 'ready' ? true : undefined), 30_000);
+    const n = scaled(60_000, 200);
+    const body = Array.from({ length: n }, (_, i) => promptLine(i)).join('\n') + '\n';
+    const file = await json<{ id: string }>(server.url, '/v1/files?filename=bench.jsonl', {
+      method: 'POST',
+      headers: { 'content-type': 'application/jsonl' },
+      body,
+    });
+    const run = await json<{ id: string }>(server.url, '/v1/runs', {
+      method: 'POST',
+      headers: { 'content-type': 'application/json' },
+      body: JSON.stringify({ model: MODEL, input: { file_id: file.id }, params: { max_tokens: 1024 }, quality: false }),
+    });
+    return { server, sim, endpointId: ep.id, runId: run.id, stop };
+  } catch (err) {
+    await stop();
+    throw err;
+  }
 }
 
 /** Completions per second over `ms`, after `warmMs` for the cap to take hold. */

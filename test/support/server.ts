@@ -49,7 +49,11 @@ export async function spawnServer(dataDir: string, env: Record<string, string> =
   proc.stderr!.on('data', (d: Buffer) => (out += d.toString()));
   const lines = createInterface({ input: proc.stdout! });
   const url = await new Promise<string>((resolve, reject) => {
-    const timer = setTimeout(() => reject(new Error(`server did not start:\n${out}`)), 30_000);
+    // A server that never said it listens is stopped here: nobody else holds it.
+    const timer = setTimeout(() => {
+      proc.kill('SIGKILL');
+      reject(new Error(`server did not start:\n${out}`));
+    }, 30_000);
     lines.on('line', (line) => {
       out += line + '\n';
       try {
