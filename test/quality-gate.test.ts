@@ -113,13 +113,17 @@ describe('the quality gate on a broken endpoint', () => {
 
     const paused = await waitForStatus(server.url, created.id, ['paused', 'completed', 'failed']);
     expect(paused.status).toBe('paused');
-    const verdict = /^quality gate: (.+) of (\d+) samples \(flagged (\d+)%, limit 20%\)$/.exec(paused.status_reason);
+    const verdict = /^quality gate: (\d+)% of the last (\d+) samples flagged \(limit 20%\): ([^;]+)/.exec(paused.status_reason);
     expect(verdict, paused.status_reason).not.toBeNull();
     const judged = Number(verdict![2]);
     expect(judged).toBeGreaterThanOrEqual(200);
-    // "OK." after an empty think block: missing_reasoning, and too_short under this run's minimum.
-    expect(verdict![1]).toMatch(/^(missing_reasoning \d+%, too_short \d+%|too_short \d+%, missing_reasoning \d+%)$/);
-    expect(Number(verdict![3])).toBeGreaterThan(20);
+    // "OK." after an empty think block: missing_reasoning, too_short under this run's minimum, and
+    // the same text again and again.
+    expect(verdict![3]).toMatch(/missing_reasoning \d+%/);
+    expect(verdict![3]).toMatch(/too_short \d+%/);
+    expect(Number(verdict![1])).toBeGreaterThan(20);
+    // The cause, in the operator's words.
+    expect(paused.status_reason).toContain('--reasoning-parser');
 
     // Requests in flight at the pause still finish and are recorded; nothing new is sent.
     const settled = await waitFor('requests in flight at the pause to finish', async () => {
@@ -281,7 +285,7 @@ describe('thinking cut by max_tokens', () => {
     const created = await createRun(server.url, { model: THINKER, input: { requests: requests(600, 'g') }, params: cut });
     const paused = await waitForStatus(server.url, created.id, ['paused', 'completed', 'failed']);
     expect(paused.status).toBe('paused');
-    expect(paused.status_reason).toMatch(/^quality gate: empty_content 100%, truncated 100% of \d+ samples \(flagged 100%, limit 20%\)$/);
+    expect(paused.status_reason).toMatch(/^quality gate: 100% of the last \d+ samples flagged \(limit 20%\): empty_content 100%, truncated 100%/);
     expect((await call(server.url, `/v1/runs/${created.id}/cancel`, { method: 'POST' })).status).toBe(200);
     await waitForStatus(server.url, created.id, ['cancelled']);
   });

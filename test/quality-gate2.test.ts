@@ -86,16 +86,10 @@ describe('quality gate 2', () => {
     const s = await sim({ model: 'g-turn', seed: 4 });
     await registerEndpoint(server.url, s.url);
     const { id } = await run('g-turn', 6000, 'turn', { params: THINKING });
-    const turnedAt = await waitFor(
-      '2,000 healthy samples',
-      async () => {
-        const r = await getRun(server.url, id);
-        return r.request_counts.completed >= 2000 ? r.request_counts.completed : undefined;
-      },
-      90_000,
-      20,
-    );
+    await waitFor('2,000 healthy samples', async () => ((await getRun(server.url, id)).request_counts.completed >= 2000 ? true : undefined), 90_000, 20);
     await s.configure({ degenerateRate: 0.87 });
+    // Counted once the server has turned: what finished meanwhile is healthy and not held against the bound.
+    const turnedAt = (await getRun(server.url, id)).request_counts.completed;
     const paused = await waitForStatus(server.url, id, TERMINAL, 90_000);
     expect(paused.status).toBe('paused');
     expect(paused.status_reason).toMatch(/^quality gate: \d+% of the last \d+ samples flagged/);
@@ -151,9 +145,10 @@ describe('quality gate 2 across a crash', () => {
     const { id } = await createRun(proc.url, { model: 'g-crash', input: { file_id: fileId }, regenerate: 'last_assistant', params: THINKING });
     const completed = async (url: string) => (await getRun(url, id)).request_counts.completed as number;
     const first = proc.url;
-    const turnedAt = await waitFor('2,000 healthy samples', async () => ((await completed(first)) >= 2000 ? completed(first) : undefined), 90_000, 20);
+    await waitFor('2,000 healthy samples', async () => ((await completed(first)) >= 2000 ? true : undefined), 90_000, 20);
     // Slower now, so that the process dies with some bad answers in and the decision still to come.
     await s.configure({ degenerateRate: 0.87, ttftMs: 150 });
+    const turnedAt = await completed(first);
     const atKill = await waitFor(
       'the first bad answers',
       async () => {

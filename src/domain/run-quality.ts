@@ -56,10 +56,16 @@ export class RunQuality {
     this.window.push(flags);
   }
 
-  /** The run's gate and the endpoints to quarantine. O(texts in the content window + endpoints): call it with the gate's check, not per sample. */
-  verdict(gate: GateSettings): RunVerdict {
+  /**
+   * The run's gate and the endpoints to quarantine, among `inRotation` when given (the endpoints
+   * that can take the run's work now). O(texts in the content window + endpoints): call it with
+   * the gate's check, not per sample.
+   */
+  verdict(gate: GateSettings, inRotation?: ReadonlySet<string>): RunVerdict {
     const overLimit = this.window.overLimit(gate);
-    const quarantine = endpointVerdict(this.endpoints, gate).map((q) => ({ ...q, reason: explainQuarantine(q, this.facts(this.window, gate)) }));
+    // Judged against the endpoints that can still take work, so that one always stays among them.
+    const judged = inRotation ? new Map([...this.endpoints].filter(([id]) => inRotation.has(id))) : this.endpoints;
+    const quarantine = endpointVerdict(judged, gate).map((q) => ({ ...q, reason: explainQuarantine(q, this.facts(this.window, gate)) }));
     return { overLimit, reason: overLimit ? explainVerdict(this.facts(this.window, gate)) : null, quarantine };
   }
 

@@ -17,6 +17,8 @@ export const SAMPLE_ERROR_CODES = {
   rate_limited: { retryable: true, fault: 'server' },
   /** The server aborted the request (finish_reason "abort": a pause, a weight update, /abort_request). */
   aborted: { retryable: true, fault: 'server' },
+  /** 401, 403 or 404: the endpoint refused (a bad key, a wrong URL); it is probed again. */
+  endpoint_refused: { retryable: true, fault: 'server' },
   /** 200 without the shape of a chat completion, or with a finish_reason SGLang does not send. */
   malformed_response: { retryable: true, fault: 'server' },
   /** An answer regen could not take (a fault of its own); tried again. */

@@ -100,7 +100,9 @@ export class AdaptiveCap {
 
 /** More retractions since the last reading than the guide calls rare. */
 function retracting(prev: Load | null, load: Load, elapsedMs: number): boolean {
-  if (load.retracted === null) return (load.retractedNow ?? 0) > 0;
+  // Without a counter, only a gauge that rises says the server retracts again; one that stays up
+  // is the same retracted requests waiting to run.
+  if (load.retracted === null) return (load.retractedNow ?? 0) > (prev?.retractedNow ?? 0);
   if (!prev || prev.retracted === null) return false;
   return load.retracted - prev.retracted > Math.max(1, elapsedMs * RARE_RETRACTIONS_PER_MS);
 }

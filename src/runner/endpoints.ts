@@ -20,8 +20,6 @@ export const UNHEALTHY_AFTER = 3;
 const PROBE_TIMEOUT_MS = 5000;
 /** A probe reads at most this much of an answer: a server must not fill regen's memory. */
 const PROBE_MAX_BYTES = 4 << 20;
-/** A load reading older than this many intervals no longer steers the cap. */
-const STALE_LOAD_INTERVALS = 5;
 /** The adaptive cap's ceiling on a server that does not say what it can run. */
 const UNKNOWN_CEILING = 100_000;
 const MAX_REASON_CHARS = 300;
@@ -47,11 +45,12 @@ export class LiveEndpoint {
   probeFailures = 0;
   probing = false;
   /**
-   * Nothing new is sent until a probe succeeds: a probe failed, the server answered /health with
-   * 503 (it drains), or a connection broke (it may have restarted, with another model). What runs
-   * there goes on to its own answer, error or timeout.
+   * Nothing new is sent until a probe succeeds: the endpoint was just loaded (regen started, or it
+   * joined), a probe failed, the server answered /health with 503 (it drains), or a connection
+   * broke (it may have restarted, with another model). What runs there goes on to its own answer,
+   * error or timeout.
    */
-  suspect = false;
+  suspect = true;
   nextLoadAt = 0;
   loading = false;
   /** Which load route the server has: /v1/loads (v0.5.8+), else /metrics (with --enable-metrics), else none. */
@@ -93,8 +92,8 @@ export class LiveEndpoint {
   }
 
   /** The cap in use and where it comes from. */
-  capInfo(fallback: number, now: number, loadIntervalMs: number): { cap: number; source: CapSource } {
-    return capInUse(this.row.maxConcurrency, this.capacity, this.adaptiveCap(now, loadIntervalMs), fallback);
+  capInfo(fallback: number): { cap: number; source: CapSource } {
+    return capInUse(this.row.maxConcurrency, this.capacity, this.adaptive?.cap ?? null, fallback);
   }
 
   get state(): EndpointState {
@@ -110,19 +109,14 @@ export class LiveEndpoint {
     return servesModel(this.row.model, this.row.aliases, model);
   }
 
-  /** The adaptive cap, while a fresh load reading backs it. */
-  adaptiveCap(now: number, loadIntervalMs: number): number | null {
-    return this.adaptive && this.load && now - this.load.at <= STALE_LOAD_INTERVALS * loadIntervalMs ? this.adaptive.cap : null;
-  }
-
-  live(now: number, loadIntervalMs: number): EndpointLive {
+  live(now: number): EndpointLive {
     const r = this.rate.rates(now);
     return {
       in_flight: this.inFlight.size,
       samples_per_second: Math.round(r.samples * 100) / 100,
       completion_tokens_per_second: Math.round(r.tokens * 100) / 100,
       p50_latency_ms: this.latency.p50(),
-      adaptive_cap: this.adaptiveCap(now, loadIntervalMs),
+      adaptive_cap: this.adaptive?.cap ?? null,
       server: {
         running: this.load?.running ?? null,
         queued: this.load?.waiting ?? null,
@@ -170,7 +164,7 @@ async function serverInfo(url: string, apiKey: string | null) {
   return info.status === 200 ? parseServerInfo(info.body) : null;
 }
 
-type HealthVerdict = { ok: true } | { ok: false; reason: string; loading: boolean; draining: boolean };
+type HealthVerdict = { ok: true } | { ok: false; reason: string; loading: boolean };
 
 /**
  * Keeps the in-memory endpoint set in step with the table and probes each server as SGLANG.md
@@ -204,13 +198,7 @@ export class EndpointPool {
         this.live.set(row.id, new LiveEndpoint(row));
         continue;
       }
-      const wasState = e.row.state;
-      e.update(row);
-      if (row.state === wasState) continue;
-      e.nextProbeAt = 0;
-      e.probeFailures = 0;
-      // Put back by an operator: probed before anything is sent.
-      if (row.state === 'ready') e.suspect = true;
+      this.takeRow(e, row);
     }
     for (const [id, e] of this.live) {
       if (!seen.has(id)) {
@@ -221,13 +209,22 @@ export class EndpointPool {
     }
   }
 
+  /** A row read from the table; a state someone else set (an operator, a re-registration) is probed afresh. */
+  private takeRow(e: LiveEndpoint, row: EndpointRow): void {
+    const wasState = e.row.state;
+    e.update(row);
+    if (row.state === wasState) return;
+    e.nextProbeAt = 0;
+    e.probeFailures = 0;
+  }
+
   /** Closes every endpoint's idle connections: the runner stops. */
   close(): void {
     for (const e of this.live.values()) e.close();
   }
 
   capOf(e: LiveEndpoint): number {
-    return e.capInfo(this.settings.defaultConcurrency, this.clock(), this.settings.loadIntervalMs).cap;
+    return e.capInfo(this.settings.defaultConcurrency).cap;
   }
 
   /** Models some dispatchable endpoint serves now, as a test for a run's model. */
@@ -261,7 +258,7 @@ export class EndpointPool {
 
   liveOf(endpointId: string, now: number): EndpointLive {
     const e = this.live.get(endpointId);
-    return e ? e.live(now, this.settings.loadIntervalMs) : IDLE_ENDPOINT;
+    return e ? e.live(now) : IDLE_ENDPOINT;
   }
 
   snapshot(now: number): Record<string, EndpointLive> {
@@ -279,7 +276,7 @@ export class EndpointPool {
     const set = { state, lastError, lastCheckedAt: now, updatedAt: now, ...extra };
     if (!updateEndpointIfState(this.db, e.row.id, expected, set)) {
       const row = getEndpoint(this.db, e.row.id);
-      if (row) e.update(row);
+      if (row) this.takeRow(e, row);
       return false;
     }
     const changed = e.row.state !== state;
@@ -338,20 +335,19 @@ export class EndpointPool {
       if (res.status === 200) return { ok: true };
       if (res.status === 503) {
         // Before the first 200 the server is warming up; after it, it is shutting down cleanly.
-        return e.row.model === null
-          ? { ok: false, reason: '/health answered 503 (the server is still loading)', loading: true, draining: false }
-          : { ok: false, reason: '/health answered 503: the server is draining; nothing new is sent, running requests finish', loading: false, draining: true };
+        return e.state === 'ready'
+          ? { ok: false, reason: '/health answered 503: the server is draining; nothing new is sent, running requests finish', loading: false }
+          : { ok: false, reason: '/health answered 503 (the server is still loading)', loading: true };
       }
-      return { ok: false, reason: `/health answered ${res.status}`, loading: false, draining: false };
+      return { ok: false, reason: `/health answered ${res.status}`, loading: false };
     } catch (err) {
       const code = (err as { cause?: { code?: string } }).cause?.code;
-      if (code === 'ECONNREFUSED') return { ok: false, reason: 'connection refused', loading: true, draining: false };
+      if (code === 'ECONNREFUSED') return { ok: false, reason: 'connection refused', loading: true };
       const timedOut = (err as Error).name === 'TimeoutError';
       return {
         ok: false,
         reason: timedOut ? `health probe timed out after ${Math.round(timeoutMs / 1000)} s` : 'health probe failed',
         loading: false,
-        draining: false,
       };
     }
   }
@@ -392,7 +388,10 @@ export class EndpointPool {
       this.onChange();
     }
     this.fitCeiling(e);
-    if (e.capInfo(this.settings.defaultConcurrency, now, this.settings.loadIntervalMs).source === 'default') this.warnDefault(e);
+    // The adaptive cap starts low, before the first load reading, rather than at a running limit
+    // that SGLang sets far past what its KV pool holds.
+    if (this.settings.adaptiveConcurrency && e.loadRoute !== 'none') e.adaptive ??= new AdaptiveCap(this.ceiling(e));
+    if (e.capInfo(this.settings.defaultConcurrency).source === 'default') this.warnDefault(e);
   }
 
   private probeFailed(e: LiveEndpoint, before: string, reason: string, loading: boolean): void {
@@ -465,7 +464,12 @@ export class EndpointPool {
       const res = await getJson(`${url}/metrics`, apiKey).catch(() => null);
       if (res?.status === 404) {
         e.hasMetrics = false;
-        if (e.loadRoute === 'metrics') e.loadRoute = 'none';
+        if (e.loadRoute === 'metrics') {
+          // Nothing tells this server's load: its cap is its own running limit, or the default.
+          e.loadRoute = 'none';
+          e.adaptive = null;
+          this.onChange();
+        }
       } else if (res?.status === 200 && typeof res.body === 'string') {
         const m = parseMetrics(res.body, this.clock());
         if (m && load) load = { ...load, retracted: m.retracted, retractedNow: m.retractedNow };

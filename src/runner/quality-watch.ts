@@ -1,14 +1,18 @@
 import type { RunnerDeps } from '../deps.js';
 import { appendEvent } from '../db/events.js';
 import { requeueRunSamples } from '../db/requeue.js';
-import { transitionRun } from '../db/runs.js';
+import { getRun, transitionRun } from '../db/runs.js';
 import { completionLengthCounts, recentCompleted } from '../db/samples.js';
 import type { RunRow } from '../db/schema.js';
 import { gateSettings } from '../domain/quality.js';
 import { QUALITY_WINDOW } from '../domain/quality-window.js';
 import { RunQuality } from '../domain/run-quality.js';
+import type { RunStatus } from '../domain/statuses.js';
 import type { EndpointPool } from './endpoints.js';
 import { checkGate } from './gate.js';
+
+/** Runs whose flagged answers a quarantine asks again: the ones still taking work. */
+const REQUEUE_STATUSES: readonly RunStatus[] = ['queued', 'in_progress', 'paused'];
 
 /**
  * The quality gate over the runs being dispatched (README "The quality gate"): one RunQuality a
@@ -47,8 +51,8 @@ export class QualityWatch {
     const gate = gateSettings(run);
     const q = this.runs.get(run.id);
     if (!gate || !q) return false;
-    const verdict = q.verdict(gate);
-    for (const bad of verdict.quarantine) this.quarantine(run, bad.endpointId, bad.reason);
+    const verdict = q.verdict(gate, this.inRotation(run.model));
+    for (const bad of verdict.quarantine) this.quarantine(bad.endpointId, bad.reason);
     if (verdict.overLimit && verdict.reason && !run.gateOverridden && run.status === 'in_progress') {
       if (transitionRun(this.deps.db, run.id, ['in_progress'], 'paused', this.deps.clock(), { statusReason: verdict.reason })) {
         this.deps.logger.warn({ run_id: run.id, status: 'paused', reason: verdict.reason }, 'run status');
@@ -59,17 +63,31 @@ export class QualityWatch {
     return checkGate(this.deps, run);
   }
 
-  private quarantine(run: RunRow, endpointId: string, reason: string): void {
+  /** The endpoints that can take a run's work now. */
+  private inRotation(model: string): Set<string> {
+    const ids = new Set<string>();
+    for (const e of this.pool.live.values()) if (e.state === 'ready' && e.serves(model)) ids.add(e.row.id);
+    return ids;
+  }
+
+  private quarantine(endpointId: string, reason: string): void {
     const e = this.pool.live.get(endpointId);
     if (!e || e.state !== 'ready' || !this.pool.setState(e, 'quarantined', reason)) return;
     const { db, logger, clock } = this.deps;
     const now = clock();
-    logger.warn({ endpoint_id: endpointId, url: e.row.url, run_id: run.id, reason }, 'endpoint quarantined');
-    appendEvent(db, run.id, 'endpoint_quarantined', { endpoint_id: endpointId, reason }, now);
-    // Its flagged answers are asked again, on the endpoints still in rotation.
-    const requeued = requeueRunSamples(db, run.id, 'flagged', now, endpointId);
-    if (requeued) logger.info({ run_id: run.id, endpoint_id: endpointId, requeued }, 'flagged answers of a quarantined endpoint requeued');
-    // Back in rotation after a fix, it is judged on its new answers only.
-    for (const q of this.runs.values()) q.forgetEndpoint(endpointId);
+    logger.warn({ endpoint_id: endpointId, url: e.row.url, reason }, 'endpoint quarantined');
+    for (const [runId, q] of this.runs) {
+      const run = getRun(db, runId);
+      if (!run || !e.serves(run.model)) continue;
+      appendEvent(db, runId, 'endpoint_quarantined', { endpoint_id: endpointId, reason }, now);
+      // Its flagged answers are asked again on the endpoints still in rotation, in every run it
+      // served that still takes work; a run being cancelled keeps what it has.
+      if (REQUEUE_STATUSES.includes(run.status as RunStatus)) {
+        const requeued = requeueRunSamples(db, runId, 'flagged', now, endpointId);
+        if (requeued) logger.info({ run_id: runId, endpoint_id: endpointId, requeued }, 'flagged answers of a quarantined endpoint requeued');
+      }
+      // Back in rotation after a fix, it is judged on its new answers only.
+      q.forgetEndpoint(endpointId);
+    }
   }
 }

@@ -117,8 +117,8 @@ export function parseAnswer(res: unknown): ParsedAnswer {
 export type ErrorVerdict =
   /** The sample's error; `transport` ones count against the endpoint's health. */
   | { kind: 'error'; error: SampleError; transport: boolean }
-  /** The endpoint, not the sample, is wrong (bad key, wrong URL): probe it again, give the sample back unspent. */
-  | { kind: 'endpoint_refused'; reason: string };
+  /** The endpoint, not the sample, is wrong (bad key, wrong URL): probe it again; the sample meets a server fault. */
+  | { kind: 'endpoint_refused'; reason: string; error: SampleError };
 
 const MAX_ERROR_MESSAGE_CHARS = 1000;
 const MAX_INTERNAL_MESSAGE_CHARS = 300;
@@ -144,7 +144,11 @@ export function classifyError(err: unknown, timeoutMs: number): ErrorVerdict {
       return { kind: 'error', error: { code: 'server_error', message, status }, transport: false };
     }
     if (status === 401 || status === 403 || status === 404) {
-      return { kind: 'endpoint_refused', reason: `${status}: ${message}`.slice(0, MAX_INTERNAL_MESSAGE_CHARS) };
+      return {
+        kind: 'endpoint_refused',
+        reason: `${status}: ${message}`.slice(0, MAX_INTERNAL_MESSAGE_CHARS),
+        error: { code: 'endpoint_refused', message, status },
+      };
     }
     return { kind: 'error', error: { code: 'invalid_request', message, status }, transport: false };
   }

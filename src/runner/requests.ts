@@ -138,7 +138,8 @@ export class Requests {
     if (verdict.kind === 'endpoint_refused') {
       e.consecutiveFailures = 0;
       this.guard('marking an endpoint', () => this.pool.setState(e, 'starting', verdict.reason));
-      this.settle(settleAbort(this.attempt(f), 'release'));
+      // Under the server-fault budget: a refusal that only this request meets must not bounce forever.
+      this.settle(settleError(this.attempt(f), this.limits(f.run), verdict.error, this.deps.clock()));
       return;
     }
     if (verdict.transport) {

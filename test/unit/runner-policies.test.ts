@@ -52,12 +52,20 @@ describe('classifyError: every SGLang error shape', () => {
     {
       name: 'missing API key (401)',
       err: APIError.generate(401, { error: 'Unauthorized' }, undefined, new Headers()),
-      expect: { kind: 'endpoint_refused', reason: expect.stringMatching(/^401: /) as unknown as string },
+      expect: {
+        kind: 'endpoint_refused',
+        reason: expect.stringMatching(/^401: /) as unknown as string,
+        error: { code: 'endpoint_refused', status: 401, message: expect.any(String) as unknown as string },
+      },
     },
     {
       name: 'wrong URL (404, FastAPI body)',
       err: APIError.generate(404, { error: { detail: 'Not Found' } }, undefined, new Headers()),
-      expect: { kind: 'endpoint_refused', reason: expect.stringMatching(/^404: /) as unknown as string },
+      expect: {
+        kind: 'endpoint_refused',
+        reason: expect.stringMatching(/^404: /) as unknown as string,
+        error: { code: 'endpoint_refused', status: 404, message: expect.any(String) as unknown as string },
+      },
     },
     {
       name: 'connection refused or reset',
