@@ -58,9 +58,8 @@ export class QualityWindow {
   }
 
   /**
-   * Refills the window after a restart from the run's latest completed samples, newest first, as
-   * `select flags from samples where run_id = ? and status = 'completed' order by completed_at
-   * desc limit <capacity>` returns them; `total` is the run's completed count.
+   * Refills the window after a restart from the run's latest completed samples' flags, newest
+   * first (db/samples.ts recentCompleted); `total` is the run's completed count.
    */
   restore(newestFirst: readonly number[], total = newestFirst.length): void {
     this.ring.fill(0);
