@@ -10,6 +10,7 @@ import { Batch, BatchIdParam } from './schemas.js';
 const route = createRoute({
   method: 'post',
   path: '/v1/batches/{id}/cancel',
+  operationId: 'cancelBatch',
   tags: ['batches'],
   summary: 'Cancel a batch: in-flight requests are aborted, answers so far stay in the output file',
   request: { params: BatchIdParam },

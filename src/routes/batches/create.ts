@@ -9,6 +9,7 @@ import { Batch, CreateBatchBody } from './schemas.js';
 const route = createRoute({
   method: 'post',
   path: '/v1/batches',
+  operationId: 'createBatch',
   tags: ['batches'],
   summary: 'Create an OpenAI-compatible batch: a run over the requests of an uploaded file',
   description:

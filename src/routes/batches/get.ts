@@ -9,6 +9,7 @@ import { Batch, BatchIdParam } from './schemas.js';
 const route = createRoute({
   method: 'get',
   path: '/v1/batches/{id}',
+  operationId: 'getBatch',
   tags: ['batches'],
   summary: 'Get a batch: its status, request counts, errors and output files',
   request: { params: BatchIdParam },

@@ -9,6 +9,7 @@ import { BatchList } from './schemas.js';
 const route = createRoute({
   method: 'get',
   path: '/v1/batches',
+  operationId: 'listBatches',
   tags: ['batches'],
   summary: 'List batches, newest first',
   request: {

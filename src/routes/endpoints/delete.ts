@@ -9,6 +9,7 @@ const Deleted = z.object({ id: z.string(), object: z.literal('endpoint'), delete
 const route = createRoute({
   method: 'delete',
   path: '/v1/endpoints/{id}',
+  operationId: 'deleteEndpoint',
   tags: ['endpoints'],
   summary: 'Remove an endpoint; its in-flight requests are aborted and their samples return to the queue',
   request: { params: EndpointIdParam },

@@ -8,6 +8,7 @@ import { Endpoint, renderEndpoint } from './schemas.js';
 const route = createRoute({
   method: 'get',
   path: '/v1/endpoints/{id}',
+  operationId: 'getEndpoint',
   tags: ['endpoints'],
   summary: 'Get an endpoint',
   request: { params: EndpointIdParam },

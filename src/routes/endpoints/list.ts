@@ -8,6 +8,7 @@ import { Endpoint, renderEndpoint } from './schemas.js';
 const route = createRoute({
   method: 'get',
   path: '/v1/endpoints',
+  operationId: 'listEndpoints',
   tags: ['endpoints'],
   summary: 'List registered endpoints with their state, load and stats',
   request: { query: PageQuery },

@@ -8,6 +8,7 @@ import { Endpoint, PatchEndpointBody, renderEndpoint } from './schemas.js';
 const route = createRoute({
   method: 'patch',
   path: '/v1/endpoints/{id}',
+  operationId: 'updateEndpoint',
   tags: ['endpoints'],
   summary: 'Change an endpoint: name, max_concurrency, weight, api_key, labels, or state (`draining`, `disabled`, `ready`)',
   description: '`ready` asks for a fresh health probe; the endpoint takes work once the probe passes.',

@@ -8,6 +8,7 @@ import { CreateEndpointBody, Endpoint, renderEndpoint } from './schemas.js';
 const route = createRoute({
   method: 'post',
   path: '/v1/endpoints',
+  operationId: 'registerEndpoint',
   tags: ['endpoints'],
   summary: 'Register an SGLang server (an upsert by url, so a launch script can call it on every boot)',
   request: { body: { content: { 'application/json': { schema: CreateEndpointBody } }, required: true } },

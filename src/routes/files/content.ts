@@ -8,6 +8,7 @@ import { FileIdParam } from '../common.js';
 const route = createRoute({
   method: 'get',
   path: '/v1/files/{id}/content',
+  operationId: 'getFileContent',
   tags: ['files'],
   summary: "A file's bytes, streamed",
   request: { params: FileIdParam },

@@ -9,6 +9,7 @@ const Deleted = z.object({ id: z.string(), object: z.literal('file'), deleted: z
 const route = createRoute({
   method: 'delete',
   path: '/v1/files/{id}',
+  operationId: 'deleteFile',
   tags: ['files'],
   summary: 'Delete a file that no unfinished run still reads',
   request: { params: FileIdParam },

@@ -9,6 +9,7 @@ import { FileObject, renderFile } from './schemas.js';
 const route = createRoute({
   method: 'get',
   path: '/v1/files/{id}',
+  operationId: 'getFile',
   tags: ['files'],
   summary: "A file's metadata",
   request: { params: FileIdParam },

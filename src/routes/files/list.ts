@@ -9,6 +9,7 @@ import { FileObject, renderFile } from './schemas.js';
 const route = createRoute({
   method: 'get',
   path: '/v1/files',
+  operationId: 'listFiles',
   tags: ['files'],
   summary: 'List files, newest first',
   request: { query: PageQuery.extend({ purpose: z.enum(FILE_PURPOSES).optional() }) },

@@ -18,6 +18,7 @@ const RAW_TYPES = ['application/jsonl', 'application/x-ndjson', 'application/oct
 const route = createRoute({
   method: 'post',
   path: '/v1/files',
+  operationId: 'uploadFile',
   tags: ['files'],
   summary: 'Upload a JSONL file (raw body or multipart `file` + `purpose`), streamed to object storage',
   request: {

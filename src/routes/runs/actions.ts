@@ -18,6 +18,8 @@ const action = <B extends z.ZodTypeAny>(name: string, summary: string, body: B) 
   createRoute({
     method: 'post',
     path: `/v1/runs/{id}/${name}`,
+    // pauseRun, resumeRun, cancelRun, retryRun
+    operationId: `${name}Run`,
     tags: ['runs'],
     summary,
     request: { params: RunIdParam, body: { content: { 'application/json': { schema: body } }, required: false } },

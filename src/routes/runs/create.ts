@@ -9,6 +9,7 @@ import { CreateRunBody, Run } from './schemas.js';
 const route = createRoute({
   method: 'post',
   path: '/v1/runs',
+  operationId: 'createRun',
   tags: ['runs'],
   summary: 'Create a regeneration run',
   description: 'Validates the input in the background (status `validating`), then queues the run. Send an `Idempotency-Key` to make retries safe.',

@@ -42,6 +42,7 @@ export const ShardUploadedEvent = z
 const route = createRoute({
   method: 'get',
   path: '/v1/runs/{id}/events',
+  operationId: 'followRunEvents',
   tags: ['runs'],
   summary: 'Follow a run as Server-Sent Events',
   description: [

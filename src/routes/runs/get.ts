@@ -9,6 +9,7 @@ import { Run } from './schemas.js';
 const route = createRoute({
   method: 'get',
   path: '/v1/runs/{id}',
+  operationId: 'getRun',
   tags: ['runs'],
   summary: 'Get a run with its counts, quality, usage and progress',
   request: { params: RunIdParam },

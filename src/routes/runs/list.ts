@@ -9,6 +9,7 @@ import { Run, RunStatus } from './schemas.js';
 const route = createRoute({
   method: 'get',
   path: '/v1/runs',
+  operationId: 'listRuns',
   tags: ['runs'],
   summary: 'List runs, newest first',
   request: { query: PageQuery.extend({ status: RunStatus.optional() }) },

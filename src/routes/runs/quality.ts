@@ -71,6 +71,7 @@ const RunQuality = z
 const route = createRoute({
   method: 'get',
   path: '/v1/runs/{id}/quality',
+  operationId: 'getRunQuality',
   tags: ['runs'],
   summary: "A run's quality: flag counts and shares with examples, the gate's state, and length histograms of its completed samples",
   request: { params: RunIdParam },

@@ -11,6 +11,7 @@ import { SampleDetail } from './schemas.js';
 const route = createRoute({
   method: 'get',
   path: '/v1/runs/{id}/samples/{custom_id}',
+  operationId: 'getRunSample',
   tags: ['runs'],
   summary: "A sample's metadata, its request, and its output (from staging or from the uploaded shard)",
   request: {

@@ -10,6 +10,7 @@ import { Flag, Sample, SampleStatus } from './schemas.js';
 const route = createRoute({
   method: 'get',
   path: '/v1/runs/{id}/samples',
+  operationId: 'listRunSamples',
   tags: ['runs'],
   summary: "List a run's samples in input order, filtered by status or quality flag",
   request: { params: RunIdParam, query: PageQuery.extend({ status: SampleStatus.optional(), flag: Flag.optional() }) },

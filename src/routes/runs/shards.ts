@@ -10,6 +10,7 @@ import { Shard } from './schemas.js';
 const route = createRoute({
   method: 'get',
   path: '/v1/runs/{id}/shards',
+  operationId: 'listRunShards',
   tags: ['runs'],
   summary: "List a run's shards with their upload state, sizes and checksums",
   request: {

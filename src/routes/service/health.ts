@@ -8,6 +8,7 @@ const Health = z.object({ status: z.enum(['ok', 'unavailable']), checks: z.recor
 const healthz = createRoute({
   method: 'get',
   path: '/healthz',
+  operationId: 'getHealth',
   tags: ['service'],
   summary: 'The process is alive',
   responses: { 200: jsonContent(Health, 'Alive') },
@@ -16,6 +17,7 @@ const healthz = createRoute({
 const readyz = createRoute({
   method: 'get',
   path: '/readyz',
+  operationId: 'getReadiness',
   tags: ['service'],
   summary: 'The database and the object store are reachable',
   responses: { 200: jsonContent(Health, 'Ready'), 503: jsonContent(Health, 'Not ready; `checks` says which dependency failed') },

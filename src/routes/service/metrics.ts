@@ -5,6 +5,7 @@ import { problemResponses } from '../../errors.js';
 const route = createRoute({
   method: 'get',
   path: '/metrics',
+  operationId: 'getMetrics',
   tags: ['service'],
   summary: 'Prometheus metrics',
   description:

@@ -8,7 +8,16 @@ export const OPENAPI_INFO = {
     description:
       'Control plane for large LLM completion-regeneration runs across a pool of SGLang servers. ' +
       'Errors are application/problem+json; lists are cursor-paginated with `limit` and `after`.',
+    license: { name: 'Proprietary', identifier: 'LicenseRef-regen-proprietary' },
   },
+  servers: [{ url: 'http://127.0.0.1:8080', description: '`regen serve` on its default address and port' }],
+  tags: [
+    { name: 'runs', description: 'Regeneration runs: create, follow, pause, resume, cancel, retry; their samples, shards and quality' },
+    { name: 'files', description: 'Uploaded JSONL inputs (and batch output files), as OpenAI Files' },
+    { name: 'batches', description: "OpenAI's Batch API over runs" },
+    { name: 'endpoints', description: 'The SGLang servers regen dispatches to' },
+    { name: 'service', description: 'Liveness, readiness and Prometheus metrics' },
+  ],
 };
 
 /** The OpenAPI document the routes describe; openapi.yaml is this, written by `npm run openapi`. */
