@@ -33,7 +33,8 @@ const lines = (n: number, tag: string) =>
 function expectFileObject(f: any, bytes: number, filename: string, purpose: string) {
   expect(f).toMatchObject({ object: 'file', bytes, filename, purpose });
   expect(f.id).toMatch(/^file_/);
-  expect(new Date(f.created_at).toISOString()).toBe(f.created_at);
+  // Unix seconds, as OpenAI's File object has it.
+  expect(Number.isInteger(f.created_at) && Math.abs(f.created_at - Date.now() / 1000) < 3600).toBe(true);
 }
 
 describe('POST /v1/files with a raw body', () => {
@@ -242,7 +243,7 @@ describe('GET and DELETE /v1/files/{id}', () => {
 });
 
 describe('GET /v1/files', () => {
-  it('pages newest first with limit, after, has_more and last_id', async () => {
+  it('pages newest first with limit, after, has_more, first_id and last_id', async () => {
     const made: string[] = [];
     for (let i = 0; i < 7; i++) {
       const up = await req(`/v1/files?filename=page-${i}.jsonl&purpose=user_data`, {
@@ -262,6 +263,7 @@ describe('GET /v1/files', () => {
       expect(res.body.object).toBe('list');
       pages++;
       seen.push(...res.body.data.map((f: any) => f.id));
+      expect(res.body.first_id).toBe(res.body.data[0]?.id ?? null);
       expect(res.body.last_id).toBe(res.body.data.at(-1)?.id ?? null);
       if (!res.body.has_more) break;
       expect(res.body.data).toHaveLength(3);
@@ -283,9 +285,9 @@ describe('GET /v1/files', () => {
     }
   });
 
-  it('an empty list has last_id null', async () => {
+  it('an empty list has first_id and last_id null', async () => {
     const res = await req('/v1/files?after=file_0');
-    expect(res.body).toEqual({ object: 'list', data: [], has_more: false, last_id: null });
+    expect(res.body).toEqual({ object: 'list', data: [], has_more: false, first_id: null, last_id: null });
   });
 });
 

@@ -27,6 +27,7 @@ export function listOf<T extends z.ZodTypeAny>(item: T, name: string) {
       object: z.literal('list'),
       data: z.array(item),
       has_more: z.boolean(),
+      first_id: z.string().nullable(),
       last_id: z.string().nullable(),
     })
     .openapi(name);
@@ -39,6 +40,7 @@ export function page<T, R>(rows: T[], limit: number, idOf: (r: T) => string, ren
     object: 'list' as const,
     data: data.map(render),
     has_more: rows.length > limit,
+    first_id: data.length ? idOf(data[0]) : null,
     last_id: data.length ? idOf(data[data.length - 1]) : null,
   };
 }

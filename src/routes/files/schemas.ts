@@ -1,6 +1,5 @@
 import { z } from '@hono/zod-openapi';
 import type { FileRow } from '../../db/schema.js';
-import { iso, Timestamp } from '../common.js';
 
 export const FileObject = z
   .object({
@@ -9,7 +8,8 @@ export const FileObject = z
     bytes: z.number().int(),
     filename: z.string(),
     purpose: z.string(),
-    created_at: Timestamp,
+    // Unix seconds, as OpenAI's File object has it (the official SDKs type it as a number).
+    created_at: z.number().int().openapi({ description: 'Unix seconds', example: 1764684000 }),
     // OpenAI clients wait for `processed` (files.waitForProcessing); a stored file is ready at once.
     status: z.literal('processed'),
   })
@@ -22,7 +22,7 @@ export function renderFile(f: FileRow) {
     bytes: f.bytes,
     filename: f.filename,
     purpose: f.purpose,
-    created_at: iso(f.createdAt)!,
+    created_at: Math.floor(f.createdAt / 1000),
     status: 'processed' as const,
   };
 }

@@ -182,7 +182,7 @@ export async function renderBatchFile(deps: Deps, r: RunRow, kind: BatchFileKind
     bytes: await batchFileBytes(deps, r, kind),
     filename: `${r.batchId}_${kind}.jsonl`,
     purpose: 'batch_output',
-    created_at: new Date(r.finishedAt!).toISOString(),
+    created_at: Math.floor(r.finishedAt! / 1000),
     status: 'processed' as const,
   };
 }
