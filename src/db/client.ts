@@ -44,3 +44,11 @@ export type DbOrTx = Db | Tx;
 export function pingDb(db: Db): void {
   db.$client.prepare('select 1').get();
 }
+
+/**
+ * For a transaction that reads before it writes. SQLite's default (deferred) takes a read snapshot
+ * first; if the other thread's connection commits before the first write, the upgrade fails at
+ * once with SQLITE_BUSY, without waiting out busy_timeout. Immediate takes the write lock up front,
+ * so the wait is the busy_timeout's, as for any other write.
+ */
+export const IMMEDIATE = { behavior: 'immediate' } as const;

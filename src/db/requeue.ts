@@ -1,5 +1,5 @@
 import { countFlags } from '../domain/flags.js';
-import type { Db } from './client.js';
+import { type Db, IMMEDIATE } from './client.js';
 import { uncountRequeued } from './runs.js';
 import { requeueSamples, samplesToRetry } from './samples.js';
 import { reopenShards } from './shards.js';
@@ -30,5 +30,5 @@ export function requeueRunSamples(db: Db, runId: string, only: 'failed' | 'flagg
     const n = picked.length;
     uncountRequeued(tx, runId, { only, n, byFlag: countFlags(picked.map((s) => s.flags)), reopenedUploaded, now });
     return n;
-  });
+  }, IMMEDIATE);
 }

@@ -1,5 +1,5 @@
 import { and, eq } from 'drizzle-orm';
-import type { Db } from './client.js';
+import { type Db, IMMEDIATE } from './client.js';
 import { runnerLock } from './schema.js';
 
 export type RunnerLockRow = typeof runnerLock.$inferSelect;
@@ -20,7 +20,7 @@ export function takeRunnerLock(db: Db, lock: Omit<RunnerLockRow, 'id'>, refuse: 
       .onConflictDoUpdate({ target: runnerLock.id, set: lock })
       .run();
     return null;
-  });
+  }, IMMEDIATE);
 }
 
 /** Renews the lock's heartbeat; false when another owner holds it now. */

@@ -1,5 +1,5 @@
 import { and, asc, eq, gt, inArray, ne, sql, type SQL } from 'drizzle-orm';
-import type { Db, DbOrTx } from './client.js';
+import { type Db, type DbOrTx, IMMEDIATE } from './client.js';
 import { runs, samples, shards } from './schema.js';
 import { flagBit, type Flag } from '../domain/flags.js';
 
@@ -110,8 +110,9 @@ export function cancelPendingSamples(db: Db, runId: string): void {
       .set({ pending: sql`${runs.pending} - ${n}`, cancelled: sql`${runs.cancelled} + ${n}` })
       .where(eq(runs.id, runId))
       .run();
-  });
+  }, IMMEDIATE);
 }
+
 /**
  * The ingest loop's insert, prepared once per run: a duplicate custom_id inserts nothing
  * (changes = 0) rather than failing the batch.

@@ -1,5 +1,5 @@
 import { and, asc, eq, gte, lt, sql } from 'drizzle-orm';
-import type { Db, DbOrTx } from './client.js';
+import { type Db, type DbOrTx, IMMEDIATE } from './client.js';
 import { appendEvent } from './events.js';
 import { runs, samples, shards, staging, type ShardRow } from './schema.js';
 
@@ -106,7 +106,7 @@ export function markShardUploaded(db: Db, runId: string, shard: Pick<ShardRow, '
       .run();
     appendEvent(tx, runId, 'shard_uploaded', { shard: shard.idx, key: up.key, lines: up.lines, errors: errorCount }, now);
     return true;
-  });
+  }, IMMEDIATE);
 }
 
 export function listRunShards(db: DbOrTx, runId: string): ShardRow[] {

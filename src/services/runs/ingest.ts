@@ -3,7 +3,7 @@ import type { Readable } from 'node:stream';
 import { setFlagsFromString } from 'node:v8';
 import { runInNewContext } from 'node:vm';
 import type { Deps } from '../../deps.js';
-import { isDbBusy } from '../../db/client.js';
+import { isDbBusy, IMMEDIATE } from '../../db/client.js';
 import { getFile } from '../../db/files.js';
 import { getRun, getRunStatus, setRunValidation, transitionRun } from '../../db/runs.js';
 import { clearRunSamples, prepareSampleInsert } from '../../db/samples.js';
@@ -178,17 +178,14 @@ export async function ingestRun(deps: Deps, runId: string, signal?: AbortSignal)
   // Immediate: the status check and the queueing are one step, so a cancel that landed while the
   // input was read leaves neither shards nor counters behind.
   let shardCount = 0;
-  const queued = db.transaction(
-    (tx) => {
-      if (getRun(tx, runId)?.status !== 'validating') return false;
-      shardCount = insertShardLayout(tx, runId, run.shardSize, seq);
-      setRunValidation(tx, runId, { ...listed, total: seq, pending: seq, shardsTotal: shardCount });
-      return transitionRun(tx, runId, ['validating'], 'queued', now, {
-        statusReason: invalid ? `${invalid} invalid line(s) skipped` : null,
-      });
-    },
-    { behavior: 'immediate' },
-  );
+  const queued = db.transaction((tx) => {
+    if (getRun(tx, runId)?.status !== 'validating') return false;
+    shardCount = insertShardLayout(tx, runId, run.shardSize, seq);
+    setRunValidation(tx, runId, { ...listed, total: seq, pending: seq, shardsTotal: shardCount });
+    return transitionRun(tx, runId, ['validating'], 'queued', now, {
+      statusReason: invalid ? `${invalid} invalid line(s) skipped` : null,
+    });
+  }, IMMEDIATE);
   if (queued) {
     logger.info({ run_id: runId, status: 'queued', samples: seq, shards: shardCount, invalid_lines: invalid }, 'run validated');
   } else {
