@@ -1,7 +1,7 @@
 import { join } from 'node:path';
 import { spawnSimulator, type SimProcess } from '../src/sim/spawn.js';
 import { spawnServer, tempDir, type ServerProcess } from '../test/support/server.js';
-import { json, promptLine, scaled, sleep, until, type Figure } from './support.js';
+import { json, scaled, sleep, submitPrompts, until, type Figure } from './support.js';
 
 // A server like a default-launched SGLang whose advertised running limit (2048) is far past what
 // its KV pool holds: past the pool it retracts and thrashes (the simulator's --kv-admission none).
@@ -43,19 +43,8 @@ async function setup(
       body: JSON.stringify({ url: sim.url }),
     });
     await until('the endpoint ready', async () => ((await json(server.url, `/v1/endpoints/${ep.id}`)).state === 'ready' ? true : undefined), 30_000);
-    const n = scaled(60_000, 200);
-    const body = Array.from({ length: n }, (_, i) => promptLine(i)).join('\n') + '\n';
-    const file = await json<{ id: string }>(server.url, '/v1/files?filename=bench.jsonl', {
-      method: 'POST',
-      headers: { 'content-type': 'application/jsonl' },
-      body,
-    });
-    const run = await json<{ id: string }>(server.url, '/v1/runs', {
-      method: 'POST',
-      headers: { 'content-type': 'application/json' },
-      body: JSON.stringify({ model: MODEL, input: { file_id: file.id }, params: { max_tokens: 1024 }, quality: false }),
-    });
-    return { server, sim, endpointId: ep.id, runId: run.id, stop };
+    const runId = await submitPrompts(server.url, scaled(60_000, 200), { model: MODEL, params: { max_tokens: 1024 }, quality: false });
+    return { server, sim, endpointId: ep.id, runId, stop };
   } catch (err) {
     await stop();
     throw err;

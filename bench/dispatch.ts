@@ -2,7 +2,7 @@ import { join } from 'node:path';
 import OpenAI from 'openai';
 import { spawnSimulator, type SimProcess } from '../src/sim/spawn.js';
 import { spawnServer, tempDir, type ServerProcess } from '../test/support/server.js';
-import { json, promptLine, scaled, until, type Figure } from './support.js';
+import { json, promptLine, scaled, submitPrompts, until, type Figure } from './support.js';
 
 const MODEL = 'bench-model';
 
@@ -18,21 +18,6 @@ async function registerAndWait(server: ServerProcess, sims: SimProcess[]): Promi
     },
     30_000,
   );
-}
-
-async function submit(server: ServerProcess, n: number, extra: Record<string, unknown> = {}): Promise<string> {
-  const body = Array.from({ length: n }, (_, i) => promptLine(i)).join('\n') + '\n';
-  const file = await json<{ id: string }>(server.url, '/v1/files?filename=bench.jsonl', {
-    method: 'POST',
-    headers: { 'content-type': 'application/jsonl' },
-    body,
-  });
-  const run = await json<{ id: string }>(server.url, '/v1/runs', {
-    method: 'POST',
-    headers: { 'content-type': 'application/json' },
-    body: JSON.stringify({ model: MODEL, input: { file_id: file.id }, params: { max_tokens: 256 }, quality: false, ...extra }),
-  });
-  return run.id;
 }
 
 interface RunTimes {
@@ -86,7 +71,7 @@ export async function benchDispatch(): Promise<Figure[]> {
   try {
     await registerAndWait(server, sims);
     const before = await bareLoop(sims, perSim, n);
-    const runId = await submit(server, n);
+    const runId = await submitPrompts(server.url, n, { model: MODEL, params: { max_tokens: 256 }, quality: false });
     const done = await waitDone(server, runId);
     const regen = done.request_counts.completed / seconds(done);
     const after = await bareLoop(sims, perSim, n);
@@ -123,7 +108,7 @@ export async function benchSaturation(): Promise<Figure[]> {
   const server = await spawnServer(join(tmp.dir, 'data'));
   try {
     await registerAndWait(server, sims);
-    const runId = await submit(server, n);
+    const runId = await submitPrompts(server.url, n, { model: MODEL, params: { max_tokens: 256 }, quality: false });
     const samples: { at: number; running: number }[] = [];
     const done = await waitDone(server, runId, async () => {
       const stats = await Promise.all(sims.map((s) => s.stats()));

@@ -78,3 +78,15 @@ export async function until<T>(what: string, fn: () => Promise<T | undefined>, m
 }
 
 export const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
+
+/** Uploads `n` prompt lines and creates a run over them with `run` (model, params, …); returns the run id. */
+export async function submitPrompts(base: string, n: number, run: Record<string, unknown>): Promise<string> {
+  const body = Array.from({ length: n }, (_, i) => promptLine(i)).join('\n') + '\n';
+  const file = await json<{ id: string }>(base, '/v1/files?filename=bench.jsonl', { method: 'POST', headers: { 'content-type': 'application/jsonl' }, body });
+  const created = await json<{ id: string }>(base, '/v1/runs', {
+    method: 'POST',
+    headers: { 'content-type': 'application/json' },
+    body: JSON.stringify({ ...run, input: { file_id: file.id } }),
+  });
+  return created.id;
+}

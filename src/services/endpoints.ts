@@ -2,7 +2,7 @@ import type { Deps } from '../deps.js';
 import { deleteEndpoint, getEndpoint, getEndpointByUrl, insertEndpoint, updateEndpoint } from '../db/endpoints.js';
 import type { EndpointRow } from '../db/schema.js';
 import { normalizeEndpointUrl } from '../domain/endpoint-url.js';
-import { PARKED_ENDPOINT_STATES, type EndpointState } from '../domain/statuses.js';
+import { type EndpointState, type OPERATOR_ENDPOINT_STATES, PARKED_ENDPOINT_STATES } from '../domain/statuses.js';
 import { notFound } from '../errors.js';
 import { newId } from '../ids.js';
 
@@ -22,7 +22,7 @@ export interface EndpointChange {
   name?: string;
   max_concurrency?: number | null;
   weight?: number;
-  state?: 'draining' | 'disabled' | 'ready';
+  state?: (typeof OPERATOR_ENDPOINT_STATES)[number];
   api_key?: string | null;
   labels?: Record<string, string>;
   aliases?: string[];

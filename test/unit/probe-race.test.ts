@@ -46,22 +46,28 @@ describe('a probe in flight against an operator', () => {
   const tmp = tempDir();
   afterAll(() => tmp.cleanup());
 
+  /** One endpoint, `starting`, in a pool on a fresh database, with its first probe held at /health. */
+  async function probing(model: string, file: string) {
+    const fake = await heldHealthServer(model);
+    const db = openDb(join(tmp.dir, file));
+    insertEndpoint(db, { id: 'ep_1', url: fake.url, name: 'a', state: 'starting', createdAt: 1, updatedAt: 1 });
+    const pool = new EndpointPool(
+      db,
+      makeLogger('silent'),
+      Date.now,
+      settings,
+      () => {},
+      () => {},
+    );
+    pool.sync();
+    pool.probeDue();
+    await expect.poll(() => fake.healthCalls()).toBe(1);
+    return { fake, db, pool };
+  }
+
   it('never writes its verdict over a state the operator set while it awaited the server', async () => {
-    const fake = await heldHealthServer('m');
-    const db = openDb(join(tmp.dir, 'race.db'));
+    const { fake, db, pool } = await probing('m', 'race.db');
     try {
-      insertEndpoint(db, { id: 'ep_1', url: fake.url, name: 'a', state: 'starting', createdAt: 1, updatedAt: 1 });
-      const pool = new EndpointPool(
-        db,
-        makeLogger('silent'),
-        Date.now,
-        settings,
-        () => {},
-        () => {},
-      );
-      pool.sync();
-      pool.probeDue();
-      await expect.poll(() => fake.healthCalls()).toBe(1);
       // The API thread's PATCH lands now; the runner thread has not re-read the table yet.
       updateEndpoint(db, 'ep_1', { state: 'draining' });
       fake.release();
@@ -77,21 +83,8 @@ describe('a probe in flight against an operator', () => {
   });
 
   it('still moves an endpoint nobody touched from starting to ready, with what the server said', async () => {
-    const fake = await heldHealthServer('/models/M');
-    const db = openDb(join(tmp.dir, 'plain.db'));
+    const { fake, db } = await probing('/models/M', 'plain.db');
     try {
-      insertEndpoint(db, { id: 'ep_1', url: fake.url, name: 'a', state: 'starting', createdAt: 1, updatedAt: 1 });
-      const pool = new EndpointPool(
-        db,
-        makeLogger('silent'),
-        Date.now,
-        settings,
-        () => {},
-        () => {},
-      );
-      pool.sync();
-      pool.probeDue();
-      await expect.poll(() => fake.healthCalls()).toBe(1);
       fake.release();
       await expect.poll(() => getEndpoint(db, 'ep_1')!.state).toBe('ready');
       expect(getEndpoint(db, 'ep_1')).toMatchObject({ model: '/models/M', maxModelLen: 4096, serverMaxRunning: 8, kvTokens: 1000 });

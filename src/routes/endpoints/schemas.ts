@@ -1,6 +1,6 @@
 import { z } from '@hono/zod-openapi';
 import { CAP_SOURCES, endpointCap } from '../../domain/concurrency.js';
-import { ENDPOINT_STATES } from '../../domain/statuses.js';
+import { ENDPOINT_STATES, OPERATOR_ENDPOINT_STATES } from '../../domain/statuses.js';
 import type { EndpointRow } from '../../db/schema.js';
 import type { EndpointLive } from '../../runner/view.js';
 import { iso, Timestamp } from '../common.js';
@@ -67,7 +67,7 @@ export const PatchEndpointBody = z
     name: z.string().min(1).max(128).optional(),
     max_concurrency: z.number().int().min(1).max(100_000).nullable().optional(),
     weight: z.number().gt(0).max(1000).optional(),
-    state: z.enum(['draining', 'disabled', 'ready']).optional(),
+    state: z.enum(OPERATOR_ENDPOINT_STATES).optional(),
     api_key: z.string().min(1).max(4096).nullable().optional(),
     labels: Labels.optional(),
     aliases: Aliases.optional(),
