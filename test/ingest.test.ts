@@ -151,21 +151,23 @@ describe('ingestion of large inputs', () => {
     await second.kill('SIGKILL');
   });
 
-  it('memory stays flat: the peak RSS for a 300K-line file is within 40 MB of the 100K one', async () => {
+  it('memory stays flat: the peak RSS for a 500K-line file is within 60 MB of the 100K one', async () => {
     expect(small, 'the 100K ingestion ran first').toBeDefined();
     // The first server is done; free its share of the machine before measuring the next.
     await small.server.kill('SIGKILL');
-    const big = await ingestInFreshServer(300_000);
-    expect(big.run.request_counts.total).toBe(300_000);
-    expect(big.run.shards.total).toBe(300);
+    const big = await ingestInFreshServer(500_000);
+    expect(big.run.request_counts.total).toBe(500_000);
+    expect(big.run.shards.total).toBe(500);
     const growth = big.peak - small.peak;
     // Logged so a regression shows its size, not only that it failed.
     console.info(
       `ingest peak RSS: 100K lines (${(small.bytes / MB).toFixed(0)} MB) → ${(small.peak / MB).toFixed(0)} MB; ` +
-        `300K lines (${(big.bytes / MB).toFixed(0)} MB) → ${(big.peak / MB).toFixed(0)} MB`,
+        `500K lines (${(big.bytes / MB).toFixed(0)} MB) → ${(big.peak / MB).toFixed(0)} MB`,
     );
-    // The file grows by ~60 MB; reading it whole (or keeping an id set) would grow the peak more than that.
-    expect(big.bytes - small.bytes).toBeGreaterThan(50 * MB);
-    expect(growth).toBeLessThan(40 * MB);
+    // The file grows by ~110 MB; reading it whole would grow the peak by more than that. The bound
+    // leaves room for the garbage collector's timing, which moves the peak by up to ±35 MB between
+    // two runs of the same input (seen on Node 24; less on 20).
+    expect(big.bytes - small.bytes).toBeGreaterThan(100 * MB);
+    expect(growth).toBeLessThan(60 * MB);
   });
 });
