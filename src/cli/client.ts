@@ -1,29 +1,36 @@
-// The HTTP side of the `regen` client commands: base URL and token from flags and env, JSON in and
-// out, and every failure turned into one line a user can act on.
+// The HTTP side of the `regen` client commands: base URL and token from flags and env, every call
+// through the typed client (src/client), and every failure turned into one line a user can act on.
+import type { ClientPathsWithMethod, MaybeOptionalInit, MethodResponse } from 'openapi-fetch';
+import { createRegenClient, RegenApiError, unwrap, type paths, type RegenClient } from '../client/index.js';
 
 export const DEFAULT_SERVER = 'http://127.0.0.1:8080';
 
 /** A mistake in how the command was called: exit code 2. */
 export class UsageError extends Error {}
 
-/** The server refused or failed a request; `detail` is the problem+json detail. */
-export class ApiCallError extends Error {
-  constructor(
-    readonly status: number,
-    readonly code: string | undefined,
-    detail: string,
-  ) {
-    super(detail);
-  }
-}
+/** The server refused or failed a request (status 0: it could not be reached); the message is the problem's detail. */
+export { RegenApiError as ApiCallError };
 
 export interface ClientOptions {
   server?: string;
 }
 
+// openapi-fetch's own rule for its last argument (not exported by it): optional unless the
+// operation has a required parameter or body.
+type RequiredKeys<T> = { [K in keyof T]-?: Record<never, never> extends Pick<T, K> ? never : K }[keyof T];
+type InitParam<I> = RequiredKeys<I> extends never ? [(I & { [key: string]: unknown })?] : [I & { [key: string]: unknown }];
+
+type Method = 'get' | 'post' | 'delete';
+/** An openapi-fetch method that resolves to the 2xx body and throws ApiCallError otherwise. */
+type Call<M extends Method> = <P extends ClientPathsWithMethod<RegenClient, M>, I extends MaybeOptionalInit<paths[P], M>>(
+  path: P,
+  ...init: InitParam<I>
+) => Promise<MethodResponse<RegenClient, M, P, I>>;
+
 export class Client {
   readonly base: string;
-  private readonly token: string | undefined;
+  /** The typed client itself, for a call that needs its whole answer (the events stream). */
+  readonly api: RegenClient;
 
   constructor(opts: ClientOptions, env: NodeJS.ProcessEnv = process.env) {
     const raw = opts.server ?? env.REGEN_URL ?? DEFAULT_SERVER;
@@ -36,57 +43,27 @@ export class Client {
     if (url.protocol !== 'http:' && url.protocol !== 'https:')
       throw new UsageError(`--server: expected an http:// or https:// URL (got ${JSON.stringify(raw)})`);
     this.base = url.toString().replace(/\/+$/, '');
-    this.token = env.REGEN_TOKEN?.trim() || undefined;
+    this.api = createRegenClient({ baseUrl: this.base, token: env.REGEN_TOKEN?.trim() || undefined, fetch: (request) => this.reach(request) });
   }
 
-  /** fetch against the server with the bearer token; connection failures become one clear line. */
-  async fetch(path: string, init: RequestInit & { duplex?: 'half' } = {}): Promise<Response> {
-    const headers = new Headers(init.headers);
-    if (this.token) headers.set('authorization', `Bearer ${this.token}`);
+  /** fetch, with a connection failure made into one clear line. */
+  private async reach(request: Request): Promise<Response> {
     try {
-      return await fetch(this.base + path, { ...init, headers });
+      return await fetch(request);
     } catch (err) {
       if ((err as Error).name === 'AbortError') throw err;
       const cause = (err as { cause?: { code?: string; message?: string } }).cause;
-      throw new ApiCallError(
+      throw new RegenApiError(
         0,
-        'unreachable',
+        undefined,
         `cannot reach ${this.base} (${cause?.code ?? cause?.message ?? (err as Error).message}); is \`regen serve\` running? (--server / REGEN_URL)`,
       );
     }
   }
 
-  async request<T>(method: string, path: string, opts: { json?: unknown; headers?: Record<string, string> } = {}): Promise<T> {
-    const res = await this.fetch(path, {
-      method,
-      headers: { ...(opts.json !== undefined ? { 'content-type': 'application/json' } : {}), ...opts.headers },
-      ...(opts.json !== undefined ? { body: JSON.stringify(opts.json) } : {}),
-    });
-    return readJson<T>(res);
-  }
-
-  get<T>(path: string): Promise<T> {
-    return this.request<T>('GET', path);
-  }
-
-  post<T>(path: string, json: unknown = {}, headers?: Record<string, string>): Promise<T> {
-    return this.request<T>('POST', path, { json, headers });
-  }
+  // The wrappers only pass their arguments on; the cast is there because TypeScript cannot match
+  // openapi-fetch's conditional argument type to the same type spelled again above.
+  readonly get = ((path: string, init?: object) => unwrap(this.api.GET(path as never, init as never))) as Call<'get'>;
+  readonly post = ((path: string, init?: object) => unwrap(this.api.POST(path as never, init as never))) as Call<'post'>;
+  readonly delete = ((path: string, init?: object) => unwrap(this.api.DELETE(path as never, init as never))) as Call<'delete'>;
 }
-
-export async function readJson<T>(res: Response): Promise<T> {
-  const text = await res.text();
-  let body: { detail?: string; code?: string } | undefined;
-  try {
-    body = text ? JSON.parse(text) : undefined;
-  } catch {
-    body = undefined;
-  }
-  if (!res.ok) {
-    const hint = res.status === 401 ? ' (set REGEN_TOKEN)' : '';
-    throw new ApiCallError(res.status, body?.code, `${body?.detail ?? `the server answered ${res.status} ${res.statusText}`}${hint}`);
-  }
-  return body as T;
-}
-
-export const enc = encodeURIComponent;

@@ -8,7 +8,8 @@ async function run(action: () => Promise<number>): Promise<void> {
     process.exitCode = await action();
   } catch (err) {
     const usage = err instanceof UsageError || (err instanceof ApiCallError && (err.status === 400 || err.status === 422));
-    process.stderr.write(`regen: ${(err as Error).message}\n`);
+    const hint = err instanceof ApiCallError && err.status === 401 ? ' (set REGEN_TOKEN)' : '';
+    process.stderr.write(`regen: ${(err as Error).message}${hint}\n`);
     process.exitCode = usage ? 2 : 1;
   }
 }

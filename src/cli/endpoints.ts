@@ -1,17 +1,18 @@
-import type { z } from '@hono/zod-openapi';
-import type { Endpoint } from '../routes/endpoints/schemas.js';
+import type { components } from '../client/index.js';
 import { Client, type ClientOptions } from './client.js';
 import { ms, num, rate, table } from './format.js';
 
-type EndpointView = z.infer<typeof Endpoint>;
+type EndpointView = components['schemas']['Endpoint'];
 
 /** `regen endpoints add URL`: registers (or updates) an SGLang server; prints its id and state. */
 export async function addEndpointCommand(url: string, opts: ClientOptions & { name?: string; maxConcurrency?: number }): Promise<number> {
   const client = new Client(opts);
-  const ep = await client.post<EndpointView>('/v1/endpoints', {
-    url,
-    ...(opts.name !== undefined && { name: opts.name }),
-    ...(opts.maxConcurrency !== undefined && { max_concurrency: opts.maxConcurrency }),
+  const ep = await client.post('/v1/endpoints', {
+    body: {
+      url,
+      ...(opts.name !== undefined && { name: opts.name }),
+      ...(opts.maxConcurrency !== undefined && { max_concurrency: opts.maxConcurrency }),
+    },
   });
   process.stdout.write(`${ep.id}  ${ep.name}  ${ep.url}  ${ep.state}  cap ${ep.max_concurrency} (${ep.max_concurrency_source})\n`);
   return 0;
@@ -19,7 +20,7 @@ export async function addEndpointCommand(url: string, opts: ClientOptions & { na
 
 export async function listEndpointsCommand(opts: ClientOptions): Promise<number> {
   const client = new Client(opts);
-  const { data } = await client.get<{ data: EndpointView[] }>('/v1/endpoints?limit=1000');
+  const { data } = await client.get('/v1/endpoints', { params: { query: { limit: 1000 } } });
   if (!data.length) {
     process.stdout.write('no endpoints; add one with `regen endpoints add http://host:30000`\n');
     return 0;

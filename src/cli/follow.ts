@@ -1,9 +1,9 @@
-import type { Run } from '../routes/runs/schemas.js';
-import { ApiCallError, enc, type Client } from './client.js';
+import type { components } from '../client/index.js';
+import { ApiCallError, type Client } from './client.js';
 import { TERMINAL } from './format.js';
 
 /** The fields of a run that a `progress` event carries. */
-export type RunProgress = Pick<Run, 'id' | 'status' | 'status_reason' | 'request_counts' | 'quality' | 'usage' | 'shards' | 'progress'>;
+export type RunProgress = components['schemas']['RunProgressEvent'];
 
 interface SseEvent {
   type: string;
@@ -68,7 +68,7 @@ export async function followRun(
   signal: AbortSignal,
   stopWhen: (run: RunProgress) => boolean,
 ): Promise<RunProgress | null> {
-  const path = `/v1/runs/${enc(runId)}`;
+  const path = { id: runId };
   let last: RunProgress | null = null;
   const seen = (run: RunProgress) => {
     last = run;
@@ -80,30 +80,35 @@ export async function followRun(
   while (!signal.aborted) {
     try {
       if (streaming) {
-        const res = await client.fetch(`${path}/events`, {
+        const header: { 'last-event-id'?: string } = lastEventId ? { 'last-event-id': lastEventId } : {};
+        // The whole answer, not just its body: a 2xx that is no event stream means there is none.
+        const {
+          data: stream,
+          error,
+          response,
+        } = await client.api.GET('/v1/runs/{id}/events', {
+          params: { path, header },
+          headers: { accept: 'text/event-stream' },
+          parseAs: 'stream',
           signal,
-          headers: { accept: 'text/event-stream', ...(lastEventId ? { 'last-event-id': lastEventId } : {}) },
         });
-        if (res.ok && res.body && (res.headers.get('content-type') ?? '').startsWith('text/event-stream')) {
-          for await (const event of sseEvents(res.body)) {
+        if (stream && (response.headers.get('content-type') ?? '').startsWith('text/event-stream')) {
+          for await (const event of sseEvents(stream)) {
             if (event.id) lastEventId = event.id;
             if (event.type === 'progress' && seen(JSON.parse(event.data) as RunProgress)) {
-              await res.body.cancel().catch(() => {});
+              await stream.cancel().catch(() => {});
               return last;
             }
           }
-        } else if (res.status === 404 || res.status === 405 || res.ok) {
+        } else if (response.status === 404 || response.status === 405 || response.ok) {
           // The run was found before following it: a 404 here means an older server without the events route.
-          await res.body?.cancel();
+          await stream?.cancel();
           streaming = false;
           continue;
-        } else {
-          await res.text();
-          if (res.status === 401) throw new ApiCallError(401, 'unauthorized', 'the server refused the token (set REGEN_TOKEN)');
-        }
+        } else if (response.status === 401) throw new ApiCallError(401, error);
       }
       // The stream ended (or there is none): read the run itself, then go on unless it is over.
-      if (seen(await client.get<RunProgress>(path))) return last;
+      if (seen(await client.get('/v1/runs/{id}', { params: { path } }))) return last;
     } catch (err) {
       if (signal.aborted) break;
       if (err instanceof ApiCallError && (err.status === 401 || err.status === 404)) throw err;

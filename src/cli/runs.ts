@@ -1,5 +1,4 @@
-import type { Run } from '../routes/runs/schemas.js';
-import { Client, enc, type ClientOptions } from './client.js';
+import { Client, type ClientOptions } from './client.js';
 
 /** `regen runs pause|resume|cancel RUN`: prints the run's status after the change. */
 export async function runActionCommand(
@@ -8,7 +7,11 @@ export async function runActionCommand(
   opts: ClientOptions & { overrideGate?: boolean },
 ): Promise<number> {
   const client = new Client(opts);
-  const run = await client.post<Run>(`/v1/runs/${enc(runId)}/${action}`, opts.overrideGate ? { override_gate: true } : {});
+  const path = { id: runId };
+  const run =
+    action === 'resume'
+      ? await client.post('/v1/runs/{id}/resume', { params: { path }, body: opts.overrideGate ? { override_gate: true } : {} })
+      : await client.post(`/v1/runs/{id}/${action}`, { params: { path } });
   process.stdout.write(`${run.id}: ${run.status}${opts.overrideGate ? ' (quality gate overridden)' : ''}\n`);
   return 0;
 }

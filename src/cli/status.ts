@@ -1,7 +1,9 @@
-import type { Run } from '../routes/runs/schemas.js';
-import { Client, enc, type ClientOptions } from './client.js';
+import type { components } from '../client/index.js';
+import { Client, type ClientOptions } from './client.js';
 import { duration, num, pct, rate, table, TERMINAL } from './format.js';
 import { watchRun } from './watch.js';
+
+type Run = components['schemas']['Run'];
 
 const eta = (r: Run) =>
   TERMINAL.includes(r.status) ? 'done' : r.status === 'paused' ? 'paused' : r.progress.eta_seconds == null ? '-' : duration(r.progress.eta_seconds);
@@ -62,11 +64,11 @@ function runDetail(r: Run): string {
 export async function statusCommand(runId: string | undefined, opts: ClientOptions & { watch?: boolean }): Promise<number> {
   const client = new Client(opts);
   if (!runId) {
-    const runs = await client.get<{ data: Run[] }>('/v1/runs?limit=100');
+    const runs = await client.get('/v1/runs', { params: { query: { limit: 100 } } });
     process.stdout.write(runsTable(runs.data) + '\n');
     return 0;
   }
-  const run = await client.get<Run>(`/v1/runs/${enc(runId)}`);
+  const run = await client.get('/v1/runs/{id}', { params: { path: { id: runId } } });
   process.stdout.write(runDetail(run) + '\n');
   return opts.watch ? watchRun(client, run.id) : 0;
 }

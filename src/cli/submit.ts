@@ -2,8 +2,8 @@ import { randomUUID } from 'node:crypto';
 import { createReadStream, statSync } from 'node:fs';
 import { basename } from 'node:path';
 import { Readable } from 'node:stream';
-import type { Run } from '../routes/runs/schemas.js';
-import { ApiCallError, Client, enc, readJson, UsageError, type ClientOptions } from './client.js';
+import type { components } from '../client/index.js';
+import { ApiCallError, Client, UsageError, type ClientOptions } from './client.js';
 import { num } from './format.js';
 import { parseParams } from './params.js';
 import { watchRun } from './watch.js';
@@ -13,28 +13,32 @@ export interface SubmitOptions extends ClientOptions {
   param: string[];
   name?: string;
   shardSize?: number;
-  regenerate?: string;
+  regenerate?: 'last_assistant';
   watch?: boolean;
 }
 
+type Run = components['schemas']['Run'];
+
 /** Streams the file to POST /v1/files: a file of any size never sits in memory. */
-async function upload(client: Client, file: string): Promise<{ id: string; bytes: number }> {
-  const body = Readable.toWeb(createReadStream(file)) as unknown as ReadableStream<Uint8Array>;
-  const res = await client.fetch(`/v1/files?filename=${encodeURIComponent(basename(file))}`, {
-    method: 'POST',
+function upload(client: Client, file: string) {
+  const stream = Readable.toWeb(createReadStream(file)) as unknown as ReadableStream<Uint8Array>;
+  return client.post('/v1/files', {
+    params: { query: { filename: basename(file) } },
+    // The document types a binary body as a string; fetch sends the stream as it is read
+    // (`duplex: 'half'`), once the serializer leaves it alone rather than making it JSON.
+    body: stream as unknown as string,
+    bodySerializer: (body: unknown) => body,
     headers: { 'content-type': 'application/jsonl' },
-    body,
     duplex: 'half',
   });
-  return readJson(res);
 }
 
 /** POST /v1/runs, retried on a dropped connection or a 5xx with the same Idempotency-Key, so it is created once. */
-async function createRun(client: Client, body: Record<string, unknown>): Promise<Run> {
+async function createRun(client: Client, body: components['schemas']['CreateRun']): Promise<Run> {
   const key = `regen-cli-${randomUUID()}`;
   for (let attempt = 1; ; attempt++) {
     try {
-      return await client.post<Run>('/v1/runs', body, { 'idempotency-key': key });
+      return await client.post('/v1/runs', { body, params: { header: { 'idempotency-key': key } } });
     } catch (err) {
       const retriable = err instanceof ApiCallError && (err.status === 0 || err.status >= 500);
       if (!retriable || attempt >= 3) throw err;
@@ -70,7 +74,7 @@ export async function submitCommand(file: string, opts: SubmitOptions): Promise<
   } catch (err) {
     // A refused run leaves nothing behind; after a lost connection the run may exist, so the file stays.
     if (err instanceof ApiCallError && err.status >= 400 && err.status < 500)
-      await client.fetch(`/v1/files/${enc(uploaded.id)}`, { method: 'DELETE' }).catch(() => {});
+      await client.delete('/v1/files/{id}', { params: { path: { id: uploaded.id } } }).catch(() => {});
     throw err;
   }
   process.stdout.write(`${run.id}\n`);

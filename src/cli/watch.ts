@@ -1,8 +1,10 @@
 import cliProgress from 'cli-progress';
-import type { Run } from '../routes/runs/schemas.js';
-import { enc, type Client } from './client.js';
+import type { components } from '../client/index.js';
+import type { Client } from './client.js';
 import { followRun, type RunProgress } from './follow.js';
 import { duration, num, pct, rate } from './format.js';
+
+type Run = components['schemas']['Run'];
 
 /** Exit codes of a watched run: the shell can tell a finished run from one that needs a person. */
 export const EXIT = { completed: 0, ended: 1, gate: 3, interrupted: 130 } as const;
@@ -71,7 +73,7 @@ export async function watchRun(client: Client, runId: string): Promise<number> {
     process.stderr.write(`stopped watching; the run goes on (regen status ${runId})\n`);
     return EXIT.interrupted;
   }
-  const run = await client.get<Run>(`/v1/runs/${enc(runId)}`);
+  const run = await client.get('/v1/runs/{id}', { params: { path: { id: runId } } });
   process.stderr.write(summary(run) + '\n');
   if (pausedByGate(run)) {
     process.stderr.write(
