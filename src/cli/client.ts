@@ -66,4 +66,17 @@ export class Client {
   readonly get = ((path: string, init?: object) => unwrap(this.api.GET(path as never, init as never))) as Call<'get'>;
   readonly post = ((path: string, init?: object) => unwrap(this.api.POST(path as never, init as never))) as Call<'post'>;
   readonly delete = ((path: string, init?: object) => unwrap(this.api.DELETE(path as never, init as never))) as Call<'delete'>;
+
+  /** POST /v1/files with the JSONL as the raw body; a stream is sent as it is read, never held whole. */
+  upload(filename: string, body: string | ReadableStream<Uint8Array>) {
+    return this.post('/v1/files', {
+      params: { query: { filename } },
+      // The document types a binary body as a string. The serializer passes the text or the stream
+      // through instead of making it JSON, and `duplex: 'half'` lets fetch send a stream.
+      body: body as string,
+      bodySerializer: (raw: unknown) => raw,
+      headers: { 'content-type': 'application/jsonl' },
+      duplex: 'half',
+    });
+  }
 }

@@ -6,15 +6,10 @@ import { loadConfig } from '../config.js';
 import { makeLogger } from '../logger.js';
 import { startServer } from '../server.js';
 import { spawnSimulator, type SimProcess } from '../sim/spawn.js';
+import type { components } from '../client/index.js';
+import { Client } from './client.js';
 
 const MODEL = 'sim-model';
-
-async function api<T>(base: string, path: string, init?: RequestInit): Promise<T> {
-  const res = await fetch(base + path, init);
-  const body = await res.text();
-  if (!res.ok) throw new Error(`${init?.method ?? 'GET'} ${path} answered ${res.status}: ${body}`);
-  return JSON.parse(body) as T;
-}
 
 function prompts(n: number): string {
   const topics = ['binary search', 'TCP slow start', 'photosynthesis', 'the Krebs cycle', 'B-trees', 'Raft elections', 'Fourier series', 'garbage collection'];
@@ -52,49 +47,31 @@ export async function demoCommand(flags: { data: string; samples: string; port: 
     await Promise.all(sims.map((s) => s.stop()));
   };
   process.once('SIGINT', () => void shutdown().then(() => process.exit(130)));
+  // The first of the server's tokens, when REGEN_API_TOKENS gives it any.
+  const client = new Client({ server: server.url }, { REGEN_TOKEN: config.apiTokens[0] });
   try {
     console.log(`regen is listening on ${server.url} (dashboard: ${server.url}/, API reference: ${server.url}/docs)`);
     sims.push(await spawnSimulator({ model: MODEL, 'max-running': 32, 'ttft-ms': 40, 'tokens-per-second': 4000 }));
     sims.push(await spawnSimulator({ model: MODEL, 'max-running': 16, 'ttft-ms': 40, 'tokens-per-second': 4000, 'startup-ms': 3000 }));
     for (const [i, sim] of sims.entries()) {
-      const ep = await api<{ id: string; state: string }>(server.url, '/v1/endpoints', {
-        method: 'POST',
-        headers: { 'content-type': 'application/json' },
-        body: JSON.stringify({ url: sim.url, name: `sim-${i + 1}` }),
-      });
+      const ep = await client.post('/v1/endpoints', { body: { url: sim.url, name: `sim-${i + 1}` } });
       console.log(`registered simulator ${sim.url} as ${ep.id} (${ep.state})`);
     }
-    const file = await api<{ id: string; bytes: number }>(server.url, '/v1/files?filename=demo-prompts.jsonl', {
-      method: 'POST',
-      headers: { 'content-type': 'application/jsonl' },
-      body: prompts(n),
-    });
+    const file = await client.upload('demo-prompts.jsonl', prompts(n));
     console.log(`uploaded ${n} prompts as ${file.id} (${file.bytes} bytes)`);
-    const run = await api<{ id: string }>(server.url, '/v1/runs', {
-      method: 'POST',
-      headers: { 'content-type': 'application/json' },
-      body: JSON.stringify({
+    const run = await client.post('/v1/runs', {
+      body: {
         name: 'demo',
         model: MODEL,
         input: { file_id: file.id },
         regenerate: 'last_assistant',
         params: { temperature: 0.6, max_tokens: 2048, chat_template_kwargs: { enable_thinking: true } },
-      }),
+      },
     });
     console.log(`created run ${run.id}; following it (GET /v1/runs/${run.id})`);
-    type RunView = {
-      status: string;
-      status_reason: string | null;
-      output_uri: string;
-      request_counts: { total: number; completed: number; failed: number };
-      quality: { flagged: number };
-      shards: { total: number; uploaded: number };
-      progress: { fraction: number; samples_per_second: number; eta_seconds: number | null };
-      manifest_uri: string | null;
-    };
-    let view: RunView;
+    let view: components['schemas']['Run'];
     for (;;) {
-      view = await api<RunView>(server.url, `/v1/runs/${run.id}`);
+      view = await client.get('/v1/runs/{id}', { params: { path: { id: run.id } } });
       const p = view.progress;
       const bar = '#'.repeat(Math.round(p.fraction * 30)).padEnd(30, '.');
       console.log(
@@ -105,7 +82,7 @@ export async function demoCommand(flags: { data: string; samples: string; port: 
       if (['completed', 'failed', 'cancelled', 'paused'].includes(view.status)) break;
       await new Promise((r) => setTimeout(r, 1000));
     }
-    const eps = await api<{ data: { name: string; state: string; max_concurrency: number; stats: { completed: number } }[] }>(server.url, '/v1/endpoints');
+    const eps = await client.get('/v1/endpoints');
     for (const e of eps.data) console.log(`endpoint ${e.name}: ${e.state}, cap ${e.max_concurrency}, completed ${e.stats.completed}`);
     if (view.status !== 'completed') throw new Error(`the demo run ended ${view.status}: ${view.status_reason ?? ''}`);
     const outDir = fileURLToPath(view.output_uri);

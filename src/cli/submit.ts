@@ -21,16 +21,7 @@ type Run = components['schemas']['Run'];
 
 /** Streams the file to POST /v1/files: a file of any size never sits in memory. */
 function upload(client: Client, file: string) {
-  const stream = Readable.toWeb(createReadStream(file)) as unknown as ReadableStream<Uint8Array>;
-  return client.post('/v1/files', {
-    params: { query: { filename: basename(file) } },
-    // The document types a binary body as a string; fetch sends the stream as it is read
-    // (`duplex: 'half'`), once the serializer leaves it alone rather than making it JSON.
-    body: stream as unknown as string,
-    bodySerializer: (body: unknown) => body,
-    headers: { 'content-type': 'application/jsonl' },
-    duplex: 'half',
-  });
+  return client.upload(basename(file), Readable.toWeb(createReadStream(file)) as unknown as ReadableStream<Uint8Array>);
 }
 
 /** POST /v1/runs, retried on a dropped connection or a 5xx with the same Idempotency-Key, so it is created once. */
