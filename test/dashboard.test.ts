@@ -78,6 +78,13 @@ describe.skipIf(!haveChromium)('dashboard', () => {
     expect(script.headers.get('content-type')).toMatch(/^text\/javascript/);
     expect((await fetch(server.url + '/dashboard/nope.js')).status).toBe(404);
     expect((await fetch(server.url + '/dashboard/..%2Fapp.ts')).status).toBe(404);
+    // The data layer's one dependency, openapi-fetch's ES module build, from a fixed name.
+    const vendored = await fetch(server.url + '/dashboard/vendor/openapi-fetch.js');
+    expect(vendored.status).toBe(200);
+    expect(vendored.headers.get('content-type')).toMatch(/^text\/javascript/);
+    expect(await vendored.text()).toMatch(/export \{[^}]*createClient as default/);
+    for (const name of ['index.mjs', '..%2Fapi.js', '..%2F..%2F..%2Fpackage.json', 'openapi-fetch.d.ts'])
+      expect((await fetch(`${server.url}/dashboard/vendor/${name}`)).status, name).toBe(404);
     expect((await call(server.url, '/v1/runs')).status).toBe(401);
   });
 

@@ -1,6 +1,6 @@
 // Keeping a view current: a polling loop for lists, and for one run its event stream (with polling
 // when the server has no events route, and reconnects when the stream drops).
-import { api, streamEvents } from './api.js';
+import { client, streamEvents, unwrap } from './api.js';
 import { TERMINAL } from './format.js';
 
 const sleep = (ms, signal) =>
@@ -58,7 +58,7 @@ export function followRun(runId, { onRun, onStatus, onShard }) {
     setLive('polling', 'polling');
     while (!signal.aborted && !TERMINAL.includes(status)) {
       try {
-        track(await api(`/v1/runs/${encodeURIComponent(runId)}`));
+        track(await unwrap(client.GET('/v1/runs/{id}', { params: { path: { id: runId } } })));
       } catch {
         /* shown as stale numbers; the next poll tries again */
       }
@@ -86,7 +86,7 @@ export function followRun(runId, { onRun, onStatus, onShard }) {
           await poll();
           break;
         }
-        const run = await api(`/v1/runs/${encodeURIComponent(runId)}`);
+        const run = await unwrap(client.GET('/v1/runs/{id}', { params: { path: { id: runId } } }));
         track(run);
         if (TERMINAL.includes(run.status)) break;
       } catch {

@@ -1,6 +1,6 @@
 // One run: live progress from its event stream, throughput over time, shards, the endpoint pool,
 // quality flags with example samples, failures, and the pause / resume / cancel buttons.
-import { api } from './api.js';
+import { client, unwrap } from './api.js';
 import { drawThroughput } from './chart.js';
 import { badge, fill, h, progressBar, route } from './dom.js';
 import { duration, eta, num, pausedByGate, pct, rate, runTitle, TERMINAL, when } from './format.js';
@@ -12,7 +12,8 @@ const history = new Map();
 const MAX_POINTS = 1800;
 
 export function runView(root, runId) {
-  const path = `/v1/runs/${encodeURIComponent(runId)}`;
+  const path = { id: runId };
+  const getRun = () => unwrap(client.GET('/v1/runs/{id}', { params: { path } }));
   const points = history.get(runId) ?? [];
   history.set(runId, points);
   let run = null;
@@ -171,7 +172,7 @@ export function runView(root, runId) {
     for (const b of Object.values(buttons)) b.disabled = true;
     actionError.hidden = true;
     try {
-      update(await api(`${path}/${action}`, { method: 'POST', json: body ?? {} }));
+      update(await unwrap(client.POST(`/v1/runs/{id}/${action}`, { params: { path }, body: body ?? {} })));
     } catch (err) {
       actionError.hidden = false;
       actionError.textContent = `Could not ${action} the run: ${err.message}`;
@@ -196,13 +197,15 @@ export function runView(root, runId) {
 
   async function refreshPanels() {
     if (!run) return;
-    const tasks = [api('/v1/endpoints?limit=100').then((eps) => fill(endpointsEl, endpointsTable(eps.data, run.model)))];
+    const tasks = [
+      unwrap(client.GET('/v1/endpoints', { params: { query: { limit: 100 } } })).then((eps) => fill(endpointsEl, endpointsTable(eps.data, run.model))),
+    ];
     // A shard list can be a thousand rows: read it when a shard is uploaded, else now and then.
     if (run.shards.uploaded !== seen.shardsUploaded || (!TERMINAL.includes(run.status) && Date.now() - seen.shardsAt > 10_000)) {
       seen.shardsUploaded = run.shards.uploaded;
       seen.shardsAt = Date.now();
       tasks.push(
-        api(`${path}/shards?limit=1000`).then((s) => {
+        unwrap(client.GET('/v1/runs/{id}/shards', { params: { path, query: { limit: 1000 } } })).then((s) => {
           fill(shardsHead, `${num(run.shards.uploaded)} of ${num(run.shards.total)} uploaded · ${num(run.shard_size)} samples each`);
           fill(shardsEl, progressBar(run.shards.total ? run.shards.uploaded / run.shards.total : 0, 'shards'), shardGrid(s.data, run.shards.total));
         }),
@@ -211,7 +214,7 @@ export function runView(root, runId) {
     if (run.request_counts.failed !== seen.failed) {
       seen.failed = run.request_counts.failed;
       tasks.push(
-        api(`${path}/samples?status=failed&limit=100`).then((s) => {
+        unwrap(client.GET('/v1/runs/{id}/samples', { params: { path, query: { status: 'failed', limit: 100 } } })).then((s) => {
           const recent = s.data.sort((a, b) => String(b.completed_at).localeCompare(String(a.completed_at))).slice(0, 10);
           fill(failuresEl, failuresList(run, recent));
         }),
@@ -221,7 +224,7 @@ export function runView(root, runId) {
     if (flagKey !== seen.flags) {
       seen.flags = flagKey;
       tasks.push(
-        api(`${path}/quality`).then((q) => {
+        unwrap(client.GET('/v1/runs/{id}/quality', { params: { path } })).then((q) => {
           quality = q;
           renderQuality();
         }),
@@ -233,7 +236,7 @@ export function runView(root, runId) {
   // Status events come in bursts (a new stream replays the run's history): one refetch at a time.
   let refetching = null;
   function refetch() {
-    refetching ??= api(path)
+    refetching ??= getRun()
       .then(
         (r) => !closed && update(r),
         () => {},
@@ -247,7 +250,7 @@ export function runView(root, runId) {
   window.addEventListener('resize', onResize);
   stops.push(() => window.removeEventListener('resize', onResize));
 
-  api(path)
+  getRun()
     .then((first) => {
       if (closed) return;
       update(first);

@@ -1,5 +1,5 @@
 // The home page: every run with its progress, rate and ETA, and the endpoint pool; polled.
-import { api } from './api.js';
+import { client, unwrap } from './api.js';
 import { badge, fill, h, progressBar, route, table } from './dom.js';
 import { eta, num, pct, rate, runTitle, when } from './format.js';
 import { endpointsTable } from './panels.js';
@@ -21,7 +21,10 @@ export function runsView(root) {
   return every(
     2000,
     async () => {
-      const [runs, endpoints] = await Promise.all([api('/v1/runs?limit=100'), api('/v1/endpoints?limit=100')]);
+      const [runs, endpoints] = await Promise.all([
+        unwrap(client.GET('/v1/runs', { params: { query: { limit: 100 } } })),
+        unwrap(client.GET('/v1/endpoints', { params: { query: { limit: 100 } } })),
+      ]);
       fill(runsEl, runsTable(runs.data));
       fill(endpointsEl, endpointsTable(endpoints.data));
     },

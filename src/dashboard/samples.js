@@ -1,13 +1,13 @@
 // A run's samples filtered by status or flag (page by page), and one sample: its messages, its
 // reasoning and its content.
-import { api } from './api.js';
+import { client, unwrap } from './api.js';
 import { badge, fill, h, route, table } from './dom.js';
 import { ms, num, when } from './format.js';
 
 export function samplesView(root, runId, query) {
   const status = query.get('status');
   const flag = query.get('flag');
-  const filter = status ? `status=${encodeURIComponent(status)}` : flag ? `flag=${encodeURIComponent(flag)}` : '';
+  const filter = status ? { status } : flag ? { flag } : {};
   const rows = [];
   const list = h('div', null, h('p', { className: 'muted' }, 'Loading samples…'));
   const more = h('button', { type: 'button', hidden: true, onclick: () => load() }, 'Load more');
@@ -23,8 +23,8 @@ export function samplesView(root, runId, query) {
 
   async function load() {
     try {
-      const page = await api(
-        `/v1/runs/${encodeURIComponent(runId)}/samples?limit=100${filter ? `&${filter}` : ''}${after ? `&after=${encodeURIComponent(after)}` : ''}`,
+      const page = await unwrap(
+        client.GET('/v1/runs/{id}/samples', { params: { path: { id: runId }, query: { limit: 100, ...filter, ...(after ? { after } : {}) } } }),
       );
       rows.push(...page.data);
       after = page.last_id;
@@ -65,7 +65,7 @@ function contentText(content) {
 
 export function sampleView(root, runId, customId) {
   fill(root, h('p', { className: 'muted' }, 'Loading sample…'));
-  api(`/v1/runs/${encodeURIComponent(runId)}/samples/${encodeURIComponent(customId)}`)
+  unwrap(client.GET('/v1/runs/{id}/samples/{custom_id}', { params: { path: { id: runId, custom_id: customId } } }))
     .then((s) => {
       const meta = (label, value) => h('div', { className: 'stat' }, h('div', { className: 'label' }, label), h('div', { className: 'value small' }, value));
       fill(

@@ -5,6 +5,12 @@ import type { App } from '../../http/app.js';
 
 const ASSETS_DIR = fileURLToPath(new URL('../../dashboard/', import.meta.url));
 
+// Modules of the page's dependencies, by the name it imports them under from /dashboard/vendor/:
+// openapi-fetch's ES module build is one file that imports nothing, so the browser loads it as is.
+const VENDOR: Record<string, string> = {
+  'openapi-fetch.js': fileURLToPath(import.meta.resolve('openapi-fetch')),
+};
+
 const TYPES: Record<string, string> = {
   '.html': 'text/html; charset=utf-8',
   '.js': 'text/javascript; charset=utf-8',
@@ -28,6 +34,7 @@ function loadAssets(): Map<string, { body: string; type: string }> {
     const type = TYPES[extname(name)];
     if (type) assets.set(name, { body: readFileSync(join(ASSETS_DIR, name), 'utf8'), type });
   }
+  for (const [name, path] of Object.entries(VENDOR)) assets.set(`vendor/${name}`, { body: readFileSync(path, 'utf8'), type: TYPES['.js'] });
   return assets;
 }
 
@@ -42,5 +49,7 @@ export function registerDashboard(app: App) {
     return asset ? new Response(asset.body, { headers: { ...HEADERS, 'content-type': asset.type } }) : undefined;
   };
   app.get('/', () => serve('index.html')!);
+  // Only the names read at start-up are served: a path the request makes up finds nothing.
   app.get('/dashboard/:name', (c) => serve(c.req.param('name')) ?? c.notFound());
+  app.get('/dashboard/vendor/:name', (c) => serve(`vendor/${c.req.param('name')}`) ?? c.notFound());
 }
