@@ -1,4 +1,4 @@
-import { readdirSync, readFileSync, statSync } from 'node:fs';
+import { existsSync, readdirSync, readFileSync, statSync } from 'node:fs';
 import { dirname, join, relative, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { describe, expect, it } from 'vitest';
@@ -19,7 +19,7 @@ function modules(dir: string): string[] {
 
 const IMPORT = /(?:^|\n)\s*(?:import|export)\s[^'"]*?from\s+['"](\.[^'"]+)['"]|import\(\s*['"](\.[^'"]+)['"]\s*\)/g;
 
-/** src-relative paths of the modules each module imports (extension as written in the file: .ts for .js). */
+/** src-relative paths of the modules each module imports. */
 function graph(): Map<string, string[]> {
   const g = new Map<string, string[]>();
   for (const file of modules(src)) {
@@ -27,7 +27,9 @@ function graph(): Map<string, string[]> {
     const deps: string[] = [];
     for (const m of text.matchAll(IMPORT)) {
       const spec = m[1] ?? m[2];
-      const target = resolve(dirname(file), spec).replace(/\.js$/, '.ts');
+      const written = resolve(dirname(file), spec);
+      // A `.js` import names the `.ts` file beside it, a declaration file, or (in the page) itself.
+      const target = [written.replace(/\.js$/, '.ts'), written.replace(/\.js$/, '.d.ts'), written].find((path) => existsSync(path)) ?? written;
       if (target.startsWith(src)) deps.push(relative(src, target));
     }
     g.set(relative(src, file), deps);
@@ -44,6 +46,8 @@ describe('the layout', () => {
     // A broken walk would pass every rule below; these prove it reads what is there.
     expect(g.size).toBeGreaterThan(80);
     expect(g.get('runner/runner.ts')).toContain('runner/claim-buffer.ts');
+    expect(g.get('client/index.ts')).toContain('client/schema.d.ts');
+    expect(g.get('dashboard/app.js')).toContain('dashboard/api.js');
   });
 
   const rules: { from: string; may: (to: string) => boolean; rule: string }[] = [
@@ -56,6 +60,8 @@ describe('the layout', () => {
     },
     { from: 'services', may: (to) => !['routes', 'http', 'app.ts', 'server.ts', 'cli'].includes(layer(to)), rule: 'src/services imports no routes' },
     { from: 'sim', may: (to) => layer(to) === 'sim', rule: 'src/sim stands alone' },
+    // Other services import src/client: it may bring nothing of the server along.
+    { from: 'client', may: (to) => to === 'client/schema.d.ts', rule: 'src/client imports nothing in src but the generated types' },
     { from: 'routes', may: (to) => !['app.ts', 'server.ts', 'cli'].includes(layer(to)), rule: 'routes do not import the app that registers them' },
   ];
   for (const { from, may, rule } of rules) {
