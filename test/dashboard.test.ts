@@ -157,6 +157,12 @@ describe.skipIf(!haveChromium)('dashboard', () => {
     expect(await page.locator('.message.role-assistant').count()).toBeGreaterThan(0);
     await page.screenshot({ path: `${ARTIFACTS}dashboard-sample.png`, fullPage: true });
 
+    // The list of a flag's samples: the filter and the page size go in the query.
+    await page.goBack();
+    await page.locator('.examples a.more').first().click();
+    await expect.poll(() => page.locator('h1').textContent(), { timeout: 15_000 }).toMatch(/^Samples flagged \w+$/);
+    await expect.poll(() => page.locator('tbody tr').count(), { timeout: 15_000 }).toBeGreaterThan(0);
+
     // The runs list, reached from the header, shows the run with its progress.
     await page.click('header a.brand');
     await expect.poll(() => page.locator('a.run-link').first().textContent(), { timeout: 15_000 }).toBe(RUN_NAME);

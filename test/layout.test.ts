@@ -71,6 +71,14 @@ describe('the layout', () => {
     });
   }
 
+  it('has tsc check every module of the page against the generated types', () => {
+    // allowJs takes the page's modules in; `// @ts-check` on each is what makes tsc check them.
+    const unchecked = [...g.keys()].filter(
+      (f) => layer(f) === 'dashboard' && f.endsWith('.js') && !readFileSync(join(src, f), 'utf8').startsWith('// @ts-check\n'),
+    );
+    expect(unchecked).toEqual([]);
+  });
+
   it('has no import cycles', () => {
     const cycles: string[] = [];
     const state = new Map<string, 'open' | 'done'>();

@@ -1,3 +1,4 @@
+// @ts-check
 // Hash routing: #/ runs, #/runs/<id> a run, #/runs/<id>/samples?flag=… a filtered list,
 // #/runs/<id>/samples/<custom_id> one sample.
 import { initAuth } from './api.js';
@@ -6,9 +7,10 @@ import { runView } from './run.js';
 import { runsView } from './runs.js';
 import { sampleView, samplesView } from './samples.js';
 
-const root = document.getElementById('view');
+const root = /** @type {HTMLElement} */ (document.getElementById('view'));
 let unmount = () => {};
 
+/** @param {string} part */
 const decode = (part) => {
   try {
     return decodeURIComponent(part);

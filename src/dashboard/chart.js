@@ -1,25 +1,36 @@
+// @ts-check
 // The throughput chart of a run page: samples/s (filled) and completion tokens/s (line, right
 // axis) over the time the page has been watching, one point per progress event.
 
 const PAD = { left: 52, right: 64, top: 12, bottom: 26 };
 
+/**
+ * The axis maximum: the first of 1, 2, 2.5, 5 and 10 times a power of ten at or above `v`.
+ * @param {number} v
+ */
 function niceMax(v) {
   if (v <= 0) return 1;
   const p = 10 ** Math.floor(Math.log10(v));
-  return [1, 2, 2.5, 5, 10].map((m) => m * p).find((m) => m >= v);
+  return [1, 2, 2.5, 5].map((m) => m * p).find((m) => m >= v) ?? 10 * p;
 }
 
+/** @param {number} v */
 const short = (v) =>
   v >= 10_000 ? `${(v / 1000).toFixed(0)}k` : v >= 1000 ? `${(v / 1000).toFixed(1)}k` : v >= 10 ? v.toFixed(0) : String(Number(v.toPrecision(3)));
+/** @param {number} t */
 const clock = (t) => new Date(t).toLocaleTimeString([], { hour: '2-digit', minute: '2-digit', second: '2-digit' });
 
+/**
+ * @param {HTMLCanvasElement} canvas
+ * @param {{ t: number, sps: number, tps: number }[]} points
+ */
 export function drawThroughput(canvas, points) {
   const dpr = window.devicePixelRatio || 1;
   const width = canvas.clientWidth;
   const height = canvas.clientHeight;
   canvas.width = Math.round(width * dpr);
   canvas.height = Math.round(height * dpr);
-  const ctx = canvas.getContext('2d');
+  const ctx = /** @type {CanvasRenderingContext2D} */ (canvas.getContext('2d'));
   ctx.setTransform(dpr, 0, 0, dpr, 0, 0);
   ctx.clearRect(0, 0, width, height);
   ctx.font = '11px system-ui, sans-serif';
@@ -36,8 +47,11 @@ export function drawThroughput(canvas, points) {
   const t1 = points[points.length - 1].t;
   const maxS = niceMax(Math.max(...points.map((p) => p.sps)));
   const maxT = niceMax(Math.max(...points.map((p) => p.tps)));
+  /** @param {number} t */
   const x = (t) => PAD.left + (plotW * (t - t0)) / Math.max(1, t1 - t0);
+  /** @param {number} v */
   const yS = (v) => PAD.top + plotH - (plotH * v) / maxS;
+  /** @param {number} v */
   const yT = (v) => PAD.top + plotH - (plotH * v) / maxT;
 
   ctx.strokeStyle = '#e4e7ec';

@@ -1,19 +1,30 @@
+// @ts-check
+/** @type {string[]} */
 export const TERMINAL = ['completed', 'failed', 'cancelled'];
 
+/** @param {number | null | undefined} n */
 export function num(n) {
   return n == null ? '—' : Number(n).toLocaleString('en-US');
 }
 
+/**
+ * @param {number | null | undefined} fraction
+ * @param {number} [digits]
+ */
 export function pct(fraction, digits = 1) {
   return `${(100 * (fraction || 0)).toFixed(digits)}%`;
 }
 
+/** @param {number | null | undefined} perSecond */
 export function rate(perSecond) {
   if (!perSecond) return '0';
   return perSecond >= 100 ? Math.round(perSecond).toLocaleString('en-US') : perSecond.toFixed(1);
 }
 
-/** 3725 → "1h 2m", 95 → "1m 35s" */
+/**
+ * 3725 → "1h 2m", 95 → "1m 35s"
+ * @param {number | null | undefined} seconds
+ */
 export function duration(seconds) {
   if (seconds == null) return '—';
   const s = Math.max(0, Math.round(seconds));
@@ -26,12 +37,14 @@ export function duration(seconds) {
   return `${s}s`;
 }
 
+/** @param {{ status: string, progress: { eta_seconds?: number | null } }} run */
 export function eta(run) {
   if (TERMINAL.includes(run.status)) return 'done';
   if (run.status === 'paused') return 'paused';
   return run.progress.eta_seconds == null ? '—' : duration(run.progress.eta_seconds);
 }
 
+/** @param {string | null | undefined} isoTime */
 export function when(isoTime) {
   if (!isoTime) return '—';
   const d = new Date(isoTime);
@@ -41,16 +54,21 @@ export function when(isoTime) {
   return d.toLocaleDateString();
 }
 
+/** @param {number | null | undefined} n */
 export function ms(n) {
   if (n == null) return '—';
   return n >= 10_000 ? `${(n / 1000).toFixed(1)} s` : `${Math.round(n)} ms`;
 }
 
+/** @param {{ id: string, name?: string | null }} run */
 export function runTitle(run) {
   return run.name || run.id;
 }
 
-/** A run the quality gate stopped: resuming it again needs the override. */
+/**
+ * A run the quality gate stopped: resuming it again needs the override.
+ * @param {{ status: string, status_reason?: string | null }} run
+ */
 export function pausedByGate(run) {
   return run.status === 'paused' && /^quality gate/i.test(run.status_reason ?? '');
 }

@@ -1,25 +1,43 @@
+// @ts-check
 // Keeping a view current: a polling loop for lists, and for one run its event stream (with polling
 // when the server has no events route, and reconnects when the stream drops).
 import { client, streamEvents, unwrap } from './api.js';
 import { TERMINAL } from './format.js';
 
-const sleep = (ms, signal) =>
-  new Promise((resolve) => {
-    const timer = setTimeout(resolve, ms);
-    signal?.addEventListener('abort', () => {
-      clearTimeout(timer);
-      resolve();
-    });
-  });
+/** @typedef {import('../client/schema.js').components['schemas']} Schemas */
 
+/**
+ * @param {number} ms
+ * @param {AbortSignal} signal
+ */
+const sleep = (ms, signal) =>
+  /** @type {Promise<void>} */ (
+    new Promise((resolve) => {
+      const timer = setTimeout(resolve, ms);
+      signal?.addEventListener('abort', () => {
+        clearTimeout(timer);
+        resolve();
+      });
+    })
+  );
+
+/**
+ * @param {string | null} text
+ * @param {string} [state]
+ */
 export function setLive(text, state) {
-  const el = document.getElementById('live');
+  const el = /** @type {HTMLElement} */ (document.getElementById('live'));
   el.hidden = !text;
   el.textContent = text ?? '';
   el.className = `live ${state ?? ''}`;
 }
 
-/** Runs `fn` now and then every `ms` after it finishes, until the returned stop function is called. */
+/**
+ * Runs `fn` now and then every `ms` after it finishes, until the returned stop function is called.
+ * @param {number} ms
+ * @param {() => Promise<unknown>} fn
+ * @param {HTMLElement} [errorEl]
+ */
 export function every(ms, fn, errorEl) {
   const abort = new AbortController();
   (async () => {
@@ -30,7 +48,7 @@ export function every(ms, fn, errorEl) {
       } catch (err) {
         if (errorEl && !abort.signal.aborted) {
           errorEl.hidden = false;
-          errorEl.textContent = err.message;
+          errorEl.textContent = /** @type {Error} */ (err).message;
         }
       }
       await sleep(ms, abort.signal);
@@ -43,11 +61,19 @@ export function every(ms, fn, errorEl) {
  * Follows one run until it ends or the view goes away: onRun(fields) for every progress event (the
  * run's changing fields: status, counts, quality, usage, shards, progress) or poll (the whole run),
  * onStatus() when its status changes, onShard() when a shard is uploaded.
+ * @param {string} runId
+ * @param {{
+ *   onRun: (run: Schemas['RunProgressEvent'] | Schemas['Run']) => void,
+ *   onStatus: (event?: Schemas['RunStatusEvent']) => void,
+ *   onShard: (event: Schemas['ShardUploadedEvent']) => void,
+ * }} handlers
  */
 export function followRun(runId, { onRun, onStatus, onShard }) {
   const abort = new AbortController();
   const { signal } = abort;
+  /** @type {string | null} */
   let status = null;
+  /** @param {Schemas['RunProgressEvent'] | Schemas['Run']} run */
   const track = (run) => {
     const changed = status !== null && run.status !== status;
     status = run.status;
@@ -56,7 +82,7 @@ export function followRun(runId, { onRun, onStatus, onShard }) {
   };
   const poll = async () => {
     setLive('polling', 'polling');
-    while (!signal.aborted && !TERMINAL.includes(status)) {
+    while (!signal.aborted && !(status && TERMINAL.includes(status))) {
       try {
         track(await unwrap(client.GET('/v1/runs/{id}', { params: { path: { id: runId } } })));
       } catch {
@@ -75,9 +101,10 @@ export function followRun(runId, { onRun, onStatus, onShard }) {
           (type, data, id) => {
             if (id) lastEventId = id;
             setLive('live', 'on');
-            if (type === 'progress') track(data);
-            else if (type === 'status') onStatus(data);
-            else if (type === 'shard_uploaded') onShard(data);
+            // Each event's data is the schema of its name (RunProgressEvent, RunStatusEvent, ShardUploadedEvent).
+            if (type === 'progress') track(/** @type {Schemas['RunProgressEvent']} */ (data));
+            else if (type === 'status') onStatus(/** @type {Schemas['RunStatusEvent']} */ (data));
+            else if (type === 'shard_uploaded') onShard(/** @type {Schemas['ShardUploadedEvent']} */ (data));
           },
           signal,
           lastEventId,

@@ -1,10 +1,15 @@
+// @ts-check
 // The pieces of the run page (and the endpoints table the runs list shares), each a function from
 // API objects to nodes.
 import { badge, h, progressBar, route, table } from './dom.js';
 import { ms, num, pct, rate, when } from './format.js';
 
+/** @typedef {import('../client/schema.js').components['schemas']} Schemas */
+
+/** @type {Schemas['QualityFlag'][]} */
 const FLAGS = ['empty_content', 'missing_reasoning', 'truncated', 'repetitive', 'too_short'];
 
+/** @type {Partial<Record<Schemas['QualityFlag'], string>>} */
 const FLAG_HELP = {
   empty_content: 'content is blank',
   missing_reasoning: 'thinking was asked for but reasoning is empty',
@@ -14,6 +19,7 @@ const FLAG_HELP = {
 };
 
 /** What each source of an endpoint's cap means, for the cell's tooltip. */
+/** @type {Record<Schemas['Endpoint']['max_concurrency_source'], string>} */
 const CAP_SOURCES = {
   user: "the operator's max_concurrency",
   adaptive: "steered from the server's live load (KV usage, queue, retractions)",
@@ -21,6 +27,10 @@ const CAP_SOURCES = {
   default: 'REGEN_DEFAULT_CONCURRENCY: the server says neither its limit nor its load',
 };
 
+/**
+ * @param {Schemas['Endpoint'][]} endpoints
+ * @param {string} [model] the run's: endpoints serving another model are greyed
+ */
 export function endpointsTable(endpoints, model) {
   const rows = [...endpoints].sort((a, b) => Number(b.model === model) - Number(a.model === model));
   return table(
@@ -76,6 +86,10 @@ export function endpointsTable(endpoints, model) {
 }
 
 /** One square per shard: green when uploaded, amber when every sample is done and it is being written. */
+/**
+ * @param {Schemas['Shard'][]} shards
+ * @param {number} total
+ */
 export function shardGrid(shards, total) {
   const cells = shards.map((s) => {
     const state = s.status === 'uploaded' ? 'uploaded' : s.done >= s.samples ? 'writing' : s.done > 0 ? 'partial' : 'open';
@@ -106,18 +120,25 @@ export function shardGrid(shards, total) {
   );
 }
 
+/** @param {Schemas['RunQuality']} quality */
 export function gateText(quality) {
   const { settings, gate } = quality;
-  if (!gate.enabled) return 'gate off';
-  const limit = `gate: pause above ${pct(settings.gate.max_flag_rate, 0)} flagged after ${num(settings.gate.min_samples)} samples`;
+  const rule = settings && settings.gate;
+  if (!gate.enabled || !rule) return 'gate off';
+  const limit = `gate: pause above ${pct(rule.max_flag_rate, 0)} flagged after ${num(rule.min_samples)} samples`;
   return gate.overridden ? `${limit} (overridden)` : limit;
 }
 
-/** The flag table: counts, shares of completed samples, and links to samples carrying each flag. */
+/**
+ * The flag table: counts, shares of completed samples, and links to samples carrying each flag.
+ * @param {Schemas['Run']} run
+ * @param {Schemas['RunQuality'] | null} quality
+ */
 export function qualityTable(run, quality) {
   const completed = run.request_counts.completed;
   // A flag alone above the gate's limit would trip it: that is the share worth showing in red.
-  const limit = quality?.settings?.gate?.max_flag_rate ?? 0.2;
+  const rule = quality?.settings && quality.settings.gate;
+  const limit = rule ? rule.max_flag_rate : 0.2;
   return table(
     [
       { label: 'Flag', cell: (f) => h('div', null, h('code', null, f), h('div', { className: 'small muted' }, FLAG_HELP[f])) },
@@ -148,6 +169,10 @@ export function qualityTable(run, quality) {
   );
 }
 
+/**
+ * @param {Schemas['Run']} run
+ * @param {Schemas['Sample'][]} failures
+ */
 export function failuresList(run, failures) {
   return table(
     [

@@ -1,3 +1,4 @@
+// @ts-check
 // One run: live progress from its event stream, throughput over time, shards, the endpoint pool,
 // quality flags with example samples, failures, and the pause / resume / cancel buttons.
 import { client, unwrap } from './api.js';
@@ -7,17 +8,26 @@ import { duration, eta, num, pausedByGate, pct, rate, runTitle, TERMINAL, when }
 import { every, followRun } from './live.js';
 import { endpointsTable, failuresList, gateText, qualityTable, shardGrid } from './panels.js';
 
+/** @typedef {import('../client/schema.js').components['schemas']} Schemas */
+
 // Throughput points per run, kept while the page is open so coming back to a run keeps its chart.
+/** @type {Map<string, { t: number, sps: number, tps: number }[]>} */
 const history = new Map();
 const MAX_POINTS = 1800;
 
+/**
+ * @param {HTMLElement} root
+ * @param {string} runId
+ */
 export function runView(root, runId) {
   const path = { id: runId };
   const getRun = () => unwrap(client.GET('/v1/runs/{id}', { params: { path } }));
   const points = history.get(runId) ?? [];
   history.set(runId, points);
-  let run = null;
+  // Set by the first update, before anything reads it.
+  let run = /** @type {Schemas['Run']} */ (/** @type {unknown} */ (null));
   const seen = { failed: -1, flags: '', shardsUploaded: -1, shardsAt: 0 };
+  /** @type {Schemas['RunQuality'] | null} */
   let quality = null;
 
   const title = h('h1', null, 'Loading run…');
@@ -83,6 +93,7 @@ export function runView(root, runId) {
     ),
   );
 
+  /** @param {Schemas['Run']} next */
   function update(next) {
     run = next;
     title.textContent = runTitle(run);
@@ -121,6 +132,11 @@ export function runView(root, runId) {
   function renderProgress() {
     const c = run.request_counts;
     const p = run.progress;
+    /**
+     * @param {string} label
+     * @param {import('./dom.js').Child} value
+     * @param {import('./dom.js').Child} [extra]
+     */
     const stat = (label, value, extra) =>
       h(
         'div',
@@ -159,6 +175,7 @@ export function runView(root, runId) {
   }
 
   /** A progress event (the run's changing fields) or a poll (the whole run): one more point on the chart. */
+  /** @param {Schemas['RunProgressEvent'] | Schemas['Run']} fields */
   function onProgress(fields) {
     const next = { ...run, ...fields };
     if (!TERMINAL.includes(next.status) && next.status !== 'validating') {
@@ -168,6 +185,10 @@ export function runView(root, runId) {
     update(next);
   }
 
+  /**
+   * @param {'pause' | 'resume' | 'cancel'} action
+   * @param {Schemas['ResumeRun']} [body]
+   */
   async function act(action, body) {
     for (const b of Object.values(buttons)) b.disabled = true;
     actionError.hidden = true;
@@ -175,7 +196,7 @@ export function runView(root, runId) {
       update(await unwrap(client.POST(`/v1/runs/{id}/${action}`, { params: { path }, body: body ?? {} })));
     } catch (err) {
       actionError.hidden = false;
-      actionError.textContent = `Could not ${action} the run: ${err.message}`;
+      actionError.textContent = `Could not ${action} the run: ${/** @type {Error} */ (err).message}`;
     } finally {
       for (const b of Object.values(buttons)) b.disabled = false;
       resetCancel();
@@ -183,7 +204,8 @@ export function runView(root, runId) {
   }
 
   // Cancelling cannot be undone, so it takes a second click instead of a browser dialog.
-  let cancelTimer = null;
+  /** @type {ReturnType<typeof setTimeout> | undefined} */
+  let cancelTimer;
   function confirmCancel() {
     if (cancelTimer) return act('cancel');
     buttons.cancel.textContent = 'Click again to cancel';
@@ -191,12 +213,13 @@ export function runView(root, runId) {
   }
   function resetCancel() {
     clearTimeout(cancelTimer);
-    cancelTimer = null;
+    cancelTimer = undefined;
     buttons.cancel.textContent = 'Cancel run';
   }
 
   async function refreshPanels() {
     if (!run) return;
+    /** @type {Promise<unknown>[]} */
     const tasks = [
       unwrap(client.GET('/v1/endpoints', { params: { query: { limit: 100 } } })).then((eps) => fill(endpointsEl, endpointsTable(eps.data, run.model))),
     ];
@@ -245,6 +268,7 @@ export function runView(root, runId) {
   }
 
   let closed = false;
+  /** @type {(() => unknown)[]} */
   const stops = [() => (closed = true)];
   const onResize = () => drawThroughput(canvas, points);
   window.addEventListener('resize', onResize);

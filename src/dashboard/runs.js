@@ -1,3 +1,4 @@
+// @ts-check
 // The home page: every run with its progress, rate and ETA, and the endpoint pool; polled.
 import { client, unwrap } from './api.js';
 import { badge, fill, h, progressBar, route, table } from './dom.js';
@@ -5,6 +6,7 @@ import { eta, num, pct, rate, runTitle, when } from './format.js';
 import { endpointsTable } from './panels.js';
 import { every } from './live.js';
 
+/** @param {HTMLElement} root */
 export function runsView(root) {
   const runsEl = h('div', null, h('p', { className: 'muted' }, 'Loading runs…'));
   const endpointsEl = h('div', null);
@@ -32,6 +34,7 @@ export function runsView(root) {
   );
 }
 
+/** @param {import('../client/schema.js').components['schemas']['Run'][]} runs */
 function runsTable(runs) {
   return table(
     [

@@ -1,17 +1,28 @@
+// @ts-check
 // A run's samples filtered by status or flag (page by page), and one sample: its messages, its
 // reasoning and its content.
 import { client, unwrap } from './api.js';
 import { badge, fill, h, route, table } from './dom.js';
 import { ms, num, when } from './format.js';
 
+/** @typedef {import('../client/schema.js').components['schemas']} Schemas */
+
+/**
+ * @param {HTMLElement} root
+ * @param {string} runId
+ * @param {URLSearchParams} query
+ */
 export function samplesView(root, runId, query) {
-  const status = query.get('status');
-  const flag = query.get('flag');
+  // As the page's address has them; the server refuses a status or flag it does not know.
+  const status = /** @type {Schemas['SampleStatus'] | null} */ (query.get('status'));
+  const flag = /** @type {Schemas['QualityFlag'] | null} */ (query.get('flag'));
   const filter = status ? { status } : flag ? { flag } : {};
+  /** @type {Schemas['Sample'][]} */
   const rows = [];
   const list = h('div', null, h('p', { className: 'muted' }, 'Loading samples…'));
   const more = h('button', { type: 'button', hidden: true, onclick: () => load() }, 'Load more');
   const errorEl = h('p', { className: 'error', hidden: true });
+  /** @type {string | null} */
   let after = null;
   fill(
     root,
@@ -32,13 +43,17 @@ export function samplesView(root, runId, query) {
       fill(list, samplesTable(runId, rows));
     } catch (err) {
       errorEl.hidden = false;
-      errorEl.textContent = err.message;
+      errorEl.textContent = /** @type {Error} */ (err).message;
     }
   }
   load();
   return () => {};
 }
 
+/**
+ * @param {string} runId
+ * @param {Schemas['Sample'][]} rows
+ */
 function samplesTable(runId, rows) {
   return table(
     [
@@ -57,16 +72,26 @@ function samplesTable(runId, rows) {
 }
 
 /** Message content is a string or a list of parts (text, images…); text is shown, the rest as JSON. */
+/** @param {unknown} content */
 function contentText(content) {
   if (typeof content === 'string') return content;
   if (Array.isArray(content)) return content.map((part) => (part && part.type === 'text' ? part.text : JSON.stringify(part))).join('\n');
   return content == null ? '' : JSON.stringify(content, null, 2);
 }
 
+/**
+ * @param {HTMLElement} root
+ * @param {string} runId
+ * @param {string} customId
+ */
 export function sampleView(root, runId, customId) {
   fill(root, h('p', { className: 'muted' }, 'Loading sample…'));
   unwrap(client.GET('/v1/runs/{id}/samples/{custom_id}', { params: { path: { id: runId, custom_id: customId } } }))
     .then((s) => {
+      /**
+       * @param {string} label
+       * @param {import('./dom.js').Child} value
+       */
       const meta = (label, value) => h('div', { className: 'stat' }, h('div', { className: 'label' }, label), h('div', { className: 'value small' }, value));
       fill(
         root,
