@@ -80,6 +80,7 @@ function renderBatch(r: RunRow, times: StatusTimes | undefined): Batch {
       // invalid lines, failed samples and the samples cancellation or expiry left unanswered.
       failed: r.failed + r.invalidLines + (done ? r.cancelled : 0),
     },
+    usage: null,
     metadata: r.metadata,
   };
 }

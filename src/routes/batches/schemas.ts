@@ -64,6 +64,10 @@ export const Batch = z
     cancelling_at: unixTime,
     cancelled_at: unixTime,
     request_counts: z.object({ total: z.number().int(), completed: z.number().int(), failed: z.number().int() }),
+    usage: z.null().openapi({
+      description:
+        "Always null: a batch's token counts are on its run (`GET /v1/runs/{id}` `usage`), which does not total the cached tokens OpenAI's usage has",
+    }),
     metadata: z.record(z.string(), z.string()).nullable(),
   })
   .openapi('Batch');
