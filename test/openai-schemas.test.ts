@@ -148,7 +148,9 @@ describe('the Files routes', () => {
 describe('the Batch routes', () => {
   it('answer create, get and list, and write output and error lines, in OpenAI shapes', async () => {
     const tooLong = line('too-long', 'word '.repeat(CONTEXT_TOKENS * 2));
-    const input = [line('b-1', 'one'), 'this is not json', line('b-2', 'two'), tooLong, line('b-3', 'three')];
+    const withLogprobs = line('logprobs', 'four');
+    Object.assign(withLogprobs.body, { logprobs: true, top_logprobs: 2 });
+    const input = [line('b-1', 'one'), 'this is not json', line('b-2', 'two'), tooLong, line('b-3', 'three'), withLogprobs];
     const file = await uploadBatchFile(input);
     const created = await createBatch(file.id);
     expect(created.status).toBe(200);
@@ -163,18 +165,25 @@ describe('the Batch routes', () => {
 
     const done = await settle(created.body.id);
     expectComplete('Batch', done);
-    expect(done.request_counts).toEqual({ total: 5, completed: 3, failed: 2 });
+    expect(done.request_counts).toEqual({ total: 6, completed: 4, failed: 2 });
 
     const outputFile = await api(`/v1/files/${done.output_file_id}`);
     expectComplete('OpenAIFile', outputFile.body);
     const out = await jsonLines(done.output_file_id);
-    expect(out).toHaveLength(3);
+    expect(out).toHaveLength(4);
     for (const l of out) {
       expectConforms('BatchRequestOutput', l);
       expectConforms('CreateChatCompletionResponse', l.response.body);
       // regen's addition beside OpenAI's message: the reasoning, kept apart from the answer.
       expect(l.response.body.choices[0].message).toHaveProperty('reasoning_content');
     }
+    // Log probabilities as the server sent them, one a completion token, where the request asked.
+    const [asked, ...others] = [out.find((l) => l.custom_id === 'logprobs'), ...out.filter((l) => l.custom_id !== 'logprobs')];
+    const { logprobs } = asked.response.body.choices[0];
+    expect(logprobs.content).toHaveLength(asked.response.body.usage.completion_tokens);
+    expect(logprobs.content[0].top_logprobs).toHaveLength(2);
+    expect(logprobs.refusal).toBeNull();
+    for (const l of others) expect(l.response.body.choices[0].logprobs).toBeNull();
 
     expectComplete('OpenAIFile', (await api(`/v1/files/${done.error_file_id}`)).body);
     const errors = await jsonLines(done.error_file_id);

@@ -62,9 +62,9 @@ function outputRecord(r: RunRow, l: OutputLine): string {
         choices: [
           {
             index: 0,
-            // regen asks for no logprobs and SGLang sends no refusals; OpenAI's schema wants both, as null.
+            // SGLang sends no refusals; OpenAI's schema wants the field, and a refusal list in logprobs, as null.
             message: { role: 'assistant', content: l.content, refusal: null, reasoning_content: l.reasoning_content },
-            logprobs: null,
+            logprobs: l.logprobs ? { content: l.logprobs.content ?? null, refusal: l.logprobs.refusal ?? null } : null,
             finish_reason: l.finish_reason,
           },
         ],
