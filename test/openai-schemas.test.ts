@@ -73,7 +73,15 @@ async function jsonLines(fileId: string): Promise<any[]> {
 }
 
 beforeAll(async () => {
-  sim = await spawnSimulator({ model: MODEL, 'max-running': 8, 'context-length': CONTEXT_TOKENS, 'ttft-ms': 5, 'tokens-per-second': 5000 });
+  // Cache reports on, so that a batch's cached tokens have something to total.
+  sim = await spawnSimulator({
+    model: MODEL,
+    'max-running': 8,
+    'context-length': CONTEXT_TOKENS,
+    'ttft-ms': 5,
+    'tokens-per-second': 5000,
+    'enable-cache-report': 1,
+  });
   server = await startTestServer({ REGEN_API_TOKENS: TOKEN, REGEN_SHARD_SIZE: '4' });
   const ep = await api('/v1/endpoints', { method: 'POST', json: { url: sim.url } });
   expect(ep.status, JSON.stringify(ep.body)).toBeLessThan(300);
@@ -184,6 +192,23 @@ describe('the Batch routes', () => {
     expect(logprobs.content[0].top_logprobs).toHaveLength(2);
     expect(logprobs.refusal).toBeNull();
     for (const l of others) expect(l.response.body.choices[0].logprobs).toBeNull();
+
+    // The batch's usage is its run's: every answer's tokens, those of answers the quality checks retried too
+    // (max_tokens 16 cuts each answer short, which is flagged and retried once; the retry's prompt is a
+    // repeat, which the simulator reports cached).
+    const run = (await api('/v1/runs?limit=1000')).body.data.find((r: any) => r.name === done.id);
+    const sum = (f: (u: any) => number) => out.reduce((n, l) => n + f(l.response.body.usage), 0);
+    expect(done.usage).toEqual({
+      input_tokens: run.usage.prompt_tokens,
+      input_tokens_details: { cached_tokens: expect.any(Number) },
+      output_tokens: run.usage.completion_tokens,
+      output_tokens_details: { reasoning_tokens: run.usage.reasoning_tokens },
+      total_tokens: run.usage.prompt_tokens + run.usage.completion_tokens,
+    });
+    expect(done.usage.input_tokens).toBeGreaterThanOrEqual(sum((u) => u.prompt_tokens));
+    expect(sum((u) => u.prompt_tokens_details.cached_tokens)).toBeGreaterThan(0);
+    expect(done.usage.input_tokens_details.cached_tokens).toBeGreaterThanOrEqual(sum((u) => u.prompt_tokens_details.cached_tokens));
+    expect(done.usage.output_tokens).toBeGreaterThanOrEqual(sum((u) => u.completion_tokens));
 
     expectComplete('OpenAIFile', (await api(`/v1/files/${done.error_file_id}`)).body);
     const errors = await jsonLines(done.error_file_id);

@@ -64,9 +64,13 @@ export const Batch = z
     cancelling_at: unixTime,
     cancelled_at: unixTime,
     request_counts: z.object({ total: z.number().int(), completed: z.number().int(), failed: z.number().int() }),
-    usage: z.null().openapi({
-      description:
-        "Always null: a batch's token counts are on its run (`GET /v1/runs/{id}` `usage`), which does not total the cached tokens OpenAI's usage has",
+    // The tokens of every answer the run has had, the ones retried included.
+    usage: z.object({
+      input_tokens: z.number().int(),
+      input_tokens_details: z.object({ cached_tokens: z.number().int() }),
+      output_tokens: z.number().int(),
+      output_tokens_details: z.object({ reasoning_tokens: z.number().int() }),
+      total_tokens: z.number().int(),
     }),
     metadata: z.record(z.string(), z.string()).nullable(),
   })
