@@ -63,10 +63,9 @@ async function settle(id: string) {
 }
 
 async function jsonLines(fileId: string): Promise<any[]> {
-  const res = await api(`/v1/files/${fileId}/content`);
+  const res = await fetch(`${server.url}/v1/files/${fileId}/content`, { headers: auth });
   expect(res.status).toBe(200);
-  const text = typeof res.body === 'string' ? res.body : JSON.stringify(res.body);
-  return text
+  return (await res.text())
     .trimEnd()
     .split('\n')
     .map((l) => JSON.parse(l));
