@@ -89,6 +89,7 @@ export const runs = sqliteTable(
     promptTokens: integer('prompt_tokens').notNull().default(0),
     completionTokens: integer('completion_tokens').notNull().default(0),
     reasoningTokens: integer('reasoning_tokens').notNull().default(0),
+    cachedTokens: integer('cached_tokens').notNull().default(0),
     shardsTotal: integer('shards_total').notNull().default(0),
     shardsUploaded: integer('shards_uploaded').notNull().default(0),
     droppedResults: integer('dropped_results').notNull().default(0),

@@ -64,6 +64,15 @@ export const Batch = z
     cancelling_at: unixTime,
     cancelled_at: unixTime,
     request_counts: z.object({ total: z.number().int(), completed: z.number().int(), failed: z.number().int() }),
+    usage: z
+      .object({
+        input_tokens: z.number().int(),
+        input_tokens_details: z.object({ cached_tokens: z.number().int() }),
+        output_tokens: z.number().int(),
+        output_tokens_details: z.object({ reasoning_tokens: z.number().int() }),
+        total_tokens: z.number().int(),
+      })
+      .openapi({ description: 'The tokens of every answer the batch has had, those the quality checks retried included' }),
     metadata: z.record(z.string(), z.string()).nullable(),
   })
   .openapi('Batch');
