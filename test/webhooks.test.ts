@@ -5,6 +5,7 @@ import { once } from 'node:events';
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { loadConfig } from '../src/config.js';
 import { spawnSimulator, type SimProcess } from '../src/sim/spawn.js';
 import { expectProblem, request } from './support/http.js';
 import { createRun, getRun, makePrompts, registerEndpoint, uploadFile, waitForStatus } from './support/runner-checks.js';
@@ -106,6 +107,7 @@ class Receiver {
 const receiver = new Receiver();
 const data = tempDir('regen-webhooks-');
 let sim: SimProcess;
+const extraSims: SimProcess[] = [];
 let server: ServerProcess;
 /** Every response body the tests saw, to prove no secret is ever in one. */
 const seen: string[] = [];
@@ -149,7 +151,7 @@ beforeAll(async () => {
 
 afterAll(async () => {
   await server?.kill('SIGKILL');
-  await sim?.stop();
+  await Promise.all([sim, ...extraSims].map((s) => s?.stop()));
   await receiver.stop();
   data.cleanup();
 });
@@ -256,6 +258,42 @@ describe('webhooks', () => {
     expect((await api(`/v1/batches/${batch.body.id}`)).body.status).toBe('completed');
   });
 
+  it("tells the server's default and the run's own webhook of an endpoint the quality gate quarantines", async () => {
+    // Two good servers and one that answers "OK." 87% of the time, under a limit of 50%: the bad one
+    // is far over it while its peers are clean, yet the run's share (about 29%) stays under it.
+    const model = 'q-model';
+    const fleet = await Promise.all([1, 2].map((seed) => spawnSimulator({ model, seed, 'ttft-ms': 5, 'tokens-per-second': 5000 })));
+    const bad = await spawnSimulator({ model, seed: 9, 'degenerate-rate': 0.87, 'ttft-ms': 5, 'tokens-per-second': 5000 });
+    extraSims.push(...fleet, bad);
+    for (const s of fleet) await registerEndpoint(server.url, s.url);
+    const badEp = await registerEndpoint(server.url, bad.url);
+    const hook = receiver.hook('/quarantine');
+    secrets.push(hook.secret);
+    const fileId = await uploadFile(server.url, makePrompts(600, 'q').jsonl);
+    const run = await createRun(server.url, {
+      model,
+      input: { file_id: fileId },
+      regenerate: 'last_assistant',
+      quality: { gate: { max_flag_rate: 0.5 } },
+      params: { chat_template_kwargs: { enable_thinking: true } },
+      webhook: hook,
+    });
+    const [own] = await waitFor("the quarantine at the run's webhook", () => {
+      const q = receiver.at('/quarantine').filter((r) => r.event.type === 'endpoint.quarantined');
+      return q.length ? q : undefined;
+    });
+    expect(own.verified).toBe(true);
+    expect(own.event.data).toEqual({ id: badEp.id, url: badEp.url, reason: expect.stringMatching(/^quality gate: endpoint /), run_ids: [run.id] });
+    const [server_] = await waitFor('the quarantine at the default', () => {
+      const q = receiver.at('/default').filter((r) => r.event.type === 'endpoint.quarantined');
+      return q.length ? q : undefined;
+    });
+    expect(server_.verified).toBe(true);
+    expect(server_.event.data).toMatchObject({ id: badEp.id, run_ids: [run.id] });
+    expect(server_.id).not.toBe(own.id);
+    await waitForStatus(server.url, run.id, ['completed']);
+  });
+
   it('refuses a webhook URL that breaks the endpoint URL rules, and a malformed secret, naming the field', async () => {
     const fileId = await uploadFile(server.url, makePrompts(1, 'bad').jsonl);
     const good = receiver.hook('/never');
@@ -332,5 +370,27 @@ describe('webhooks', () => {
       expect(text).not.toContain(s.slice('whsec_'.length));
       expect(output).not.toContain(s.slice('whsec_'.length));
     }
+  });
+});
+
+describe('the server default webhook settings', () => {
+  it('needs the URL and the secret together, holds the URL to the same rules, and never prints the secret', () => {
+    const s = secret();
+    expect(() => loadConfig({ REGEN_WEBHOOK_URL: 'https://hooks.example.com/regen' })).toThrow(/REGEN_WEBHOOK_URL and REGEN_WEBHOOK_SECRET: set both/);
+    expect(() => loadConfig({ REGEN_WEBHOOK_SECRET: s })).toThrow(/set both, or neither/);
+    expect(() => loadConfig({ REGEN_WEBHOOK_URL: 'http://169.254.169.254/', REGEN_WEBHOOK_SECRET: s })).toThrow(/REGEN_WEBHOOK_URL: link-local/);
+    const bad = 'whsec_tooshort';
+    let message = '';
+    try {
+      loadConfig({ REGEN_WEBHOOK_URL: 'https://hooks.example.com/regen', REGEN_WEBHOOK_SECRET: bad });
+    } catch (err) {
+      message = (err as Error).message;
+    }
+    expect(message).toMatch(/^REGEN_WEBHOOK_SECRET: expected "whsec_"/);
+    expect(message).not.toContain('tooshort');
+    expect(loadConfig({ REGEN_WEBHOOK_URL: 'https://hooks.example.com/regen', REGEN_WEBHOOK_SECRET: s })).toMatchObject({
+      webhookUrl: 'https://hooks.example.com/regen',
+      webhookSecret: s,
+    });
   });
 });
