@@ -2,6 +2,8 @@
 // process (so that it can be killed between an event and its delivery).
 import { createHmac, randomBytes, timingSafeEqual } from 'node:crypto';
 import { once } from 'node:events';
+import { join } from 'node:path';
+import Database from 'better-sqlite3';
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
@@ -292,6 +294,47 @@ describe('webhooks', () => {
     expect(server_.event.data).toMatchObject({ id: badEp.id, run_ids: [run.id] });
     expect(server_.id).not.toBe(own.id);
     await waitForStatus(server.url, run.id, ['completed']);
+  });
+
+  it('sends run.failed with the reason when validation fails the run', async () => {
+    const hook = receiver.hook('/failed');
+    secrets.push(hook.secret);
+    const fileId = await uploadFile(server.url, 'not json at all\n');
+    const run = await createRun(server.url, { model: 'sim-model', input: { file_id: fileId }, webhook: hook });
+    const failed = await waitForStatus(server.url, run.id, ['failed']);
+    const [got] = await arrivals('/failed', 1);
+    expect(got.verified).toBe(true);
+    expect(got.event).toMatchObject({ type: 'run.failed', data: { id: run.id, status_reason: failed.status_reason } });
+    expect(failed.status_reason).toEqual(expect.any(String));
+  });
+
+  it('sends batch.expired when the completion window ends a batch', async () => {
+    // An endpoint that never comes up has not said what it serves, so a batch for any model is
+    // accepted, and waits: nothing can answer it before its window ends.
+    await registerEndpoint(server.url, 'http://127.0.0.1:9');
+    const hook = receiver.hook('/expired');
+    secrets.push(hook.secret);
+    const line = JSON.stringify({
+      custom_id: 'x-0',
+      method: 'POST',
+      url: '/v1/chat/completions',
+      body: { model: 'nobody-serves', messages: [{ role: 'user', content: 'q' }] },
+    });
+    const fileId = await uploadFile(server.url, `${line}\n`, 'expire.jsonl');
+    const batch = await api('/v1/batches', {
+      method: 'POST',
+      json: { input_file_id: fileId, endpoint: '/v1/chat/completions', completion_window: '24h', webhook: hook },
+    });
+    expect(batch.status, JSON.stringify(batch.body)).toBe(200);
+    await waitFor('the batch in progress', async () => ((await api(`/v1/batches/${batch.body.id}`)).body.status === 'in_progress' ? true : undefined));
+    // The window is 24 hours; move its end to now rather than wait.
+    const db = new Database(join(data.dir, 'regen.db'), { timeout: 10_000 });
+    db.prepare('update runs set expires_at = ? where batch_id = ?').run(Date.now() - 1000, batch.body.id);
+    db.close();
+    const [got] = await arrivals('/expired', 1);
+    expect(got.verified).toBe(true);
+    expect(got.event).toEqual({ id: got.id, object: 'event', created_at: expect.any(Number), type: 'batch.expired', data: { id: batch.body.id } });
+    expect((await api(`/v1/batches/${batch.body.id}`)).body.status).toBe('expired');
   });
 
   it('refuses a webhook URL that breaks the endpoint URL rules, and a malformed secret, naming the field', async () => {
