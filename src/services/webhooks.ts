@@ -21,6 +21,8 @@ const GONE = 410;
 
 export class WebhookDeliverer {
   private timer: NodeJS.Timeout | undefined;
+  /** The last read filled every free slot: more may be due, so a finished attempt reads again at once. */
+  private backlog = false;
   private readonly inFlight = new Set<Promise<void>>();
   private readonly stopping = new AbortController();
 
@@ -39,6 +41,7 @@ export class WebhookDeliverer {
 
   private schedule(ms: number): void {
     if (this.stopping.signal.aborted) return;
+    clearTimeout(this.timer);
     this.timer = setTimeout(() => this.tick(), ms).unref();
   }
 
@@ -47,9 +50,14 @@ export class WebhookDeliverer {
     try {
       const free = MAX_IN_FLIGHT - this.inFlight.size;
       const now = clock();
-      for (const row of free > 0 ? dueDeliveries(db, now, free) : []) {
+      const due = free > 0 ? dueDeliveries(db, now, free) : [];
+      this.backlog = free === 0 || due.length === free;
+      for (const row of due) {
         if (!claimDelivery(db, row, now + config.webhookTimeoutMs + LEASE_MARGIN_MS)) continue;
-        const attempt = this.attempt(row).finally(() => this.inFlight.delete(attempt));
+        const attempt = this.attempt(row).finally(() => {
+          this.inFlight.delete(attempt);
+          if (this.backlog) this.schedule(0);
+        });
         this.inFlight.add(attempt);
       }
     } catch (err) {
