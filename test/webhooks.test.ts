@@ -236,6 +236,10 @@ describe('webhooks', () => {
       last_error: `HTTP 503 (attempt ${MAX_ATTEMPTS} of ${MAX_ATTEMPTS})`,
     });
     expect(receiver.at('/down')).toHaveLength(MAX_ATTEMPTS);
+    const metrics = String((await call(server.url, '/metrics')).body);
+    expect(metrics).toContain('regen_webhook_events{status="failed"} 1');
+    expect(metrics).toMatch(/regen_webhook_attempts_total\{result="failed"\} 1\n/);
+    expect(Number(/regen_webhook_attempts_total\{result="retry"\} (\d+)/.exec(metrics)?.[1])).toBeGreaterThanOrEqual(MAX_ATTEMPTS - 1);
   });
 
   it("sends a batch's end under OpenAI's event name and shape", async () => {

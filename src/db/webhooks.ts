@@ -1,4 +1,4 @@
-import { and, asc, eq, lte, sql } from 'drizzle-orm';
+import { and, asc, count, eq, lte, sql } from 'drizzle-orm';
 import type { SQLiteUpdateSetSource } from 'drizzle-orm/sqlite-core';
 import type { Db, DbOrTx } from './client.js';
 import { runs, webhookDeliveries, type WebhookDeliveryRow } from './schema.js';
@@ -60,6 +60,11 @@ export function claimDelivery(db: Db, row: WebhookDeliveryRow, leaseUntil: numbe
 /** The signing secret a run's own webhook was given, if any. */
 export function runWebhookSecret(db: Db, runId: string): string | null {
   return db.select({ secret: runs.webhookSecret }).from(runs).where(eq(runs.id, runId)).get()?.secret ?? null;
+}
+
+/** The outbox's events by delivery status. */
+export function deliveryCountsByStatus(db: Db): { status: string; n: number }[] {
+  return db.select({ status: webhookDeliveries.status, n: count() }).from(webhookDeliveries).groupBy(webhookDeliveries.status).all();
 }
 
 export type DeliveryResult = { kind: 'delivered' } | { kind: 'retry'; at: number; error: string } | { kind: 'failed'; error: string };

@@ -26,7 +26,7 @@ export class WebhookDeliverer {
   private readonly inFlight = new Set<Promise<void>>();
   private readonly stopping = new AbortController();
 
-  constructor(private readonly deps: Pick<Deps, 'db' | 'config' | 'logger' | 'clock'>) {}
+  constructor(private readonly deps: Pick<Deps, 'db' | 'config' | 'logger' | 'clock' | 'metrics'>) {}
 
   start(): void {
     this.schedule(0);
@@ -80,6 +80,7 @@ export class WebhookDeliverer {
       logger.warn({ event_id: row.id, err: { message: (err as Error).message } }, 'webhook attempt not recorded');
       return;
     }
+    this.deps.metrics.webhookAttempted(result.kind);
     // The URL is not logged: receivers' URLs often carry a token of their own.
     const fields = { event_id: row.id, type: row.type, run_id: row.runId ?? undefined, attempts: row.attempts + 1 };
     if (result.kind === 'delivered') logger.info(fields, 'webhook delivered');
