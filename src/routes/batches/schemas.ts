@@ -1,4 +1,5 @@
 import { z } from '@hono/zod-openapi';
+import { WebhookTarget } from '../common.js';
 
 const maxLen = (n: number) => z.string().max(n, `must be at most ${n} characters`);
 
@@ -29,6 +30,7 @@ export const CreateBatchBody = z
       .object({ anchor: z.literal('created_at'), seconds: z.number().int().min(3600).max(2_592_000) })
       .strict()
       .optional(),
+    webhook: WebhookTarget.optional(),
   })
   .strict()
   .openapi('CreateBatch', {
