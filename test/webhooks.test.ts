@@ -360,7 +360,9 @@ describe('webhooks', () => {
         method: 'POST',
         json: { input_file_id: fileId, endpoint: '/v1/chat/completions', completion_window: '24h', webhook: { ...good, url } },
       });
-      expectProblem(batch, 422, { field: 'webhook.url', hidden: [good.secret] });
+      // The Batch routes answer a refused parameter as OpenAI does: 400, with the same problem fields.
+      expectProblem(batch, 400, { field: 'webhook.url', hidden: [good.secret] });
+      expect(batch.body.error).toMatchObject({ type: 'invalid_request_error', param: 'webhook.url' });
     }
     const short = `whsec_${randomBytes(8).toString('base64')}`;
     for (const s of [short, 'plain-text-secret-of-enough-length-000', `whsec_${'!'.repeat(40)}`]) {
