@@ -5,10 +5,10 @@ import { ZodError } from 'zod';
 import type { Deps } from './deps.js';
 import { isDbBusy } from './db/client.js';
 import { ApiError } from './errors.js';
-import { createRouter, type App } from './http/app.js';
+import { createRouter, openaiErrors, type App } from './http/app.js';
 import { requireToken } from './http/auth.js';
 import { problem, validationError } from './http/problems.js';
-import { registerRoutes } from './routes/index.js';
+import { OPENAI_PATHS, registerRoutes } from './routes/index.js';
 
 export function createApp(deps: Deps): App {
   const app = createRouter();
@@ -23,6 +23,8 @@ export function createApp(deps: Deps): App {
       'request',
     );
   });
+  // Before the token check, so that its 401 is in OpenAI's shape there too.
+  for (const path of OPENAI_PATHS) app.use(path, openaiErrors);
   app.use('/v1/*', requireToken(deps.config.apiTokens));
   app.use('/metrics', requireToken(deps.config.apiTokens));
   // Uploads stream and have no limit of their own; every other body is bounded.

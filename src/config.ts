@@ -1,6 +1,8 @@
 import { z } from 'zod';
 import { resolve } from 'node:path';
 import { pathToFileURL } from 'node:url';
+import { urlProblem } from './domain/endpoint-url.js';
+import { isWebhookSecret, SECRET_MESSAGE } from './domain/webhooks.js';
 
 const int = (min: number, max: number) =>
   z
@@ -15,6 +17,11 @@ const list = z.string().transform((v) =>
     .map((s) => s.trim())
     .filter(Boolean),
 );
+const webhookUrl = z.string().superRefine((v, ctx) => {
+  const problem = urlProblem(v);
+  if (problem) ctx.addIssue({ code: 'custom', message: problem });
+});
+const webhookSecret = z.string().refine(isWebhookSecret, SECRET_MESSAGE);
 const uri = z.string().refine((v) => /^(s3:\/\/[^/]+\/|file:\/\/\/)/.test(v), 'expected s3://bucket/prefix/ or file:///absolute/path/');
 
 // Each setting: its env var, its `regen serve` flag, how to parse it, and its default.
@@ -50,6 +57,12 @@ const settings = {
   },
   s3Endpoint: { env: 'REGEN_S3_ENDPOINT', flag: undefined, parse: z.url(), default: undefined },
   s3ForcePathStyle: { env: 'REGEN_S3_FORCE_PATH_STYLE', flag: undefined, parse: bool, default: 'false' },
+  webhookUrl: { env: 'REGEN_WEBHOOK_URL', flag: undefined, parse: webhookUrl, default: undefined },
+  webhookSecret: { env: 'REGEN_WEBHOOK_SECRET', flag: undefined, parse: webhookSecret, default: undefined, secret: true },
+  // Standard Webhooks recommends a timeout of 15 to 30 s.
+  webhookTimeoutMs: { env: 'REGEN_WEBHOOK_TIMEOUT_MS', flag: undefined, parse: int(100, 300_000), default: '15000' },
+  webhookRetryMs: { env: 'REGEN_WEBHOOK_RETRY_MS', flag: undefined, parse: int(10, 3_600_000), default: '5000' },
+  webhookMaxAttempts: { env: 'REGEN_WEBHOOK_MAX_ATTEMPTS', flag: undefined, parse: int(1, 1000), default: '30' },
 } as const;
 
 type Settings = typeof settings;
@@ -70,8 +83,13 @@ export function loadConfig(env: NodeJS.ProcessEnv, flags: Record<string, string 
     if (parsed.success) out[key] = parsed.data;
     else {
       const source = fromFlag !== undefined ? `--${s.flag}` : s.env;
-      problems.push(`${source}: ${parsed.error.issues[0]?.message ?? 'invalid value'} (got ${JSON.stringify(String(raw).slice(0, 80))})`);
+      const got = 'secret' in s ? 'the value is not shown' : `got ${JSON.stringify(String(raw).slice(0, 80))}`;
+      problems.push(`${source}: ${parsed.error.issues[0]?.message ?? 'invalid value'} (${got})`);
     }
+  }
+  // Every event is signed: a default URL without its secret could only send unsigned ones.
+  if ((out.webhookUrl === undefined) !== (out.webhookSecret === undefined) && !problems.length) {
+    problems.push('REGEN_WEBHOOK_URL and REGEN_WEBHOOK_SECRET: set both, or neither');
   }
   if (problems.length) throw new ConfigError(problems.join('\n'));
   const dataDir = resolve(out.dataDir as string);

@@ -74,11 +74,11 @@ const titles: Record<number, string> = {
   503: 'Service Unavailable',
 };
 
-export function problemBody(err: ApiError, requestId?: string): Problem {
+export function problemBody(err: ApiError, requestId?: string, status = err.status): Problem {
   return {
     type: `https://regen.dev/problems/${err.code}`,
-    title: titles[err.status] ?? 'Error',
-    status: err.status,
+    title: titles[status] ?? 'Error',
+    status,
     detail: err.message,
     code: err.code,
     ...err.extra,
@@ -89,4 +89,41 @@ export function problemBody(err: ApiError, requestId?: string): Problem {
 /** The standard error responses every route documents. */
 export function problemResponses(...statuses: number[]) {
   return Object.fromEntries(statuses.map((s) => [s, { description: titles[s] ?? 'Error', content: { 'application/problem+json': { schema: Problem } } }]));
+}
+
+// The OpenAI layer (Files and Batch routes) answers in OpenAI's error shape, which the official
+// SDKs read (`e.error.message`, `e.param`), with the problem fields beside it for other clients.
+
+/** OpenAI answers 400 to a parameter it refuses, where regen's own API says 422. */
+const openaiStatusOf: Partial<Record<ErrorCode, number>> = { validation_failed: 400 };
+
+export const openaiStatus = (err: ApiError) => openaiStatusOf[err.code] ?? err.status;
+
+export const OpenAIErrorObject = z
+  .object({
+    message: z.string(),
+    type: z.enum(['invalid_request_error', 'server_error']),
+    param: z.string().nullable().openapi({ description: 'The request field at fault, when one is' }),
+    code: ErrorCode,
+  })
+  .openapi('OpenAIErrorObject');
+
+export const OpenAIProblem = Problem.extend({ error: OpenAIErrorObject }).openapi('OpenAIProblem', {
+  description: "OpenAI's error envelope, with the problem+json fields beside it",
+});
+export type OpenAIProblem = z.infer<typeof OpenAIProblem>;
+
+export function openaiProblemBody(err: ApiError, requestId?: string): OpenAIProblem {
+  const status = openaiStatus(err);
+  return {
+    ...problemBody(err, requestId, status),
+    error: { message: err.message, type: status >= 500 ? 'server_error' : 'invalid_request_error', param: err.extra.field ?? null, code: err.code },
+  };
+}
+
+/** The error responses of an OpenAI-layer route. */
+export function openaiErrorResponses(...statuses: number[]) {
+  return Object.fromEntries(
+    statuses.map((s) => [s, { description: titles[s] ?? 'Error', content: { 'application/problem+json': { schema: OpenAIProblem } } }]),
+  );
 }

@@ -11,6 +11,7 @@ import { RunnerThread } from './runner/thread.js';
 import { idleRunner } from './runner/view.js';
 import { Metrics } from './services/metrics.js';
 import { ingestRun } from './services/runs/ingest.js';
+import { WebhookDeliverer } from './services/webhooks.js';
 import { Stores } from './storage/index.js';
 
 /** The runner as the process that started it controls it, whether in this thread or its own. */
@@ -124,6 +125,9 @@ async function start(config: Config, opts: StartOptions, thread: RunnerThread | 
     // Without a runner nothing else would validate the runs this API creates.
     for (const id of validatingRunIds(db)) deps.startIngest(id);
   }
+  // On this thread, not the runner's: a slow receiver must not hold up dispatch.
+  const webhooks = new WebhookDeliverer(deps);
+  webhooks.start();
   const app = createApp(deps);
   const server: ServerType = await new Promise((resolve) => {
     const s = serve({ fetch: app.fetch, hostname: config.host, port: config.port }, () => resolve(s));
@@ -148,6 +152,7 @@ async function start(config: Config, opts: StartOptions, thread: RunnerThread | 
       });
       await ingest.stop();
       if (runner) await runner.stop(graceMs);
+      await webhooks.stop();
       stores.close();
       closeDb(db);
       logger.info('regen stopped');

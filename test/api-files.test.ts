@@ -18,9 +18,18 @@ afterAll(async () => {
 
 const req = (path: string, init: RequestInit & { duplex?: 'half' } = {}) => request(server.url, path, init);
 
-/** Every error is problem+json with a code and a detail, and leaks no stack, path or exception text. */
+/**
+ * Every error is problem+json with a code and a detail, and leaks no stack, path or exception
+ * text; on these OpenAI routes it carries OpenAI's envelope too, with the same message and field.
+ */
 function expectProblem(res: Raw, status: number, code?: string) {
   shared(res, status, { code, hidden: [server.config.dataDir] });
+  expect(res.body.error).toEqual({
+    message: res.body.detail,
+    type: status >= 500 ? 'server_error' : 'invalid_request_error',
+    param: res.body.field ?? null,
+    code: res.body.code,
+  });
 }
 
 async function fileCount(): Promise<number> {
@@ -87,9 +96,9 @@ describe('POST /v1/files with a raw body', () => {
     }
   });
 
-  it('rejects a bad ?purpose= with 422 naming the field', async () => {
+  it('rejects a bad ?purpose= with 400 naming the field', async () => {
     const res = await req('/v1/files?purpose=nonsense', { method: 'POST', headers: { 'content-type': 'application/jsonl' }, body: lines(1, 'x') });
-    expectProblem(res, 422, 'validation_failed');
+    expectProblem(res, 400, 'validation_failed');
     expect(res.body.field).toBe('purpose');
   });
 
@@ -131,11 +140,11 @@ describe('POST /v1/files with multipart/form-data', () => {
     }
   });
 
-  it('rejects a form without a file part, or with an unknown purpose, with 422 naming the field', async () => {
+  it('rejects a form without a file part, or with an unknown purpose, with 400 naming the field', async () => {
     const noFile = new FormData();
     noFile.append('purpose', 'batch');
     const a = await req('/v1/files', { method: 'POST', body: noFile });
-    expectProblem(a, 422, 'validation_failed');
+    expectProblem(a, 400, 'validation_failed');
     expect(a.body.field).toBe('file');
 
     const before = await fileCount();
@@ -143,7 +152,7 @@ describe('POST /v1/files with multipart/form-data', () => {
     badPurpose.append('file', new Blob(['{}\n']), 'x.jsonl');
     badPurpose.append('purpose', 'weights');
     const b = await req('/v1/files', { method: 'POST', body: badPurpose });
-    expectProblem(b, 422, 'validation_failed');
+    expectProblem(b, 400, 'validation_failed');
     expect(b.body.field).toBe('purpose');
     // The rejected upload leaves nothing behind.
     expect(await fileCount()).toBe(before);
@@ -226,11 +235,11 @@ describe('GET and DELETE /v1/files/{id}', () => {
     expectProblem(await req(`/v1/files/${up.body.id}`, { method: 'DELETE' }), 404, 'not_found');
   });
 
-  it('answers 404 for unknown ids and 422 for malformed ones', async () => {
+  it('answers 404 for unknown ids and 400 for malformed ones', async () => {
     expectProblem(await req('/v1/files/file_doesnotexist'), 404, 'not_found');
     expectProblem(await req('/v1/files/file_doesnotexist/content'), 404, 'not_found');
     const bad = await req(`/v1/files/${encodeURIComponent('file_a b')}`);
-    expectProblem(bad, 422, 'validation_failed');
+    expectProblem(bad, 400, 'validation_failed');
     expect(bad.body.field).toBe('id');
   });
 
@@ -277,10 +286,10 @@ describe('GET /v1/files', () => {
     expect(all.body.data.map((f: any) => f.id)).toEqual(expect.arrayContaining(made));
   });
 
-  it('rejects limit 0, limit 5000 and a bad purpose with 422', async () => {
+  it('rejects limit 0, limit 5000 and a bad purpose with 400', async () => {
     for (const q of ['limit=0', 'limit=5000', 'limit=abc', 'purpose=nope']) {
       const res = await req(`/v1/files?${q}`);
-      expectProblem(res, 422, 'validation_failed');
+      expectProblem(res, 400, 'validation_failed');
       expect(res.body.field).toBe(q.split('=')[0]);
     }
   });

@@ -1,7 +1,7 @@
 // OpenAI's Batch API, driven by the official `openai` SDK as any existing batch client would.
 import { createHash } from 'node:crypto';
 import { eq } from 'drizzle-orm';
-import OpenAI, { AuthenticationError, NotFoundError, UnprocessableEntityError, toFile } from 'openai';
+import OpenAI, { APIError, AuthenticationError, BadRequestError, NotFoundError, toFile } from 'openai';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { runs } from '../src/db/schema.js';
 import { spawnSimulator, type SimProcess } from '../src/sim/spawn.js';
@@ -118,6 +118,9 @@ describe('auth', () => {
   it('refuses a wrong key with AuthenticationError', async () => {
     const wrong = new OpenAI({ baseURL: `${server.url}/v1`, apiKey: 'not-a-token', maxRetries: 0 });
     await expect(wrong.batches.list()).rejects.toBeInstanceOf(AuthenticationError);
+    await expect(wrong.batches.list()).rejects.toMatchObject({
+      message: expect.stringMatching(/^401 a valid "Authorization: Bearer <token>" header is required/),
+    });
     await expect(wrong.files.create({ file: await toFile(Buffer.from('{}\n'), 'x.jsonl'), purpose: 'batch' })).rejects.toBeInstanceOf(AuthenticationError);
   });
 });
@@ -194,22 +197,49 @@ describe('a batch', () => {
     expect(run.shards).toEqual({ total: 5, uploaded: 5 });
   });
 
-  it('refuses what it cannot run with the SDK error the status maps to', async () => {
+  it('refuses what it cannot run with the SDK error the status maps to, its message and param set', async () => {
     const file = await upload(batchLines(2, 'refused'));
-    await expect(client.batches.create({ input_file_id: file.id, endpoint: '/v1/embeddings', completion_window: '24h' })).rejects.toBeInstanceOf(
-      UnprocessableEntityError,
-    );
-    await expect(
-      client.batches.create({ input_file_id: 'file_doesnotexist', endpoint: '/v1/chat/completions', completion_window: '24h' }),
-    ).rejects.toBeInstanceOf(NotFoundError);
-    await expect(client.batches.create({ input_file_id: file.id, endpoint: '/v1/chat/completions', completion_window: '1d' as '24h' })).rejects.toBeInstanceOf(
-      UnprocessableEntityError,
-    );
+    const refusal = async (p: Promise<unknown>) => {
+      const e = await p.then(
+        () => expect.unreachable('the request was accepted'),
+        (err: unknown) => err,
+      );
+      expect(e).toBeInstanceOf(APIError);
+      return e as APIError;
+    };
+
+    // OpenAI answers 400 to a parameter it refuses; the SDK reads message and param from its envelope.
+    const endpoint = await refusal(client.batches.create({ input_file_id: file.id, endpoint: '/v1/embeddings', completion_window: '24h' }));
+    expect(endpoint).toBeInstanceOf(BadRequestError);
+    expect(endpoint.status).toBe(400);
+    expect(endpoint.param).toBe('endpoint');
+    expect((endpoint.error as any).message).toMatch(/^endpoint: only "\/v1\/chat\/completions" is supported/);
+    expect(endpoint.message).toContain((endpoint.error as any).message);
+
+    const window = await refusal(client.batches.create({ input_file_id: file.id, endpoint: '/v1/chat/completions', completion_window: '1d' as '24h' }));
+    expect(window).toBeInstanceOf(BadRequestError);
+    expect(window.param).toBe('completion_window');
+
     const noModel = await upload([{ custom_id: 'a', method: 'POST', url: '/v1/chat/completions', body: { messages: [{ role: 'user', content: 'hi' }] } }]);
-    await expect(client.batches.create({ input_file_id: noModel.id, endpoint: '/v1/chat/completions', completion_window: '24h' })).rejects.toBeInstanceOf(
-      UnprocessableEntityError,
-    );
-    await expect(client.batches.retrieve('batch_doesnotexist')).rejects.toBeInstanceOf(NotFoundError);
+    const unnamed = await refusal(client.batches.create({ input_file_id: noModel.id, endpoint: '/v1/chat/completions', completion_window: '24h' }));
+    expect(unnamed).toBeInstanceOf(BadRequestError);
+    expect(unnamed.param).toBe('input_file_id');
+    expect(unnamed.message).toMatch(/no valid request with a body\.model/);
+
+    const noFile = await refusal(client.batches.create({ input_file_id: 'file_doesnotexist', endpoint: '/v1/chat/completions', completion_window: '24h' }));
+    expect(noFile).toBeInstanceOf(NotFoundError);
+    expect(noFile.param).toBe('input_file_id');
+
+    const unknown = await refusal(client.batches.retrieve('batch_unknown'));
+    expect(unknown).toBeInstanceOf(NotFoundError);
+    expect((unknown.error as any).message).toBe('batch "batch_unknown" does not exist');
+    expect(unknown.message).toBe('404 batch "batch_unknown" does not exist');
+    expect(unknown.type).toBe('invalid_request_error');
+    expect(unknown.code).toBe('not_found');
+
+    const noUpload = await refusal(client.files.retrieve('file_unknown'));
+    expect(noUpload).toBeInstanceOf(NotFoundError);
+    expect(noUpload.message).toBe('404 file "file_unknown" does not exist');
   });
 
   it('lists invalid lines in errors and in the error file, with failed requests, and runs the rest', async () => {

@@ -215,7 +215,7 @@ describe('GET /metrics', () => {
 
     // Low cardinality: ids of runs and endpoints at most, never a sample's.
     expect(m.text).not.toContain('mcid-');
-    const allowed = new Set(['run_id', 'status', 'endpoint_id', 'state', 'name', 'model', 'reason', 'flag', 'le', 'source']);
+    const allowed = new Set(['run_id', 'status', 'endpoint_id', 'state', 'name', 'model', 'reason', 'flag', 'le', 'source', 'result']);
     for (const s of m.series.filter((x) => x.name.startsWith('regen_'))) {
       for (const label of Object.keys(s.labels)) expect(allowed.has(label), `${s.name} has label ${label}`).toBe(true);
     }

@@ -184,6 +184,21 @@ describe('regen sim: responses', { timeout: 20_000 }, () => {
     expect((data as unknown as { metadata: object }).metadata).toEqual({ weight_version: 'default' });
   });
 
+  it('gives each output token its log probability and top alternatives when asked', async () => {
+    const body = await (await chat(url, { model: 'test-model', messages: user('probabilities'), logprobs: true, top_logprobs: 3 })).json();
+    const { content } = body.choices[0].logprobs;
+    const message = body.choices[0].message;
+    expect(content).toHaveLength(body.usage.completion_tokens);
+    expect(content.map((t: { token: string }) => t.token).join('')).toBe(message.reasoning_content + message.content);
+    for (const t of content) {
+      expect(t.logprob).toBeLessThanOrEqual(0);
+      expect(t.bytes).toEqual([...Buffer.from(t.token)]);
+      expect(t.top_logprobs).toHaveLength(3);
+      expect(t.top_logprobs[0]).toEqual({ token: t.token, logprob: t.logprob, bytes: t.bytes });
+    }
+    expect((await chat(url, { messages: user('probabilities'), top_logprobs: 21 })).status).toBe(400);
+  });
+
   it('is deterministic per prompt and reports cached tokens on a repeat', async () => {
     const messages = user('repeat me');
     const first = await (await chat(url, { model: 'test-model', messages })).json();

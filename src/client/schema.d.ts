@@ -509,8 +509,27 @@ export interface components {
              * @example 1764684000
              */
             created_at: number;
-            /** @enum {string} */
+            /** @description Unix seconds; null, as a file is kept until deleted */
+            expires_at: number | null;
+            /**
+             * @description Deprecated by OpenAI; kept for the SDKs' waitForProcessing
+             * @enum {string}
+             */
             status: "processed";
+            status_details: string | null;
+        };
+        /** @description OpenAI's error envelope, with the problem+json fields beside it */
+        OpenAIProblem: components["schemas"]["Problem"] & {
+            error: components["schemas"]["OpenAIErrorObject"];
+        };
+        OpenAIErrorObject: {
+            message: string;
+            /** @enum {string} */
+            type: "invalid_request_error" | "server_error";
+            /** @description The request field at fault, when one is */
+            param: string | null;
+            /** @enum {string} */
+            code: "invalid_request" | "validation_failed" | "unauthorized" | "not_found" | "conflict" | "payload_too_large" | "unsupported_media_type" | "idempotency_conflict" | "storage_unavailable" | "internal_error";
         };
         FileList: {
             /** @enum {string} */
@@ -566,6 +585,18 @@ export interface components {
                 completed: number;
                 failed: number;
             };
+            /** @description The tokens of every answer the batch has had, those the quality checks retried included */
+            usage: {
+                input_tokens: number;
+                input_tokens_details: {
+                    cached_tokens: number;
+                };
+                output_tokens: number;
+                output_tokens_details: {
+                    reasoning_tokens: number;
+                };
+                total_tokens: number;
+            };
             metadata: {
                 [key: string]: string;
             } | null;
@@ -601,6 +632,17 @@ export interface components {
                 anchor: "created_at";
                 seconds: number;
             };
+            webhook?: components["schemas"]["WebhookTarget"];
+        };
+        /** @description regen's extension (OpenAI's API has no such field): signed events for this run or batch, in place of the server's default */
+        WebhookTarget: {
+            /**
+             * @description Receives each event as a POST (the same address rules as an endpoint URL)
+             * @example https://hooks.example.com/regen
+             */
+            url: string;
+            /** @description Write-only: `whsec_` and the base64 of 24 to 64 random bytes; signs the events (Standard Webhooks), never returned */
+            secret: string;
         };
         BatchList: {
             /** @enum {string} */
@@ -697,7 +739,30 @@ export interface components {
                 elapsed_seconds: number;
             };
             manifest_uri: string | null;
+            webhook: components["schemas"]["RunWebhook"];
         };
+        /** @description Where the run's events go and how their delivery stands; null when they go nowhere */
+        RunWebhook: {
+            url: string;
+            /**
+             * @description `run`: the run's own webhook; `server`: the server's default (REGEN_WEBHOOK_URL), signed with the server's key
+             * @enum {string}
+             */
+            source: "run" | "server";
+            /**
+             * @description Every webhook has a secret; it is never returned
+             * @enum {boolean}
+             */
+            secret_set: true;
+            /** @description The run's events by delivery status */
+            deliveries: {
+                pending: number;
+                delivered: number;
+                failed: number;
+            };
+            /** @description What the last failed attempt met; null once an attempt succeeds */
+            last_error: string | null;
+        } | null;
         /**
          * @example {
          *       "name": "regen-qwen3",
@@ -741,6 +806,7 @@ export interface components {
             };
             request_timeout_ms?: number;
             max_attempts?: number;
+            webhook?: components["schemas"]["WebhookTarget"];
         };
         /**
          * @example {
@@ -1177,22 +1243,22 @@ export interface operations {
                     "application/json": components["schemas"]["FileList"];
                 };
             };
+            /** @description Bad Request */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["OpenAIProblem"];
+                };
+            };
             /** @description Unauthorized */
             401: {
                 headers: {
                     [name: string]: unknown;
                 };
                 content: {
-                    "application/problem+json": components["schemas"]["Problem"];
-                };
-            };
-            /** @description Unprocessable Content */
-            422: {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/problem+json": components["schemas"]["Problem"];
+                    "application/problem+json": components["schemas"]["OpenAIProblem"];
                 };
             };
         };
@@ -1236,7 +1302,7 @@ export interface operations {
                     [name: string]: unknown;
                 };
                 content: {
-                    "application/problem+json": components["schemas"]["Problem"];
+                    "application/problem+json": components["schemas"]["OpenAIProblem"];
                 };
             };
             /** @description Unauthorized */
@@ -1245,7 +1311,7 @@ export interface operations {
                     [name: string]: unknown;
                 };
                 content: {
-                    "application/problem+json": components["schemas"]["Problem"];
+                    "application/problem+json": components["schemas"]["OpenAIProblem"];
                 };
             };
             /** @description Unsupported Media Type */
@@ -1254,16 +1320,7 @@ export interface operations {
                     [name: string]: unknown;
                 };
                 content: {
-                    "application/problem+json": components["schemas"]["Problem"];
-                };
-            };
-            /** @description Unprocessable Content */
-            422: {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/problem+json": components["schemas"]["Problem"];
+                    "application/problem+json": components["schemas"]["OpenAIProblem"];
                 };
             };
             /** @description Service Unavailable */
@@ -1272,7 +1329,7 @@ export interface operations {
                     [name: string]: unknown;
                 };
                 content: {
-                    "application/problem+json": components["schemas"]["Problem"];
+                    "application/problem+json": components["schemas"]["OpenAIProblem"];
                 };
             };
         };
@@ -1297,13 +1354,22 @@ export interface operations {
                     "application/json": components["schemas"]["File"];
                 };
             };
+            /** @description Bad Request */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["OpenAIProblem"];
+                };
+            };
             /** @description Unauthorized */
             401: {
                 headers: {
                     [name: string]: unknown;
                 };
                 content: {
-                    "application/problem+json": components["schemas"]["Problem"];
+                    "application/problem+json": components["schemas"]["OpenAIProblem"];
                 };
             };
             /** @description Not Found */
@@ -1312,16 +1378,7 @@ export interface operations {
                     [name: string]: unknown;
                 };
                 content: {
-                    "application/problem+json": components["schemas"]["Problem"];
-                };
-            };
-            /** @description Unprocessable Content */
-            422: {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/problem+json": components["schemas"]["Problem"];
+                    "application/problem+json": components["schemas"]["OpenAIProblem"];
                 };
             };
         };
@@ -1346,13 +1403,22 @@ export interface operations {
                     "application/json": components["schemas"]["FileDeleted"];
                 };
             };
+            /** @description Bad Request */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["OpenAIProblem"];
+                };
+            };
             /** @description Unauthorized */
             401: {
                 headers: {
                     [name: string]: unknown;
                 };
                 content: {
-                    "application/problem+json": components["schemas"]["Problem"];
+                    "application/problem+json": components["schemas"]["OpenAIProblem"];
                 };
             };
             /** @description Not Found */
@@ -1361,7 +1427,7 @@ export interface operations {
                     [name: string]: unknown;
                 };
                 content: {
-                    "application/problem+json": components["schemas"]["Problem"];
+                    "application/problem+json": components["schemas"]["OpenAIProblem"];
                 };
             };
             /** @description Conflict */
@@ -1370,16 +1436,7 @@ export interface operations {
                     [name: string]: unknown;
                 };
                 content: {
-                    "application/problem+json": components["schemas"]["Problem"];
-                };
-            };
-            /** @description Unprocessable Content */
-            422: {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/problem+json": components["schemas"]["Problem"];
+                    "application/problem+json": components["schemas"]["OpenAIProblem"];
                 };
             };
         };
@@ -1404,13 +1461,22 @@ export interface operations {
                     "application/jsonl": string;
                 };
             };
+            /** @description Bad Request */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["OpenAIProblem"];
+                };
+            };
             /** @description Unauthorized */
             401: {
                 headers: {
                     [name: string]: unknown;
                 };
                 content: {
-                    "application/problem+json": components["schemas"]["Problem"];
+                    "application/problem+json": components["schemas"]["OpenAIProblem"];
                 };
             };
             /** @description Not Found */
@@ -1419,16 +1485,7 @@ export interface operations {
                     [name: string]: unknown;
                 };
                 content: {
-                    "application/problem+json": components["schemas"]["Problem"];
-                };
-            };
-            /** @description Unprocessable Content */
-            422: {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/problem+json": components["schemas"]["Problem"];
+                    "application/problem+json": components["schemas"]["OpenAIProblem"];
                 };
             };
             /** @description Service Unavailable */
@@ -1437,7 +1494,7 @@ export interface operations {
                     [name: string]: unknown;
                 };
                 content: {
-                    "application/problem+json": components["schemas"]["Problem"];
+                    "application/problem+json": components["schemas"]["OpenAIProblem"];
                 };
             };
         };
@@ -1464,22 +1521,22 @@ export interface operations {
                     "application/json": components["schemas"]["BatchList"];
                 };
             };
+            /** @description Bad Request */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["OpenAIProblem"];
+                };
+            };
             /** @description Unauthorized */
             401: {
                 headers: {
                     [name: string]: unknown;
                 };
                 content: {
-                    "application/problem+json": components["schemas"]["Problem"];
-                };
-            };
-            /** @description Unprocessable Content */
-            422: {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/problem+json": components["schemas"]["Problem"];
+                    "application/problem+json": components["schemas"]["OpenAIProblem"];
                 };
             };
         };
@@ -1512,7 +1569,7 @@ export interface operations {
                     [name: string]: unknown;
                 };
                 content: {
-                    "application/problem+json": components["schemas"]["Problem"];
+                    "application/problem+json": components["schemas"]["OpenAIProblem"];
                 };
             };
             /** @description Unauthorized */
@@ -1521,7 +1578,7 @@ export interface operations {
                     [name: string]: unknown;
                 };
                 content: {
-                    "application/problem+json": components["schemas"]["Problem"];
+                    "application/problem+json": components["schemas"]["OpenAIProblem"];
                 };
             };
             /** @description Not Found */
@@ -1530,7 +1587,7 @@ export interface operations {
                     [name: string]: unknown;
                 };
                 content: {
-                    "application/problem+json": components["schemas"]["Problem"];
+                    "application/problem+json": components["schemas"]["OpenAIProblem"];
                 };
             };
             /** @description Payload Too Large */
@@ -1539,7 +1596,7 @@ export interface operations {
                     [name: string]: unknown;
                 };
                 content: {
-                    "application/problem+json": components["schemas"]["Problem"];
+                    "application/problem+json": components["schemas"]["OpenAIProblem"];
                 };
             };
             /** @description Unsupported Media Type */
@@ -1548,16 +1605,7 @@ export interface operations {
                     [name: string]: unknown;
                 };
                 content: {
-                    "application/problem+json": components["schemas"]["Problem"];
-                };
-            };
-            /** @description Unprocessable Content */
-            422: {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/problem+json": components["schemas"]["Problem"];
+                    "application/problem+json": components["schemas"]["OpenAIProblem"];
                 };
             };
             /** @description Service Unavailable */
@@ -1566,7 +1614,7 @@ export interface operations {
                     [name: string]: unknown;
                 };
                 content: {
-                    "application/problem+json": components["schemas"]["Problem"];
+                    "application/problem+json": components["schemas"]["OpenAIProblem"];
                 };
             };
         };
@@ -1591,13 +1639,22 @@ export interface operations {
                     "application/json": components["schemas"]["Batch"];
                 };
             };
+            /** @description Bad Request */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["OpenAIProblem"];
+                };
+            };
             /** @description Unauthorized */
             401: {
                 headers: {
                     [name: string]: unknown;
                 };
                 content: {
-                    "application/problem+json": components["schemas"]["Problem"];
+                    "application/problem+json": components["schemas"]["OpenAIProblem"];
                 };
             };
             /** @description Not Found */
@@ -1606,16 +1663,7 @@ export interface operations {
                     [name: string]: unknown;
                 };
                 content: {
-                    "application/problem+json": components["schemas"]["Problem"];
-                };
-            };
-            /** @description Unprocessable Content */
-            422: {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/problem+json": components["schemas"]["Problem"];
+                    "application/problem+json": components["schemas"]["OpenAIProblem"];
                 };
             };
         };
@@ -1640,13 +1688,22 @@ export interface operations {
                     "application/json": components["schemas"]["Batch"];
                 };
             };
+            /** @description Bad Request */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["OpenAIProblem"];
+                };
+            };
             /** @description Unauthorized */
             401: {
                 headers: {
                     [name: string]: unknown;
                 };
                 content: {
-                    "application/problem+json": components["schemas"]["Problem"];
+                    "application/problem+json": components["schemas"]["OpenAIProblem"];
                 };
             };
             /** @description Not Found */
@@ -1655,7 +1712,7 @@ export interface operations {
                     [name: string]: unknown;
                 };
                 content: {
-                    "application/problem+json": components["schemas"]["Problem"];
+                    "application/problem+json": components["schemas"]["OpenAIProblem"];
                 };
             };
             /** @description Conflict */
@@ -1664,16 +1721,7 @@ export interface operations {
                     [name: string]: unknown;
                 };
                 content: {
-                    "application/problem+json": components["schemas"]["Problem"];
-                };
-            };
-            /** @description Unprocessable Content */
-            422: {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/problem+json": components["schemas"]["Problem"];
+                    "application/problem+json": components["schemas"]["OpenAIProblem"];
                 };
             };
         };

@@ -90,11 +90,6 @@ export function dueBatchRuns(db: Db, now: number): RunRow[] {
     .all();
 }
 
-/** Marks a batch run as given up by its completion window. */
-export function markBatchExpired(db: DbOrTx, runId: string, now: number): void {
-  db.update(runs).set({ expiredAt: now }).where(eq(runs.id, runId)).run();
-}
-
 /** Remembers a batch file's size, unless the run finished again (a retry) since `finishedAt`. */
 export function setBatchFileBytes(db: DbOrTx, runId: string, finishedAt: number, bytes: NonNullable<RunRow['batchFileBytes']>): void {
   db.update(runs)

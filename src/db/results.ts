@@ -56,6 +56,7 @@ interface RunDelta {
   prompt: number;
   completion: number;
   reasoning: number;
+  cached: number;
   dropped: number;
 }
 
@@ -70,6 +71,7 @@ const newDelta = (): RunDelta => ({
   prompt: 0,
   completion: 0,
   reasoning: 0,
+  cached: 0,
   dropped: 0,
 });
 
@@ -97,7 +99,7 @@ export function prepareResultStatements(db: Db) {
     runCounters: db.$client.prepare(
       `update runs set pending = pending + ?, in_progress = in_progress + ?, completed = completed + ?, failed = failed + ?,
        cancelled = cancelled + ?, flagged = flagged + ?, ${FLAG_COLUMNS.map(({ column }) => `${column} = ${column} + ?`).join(', ')}, prompt_tokens = prompt_tokens + ?,
-       completion_tokens = completion_tokens + ?, reasoning_tokens = reasoning_tokens + ?, dropped_results = dropped_results + ?,
+       completion_tokens = completion_tokens + ?, reasoning_tokens = reasoning_tokens + ?, cached_tokens = cached_tokens + ?, dropped_results = dropped_results + ?,
        updated_at = ? where id = ?`,
     ),
     shardTerminal: db.$client.prepare(
@@ -187,6 +189,7 @@ export function applyOutcomes(s: ResultStatements, owner: string, batch: Outcome
       d.prompt += usage.prompt_tokens;
       d.completion += usage.completion_tokens;
       d.reasoning += usage.reasoning_tokens;
+      d.cached += usage.cached_tokens;
     }
     if (o.endpointId && (o.kind === 'completed' || o.kind === 'failed')) {
       const e = endpointDeltas.get(o.endpointId) ?? { completed: 0, failed: 0 };
@@ -218,6 +221,7 @@ export function applyOutcomes(s: ResultStatements, owner: string, batch: Outcome
       d.prompt,
       d.completion,
       d.reasoning,
+      d.cached,
       d.dropped,
       now,
       runId,

@@ -3,6 +3,8 @@ import type { DbOrTx } from './client.js';
 import { appendEvent } from './events.js';
 import { runs, type RunRow } from './schema.js';
 import { FLAG_COLUMNS, type Flag } from '../domain/flags.js';
+import { isWebhookRunStatus } from '../domain/webhooks.js';
+import { enqueueRunEvent } from './webhooks.js';
 import { canTransition, TERMINAL_RUN_STATUSES, type RunStatus } from '../domain/statuses.js';
 
 export function getRun(db: DbOrTx, id: string): RunRow | undefined {
@@ -27,7 +29,8 @@ export function listRuns(db: DbOrTx, opts: { status?: RunStatus; after?: string;
 }
 
 /**
- * Moves a run to a new status when it is in one of `from`, recording an event; returns false when
+ * Moves a run to a new status when it is in one of `from`, recording an event (and its webhook's,
+ * in the same transaction, so a crash cannot keep the one and lose the other); returns false when
  * the run was not in an allowed status (someone else moved it first).
  */
 export function transitionRun(
@@ -36,7 +39,7 @@ export function transitionRun(
   from: readonly RunStatus[],
   to: RunStatus,
   now: number,
-  extra: Partial<Pick<RunRow, 'statusReason' | 'startedAt' | 'finishedAt' | 'gateOverridden'>> = {},
+  extra: Partial<Pick<RunRow, 'statusReason' | 'startedAt' | 'finishedAt' | 'gateOverridden' | 'expiredAt'>> = {},
 ): boolean {
   for (const f of from) if (!canTransition(f, to)) throw new Error(`a run cannot go from ${f} to ${to}`);
   return db.transaction((tx) => {
@@ -49,6 +52,7 @@ export function transitionRun(
       .run();
     if (res.changes === 0) return false;
     appendEvent(tx, id, 'status', { status: to, reason: set.statusReason ?? null }, now);
+    if (isWebhookRunStatus(to)) enqueueRunEvent(tx, id, to, set.statusReason ?? null, now);
     return true;
   });
 }

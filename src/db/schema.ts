@@ -89,6 +89,7 @@ export const runs = sqliteTable(
     promptTokens: integer('prompt_tokens').notNull().default(0),
     completionTokens: integer('completion_tokens').notNull().default(0),
     reasoningTokens: integer('reasoning_tokens').notNull().default(0),
+    cachedTokens: integer('cached_tokens').notNull().default(0),
     shardsTotal: integer('shards_total').notNull().default(0),
     shardsUploaded: integer('shards_uploaded').notNull().default(0),
     droppedResults: integer('dropped_results').notNull().default(0),
@@ -104,6 +105,16 @@ export const runs = sqliteTable(
     errorFileId: text('error_file_id').unique(),
     // Their sizes, counted once per finish (`at` is the run's finished_at they were counted for).
     batchFileBytes: text('batch_file_bytes', { mode: 'json' }).$type<BatchFileBytes | null>(),
+    // Where the run's webhook events go. A run created with its own webhook keeps its secret here
+    // (write-only, like an endpoint's api_key); one that took the server's default has only the URL,
+    // and is signed with REGEN_WEBHOOK_SECRET.
+    webhookUrl: text('webhook_url'),
+    webhookSecret: text('webhook_secret'),
+    // Its events by delivery status, kept in step with webhook_deliveries by the code that moves them.
+    webhookPending: integer('webhook_pending').notNull().default(0),
+    webhookDelivered: integer('webhook_delivered').notNull().default(0),
+    webhookFailed: integer('webhook_failed').notNull().default(0),
+    webhookLastError: text('webhook_last_error'),
   },
   (t) => [index('runs_status_idx').on(t.status, t.priority, t.createdAt)],
 );
@@ -217,6 +228,29 @@ export const events = sqliteTable(
   (t) => [index('events_run_idx').on(t.runId, t.id)],
 );
 
+// The outbox of webhook events: each written in the transaction of the change it tells of, and
+// delivered at least once from here (src/services/webhooks.ts), a restart included.
+export const webhookDeliveries = sqliteTable(
+  'webhook_deliveries',
+  {
+    // The event id, sent as `webhook-id` on every attempt.
+    id: text('id').primaryKey(),
+    // The run the event is about, whose secret signs it; null for the server's own (to REGEN_WEBHOOK_URL).
+    runId: text('run_id'),
+    type: text('type').notNull(),
+    url: text('url').notNull(),
+    body: text('body').notNull(),
+    status: text('status').notNull().default('pending'),
+    attempts: integer('attempts').notNull().default(0),
+    // When the next attempt is due; while an attempt is out, when its lease ends (it timed out).
+    nextAttemptAt: integer('next_attempt_at').notNull(),
+    lastError: text('last_error'),
+    createdAt: integer('created_at').notNull(),
+    deliveredAt: integer('delivered_at'),
+  },
+  (t) => [index('webhook_deliveries_due_idx').on(t.nextAttemptAt).where(sql`status = 'pending'`)],
+);
+
 // One row: the process that runs dispatch on this database, so a restart can tell a dead
 // owner's leases from a live one's.
 export const runnerLock = sqliteTable('runner_lock', {
@@ -239,3 +273,4 @@ export type FileRow = typeof files.$inferSelect;
 export type RunRow = typeof runs.$inferSelect;
 export type ShardRow = typeof shards.$inferSelect;
 export type SampleRow = typeof samples.$inferSelect;
+export type WebhookDeliveryRow = typeof webhookDeliveries.$inferSelect;

@@ -5,3 +5,49 @@ export function normalizeEndpointUrl(raw: string): string {
   u.search = '';
   return u.toString().replace(/\/+$/, '').replace(/\/v1$/, '');
 }
+
+// The rules for a URL regen sends requests to on a user's word: an endpoint's, and a webhook's.
+
+export const NOT_HTTP_MESSAGE = 'expected an http:// or https:// base URL without credentials';
+export const METADATA_HOST_MESSAGE = 'link-local and cloud metadata addresses are not allowed';
+
+/** An http(s) URL that carries no user name or password. */
+export function isHttpUrlWithoutCredentials(raw: string): boolean {
+  try {
+    const u = new URL(raw);
+    return (u.protocol === 'http:' || u.protocol === 'https:') && !u.username && !u.password;
+  } catch {
+    return false;
+  }
+}
+
+/** `[::ffff:a9fe:a9fe]` → `169.254.169.254`: the URL parser writes IPv4-mapped IPv6 in hex. */
+function mappedIpv4(host: string): string | null {
+  const m = /^\[::ffff:([0-9a-f]{1,4}):([0-9a-f]{1,4})\]$/i.exec(host);
+  if (!m) return null;
+  const [hi, lo] = [parseInt(m[1], 16), parseInt(m[2], 16)];
+  return `${hi >> 8}.${hi & 255}.${lo >> 8}.${lo & 255}`;
+}
+
+// Link-local addresses and the metadata names are cloud instance metadata, never an inference
+// server nor a webhook receiver.
+function isMetadataHost(hostname: string): boolean {
+  const host = (mappedIpv4(hostname) ?? hostname).toLowerCase();
+  return /^169\.254\./.test(host) || /^\[fe[89ab][0-9a-f]?:/.test(host) || host === 'metadata.google.internal' || host === 'metadata';
+}
+
+/** False for a URL that does not parse, as well as for one naming a metadata host. */
+export function isAllowedHost(raw: string): boolean {
+  try {
+    return !isMetadataHost(new URL(raw).hostname);
+  } catch {
+    return false;
+  }
+}
+
+/** Why regen will not send to this URL, or null when it may. */
+export function urlProblem(raw: string): string | null {
+  if (!isHttpUrlWithoutCredentials(raw)) return NOT_HTTP_MESSAGE;
+  if (!isAllowedHost(raw)) return METADATA_HOST_MESSAGE;
+  return null;
+}

@@ -3,3 +3,21 @@
  * (a raw upload) and `run_input` (the inline requests of a run, kept as a file).
  */
 export const FILE_PURPOSES = ['batch', 'regen', 'run_input', 'batch_output', 'user_data'] as const;
+
+/**
+ * OpenAI's File object. A stored file is ready at once (`processed`, what the SDKs'
+ * `waitForProcessing` waits for) and kept until it is deleted, so it has no `expires_at`.
+ */
+export function fileObject(f: { id: string; bytes: number; filename: string; purpose: string; createdAt: number }) {
+  return {
+    id: f.id,
+    object: 'file' as const,
+    bytes: f.bytes,
+    filename: f.filename,
+    purpose: f.purpose,
+    created_at: Math.floor(f.createdAt / 1000),
+    expires_at: null,
+    status: 'processed' as const,
+    status_details: null,
+  };
+}

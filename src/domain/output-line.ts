@@ -16,6 +16,12 @@ export function runUsage(r: { promptTokens: number; completionTokens: number; re
   return { prompt_tokens: r.promptTokens, completion_tokens: r.completionTokens, reasoning_tokens: r.reasoningTokens };
 }
 
+/** A choice's token log probabilities, as the server sent them (SGLang sends `content` only). */
+export interface ChoiceLogprobs {
+  content?: unknown[] | null;
+  refusal?: unknown[] | null;
+}
+
 /** What the staging table keeps of a completion until its shard is uploaded. */
 export interface StagedOutput {
   reasoning_content: string | null;
@@ -23,6 +29,7 @@ export interface StagedOutput {
   model: string;
   response_id?: string;
   created?: number;
+  logprobs?: ChoiceLogprobs;
 }
 
 export interface OutputLine {
@@ -36,6 +43,8 @@ export interface OutputLine {
   /** The server's completion id and time: an OpenAI batch output line is rebuilt from them (null in shards written before batches). */
   response_id: string | null;
   created: number | null;
+  /** Only on the lines of a request that asked for them, so other shards keep their bytes. */
+  logprobs?: ChoiceLogprobs;
   endpoint_id: string | null;
   latency_ms: number | null;
   attempts: number;
@@ -99,6 +108,7 @@ export function outputLine(s: CompletedSample, out: StagedOutput): string {
     model: out.model,
     response_id: out.response_id ?? null,
     created: out.created ?? null,
+    ...(out.logprobs && { logprobs: out.logprobs }),
     endpoint_id: s.endpointId,
     latency_ms: s.latencyMs,
     attempts: triesOf(s),

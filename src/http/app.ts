@@ -1,12 +1,14 @@
 import { OpenAPIHono } from '@hono/zod-openapi';
+import type { MiddlewareHandler } from 'hono';
 import type { ZodError } from 'zod';
 import type { Deps } from '../deps.js';
 import { problem, validationError } from './problems.js';
 
-export type AppEnv = { Variables: { deps: Deps; requestId: string } };
+/** `errorShape` is set on the OpenAI layer's requests (`openaiErrors`). */
+export type AppEnv = { Variables: { deps: Deps; requestId: string; errorShape?: 'openai' } };
 export type App = OpenAPIHono<AppEnv>;
 
-/** An app that answers a request its route's schemas refuse with a validation problem; it knows no routes. */
+/** An app that answers a request its route's schemas refuse with a validation problem (`problem` picks its shape); it knows no routes. */
 export function createRouter(): App {
   return new OpenAPIHono<AppEnv>({
     defaultHook: (result, c) => {
@@ -15,3 +17,13 @@ export function createRouter(): App {
     },
   });
 }
+
+/**
+ * Marks the requests under it as the OpenAI layer's: their errors, from the token check on, carry
+ * OpenAI's envelope and status codes. The content type stays problem+json; OpenAI's SDKs read the
+ * body whatever its type.
+ */
+export const openaiErrors: MiddlewareHandler<AppEnv> = (c, next) => {
+  c.set('errorShape', 'openai');
+  return next();
+};

@@ -1,6 +1,6 @@
 import type { Context } from 'hono';
 import type { ZodError } from 'zod';
-import { ApiError, problemBody } from '../errors.js';
+import { ApiError, openaiProblemBody, openaiStatus, problemBody } from '../errors.js';
 
 /** Turns a zod issue path into the dotted field name users see (`params.temperature`, `input.requests[3]`). */
 function fieldName(path: PropertyKey[]): string {
@@ -20,7 +20,9 @@ export function validationError(err: ZodError, where: string): ApiError {
   });
 }
 
+/** A problem+json answer; on the OpenAI layer (`openaiErrors`) with OpenAI's envelope and status beside it. */
 export function problem(c: Context, err: ApiError): Response {
-  const body = problemBody(err, c.get('requestId'));
-  return c.newResponse(JSON.stringify(body), err.status as 400, { 'content-type': 'application/problem+json' });
+  const openai = c.get('errorShape') === 'openai';
+  const body = openai ? openaiProblemBody(err, c.get('requestId')) : problemBody(err, c.get('requestId'));
+  return c.newResponse(JSON.stringify(body), (openai ? openaiStatus(err) : err.status) as 400, { 'content-type': 'application/problem+json' });
 }

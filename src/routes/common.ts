@@ -1,8 +1,31 @@
 import { z } from '@hono/zod-openapi';
+import { isWebhookSecret, SECRET_MESSAGE } from '../domain/webhooks.js';
+import { isAllowedHost, isHttpUrlWithoutCredentials, METADATA_HOST_MESSAGE, NOT_HTTP_MESSAGE } from '../domain/endpoint-url.js';
 
 export const iso = (ms: number | null | undefined): string | null => (ms == null ? null : new Date(ms).toISOString());
 
 export const Timestamp = z.string().openapi({ format: 'date-time', example: '2026-12-02T14:00:00.000Z' });
+
+/** A URL regen sends requests to: an endpoint's or a webhook's (`domain/endpoint-url.ts` has the rules). */
+export const HttpUrl = z.string().max(2048).refine(isHttpUrlWithoutCredentials, NOT_HTTP_MESSAGE).refine(isAllowedHost, METADATA_HOST_MESSAGE);
+
+/** regen's extension of a run or a batch: where its events go, signed with its own secret. */
+export const WebhookTarget = z
+  .object({
+    url: HttpUrl.openapi({
+      description: 'Receives each event as a POST (the same address rules as an endpoint URL)',
+      example: 'https://hooks.example.com/regen',
+    }),
+    secret: z
+      .string()
+      .max(256)
+      .refine(isWebhookSecret, SECRET_MESSAGE)
+      .openapi({ description: 'Write-only: `whsec_` and the base64 of 24 to 64 random bytes; signs the events (Standard Webhooks), never returned' }),
+  })
+  .strict()
+  .openapi('WebhookTarget', {
+    description: "regen's extension (OpenAI's API has no such field): signed events for this run or batch, in place of the server's default",
+  });
 
 const idParam = (prefix: string, name: string) =>
   z.object({

@@ -24,6 +24,9 @@ import { registerHealth } from './service/health.js';
 import { registerMetrics } from './service/metrics.js';
 import { registerOpenApi } from './service/openapi.js';
 
+/** The OpenAI layer: routes that answer in OpenAI's shapes, errors included (README "OpenAI Batch API"). */
+export const OPENAI_PATHS = ['/v1/files/*', '/v1/batches/*'];
+
 export function registerRoutes(app: App): void {
   registerHealth(app);
   registerMetrics(app);

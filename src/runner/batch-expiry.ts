@@ -1,7 +1,7 @@
 // Batch expiry runs on the runner thread every tick. It lives apart from batch creation so that
 // the runner thread loads none of the API side: no input parsing, no route schemas, no OpenAPI.
 import type { RunnerDeps } from '../deps.js';
-import { dueBatchRuns, markBatchExpired } from '../db/batches.js';
+import { dueBatchRuns } from '../db/batches.js';
 import { transitionRun } from '../db/runs.js';
 import type { RunStatus } from '../domain/statuses.js';
 
@@ -16,12 +16,9 @@ export function expireBatches(deps: RunnerDeps): void {
   const due = dueBatchRuns(deps.db, now);
   for (const r of due) {
     const to: RunStatus = r.status === 'validating' ? 'cancelled' : 'cancelling';
-    const moved = deps.db.transaction((tx) => {
-      const reason = `the batch's ${r.completionWindow} completion window passed`;
-      if (!transitionRun(tx, r.id, [r.status as RunStatus], to, now, { statusReason: reason })) return false;
-      markBatchExpired(tx, r.id, now);
-      return true;
-    });
+    const reason = `the batch's ${r.completionWindow} completion window passed`;
+    // Marked expired by the move itself: a batch still validating ends here, and its event must say `batch.expired`.
+    const moved = transitionRun(deps.db, r.id, [r.status as RunStatus], to, now, { statusReason: reason, expiredAt: now });
     if (moved) deps.logger.info({ run_id: r.id, batch_id: r.batchId, status: to }, 'batch expired');
   }
 }

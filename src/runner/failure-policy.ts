@@ -1,7 +1,7 @@
 import { SAMPLE_ERROR_CODES, type SampleError } from '../domain/sample-errors.js';
 
 // What becomes of a failed attempt, and how long anything that failed waits before it is tried
-// again. Requests, shard uploads and endpoint probes all back off through backoffMs.
+// again. Requests, shard uploads, endpoint probes and webhook deliveries all back off through backoffMs.
 
 export interface BackoffPolicy {
   /** The wait after the first failure; each further failure doubles it. */
@@ -15,6 +15,10 @@ export interface BackoffPolicy {
 export const REQUEST_BACKOFF: BackoffPolicy = { firstMs: 500, maxMs: 30_000, jitter: true };
 /** A failed shard upload: 2 s, 4 s… up to a minute; an object store that is down gets few writes. */
 export const UPLOAD_BACKOFF: BackoffPolicy = { firstMs: 2000, maxMs: 60_000, jitter: false };
+/** A webhook event its receiver did not take: the first wait (REGEN_WEBHOOK_RETRY_MS, 5 s) doubling up to an hour, jittered. */
+export function webhookBackoff(firstMs: number): BackoffPolicy {
+  return { firstMs, maxMs: Math.max(firstMs, 3_600_000), jitter: true };
+}
 /** The longest an unhealthy endpoint waits between probes. */
 export const MAX_PROBE_BACKOFF_MS = 60_000;
 

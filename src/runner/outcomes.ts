@@ -55,6 +55,7 @@ export function settleAnswer(
     model: answer.model ?? run.model,
     response_id: answer.responseId,
     created: answer.created,
+    ...(answer.logprobs && { logprobs: answer.logprobs }),
   };
   const chars = { reasoning: answer.reasoning?.length ?? 0, content: answer.content?.length ?? 0 };
   return {

@@ -1,5 +1,6 @@
 import type { RunnerDeps } from '../deps.js';
 import { appendEvent } from '../db/events.js';
+import { enqueueEvent, runsWithOwnWebhook } from '../db/webhooks.js';
 import { requeueRunSamples } from '../db/requeue.js';
 import { getRun, transitionRun } from '../db/runs.js';
 import { completionLengthCounts, recentCompleted } from '../db/samples.js';
@@ -72,22 +73,33 @@ export class QualityWatch {
 
   private quarantine(endpointId: string, reason: string): void {
     const e = this.pool.live.get(endpointId);
-    if (!e || e.state !== 'ready' || !this.pool.setState(e, 'quarantined', reason)) return;
-    const { db, logger, clock } = this.deps;
+    if (!e || e.state !== 'ready') return;
+    const { db, logger, clock, config } = this.deps;
     const now = clock();
-    logger.warn({ endpoint_id: endpointId, url: e.row.url, reason }, 'endpoint quarantined');
-    for (const [runId, q] of this.runs) {
-      const run = getRun(db, runId);
-      if (!run || !e.serves(run.model)) continue;
-      appendEvent(db, runId, 'endpoint_quarantined', { endpoint_id: endpointId, reason }, now);
-      // Its flagged answers are asked again on the endpoints still in rotation, in every run it
-      // served that still takes work; a run being cancelled keeps what it has.
-      if (REQUEUE_STATUSES.includes(run.status as RunStatus)) {
-        const requeued = requeueRunSamples(db, runId, 'flagged', now, endpointId);
-        if (requeued) logger.info({ run_id: runId, endpoint_id: endpointId, requeued }, 'flagged answers of a quarantined endpoint requeued');
+    // The state, the run events and the webhook events commit together, so none is lost to a crash.
+    const affected = db.transaction(() => {
+      if (!this.pool.setState(e, 'quarantined', reason)) return null;
+      const runIds: string[] = [];
+      for (const [runId, q] of this.runs) {
+        const run = getRun(db, runId);
+        if (!run || !e.serves(run.model)) continue;
+        runIds.push(runId);
+        appendEvent(db, runId, 'endpoint_quarantined', { endpoint_id: endpointId, reason }, now);
+        // Its flagged answers are asked again on the endpoints still in rotation, in every run it
+        // served that still takes work; a run being cancelled keeps what it has.
+        if (REQUEUE_STATUSES.includes(run.status as RunStatus)) {
+          const requeued = requeueRunSamples(db, runId, 'flagged', now, endpointId);
+          if (requeued) logger.info({ run_id: runId, endpoint_id: endpointId, requeued }, 'flagged answers of a quarantined endpoint requeued');
+        }
+        // Back in rotation after a fix, it is judged on its new answers only.
+        q.forgetEndpoint(endpointId);
       }
-      // Back in rotation after a fix, it is judged on its new answers only.
-      q.forgetEndpoint(endpointId);
-    }
+      // One event to the server's default URL naming every run it touched, and one to each of those runs' own webhooks.
+      const data = (runs: string[]) => ({ id: endpointId, url: e.row.url, reason, run_ids: runs });
+      if (config.webhookUrl) enqueueEvent(db, { runId: null, url: config.webhookUrl, type: 'endpoint.quarantined', data: data(runIds) }, now);
+      for (const r of runsWithOwnWebhook(db, runIds)) enqueueEvent(db, { runId: r.id, url: r.url, type: 'endpoint.quarantined', data: data([r.id]) }, now);
+      return runIds;
+    });
+    if (affected) logger.warn({ endpoint_id: endpointId, url: e.row.url, reason, run_ids: affected }, 'endpoint quarantined');
   }
 }

@@ -1,5 +1,5 @@
 import { APIConnectionError, APIConnectionTimeoutError, APIError, APIUserAbortError } from 'openai';
-import type { Usage } from '../domain/output-line.js';
+import type { ChoiceLogprobs, Usage } from '../domain/output-line.js';
 import { thinkingRequested } from '../domain/params.js';
 import type { SampleError } from '../domain/sample-errors.js';
 
@@ -48,7 +48,7 @@ export interface ChatResponse {
   id?: string;
   created?: number;
   model?: string;
-  choices?: { message?: { content?: unknown; reasoning_content?: unknown }; finish_reason?: string | null }[];
+  choices?: { message?: { content?: unknown; reasoning_content?: unknown }; logprobs?: unknown; finish_reason?: string | null }[];
   usage?: {
     prompt_tokens?: number;
     completion_tokens?: number;
@@ -62,6 +62,8 @@ export interface Answer {
   content: string | null;
   reasoning: string | null;
   finishReason: string | null;
+  /** Present when the request asked for them (`logprobs: true`). */
+  logprobs: ChoiceLogprobs | null;
   usage: Usage;
   model: string | null;
   responseId: string | undefined;
@@ -99,6 +101,7 @@ export function parseAnswer(res: unknown): ParsedAnswer {
       content: typeof msg.content === 'string' ? msg.content : null,
       reasoning: typeof msg.reasoning_content === 'string' ? msg.reasoning_content : null,
       finishReason: reason,
+      logprobs: typeof choice.logprobs === 'object' && choice.logprobs !== null ? (choice.logprobs as ChoiceLogprobs) : null,
       usage: {
         prompt_tokens: u.prompt_tokens ?? 0,
         completion_tokens: u.completion_tokens ?? 0,

@@ -3,11 +3,16 @@ import type { Db } from '../db/client.js';
 import { listEndpoints } from '../db/endpoints.js';
 import { endpointCap } from '../domain/concurrency.js';
 import { recentRunSampleCounts, runCountsByStatus } from '../db/runs.js';
+import { deliveryCountsByStatus } from '../db/webhooks.js';
+import { DELIVERY_STATUSES } from '../domain/webhooks.js';
 import { FLAGS, flagBit } from '../domain/flags.js';
 import { RETRY_REASONS, type RetryReason } from '../domain/sample-errors.js';
 import { ENDPOINT_STATES, RUN_STATUSES, SAMPLE_STATUSES } from '../domain/statuses.js';
 import type { RunnerMetrics } from '../runner/protocol.js';
 import type { RunnerView } from '../runner/view.js';
+
+/** What an attempt at a webhook event came to (db/webhooks.ts DeliveryResult). */
+const WEBHOOK_ATTEMPT_RESULTS = ['delivered', 'retry', 'failed'] as const;
 
 /** A finished run keeps its sample gauges this long, so a scrape after the end still sees its final counts. */
 const FINISHED_RUN_VISIBLE_MS = 3600_000;
@@ -61,6 +66,18 @@ export class Metrics implements RunnerMetrics {
   private readonly shardUploadFailures = new Counter({
     name: 'regen_shard_upload_failures_total',
     help: 'Shard upload attempts that failed (each is retried with backoff)',
+    registers: [this.registry],
+  });
+  private readonly webhookAttempts = new Counter({
+    name: 'regen_webhook_attempts_total',
+    help: 'Webhook delivery attempts, by what came of them (retry: failed, to be tried again; failed: given up)',
+    labelNames: ['result'] as const,
+    registers: [this.registry],
+  });
+  private readonly webhookEvents = new Gauge({
+    name: 'regen_webhook_events',
+    help: 'Webhook events in the outbox, by delivery status',
+    labelNames: ['status'] as const,
     registers: [this.registry],
   });
   private readonly eventStreams = new Gauge({
@@ -123,6 +140,7 @@ export class Metrics implements RunnerMetrics {
     for (const flag of FLAGS) this.flags.inc({ flag }, 0);
     this.shardUploads.inc(0);
     this.shardUploadFailures.inc(0);
+    for (const result of WEBHOOK_ATTEMPT_RESULTS) this.webhookAttempts.inc({ result }, 0);
   }
 
   /** An endpoint answered a sample; `flags` is the quality bitmask of the answer. */
@@ -142,6 +160,10 @@ export class Metrics implements RunnerMetrics {
 
   shardUploadFailed(): void {
     this.shardUploadFailures.inc();
+  }
+
+  webhookAttempted(result: (typeof WEBHOOK_ATTEMPT_RESULTS)[number]): void {
+    this.webhookAttempts.inc({ result });
   }
 
   /** Counts an open event stream; call the returned function when it closes. */
@@ -170,6 +192,8 @@ export class Metrics implements RunnerMetrics {
     this.runSamples.reset();
     const byStatus = runCountsByStatus(db);
     for (const status of RUN_STATUSES) this.runCount.set({ status }, byStatus.find((r) => r.status === status)?.n ?? 0);
+    const outbox = deliveryCountsByStatus(db);
+    for (const status of DELIVERY_STATUSES) this.webhookEvents.set({ status }, outbox.find((r) => r.status === status)?.n ?? 0);
     for (const r of recentRunSampleCounts(db, now - FINISHED_RUN_VISIBLE_MS))
       for (const status of SAMPLE_STATUSES) this.runSamples.set({ run_id: r.id, status }, r[status]);
   }

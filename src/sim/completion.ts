@@ -1,7 +1,7 @@
 import { randomBytes } from 'node:crypto';
 import { SimHttpError } from './http.js';
 import { isRecord, type Knobs } from './options.js';
-import { countPromptTokens, digestOf, fillerText, hashSeed, seededRandom } from './text.js';
+import { CHARS_PER_TOKEN, countPromptTokens, digestOf, fillerText, hashSeed, seededRandom } from './text.js';
 
 /** Qwen's <|im_end|>: the token SGLang reports in `matched_stop` when generation stops on its own. */
 const EOS_TOKEN_ID = 151645;
@@ -22,7 +22,13 @@ export interface ChatRequest {
   thinking: boolean;
   /** Answer length asked for with "[len=N]", else the completionTokens knob. */
   answerTokens: number;
+  /** `logprobs: true` asks for each output token's log probability; `top_logprobs` for that many alternatives. */
+  logprobs: boolean;
+  topLogprobs: number;
 }
+
+// OpenAI's bound on `top_logprobs`, which SGLang's protocol checks too.
+const MAX_TOP_LOGPROBS = 20;
 
 const badRequest = (message: string): SimHttpError => new SimHttpError(400, message, 'Bad Request');
 
@@ -67,6 +73,10 @@ export function parseChatRequest(body: unknown, knobs: Knobs): ChatRequest {
         'completion to fit within the limit.',
     );
   }
+  const topLogprobs = body.top_logprobs ?? 0;
+  if (!(Number.isInteger(topLogprobs) && (topLogprobs as number) >= 0 && (topLogprobs as number) <= MAX_TOP_LOGPROBS)) {
+    throw badRequest(`\`top_logprobs\` must be an integer from 0 to ${MAX_TOP_LOGPROBS}.`);
+  }
   return {
     digest: digestOf(messages),
     model: typeof body.model === 'string' ? body.model : knobs.model,
@@ -74,6 +84,8 @@ export function parseChatRequest(body: unknown, knobs: Knobs): ChatRequest {
     maxTokens: typeof maxTokens === 'number' ? maxTokens : contextLength - promptTokens,
     thinking: wantsThinking(body),
     answerTokens: answerLength(messages, knobs),
+    logprobs: body.logprobs === true,
+    topLogprobs: topLogprobs as number,
   };
 }
 
@@ -118,6 +130,23 @@ function split(out: Generated, request: ChatRequest, parser: boolean): { content
   return { content: closed ? `<think>\n${out.reasoning}\n</think>\n\n${out.content}` : `<think>\n${out.reasoning}`, reasoning: null };
 }
 
+/**
+ * SGLang's `choices[].logprobs`: one entry per output token, the thinking's included (the
+ * simulator's tokens are CHARS_PER_TOKEN characters of the text), with `top_logprobs`
+ * alternatives each; it has no `refusal` list.
+ */
+function tokenLogprobs(text: string, tokens: number, top: number, random: () => number) {
+  const entry = (token: string, logprob: number) => ({ token, logprob, bytes: [...Buffer.from(token)] });
+  return {
+    content: Array.from({ length: tokens }, (_, i) => {
+      const token = text.slice(i * CHARS_PER_TOKEN, (i + 1) * CHARS_PER_TOKEN);
+      const logprob = -random();
+      const alternatives = Array.from({ length: top }, (_, k) => entry(k === 0 ? token : `alt${k}`, k === 0 ? logprob : logprob - k));
+      return { ...entry(token, logprob), top_logprobs: alternatives };
+    }),
+  };
+}
+
 export interface Reply {
   body: object;
   completionTokens: number;
@@ -152,7 +181,9 @@ export function buildReply(request: ChatRequest, knobs: Knobs, plan: ReplyPlan):
         {
           index: 0,
           message: { role: 'assistant', content, reasoning_content: reasoning, tool_calls: null },
-          logprobs: null,
+          logprobs: request.logprobs
+            ? tokenLogprobs(out.reasoning + out.content, completionTokens, request.topLogprobs, seededRandom(hashSeed(`${request.digest}:logprobs`)))
+            : null,
           finish_reason: out.finishReason,
           matched_stop: out.finishReason === 'stop' ? EOS_TOKEN_ID : null,
         },

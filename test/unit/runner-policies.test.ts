@@ -113,12 +113,19 @@ describe('parseAnswer', () => {
         content: 'hi',
         reasoning: 'think',
         finishReason: 'stop',
+        logprobs: null,
         usage: { prompt_tokens: 12, completion_tokens: 30, reasoning_tokens: 20, cached_tokens: 0 },
         model: 'm',
         responseId: 'x',
         created: 5,
       },
     });
+  });
+
+  it("keeps the choice's logprobs as the server sent them", () => {
+    const logprobs = { content: [{ token: 'hi', logprob: -0.1, bytes: [104, 105], top_logprobs: [] }] };
+    const parsed = parseAnswer({ choices: [{ message: { content: 'hi' }, logprobs, finish_reason: 'stop' }], usage });
+    expect(parsed.ok && parsed.answer.logprobs).toEqual(logprobs);
   });
 
   it('reads OpenAI-style reasoning tokens and cache details', () => {

@@ -1,6 +1,6 @@
 import { createRoute } from '@hono/zod-openapi';
 import type { App } from '../../http/app.js';
-import { notFound, problemResponses } from '../../errors.js';
+import { notFound, openaiErrorResponses } from '../../errors.js';
 import { getBatchRun } from '../../db/batches.js';
 import { cancelRun } from '../../services/runs/actions.js';
 import { jsonContent } from '../common.js';
@@ -14,7 +14,7 @@ const route = createRoute({
   tags: ['batches'],
   summary: 'Cancel a batch: in-flight requests are aborted, answers so far stay in the output file',
   request: { params: BatchIdParam },
-  responses: { 200: jsonContent(Batch, 'The batch, `cancelling` (or `cancelled` while it was still validating)'), ...problemResponses(401, 404, 409, 422) },
+  responses: { 200: jsonContent(Batch, 'The batch, `cancelling` (or `cancelled` while it was still validating)'), ...openaiErrorResponses(400, 401, 404, 409) },
 });
 
 export function registerCancelBatch(app: App) {

@@ -1,6 +1,6 @@
 import { createRoute } from '@hono/zod-openapi';
 import type { App } from '../../http/app.js';
-import { problemResponses } from '../../errors.js';
+import { openaiErrorResponses } from '../../errors.js';
 import { createBatch } from '../../services/batches/create.js';
 import { jsonContent } from '../common.js';
 import { renderBatches } from './render.js';
@@ -15,7 +15,7 @@ const route = createRoute({
   description:
     "The model is the one the file's lines name in `body.model`; each line's other `body` fields override the run's defaults. Invalid lines are listed in `errors` and the error file, the rest run.",
   request: { body: { content: { 'application/json': { schema: CreateBatchBody } }, required: true } },
-  responses: { 200: jsonContent(Batch, 'The batch, in status `validating`'), ...problemResponses(400, 401, 404, 413, 415, 422, 503) },
+  responses: { 200: jsonContent(Batch, 'The batch, in status `validating`'), ...openaiErrorResponses(400, 401, 404, 413, 415, 503) },
 });
 
 export function registerCreateBatch(app: App) {

@@ -1,6 +1,6 @@
 import { createRoute } from '@hono/zod-openapi';
 import type { App } from '../../http/app.js';
-import { notFound, problemResponses } from '../../errors.js';
+import { notFound, openaiErrorResponses } from '../../errors.js';
 import { getBatchRun } from '../../db/batches.js';
 import { jsonContent } from '../common.js';
 import { renderBatches } from './render.js';
@@ -13,7 +13,7 @@ const route = createRoute({
   tags: ['batches'],
   summary: 'Get a batch: its status, request counts, errors and output files',
   request: { params: BatchIdParam },
-  responses: { 200: jsonContent(Batch, 'The batch'), ...problemResponses(401, 404, 422) },
+  responses: { 200: jsonContent(Batch, 'The batch'), ...openaiErrorResponses(400, 401, 404) },
 });
 
 export function registerGetBatch(app: App) {

@@ -1,6 +1,6 @@
 import { createRoute, z } from '@hono/zod-openapi';
 import type { App } from '../../http/app.js';
-import { problemResponses } from '../../errors.js';
+import { openaiErrorResponses } from '../../errors.js';
 import { listBatchRuns } from '../../db/batches.js';
 import { jsonContent } from '../common.js';
 import { renderBatches } from './render.js';
@@ -19,7 +19,7 @@ const route = createRoute({
       after: z.string().max(256).optional().openapi({ description: 'The last_id of the previous page' }),
     }),
   },
-  responses: { 200: jsonContent(BatchList, 'A page of batches'), ...problemResponses(401, 422) },
+  responses: { 200: jsonContent(BatchList, 'A page of batches'), ...openaiErrorResponses(400, 401) },
 });
 
 export function registerListBatches(app: App) {

@@ -80,6 +80,13 @@ function renderBatch(r: RunRow, times: StatusTimes | undefined): Batch {
       // invalid lines, failed samples and the samples cancellation or expiry left unanswered.
       failed: r.failed + r.invalidLines + (done ? r.cancelled : 0),
     },
+    usage: {
+      input_tokens: r.promptTokens,
+      input_tokens_details: { cached_tokens: r.cachedTokens },
+      output_tokens: r.completionTokens,
+      output_tokens_details: { reasoning_tokens: r.reasoningTokens },
+      total_tokens: r.promptTokens + r.completionTokens,
+    },
     metadata: r.metadata,
   };
 }

@@ -1,4 +1,5 @@
 import { z } from '@hono/zod-openapi';
+import { WebhookTarget } from '../common.js';
 
 const maxLen = (n: number) => z.string().max(n, `must be at most ${n} characters`);
 
@@ -29,6 +30,7 @@ export const CreateBatchBody = z
       .object({ anchor: z.literal('created_at'), seconds: z.number().int().min(3600).max(2_592_000) })
       .strict()
       .optional(),
+    webhook: WebhookTarget.optional(),
   })
   .strict()
   .openapi('CreateBatch', {
@@ -64,6 +66,15 @@ export const Batch = z
     cancelling_at: unixTime,
     cancelled_at: unixTime,
     request_counts: z.object({ total: z.number().int(), completed: z.number().int(), failed: z.number().int() }),
+    usage: z
+      .object({
+        input_tokens: z.number().int(),
+        input_tokens_details: z.object({ cached_tokens: z.number().int() }),
+        output_tokens: z.number().int(),
+        output_tokens_details: z.object({ reasoning_tokens: z.number().int() }),
+        total_tokens: z.number().int(),
+      })
+      .openapi({ description: 'The tokens of every answer the batch has had, those the quality checks retried included' }),
     metadata: z.record(z.string(), z.string()).nullable(),
   })
   .openapi('Batch');

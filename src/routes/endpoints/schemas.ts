@@ -3,41 +3,9 @@ import { CAP_SOURCES, endpointCap } from '../../domain/concurrency.js';
 import { ENDPOINT_STATES, OPERATOR_ENDPOINT_STATES } from '../../domain/statuses.js';
 import type { EndpointRow } from '../../db/schema.js';
 import type { EndpointLive } from '../../runner/view.js';
-import { iso, Timestamp } from '../common.js';
+import { HttpUrl, iso, Timestamp } from '../common.js';
 
-/** `[::ffff:a9fe:a9fe]` → `169.254.169.254`: the URL parser writes IPv4-mapped IPv6 in hex. */
-function mappedIpv4(host: string): string | null {
-  const m = /^\[::ffff:([0-9a-f]{1,4}):([0-9a-f]{1,4})\]$/i.exec(host);
-  if (!m) return null;
-  const [hi, lo] = [parseInt(m[1], 16), parseInt(m[2], 16)];
-  return `${hi >> 8}.${hi & 255}.${lo >> 8}.${lo & 255}`;
-}
-
-// Link-local addresses and the metadata names are cloud instance metadata, never an inference server.
-function isMetadataHost(hostname: string): boolean {
-  const host = (mappedIpv4(hostname) ?? hostname).toLowerCase();
-  return /^169\.254\./.test(host) || /^\[fe[89ab][0-9a-f]?:/.test(host) || host === 'metadata.google.internal' || host === 'metadata';
-}
-
-export const EndpointUrl = z
-  .string()
-  .max(2048)
-  .refine((v) => {
-    try {
-      const u = new URL(v);
-      return (u.protocol === 'http:' || u.protocol === 'https:') && !u.username && !u.password;
-    } catch {
-      return false;
-    }
-  }, 'expected an http:// or https:// base URL without credentials')
-  .refine((v) => {
-    try {
-      return !isMetadataHost(new URL(v).hostname);
-    } catch {
-      return false;
-    }
-  }, 'link-local and cloud metadata addresses are not allowed')
-  .openapi({ example: 'http://10.0.0.5:30000' });
+export const EndpointUrl = HttpUrl.openapi({ example: 'http://10.0.0.5:30000' });
 
 const Aliases = z
   .array(z.string().min(1).max(256))

@@ -1,7 +1,7 @@
 import { createRoute, z } from '@hono/zod-openapi';
 import { Readable } from 'node:stream';
 import type { App } from '../../http/app.js';
-import { problemResponses } from '../../errors.js';
+import { openaiErrorResponses } from '../../errors.js';
 import { fileContent } from '../../services/files.js';
 import { FileIdParam } from '../common.js';
 
@@ -14,7 +14,7 @@ const route = createRoute({
   request: { params: FileIdParam },
   responses: {
     200: { description: 'The file content', content: { 'application/jsonl': { schema: z.string().openapi({ format: 'binary' }) } } },
-    ...problemResponses(401, 404, 422, 503),
+    ...openaiErrorResponses(400, 401, 404, 503),
   },
 });
 

@@ -1,6 +1,6 @@
 import { createRoute, z } from '@hono/zod-openapi';
 import type { App } from '../../http/app.js';
-import { problemResponses } from '../../errors.js';
+import { openaiErrorResponses } from '../../errors.js';
 import { removeFile } from '../../services/files.js';
 import { FileIdParam, jsonContent } from '../common.js';
 
@@ -13,7 +13,7 @@ const route = createRoute({
   tags: ['files'],
   summary: 'Delete a file that no unfinished run still reads',
   request: { params: FileIdParam },
-  responses: { 200: jsonContent(Deleted, 'The file is gone'), ...problemResponses(401, 404, 409, 422) },
+  responses: { 200: jsonContent(Deleted, 'The file is gone'), ...openaiErrorResponses(400, 401, 404, 409) },
 });
 
 export function registerDeleteFile(app: App) {

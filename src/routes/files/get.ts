@@ -1,10 +1,11 @@
 import { createRoute } from '@hono/zod-openapi';
 import type { App } from '../../http/app.js';
-import { notFound, problemResponses } from '../../errors.js';
+import { notFound, openaiErrorResponses } from '../../errors.js';
 import { getFile } from '../../db/files.js';
 import { renderBatchFile, resolveBatchFile } from '../../services/batches/files.js';
 import { FileIdParam, jsonContent } from '../common.js';
-import { FileObject, renderFile } from './schemas.js';
+import { fileObject } from '../../domain/files.js';
+import { FileObject } from './schemas.js';
 
 const route = createRoute({
   method: 'get',
@@ -13,7 +14,7 @@ const route = createRoute({
   tags: ['files'],
   summary: "A file's metadata",
   request: { params: FileIdParam },
-  responses: { 200: jsonContent(FileObject, 'The file'), ...problemResponses(401, 404, 422) },
+  responses: { 200: jsonContent(FileObject, 'The file'), ...openaiErrorResponses(400, 401, 404) },
 });
 
 export function registerGetFile(app: App) {
@@ -21,7 +22,7 @@ export function registerGetFile(app: App) {
     const deps = c.get('deps');
     const { id } = c.req.valid('param');
     const file = getFile(deps.db, id);
-    if (file) return c.json(renderFile(file), 200);
+    if (file) return c.json(fileObject(file), 200);
     const batchFile = resolveBatchFile(deps.db, id);
     if (!batchFile) throw notFound('file', id);
     return c.json(await renderBatchFile(deps, batchFile.run, batchFile.kind), 200);

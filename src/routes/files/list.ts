@@ -1,10 +1,10 @@
 import { createRoute, z } from '@hono/zod-openapi';
 import type { App } from '../../http/app.js';
-import { FILE_PURPOSES } from '../../domain/files.js';
-import { problemResponses } from '../../errors.js';
+import { FILE_PURPOSES, fileObject } from '../../domain/files.js';
+import { openaiErrorResponses } from '../../errors.js';
 import { listFiles } from '../../db/files.js';
 import { jsonContent, listOf, page, PageQuery } from '../common.js';
-import { FileObject, renderFile } from './schemas.js';
+import { FileObject } from './schemas.js';
 
 const route = createRoute({
   method: 'get',
@@ -13,14 +13,14 @@ const route = createRoute({
   tags: ['files'],
   summary: 'List files, newest first',
   request: { query: PageQuery.extend({ purpose: z.enum(FILE_PURPOSES).optional() }) },
-  responses: { 200: jsonContent(listOf(FileObject, 'FileList'), 'A page of files'), ...problemResponses(401, 422) },
+  responses: { 200: jsonContent(listOf(FileObject, 'FileList'), 'A page of files'), ...openaiErrorResponses(400, 401) },
 });
 
 export function registerListFiles(app: App) {
   app.openapi(route, (c) => {
     const q = c.req.valid('query');
     return c.json(
-      page(listFiles(c.get('deps').db, q), q.limit, (f) => f.id, renderFile),
+      page(listFiles(c.get('deps').db, q), q.limit, (f) => f.id, fileObject),
       200,
     );
   });

@@ -1,5 +1,4 @@
 import { z } from '@hono/zod-openapi';
-import type { FileRow } from '../../db/schema.js';
 
 export const FileObject = z
   .object({
@@ -10,19 +9,8 @@ export const FileObject = z
     purpose: z.string(),
     // Unix seconds, as OpenAI's File object has it (the official SDKs type it as a number).
     created_at: z.number().int().openapi({ description: 'Unix seconds', example: 1764684000 }),
-    // OpenAI clients wait for `processed` (files.waitForProcessing); a stored file is ready at once.
-    status: z.literal('processed'),
+    expires_at: z.number().int().nullable().openapi({ description: 'Unix seconds; null, as a file is kept until deleted' }),
+    status: z.literal('processed').openapi({ description: "Deprecated by OpenAI; kept for the SDKs' waitForProcessing" }),
+    status_details: z.string().nullable(),
   })
   .openapi('File');
-
-export function renderFile(f: FileRow) {
-  return {
-    id: f.id,
-    object: 'file' as const,
-    bytes: f.bytes,
-    filename: f.filename,
-    purpose: f.purpose,
-    created_at: Math.floor(f.createdAt / 1000),
-    status: 'processed' as const,
-  };
-}

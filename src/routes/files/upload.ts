@@ -7,11 +7,11 @@ import type { App } from '../../http/app.js';
 import { validationError } from '../../http/problems.js';
 import type { Deps } from '../../deps.js';
 import type { FileRow } from '../../db/schema.js';
-import { FILE_PURPOSES } from '../../domain/files.js';
-import { ApiError, problemResponses } from '../../errors.js';
+import { FILE_PURPOSES, fileObject } from '../../domain/files.js';
+import { ApiError, openaiErrorResponses } from '../../errors.js';
 import { discardFile, keepFile, storeFile } from '../../services/files.js';
 import { jsonContent } from '../common.js';
-import { FileObject, renderFile } from './schemas.js';
+import { FileObject } from './schemas.js';
 
 const RAW_TYPES = ['application/jsonl', 'application/x-ndjson', 'application/octet-stream', 'application/json-lines', 'text/plain'];
 
@@ -38,12 +38,12 @@ const route = createRoute({
       },
     },
   },
-  responses: { 201: jsonContent(FileObject, 'The stored file'), ...problemResponses(400, 401, 415, 422, 503) },
+  responses: { 201: jsonContent(FileObject, 'The stored file'), ...openaiErrorResponses(400, 401, 415, 503) },
 });
 
 /** Streams the `file` part of a multipart body into the store; the other fields may come before or after it. */
 function multipart(deps: Deps, req: Request, contentType: string) {
-  return new Promise<ReturnType<typeof renderFile>>((resolve, reject) => {
+  return new Promise<ReturnType<typeof fileObject>>((resolve, reject) => {
     let bb: busboy.Busboy;
     try {
       bb = busboy({ headers: { 'content-type': contentType }, limits: { files: 1, fields: 10, fieldSize: 1024 } });
@@ -77,7 +77,7 @@ function multipart(deps: Deps, req: Request, contentType: string) {
       if (failed) return;
       if (!stored) return reject(new ApiError('validation_failed', 'file: a multipart part named "file" is required', { field: 'file' }));
       try {
-        resolve(renderFile(await keepFile(deps, await stored, fields.purpose ?? 'batch')));
+        resolve(fileObject(await keepFile(deps, await stored, fields.purpose ?? 'batch')));
       } catch (err) {
         reject(err);
       }
@@ -104,6 +104,6 @@ export function registerUploadFile(app: App) {
     if (!q.success) throw validationError(q.error, 'query');
     const body = Readable.fromWeb(c.req.raw.body as WebReadableStream);
     const row = await storeFile(deps, q.data.filename ?? 'upload.jsonl', q.data.purpose ?? 'regen', body);
-    return c.json(renderFile(await keepFile(deps, row)), 201);
+    return c.json(fileObject(await keepFile(deps, row)), 201);
   });
 }

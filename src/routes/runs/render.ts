@@ -70,6 +70,15 @@ export function renderRun(r: RunRow, live: RunProgress, now: number): Run {
     shards: { total: r.shardsTotal, uploaded: r.shardsUploaded },
     progress: renderProgress(r, live, now),
     manifest_uri: r.manifestKey ? joinUri(r.outputUri, r.manifestKey) : null,
+    webhook: r.webhookUrl
+      ? {
+          url: r.webhookUrl,
+          source: r.webhookSecret ? 'run' : 'server',
+          secret_set: true,
+          deliveries: { pending: r.webhookPending, delivered: r.webhookDelivered, failed: r.webhookFailed },
+          last_error: r.webhookLastError,
+        }
+      : null,
   };
 }
 

@@ -4,7 +4,8 @@ import { nestsDeeperThan, tooDeepMessage } from '../../domain/json-depth.js';
 import * as domain from '../../domain/params.js';
 import { maxLen, ON_INVALID_LINE, REGENERATE_MODES } from '../../domain/params.js';
 import { RUN_STATUSES, SAMPLE_STATUSES, SHARD_STATUSES } from '../../domain/statuses.js';
-import { Timestamp } from '../common.js';
+import { Timestamp, WebhookTarget } from '../common.js';
+import { DELIVERY_STATUSES } from '../../domain/webhooks.js';
 
 export const Message = domain.Message.openapi('ChatMessage');
 
@@ -49,6 +50,7 @@ export const CreateRunBody = z
       .optional(),
     request_timeout_ms: z.number().int().min(1000).max(86_400_000).optional(),
     max_attempts: z.number().int().min(1).max(100).optional(),
+    webhook: WebhookTarget.optional(),
   })
   .strict()
   .openapi('CreateRun', {
@@ -65,6 +67,18 @@ export type CreateRunBody = z.infer<typeof CreateRunBody>;
 const counts = (keys: readonly string[]) => z.object(Object.fromEntries(keys.map((k) => [k, z.number().int()])));
 
 export const RunStatus = z.enum(RUN_STATUSES).openapi('RunStatus');
+
+export const RunWebhook = z
+  .object({
+    url: z.string(),
+    source: z
+      .enum(['run', 'server'])
+      .openapi({ description: "`run`: the run's own webhook; `server`: the server's default (REGEN_WEBHOOK_URL), signed with the server's key" }),
+    secret_set: z.literal(true).openapi({ description: 'Every webhook has a secret; it is never returned' }),
+    deliveries: counts(DELIVERY_STATUSES).openapi({ description: "The run's events by delivery status" }),
+    last_error: z.string().nullable().openapi({ description: 'What the last failed attempt met; null once an attempt succeeds' }),
+  })
+  .openapi('RunWebhook', { description: "Where the run's events go and how their delivery stands; null when they go nowhere" });
 
 export const Run = z
   .object({
@@ -104,6 +118,7 @@ export const Run = z
       elapsed_seconds: z.number(),
     }),
     manifest_uri: z.string().nullable(),
+    webhook: RunWebhook.nullable(),
   })
   .openapi('Run');
 export type Run = z.infer<typeof Run>;

@@ -17,6 +17,7 @@ export interface NewBatch {
   input_file_id: string;
   completion_window: string;
   metadata?: Record<string, string> | null;
+  webhook?: { url: string; secret: string };
 }
 
 // The model is read from the first lines that name one; a file whose start names none is refused.
@@ -80,7 +81,7 @@ export async function createBatch(deps: Deps, body: NewBatch): Promise<RunRow> {
   const batchId = newId('batch');
   const { run } = await createRun(
     deps,
-    { name: batchId, model, input: { file_id: file.id }, on_invalid_line: 'skip', metadata: body.metadata ?? {} },
+    { name: batchId, model, input: { file_id: file.id }, on_invalid_line: 'skip', metadata: body.metadata ?? {}, webhook: body.webhook },
     undefined,
     {
       batchId,

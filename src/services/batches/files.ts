@@ -7,6 +7,7 @@ import type { Db } from '../../db/client.js';
 import { cancelledSamples, getRunByBatchFile, setBatchFileBytes, shardPage } from '../../db/batches.js';
 import { getRun } from '../../db/runs.js';
 import type { RunRow } from '../../db/schema.js';
+import { fileObject } from '../../domain/files.js';
 import { batchLineError, readLines } from '../../domain/input-line.js';
 import type { ErrorLine, OutputLine } from '../../domain/output-line.js';
 import { BATCH_UNANSWERED } from '../../domain/sample-errors.js';
@@ -61,8 +62,9 @@ function outputRecord(r: RunRow, l: OutputLine): string {
         choices: [
           {
             index: 0,
-            message: { role: 'assistant', content: l.content, reasoning_content: l.reasoning_content },
-            logprobs: null,
+            // SGLang sends no refusals; OpenAI's schema wants the field, and a refusal list in logprobs, as null.
+            message: { role: 'assistant', content: l.content, refusal: null, reasoning_content: l.reasoning_content },
+            logprobs: l.logprobs ? { content: l.logprobs.content ?? null, refusal: l.logprobs.refusal ?? null } : null,
             finish_reason: l.finish_reason,
           },
         ],
@@ -73,6 +75,7 @@ function outputRecord(r: RunRow, l: OutputLine): string {
           prompt_tokens_details: { cached_tokens: u.cached_tokens },
           completion_tokens_details: { reasoning_tokens: u.reasoning_tokens },
         },
+        system_fingerprint: null,
       },
     },
     error: null,
@@ -176,13 +179,11 @@ async function batchFileBytes(deps: Deps, r: RunRow, kind: BatchFileKind): Promi
 
 /** The File object of a batch's output or error file. */
 export async function renderBatchFile(deps: Deps, r: RunRow, kind: BatchFileKind) {
-  return {
+  return fileObject({
     id: (kind === 'output' ? r.outputFileId : r.errorFileId)!,
-    object: 'file' as const,
     bytes: await batchFileBytes(deps, r, kind),
     filename: `${r.batchId}_${kind}.jsonl`,
     purpose: 'batch_output',
-    created_at: Math.floor(r.finishedAt! / 1000),
-    status: 'processed' as const,
-  };
+    createdAt: r.finishedAt!,
+  });
 }

@@ -27,6 +27,7 @@ export interface NewRun {
   metadata?: Record<string, string>;
   request_timeout_ms?: number;
   max_attempts?: number;
+  webhook?: { url: string; secret: string };
 }
 
 function outputUriFor(deps: Deps, runId: string, requested?: string): string {
@@ -117,6 +118,9 @@ export async function createRun(
     quality: qualityConfig(body.quality),
     requestTimeoutMs: body.request_timeout_ms ?? config.requestTimeoutMs,
     maxAttempts: body.max_attempts ?? config.maxAttempts,
+    // A run without a webhook of its own takes the server's default URL; its secret stays in the config.
+    webhookUrl: body.webhook?.url ?? config.webhookUrl ?? null,
+    webhookSecret: body.webhook?.secret ?? null,
     idempotencyKey: idempotencyKey ?? null,
     requestHash,
     updatedAt: now,

@@ -1,0 +1,107 @@
+import { and, asc, count, eq, lte, sql } from 'drizzle-orm';
+import type { SQLiteUpdateSetSource } from 'drizzle-orm/sqlite-core';
+import type { Db, DbOrTx } from './client.js';
+import { runs, webhookDeliveries, type WebhookDeliveryRow } from './schema.js';
+import { eventBody, newEventId, runEvent, type WebhookEventType, type WebhookRunStatus } from '../domain/webhooks.js';
+
+/** Puts an event in the outbox, due at once; a run's is counted on the run. Call it in the transaction of the change. */
+export function enqueueEvent(db: DbOrTx, e: { runId: string | null; url: string; type: WebhookEventType; data: Record<string, unknown> }, now: number): void {
+  const id = newEventId();
+  db.insert(webhookDeliveries)
+    .values({ id, runId: e.runId, type: e.type, url: e.url, body: eventBody(id, e.type, e.data, now), nextAttemptAt: now, createdAt: now })
+    .run();
+  if (e.runId) countOnRun(db, e.runId, { webhookPending: sql`${runs.webhookPending} + 1` });
+}
+
+/** The event of a run's move to `to`, when the run has a webhook. */
+export function enqueueRunEvent(db: DbOrTx, runId: string, to: WebhookRunStatus, reason: string | null, now: number): void {
+  const run = db.select({ id: runs.id, url: runs.webhookUrl, batchId: runs.batchId, expiredAt: runs.expiredAt }).from(runs).where(eq(runs.id, runId)).get();
+  if (!run?.url) return;
+  enqueueEvent(db, { runId, url: run.url, ...runEvent(run, to, reason) }, now);
+}
+
+/** The runs among `runIds` whose own webhook (not the server's default) should hear of something. */
+export function runsWithOwnWebhook(db: DbOrTx, runIds: string[]): { id: string; url: string }[] {
+  if (runIds.length === 0) return [];
+  return db
+    .select({ id: runs.id, url: runs.webhookUrl })
+    .from(runs)
+    .where(and(sql`${runs.id} in ${runIds}`, sql`${runs.webhookSecret} is not null`))
+    .all()
+    .filter((r): r is { id: string; url: string } => r.url !== null);
+}
+
+/** Pending events whose next attempt is due, oldest first. */
+export function dueDeliveries(db: Db, now: number, limit: number): WebhookDeliveryRow[] {
+  return db
+    .select()
+    .from(webhookDeliveries)
+    .where(and(eq(webhookDeliveries.status, 'pending'), lte(webhookDeliveries.nextAttemptAt, now)))
+    .orderBy(asc(webhookDeliveries.nextAttemptAt))
+    .limit(limit)
+    .all();
+}
+
+/**
+ * Takes one attempt at an event: charges it and leases the event until `leaseUntil`, after which
+ * an attempt that never reported (its process died) is made again. False when another deliverer
+ * took it first.
+ */
+export function claimDelivery(db: Db, row: WebhookDeliveryRow, leaseUntil: number): boolean {
+  return (
+    db
+      .update(webhookDeliveries)
+      .set({ attempts: sql`${webhookDeliveries.attempts} + 1`, nextAttemptAt: leaseUntil })
+      .where(and(eq(webhookDeliveries.id, row.id), eq(webhookDeliveries.status, 'pending'), eq(webhookDeliveries.nextAttemptAt, row.nextAttemptAt)))
+      .run().changes > 0
+  );
+}
+
+/** The signing secret a run's own webhook was given, if any. */
+export function runWebhookSecret(db: Db, runId: string): string | null {
+  return db.select({ secret: runs.webhookSecret }).from(runs).where(eq(runs.id, runId)).get()?.secret ?? null;
+}
+
+/** The outbox's events by delivery status. */
+export function deliveryCountsByStatus(db: Db): { status: string; n: number }[] {
+  return db.select({ status: webhookDeliveries.status, n: count() }).from(webhookDeliveries).groupBy(webhookDeliveries.status).all();
+}
+
+export type DeliveryResult = { kind: 'delivered' } | { kind: 'retry'; at: number; error: string } | { kind: 'failed'; error: string };
+
+/** What an attempt came to; an event already delivered or given up (by another attempt) stays so. */
+export function recordAttempt(db: Db, row: WebhookDeliveryRow, result: DeliveryResult, now: number): void {
+  db.transaction((tx) => {
+    const set =
+      result.kind === 'delivered'
+        ? { status: 'delivered', deliveredAt: now, lastError: null }
+        : result.kind === 'retry'
+          ? { nextAttemptAt: result.at, lastError: result.error }
+          : { status: 'failed', lastError: result.error };
+    const res = tx
+      .update(webhookDeliveries)
+      .set(set)
+      .where(and(eq(webhookDeliveries.id, row.id), eq(webhookDeliveries.status, 'pending')))
+      .run();
+    if (res.changes === 0 || !row.runId) return;
+    if (result.kind === 'delivered') {
+      countOnRun(tx, row.runId, {
+        webhookPending: sql`${runs.webhookPending} - 1`,
+        webhookDelivered: sql`${runs.webhookDelivered} + 1`,
+        webhookLastError: null,
+      });
+    } else if (result.kind === 'failed') {
+      countOnRun(tx, row.runId, {
+        webhookPending: sql`${runs.webhookPending} - 1`,
+        webhookFailed: sql`${runs.webhookFailed} + 1`,
+        webhookLastError: result.error,
+      });
+    } else {
+      countOnRun(tx, row.runId, { webhookLastError: result.error });
+    }
+  });
+}
+
+function countOnRun(db: DbOrTx, runId: string, set: SQLiteUpdateSetSource<typeof runs>): void {
+  db.update(runs).set(set).where(eq(runs.id, runId)).run();
+}
