@@ -62,6 +62,12 @@ describe('regen/client', () => {
     expect(missing.detail).toMatch(/run_missing/);
     expect(missing.message).toBe(missing.detail);
 
+    // The Files and Batch routes answer OpenAI's envelope beside the problem's fields.
+    const noFile = await refusal(unwrap(client.GET('/v1/files/{id}', { params: { path: { id: 'file_missing' } } })));
+    expect(noFile.status).toBe(404);
+    expect(noFile.code).toBe('not_found');
+    expect(noFile.problem.error).toMatchObject({ message: noFile.detail, type: 'invalid_request_error', code: 'not_found' });
+
     const invalid = await refusal(
       unwrap(client.POST('/v1/runs', { body: { model: 'm', input: { requests: [{ prompt: 'x' }] }, params: { temperature: 9 } } })),
     );

@@ -8,8 +8,11 @@ export type { components, operations, paths } from './schema.js';
 
 export type RegenClient = Client<paths>;
 
-/** The body of every error regen answers, as application/problem+json. */
-export type Problem = components['schemas']['Problem'];
+/**
+ * The body of every error regen answers, as application/problem+json; on the Files and Batch
+ * routes it also carries OpenAI's envelope, `error: {message, type, param, code}`.
+ */
+export type Problem = components['schemas']['Problem'] & { error?: components['schemas']['OpenAIErrorObject'] };
 
 export interface RegenClientOptions {
   /** The server's origin, e.g. `http://127.0.0.1:8080`; the paths (`/v1/runs`, ...) are added to it. */
@@ -37,10 +40,8 @@ export class RegenApiError extends Error {
     problem: unknown,
     fallback = `the server answered ${status}`,
   ) {
-    const body = typeof problem === 'object' && problem !== null ? (problem as Partial<Problem> & { error?: { message?: unknown } }) : {};
-    // The Files and Batch routes may answer OpenAI's `{"error": {"message"}}` envelope beside the problem's fields.
-    const openAiMessage = typeof body.error?.message === 'string' ? body.error.message : undefined;
-    super(body.detail ?? openAiMessage ?? fallback);
+    const body = typeof problem === 'object' && problem !== null ? (problem as Partial<Problem>) : {};
+    super(body.detail ?? body.error?.message ?? fallback);
     this.name = 'RegenApiError';
     this.problem = body;
   }
