@@ -48,6 +48,7 @@ export const QualitySettings = z.union([
         }),
       ])
       .optional(),
+    stop_loops: z.boolean().optional(),
   }),
 ]);
 

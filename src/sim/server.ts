@@ -29,6 +29,8 @@ export interface SimStats {
   aborted: number;
   /** Answers sent with finish_reason "abort". */
   aborts: number;
+  /** Chat requests that asked for `stream: true`. */
+  streamed: number;
   /** Requests pushed back to the queue for lack of KV (KV model only). */
   retracted: number;
   /** The most KV tokens one rank's running requests ever held. */
@@ -106,7 +108,7 @@ class SimServer {
   #random: Random;
   // Its own stream, so that turning aborts on leaves the other faults' sequence as it was.
   #abortRandom: Random;
-  readonly #counts = { requests: 0, completed: 0, errors: 0, resets: 0, hangs: 0, rejected: 0, aborted: 0, aborts: 0 };
+  readonly #counts = { requests: 0, completed: 0, errors: 0, resets: 0, hangs: 0, rejected: 0, aborted: 0, aborts: 0, streamed: 0 };
   #maxRunningSeen = 0;
   #promptTokens = 0;
   #generationTokens = 0;
@@ -402,6 +404,7 @@ class SimServer {
     if (this.#knobs.dieAfter > 0 && count >= this.#knobs.dieAfter) return this.#onDie();
     this.#requireStarted();
     const request = parseChatRequest(await readJson(req, MAX_BODY_BYTES), this.#knobs);
+    if (request.stream) this.#counts.streamed++;
     const faults = this.#drawFaults();
     if (faults.reset) {
       this.#counts.resets++;
