@@ -113,6 +113,7 @@ export function runView(root, runId) {
       qualityHead,
       completed ? `${num(run.quality.flagged)} flagged (${pct(run.quality.flagged / completed)} of completed)` : '',
       quality ? ` · ${gateText(quality)}` : '',
+      quality?.loops?.stopped ? ` · ${num(quality.loops.stopped)} loops cut, ${num(quality.loops.tokens_saved)} tokens saved` : '',
     );
     fill(qualityEl, qualityTable(run, quality));
   }
@@ -196,7 +197,7 @@ export function runView(root, runId) {
 
   async function refreshPanels() {
     if (!run) return;
-    const tasks = [api('/v1/endpoints?limit=100').then((eps) => fill(endpointsEl, endpointsTable(eps.data, run.model)))];
+    const tasks = [api('/v1/endpoints?limit=100').then((eps) => fill(endpointsEl, endpointsTable(eps.data, run.model, quality)))];
     // A shard list can be a thousand rows: read it when a shard is uploaded, else now and then.
     if (run.shards.uploaded !== seen.shardsUploaded || (!TERMINAL.includes(run.status) && Date.now() - seen.shardsAt > 10_000)) {
       seen.shardsUploaded = run.shards.uploaded;
