@@ -219,7 +219,7 @@ export function streamPost(agent: http.Agent | https.Agent, r: StreamRequest): P
             if (text.length < MAX_ERROR_BODY_CHARS) text += c;
           });
           res.on('end', () =>
-            finish(() => reject(APIError.generate(status, JSON.parse(errorBodyForClient(Buffer.from(text))).error, undefined, new Headers())), true),
+            finish(() => reject(APIError.generate(status, JSON.parse(errorBodyForClient(Buffer.from(text))), undefined, new Headers())), true),
           );
           res.on('error', connectionError);
           return;

@@ -118,9 +118,9 @@ export class Requests {
             try {
               added = streamed.add(data);
             } catch {
-              throw APIError.generate(BAD_EVENT_STATUS, { message: 'the endpoint streamed an event that is not JSON' }, undefined, new Headers());
+              throw APIError.generate(BAD_EVENT_STATUS, { error: { message: 'the endpoint streamed an event that is not JSON' } }, undefined, new Headers());
             }
-            if ('status' in added) throw APIError.generate(added.status, added.error, undefined, new Headers());
+            if ('status' in added) throw APIError.generate(added.status, { error: added.error }, undefined, new Headers());
             // Both watches see every piece: a loop in the reasoning is cut as one in the answer is.
             const looped = content.add(added.content);
             if (reasoning.add(added.reasoning) || looped) this.abort(f, 'loop');
