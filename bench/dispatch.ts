@@ -149,3 +149,51 @@ export async function benchSaturation(): Promise<Figure[]> {
     tmp.cleanup();
   }
 }
+
+/**
+ * Streamed against buffered answers, side by side on the same simulators: the same run twice,
+ * quality checks on in both, stop_loops on in one (every answer streamed, one SSE event a token)
+ * and off in the other. The buffered run goes first and last, its mean the baseline, so drift in
+ * the machine's load falls on both sides.
+ */
+export async function benchStream(): Promise<Figure[]> {
+  const n = scaled(10_000, 200);
+  const perSim = 64;
+  // The simulator's default answer: 32 reasoning tokens and 64 of content, each its own event when streamed.
+  const tokens = 96;
+  const tmp = tempDir('regen-bench-stream-');
+  const sims = await Promise.all([0, 1].map(() => spawnSimulator({ model: MODEL, 'max-running': perSim, 'max-queue': 100_000 })));
+  const server = await spawnServer(join(tmp.dir, 'data'));
+  const rate = async (stopLoops: boolean) => {
+    const runId = await submitPrompts(server.url, n, {
+      model: MODEL,
+      params: { max_tokens: 256 },
+      quality: { gate: false, retry_flagged: 0, stop_loops: stopLoops },
+    });
+    const done = await waitDone(server, runId);
+    return done.request_counts.completed / seconds(done);
+  };
+  try {
+    await registerAndWait(server, sims);
+    const before = await rate(false);
+    const streamed = await rate(true);
+    const after = await rate(false);
+    const buffered = (before + after) / 2;
+    return [
+      {
+        part: 'stream',
+        figure: `samples/s streamed (stop_loops) against buffered, ${n.toLocaleString('en')} samples of ${tokens} tokens, 2 zero-latency simulators × ${perSim} slots`,
+        regen: streamed,
+        baseline: buffered,
+        unit: 'samples/s',
+        ratio: streamed / buffered,
+        target: `reported: ${Math.round(streamed * tokens).toLocaleString('en')} streamed tokens/s`,
+        ok: null,
+      },
+    ];
+  } finally {
+    await server.kill('SIGTERM');
+    await Promise.all(sims.map((s) => s.stop()));
+    tmp.cleanup();
+  }
+}

@@ -1,7 +1,7 @@
 import { writeFileSync } from 'node:fs';
 import { fileURLToPath } from 'node:url';
 import { benchAdaptive } from './adaptive.js';
-import { benchDispatch, benchSaturation } from './dispatch.js';
+import { benchDispatch, benchSaturation, benchStream } from './dispatch.js';
 import { benchIngest } from './ingest.js';
 import { benchMillion } from './million.js';
 import { machine, SCALE, type Figure } from './support.js';
@@ -10,6 +10,7 @@ const PARTS: Record<string, () => Promise<Figure[]>> = {
   ingest: benchIngest,
   dispatch: benchDispatch,
   saturation: benchSaturation,
+  stream: benchStream,
   million: benchMillion,
   adaptive: benchAdaptive,
 };
@@ -31,7 +32,7 @@ function table(figures: Figure[]): string {
 
 /**
  * `npm run bench [part…]`: runs the parts (all by default), prints regen next to its baseline for
- * every figure, and, for a full-scale run of every part, writes BENCHMARKS.md. Parts: ingest, dispatch, saturation, million, adaptive.
+ * every figure, and, for a full-scale run of every part, writes BENCHMARKS.md. Parts: ingest, dispatch, saturation, stream, million, adaptive.
  */
 async function main(): Promise<void> {
   const asked = process.argv.slice(2);

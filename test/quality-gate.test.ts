@@ -150,7 +150,7 @@ describe('the quality gate on a broken endpoint', () => {
       status: 'paused',
       completed: settled.request_counts.completed,
       flagged: settled.quality.flagged,
-      settings: { min_completion_tokens: 16, retry_flagged: 1, gate: { min_samples: 200, max_flag_rate: 0.2 } },
+      settings: { min_completion_tokens: 16, retry_flagged: 1, gate: { min_samples: 200, max_flag_rate: 0.2 }, stop_loops: true },
       thinking_requested: true,
       gate: { enabled: true, overridden: false, tripped: true, over_limit: true, status_reason: paused.status_reason },
     });
@@ -275,7 +275,7 @@ describe('thinking cut by max_tokens', () => {
       expect(l).toMatchObject({ finish_reason: 'length', content: '', flags: ['empty_content', 'truncated'], attempts: 2 });
       expect(l.reasoning_content).toHaveLength(400);
     }
-    expect(out.manifest.quality.settings).toEqual({ min_completion_tokens: 0, retry_flagged: 1, gate: false });
+    expect(out.manifest.quality.settings).toEqual({ min_completion_tokens: 0, retry_flagged: 1, gate: false, stop_loops: true });
     const q = await quality(created.id);
     expect(q.gate).toMatchObject({ enabled: false, tripped: false, over_limit: false });
     expect(countIn(q.histograms.content_chars, 0)).toBe(total);

@@ -293,10 +293,28 @@ describe('regen sim: responses', { timeout: 20_000 }, () => {
     expect(capped.choices[0].finish_reason).toBe('length');
   });
 
-  it('rejects streaming and a missing messages array, accepts any model, and 404s a wrong URL like FastAPI', async () => {
-    const stream = await chat(url, { messages: user('hi'), stream: true });
-    expect(stream.status).toBe(400);
-    expect((await stream.json()).message).toBe('streaming is not supported by the simulator');
+  it('streams the same answer as SGLang does: a token an event, the finish, the usage chunk with empty choices, [DONE]', async () => {
+    const whole = await (await chat(url, { messages: user('stream me') })).json();
+    const res = await chat(url, { messages: user('stream me'), stream: true, stream_options: { include_usage: true } });
+    expect(res.status).toBe(200);
+    expect(res.headers.get('content-type')).toBe('text/event-stream');
+    const events = (await res.text()).split('\n\n').filter(Boolean);
+    expect(events.at(-1)).toBe('data: [DONE]');
+    const chunks = events.slice(0, -1).map((e) => JSON.parse(e.slice('data: '.length)));
+    expect(chunks[0].choices[0].delta).toMatchObject({ role: 'assistant', content: '' });
+    const text = (field: string) => chunks.map((c) => c.choices[0]?.delta[field] ?? '').join('');
+    expect(text('content')).toBe(whole.choices[0].message.content);
+    expect(text('reasoning_content')).toBe(whole.choices[0].message.reasoning_content);
+    expect(chunks.at(-2).choices[0].finish_reason).toBe(whole.choices[0].finish_reason);
+    expect(chunks.at(-1).choices).toEqual([]);
+    // The second asking of the prompt may hit the prefix cache: only the token counts must agree.
+    const { prompt_tokens, completion_tokens, reasoning_tokens } = whole.usage;
+    expect(chunks.at(-1).usage).toMatchObject({ prompt_tokens, completion_tokens, reasoning_tokens });
+    // One event a token that has text, between the role chunk and the finish.
+    expect(chunks.length - 3).toBe(whole.usage.completion_tokens);
+  });
+
+  it('rejects a missing messages array, accepts any model, and 404s a wrong URL like FastAPI', async () => {
     for (const body of [{}, { messages: [] }, { messages: 'hi' }, { messages: ['hi'] }]) {
       const response = await chat(url, body);
       expect(response.status).toBe(400);

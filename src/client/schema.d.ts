@@ -846,6 +846,7 @@ export interface components {
                 min_samples?: number;
                 max_flag_rate?: number;
             };
+            stop_loops?: boolean;
         };
         RunList: {
             /** @enum {string} */
@@ -975,6 +976,7 @@ export interface components {
                     min_samples: number;
                     max_flag_rate: number;
                 };
+                stop_loops: boolean;
             };
             /** @description Whether missing_reasoning is checked: the run's params turn thinking on (a line's own params may differ) */
             thinking_requested: boolean;
@@ -988,6 +990,9 @@ export interface components {
                 over_limit: boolean;
                 status_reason: string | null;
             };
+            loops: components["schemas"]["QualityLoops"];
+            /** @description Each endpoint's flagged share over the run's last 400 completed samples, the most flagged first: the windows the quarantine judges, as they are rebuilt after a restart. A quarantined endpoint has its flagged answers asked again elsewhere, so only its kept ones remain here. */
+            endpoints: components["schemas"]["QualityEndpoint"][];
             /** @description Over completed samples, with fixed bucket edges. completion_tokens (reasoning included): 0, 1, 16, 64, 256, 1024, 2048, 4096, 8192, 16384, 32768. reasoning_chars, the length of reasoning_content: 0, 1, 64, 256, 1024, 4096, 8192, 16384, 32768, 65536, 131072. content_chars, the length of content: 0, 1, 64, 256, 1024, 4096, 8192, 16384, 32768, 65536, 131072. Lengths count UTF-16 code units. */
             histograms: {
                 completion_tokens: components["schemas"]["QualityHistogram"];
@@ -1001,6 +1006,27 @@ export interface components {
             share: number;
             /** @description custom_ids of the first 5 samples with the flag, in input order */
             examples: string[];
+        };
+        QualityLoops: {
+            /** @description Answers are streamed and cut once they loop (settings.stop_loops) */
+            enabled: boolean;
+            /** @description Answers cut because they looped, re-asked ones included */
+            stopped: number;
+            /** @description Tokens not generated thanks to the cuts: each cut answer's max_tokens (the server's context length when the request sets none) less the tokens streamed before the cut, counted one an event (SGLang streams a token an event by default) */
+            tokens_saved: number;
+        };
+        QualityEndpoint: {
+            endpoint_id: string;
+            /** @description The endpoint's completed samples among the run's window */
+            samples: number;
+            flagged: number;
+            /** @description flagged / samples */
+            share: number;
+            /**
+             * @description The flag most of its flagged answers carry
+             * @enum {string|null}
+             */
+            top_flag: "empty_content" | "missing_reasoning" | "truncated" | "repetitive" | "too_short" | "duplicate_content" | "think_in_content" | "short_for_run" | null;
         };
         /** @description Buckets [ge, lt); the last has lt null (open-ended). */
         QualityHistogram: {

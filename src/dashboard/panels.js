@@ -28,10 +28,13 @@ const CAP_SOURCES = {
 };
 
 /**
+ * The endpoints; on a run's page, with `quality` (its quality report), each one's flagged share of the run's recent samples.
  * @param {Schemas['Endpoint'][]} endpoints
  * @param {string} [model] the run's: endpoints serving another model are greyed
+ * @param {Schemas['RunQuality'] | null} [quality]
  */
-export function endpointsTable(endpoints, model) {
+export function endpointsTable(endpoints, model, quality = null) {
+  const shares = new Map((quality?.endpoints ?? []).map((q) => [q.endpoint_id, q]));
   const rows = [...endpoints].sort((a, b) => Number(b.model === model) - Number(a.model === model));
   return table(
     [
@@ -79,6 +82,25 @@ export function endpointsTable(endpoints, model) {
               ),
       },
       { label: 'Done / failed', className: 'num', cell: (e) => `${num(e.stats.completed)} / ${num(e.stats.failed)}` },
+      ...(quality
+        ? [
+            {
+              label: 'Flagged (run)',
+              className: 'num',
+              /** @param {Schemas['Endpoint']} e */
+              cell: (e) => {
+                const q = shares.get(e.id);
+                if (!q) return '—';
+                return h(
+                  'div',
+                  { title: `of its ${q.samples} answers among the run's last samples: what the quarantine judges` },
+                  pct(q.share),
+                  q.top_flag ? h('div', { className: 'small muted' }, q.top_flag) : null,
+                );
+              },
+            },
+          ]
+        : []),
     ],
     rows,
     'No endpoints registered. Add one with `regen endpoints add URL` or POST /v1/endpoints.',

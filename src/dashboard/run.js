@@ -125,6 +125,7 @@ export function runView(root, runId) {
       qualityHead,
       completed ? `${num(run.quality.flagged)} flagged (${pct(run.quality.flagged / completed)} of completed)` : '',
       quality ? ` · ${gateText(quality)}` : '',
+      quality?.loops?.stopped ? ` · ${num(quality.loops.stopped)} loops cut, ${num(quality.loops.tokens_saved)} tokens saved` : '',
     );
     fill(qualityEl, qualityTable(run, quality));
   }
@@ -221,7 +222,7 @@ export function runView(root, runId) {
     if (!run) return;
     /** @type {Promise<unknown>[]} */
     const tasks = [
-      unwrap(client.GET('/v1/endpoints', { params: { query: { limit: 100 } } })).then((eps) => fill(endpointsEl, endpointsTable(eps.data, run.model))),
+      unwrap(client.GET('/v1/endpoints', { params: { query: { limit: 100 } } })).then((eps) => fill(endpointsEl, endpointsTable(eps.data, run.model, quality))),
     ];
     // A shard list can be a thousand rows: read it when a shard is uploaded, else now and then.
     if (run.shards.uploaded !== seen.shardsUploaded || (!TERMINAL.includes(run.status) && Date.now() - seen.shardsAt > 10_000)) {

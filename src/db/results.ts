@@ -14,6 +14,8 @@ interface Base {
   runId: string;
   shardIdx: number;
   endpointId: string | null;
+  /** Set when regen cut the answer because it looped: the tokens that spared (README "The quality gate"). */
+  loopTokensSaved?: number;
 }
 
 /** What became of one dispatched sample; the writer turns a batch of these into one transaction. */
@@ -58,6 +60,8 @@ interface RunDelta {
   reasoning: number;
   cached: number;
   dropped: number;
+  loops: number;
+  loopTokensSaved: number;
 }
 
 const newDelta = (): RunDelta => ({
@@ -73,6 +77,8 @@ const newDelta = (): RunDelta => ({
   reasoning: 0,
   cached: 0,
   dropped: 0,
+  loops: 0,
+  loopTokensSaved: 0,
 });
 
 export type ResultStatements = ReturnType<typeof prepareResultStatements>;
@@ -100,7 +106,7 @@ export function prepareResultStatements(db: Db) {
       `update runs set pending = pending + ?, in_progress = in_progress + ?, completed = completed + ?, failed = failed + ?,
        cancelled = cancelled + ?, flagged = flagged + ?, ${FLAG_COLUMNS.map(({ column }) => `${column} = ${column} + ?`).join(', ')}, prompt_tokens = prompt_tokens + ?,
        completion_tokens = completion_tokens + ?, reasoning_tokens = reasoning_tokens + ?, cached_tokens = cached_tokens + ?, dropped_results = dropped_results + ?,
-       updated_at = ? where id = ?`,
+       loops_stopped = loops_stopped + ?, loop_tokens_saved = loop_tokens_saved + ?, updated_at = ? where id = ?`,
     ),
     shardTerminal: db.$client.prepare(
       `update shards set terminal_count = terminal_count + ? where run_id = ? and idx = ? returning terminal_count, sample_count`,
@@ -185,6 +191,10 @@ export function applyOutcomes(s: ResultStatements, owner: string, batch: Outcome
       continue;
     }
     d.inProgress--;
+    if (o.loopTokensSaved !== undefined) {
+      d.loops++;
+      d.loopTokensSaved += o.loopTokensSaved;
+    }
     if (usage) {
       d.prompt += usage.prompt_tokens;
       d.completion += usage.completion_tokens;
@@ -223,6 +233,8 @@ export function applyOutcomes(s: ResultStatements, owner: string, batch: Outcome
       d.reasoning,
       d.cached,
       d.dropped,
+      d.loops,
+      d.loopTokensSaved,
       now,
       runId,
     );

@@ -138,7 +138,17 @@ export function runCountsByStatus(db: DbOrTx): { status: string; n: number }[] {
 /** The sample counters of runs not finished, or finished at `finishedSince` or later. */
 export function recentRunSampleCounts(db: DbOrTx, finishedSince: number) {
   return db
-    .select({ id: runs.id, pending: runs.pending, in_progress: runs.inProgress, completed: runs.completed, failed: runs.failed, cancelled: runs.cancelled })
+    .select({
+      id: runs.id,
+      model: runs.model,
+      pending: runs.pending,
+      in_progress: runs.inProgress,
+      completed: runs.completed,
+      failed: runs.failed,
+      cancelled: runs.cancelled,
+      loopsStopped: runs.loopsStopped,
+      loopTokensSaved: runs.loopTokensSaved,
+    })
     .from(runs)
     .where(or(notInArray(runs.status, [...TERMINAL_RUN_STATUSES]), gte(runs.finishedAt, finishedSince)))
     .all();

@@ -90,6 +90,9 @@ export const runs = sqliteTable(
     completionTokens: integer('completion_tokens').notNull().default(0),
     reasoningTokens: integer('reasoning_tokens').notNull().default(0),
     cachedTokens: integer('cached_tokens').notNull().default(0),
+    // Answers cut while streaming because they looped, and the tokens that spared (README "The quality gate").
+    loopsStopped: integer('loops_stopped').notNull().default(0),
+    loopTokensSaved: integer('loop_tokens_saved').notNull().default(0),
     shardsTotal: integer('shards_total').notNull().default(0),
     shardsUploaded: integer('shards_uploaded').notNull().default(0),
     droppedResults: integer('dropped_results').notNull().default(0),

@@ -27,7 +27,7 @@ export const Params = z
     frequency_penalty: z.number().min(-2).max(2).optional(),
     presence_penalty: z.number().min(-2).max(2).optional(),
     chat_template_kwargs: z.record(z.string(), z.unknown()).optional(),
-    stream: z.literal(false, 'streaming is not supported: regen collects whole completions').optional(),
+    stream: z.literal(false, "stream is regen's to set: it streams by itself when quality.stop_loops is on").optional(),
     n: z.literal(1, 'only n=1 is supported').optional(),
   })
   .catchall(z.unknown())
@@ -48,6 +48,7 @@ export const QualitySettings = z.union([
         }),
       ])
       .optional(),
+    stop_loops: z.boolean().optional(),
   }),
 ]);
 

@@ -7,6 +7,8 @@ export interface QualityConfig {
   min_completion_tokens: number;
   retry_flagged: number;
   gate: { min_samples: number; max_flag_rate: number } | false;
+  /** Stream each answer and cut it once it loops (README "The quality gate"). Absent on runs made before it existed: on. */
+  stop_loops: boolean;
 }
 export type GateSettings = Exclude<QualityConfig['gate'], false>;
 
@@ -17,12 +19,14 @@ export type QualityRequest =
       min_completion_tokens?: number;
       retry_flagged?: number;
       gate?: false | { min_samples?: number; max_flag_rate?: number };
+      stop_loops?: boolean;
     };
 
 export const QUALITY_DEFAULTS: QualityConfig = {
   min_completion_tokens: 0,
   retry_flagged: 1,
   gate: { min_samples: 200, max_flag_rate: 0.2 },
+  stop_loops: true,
 };
 
 /** The settings a run keeps: what it asked for over the defaults, or null when checks are off. */
@@ -33,7 +37,13 @@ export function qualityConfig(q: QualityRequest | undefined): QualityConfig | nu
     min_completion_tokens: q?.min_completion_tokens ?? QUALITY_DEFAULTS.min_completion_tokens,
     retry_flagged: q?.retry_flagged ?? QUALITY_DEFAULTS.retry_flagged,
     gate,
+    stop_loops: q?.stop_loops ?? QUALITY_DEFAULTS.stop_loops,
   };
+}
+
+/** Whether a run's answers are streamed and cut once they loop: quality checks on, and stop_loops not turned off. */
+export function stopsLoops(q: QualityConfig | null): boolean {
+  return q !== null && (q.stop_loops ?? QUALITY_DEFAULTS.stop_loops);
 }
 
 export interface QualityInput {
@@ -117,6 +127,39 @@ export const WHITESPACE_TO_COLLAPSE = /\s{2,}|[^\S ]/g;
 function normalisedTail(text: string): string {
   const normalised = text.slice(-RAW_TAIL_CHARS).replace(WHITESPACE_TO_COLLAPSE, ' ').trim();
   return normalised.slice(-TAIL_CHARS);
+}
+
+// ---- the same check on a streamed answer ----
+
+// The growing text is checked every this many new characters (about 64 tokens): isRepetitive costs
+// a few microseconds on healthy text, so per character it is noise, and a loop is caught within
+// this much of the point where the final check would flag it.
+const STREAM_CHECK_CHARS = 256;
+// A loop must still be there at the next check: a periodic stretch the model leaves again (a rule
+// of dashes, a table's separators) is not cut.
+const STREAM_CONFIRMATIONS = 2;
+
+/**
+ * isRepetitive over a text that arrives in pieces, in O(1) amortised time a piece and bounded
+ * memory: it keeps only the tail the check reads. True once the tail has looped at two checks in
+ * a row; a text it passes may still be flagged by the final check, which sees the finished tail.
+ */
+export class LoopWatch {
+  private tail = '';
+  private sinceCheck = 0;
+  private hits = 0;
+
+  add(piece: string): boolean {
+    if (piece === '') return false;
+    this.tail += piece;
+    // Trimmed at twice the window, so that the copy happens once per RAW_TAIL_CHARS of text.
+    if (this.tail.length > 2 * RAW_TAIL_CHARS) this.tail = this.tail.slice(-RAW_TAIL_CHARS);
+    this.sinceCheck += piece.length;
+    if (this.sinceCheck < STREAM_CHECK_CHARS) return false;
+    this.sinceCheck = 0;
+    this.hits = isRepetitive(this.tail) ? this.hits + 1 : 0;
+    return this.hits >= STREAM_CONFIRMATIONS;
+  }
 }
 
 /** Length of the longest suffix of `s` that repeats with the given period. */

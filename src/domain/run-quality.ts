@@ -18,6 +18,16 @@ export interface RunVerdict {
   quarantine: (EndpointQuarantine & { reason: string })[];
 }
 
+/** One endpoint's recent answers for a run, as the quarantine sees them. */
+export interface EndpointShare {
+  endpointId: string;
+  samples: number;
+  flagged: number;
+  share: number;
+  /** The flag most of its flagged answers carry; null when none is flagged. */
+  topFlag: Flag | null;
+}
+
 /** One completed sample as the database holds it, for restore. */
 export interface CompletedRow {
   flags: number;
@@ -47,6 +57,17 @@ export class RunQuality {
     if (this.contents.observe(input.content).flagged) flags |= flagBit('duplicate_content');
     if (this.lengths.isShort(input.completion_tokens)) flags |= flagBit('short_for_run');
     this.lengths.add(input.completion_tokens);
+    this.endpointWindow(endpointId).push(flags);
+    return flags;
+  }
+
+  /**
+   * An answer cut while streaming because it looped: flagged repetitive, and nothing else, since
+   * its text is partial (its length and content say nothing of the run). It enters its
+   * endpoint's window as any answer does.
+   */
+  cut(endpointId: string): number {
+    const flags = flagBit('repetitive');
     this.endpointWindow(endpointId).push(flags);
     return flags;
   }
@@ -90,6 +111,13 @@ export class RunQuality {
     }
     for (const [id, flags] of byEndpoint) this.endpointWindow(id).restore(flags);
     for (const [tokens, samples] of lengths) this.lengths.add(tokens, samples);
+  }
+
+  /** Each endpoint's window: what the quarantine judges, the most flagged first. */
+  endpointShares(): EndpointShare[] {
+    return [...this.endpoints]
+      .map(([endpointId, w]) => ({ endpointId, samples: w.size, flagged: w.flagged, share: w.share, topFlag: w.dominantFlag() }))
+      .sort((a, b) => b.share - a.share || a.endpointId.localeCompare(b.endpointId));
   }
 
   /** Forgets an endpoint's answers: once it is removed, or put back after a fix. */

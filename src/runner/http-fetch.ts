@@ -1,4 +1,5 @@
 import http from 'node:http';
+import { APIConnectionError, APIConnectionTimeoutError, APIError, APIUserAbortError } from 'openai';
 import https from 'node:https';
 
 /** The error a spec-compliant fetch rejects with on abort; the openai client recognises it by name. */
@@ -167,4 +168,107 @@ export const IDLE_SOCKET_MS = 4000;
 export function endpointAgent(url: string): http.Agent | https.Agent {
   const opts = { keepAlive: true, maxSockets: Infinity, maxFreeSockets: 100_000, scheduling: 'lifo' as const, timeout: IDLE_SOCKET_MS };
   return url.startsWith('https:') ? new https.Agent(opts) : new http.Agent(opts);
+}
+
+/** What a streamed request is given. */
+export interface StreamRequest {
+  url: string;
+  headers: Record<string, string>;
+  body: string;
+  signal: AbortSignal;
+  timeoutMs: number;
+  /** Each event's data, in order; `data: [DONE]` ends the stream and is not passed on. */
+  onData(data: string): void;
+}
+
+const DONE = '[DONE]';
+
+/**
+ * A POST whose 200 answer is read as server-sent events as they arrive, over the endpoint's
+ * keep-alive agent. Parsed here rather than by the openai client's stream: that one wants a web
+ * ReadableStream (Response.body) and decodes it line by line through async iterators, the very
+ * plumbing agentFetch exists to avoid. Rejects with the openai client's own errors (APIError by
+ * status, APIConnectionError, APIConnectionTimeoutError, APIUserAbortError), so classifyError
+ * reads a streamed failure as it reads a buffered one. Resolves once `[DONE]` has come.
+ */
+export function streamPost(agent: http.Agent | https.Agent, r: StreamRequest): Promise<void> {
+  return new Promise<void>((resolve, reject) => {
+    if (r.signal.aborted) return reject(new APIUserAbortError());
+    const url = new URL(r.url);
+    const mod = url.protocol === 'https:' ? https : http;
+    let settled = false;
+    // A stream read to its end leaves its socket to the agent for the next request; any other end closes it.
+    const finish = (fn: () => void, keepSocket = false) => {
+      if (settled) return;
+      settled = true;
+      clearTimeout(timer);
+      r.signal.removeEventListener('abort', onAbort);
+      if (!keepSocket) req.destroy();
+      fn();
+    };
+    const connectionError = (cause: Error) => finish(() => reject(new APIConnectionError({ cause })));
+    const req = mod.request(
+      url,
+      { method: 'POST', headers: { ...r.headers, 'content-type': 'application/json', accept: 'text/event-stream' }, agent },
+      (res) => {
+        const status = res.statusCode ?? 502;
+        res.setEncoding('utf8');
+        if (status !== 200) {
+          let text = '';
+          res.on('data', (c: string) => {
+            if (text.length < MAX_ERROR_BODY_CHARS) text += c;
+          });
+          res.on('end', () =>
+            finish(() => reject(APIError.generate(status, JSON.parse(errorBodyForClient(Buffer.from(text))), undefined, new Headers())), true),
+          );
+          res.on('error', connectionError);
+          return;
+        }
+        let pending = '';
+        let size = 0;
+        res.on('data', (c: string) => {
+          size += c.length;
+          if (size > MAX_RESPONSE_BYTES) return connectionError(new Error(`answer larger than ${MAX_RESPONSE_BYTES} bytes`));
+          pending += c;
+          let end = pending.indexOf('\n\n');
+          while (end >= 0 && !settled) {
+            const data = eventData(pending.slice(0, end));
+            pending = pending.slice(end + 2);
+            if (data === DONE) return finish(resolve, true);
+            if (data !== null) {
+              try {
+                r.onData(data);
+              } catch (err) {
+                return finish(() => reject(err));
+              }
+            }
+            end = pending.indexOf('\n\n');
+          }
+        });
+        // A stream that stops before [DONE] lost its connection: what came is not a whole answer.
+        res.on('end', () => connectionError(new Error('the stream ended before data: [DONE]')));
+        res.on('error', connectionError);
+      },
+    );
+    req.on('error', connectionError);
+    const onAbort = () => finish(() => reject(new APIUserAbortError()));
+    r.signal.addEventListener('abort', onAbort, { once: true });
+    // The whole answer must come within the run's timeout, as with a buffered request.
+    const timer = setTimeout(() => finish(() => reject(new APIConnectionTimeoutError())), r.timeoutMs);
+    req.end(r.body);
+  });
+}
+
+const MAX_ERROR_BODY_CHARS = 64 * 1024;
+
+/** The data of one event (its `data:` lines joined), or null for an event without any (a comment, a keep-alive). */
+function eventData(event: string): string | null {
+  if (event.startsWith('data: ') && !event.includes('\n')) return event.slice(6);
+  let data: string | null = null;
+  for (const line of event.split('\n')) {
+    if (!line.startsWith('data:')) continue;
+    const value = line.slice(line.startsWith('data: ') ? 6 : 5);
+    data = data === null ? value : `${data}\n${value}`;
+  }
+  return data;
 }

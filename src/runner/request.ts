@@ -43,6 +43,19 @@ export function buildRequest(
   return { body, thinking: thinkingRequested(params, run.model) };
 }
 
+/**
+ * The most tokens a request may generate: its max_tokens (max_completion_tokens first, as SGLang
+ * reads them), else the server's context length, what SGLang caps it at (the prompt's own tokens
+ * are not known before the answer, so this is an upper bound).
+ */
+export function tokenBudget(body: Record<string, unknown>, contextLength: number | null): number {
+  const asked = body.max_completion_tokens ?? body.max_tokens;
+  return typeof asked === 'number' ? asked : (contextLength ?? 0);
+}
+
+/** A streamed answer cut by regen because it looped: kept as it stood, with SGLang's word for an aborted request. */
+export const LOOP_FINISH_REASON = 'abort';
+
 /** The parts of a chat completion regen reads; anything may be missing from a broken server. */
 export interface ChatResponse {
   id?: string;

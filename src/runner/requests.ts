@@ -2,12 +2,19 @@ import type { RunnerDeps } from '../deps.js';
 import type { RunRow } from '../db/schema.js';
 import type { Claimed } from './claim-buffer.js';
 import type { EndpointPool, LiveEndpoint } from './endpoints.js';
+import { APIError } from 'openai';
+import { LoopWatch, stopsLoops } from '../domain/quality.js';
 import { settleAbort, settleAnswer, settleError, type Attempt, type Settled } from './outcomes.js';
-import { buildRequest, classifyError, parseAnswer } from './request.js';
+import { type Answer, buildRequest, classifyError, LOOP_FINISH_REASON, parseAnswer, tokenBudget } from './request.js';
 import type { ResultWriter } from './results.js';
 import type { RunQuality } from '../domain/run-quality.js';
+import { StreamedAnswer } from './stream-answer.js';
 
-export type AbortReason = 'cancel' | 'release';
+/** Why regen aborted a request: to cancel its run, to give its sample back, or because its answer looped. */
+export type AbortReason = 'cancel' | 'release' | 'loop';
+
+/** An event a broken server streamed that is not JSON: its fault, as a 5xx would be. */
+const BAD_EVENT_STATUS = 502;
 
 export interface Flight {
   sample: Claimed;
@@ -17,6 +24,10 @@ export interface Flight {
   thinking: boolean;
   /** Why regen aborted it, if it did: decides what becomes of the sample. */
   abortReason: AbortReason | null;
+  /** A streamed answer as it stands, while it comes in. */
+  streamed: StreamedAnswer | null;
+  /** The most tokens the request may generate (tokenBudget). */
+  budget: number;
 }
 
 /**
@@ -51,15 +62,30 @@ export class Requests {
   send(e: LiveEndpoint, run: RunRow, sample: Claimed): void {
     const { body, thinking } = buildRequest(run, sample);
     const controller = new AbortController();
-    const flight: Flight = { sample, run, endpoint: e, controller, thinking, abortReason: null };
+    const flight: Flight = {
+      sample,
+      run,
+      endpoint: e,
+      controller,
+      thinking,
+      abortReason: null,
+      streamed: null,
+      budget: tokenBudget(body, e.row.maxModelLen),
+    };
     this.flights.set(sample.id, flight);
     e.inFlight.set(sample.id, controller);
     const started = this.deps.clock();
-    e.client.chat.completions
-      .create(body as never, { signal: controller.signal, timeout: run.requestTimeoutMs })
+    // Streamed only when loops are to be stopped: a buffered answer costs less to read (BENCHMARKS.md).
+    // A request that asks for log probabilities stays buffered: the streamed record does not gather
+    // them chunk by chunk, and they are kept whole on the output line.
+    const answer =
+      stopsLoops(run.quality) && body.logprobs !== true
+        ? this.stream(flight, body)
+        : e.client.chat.completions.create(body as never, { signal: controller.signal, timeout: run.requestTimeoutMs });
+    answer
       .then(
         (res) => this.onResponse(flight, res, this.deps.clock() - started),
-        (err) => this.onError(flight, err),
+        (err) => this.onError(flight, err, this.deps.clock() - started),
       )
       .catch((err: Error) => {
         // An answer the code could not take (a database fault, say): the sample goes back to the
@@ -72,6 +98,39 @@ export class Requests {
         e.inFlight.delete(sample.id);
         this.hooks.settled();
       });
+  }
+
+  /**
+   * Streams the answer, watching the growing tail of its content and reasoning for a loop; on one
+   * the request is aborted (SGLang frees it within seconds) and settled by onLoop. Resolves with
+   * the same record a buffered answer gives.
+   */
+  private stream(f: Flight, body: Record<string, unknown>): Promise<unknown> {
+    const streamed = new StreamedAnswer();
+    f.streamed = streamed;
+    const content = new LoopWatch();
+    const reasoning = new LoopWatch();
+    return f.endpoint
+      .streamChat(
+        { ...body, stream: true, stream_options: { include_usage: true } },
+        {
+          signal: f.controller.signal,
+          timeoutMs: f.run.requestTimeoutMs,
+          onData: (data) => {
+            let added: ReturnType<StreamedAnswer['add']>;
+            try {
+              added = streamed.add(data);
+            } catch {
+              throw APIError.generate(BAD_EVENT_STATUS, { error: { message: 'the endpoint streamed an event that is not JSON' } }, undefined, new Headers());
+            }
+            if ('status' in added) throw APIError.generate(added.status, { error: added.error }, undefined, new Headers());
+            // Both watches see every piece: a loop in the reasoning is cut as one in the answer is.
+            const looped = content.add(added.content);
+            if (reasoning.add(added.reasoning) || looped) this.abort(f, 'loop');
+          },
+        },
+      )
+      .then(() => streamed.response());
   }
 
   private attempt(f: Flight): Attempt {
@@ -128,10 +187,44 @@ export class Requests {
     this.settle(settled);
   }
 
-  private onError(f: Flight, err: unknown): void {
+  /**
+   * A streamed answer cut because it looped: flagged repetitive, and asked again under the
+   * quality-retry rules like any flagged answer; kept as it stood when no retry is left. The
+   * tokens it was spared are its budget less the tokens streamed (one an event, SGLang's default).
+   */
+  private onLoop(f: Flight, streamed: StreamedAnswer, latencyMs: number): void {
     const e = f.endpoint;
+    e.consecutiveFailures = 0;
+    const res = streamed.response();
+    const message = res.choices?.[0]?.message;
+    const generated = streamed.textEvents;
+    const answer: Answer = {
+      content: typeof message?.content === 'string' ? message.content : '',
+      reasoning: typeof message?.reasoning_content === 'string' ? message.reasoning_content : null,
+      finishReason: LOOP_FINISH_REASON,
+      usage: { prompt_tokens: 0, completion_tokens: generated, reasoning_tokens: 0, cached_tokens: 0 },
+      model: res.model ?? null,
+      responseId: res.id,
+      created: res.created,
+      logprobs: null,
+    };
+    const quality = this.hooks.qualityOf(f.run);
+    const flags = quality ? quality.cut(e.row.id) : 0;
+    const settled = settleAnswer(this.attempt(f), f.run, answer, latencyMs, this.deps.clock(), flags);
+    settled.outcome.loopTokensSaved = Math.max(0, f.budget - generated);
+    if (quality && settled.outcome.kind === 'completed') quality.completed(flags);
+    this.deps.metrics.answered(e.row.id, latencyMs, generated, flags);
+    this.settle(settled);
+  }
+
+  private onError(f: Flight, err: unknown, latencyMs = 0): void {
+    const e = f.endpoint;
+    if (f.abortReason === 'loop' && f.streamed) {
+      this.onLoop(f, f.streamed, latencyMs);
+      return;
+    }
     if (f.abortReason) {
-      this.settle(settleAbort(this.attempt(f), f.abortReason));
+      this.settle(settleAbort(this.attempt(f), f.abortReason === 'cancel' ? 'cancel' : 'release'));
       return;
     }
     const verdict = classifyError(err, f.run.requestTimeoutMs);
@@ -151,7 +244,7 @@ export class Requests {
     this.settle(settleError(this.attempt(f), this.limits(f.run), verdict.error, this.deps.clock()));
   }
 
-  abort(f: Flight, reason: 'cancel' | 'release'): void {
+  abort(f: Flight, reason: AbortReason): void {
     if (f.abortReason) return;
     f.abortReason = reason;
     f.controller.abort();

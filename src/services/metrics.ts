@@ -91,6 +91,19 @@ export class Metrics implements RunnerMetrics {
     labelNames: ['run_id', 'status'] as const,
     registers: [this.registry],
   });
+  // Counters read from the run's own columns at scrape time, so they survive a restart.
+  private readonly loopsStopped = new Counter({
+    name: 'regen_loops_stopped_total',
+    help: 'Streamed answers cut because they looped (README "The quality gate")',
+    labelNames: ['run_id', 'model'] as const,
+    registers: [this.registry],
+  });
+  private readonly loopTokensSaved = new Counter({
+    name: 'regen_loop_tokens_saved_total',
+    help: "Tokens not generated because looping answers were cut: each one's max_tokens less the tokens streamed before the cut",
+    labelNames: ['run_id', 'model'] as const,
+    registers: [this.registry],
+  });
   private readonly runCount = new Gauge({
     name: 'regen_runs',
     help: 'Runs by status',
@@ -190,12 +203,18 @@ export class Metrics implements RunnerMetrics {
   private readRuns({ db, now }: MetricsSource): void {
     this.runCount.reset();
     this.runSamples.reset();
+    this.loopsStopped.reset();
+    this.loopTokensSaved.reset();
     const byStatus = runCountsByStatus(db);
     for (const status of RUN_STATUSES) this.runCount.set({ status }, byStatus.find((r) => r.status === status)?.n ?? 0);
     const outbox = deliveryCountsByStatus(db);
     for (const status of DELIVERY_STATUSES) this.webhookEvents.set({ status }, outbox.find((r) => r.status === status)?.n ?? 0);
-    for (const r of recentRunSampleCounts(db, now - FINISHED_RUN_VISIBLE_MS))
+    for (const r of recentRunSampleCounts(db, now - FINISHED_RUN_VISIBLE_MS)) {
       for (const status of SAMPLE_STATUSES) this.runSamples.set({ run_id: r.id, status }, r[status]);
+      const labels = { run_id: r.id, model: r.model };
+      this.loopsStopped.inc(labels, r.loopsStopped);
+      this.loopTokensSaved.inc(labels, r.loopTokensSaved);
+    }
   }
 
   private readEndpoints({ db, runner, defaultConcurrency }: MetricsSource): void {

@@ -11,6 +11,10 @@ const WEIGHT_VERSION = 'default';
 
 // A test hook, not SGLang: "[len=N]" in the last user message asks for an answer of N tokens.
 const ANSWER_LENGTH = /\[len=(\d+)\]/;
+// Another: "[loop]" makes the model loop, repeating one phrase until max_tokens, as a reasoning
+// model caught in a loop does (in its reasoning when it thinks, else in its answer).
+const LOOP_MARKER = '[loop]';
+const LOOP_PHRASE = 'wait, let me check that again. ';
 
 export interface ChatRequest {
   digest: string;
@@ -25,6 +29,12 @@ export interface ChatRequest {
   /** `logprobs: true` asks for each output token's log probability; `top_logprobs` for that many alternatives. */
   logprobs: boolean;
   topLogprobs: number;
+  /** The prompt asks for a loop with "[loop]". */
+  loop: boolean;
+  /** `stream: true`: the answer goes out as server-sent events. */
+  stream: boolean;
+  /** `stream_options.include_usage`: a last chunk with empty choices carries the usage. */
+  includeUsage: boolean;
 }
 
 // OpenAI's bound on `top_logprobs`, which SGLang's protocol checks too.
@@ -39,17 +49,20 @@ function wantsThinking(body: Record<string, unknown>): boolean {
   return true;
 }
 
-function answerLength(messages: Record<string, unknown>[], knobs: Knobs): number {
+function lastUserText(messages: Record<string, unknown>[]): string {
   let lastUser: Record<string, unknown> | undefined;
   for (const message of messages) if (message.role === 'user') lastUser = message;
-  const match = typeof lastUser?.content === 'string' ? ANSWER_LENGTH.exec(lastUser.content) : null;
+  return typeof lastUser?.content === 'string' ? lastUser.content : '';
+}
+
+function answerLength(text: string, knobs: Knobs): number {
+  const match = ANSWER_LENGTH.exec(text);
   return match ? Number(match[1]) : knobs.completionTokens;
 }
 
 /** Checks a chat-completion body the way SGLang would, in the order it would complain. */
 export function parseChatRequest(body: unknown, knobs: Knobs): ChatRequest {
   if (!isRecord(body)) throw badRequest('The request body must be a JSON object.');
-  if (body.stream === true) throw new SimHttpError(400, 'streaming is not supported by the simulator');
   const { messages } = body;
   if (!Array.isArray(messages) || messages.length === 0 || !messages.every(isRecord)) {
     throw badRequest('`messages` must be a non-empty array of message objects.');
@@ -83,7 +96,10 @@ export function parseChatRequest(body: unknown, knobs: Knobs): ChatRequest {
     promptTokens,
     maxTokens: typeof maxTokens === 'number' ? maxTokens : contextLength - promptTokens,
     thinking: wantsThinking(body),
-    answerTokens: answerLength(messages, knobs),
+    answerTokens: answerLength(lastUserText(messages), knobs),
+    loop: lastUserText(messages).includes(LOOP_MARKER),
+    stream: body.stream === true,
+    includeUsage: body.stream === true && isRecord(body.stream_options) && body.stream_options.include_usage === true,
     logprobs: body.logprobs === true,
     topLogprobs: topLogprobs as number,
   };
@@ -99,6 +115,7 @@ interface Generated {
 
 // The reply text depends only on the prompt and the simulator's seed, so a rerun reproduces it.
 function generate(request: ChatRequest, knobs: Knobs, budget: number): Generated {
+  if (request.loop) return looping(request, budget);
   const wantedReasoning = request.thinking ? knobs.reasoningTokens : 0;
   const reasoningTokens = Math.min(wantedReasoning, budget);
   const contentTokens = Math.min(request.answerTokens, budget - reasoningTokens);
@@ -111,6 +128,15 @@ function generate(request: ChatRequest, knobs: Knobs, budget: number): Generated
     contentTokens,
     finishReason: wantedReasoning + request.answerTokens > budget ? 'length' : 'stop',
   };
+}
+
+// The loop never ends on its own: it fills the budget and stops on length.
+function looping(request: ChatRequest, budget: number): Generated {
+  let text = '';
+  while (text.length < budget * CHARS_PER_TOKEN) text += LOOP_PHRASE;
+  text = text.slice(0, budget * CHARS_PER_TOKEN);
+  if (request.thinking) return { reasoning: text, content: '', reasoningTokens: budget, contentTokens: 0, finishReason: 'length' };
+  return { reasoning: '', content: text, reasoningTokens: 0, contentTokens: budget, finishReason: 'length' };
 }
 
 // The failure regen exists to catch: an empty think block and a throwaway answer.
@@ -150,6 +176,13 @@ function tokenLogprobs(text: string, tokens: number, top: number, random: () => 
 export interface Reply {
   body: object;
   completionTokens: number;
+  /** The answer token by token, for a streamed reply: one SSE chunk each (SGLang's default stream_interval of 1). */
+  pieces: Piece[];
+}
+
+export interface Piece {
+  field: 'content' | 'reasoning_content';
+  text: string;
 }
 
 export interface ReplyPlan {
@@ -159,19 +192,35 @@ export interface ReplyPlan {
   abortAt: number | undefined;
 }
 
-/** SGLang's non-streaming chat.completion body for `request`. */
+/** `text` cut into `tokens` pieces of about equal length (some empty when the text is shorter). */
+function cut(field: Piece['field'], text: string, tokens: number): Piece[] {
+  const pieces: Piece[] = [];
+  for (let i = 0; i < tokens; i++) {
+    pieces.push({ field, text: text.slice(Math.floor((i * text.length) / tokens), Math.floor(((i + 1) * text.length) / tokens)) });
+  }
+  return pieces;
+}
+
+/** SGLang's non-streaming chat.completion body for `request`, and its pieces when it is streamed. */
 export function buildReply(request: ChatRequest, knobs: Knobs, plan: ReplyPlan): Reply {
   let out = plan.degenerate ? degenerate() : generate(request, knobs, request.maxTokens);
   if (plan.abortAt !== undefined) {
-    const cut = Math.floor((out.reasoningTokens + out.contentTokens) * plan.abortAt);
-    out = { ...generate(request, knobs, cut), finishReason: 'abort' };
+    const share = Math.floor((out.reasoningTokens + out.contentTokens) * plan.abortAt);
+    out = { ...generate(request, knobs, share), finishReason: 'abort' };
   }
   const parser = knobs.reasoningParser === 1;
   const { content, reasoning } = split(out, request, parser);
   const completionTokens = out.reasoningTokens + out.contentTokens;
   const cached = knobs.enableCacheReport === 1 && plan.cachedTokens > 0;
+  // With a parser the think block streams as reasoning_content deltas; without, it is content like the rest.
+  const pieces = !request.stream
+    ? []
+    : reasoning === null
+      ? cut('content', content, completionTokens)
+      : [...cut('reasoning_content', reasoning, out.reasoningTokens), ...cut('content', content, out.contentTokens)];
   return {
     completionTokens,
+    pieces,
     body: {
       id: randomBytes(16).toString('hex'),
       object: 'chat.completion',
@@ -198,4 +247,43 @@ export function buildReply(request: ChatRequest, knobs: Knobs, plan: ReplyPlan):
       metadata: { weight_version: WEIGHT_VERSION },
     },
   };
+}
+
+// ---- streaming (serving_chat.py _generate_chat_stream) ----
+
+interface ReplyBody {
+  id: string;
+  created: number;
+  model: string;
+  choices: { finish_reason: string; matched_stop: number | null }[];
+  usage: object;
+}
+
+function chunk(body: ReplyBody, choices: object[], usage: object | null = null): string {
+  return `data: ${JSON.stringify({ id: body.id, object: 'chat.completion.chunk', created: body.created, model: body.model, choices, usage })}\n\n`;
+}
+
+const delta = (d: object, finish: { finish_reason: string; matched_stop: number | null } | null = null) => ({
+  index: 0,
+  delta: { role: null, content: null, reasoning_content: null, tool_calls: null, ...d },
+  logprobs: null,
+  finish_reason: finish?.finish_reason ?? null,
+  matched_stop: finish?.matched_stop ?? null,
+});
+
+/** The first event: the assistant role with empty content. */
+export function streamHead(reply: Reply): string {
+  return chunk(reply.body as ReplyBody, [delta({ role: 'assistant', content: '' })]);
+}
+
+/** One token's event; an empty piece sends nothing, as SGLang skips empty deltas. */
+export function streamPiece(reply: Reply, piece: Piece): string {
+  return piece.text === '' ? '' : chunk(reply.body as ReplyBody, [delta({ [piece.field]: piece.text })]);
+}
+
+/** The finish event, the usage event with empty choices when asked for, and `data: [DONE]`. */
+export function streamTail(reply: Reply, includeUsage: boolean): string {
+  const body = reply.body as ReplyBody;
+  const finish = chunk(body, [delta({}, body.choices[0])]);
+  return `${finish}${includeUsage ? chunk(body, [], body.usage) : ''}data: [DONE]\n\n`;
 }

@@ -1,6 +1,6 @@
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
 import type { AddressInfo } from 'node:net';
-import { buildReply, parseChatRequest, type ChatRequest } from './completion.js';
+import { buildReply, parseChatRequest, streamHead, streamPiece, streamTail, type ChatRequest } from './completion.js';
 import { readJson, sendDetail, sendError, sendJson, sendText, SimHttpError } from './http.js';
 import { KvRank } from './kv.js';
 import { renderMetrics } from './metrics.js';
@@ -29,10 +29,16 @@ export interface SimStats {
   aborted: number;
   /** Answers sent with finish_reason "abort". */
   aborts: number;
+  /** Chat requests that asked for `stream: true`. */
+  streamed: number;
   /** Requests pushed back to the queue for lack of KV (KV model only). */
   retracted: number;
   /** The most KV tokens one rank's running requests ever held. */
   maxKvUsed: number;
+  /** Tokens generated, those of requests whose client hung up included (sglang:generation_tokens_total). */
+  generatedTokens: number;
+  /** The most tokens generated for one request before its client hung up: how soon a client cut it. */
+  maxTokensBeforeHangUp: number;
 }
 
 export interface Simulator {
@@ -50,6 +56,10 @@ const SGLANG_VERSION = '0.5.17';
 const MAX_BODY_BYTES = 32 * 1024 * 1024;
 // Bounds the prefix-cache bookkeeping during long benchmarks; forgetting everything is what a full cache does.
 const SEEN_DIGESTS_LIMIT = 100_000;
+
+// How often a paced stream sends the tokens due: SGLang sends one event a decode step; the
+// simulator batches the steps of 10 ms into one write, so a timer a token is not needed.
+const STREAM_TICK_MS = 10;
 
 const STARTING = 'The server is starting: model weights are still loading.';
 
@@ -98,10 +108,11 @@ class SimServer {
   #random: Random;
   // Its own stream, so that turning aborts on leaves the other faults' sequence as it was.
   #abortRandom: Random;
-  readonly #counts = { requests: 0, completed: 0, errors: 0, resets: 0, hangs: 0, rejected: 0, aborted: 0, aborts: 0 };
+  readonly #counts = { requests: 0, completed: 0, errors: 0, resets: 0, hangs: 0, rejected: 0, aborted: 0, aborts: 0, streamed: 0 };
   #maxRunningSeen = 0;
   #promptTokens = 0;
   #generationTokens = 0;
+  #maxTokensBeforeHangUp = 0;
   #draining = false;
   #onDrained: (() => void) | undefined;
 
@@ -134,6 +145,8 @@ class SimServer {
       maxRunningSeen: this.#maxRunningSeen,
       retracted: this.#sum((rank) => rank.retractions),
       maxKvUsed: Math.max(...this.#ranks.map((rank) => rank.maxUsedTokens)),
+      generatedTokens: this.#generationTokens,
+      maxTokensBeforeHangUp: this.#maxTokensBeforeHangUp,
     };
   }
 
@@ -391,6 +404,7 @@ class SimServer {
     if (this.#knobs.dieAfter > 0 && count >= this.#knobs.dieAfter) return this.#onDie();
     this.#requireStarted();
     const request = parseChatRequest(await readJson(req, MAX_BODY_BYTES), this.#knobs);
+    if (request.stream) this.#counts.streamed++;
     const faults = this.#drawFaults();
     if (faults.reset) {
       this.#counts.resets++;
@@ -440,7 +454,10 @@ class SimServer {
     const kv = this.#knobs.kvTokens > 0;
     let settled = false;
     let timer: NodeJS.Timeout | undefined;
-    const answer = (): void => {
+    let startedAt: number | undefined;
+    // Tokens of a streamed reply sent so far: what the server generated before a client hung up.
+    let sent = 0;
+    const done = (): void => {
       settled = true;
       if (faults.abortAt === undefined) this.#counts.completed++;
       else this.#counts.aborts++;
@@ -448,9 +465,35 @@ class SimServer {
       this.#generationTokens += reply.completionTokens;
       this.#cache[index].promptTokens += request.promptTokens;
       this.#cache[index].cachedTokens += cachedTokens;
-      sendJson(res, 200, reply.body, { 'x-sim-digest': request.digest });
       if (!kv) rank.leave(job);
       this.#checkDrained();
+    };
+    const answer = (): void => {
+      sendJson(res, 200, reply.body, { 'x-sim-digest': request.digest });
+      done();
+    };
+    // Paced at tokensPerSecond from the first token; unpaced (all at once) at zero latency and in the KV model, which times decode itself.
+    const stream = (paced: boolean): void => {
+      res.writeHead(200, { 'content-type': 'text/event-stream', 'cache-control': 'no-cache', 'x-sim-digest': request.digest });
+      res.write(streamHead(reply));
+      const first = performance.now();
+      const { tokensPerSecond } = this.#knobs;
+      const step = (): void => {
+        const due =
+          paced && tokensPerSecond > 0
+            ? Math.min(reply.pieces.length, Math.floor(((performance.now() - first) / 1000) * tokensPerSecond))
+            : reply.pieces.length;
+        let events = '';
+        while (sent < due) events += streamPiece(reply, reply.pieces[sent++]);
+        if (sent < reply.pieces.length) {
+          if (events) res.write(events);
+          timer = setTimeout(step, STREAM_TICK_MS);
+        } else {
+          res.end(events + streamTail(reply, request.includeUsage));
+          done();
+        }
+      };
+      step();
     };
     const job: Job = {
       promptTokens: request.promptTokens,
@@ -460,6 +503,13 @@ class SimServer {
       start: () => {
         // A hung request holds its slot until the client gives up, as a stuck server would.
         if (kv || faults.hang) return;
+        startedAt = performance.now();
+        if (request.stream) {
+          const { ttftMs } = this.#knobs;
+          if (ttftMs === 0) stream(true);
+          else timer = setTimeout(() => stream(true), ttftMs);
+          return;
+        }
         const delay = this.#latencyMs(reply.completionTokens);
         // No timer at zero latency: benchmarks need the fastest possible path.
         if (delay === 0) answer();
@@ -468,8 +518,9 @@ class SimServer {
       // The KV model times prefill and decode itself; ttftMs is then a fixed delay on top.
       finish: () => {
         if (faults.hang || settled) return;
-        if (this.#knobs.ttftMs > 0) timer = setTimeout(answer, this.#knobs.ttftMs);
-        else answer();
+        const send = request.stream ? () => stream(false) : answer;
+        if (this.#knobs.ttftMs > 0) timer = setTimeout(send, this.#knobs.ttftMs);
+        else send();
       },
     };
     res.on('close', () => {
@@ -477,6 +528,10 @@ class SimServer {
       settled = true;
       clearTimeout(timer);
       this.#counts.aborted++;
+      // A streamed reply counts what it sent; a buffered one what its timing says was generated.
+      const generated = request.stream ? sent : this.#generatedSince(startedAt, reply.completionTokens);
+      this.#generationTokens += generated;
+      this.#maxTokensBeforeHangUp = Math.max(this.#maxTokensBeforeHangUp, generated);
       rank.leave(job);
       this.#checkDrained();
     });
@@ -487,6 +542,14 @@ class SimServer {
       return;
     }
     rank.enter(job);
+  }
+
+  /** Tokens a buffered reply had generated when its client hung up, by the timing knobs; 0 before it started or when generation is instant. */
+  #generatedSince(startedAt: number | undefined, completionTokens: number): number {
+    const { ttftMs, tokensPerSecond } = this.#knobs;
+    if (startedAt === undefined || tokensPerSecond === 0) return 0;
+    const decodingMs = performance.now() - startedAt - ttftMs;
+    return Math.max(0, Math.min(completionTokens, Math.floor((decodingMs / 1000) * tokensPerSecond)));
   }
 
   #latencyMs(completionTokens: number): number {

@@ -3,9 +3,12 @@ import type { App } from '../../http/app.js';
 import { notFound, problemResponses } from '../../errors.js';
 import { getRun } from '../../db/runs.js';
 import { flagExamples, HISTOGRAM_EDGES, qualityHistograms } from '../../db/quality.js';
+import { recentCompleted } from '../../db/samples.js';
 import { FLAGS, flagCounts } from '../../domain/flags.js';
 import { thinkingRequested } from '../../domain/params.js';
-import { gateSettings, gateTripped, overLimit } from '../../domain/quality.js';
+import { gateSettings, gateTripped, overLimit, stopsLoops } from '../../domain/quality.js';
+import { QUALITY_WINDOW } from '../../domain/quality-window.js';
+import { RunQuality as RunChecks } from '../../domain/run-quality.js';
 import { jsonContent, RunIdParam } from '../common.js';
 import { RunStatus } from './schemas.js';
 
@@ -35,9 +38,35 @@ const SettingsInForce = z
       min_completion_tokens: z.number().int(),
       retry_flagged: z.number().int(),
       gate: z.union([z.literal(false), z.object({ min_samples: z.number().int(), max_flag_rate: z.number() })]),
+      stop_loops: z.boolean(),
     }),
   ])
   .openapi({ description: "The run's quality settings with defaults filled in; false when checks are off" });
+
+const Loops = z
+  .object({
+    enabled: z.boolean().openapi({ description: 'Answers are streamed and cut once they loop (settings.stop_loops)' }),
+    stopped: z.number().int().openapi({ description: 'Answers cut because they looped, re-asked ones included' }),
+    tokens_saved: z
+      .number()
+      .int()
+      .openapi({
+        description:
+          "Tokens not generated thanks to the cuts: each cut answer's max_tokens (the server's context length when the request sets none) " +
+          'less the tokens streamed before the cut, counted one an event (SGLang streams a token an event by default)',
+      }),
+  })
+  .openapi('QualityLoops');
+
+const EndpointQuality = z
+  .object({
+    endpoint_id: z.string(),
+    samples: z.number().int().openapi({ description: "The endpoint's completed samples among the run's window" }),
+    flagged: z.number().int(),
+    share: z.number().openapi({ description: 'flagged / samples' }),
+    top_flag: z.enum(FLAGS).nullable().openapi({ description: 'The flag most of its flagged answers carry' }),
+  })
+  .openapi('QualityEndpoint');
 
 const RunQuality = z
   .object({
@@ -59,6 +88,12 @@ const RunQuality = z
       over_limit: z.boolean().openapi({ description: 'min_samples are done and the flagged share is above max_flag_rate' }),
       status_reason: z.string().nullable(),
     }),
+    loops: Loops,
+    endpoints: z.array(EndpointQuality).openapi({
+      description:
+        `Each endpoint's flagged share over the run's last ${QUALITY_WINDOW} completed samples, the most flagged first: ` +
+        'the windows the quarantine judges, as they are rebuilt after a restart. A quarantined endpoint has its flagged answers asked again elsewhere, so only its kept ones remain here.',
+    }),
     histograms: z.object({ completion_tokens: Histogram, reasoning_chars: Histogram, content_chars: Histogram }).openapi({
       description:
         'Over completed samples, with fixed bucket edges. completion_tokens (reasoning included): ' +
@@ -79,6 +114,15 @@ const route = createRoute({
 });
 
 const share = (part: number, whole: number) => (whole ? Math.round((part / whole) * 10_000) / 10_000 : 0);
+
+/** The endpoint windows the quarantine judges, rebuilt from the database as after a restart (QualityWatch.qualityOf). */
+function endpointShares(db: Parameters<typeof recentCompleted>[0], runId: string, completed: number, model: string) {
+  const checks = new RunChecks({ min_completion_tokens: 0, model });
+  checks.restore(recentCompleted(db, runId, QUALITY_WINDOW), completed, []);
+  return checks
+    .endpointShares()
+    .map((e) => ({ endpoint_id: e.endpointId, samples: e.samples, flagged: e.flagged, share: share(e.flagged, e.samples), top_flag: e.topFlag }));
+}
 
 export function registerRunQuality(app: App) {
   app.openapi(route, (c) => {
@@ -103,7 +147,7 @@ export function registerRunQuality(app: App) {
         flagged: run.flagged,
         flagged_share: share(run.flagged, run.completed),
         by_flag: byFlag,
-        settings: run.quality ?? false,
+        settings: run.quality ? { ...run.quality, stop_loops: stopsLoops(run.quality) } : false,
         thinking_requested: thinkingRequested(run.params, run.model),
         gate: {
           enabled: gate !== null,
@@ -112,6 +156,8 @@ export function registerRunQuality(app: App) {
           over_limit: gate !== null && overLimit(run, gate),
           status_reason: run.statusReason,
         },
+        loops: { enabled: stopsLoops(run.quality), stopped: run.loopsStopped, tokens_saved: run.loopTokensSaved },
+        endpoints: run.quality ? endpointShares(db, run.id, run.completed, run.model) : [],
         histograms: qualityHistograms(db, id),
       },
       200,

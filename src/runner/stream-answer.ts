@@ -1,0 +1,82 @@
+import type { ChatResponse } from './request.js';
+
+// A streamed chat completion put back together: the same record parseAnswer reads from a
+// buffered one. Pure, so that every chunk shape has a case in a table test.
+
+/** One `chat.completion.chunk` as SGLang streams it (serving_chat.py); anything may be missing from a broken server. */
+interface Chunk {
+  id?: string;
+  created?: number;
+  model?: string;
+  choices?: { delta?: { content?: unknown; reasoning_content?: unknown }; finish_reason?: string | null }[];
+  usage?: ChatResponse['usage'] | null;
+  error?: { message?: unknown; code?: unknown };
+}
+
+/** An `{"error": …}` event: SGLang's way to fail a stream after its 200 went out. */
+export interface StreamError {
+  status: number;
+  error: { message: string };
+}
+
+const MID_STREAM_ERROR_STATUS = 500;
+
+export class StreamedAnswer {
+  private readonly content: string[] = [];
+  private readonly reasoning: string[] = [];
+  private id: string | undefined;
+  private created: number | undefined;
+  private model: string | undefined;
+  private finishReason: string | null = null;
+  private hadChoice = false;
+  private usage: ChatResponse['usage'];
+  /** Events that carried text: SGLang sends one a token (its default stream_interval of 1). */
+  textEvents = 0;
+
+  /**
+   * Takes one event's data. Returns the text it added (for the loop watch), or a StreamError for
+   * an error event. Throws on data that is not JSON: the stream is then broken.
+   */
+  add(data: string): { content: string; reasoning: string } | StreamError {
+    const chunk = JSON.parse(data) as Chunk;
+    if (chunk.error) {
+      const { message, code } = chunk.error;
+      const status = typeof code === 'number' && code >= 400 && code < 600 ? code : MID_STREAM_ERROR_STATUS;
+      return { status, error: { message: typeof message === 'string' ? message : 'the stream failed' } };
+    }
+    this.id ??= chunk.id;
+    this.created ??= chunk.created;
+    this.model ??= chunk.model;
+    if (chunk.usage) this.usage = chunk.usage;
+    const choice = chunk.choices?.[0];
+    if (!choice) return NO_TEXT;
+    this.hadChoice = true;
+    if (choice.finish_reason) this.finishReason = choice.finish_reason;
+    const content = typeof choice.delta?.content === 'string' ? choice.delta.content : '';
+    const reasoning = typeof choice.delta?.reasoning_content === 'string' ? choice.delta.reasoning_content : '';
+    if (content) this.content.push(content);
+    if (reasoning) this.reasoning.push(reasoning);
+    if (content || reasoning) this.textEvents++;
+    return { content, reasoning };
+  }
+
+  /** The buffered answer this stream stands for: content "" when empty, reasoning_content null when empty, as SGLang sends them. */
+  response(): ChatResponse {
+    return {
+      id: this.id,
+      created: this.created,
+      model: this.model,
+      choices: this.hadChoice
+        ? [
+            {
+              message: { content: this.content.join(''), reasoning_content: this.reasoning.length ? this.reasoning.join('') : null },
+              finish_reason: this.finishReason,
+            },
+          ]
+        : [],
+      usage: this.usage,
+    };
+  }
+}
+
+const NO_TEXT = { content: '', reasoning: '' };
