@@ -34,6 +34,7 @@ describe('StreamedAnswer', () => {
         model: 'm',
         responseId: 'r1',
         created: 5,
+        logprobs: null,
       },
     });
   });
