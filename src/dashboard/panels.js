@@ -6,16 +6,18 @@ import { ms, num, pct, rate, when } from './format.js';
 
 /** @typedef {import('../client/schema.js').components['schemas']} Schemas */
 
-/** @type {Schemas['QualityFlag'][]} */
-const FLAGS = ['empty_content', 'missing_reasoning', 'truncated', 'repetitive', 'too_short'];
-
-/** @type {Partial<Record<Schemas['QualityFlag'], string>>} */
+// The flags come from the server (every run carries each one's count); a flag added there without
+// its words here fails tsc, as the map is typed from the generated schema.
+/** @type {Record<Schemas['QualityFlag'], string>} */
 const FLAG_HELP = {
   empty_content: 'content is blank',
   missing_reasoning: 'thinking was asked for but reasoning is empty',
   truncated: 'stopped by max_tokens (finish_reason length)',
   repetitive: 'the tail repeats one short span',
   too_short: 'fewer completion tokens than the run’s minimum',
+  duplicate_content: 'the same answer as many other samples of the run',
+  think_in_content: 'thinking inside content: the server lacks --reasoning-parser',
+  short_for_run: 'far below the run’s own median length',
 };
 
 /** What each source of an endpoint's cap means, for the cell's tooltip. */
@@ -186,7 +188,7 @@ export function qualityTable(run, quality) {
               ),
       },
     ],
-    FLAGS,
+    /** @type {Schemas['QualityFlag'][]} */ (Object.keys(run.quality.by_flag)),
     '',
   );
 }
