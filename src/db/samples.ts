@@ -57,23 +57,72 @@ export interface ClaimedRow {
   serverFaults: number;
 }
 
+const byId = (a: ClaimedRow, b: ClaimedRow) => a.id - b.id;
+const LEASE = `update samples set status = 'in_progress', attempts = attempts + 1, lease_owner = ?, lease_expires_at = ?`;
+const LEASED = `returning id, shard_idx as shardIdx, request, attempts, quality_retries as qualityRetries, server_faults as serverFaults`;
+
 /**
- * Prepares the claim: leases up to `limit` pending samples of a run that are due, in input order,
- * charging each an attempt, and moves the run's counters with them in the same transaction, so a
- * crash between the two statements cannot leave the counters off by a batch.
+ * Prepares the claim: leases up to `limit` pending samples of a run that are due, the calibration
+ * slice first (samples_calibration_idx), then the rest in input order (none with `sliceOnly`, a
+ * dry run), charging each an attempt, and moves the run's counters with them in the same
+ * transaction, so a crash between the statements cannot leave the counters off by a batch.
  */
-export function prepareClaim(db: Db): (runId: string, owner: string, now: number, leaseExpiresAt: number, limit: number) => ClaimedRow[] {
+export function prepareClaim(db: Db): (runId: string, owner: string, now: number, leaseExpiresAt: number, limit: number, sliceOnly: boolean) => ClaimedRow[] {
+  const claimSlice = db.$client.prepare(
+    `${LEASE} where id in (select id from samples where run_id = ? and calibration = 1 and status = 'pending' and available_at <= ? order by seq limit ?) ${LEASED}`,
+  );
   const claim = db.$client.prepare(
-    `update samples set status = 'in_progress', attempts = attempts + 1, lease_owner = ?, lease_expires_at = ?
-     where id in (select id from samples where run_id = ? and status = 'pending' and available_at <= ? order by seq limit ?)
-     returning id, shard_idx as shardIdx, request, attempts, quality_retries as qualityRetries, server_faults as serverFaults`,
+    `${LEASE} where id in (select id from samples where run_id = ? and status = 'pending' and available_at <= ? order by seq limit ?) ${LEASED}`,
   );
   const count = db.$client.prepare(`update runs set pending = pending - ?, in_progress = in_progress + ? where id = ?`);
-  return db.$client.transaction((runId: string, owner: string, now: number, leaseExpiresAt: number, limit: number) => {
-    const rows = claim.all(owner, leaseExpiresAt, runId, now, limit) as ClaimedRow[];
+  return db.$client.transaction((runId: string, owner: string, now: number, leaseExpiresAt: number, limit: number, sliceOnly: boolean) => {
+    // `returning` gives no order: each part is put back in input order (ids follow it).
+    const rows = (claimSlice.all(owner, leaseExpiresAt, runId, now, limit) as ClaimedRow[]).sort(byId);
+    if (rows.length < limit && !sliceOnly) rows.push(...(claim.all(owner, leaseExpiresAt, runId, now, limit - rows.length) as ClaimedRow[]).sort(byId));
     if (rows.length) count.run(rows.length, rows.length, runId);
     return rows;
   });
+}
+
+/** Marks a run's calibration slice by input position. */
+export function markCalibration(db: DbOrTx, runId: string, seqs: readonly number[]): void {
+  for (const seq of seqs) {
+    db.update(samples)
+      .set({ calibration: true })
+      .where(and(eq(samples.runId, runId), eq(samples.seq, seq)))
+      .run();
+  }
+}
+
+/** The calibration slice's answered lengths as [input position, completion tokens] in input order, and how many of it are not terminal yet. */
+export function calibrationLengths(db: Db, runId: string): { answered: [number, number][]; open: number } {
+  const rows = db.$client.prepare(`select seq, status, completion_tokens from samples where run_id = ? and calibration = 1 order by seq`).raw().all(runId) as [
+    number,
+    string,
+    number | null,
+  ][];
+  const answered: [number, number][] = [];
+  let open = 0;
+  for (const [seq, status, tokens] of rows) {
+    if (status === 'completed' && tokens !== null) answered.push([seq, tokens]);
+    else if (status === 'pending' || status === 'in_progress') open++;
+  }
+  return { answered, open };
+}
+
+/**
+ * The furthest input position dispatched outside the slice, or -1: samples are claimed in input
+ * order, so everything beyond it is still to do. Each status is one walk down the claim index from
+ * its end, past at most the slice's own rows.
+ */
+export function dispatchFrontier(db: Db, runId: string): number {
+  const stmt = db.$client.prepare(`select seq from samples where run_id = ? and status = ? and calibration = 0 order by seq desc limit 1`).pluck();
+  let frontier = -1;
+  for (const status of ['in_progress', 'completed', 'failed'] as const) {
+    const seq = stmt.get(runId, status) as number | undefined;
+    if (seq !== undefined && seq > frontier) frontier = seq;
+  }
+  return frontier;
 }
 
 /** Gives back every lease of a run, whoever held it (a restart, with the only dispatcher gone); returns how many. */

@@ -2,6 +2,7 @@ import { sql } from 'drizzle-orm';
 import { index, integer, primaryKey, real, sqliteTable, text, uniqueIndex } from 'drizzle-orm/sqlite-core';
 import { FLAGS, flagBit } from '../domain/flags.js';
 import type { InvalidLine } from '../domain/input-line.js';
+import type { StoredForecast } from '../domain/forecast.js';
 import type { QualityConfig } from '../domain/quality.js';
 
 // Timestamps are integer milliseconds since the epoch; the API renders them as RFC 3339.
@@ -104,6 +105,13 @@ export const runs = sqliteTable(
     errorFileId: text('error_file_id').unique(),
     // Their sizes, counted once per finish (`at` is the run's finished_at they were counted for).
     batchFileBytes: text('batch_file_bytes', { mode: 'json' }).$type<BatchFileBytes | null>(),
+    // The calibration slice asked for (samples, at most the input's size); 0 turns it off.
+    calibrationSamples: integer('calibration_samples').notNull().default(0),
+    // A dry run answers only its slice, then ends with the forecast for the whole input.
+    dryRun: integer('dry_run', { mode: 'boolean' }).notNull().default(false),
+    deadlineSeconds: integer('deadline_seconds'),
+    // The runner's last forecast, kept so a finished run (a dry run above all) still shows it.
+    forecast: text('forecast', { mode: 'json' }).$type<StoredForecast | null>(),
   },
   (t) => [index('runs_status_idx').on(t.status, t.priority, t.createdAt)],
 );
@@ -173,11 +181,15 @@ export const samples = sqliteTable(
     outputKey: text('output_key'),
     outputLine: integer('output_line'),
     completedAt: integer('completed_at'),
+    // One of the run's calibration slice: claimed before the rest, its length a random sample of the input's.
+    calibration: integer('calibration', { mode: 'boolean' }).notNull().default(false),
   },
   (t) => [
     uniqueIndex('samples_run_custom_id').on(t.runId, t.customId),
     index('samples_claim_idx').on(t.runId, t.status, t.seq),
     index('samples_run_seq_idx').on(t.runId, t.seq),
+    // The slice only (at most a few hundred rows a run): its claim, and its lengths read back after a restart.
+    index('samples_calibration_idx').on(t.runId, t.seq).where(sql`calibration = 1`),
     // The quality histograms count each bucket as a range of one of these, never reading a row
     // (rows carry the requests): one narrow index per measured column, completed samples only.
     index('samples_completion_tokens_idx').on(t.runId, t.completionTokens).where(sql`status = 'completed'`),
@@ -215,6 +227,25 @@ export const events = sqliteTable(
     createdAt: integer('created_at').notNull(),
   },
   (t) => [index('events_run_idx').on(t.runId, t.id)],
+);
+
+// The forecast as it moved: one row every so often per run (see runner/forecasts.ts), for the
+// dashboard's projected-finish chart.
+export const forecasts = sqliteTable(
+  'forecasts',
+  {
+    id: integer('id').primaryKey({ autoIncrement: true }),
+    runId: text('run_id')
+      .notNull()
+      .references(() => runs.id, { onDelete: 'cascade' }),
+    at: integer('at').notNull(),
+    finishesAt: integer('finishes_at'),
+    lowAt: integer('low_at'),
+    highAt: integer('high_at'),
+    completionTokensEstimate: integer('completion_tokens_estimate').notNull(),
+    fraction: real('fraction').notNull(),
+  },
+  (t) => [index('forecasts_run_idx').on(t.runId, t.at)],
 );
 
 // One row: the process that runs dispatch on this database, so a restart can tell a dead

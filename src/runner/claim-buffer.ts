@@ -15,7 +15,7 @@ const LEASE_MS = 24 * 3600_000;
 
 /**
  * Samples claimed from the database and not yet sent, per run. A claim leases many samples in one
- * statement; they wait here, in input order, for free slots. States of a run's buffer: absent
+ * statement; they wait here, the slice first and then in input order, for free slots. States of a run's buffer: absent
  * (claim on the next take), holding samples, or drained this tick (nothing was due: do not ask
  * the database again until the next tick). Samples given back return to the queue through the
  * result writer, without spending an attempt.
@@ -45,19 +45,19 @@ export class ClaimBuffer {
   }
 
   /**
-   * The next sample of a run: from its buffer, else from a claim of `claimSize()` samples. Null
-   * when the run has nothing due. `onClaim` runs after a claim that found samples.
+   * The next sample of a run: from its buffer, else from a claim of `claimSize()` samples (its
+   * calibration slice first; only the slice with `sliceOnly`). Null when the run has nothing due.
+   * `onClaim` runs after a claim that found samples.
    */
-  take(runId: string, claimSize: () => number, onClaim: () => void): Claimed | null {
+  take(runId: string, claimSize: () => number, onClaim: () => void, sliceOnly = false): Claimed | null {
     let buf = this.buffers.get(runId);
     if (!buf || buf.length === 0) {
       const now = this.clock();
-      const rows = this.claim(runId, this.owner, now, now + LEASE_MS, claimSize());
+      const rows = this.claim(runId, this.owner, now, now + LEASE_MS, claimSize(), sliceOnly);
       if (rows.length === 0) {
         this.drained.add(runId);
         return null;
       }
-      rows.sort((a, b) => a.id - b.id);
       buf = rows.map((r) => ({ ...r, runId }));
       this.buffers.set(runId, buf);
       onClaim();

@@ -1,5 +1,6 @@
 import { z } from '@hono/zod-openapi';
 import { FLAGS } from '../../domain/flags.js';
+import { DEFAULT_CALIBRATION_SAMPLES, MAX_CALIBRATION_SAMPLES } from '../../domain/forecast.js';
 import { nestsDeeperThan, tooDeepMessage } from '../../domain/json-depth.js';
 import * as domain from '../../domain/params.js';
 import { maxLen, ON_INVALID_LINE, REGENERATE_MODES } from '../../domain/params.js';
@@ -49,6 +50,32 @@ export const CreateRunBody = z
       .optional(),
     request_timeout_ms: z.number().int().min(1000).max(86_400_000).optional(),
     max_attempts: z.number().int().min(1).max(100).optional(),
+    calibration: z
+      .object({
+        samples: z
+          .number()
+          .int()
+          .min(0)
+          .max(MAX_CALIBRATION_SAMPLES)
+          .openapi({
+            description: `Samples spread over the whole input (one at random in each of as many equal strata) answered first, for the forecast; 0 turns the slice off. Default ${DEFAULT_CALIBRATION_SAMPLES}, at most the input's size`,
+          }),
+      })
+      .strict()
+      .optional(),
+    dry_run: z.boolean().optional().openapi({
+      description:
+        'Answer only the calibration slice, then end (`completed`, the other samples `cancelled`) with the forecast for the whole input on the current fleet',
+    }),
+    deadline_seconds: z
+      .number()
+      .int()
+      .min(1)
+      .max(365 * 86_400)
+      .optional()
+      .openapi({
+        description: 'When the run should be done, counted from its start: the forecast then says how many endpoints like the current ones would meet it',
+      }),
   })
   .strict()
   .openapi('CreateRun', {
@@ -65,6 +92,31 @@ export type CreateRunBody = z.infer<typeof CreateRunBody>;
 const counts = (keys: readonly string[]) => z.object(Object.fromEntries(keys.map((k) => [k, z.number().int()])));
 
 export const RunStatus = z.enum(RUN_STATUSES).openapi('RunStatus');
+
+const seconds = (description: string) => z.number().nullable().openapi({ description });
+
+export const Forecast = z
+  .object({
+    computed_at: Timestamp,
+    based_on_samples: z
+      .number()
+      .int()
+      .openapi({ description: 'Calibration answers the remaining mean length rests on (completed samples, when the run has no slice)' }),
+    completion_tokens_estimate: z.number().int().openapi({ description: 'Completion tokens of the whole run: generated so far plus the estimate of the rest' }),
+    completion_tokens_remaining: z.number().int(),
+    wall_seconds_estimate: seconds('Wall time of the whole run on the current fleet; null until the fleet has a measured rate'),
+    wall_seconds_remaining: seconds('Remaining completion tokens over the fleet’s measured token rate, each endpoint at its cap'),
+    low: seconds('5th percentile of wall_seconds_remaining, from a bootstrap over the calibration lengths'),
+    high: seconds('95th percentile of wall_seconds_remaining'),
+    finishes_at: Timestamp.nullable(),
+    endpoints_for_deadline: z
+      .number()
+      .int()
+      .nullable()
+      .openapi({ description: 'Endpoints like the current ones that would finish within deadline_seconds; null without a deadline, a rate, or time left' }),
+    fleet: z.object({ endpoints: z.number().int(), completion_tokens_per_second: z.number() }),
+  })
+  .openapi('Forecast');
 
 export const Run = z
   .object({
@@ -104,6 +156,10 @@ export const Run = z
       elapsed_seconds: z.number(),
     }),
     manifest_uri: z.string().nullable(),
+    calibration: z.object({ samples: z.number().int() }),
+    dry_run: z.boolean(),
+    deadline_seconds: z.number().int().nullable(),
+    forecast: Forecast.nullable(),
   })
   .openapi('Run');
 export type Run = z.infer<typeof Run>;

@@ -7,6 +7,7 @@ import { appendEvent } from '../../db/events.js';
 import { deleteFile, getFile, insertFile } from '../../db/files.js';
 import { getRun, getRunByIdempotencyKey, getRunByOutputUri, insertRun } from '../../db/runs.js';
 import type { runs, RunInput, RunRow } from '../../db/schema.js';
+import { DEFAULT_CALIBRATION_SAMPLES } from '../../domain/forecast.js';
 import type { OnInvalidLine, RegenerateMode } from '../../domain/params.js';
 import { qualityConfig, type QualityRequest } from '../../domain/quality.js';
 import { parseStoreUri, StoreUriError } from '../../storage/index.js';
@@ -27,6 +28,9 @@ export interface NewRun {
   metadata?: Record<string, string>;
   request_timeout_ms?: number;
   max_attempts?: number;
+  calibration?: { samples: number };
+  dry_run?: boolean;
+  deadline_seconds?: number;
 }
 
 function outputUriFor(deps: Deps, runId: string, requested?: string): string {
@@ -75,6 +79,12 @@ export async function createRun(
       return { run: prior, replayed: true };
     }
   }
+  const calibrationSamples = body.calibration?.samples ?? DEFAULT_CALIBRATION_SAMPLES;
+  if (body.dry_run && calibrationSamples === 0) {
+    throw new ApiError('validation_failed', 'calibration.samples: a dry run answers its calibration slice only, so the slice must not be 0', {
+      field: 'calibration.samples',
+    });
+  }
   const id = newId('run');
   const now = deps.clock();
   // Checked before anything is stored, so a refused request leaves nothing behind.
@@ -119,6 +129,9 @@ export async function createRun(
     maxAttempts: body.max_attempts ?? config.maxAttempts,
     idempotencyKey: idempotencyKey ?? null,
     requestHash,
+    calibrationSamples,
+    dryRun: body.dry_run ?? false,
+    deadlineSeconds: body.deadline_seconds ?? null,
     updatedAt: now,
     ...extra,
   };

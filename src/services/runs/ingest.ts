@@ -6,9 +6,10 @@ import type { Deps } from '../../deps.js';
 import { isDbBusy, IMMEDIATE } from '../../db/client.js';
 import { getFile } from '../../db/files.js';
 import { getRun, getRunStatus, setRunValidation, transitionRun } from '../../db/runs.js';
-import { clearRunSamples, prepareSampleInsert } from '../../db/samples.js';
+import { clearRunSamples, markCalibration, prepareSampleInsert } from '../../db/samples.js';
 import type { RunRow } from '../../db/schema.js';
 import { insertShardLayout } from '../../db/shards.js';
+import { calibrationSeqs } from '../../domain/forecast.js';
 import { parseInputLine, readLines, type InvalidLine, type LineErrorCode } from '../../domain/input-line.js';
 import { unservedModel } from '../batches/create.js';
 import { resolveInput } from './input-source.js';
@@ -181,6 +182,7 @@ export async function ingestRun(deps: Deps, runId: string, signal?: AbortSignal)
   const queued = db.transaction((tx) => {
     if (getRun(tx, runId)?.status !== 'validating') return false;
     shardCount = insertShardLayout(tx, runId, run.shardSize, seq);
+    markCalibration(tx, runId, calibrationSeqs(runId, seq, run.calibrationSamples));
     setRunValidation(tx, runId, { ...listed, total: seq, pending: seq, shardsTotal: shardCount });
     return transitionRun(tx, runId, ['validating'], 'queued', now, {
       statusReason: invalid ? `${invalid} invalid line(s) skipped` : null,
