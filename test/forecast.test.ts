@@ -1,7 +1,12 @@
+import { spawn } from 'node:child_process';
+import { once } from 'node:events';
+import { writeFileSync } from 'node:fs';
+import { join } from 'node:path';
+import { fileURLToPath } from 'node:url';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { aheadOf, bootstrapMean, calibrationSeqs, computeForecast, seededRandom, type ForecastInput } from '../src/domain/forecast.js';
 import { spawnSimulator, type SimProcess } from '../src/sim/spawn.js';
-import { call, startTestServer, waitFor } from './support/server.js';
+import { call, startTestServer, tempDir, waitFor } from './support/server.js';
 import { createRun, registerEndpoint, uploadFile, waitForStatus } from './support/runner-checks.js';
 
 describe('the calibration slice', () => {
@@ -94,7 +99,10 @@ const jsonl =
     JSON.stringify({ custom_id: `s-${i}`, messages: [{ role: 'user', content: `question ${i} [len=${lengthAt(i)}]` }] }),
   ).join('\n') + '\n';
 
+const ROOT = fileURLToPath(new URL('..', import.meta.url));
+
 describe('the forecast against real runs on simulator processes', () => {
+  const files = tempDir('regen-plan-');
   let server: Awaited<ReturnType<typeof startTestServer>>;
   let sim: SimProcess;
   let fileId: string;
@@ -110,6 +118,7 @@ describe('the forecast against real runs on simulator processes', () => {
   afterAll(async () => {
     await server?.cleanup();
     await sim?.stop();
+    files.cleanup();
   });
 
   const body = (extra: Record<string, unknown>) => ({ model: 'sim-forecast', input: { file_id: fileId }, shard_size: 250, quality: false, ...extra });
@@ -163,6 +172,41 @@ describe('the forecast against real runs on simulator processes', () => {
     expect(Math.abs(dryTokens - done.usage.completion_tokens) / done.usage.completion_tokens).toBeLessThan(0.1);
     expect(off(dryEstimate), `dry run ${dryEstimate} s against ${wall} s`).toBeLessThan(0.25);
     expect(off(early.forecast.wall_seconds_estimate), `at 10%: ${early.forecast.wall_seconds_estimate} s against ${wall} s`).toBeLessThan(0.25);
+  });
+
+  it('`regen plan` uploads, dry-runs, waits and prints tokens, wall time, endpoint-hours and endpoints for the deadline', async () => {
+    const path = join(files.dir, 'plan.jsonl');
+    writeFileSync(path, jsonl);
+    const before = await answered();
+    const child = spawn(
+      process.execPath,
+      ['bin/regen.js', 'plan', path, '--model', 'sim-forecast', '--samples', '100', '--deadline', '8s', '--param', 'temperature=0.6'],
+      {
+        cwd: ROOT,
+        env: { ...process.env, REGEN_URL: server.url },
+        stdio: ['ignore', 'pipe', 'pipe'],
+      },
+    );
+    let stdout = '';
+    let stderr = '';
+    child.stdout.on('data', (d: Buffer) => (stdout += d.toString()));
+    child.stderr.on('data', (d: Buffer) => (stderr += d.toString()));
+    const [code] = (await once(child, 'exit')) as [number | null];
+    expect(code, stderr).toBe(0);
+    expect((await answered()) - before).toBe(100);
+    const field = (label: string) =>
+      stdout
+        .split('\n')
+        .find((l) => l.startsWith(label))
+        ?.slice(label.length)
+        .trim();
+    expect(field('samples')).toMatch(/^2,000 \(forecast from 100 calibration answers, dry run run_/);
+    expect(Number(field('completion tokens')!.replaceAll(',', ''))).toBeGreaterThan(SAMPLES * MIN_LEN);
+    expect(field('fleet')).toMatch(/^1 endpoint\(s\), [\d,]+ completion tokens\/s at their caps$/);
+    expect(field('wall time')).toMatch(/^\d+s \(90% interval \d+s to \d+s\)$/);
+    expect(Number(field('endpoint-hours'))).toBeGreaterThan(0);
+    // About 17 s of work against 8 s: three endpoints like this one.
+    expect(field('deadline 8s')).toMatch(/^[2-4] endpoint\(s\) like the current ones$/);
   });
 
   it('refuses a dry run without a slice, naming the field', async () => {

@@ -18,7 +18,7 @@ export interface SubmitOptions extends ClientOptions {
 }
 
 /** Streams the file to POST /v1/files: a file of any size never sits in memory. */
-async function upload(client: Client, file: string): Promise<{ id: string; bytes: number }> {
+export async function upload(client: Client, file: string): Promise<{ id: string; bytes: number }> {
   const body = Readable.toWeb(createReadStream(file)) as unknown as ReadableStream<Uint8Array>;
   const res = await client.fetch(`/v1/files?filename=${encodeURIComponent(basename(file))}`, {
     method: 'POST',
@@ -30,7 +30,7 @@ async function upload(client: Client, file: string): Promise<{ id: string; bytes
 }
 
 /** POST /v1/runs, retried on a dropped connection or a 5xx with the same Idempotency-Key, so it is created once. */
-async function createRun(client: Client, body: Record<string, unknown>): Promise<Run> {
+export async function createRun(client: Client, body: Record<string, unknown>): Promise<Run> {
   const key = `regen-cli-${randomUUID()}`;
   for (let attempt = 1; ; attempt++) {
     try {
