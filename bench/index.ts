@@ -5,6 +5,7 @@ import { benchDispatch, benchSaturation } from './dispatch.js';
 import { benchIngest } from './ingest.js';
 import { benchMillion } from './million.js';
 import { machine, SCALE, type Figure } from './support.js';
+import { benchTail } from './tail.js';
 
 const PARTS: Record<string, () => Promise<Figure[]>> = {
   ingest: benchIngest,
@@ -12,6 +13,7 @@ const PARTS: Record<string, () => Promise<Figure[]>> = {
   saturation: benchSaturation,
   million: benchMillion,
   adaptive: benchAdaptive,
+  tail: benchTail,
 };
 
 const fmt = (n: number | null, unit = '') =>
@@ -31,7 +33,7 @@ function table(figures: Figure[]): string {
 
 /**
  * `npm run bench [part…]`: runs the parts (all by default), prints regen next to its baseline for
- * every figure, and, for a full-scale run of every part, writes BENCHMARKS.md. Parts: ingest, dispatch, saturation, million, adaptive.
+ * every figure, and, for a full-scale run of every part, writes BENCHMARKS.md. Parts: ingest, dispatch, saturation, million, adaptive, tail.
  */
 async function main(): Promise<void> {
   const asked = process.argv.slice(2);

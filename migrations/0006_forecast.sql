@@ -14,6 +14,9 @@ CREATE INDEX `forecasts_run_idx` ON `forecasts` (`run_id`,`at`);--> statement-br
 ALTER TABLE `runs` ADD `calibration_samples` integer DEFAULT 0 NOT NULL;--> statement-breakpoint
 ALTER TABLE `runs` ADD `dry_run` integer DEFAULT false NOT NULL;--> statement-breakpoint
 ALTER TABLE `runs` ADD `deadline_seconds` integer;--> statement-breakpoint
+ALTER TABLE `runs` ADD `dispatch_order` text DEFAULT 'input' NOT NULL;--> statement-breakpoint
+ALTER TABLE `runs` ADD `predicted_samples` integer DEFAULT 0 NOT NULL;--> statement-breakpoint
 ALTER TABLE `runs` ADD `forecast` text;--> statement-breakpoint
 ALTER TABLE `samples` ADD `calibration` integer DEFAULT false NOT NULL;--> statement-breakpoint
+ALTER TABLE `samples` ADD `predicted_tokens` integer;--> statement-breakpoint
 CREATE INDEX `samples_calibration_idx` ON `samples` (`run_id`,`seq`) WHERE calibration = 1;

@@ -114,7 +114,9 @@ describe.skipIf(!haveChromium)('dashboard', () => {
     await expect.poll(() => page.locator('.big-pct').textContent(), { timeout: 20_000 }).not.toBe(first);
     // The forecast: its finish and interval, and the projected finish over time from the server's history.
     const forecast = page.locator('.card', { hasText: 'Forecast' });
-    await expect.poll(() => forecast.locator('tr', { hasText: 'Remaining' }).textContent(), { timeout: 15_000 }).toMatch(/left \(90%\)/);
+    await expect
+      .poll(() => forecast.locator('tr', { hasText: 'Time left' }).textContent(), { timeout: 15_000 })
+      .toMatch(/^Time left(\d+[dhms] ?)+ to (\d+[dhms] ?)+ \(90%\)$/);
     await expect.poll(() => forecast.locator('tr', { hasText: 'Based on' }).textContent(), { timeout: 15_000 }).toMatch(/calibration answers \(slice of 200\)/);
     await expect
       .poll(async () => (await call(server.url, `/v1/runs/${runId}/forecasts`, { headers: auth })).body.data.length, { timeout: 20_000 })

@@ -41,6 +41,14 @@ export function when(isoTime) {
   return d.toLocaleDateString();
 }
 
+/** A moment to come: its clock time, and the date when it is not today. */
+export function at(isoTime) {
+  if (!isoTime) return '—';
+  const d = new Date(isoTime);
+  const time = d.toLocaleTimeString([], { hour: '2-digit', minute: '2-digit' });
+  return d.toDateString() === new Date().toDateString() ? time : `${d.toLocaleDateString()} ${time}`;
+}
+
 export function ms(n) {
   if (n == null) return '—';
   return n >= 10_000 ? `${(n / 1000).toFixed(1)} s` : `${Math.round(n)} ms`;

@@ -3,7 +3,7 @@
 import { api } from './api.js';
 import { drawForecast, drawThroughput } from './chart.js';
 import { badge, fill, h, progressBar, route } from './dom.js';
-import { duration, eta, num, pausedByGate, pct, rate, runTitle, TERMINAL, when } from './format.js';
+import { at, duration, eta, num, pausedByGate, pct, rate, runTitle, TERMINAL, when } from './format.js';
 import { every, followRun } from './live.js';
 import { endpointsTable, failuresList, gateText, qualityTable, shardGrid } from './panels.js';
 
@@ -121,8 +121,8 @@ export function runView(root, runId) {
     const f = run.forecast;
     if (!f) return;
     const row = (label, value) => h('tr', null, h('th', null, label), h('td', null, value));
-    const finish = f.finishes_at ? when(f.finishes_at) : '–';
-    const interval = f.low != null && f.high != null ? `${duration(f.low)} to ${duration(f.high)} left (90%)` : '–';
+    const finish = f.finishes_at ? `${at(f.finishes_at)} (in ${duration(f.wall_seconds_remaining)})` : '–';
+    const interval = f.low != null && f.high != null ? `${duration(f.low)} to ${duration(f.high)} (90%)` : '–';
     fill(
       forecastEl,
       h(

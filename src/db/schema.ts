@@ -110,6 +110,10 @@ export const runs = sqliteTable(
     // A dry run answers only its slice, then ends with the forecast for the whole input.
     dryRun: integer('dry_run', { mode: 'boolean' }).notNull().default(false),
     deadlineSeconds: integer('deadline_seconds'),
+    // 'length_aware' pulls the longest predicted samples forward within a look-ahead window (runner/claim-buffer.ts).
+    dispatchOrder: text('dispatch_order').notNull().default('input'),
+    // Samples with a predicted length: length-aware dispatch needs some.
+    predictedSamples: integer('predicted_samples').notNull().default(0),
     // The runner's last forecast, kept so a finished run (a dry run above all) still shows it.
     forecast: text('forecast', { mode: 'json' }).$type<StoredForecast | null>(),
   },
@@ -183,6 +187,8 @@ export const samples = sqliteTable(
     completedAt: integer('completed_at'),
     // One of the run's calibration slice: claimed before the rest, its length a random sample of the input's.
     calibration: integer('calibration', { mode: 'boolean' }).notNull().default(false),
+    // The new answer's length as the input's old assistant turn predicts it (regeneration only).
+    predictedTokens: integer('predicted_tokens'),
   },
   (t) => [
     uniqueIndex('samples_run_custom_id').on(t.runId, t.customId),

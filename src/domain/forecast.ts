@@ -21,6 +21,13 @@ export const HIGH_QUANTILE = 0.95;
  */
 export const MIN_AHEAD = 10;
 
+/**
+ * Characters a token, to read an old answer's length in tokens: about four for English text under
+ * the BPE tokenizers of the Qwen and Llama families (and what the simulator counts). Only the
+ * ranking of samples by length rests on it, not the forecast.
+ */
+export const CHARS_PER_TOKEN = 4;
+
 /** 32-bit FNV-1a: a stable seed from a run id, so a restart picks the same slice. */
 function hash(text: string): number {
   let h = 0x811c9dc5;

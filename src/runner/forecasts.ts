@@ -1,6 +1,6 @@
 import type { RunnerDeps } from '../deps.js';
 import { saveForecast } from '../db/forecasts.js';
-import { calibrationLengths, dispatchFrontier } from '../db/samples.js';
+import { calibrationAnswers, dispatchFrontier, type SliceAnswer } from '../db/samples.js';
 import type { RunRow } from '../db/schema.js';
 import { computeForecast, seededRandom, type StoredForecast } from '../domain/forecast.js';
 import type { EndpointPool } from './endpoints.js';
@@ -16,10 +16,32 @@ const FORECAST_MS = 1000;
 const HISTORY_MIN_MS = 5000;
 const HISTORY_POINTS = 200;
 
-/** A run's calibration slice as last read: re-read while some of it is still open, kept once it is all answered. */
+/** An endpoint's calibration answers need this many before their speed stands for the endpoint's. */
+const MIN_SLICE_ANSWERS = 10;
+
+/**
+ * A run's calibration slice as last read: re-read while some of it is still open, kept once it is
+ * all answered. `speed`: per endpoint, completion tokens over request-milliseconds of its slice answers.
+ */
 interface Slice {
-  answered: [number, number][];
+  answered: SliceAnswer[];
+  lengths: [number, number][];
+  speed: Map<string, number>;
   open: number;
+}
+
+function readSlice(answered: SliceAnswer[], open: number): Slice {
+  const sums = new Map<string, { tokens: number; ms: number; n: number }>();
+  for (const [, tokens, ms, endpointId] of answered) {
+    const s = sums.get(endpointId) ?? { tokens: 0, ms: 0, n: 0 };
+    s.tokens += tokens;
+    s.ms += ms;
+    s.n++;
+    sums.set(endpointId, s);
+  }
+  const speed = new Map<string, number>();
+  for (const [id, s] of sums) if (s.n >= MIN_SLICE_ANSWERS && s.ms > 0) speed.set(id, s.tokens / s.ms);
+  return { answered, lengths: answered.map(([seq, tokens]) => [seq, tokens]), speed, open };
 }
 
 /**
@@ -62,7 +84,8 @@ export class Forecasts {
   slice(runId: string): Slice {
     const known = this.slices.get(runId);
     if (known && known.open === 0) return known;
-    const fresh = calibrationLengths(this.deps.db, runId);
+    const { answered, open } = calibrationAnswers(this.deps.db, runId);
+    const fresh = readSlice(answered, open);
     this.slices.set(runId, fresh);
     return fresh;
   }
@@ -70,18 +93,25 @@ export class Forecasts {
   /**
    * The fleet's completion tokens a second for a run, each endpoint at its cap: by Little's law an
    * endpoint holding `cap` requests finishes cap / (mean latency) of them a second, so its rate is
-   * cap × (tokens / request-seconds) of its recent answers. Summed over the ready endpoints serving
-   * the run that have answered it in the last minute.
+   * cap × (tokens / request-seconds) of its answers. Those are its calibration answers when it gave
+   * enough of them: their lengths are a random sample of the input's, where the recent answers of an
+   * ordered input are all short (a request's fixed cost weighs more) or all long. Else its answers
+   * of the last minute. Summed over the ready endpoints serving the run that have answered it.
    */
   fleetRate(run: RunRow, now: number): { tokensPerSecond: number; endpoints: number } {
     const perEndpoint = this.windows.get(run.id);
+    const sliceSpeed = this.slice(run.id).speed;
     let tokensPerSecond = 0;
     let endpoints = 0;
     for (const e of this.pool.live.values()) {
       if (!e.dispatchable || !e.serves(run.model)) continue;
-      const r = perEndpoint?.get(e.row.id)?.rates(now);
-      if (!r || r.samples <= 0 || r.tokens <= 0) continue;
-      tokensPerSecond += this.pool.capOf(e) * (r.tokens / r.samples) * 1000;
+      let perMs = sliceSpeed.get(e.row.id);
+      if (perMs === undefined) {
+        const r = perEndpoint?.get(e.row.id)?.rates(now);
+        if (!r || r.samples <= 0 || r.tokens <= 0) continue;
+        perMs = r.tokens / r.samples;
+      }
+      tokensPerSecond += this.pool.capOf(e) * perMs * 1000;
       endpoints++;
     }
     return { tokensPerSecond, endpoints };
@@ -107,7 +137,7 @@ export class Forecasts {
         total: run.total,
         remaining: run.pending + run.inProgress,
         completionTokens: run.completionTokens,
-        slice: this.slice(run.id).answered,
+        slice: this.slice(run.id).lengths,
         frontier: run.dryRun ? -1 : dispatchFrontier(this.deps.db, run.id),
         tokensPerSecond,
         endpoints,

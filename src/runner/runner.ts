@@ -2,7 +2,7 @@ import { randomBytes } from 'node:crypto';
 import { hostname } from 'node:os';
 import type { RunnerDeps } from '../deps.js';
 import { getRun, listRunsByStatus, setStatusReason, transitionRun } from '../db/runs.js';
-import { cancelPendingSamples } from '../db/samples.js';
+import { cancelPendingSamples, type ClaimOrder } from '../db/samples.js';
 import type { RunRow } from '../db/schema.js';
 import { ACTIVE_RUN_STATUSES, DISPATCHABLE_RUN_STATUSES, isDispatchable } from '../domain/statuses.js';
 import { expireBatches } from './batch-expiry.js';
@@ -28,6 +28,20 @@ const WAITING_PREFIX = 'waiting for an endpoint:';
 /** Past the grace period: the aborted requests' answers, then the last uploads, get this long. */
 const ABORT_SLACK_MS = 2000;
 const UPLOAD_SLACK_MS = 5000;
+
+/**
+ * How far ahead of its oldest open sample a length-aware run may dispatch, in shards: far enough
+ * that the longest samples of the last stretch start waves before the end (a shard is 1,000
+ * samples by default, several waves of a fleet), near enough that shards still close one after
+ * another, at most this many late.
+ */
+const LOOKAHEAD_SHARDS = 2;
+
+/** A dry run claims its slice only; a run with predicted lengths may take the longest first. */
+function claimOrderOf(run: RunRow): ClaimOrder {
+  if (run.dryRun) return 'slice_only';
+  return run.dispatchOrder === 'length_aware' && run.predictedSamples > 0 ? 'length_aware' : 'input';
+}
 
 /**
  * The dispatcher, wired from its mechanisms: the lock, recovery, the claim buffer, endpoint
@@ -257,7 +271,8 @@ export class Runner implements RunnerView {
             run.id,
             () => this.claimSizeFor(run.model),
             () => this.started(run),
-            run.dryRun,
+            claimOrderOf(run),
+            LOOKAHEAD_SHARDS * run.shardSize,
           );
           if (!sample) continue;
           this.requests.send(best, run, sample);

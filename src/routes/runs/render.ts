@@ -87,6 +87,7 @@ export function renderRun(r: RunRow, live: RunProgress, now: number): Run {
     manifest_uri: r.manifestKey ? joinUri(r.outputUri, r.manifestKey) : null,
     calibration: { samples: r.calibrationSamples },
     dry_run: r.dryRun,
+    dispatch_order: r.dispatchOrder as Run['dispatch_order'],
     deadline_seconds: r.deadlineSeconds,
     forecast: renderForecast(r, live),
   };

@@ -3,7 +3,7 @@ import { FLAGS } from '../../domain/flags.js';
 import { DEFAULT_CALIBRATION_SAMPLES, MAX_CALIBRATION_SAMPLES } from '../../domain/forecast.js';
 import { nestsDeeperThan, tooDeepMessage } from '../../domain/json-depth.js';
 import * as domain from '../../domain/params.js';
-import { maxLen, ON_INVALID_LINE, REGENERATE_MODES } from '../../domain/params.js';
+import { DISPATCH_ORDERS, maxLen, ON_INVALID_LINE, REGENERATE_MODES } from '../../domain/params.js';
 import { RUN_STATUSES, SAMPLE_STATUSES, SHARD_STATUSES } from '../../domain/statuses.js';
 import { Timestamp } from '../common.js';
 
@@ -63,6 +63,10 @@ export const CreateRunBody = z
       })
       .strict()
       .optional(),
+    dispatch_order: z.enum(DISPATCH_ORDERS).optional().openapi({
+      description:
+        'After the calibration slice: `input` order (the default), or `length_aware`: the samples whose old assistant turn is longest go first, within two shards of the oldest open sample, meant to end the run flat (see BENCHMARKS.md for what it saves so far)',
+    }),
     dry_run: z.boolean().optional().openapi({
       description:
         'Answer only the calibration slice, then end (`completed`, the other samples `cancelled`) with the forecast for the whole input on the current fleet',
@@ -158,6 +162,7 @@ export const Run = z
     manifest_uri: z.string().nullable(),
     calibration: z.object({ samples: z.number().int() }),
     dry_run: z.boolean(),
+    dispatch_order: z.enum(DISPATCH_ORDERS),
     deadline_seconds: z.number().int().nullable(),
     forecast: Forecast.nullable(),
   })

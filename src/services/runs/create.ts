@@ -8,7 +8,7 @@ import { deleteFile, getFile, insertFile } from '../../db/files.js';
 import { getRun, getRunByIdempotencyKey, getRunByOutputUri, insertRun } from '../../db/runs.js';
 import type { runs, RunInput, RunRow } from '../../db/schema.js';
 import { DEFAULT_CALIBRATION_SAMPLES } from '../../domain/forecast.js';
-import type { OnInvalidLine, RegenerateMode } from '../../domain/params.js';
+import type { DispatchOrder, OnInvalidLine, RegenerateMode } from '../../domain/params.js';
 import { qualityConfig, type QualityRequest } from '../../domain/quality.js';
 import { parseStoreUri, StoreUriError } from '../../storage/index.js';
 import { inside, resolveInput } from './input-source.js';
@@ -31,6 +31,7 @@ export interface NewRun {
   calibration?: { samples: number };
   dry_run?: boolean;
   deadline_seconds?: number;
+  dispatch_order?: DispatchOrder;
 }
 
 function outputUriFor(deps: Deps, runId: string, requested?: string): string {
@@ -132,6 +133,8 @@ export async function createRun(
     calibrationSamples,
     dryRun: body.dry_run ?? false,
     deadlineSeconds: body.deadline_seconds ?? null,
+    // Opt-in: the bench (BENCHMARKS.md) has not shown length-aware order shortening the tail yet.
+    dispatchOrder: body.dispatch_order ?? 'input',
     updatedAt: now,
     ...extra,
   };
