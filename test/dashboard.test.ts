@@ -116,7 +116,7 @@ describe.skipIf(!haveChromium)('dashboard', () => {
     const forecast = page.locator('.card', { hasText: 'Forecast' });
     await expect
       .poll(() => forecast.locator('tr', { hasText: 'Time left' }).textContent(), { timeout: 15_000 })
-      .toMatch(/^Time left(\d+[dhms] ?)+ to (\d+[dhms] ?)+ \(90%\)$/);
+      .toMatch(/^Time left\d+[dhms]( \d+[dhms])? to \d+[dhms]( \d+[dhms])? \(90%\)$/);
     await expect.poll(() => forecast.locator('tr', { hasText: 'Based on' }).textContent(), { timeout: 15_000 }).toMatch(/calibration answers \(slice of 200\)/);
     await expect
       .poll(async () => (await call(server.url, `/v1/runs/${runId}/forecasts`, { headers: auth })).body.data.length, { timeout: 20_000 })

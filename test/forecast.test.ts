@@ -34,6 +34,7 @@ describe('computeForecast', () => {
     remaining: 9_000,
     completionTokens: 0,
     slice,
+    sliceOpen: 0,
     frontier: 999,
     tokensPerSecond: 10_000,
     endpoints: 2,
@@ -71,6 +72,8 @@ describe('computeForecast', () => {
     expect(noRate.wall_seconds_remaining).toBeNull();
     expect(noRate.finishes_at).toBeNull();
     expect(computeForecast({ ...base, slice: [], remaining: 10_000 }, seededRandom('t'))).toBeNull();
+    // Nine answers of a slice still being answered are not enough to go on.
+    expect(computeForecast({ ...base, slice: slice.slice(0, 9), sliceOpen: 191 }, seededRandom('t'))).toBeNull();
     const noSlice = computeForecast({ ...base, slice: [], completionTokens: 100_000 }, seededRandom('t'))!;
     expect(noSlice.completion_tokens_remaining).toBe(900_000);
     expect(noSlice.low).toBe(noSlice.high);

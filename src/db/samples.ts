@@ -57,6 +57,13 @@ export interface ClaimedRow {
   serverFaults: number;
 }
 
+/**
+ * The slice is claimed in a scrambled order (Knuth's multiplicative hash of the position), not in
+ * input order: the part of it answered so far is then a random sample of the input too, where in
+ * input order the first answers of an input sorted short to long would all be short.
+ */
+const SLICE_SHUFFLE = 2654435761;
+
 const byId = (a: ClaimedRow, b: ClaimedRow) => a.id - b.id;
 const LEASE = `update samples set status = 'in_progress', attempts = attempts + 1, lease_owner = ?, lease_expires_at = ?`;
 const LEASED = `returning id, shard_idx as shardIdx, request, attempts, quality_retries as qualityRetries, server_faults as serverFaults`;
@@ -80,7 +87,8 @@ export function prepareClaim(
   db: Db,
 ): (runId: string, owner: string, now: number, leaseExpiresAt: number, limit: number, order: ClaimOrder, window: number) => ClaimedRow[] {
   const claimSlice = db.$client.prepare(
-    `${LEASE} where id in (select id from samples where run_id = ? and calibration = 1 and status = 'pending' and available_at <= ? order by seq limit ?) ${LEASED}`,
+    `${LEASE} where id in (select id from samples where run_id = ? and calibration = 1 and status = 'pending' and available_at <= ?
+       order by (seq * ${SLICE_SHUFFLE}) % 4294967296 limit ?) ${LEASED}`,
   );
   const claimInOrder = db.$client.prepare(
     `${LEASE} where id in (select id from samples where run_id = ? and status = 'pending' and available_at <= ? order by seq limit ?) ${LEASED}`,

@@ -78,6 +78,8 @@ export interface ForecastInput {
   completionTokens: number;
   /** The slice's answered samples as [input position, completion tokens], in input order. */
   slice: readonly (readonly [number, number])[];
+  /** Slice samples not answered yet: until MIN_AHEAD are, there is no forecast. */
+  sliceOpen: number;
   /** The furthest input position dispatched outside the slice (-1 before any): what lies beyond is all still to do. */
   frontier: number;
   /** The fleet's completion tokens a second for this run, each endpoint at its cap; 0 when not measured yet. */
@@ -141,13 +143,15 @@ export function bootstrapMean(lengths: readonly number[], random: () => number):
 }
 
 /**
- * The forecast, or null while there is nothing to base it on (no slice answer and no completion).
+ * The forecast, or null while there is nothing to base it on (fewer than MIN_AHEAD slice answers
+ * while the slice is being answered, or no completion).
  * Remaining tokens are the samples left times the mean length of the slice answers ahead of the
  * frontier (the completed in-order samples are not used for it: in an ordered input they are a
  * biased sample); without a slice, the mean of everything completed stands in, with no interval.
  * Wall time is remaining tokens over the fleet's measured token rate at its caps.
  */
 export function computeForecast(f: ForecastInput, random: () => number): StoredForecast | null {
+  if (f.sliceOpen > 0 && f.slice.length < MIN_AHEAD) return null;
   const done = f.whole ? 0 : f.completionTokens;
   const left = f.whole ? f.total : f.remaining;
   const ahead = aheadOf(f.slice, f.whole ? -1 : f.frontier);

@@ -131,13 +131,15 @@ export class Forecasts {
   compute(run: RunRow, now: number, final = false): StoredForecast | null {
     this.computedAt.set(run.id, now);
     const { tokensPerSecond, endpoints } = this.fleetRate(run, now);
+    const slice = this.slice(run.id);
     const forecast = computeForecast(
       {
         whole: run.dryRun,
         total: run.total,
         remaining: run.pending + run.inProgress,
         completionTokens: run.completionTokens,
-        slice: this.slice(run.id).lengths,
+        slice: slice.lengths,
+        sliceOpen: slice.open,
         frontier: run.dryRun ? -1 : dispatchFrontier(this.deps.db, run.id),
         tokensPerSecond,
         endpoints,
