@@ -129,10 +129,7 @@ export function runView(root, runId) {
         'table',
         null,
         row(run.dry_run ? 'Whole input would take' : 'Finishes', run.dry_run ? duration(f.wall_seconds_estimate) : finish),
-        row(
-          run.dry_run ? 'Interval' : 'Remaining',
-          run.dry_run ? `${duration(f.low)} to ${duration(f.high)} (90%)` : `${duration(f.wall_seconds_remaining)} · ${interval}`,
-        ),
+        row(run.dry_run ? 'Interval' : 'Time left', interval),
         row('Completion tokens', `${num(f.completion_tokens_estimate)} in all · ${num(f.completion_tokens_remaining)} to go`),
         row('Fleet', `${num(f.fleet.endpoints)} endpoint(s) · ${rate(f.fleet.completion_tokens_per_second)} tokens/s at their caps`),
         run.deadline_seconds != null
