@@ -5,6 +5,7 @@ import { benchDispatch, benchSaturation, benchStream } from './dispatch.js';
 import { benchIngest } from './ingest.js';
 import { benchMillion } from './million.js';
 import { machine, SCALE, type Figure } from './support.js';
+import { benchTail } from './tail.js';
 
 const PARTS: Record<string, () => Promise<Figure[]>> = {
   ingest: benchIngest,
@@ -13,6 +14,7 @@ const PARTS: Record<string, () => Promise<Figure[]>> = {
   stream: benchStream,
   million: benchMillion,
   adaptive: benchAdaptive,
+  tail: benchTail,
 };
 
 const fmt = (n: number | null, unit = '') =>
@@ -32,7 +34,7 @@ function table(figures: Figure[]): string {
 
 /**
  * `npm run bench [part…]`: runs the parts (all by default), prints regen next to its baseline for
- * every figure, and, for a full-scale run of every part, writes BENCHMARKS.md. Parts: ingest, dispatch, saturation, stream, million, adaptive.
+ * every figure, and, for a full-scale run of every part, writes BENCHMARKS.md. Parts: ingest, dispatch, saturation, stream, million, adaptive, tail.
  */
 async function main(): Promise<void> {
   const asked = process.argv.slice(2);

@@ -119,6 +119,15 @@ describe.skipIf(!haveChromium)('dashboard', () => {
     // A few progress events draw the throughput chart; the percentage moves with them.
     const first = await page.locator('.big-pct').textContent();
     await expect.poll(() => page.locator('.big-pct').textContent(), { timeout: 20_000 }).not.toBe(first);
+    // The forecast: its finish and interval, and the projected finish over time from the server's history.
+    const forecast = page.locator('.card', { hasText: 'Forecast' });
+    await expect
+      .poll(() => forecast.locator('tr', { hasText: 'Time left' }).textContent(), { timeout: 15_000 })
+      .toMatch(/^Time left\d+[dhms]( \d+[dhms])? to \d+[dhms]( \d+[dhms])? \(90%\)$/);
+    await expect.poll(() => forecast.locator('tr', { hasText: 'Based on' }).textContent(), { timeout: 15_000 }).toMatch(/calibration answers \(slice of 200\)/);
+    await expect
+      .poll(async () => (await call(server.url, `/v1/runs/${runId}/forecasts`, { headers: auth })).body.data.length, { timeout: 20_000 })
+      .toBeGreaterThanOrEqual(2);
     await page.waitForTimeout(4000);
     mkdirSync(ARTIFACTS, { recursive: true });
     await page.screenshot({ path: `${ARTIFACTS}dashboard.png`, fullPage: true });

@@ -162,6 +162,7 @@ describe('GET /v1/runs/{id}/events', () => {
         samples_per_second: last.progress.samples_per_second,
         completion_tokens_per_second: last.progress.completion_tokens_per_second,
       },
+      forecast: run.forecast,
     });
     expect(last.request_counts).toMatchObject({ total: SAMPLES, completed: SAMPLES });
     expect(progress.some((e) => e.data.status === 'in_progress' && e.data.request_counts.completed > 0 && e.data.request_counts.completed < SAMPLES)).toBe(

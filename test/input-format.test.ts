@@ -22,6 +22,7 @@ describe('parseInputLine: formats', () => {
   it('reads a native line with params', () => {
     expect(parse({ custom_id: 'a1', messages: [user], params: { temperature: 0.6, max_tokens: 100 } })).toEqual({
       ok: true,
+      old_answer_chars: null,
       custom_id: 'a1',
       messages: [user],
       params: { temperature: 0.6, max_tokens: 100 },
@@ -32,6 +33,7 @@ describe('parseInputLine: formats', () => {
   it('reads a native line without params', () => {
     expect(parse({ custom_id: 'a1', messages: [user] })).toEqual({
       ok: true,
+      old_answer_chars: null,
       custom_id: 'a1',
       messages: [user],
       params: null,
@@ -59,6 +61,7 @@ describe('parseInputLine: formats', () => {
     };
     expect(parse(line)).toEqual({
       ok: true,
+      old_answer_chars: null,
       custom_id: 'req-1',
       messages: [user],
       params: { max_tokens: 1000, chat_template_kwargs: { enable_thinking: true } },
@@ -85,6 +88,7 @@ describe('parseInputLine: formats', () => {
     };
     expect(parse(line)).toEqual({
       ok: true,
+      old_answer_chars: null,
       custom_id: 'sg-1',
       messages: [
         { role: 'system', content: 'You are helpful.' },
@@ -102,6 +106,7 @@ describe('parseInputLine: formats', () => {
   it('reads a plain prompt line as one user message', () => {
     expect(parse({ id: 'p1', prompt: 'Write a haiku.' })).toEqual({
       ok: true,
+      old_answer_chars: null,
       custom_id: 'p1',
       messages: [{ role: 'user', content: 'Write a haiku.' }],
       params: null,

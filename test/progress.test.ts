@@ -101,7 +101,7 @@ describe('renderProgress', () => {
     const r = w.rates(clock.now());
     const p = renderProgress(
       run({ pending: 800, inProgress: 48, completed: 150, failed: 2 }),
-      { samples_per_second: r.samples, completion_tokens_per_second: r.tokens },
+      { samples_per_second: r.samples, completion_tokens_per_second: r.tokens, forecast: null },
       clock.now(),
     );
     expect(p).toEqual({
@@ -115,8 +115,8 @@ describe('renderProgress', () => {
   });
 
   it('has no ETA without a rate or while the run is paused, and 0 once nothing is left', () => {
-    const live = { samples_per_second: 3, completion_tokens_per_second: 30 };
-    const none = { samples_per_second: 0, completion_tokens_per_second: 0 };
+    const live = { samples_per_second: 3, completion_tokens_per_second: 30, forecast: null };
+    const none = { samples_per_second: 0, completion_tokens_per_second: 0, forecast: null };
     expect(renderProgress(run({ pending: 10 }), none, T0).eta_seconds).toBeNull();
     expect(renderProgress(run({ pending: 10, status: 'paused' }), live, T0)).toMatchObject({
       eta_seconds: null,
@@ -136,8 +136,10 @@ describe('renderProgress', () => {
 
   it('stops the elapsed time at the finish', () => {
     const done = run({ status: 'completed', completed: 1000, finishedAt: T0 + 90_500 });
-    expect(renderProgress(done, { samples_per_second: 0, completion_tokens_per_second: 0 }, T0 + 3600_000).elapsed_seconds).toBe(91);
-    expect(renderProgress(run({ pending: 5 }), { samples_per_second: 0, completion_tokens_per_second: 0 }, T0 + 42_000).elapsed_seconds).toBe(42);
+    expect(renderProgress(done, { samples_per_second: 0, completion_tokens_per_second: 0, forecast: null }, T0 + 3600_000).elapsed_seconds).toBe(91);
+    expect(renderProgress(run({ pending: 5 }), { samples_per_second: 0, completion_tokens_per_second: 0, forecast: null }, T0 + 42_000).elapsed_seconds).toBe(
+      42,
+    );
   });
 });
 

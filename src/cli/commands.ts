@@ -19,6 +19,16 @@ const positiveInt = (what: string) => (value: string) => {
   return Number(value);
 };
 
+const SECONDS_PER: Record<string, number> = { s: 1, m: 60, h: 3600, d: 86_400 };
+
+/** "72h", "90m", "2d", "3600s" or "3600" (seconds) → seconds. */
+const durationArg = (what: string) => (value: string) => {
+  const m = /^(\d+(?:\.\d+)?)([smhd]?)$/.exec(value.trim());
+  const seconds = m ? Math.round(Number(m[1]) * SECONDS_PER[m[2] || 's']) : Number.NaN;
+  if (!(seconds >= 1)) throw new InvalidArgumentError(`${what} must be a duration such as 72h, 90m, 2d or 3600s`);
+  return seconds;
+};
+
 const collect = (value: string, previous: string[]) => [...previous, value];
 
 /** Adds what every client command has: which server to talk to, and a one-line hint after a usage error. */
@@ -46,6 +56,16 @@ export function registerClientCommands(program: Command): void {
     .addOption(new Option('--regenerate <what>', 'drop a trailing assistant turn before sending').choices(['last_assistant']))
     .option('--watch', 'follow the run with a progress bar; exit 0 completed, 1 failed or cancelled, 3 paused by the quality gate')
     .action((file, opts) => run(async () => (await import('./submit.js')).submitCommand(file, opts)));
+
+  client(program.command('plan'))
+    .description('dry-run a calibration slice of a file and print the forecast: tokens, wall time, endpoint-hours, endpoints for a deadline')
+    .argument('<file>', 'prompts, as for submit')
+    .requiredOption('--model <model>', 'the model the endpoints serve')
+    .option('--param <key=value>', 'a generation param, repeatable, as for submit', collect, [])
+    .option('--samples <n>', 'calibration samples to answer (default 200)', positiveInt('--samples'))
+    .option('--deadline <duration>', 'when the run should be done (72h, 90m, 2d): how many endpoints would meet it', durationArg('--deadline'))
+    .addOption(new Option('--regenerate <what>', 'drop a trailing assistant turn before sending').choices(['last_assistant']))
+    .action((file, opts) => run(async () => (await import('./plan.js')).planCommand(file, opts)));
 
   client(program.command('status'))
     .description('a table of runs, or one run in detail')

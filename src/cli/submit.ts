@@ -20,12 +20,12 @@ export interface SubmitOptions extends ClientOptions {
 type Run = components['schemas']['Run'];
 
 /** Streams the file to POST /v1/files: a file of any size never sits in memory. */
-function upload(client: Client, file: string) {
+export function upload(client: Client, file: string) {
   return client.upload(basename(file), Readable.toWeb(createReadStream(file)) as unknown as ReadableStream<Uint8Array>);
 }
 
 /** POST /v1/runs, retried on a dropped connection or a 5xx with the same Idempotency-Key, so it is created once. */
-async function createRun(client: Client, body: components['schemas']['CreateRun']): Promise<Run> {
+export async function createRun(client: Client, body: components['schemas']['CreateRun']): Promise<Run> {
   const key = `regen-cli-${randomUUID()}`;
   for (let attempt = 1; ; attempt++) {
     try {

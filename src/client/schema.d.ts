@@ -214,7 +214,7 @@ export interface paths {
         /**
          * Follow a run as Server-Sent Events
          * @description A `text/event-stream` with three kinds of event:
-         *     - `progress` about once a second: the run's status, counts, quality, usage, shards and progress (RunProgressEvent); no id.
+         *     - `progress` about once a second: the run's status, counts, quality, usage, shards, progress and forecast (RunProgressEvent); no id.
          *     - `status` on each status change (RunStatusEvent), `shard_uploaded` when a shard is in object storage (ShardUploadedEvent),
          *       and `endpoint_quarantined` when the quality gate takes an endpoint out for its answers (EndpointQuarantinedEvent);
          *       their ids are the run's event ids, so a client reconnecting with `Last-Event-ID` receives every one it missed.
@@ -290,6 +290,23 @@ export interface paths {
         };
         /** A run's quality: flag counts and shares with examples, the gate's state, and length histograms of its completed samples */
         get: operations["getRunQuality"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/runs/{id}/forecasts": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** How a run's forecast moved: projected finish and its interval over time */
+        get: operations["listRunForecasts"];
         put?: never;
         post?: never;
         delete?: never;
@@ -473,7 +490,39 @@ export interface components {
                 eta_seconds: number | null;
                 elapsed_seconds: number;
             };
+            forecast: components["schemas"]["Forecast"];
         };
+        Forecast: {
+            /**
+             * Format: date-time
+             * @example 2026-12-02T14:00:00.000Z
+             */
+            computed_at: string;
+            /** @description Calibration answers the remaining mean length rests on (completed samples, when the run has no slice) */
+            based_on_samples: number;
+            /** @description Completion tokens of the whole run: generated so far plus the estimate of the rest */
+            completion_tokens_estimate: number;
+            completion_tokens_remaining: number;
+            /** @description Wall time of the whole run on the current fleet; null until the fleet has a measured rate */
+            wall_seconds_estimate: number | null;
+            /** @description Remaining completion tokens over the fleet’s measured token rate, each endpoint at its cap */
+            wall_seconds_remaining: number | null;
+            /** @description 5th percentile of wall_seconds_remaining, from a bootstrap over the calibration lengths */
+            low: number | null;
+            /** @description 95th percentile of wall_seconds_remaining */
+            high: number | null;
+            /**
+             * Format: date-time
+             * @example 2026-12-02T14:00:00.000Z
+             */
+            finishes_at: string | null;
+            /** @description Endpoints like the current ones that would finish within deadline_seconds; null without a deadline, a rate, or time left */
+            endpoints_for_deadline: number | null;
+            fleet: {
+                endpoints: number;
+                completion_tokens_per_second: number;
+            };
+        } | null;
         Health: {
             /** @enum {string} */
             status: "ok" | "unavailable";
@@ -740,6 +789,14 @@ export interface components {
             };
             manifest_uri: string | null;
             webhook: components["schemas"]["RunWebhook"];
+            calibration: {
+                samples: number;
+            };
+            dry_run: boolean;
+            /** @enum {string} */
+            dispatch_order: "input" | "length_aware";
+            deadline_seconds: number | null;
+            forecast: components["schemas"]["Forecast"];
         };
         /** @description Where the run's events go and how their delivery stands; null when they go nowhere */
         RunWebhook: {
@@ -807,6 +864,19 @@ export interface components {
             request_timeout_ms?: number;
             max_attempts?: number;
             webhook?: components["schemas"]["WebhookTarget"];
+            calibration?: {
+                /** @description Samples spread over the whole input (one at random in each of as many equal strata) answered first, for the forecast; 0 turns the slice off. Default 200, at most the input's size */
+                samples: number;
+            };
+            /**
+             * @description After the calibration slice: `input` order (the default), or `length_aware`: the samples whose old assistant turn is longest go first, within two shards of the oldest open sample, meant to end the run flat (see BENCHMARKS.md for what it saves so far)
+             * @enum {string}
+             */
+            dispatch_order?: "input" | "length_aware";
+            /** @description Answer only the calibration slice, then end (`completed`, the other samples `cancelled`) with the forecast for the whole input on the current fleet */
+            dry_run?: boolean;
+            /** @description When the run should be done, counted from its start: the forecast then says how many endpoints like the current ones would meet it */
+            deadline_seconds?: number;
         };
         /**
          * @example {
@@ -1037,6 +1107,40 @@ export interface components {
                 lt: number | null;
                 count: number;
             }[];
+        };
+        /** @description Oldest first: a point every few seconds at the start, thinning to about 1/200 of the elapsed time */
+        ForecastHistory: {
+            /** @enum {string} */
+            object: "list";
+            run_id: string;
+            data: components["schemas"]["ForecastPoint"][];
+        };
+        ForecastPoint: {
+            /**
+             * Format: date-time
+             * @example 2026-12-02T14:00:00.000Z
+             */
+            at: string;
+            /** @description Share of the samples done when the forecast was made */
+            fraction: number;
+            /**
+             * Format: date-time
+             * @example 2026-12-02T14:00:00.000Z
+             */
+            finishes_at: string | null;
+            /**
+             * Format: date-time
+             * @description The earliest finish of the 90% interval
+             * @example 2026-12-02T14:00:00.000Z
+             */
+            low: string | null;
+            /**
+             * Format: date-time
+             * @description The latest finish of the 90% interval
+             * @example 2026-12-02T14:00:00.000Z
+             */
+            high: string | null;
+            completion_tokens_estimate: number;
         };
         ResumeRun: {
             override_gate?: boolean;
@@ -2160,6 +2264,55 @@ export interface operations {
                 };
                 content: {
                     "application/json": components["schemas"]["RunQuality"];
+                };
+            };
+            /** @description Unauthorized */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Not Found */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Unprocessable Content */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+        };
+    };
+    listRunForecasts: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The forecast history */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ForecastHistory"];
                 };
             };
             /** @description Unauthorized */

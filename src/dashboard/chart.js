@@ -48,7 +48,7 @@ export function drawThroughput(canvas, points) {
   const maxS = niceMax(Math.max(...points.map((p) => p.sps)));
   const maxT = niceMax(Math.max(...points.map((p) => p.tps)));
   /** @param {number} t */
-  const x = (t) => PAD.left + (plotW * (t - t0)) / Math.max(1, t1 - t0);
+  const x = (/** @type {number} */ t) => PAD.left + (plotW * (t - t0)) / Math.max(1, t1 - t0);
   /** @param {number} v */
   const yS = (v) => PAD.top + plotH - (plotH * v) / maxS;
   /** @param {number} v */
@@ -95,4 +95,69 @@ export function drawThroughput(canvas, points) {
   ctx.setLineDash([4, 3]);
   ctx.stroke();
   ctx.setLineDash([]);
+}
+
+/**
+ * The forecast chart of a run page: the projected finish (line) and its 90% interval (band) at
+ * each point of the server's forecast history, so an operator sees whether it holds or drifts.
+ * @param {HTMLCanvasElement} canvas
+ * @param {import('../client/schema.js').components['schemas']['ForecastPoint'][]} points
+ */
+export function drawForecast(canvas, points) {
+  const dpr = window.devicePixelRatio || 1;
+  const width = canvas.clientWidth;
+  const height = canvas.clientHeight;
+  canvas.width = Math.round(width * dpr);
+  canvas.height = Math.round(height * dpr);
+  const ctx = /** @type {CanvasRenderingContext2D} */ (canvas.getContext('2d'));
+  ctx.setTransform(dpr, 0, 0, dpr, 0, 0);
+  ctx.clearRect(0, 0, width, height);
+  ctx.font = '11px system-ui, sans-serif';
+  const known = points.flatMap(({ at, finishes_at, low, high }) =>
+    finishes_at ? [{ t: Date.parse(at), f: Date.parse(finishes_at), lo: Date.parse(low ?? finishes_at), hi: Date.parse(high ?? finishes_at) }] : [],
+  );
+  if (known.length < 2) {
+    ctx.fillStyle = '#6b7385';
+    ctx.textAlign = 'center';
+    ctx.fillText('No forecast history yet (a point every few seconds once the fleet has a rate)', width / 2, height / 2);
+    return;
+  }
+  const plotW = width - PAD.left - PAD.right;
+  const plotH = height - PAD.top - PAD.bottom;
+  const t0 = known[0].t;
+  const t1 = known[known.length - 1].t;
+  const yMin = Math.min(...known.map((p) => p.lo));
+  const yMax = Math.max(...known.map((p) => p.hi));
+  const x = (/** @type {number} */ t) => PAD.left + (plotW * (t - t0)) / Math.max(1, t1 - t0);
+  const y = (/** @type {number} */ v) => PAD.top + plotH - (plotH * (v - yMin)) / Math.max(1, yMax - yMin);
+
+  ctx.strokeStyle = '#e4e7ec';
+  ctx.lineWidth = 1;
+  for (let i = 0; i <= 4; i++) {
+    const gy = Math.round(PAD.top + (plotH * i) / 4) + 0.5;
+    ctx.beginPath();
+    ctx.moveTo(PAD.left, gy);
+    ctx.lineTo(PAD.left + plotW, gy);
+    ctx.stroke();
+  }
+  ctx.fillStyle = '#2563c9';
+  ctx.textAlign = 'left';
+  ctx.fillText(clock(yMax), 4, PAD.top + 4);
+  ctx.fillText(clock(yMin), 4, PAD.top + plotH);
+  ctx.fillStyle = '#6b7385';
+  ctx.fillText(clock(t0), PAD.left, height - 8);
+  ctx.textAlign = 'right';
+  ctx.fillText(clock(t1), PAD.left + plotW, height - 8);
+
+  ctx.beginPath();
+  for (const [i, p] of known.entries()) i ? ctx.lineTo(x(p.t), y(p.hi)) : ctx.moveTo(x(p.t), y(p.hi));
+  for (const p of [...known].reverse()) ctx.lineTo(x(p.t), y(p.lo));
+  ctx.closePath();
+  ctx.fillStyle = 'rgba(37, 99, 201, 0.15)';
+  ctx.fill();
+  ctx.beginPath();
+  for (const [i, p] of known.entries()) i ? ctx.lineTo(x(p.t), y(p.f)) : ctx.moveTo(x(p.t), y(p.f));
+  ctx.strokeStyle = '#2563c9';
+  ctx.lineWidth = 2;
+  ctx.stroke();
 }

@@ -54,6 +54,15 @@ export function when(isoTime) {
   return d.toLocaleDateString();
 }
 
+/** A moment to come: its clock time, and the date when it is not today. */
+/** @param {string | null | undefined} isoTime */
+export function at(isoTime) {
+  if (!isoTime) return '—';
+  const d = new Date(isoTime);
+  const time = d.toLocaleTimeString([], { hour: '2-digit', minute: '2-digit' });
+  return d.toDateString() === new Date().toDateString() ? time : `${d.toLocaleDateString()} ${time}`;
+}
+
 /** @param {number | null | undefined} n */
 export function ms(n) {
   if (n == null) return '—';

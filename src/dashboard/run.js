@@ -2,9 +2,9 @@
 // One run: live progress from its event stream, throughput over time, shards, the endpoint pool,
 // quality flags with example samples, failures, and the pause / resume / cancel buttons.
 import { client, unwrap } from './api.js';
-import { drawThroughput } from './chart.js';
+import { drawForecast, drawThroughput } from './chart.js';
 import { badge, fill, h, progressBar, route } from './dom.js';
-import { duration, eta, num, pausedByGate, pct, rate, runTitle, TERMINAL, when } from './format.js';
+import { at, duration, eta, num, pausedByGate, pct, rate, runTitle, TERMINAL, when } from './format.js';
 import { every, followRun } from './live.js';
 import { endpointsTable, failuresList, gateText, qualityTable, shardGrid } from './panels.js';
 
@@ -44,6 +44,10 @@ export function runView(root, runId) {
   };
   const progressEl = h('section', { className: 'card progress-card' });
   const canvas = h('canvas', { className: 'chart', 'aria-label': 'throughput over time' });
+  const forecastEl = h('div', null, h('p', { className: 'muted' }, 'No forecast yet.'));
+  const forecastCanvas = h('canvas', { className: 'chart', 'aria-label': 'projected finish over time' });
+  /** @type {Schemas['ForecastPoint'][]} */
+  let forecastPoints = [];
   const shardsHead = h('span', { className: 'muted small' });
   const shardsEl = h('div', null, h('p', { className: 'muted' }, 'Loading shards…'));
   const endpointsEl = h('div', null, h('p', { className: 'muted' }, 'Loading endpoints…'));
@@ -65,6 +69,12 @@ export function runView(root, runId) {
     actionError,
     panelError,
     progressEl,
+    h(
+      'div',
+      { className: 'grid2' },
+      h('section', { className: 'card forecast' }, h('h2', null, 'Forecast'), forecastEl),
+      h('section', { className: 'card' }, h('h2', null, 'Projected finish over time'), forecastCanvas),
+    ),
     h(
       'div',
       { className: 'grid2' },
@@ -113,10 +123,37 @@ export function runView(root, runId) {
     buttons.override.hidden = !gate;
     buttons.cancel.hidden = !['validating', 'queued', 'in_progress', 'paused', 'finalizing'].includes(run.status);
     renderProgress();
+    renderForecast();
     drawThroughput(canvas, points);
     const failed = run.request_counts.failed;
     fill(failuresHead, failed ? [`${num(failed)} · `, h('a', { href: `${route('runs', run.id, 'samples')}?status=failed` }, 'all →')] : '');
     renderQuality();
+  }
+
+  function renderForecast() {
+    const f = run.forecast;
+    if (!f) return;
+    const row = (/** @type {string} */ label, /** @type {string} */ value) => h('tr', null, h('th', null, label), h('td', null, value));
+    const finish = f.finishes_at ? `${at(f.finishes_at)} (in ${duration(f.wall_seconds_remaining)})` : '–';
+    const interval = f.low != null && f.high != null ? `${duration(f.low)} to ${duration(f.high)} (90%)` : '–';
+    fill(
+      forecastEl,
+      h(
+        'table',
+        null,
+        row(run.dry_run ? 'Whole input would take' : 'Finishes', run.dry_run ? duration(f.wall_seconds_estimate) : finish),
+        row(run.dry_run ? 'Interval' : 'Time left', interval),
+        row('Completion tokens', `${num(f.completion_tokens_estimate)} in all · ${num(f.completion_tokens_remaining)} to go`),
+        row('Fleet', `${num(f.fleet.endpoints)} endpoint(s) · ${rate(f.fleet.completion_tokens_per_second)} tokens/s at their caps`),
+        run.deadline_seconds != null
+          ? row(
+              `Deadline ${duration(run.deadline_seconds)}`,
+              f.endpoints_for_deadline == null ? '–' : `${num(f.endpoints_for_deadline)} endpoint(s) like these`,
+            )
+          : null,
+        row('Based on', `${num(f.based_on_samples)} calibration answers (slice of ${num(run.calibration.samples)})`),
+      ),
+    );
   }
 
   function renderQuality() {
@@ -223,6 +260,11 @@ export function runView(root, runId) {
     /** @type {Promise<unknown>[]} */
     const tasks = [
       unwrap(client.GET('/v1/endpoints', { params: { query: { limit: 100 } } })).then((eps) => fill(endpointsEl, endpointsTable(eps.data, run.model, quality))),
+      // The history comes from the server, so a page opened mid-run shows the whole story.
+      unwrap(client.GET('/v1/runs/{id}/forecasts', { params: { path: { id: run.id } } })).then((history) => {
+        forecastPoints = history.data;
+        drawForecast(forecastCanvas, forecastPoints);
+      }),
     ];
     // A shard list can be a thousand rows: read it when a shard is uploaded, else now and then.
     if (run.shards.uploaded !== seen.shardsUploaded || (!TERMINAL.includes(run.status) && Date.now() - seen.shardsAt > 10_000)) {
@@ -271,7 +313,10 @@ export function runView(root, runId) {
   let closed = false;
   /** @type {(() => unknown)[]} */
   const stops = [() => (closed = true)];
-  const onResize = () => drawThroughput(canvas, points);
+  const onResize = () => {
+    drawThroughput(canvas, points);
+    drawForecast(forecastCanvas, forecastPoints);
+  };
   window.addEventListener('resize', onResize);
   stops.push(() => window.removeEventListener('resize', onResize));
 

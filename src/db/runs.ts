@@ -97,7 +97,7 @@ export function validatingRunIds(db: DbOrTx): string[] {
 export function setRunValidation(
   db: DbOrTx,
   id: string,
-  set: Pick<RunRow, 'invalidLines' | 'lineErrors' | 'updatedAt'> & Partial<Pick<RunRow, 'total' | 'pending' | 'shardsTotal'>>,
+  set: Pick<RunRow, 'invalidLines' | 'lineErrors' | 'updatedAt'> & Partial<Pick<RunRow, 'total' | 'pending' | 'shardsTotal' | 'predictedSamples'>>,
 ): void {
   db.update(runs).set(set).where(eq(runs.id, id)).run();
 }

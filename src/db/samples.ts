@@ -58,22 +58,101 @@ export interface ClaimedRow {
 }
 
 /**
- * Prepares the claim: leases up to `limit` pending samples of a run that are due, in input order,
- * charging each an attempt, and moves the run's counters with them in the same transaction, so a
- * crash between the two statements cannot leave the counters off by a batch.
+ * The slice is claimed in a scrambled order (Knuth's multiplicative hash of the position), not in
+ * input order: the part of it answered so far is then a random sample of the input too, where in
+ * input order the first answers of an input sorted short to long would all be short.
  */
-export function prepareClaim(db: Db): (runId: string, owner: string, now: number, leaseExpiresAt: number, limit: number) => ClaimedRow[] {
-  const claim = db.$client.prepare(
-    `update samples set status = 'in_progress', attempts = attempts + 1, lease_owner = ?, lease_expires_at = ?
-     where id in (select id from samples where run_id = ? and status = 'pending' and available_at <= ? order by seq limit ?)
-     returning id, shard_idx as shardIdx, request, attempts, quality_retries as qualityRetries, server_faults as serverFaults`,
+const SLICE_SHUFFLE = 2654435761;
+
+const byId = (a: ClaimedRow, b: ClaimedRow) => a.id - b.id;
+const LEASE = `update samples set status = 'in_progress', attempts = attempts + 1, lease_owner = ?, lease_expires_at = ?`;
+const LEASED = `returning id, shard_idx as shardIdx, request, attempts, quality_retries as qualityRetries, server_faults as serverFaults`;
+
+/**
+ * The order a claim takes a run's samples in, after its calibration slice: `slice_only` (a dry
+ * run: nothing else), `input`, or `length_aware`: within a window of pending samples from the
+ * oldest one on, the longest predicted first (samples without a prediction last), so the longest
+ * start early and the run ends flat, while no sample runs more than the window ahead of the oldest
+ * open one and shards still close in order.
+ */
+export type ClaimOrder = 'slice_only' | 'input' | 'length_aware';
+
+/**
+ * Prepares the claim: leases up to `limit` pending samples of a run that are due, the calibration
+ * slice first (samples_calibration_idx), then the rest in the run's `ClaimOrder`, charging each an
+ * attempt, and moves the run's counters with them in the same transaction, so a crash between the
+ * statements cannot leave the counters off by a batch.
+ */
+export function prepareClaim(
+  db: Db,
+): (runId: string, owner: string, now: number, leaseExpiresAt: number, limit: number, order: ClaimOrder, window: number) => ClaimedRow[] {
+  const claimSlice = db.$client.prepare(
+    `${LEASE} where id in (select id from samples where run_id = ? and calibration = 1 and status = 'pending' and available_at <= ?
+       order by (seq * ${SLICE_SHUFFLE}) % 4294967296 limit ?) ${LEASED}`,
+  );
+  const claimInOrder = db.$client.prepare(
+    `${LEASE} where id in (select id from samples where run_id = ? and status = 'pending' and available_at <= ? order by seq limit ?) ${LEASED}`,
+  );
+  // The window is a range of the claim index (run_id, status, seq): at most `window` rows sorted per claim.
+  const claimLongest = db.$client.prepare(
+    `${LEASE} where id in (select id from samples where run_id = ? and status = 'pending' and available_at <= ?
+       and seq < (select min(seq) from samples where run_id = ? and status = 'pending') + ?
+       order by coalesce(predicted_tokens, -1) desc, seq limit ?) ${LEASED}`,
   );
   const count = db.$client.prepare(`update runs set pending = pending - ?, in_progress = in_progress + ? where id = ?`);
-  return db.$client.transaction((runId: string, owner: string, now: number, leaseExpiresAt: number, limit: number) => {
-    const rows = claim.all(owner, leaseExpiresAt, runId, now, limit) as ClaimedRow[];
+  return db.$client.transaction((runId: string, owner: string, now: number, leaseExpiresAt: number, limit: number, order: ClaimOrder, window: number) => {
+    // `returning` gives no order: each part is put back in input order (ids follow it).
+    const rows = (claimSlice.all(owner, leaseExpiresAt, runId, now, limit) as ClaimedRow[]).sort(byId);
+    const left = limit - rows.length;
+    if (left > 0 && order === 'input') rows.push(...(claimInOrder.all(owner, leaseExpiresAt, runId, now, left) as ClaimedRow[]).sort(byId));
+    if (left > 0 && order === 'length_aware')
+      rows.push(...(claimLongest.all(owner, leaseExpiresAt, runId, now, runId, window, left) as ClaimedRow[]).sort(byId));
     if (rows.length) count.run(rows.length, rows.length, runId);
     return rows;
   });
+}
+
+/** Marks a run's calibration slice by input position. */
+export function markCalibration(db: DbOrTx, runId: string, seqs: readonly number[]): void {
+  for (const seq of seqs) {
+    db.update(samples)
+      .set({ calibration: true })
+      .where(and(eq(samples.runId, runId), eq(samples.seq, seq)))
+      .run();
+  }
+}
+
+/** A calibration answer: its input position, completion tokens, latency and the endpoint that gave it. */
+export type SliceAnswer = [seq: number, tokens: number, latencyMs: number, endpointId: string];
+
+/** The calibration slice's answers in input order, and how many of it are not terminal yet. */
+export function calibrationAnswers(db: Db, runId: string): { answered: SliceAnswer[]; open: number } {
+  const rows = db.$client
+    .prepare(`select seq, status, completion_tokens, latency_ms, endpoint_id from samples where run_id = ? and calibration = 1 order by seq`)
+    .raw()
+    .all(runId) as [number, string, number | null, number | null, string | null][];
+  const answered: SliceAnswer[] = [];
+  let open = 0;
+  for (const [seq, status, tokens, latency, endpointId] of rows) {
+    if (status === 'completed' && tokens !== null) answered.push([seq, tokens, latency ?? 0, endpointId ?? '']);
+    else if (status === 'pending' || status === 'in_progress') open++;
+  }
+  return { answered, open };
+}
+
+/**
+ * The furthest input position dispatched outside the slice, or -1: samples are claimed in input
+ * order, so everything beyond it is still to do. Each status is one walk down the claim index from
+ * its end, past at most the slice's own rows.
+ */
+export function dispatchFrontier(db: Db, runId: string): number {
+  const stmt = db.$client.prepare(`select seq from samples where run_id = ? and status = ? and calibration = 0 order by seq desc limit 1`).pluck();
+  let frontier = -1;
+  for (const status of ['in_progress', 'completed', 'failed'] as const) {
+    const seq = stmt.get(runId, status) as number | undefined;
+    if (seq !== undefined && seq > frontier) frontier = seq;
+  }
+  return frontier;
 }
 
 /** Gives back every lease of a run, whoever held it (a restart, with the only dispatcher gone); returns how many. */
@@ -119,12 +198,12 @@ export function cancelPendingSamples(db: Db, runId: string): void {
  */
 export function prepareSampleInsert(db: Db) {
   const insert = db.$client.prepare(
-    `insert into samples (run_id, seq, shard_idx, custom_id, status, request) values (?, ?, ?, ?, 'pending', ?)
+    `insert into samples (run_id, seq, shard_idx, custom_id, status, request, predicted_tokens) values (?, ?, ?, ?, 'pending', ?, ?)
      on conflict (run_id, custom_id) do nothing`,
   );
   // Positional arguments: this runs once per input line, and an object per call is garbage.
-  return (runId: string, seq: number, shardIdx: number, customId: string, request: string): boolean =>
-    insert.run(runId, seq, shardIdx, customId, request).changes > 0;
+  return (runId: string, seq: number, shardIdx: number, customId: string, request: string, predictedTokens: number | null): boolean =>
+    insert.run(runId, seq, shardIdx, customId, request, predictedTokens).changes > 0;
 }
 
 /** Drops what an attempt at validating a run inserted: its samples and its shards. */

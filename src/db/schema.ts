@@ -2,6 +2,7 @@ import { sql } from 'drizzle-orm';
 import { index, integer, primaryKey, real, sqliteTable, text, uniqueIndex } from 'drizzle-orm/sqlite-core';
 import { FLAGS, flagBit } from '../domain/flags.js';
 import type { InvalidLine } from '../domain/input-line.js';
+import type { StoredForecast } from '../domain/forecast.js';
 import type { QualityConfig } from '../domain/quality.js';
 
 // Timestamps are integer milliseconds since the epoch; the API renders them as RFC 3339.
@@ -118,6 +119,17 @@ export const runs = sqliteTable(
     webhookDelivered: integer('webhook_delivered').notNull().default(0),
     webhookFailed: integer('webhook_failed').notNull().default(0),
     webhookLastError: text('webhook_last_error'),
+    // The calibration slice asked for (samples, at most the input's size); 0 turns it off.
+    calibrationSamples: integer('calibration_samples').notNull().default(0),
+    // A dry run answers only its slice, then ends with the forecast for the whole input.
+    dryRun: integer('dry_run', { mode: 'boolean' }).notNull().default(false),
+    deadlineSeconds: integer('deadline_seconds'),
+    // 'length_aware' pulls the longest predicted samples forward within a look-ahead window (runner/claim-buffer.ts).
+    dispatchOrder: text('dispatch_order').notNull().default('input'),
+    // Samples with a predicted length: length-aware dispatch needs some.
+    predictedSamples: integer('predicted_samples').notNull().default(0),
+    // The runner's last forecast, kept so a finished run (a dry run above all) still shows it.
+    forecast: text('forecast', { mode: 'json' }).$type<StoredForecast | null>(),
   },
   (t) => [index('runs_status_idx').on(t.status, t.priority, t.createdAt)],
 );
@@ -187,11 +199,17 @@ export const samples = sqliteTable(
     outputKey: text('output_key'),
     outputLine: integer('output_line'),
     completedAt: integer('completed_at'),
+    // One of the run's calibration slice: claimed before the rest, its length a random sample of the input's.
+    calibration: integer('calibration', { mode: 'boolean' }).notNull().default(false),
+    // The new answer's length as the input's old assistant turn predicts it (regeneration only).
+    predictedTokens: integer('predicted_tokens'),
   },
   (t) => [
     uniqueIndex('samples_run_custom_id').on(t.runId, t.customId),
     index('samples_claim_idx').on(t.runId, t.status, t.seq),
     index('samples_run_seq_idx').on(t.runId, t.seq),
+    // The slice only (at most a few hundred rows a run): its claim, and its lengths read back after a restart.
+    index('samples_calibration_idx').on(t.runId, t.seq).where(sql`calibration = 1`),
     // The quality histograms count each bucket as a range of one of these, never reading a row
     // (rows carry the requests): one narrow index per measured column, completed samples only.
     index('samples_completion_tokens_idx').on(t.runId, t.completionTokens).where(sql`status = 'completed'`),
@@ -252,6 +270,25 @@ export const webhookDeliveries = sqliteTable(
     deliveredAt: integer('delivered_at'),
   },
   (t) => [index('webhook_deliveries_due_idx').on(t.nextAttemptAt).where(sql`status = 'pending'`)],
+);
+
+// The forecast as it moved: one row every so often per run (see runner/forecasts.ts), for the
+// dashboard's projected-finish chart.
+export const forecasts = sqliteTable(
+  'forecasts',
+  {
+    id: integer('id').primaryKey({ autoIncrement: true }),
+    runId: text('run_id')
+      .notNull()
+      .references(() => runs.id, { onDelete: 'cascade' }),
+    at: integer('at').notNull(),
+    finishesAt: integer('finishes_at'),
+    lowAt: integer('low_at'),
+    highAt: integer('high_at'),
+    completionTokensEstimate: integer('completion_tokens_estimate').notNull(),
+    fraction: real('fraction').notNull(),
+  },
+  (t) => [index('forecasts_run_idx').on(t.runId, t.at)],
 );
 
 // One row: the process that runs dispatch on this database, so a restart can tell a dead

@@ -29,7 +29,15 @@ export interface InvalidLine {
 }
 
 export type ParsedLine =
-  | { ok: true; custom_id: string; messages: ChatMessage[]; params: Record<string, unknown> | null; model: string | null }
+  | {
+      ok: true;
+      custom_id: string;
+      messages: ChatMessage[];
+      params: Record<string, unknown> | null;
+      model: string | null;
+      /** Characters of the assistant turn `regenerate` dropped (its reasoning too): what predicts the new answer's length. */
+      old_answer_chars: number | null;
+    }
   | { ok: false; reason: string; code: LineErrorCode };
 
 export interface ParseOptions {
@@ -74,7 +82,9 @@ const SHAREGPT_ROLES: Record<string, string> = {
 export function parseInputLine(text: string, lineNo: number, opts: ParseOptions): ParsedLine {
   try {
     const content = readLine(parseJsonObject(text), lineNo);
-    return { ok: true, ...content, messages: applyRegenerate(content.messages, opts) };
+    const messages = applyRegenerate(content.messages, opts);
+    const dropped = messages === content.messages ? null : content.messages[content.messages.length - 1];
+    return { ok: true, ...content, messages, old_answer_chars: dropped ? textLength(dropped.content) + textLength(dropped.reasoning_content) : null };
   } catch (err) {
     if (err instanceof LineRejected) return { ok: false, reason: err.message, code: err.code };
     throw err;
@@ -219,6 +229,15 @@ function applyRegenerate(messages: ChatMessage[], opts: ParseOptions): ChatMessa
   if (opts.regenerate !== 'last_assistant' || messages[messages.length - 1].role !== 'assistant') return messages;
   if (messages.length === 1) throw new LineRejected('nothing left to send after dropping the last assistant turn');
   return messages.slice(0, -1);
+}
+
+/** The characters of a message's text: a string, or the text parts of a content array. */
+function textLength(content: unknown): number {
+  if (typeof content === 'string') return content.length;
+  if (!Array.isArray(content)) return 0;
+  let n = 0;
+  for (const part of content) if (isObject(part) && typeof part.text === 'string') n += part.text.length;
+  return n;
 }
 
 function isObject(value: unknown): value is JsonObject {

@@ -54,6 +54,8 @@ export const QualitySettings = z.union([
 
 export const REGENERATE_MODES = ['last_assistant'] as const;
 export type RegenerateMode = (typeof REGENERATE_MODES)[number];
+export const DISPATCH_ORDERS = ['input', 'length_aware'] as const;
+export type DispatchOrder = (typeof DISPATCH_ORDERS)[number];
 export const ON_INVALID_LINE = ['fail', 'skip'] as const;
 export type OnInvalidLine = (typeof ON_INVALID_LINE)[number];
 

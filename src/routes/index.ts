@@ -13,6 +13,7 @@ import { registerUploadFile } from './files/upload.js';
 import { registerRunActions } from './runs/actions.js';
 import { registerCreateRun } from './runs/create.js';
 import { registerRunEvents } from './runs/events.js';
+import { registerRunForecasts } from './runs/forecasts.js';
 import { registerGetRun } from './runs/get.js';
 import { registerListRuns } from './runs/list.js';
 import { registerGetSample } from './runs/sample.js';
@@ -45,6 +46,7 @@ export function registerRoutes(app: App): void {
   registerListSamples(app);
   registerGetSample(app);
   registerRunQuality(app);
+  registerRunForecasts(app);
   registerRunActions(app);
   registerUpsertEndpoint(app);
   registerListEndpoints(app);

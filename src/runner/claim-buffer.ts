@@ -1,5 +1,5 @@
 import type { Db } from '../db/client.js';
-import { prepareClaim, type ClaimedRow } from '../db/samples.js';
+import { prepareClaim, type ClaimedRow, type ClaimOrder } from '../db/samples.js';
 import type { ResultWriter } from './results.js';
 
 /** A sample leased for dispatch, with its run. */
@@ -15,7 +15,7 @@ const LEASE_MS = 24 * 3600_000;
 
 /**
  * Samples claimed from the database and not yet sent, per run. A claim leases many samples in one
- * statement; they wait here, in input order, for free slots. States of a run's buffer: absent
+ * statement; they wait here, the slice first and then in the run's order, for free slots. States of a run's buffer: absent
  * (claim on the next take), holding samples, or drained this tick (nothing was due: do not ask
  * the database again until the next tick). Samples given back return to the queue through the
  * result writer, without spending an attempt.
@@ -45,19 +45,19 @@ export class ClaimBuffer {
   }
 
   /**
-   * The next sample of a run: from its buffer, else from a claim of `claimSize()` samples. Null
-   * when the run has nothing due. `onClaim` runs after a claim that found samples.
+   * The next sample of a run: from its buffer, else from a claim of `claimSize()` samples (its
+   * calibration slice first, then in `order`; see ClaimOrder). Null when the run has nothing due.
+   * `onClaim` runs after a claim that found samples.
    */
-  take(runId: string, claimSize: () => number, onClaim: () => void): Claimed | null {
+  take(runId: string, claimSize: () => number, onClaim: () => void, order: ClaimOrder, window: number): Claimed | null {
     let buf = this.buffers.get(runId);
     if (!buf || buf.length === 0) {
       const now = this.clock();
-      const rows = this.claim(runId, this.owner, now, now + LEASE_MS, claimSize());
+      const rows = this.claim(runId, this.owner, now, now + LEASE_MS, claimSize(), order, window);
       if (rows.length === 0) {
         this.drained.add(runId);
         return null;
       }
-      rows.sort((a, b) => a.id - b.id);
       buf = rows.map((r) => ({ ...r, runId }));
       this.buffers.set(runId, buf);
       onClaim();

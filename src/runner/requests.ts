@@ -48,6 +48,8 @@ export class Requests {
       settled(): void;
       /** The quality checks of a run, or null when the run turned them off. */
       qualityOf(run: RunRow): RunQuality | null;
+      /** An answer arrived (whatever its flags): what the forecast measures the fleet's speed from. */
+      answered(run: RunRow, endpointId: string, tokens: number, latencyMs: number, now: number): void;
     },
   ) {}
 
@@ -171,6 +173,7 @@ export class Requests {
     const tokens = parsed.answer.usage.completion_tokens;
     e.latency.add(latencyMs);
     e.rate.add(now, 1, tokens);
+    this.hooks.answered(f.run, e.row.id, tokens, latencyMs, now);
     const { answer } = parsed;
     const quality = this.hooks.qualityOf(f.run);
     const input = {

@@ -2,6 +2,7 @@ import { randomBytes } from 'node:crypto';
 import { hostname } from 'node:os';
 import type { RunnerDeps } from '../deps.js';
 import { getRun, listRunsByStatus, setStatusReason, transitionRun } from '../db/runs.js';
+import { cancelPendingSamples, type ClaimOrder } from '../db/samples.js';
 import type { RunRow } from '../db/schema.js';
 import { ACTIVE_RUN_STATUSES, DISPATCHABLE_RUN_STATUSES, isDispatchable } from '../domain/statuses.js';
 import { expireBatches } from './batch-expiry.js';
@@ -9,6 +10,7 @@ import { ClaimBuffer } from './claim-buffer.js';
 import { claimSize, pickEndpoint } from './endpoint-choice.js';
 import { EndpointPool } from './endpoints.js';
 import { Finisher } from './finishing.js';
+import { Forecasts } from './forecasts.js';
 import { QualityWatch } from './quality-watch.js';
 import { HEARTBEAT_MS, RunnerLock } from './lock.js';
 import { RateWindow } from './rates.js';
@@ -28,6 +30,20 @@ const ABORT_SLACK_MS = 2000;
 const UPLOAD_SLACK_MS = 5000;
 
 /**
+ * How far ahead of its oldest open sample a length-aware run may dispatch, in shards: far enough
+ * that the longest samples of the last stretch start waves before the end (a shard is 1,000
+ * samples by default, several waves of a fleet), near enough that shards still close one after
+ * another, at most this many late.
+ */
+const LOOKAHEAD_SHARDS = 2;
+
+/** A dry run claims its slice only; a run with predicted lengths may take the longest first. */
+function claimOrderOf(run: RunRow): ClaimOrder {
+  if (run.dryRun) return 'slice_only';
+  return run.dispatchOrder === 'length_aware' && run.predictedSamples > 0 ? 'length_aware' : 'input';
+}
+
+/**
  * The dispatcher, wired from its mechanisms: the lock, recovery, the claim buffer, endpoint
  * choice, request building and parsing, the failure policy, the result writer and the finisher.
  * It claims samples in shard order for the highest-priority runs, sends each to the ready endpoint
@@ -42,6 +58,7 @@ export class Runner implements RunnerView {
   private readonly finisher: Finisher;
   private readonly requests: Requests;
   private readonly quality: QualityWatch;
+  private readonly forecasts: Forecasts;
   private readonly runRates = new Map<string, RateWindow>();
   private active: RunRow[] = [];
   private timer: NodeJS.Timeout | null = null;
@@ -64,6 +81,7 @@ export class Runner implements RunnerView {
     this.writer = new ResultWriter(db, this.owner, logger, (r) => this.guard('after a result commit', () => this.afterFlush(r)), clock);
     this.claims = new ClaimBuffer(db, this.owner, clock, this.writer);
     this.quality = new QualityWatch(deps, this.pool);
+    this.forecasts = new Forecasts(deps, this.pool);
     this.requests = new Requests(deps, this.pool, this.writer, (what, step) => this.guard(what, step), {
       settled: () => {
         this.guard('refilling a slot', () => this.pump());
@@ -72,11 +90,13 @@ export class Runner implements RunnerView {
         if (this.requests.size === 0) this.guard('committing results', () => this.writer.flush());
       },
       qualityOf: (run) => this.quality.qualityOf(run),
+      answered: (run, endpointId, tokens, latencyMs, now) => this.forecasts.answered(run.id, endpointId, tokens, latencyMs, now),
     });
     this.finisher = new Finisher(deps, (what, step) => this.guard(what, step), {
       afterUpload: () => this.finisher.advance(this.active),
       afterFinish: (runId) => {
         this.quality.forget(runId);
+        this.forecasts.forget(runId);
         // A finished run has no rate; its window would otherwise stay in memory for the life of the process.
         this.runRates.delete(runId);
         this.refreshActive();
@@ -135,7 +155,9 @@ export class Runner implements RunnerView {
 
   runProgress(runId: string): RunProgress {
     const r = this.runRates.get(runId)?.rates(this.deps.clock());
-    return r ? { samples_per_second: r.samples, completion_tokens_per_second: r.tokens } : IDLE_PROGRESS;
+    const forecast = this.forecasts.get(runId);
+    if (!r) return forecast ? { ...IDLE_PROGRESS, forecast } : IDLE_PROGRESS;
+    return { samples_per_second: r.samples, completion_tokens_per_second: r.tokens, forecast };
   }
 
   endpointLive(endpointId: string): EndpointLive {
@@ -145,7 +167,7 @@ export class Runner implements RunnerView {
   /** Every run's rates and every live endpoint's state at once, for the API thread to read from. */
   snapshot(): RunnerSnapshot {
     const runs: RunnerSnapshot['runs'] = {};
-    for (const id of this.runRates.keys()) runs[id] = this.runProgress(id);
+    for (const run of this.active) runs[run.id] = this.runProgress(run.id);
     return { runs, endpoints: this.pool.snapshot(this.deps.clock()) };
   }
 
@@ -190,7 +212,24 @@ export class Runner implements RunnerView {
     this.refreshActive();
     this.claims.newTick();
     this.pump();
+    this.forecasts.update(this.active);
+    this.endDryRuns();
     this.finisher.advance(this.active);
+  }
+
+  /**
+   * A dry run whose slice is all answered (or failed) ends: its final forecast, of the whole input,
+   * is stored, and the samples outside the slice are cancelled, so the finisher writes the slice's
+   * shards and completes the run.
+   */
+  private endDryRuns(): void {
+    for (const run of this.active) {
+      if (!run.dryRun || run.status !== 'in_progress' || run.pending === 0) continue;
+      if (this.forecasts.slice(run.id).open > 0) continue;
+      this.forecasts.compute(run, this.deps.clock(), true);
+      cancelPendingSamples(this.deps.db, run.id);
+      this.deps.logger.info({ run_id: run.id }, 'dry run: calibration slice answered');
+    }
   }
 
   private refreshActive(): void {
@@ -232,6 +271,8 @@ export class Runner implements RunnerView {
             run.id,
             () => this.claimSizeFor(run.model),
             () => this.started(run),
+            claimOrderOf(run),
+            LOOKAHEAD_SHARDS * run.shardSize,
           );
           if (!sample) continue;
           this.requests.send(best, run, sample);

@@ -1,7 +1,11 @@
+import type { StoredForecast } from '../domain/forecast.js';
+
 /** What the API reads from the live runner: rates and in-flight counts are not in the database. */
 export interface RunProgress {
   samples_per_second: number;
   completion_tokens_per_second: number;
+  /** The latest forecast, fresher than the one the run's row keeps; null when the runner has none. */
+  forecast: StoredForecast | null;
 }
 
 export interface EndpointLive {
@@ -27,7 +31,7 @@ export interface RunnerSnapshot {
   endpoints: Record<string, EndpointLive>;
 }
 
-export const IDLE_PROGRESS: RunProgress = { samples_per_second: 0, completion_tokens_per_second: 0 };
+export const IDLE_PROGRESS: RunProgress = { samples_per_second: 0, completion_tokens_per_second: 0, forecast: null };
 export const IDLE_ENDPOINT: EndpointLive = {
   in_flight: 0,
   samples_per_second: 0,

@@ -45,7 +45,7 @@ describe('the result writer on a temporary database', () => {
   it('commits a batch of outcomes in one transaction, keeps the counters equal to a recount, and reports closed shards', () => {
     db = openDb(join(tmp.dir, 'a.db'));
     seed(db, 6, 3);
-    const claimed = prepareClaim(db)('run_a', 'me', NOW, NOW + 1000, 10);
+    const claimed = prepareClaim(db)('run_a', 'me', NOW, NOW + 1000, 10, 'input', 0);
     expect(claimed.map((c) => c.attempts)).toEqual([1, 1, 1, 1, 1, 1]);
     expect(counters(db)).toMatchObject({ pending: 0, inProgress: 6 });
     const reports: FlushReport[] = [];
@@ -112,7 +112,7 @@ describe('the result writer on a temporary database', () => {
   it('drops the outcomes of leases another owner holds, and recovery gives every lease back', () => {
     db = openDb(join(tmp.dir, 'b.db'));
     seed(db, 4, 4);
-    const claimed = prepareClaim(db)('run_a', 'old-process', NOW, NOW + 1000, 10);
+    const claimed = prepareClaim(db)('run_a', 'old-process', NOW, NOW + 1000, 10, 'input', 0);
     const reports: FlushReport[] = [];
     const w = new ResultWriter(
       db,

@@ -25,6 +25,7 @@ export const RunProgressEvent = Run.pick({
   usage: true,
   shards: true,
   progress: true,
+  forecast: true,
 }).openapi('RunProgressEvent');
 
 export const RunStatusEvent = z
@@ -47,7 +48,7 @@ const route = createRoute({
   summary: 'Follow a run as Server-Sent Events',
   description: [
     'A `text/event-stream` with three kinds of event:',
-    "- `progress` about once a second: the run's status, counts, quality, usage, shards and progress (RunProgressEvent); no id.",
+    "- `progress` about once a second: the run's status, counts, quality, usage, shards, progress and forecast (RunProgressEvent); no id.",
     '- `status` on each status change (RunStatusEvent), `shard_uploaded` when a shard is in object storage (ShardUploadedEvent),',
     '  and `endpoint_quarantined` when the quality gate takes an endpoint out for its answers (EndpointQuarantinedEvent);',
     "  their ids are the run's event ids, so a client reconnecting with `Last-Event-ID` receives every one it missed.",
@@ -112,8 +113,15 @@ async function follow(deps: Deps, runId: string, after: number, stream: SSEStrea
       const terminal = TERMINAL_RUN_STATUSES.includes(run.status as RunStatus);
       if (terminal || performance.now() - progressAt >= PROGRESS_EVERY_MS) {
         progressAt = performance.now();
-        const { id, status, status_reason, request_counts, quality, usage, shards, progress } = renderRun(run, deps.runner.runProgress(runId), deps.clock());
-        await stream.writeSSE({ event: 'progress', data: JSON.stringify({ id, status, status_reason, request_counts, quality, usage, shards, progress }) });
+        const { id, status, status_reason, request_counts, quality, usage, shards, progress, forecast } = renderRun(
+          run,
+          deps.runner.runProgress(runId),
+          deps.clock(),
+        );
+        await stream.writeSSE({
+          event: 'progress',
+          data: JSON.stringify({ id, status, status_reason, request_counts, quality, usage, shards, progress, forecast }),
+        });
       }
       cursor = await sendEvents(deps.db, runId, cursor, stream);
       if (terminal) return;

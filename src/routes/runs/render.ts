@@ -2,14 +2,16 @@ import type { RunRow, SampleRow, ShardRow } from '../../db/schema.js';
 import { joinUri } from '../../storage/index.js';
 import { flagCounts, flagsFromBits } from '../../domain/flags.js';
 import { runUsage, triesOf } from '../../domain/output-line.js';
+import type { StoredForecast } from '../../domain/forecast.js';
 import type { RunProgress } from '../../runner/view.js';
 import { iso } from '../common.js';
 import type { Run } from './schemas.js';
 
 /**
  * How far a run is and how fast it goes. The rates come from the runner's sliding window; the ETA
- * is the samples still to do at the window's rate, and there is none while the run is not being
- * dispatched (paused, validating) or the window is empty.
+ * is the forecast's remaining wall time, else (no forecast yet) the samples still to do at the
+ * window's rate, and there is none while the run is not being dispatched (paused, validating), the
+ * window is empty, or the run is a dry run (its forecast is of the whole input, not of its slice).
  */
 export function renderProgress(r: RunRow, live: RunProgress, now: number): Run['progress'] {
   const done = r.completed + r.failed + r.cancelled;
@@ -23,9 +25,22 @@ export function renderProgress(r: RunRow, live: RunProgress, now: number): Run['
     fraction: r.total ? done / r.total : 0,
     samples_per_second: round(rate),
     completion_tokens_per_second: moving ? round(live.completion_tokens_per_second) : 0,
-    eta_seconds: r.total > 0 && remaining === 0 ? 0 : dispatching && rate > 0 ? Math.ceil(remaining / rate) : null,
+    eta_seconds: r.total > 0 && remaining === 0 ? 0 : dispatching && !r.dryRun ? eta(remaining, rate, live.forecast) : null,
     elapsed_seconds: r.startedAt ? Math.max(0, Math.round((end - r.startedAt) / 1000)) : 0,
   };
+}
+
+function eta(remaining: number, rate: number, forecast: StoredForecast | null): number | null {
+  if (forecast?.wall_seconds_remaining != null) return Math.ceil(forecast.wall_seconds_remaining);
+  return rate > 0 ? Math.ceil(remaining / rate) : null;
+}
+
+/** The runner's live forecast, else the last one it stored (a finished run, a server without the runner). */
+export function renderForecast(r: RunRow, live: RunProgress): Run['forecast'] {
+  const f = live.forecast ?? r.forecast;
+  if (!f) return null;
+  const { at, finishes_at, ...rest } = f;
+  return { computed_at: iso(at)!, ...rest, finishes_at: iso(finishes_at) };
 }
 
 export function renderRun(r: RunRow, live: RunProgress, now: number): Run {
@@ -79,6 +94,11 @@ export function renderRun(r: RunRow, live: RunProgress, now: number): Run {
           last_error: r.webhookLastError,
         }
       : null,
+    calibration: { samples: r.calibrationSamples },
+    dry_run: r.dryRun,
+    dispatch_order: r.dispatchOrder as Run['dispatch_order'],
+    deadline_seconds: r.deadlineSeconds,
+    forecast: renderForecast(r, live),
   };
 }
 

@@ -1,8 +1,9 @@
 import { z } from '@hono/zod-openapi';
 import { FLAGS } from '../../domain/flags.js';
+import { DEFAULT_CALIBRATION_SAMPLES, MAX_CALIBRATION_SAMPLES } from '../../domain/forecast.js';
 import { nestsDeeperThan, tooDeepMessage } from '../../domain/json-depth.js';
 import * as domain from '../../domain/params.js';
-import { maxLen, ON_INVALID_LINE, REGENERATE_MODES } from '../../domain/params.js';
+import { DISPATCH_ORDERS, maxLen, ON_INVALID_LINE, REGENERATE_MODES } from '../../domain/params.js';
 import { RUN_STATUSES, SAMPLE_STATUSES, SHARD_STATUSES } from '../../domain/statuses.js';
 import { Timestamp, WebhookTarget } from '../common.js';
 import { DELIVERY_STATUSES } from '../../domain/webhooks.js';
@@ -51,6 +52,36 @@ export const CreateRunBody = z
     request_timeout_ms: z.number().int().min(1000).max(86_400_000).optional(),
     max_attempts: z.number().int().min(1).max(100).optional(),
     webhook: WebhookTarget.optional(),
+    calibration: z
+      .object({
+        samples: z
+          .number()
+          .int()
+          .min(0)
+          .max(MAX_CALIBRATION_SAMPLES)
+          .openapi({
+            description: `Samples spread over the whole input (one at random in each of as many equal strata) answered first, for the forecast; 0 turns the slice off. Default ${DEFAULT_CALIBRATION_SAMPLES}, at most the input's size`,
+          }),
+      })
+      .strict()
+      .optional(),
+    dispatch_order: z.enum(DISPATCH_ORDERS).optional().openapi({
+      description:
+        'After the calibration slice: `input` order (the default), or `length_aware`: the samples whose old assistant turn is longest go first, within two shards of the oldest open sample, meant to end the run flat (see BENCHMARKS.md for what it saves so far)',
+    }),
+    dry_run: z.boolean().optional().openapi({
+      description:
+        'Answer only the calibration slice, then end (`completed`, the other samples `cancelled`) with the forecast for the whole input on the current fleet',
+    }),
+    deadline_seconds: z
+      .number()
+      .int()
+      .min(1)
+      .max(365 * 86_400)
+      .optional()
+      .openapi({
+        description: 'When the run should be done, counted from its start: the forecast then says how many endpoints like the current ones would meet it',
+      }),
   })
   .strict()
   .openapi('CreateRun', {
@@ -79,6 +110,30 @@ export const RunWebhook = z
     last_error: z.string().nullable().openapi({ description: 'What the last failed attempt met; null once an attempt succeeds' }),
   })
   .openapi('RunWebhook', { description: "Where the run's events go and how their delivery stands; null when they go nowhere" });
+const seconds = (description: string) => z.number().nullable().openapi({ description });
+
+export const Forecast = z
+  .object({
+    computed_at: Timestamp,
+    based_on_samples: z
+      .number()
+      .int()
+      .openapi({ description: 'Calibration answers the remaining mean length rests on (completed samples, when the run has no slice)' }),
+    completion_tokens_estimate: z.number().int().openapi({ description: 'Completion tokens of the whole run: generated so far plus the estimate of the rest' }),
+    completion_tokens_remaining: z.number().int(),
+    wall_seconds_estimate: seconds('Wall time of the whole run on the current fleet; null until the fleet has a measured rate'),
+    wall_seconds_remaining: seconds('Remaining completion tokens over the fleet’s measured token rate, each endpoint at its cap'),
+    low: seconds('5th percentile of wall_seconds_remaining, from a bootstrap over the calibration lengths'),
+    high: seconds('95th percentile of wall_seconds_remaining'),
+    finishes_at: Timestamp.nullable(),
+    endpoints_for_deadline: z
+      .number()
+      .int()
+      .nullable()
+      .openapi({ description: 'Endpoints like the current ones that would finish within deadline_seconds; null without a deadline, a rate, or time left' }),
+    fleet: z.object({ endpoints: z.number().int(), completion_tokens_per_second: z.number() }),
+  })
+  .openapi('Forecast');
 
 export const Run = z
   .object({
@@ -119,6 +174,11 @@ export const Run = z
     }),
     manifest_uri: z.string().nullable(),
     webhook: RunWebhook.nullable(),
+    calibration: z.object({ samples: z.number().int() }),
+    dry_run: z.boolean(),
+    dispatch_order: z.enum(DISPATCH_ORDERS),
+    deadline_seconds: z.number().int().nullable(),
+    forecast: Forecast.nullable(),
   })
   .openapi('Run');
 export type Run = z.infer<typeof Run>;

@@ -7,7 +7,8 @@ import { appendEvent } from '../../db/events.js';
 import { deleteFile, getFile, insertFile } from '../../db/files.js';
 import { getRun, getRunByIdempotencyKey, getRunByOutputUri, insertRun } from '../../db/runs.js';
 import type { runs, RunInput, RunRow } from '../../db/schema.js';
-import type { OnInvalidLine, RegenerateMode } from '../../domain/params.js';
+import { DEFAULT_CALIBRATION_SAMPLES } from '../../domain/forecast.js';
+import type { DispatchOrder, OnInvalidLine, RegenerateMode } from '../../domain/params.js';
 import { qualityConfig, type QualityRequest } from '../../domain/quality.js';
 import { parseStoreUri, StoreUriError } from '../../storage/index.js';
 import { inside, resolveInput } from './input-source.js';
@@ -28,6 +29,10 @@ export interface NewRun {
   request_timeout_ms?: number;
   max_attempts?: number;
   webhook?: { url: string; secret: string };
+  calibration?: { samples: number };
+  dry_run?: boolean;
+  deadline_seconds?: number;
+  dispatch_order?: DispatchOrder;
 }
 
 function outputUriFor(deps: Deps, runId: string, requested?: string): string {
@@ -76,6 +81,12 @@ export async function createRun(
       return { run: prior, replayed: true };
     }
   }
+  const calibrationSamples = body.calibration?.samples ?? DEFAULT_CALIBRATION_SAMPLES;
+  if (body.dry_run && calibrationSamples === 0) {
+    throw new ApiError('validation_failed', 'calibration.samples: a dry run answers its calibration slice only, so the slice must not be 0', {
+      field: 'calibration.samples',
+    });
+  }
   const id = newId('run');
   const now = deps.clock();
   // Checked before anything is stored, so a refused request leaves nothing behind.
@@ -123,6 +134,11 @@ export async function createRun(
     webhookSecret: body.webhook?.secret ?? null,
     idempotencyKey: idempotencyKey ?? null,
     requestHash,
+    calibrationSamples,
+    dryRun: body.dry_run ?? false,
+    deadlineSeconds: body.deadline_seconds ?? null,
+    // Opt-in: the bench (BENCHMARKS.md) has not shown length-aware order shortening the tail yet.
+    dispatchOrder: body.dispatch_order ?? 'input',
     updatedAt: now,
     ...extra,
   };

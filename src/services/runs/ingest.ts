@@ -6,9 +6,10 @@ import type { Deps } from '../../deps.js';
 import { isDbBusy, IMMEDIATE } from '../../db/client.js';
 import { getFile } from '../../db/files.js';
 import { getRun, getRunStatus, setRunValidation, transitionRun } from '../../db/runs.js';
-import { clearRunSamples, prepareSampleInsert } from '../../db/samples.js';
+import { clearRunSamples, markCalibration, prepareSampleInsert } from '../../db/samples.js';
 import type { RunRow } from '../../db/schema.js';
 import { insertShardLayout } from '../../db/shards.js';
+import { calibrationSeqs, CHARS_PER_TOKEN } from '../../domain/forecast.js';
 import { parseInputLine, readLines, type InvalidLine, type LineErrorCode } from '../../domain/input-line.js';
 import { unservedModel } from '../batches/create.js';
 import { resolveInput } from './input-source.js';
@@ -81,7 +82,8 @@ export async function ingestRun(deps: Deps, runId: string, signal?: AbortSignal)
   const errors: InvalidLine[] = [];
   let invalid = 0;
   let seq = 0;
-  let batch: { lineNo: number; customId: string; request: string }[] = [];
+  let batch: { lineNo: number; customId: string; request: string; predicted: number | null }[] = [];
+  let predicted = 0;
   const failFast = run.onInvalidLine === 'fail';
   // A batch takes its model from its lines, so a model no endpoint serves is an error of each line.
   const unserved = run.batchId ? unservedModel(db, run.model) : null;
@@ -92,9 +94,12 @@ export async function ingestRun(deps: Deps, runId: string, signal?: AbortSignal)
   };
   const flush = db.$client.transaction(() => {
     for (const row of batch) {
-      if (!insertSample(runId, seq, Math.floor(seq / run.shardSize), row.customId, row.request))
+      if (!insertSample(runId, seq, Math.floor(seq / run.shardSize), row.customId, row.request, row.predicted))
         noteError(row.lineNo, 'duplicate_custom_id', `duplicate custom_id ${JSON.stringify(row.customId)}`, row.customId);
-      else seq++;
+      else {
+        seq++;
+        if (row.predicted !== null) predicted++;
+      }
     }
     batch = [];
   });
@@ -113,7 +118,8 @@ export async function ingestRun(deps: Deps, runId: string, signal?: AbortSignal)
           noteError(raw.lineNo, 'model_not_found', unserved, parsed.custom_id);
         } else {
           const request = JSON.stringify(parsed.params ? { messages: parsed.messages, params: parsed.params } : { messages: parsed.messages });
-          batch.push({ lineNo: raw.lineNo, customId: parsed.custom_id, request });
+          const old = parsed.old_answer_chars;
+          batch.push({ lineNo: raw.lineNo, customId: parsed.custom_id, request, predicted: old === null ? null : Math.round(old / CHARS_PER_TOKEN) });
         }
       }
       if (failFast && invalid > 0) {
@@ -181,7 +187,8 @@ export async function ingestRun(deps: Deps, runId: string, signal?: AbortSignal)
   const queued = db.transaction((tx) => {
     if (getRun(tx, runId)?.status !== 'validating') return false;
     shardCount = insertShardLayout(tx, runId, run.shardSize, seq);
-    setRunValidation(tx, runId, { ...listed, total: seq, pending: seq, shardsTotal: shardCount });
+    markCalibration(tx, runId, calibrationSeqs(runId, seq, run.calibrationSamples));
+    setRunValidation(tx, runId, { ...listed, total: seq, pending: seq, shardsTotal: shardCount, predictedSamples: predicted });
     return transitionRun(tx, runId, ['validating'], 'queued', now, {
       statusReason: invalid ? `${invalid} invalid line(s) skipped` : null,
     });

@@ -1,0 +1,195 @@
+// The forecast: how many tokens a run will generate, how long it will take on the fleet, and how
+// sure that is. Pure: the runner gathers the figures (runner/forecasts.ts), the API renders them.
+
+/**
+ * The calibration slice a run gets unless it asks otherwise. 200 answers put the standard error of
+ * the mean length near 7% even for reasoning lengths whose spread equals their mean (1/√200), well
+ * inside the bootstrap interval an operator plans with, and they take one to three waves of a
+ * typical fleet (caps of 64 to 256 in flight), so the forecast comes within the run's first minutes.
+ */
+export const DEFAULT_CALIBRATION_SAMPLES = 200;
+/** The largest slice a run may ask for: its lengths are kept in memory and resampled at every forecast. */
+export const MAX_CALIBRATION_SAMPLES = 10_000;
+/** Bootstrap resamples of the slice's lengths behind low/high: enough for steady 5th and 95th percentiles. */
+export const BOOTSTRAP_RESAMPLES = 500;
+/** The interval's quantiles: a 90% interval. */
+export const LOW_QUANTILE = 0.05;
+export const HIGH_QUANTILE = 0.95;
+/**
+ * Fewest slice answers the remaining samples' mean rests on: once fewer lie ahead of the dispatch
+ * frontier, the nearest ones behind it make up the number.
+ */
+export const MIN_AHEAD = 10;
+
+/**
+ * Characters a token, to read an old answer's length in tokens: about four for English text under
+ * the BPE tokenizers of the Qwen and Llama families (and what the simulator counts). Only the
+ * ranking of samples by length rests on it, not the forecast.
+ */
+export const CHARS_PER_TOKEN = 4;
+
+/** 32-bit FNV-1a: a stable seed from a run id, so a restart picks the same slice. */
+function hash(text: string): number {
+  let h = 0x811c9dc5;
+  for (let i = 0; i < text.length; i++) {
+    h ^= text.charCodeAt(i);
+    h = Math.imul(h, 0x01000193);
+  }
+  return h >>> 0;
+}
+
+/** mulberry32: a small seeded generator, uniform on [0, 1). */
+export function seededRandom(seed: string): () => number {
+  let a = hash(seed);
+  return () => {
+    a = (a + 0x6d2b79f5) >>> 0;
+    let t = a;
+    t = Math.imul(t ^ (t >>> 15), t | 1);
+    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
+    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
+  };
+}
+
+/**
+ * The slice's input positions: the input cut into `k` equal strata, one uniformly random position
+ * in each, so the slice covers the whole input however it is ordered (by source, length,
+ * difficulty). Seeded from the run id: the same run always gets the same slice.
+ */
+export function calibrationSeqs(runId: string, total: number, k: number): number[] {
+  const n = Math.min(k, total);
+  const random = seededRandom(runId);
+  const seqs: number[] = [];
+  for (let i = 0; i < n; i++) {
+    const from = Math.floor((i * total) / n);
+    const to = Math.floor(((i + 1) * total) / n);
+    seqs.push(from + Math.floor(random() * (to - from)));
+  }
+  return seqs;
+}
+
+/** What the forecast is made from. */
+export interface ForecastInput {
+  /** The whole input is forecast as if not started (a dry run); otherwise what is left of it. */
+  whole: boolean;
+  total: number;
+  /** Samples not yet terminal (pending and in flight). */
+  remaining: number;
+  /** Completion tokens generated so far. */
+  completionTokens: number;
+  /** The slice's answered samples as [input position, completion tokens], in input order. */
+  slice: readonly (readonly [number, number])[];
+  /** Slice samples not answered yet: until MIN_AHEAD are, there is no forecast. */
+  sliceOpen: number;
+  /** The furthest input position dispatched outside the slice (-1 before any): what lies beyond is all still to do. */
+  frontier: number;
+  /** The fleet's completion tokens a second for this run, each endpoint at its cap; 0 when not measured yet. */
+  tokensPerSecond: number;
+  /** Endpoints behind that rate. */
+  endpoints: number;
+  elapsedSeconds: number;
+  deadlineSeconds: number | null;
+  now: number;
+}
+
+/** The forecast as the runner stores it (timestamps in ms); the API renders it. */
+export interface StoredForecast {
+  at: number;
+  based_on_samples: number;
+  completion_tokens_estimate: number;
+  completion_tokens_remaining: number;
+  wall_seconds_estimate: number | null;
+  wall_seconds_remaining: number | null;
+  low: number | null;
+  high: number | null;
+  finishes_at: number | null;
+  endpoints_for_deadline: number | null;
+  fleet: { endpoints: number; completion_tokens_per_second: number };
+}
+
+/**
+ * The slice answers that stand for the samples still to do: those beyond the dispatch frontier,
+ * one per stratum there, so a random sample of what is left even when the input is ordered; at
+ * least MIN_AHEAD of them, the nearest behind the frontier making up the number.
+ */
+export function aheadOf(slice: readonly (readonly [number, number])[], frontier: number): number[] {
+  let lo = 0;
+  let hi = slice.length;
+  while (lo < hi) {
+    const mid = (lo + hi) >> 1;
+    if (slice[mid][0] <= frontier) lo = mid + 1;
+    else hi = mid;
+  }
+  const from = Math.max(0, Math.min(lo, slice.length - MIN_AHEAD));
+  return slice.slice(from).map(([, tokens]) => tokens);
+}
+
+/** Seconds to a tenth: a test run takes seconds, a real one days. */
+const tenths = (s: number) => Math.round(s * 10) / 10;
+
+const mean = (xs: readonly number[]) => xs.reduce((a, b) => a + b, 0) / xs.length;
+
+/** The 5th and 95th percentiles of the mean of `lengths`, over BOOTSTRAP_RESAMPLES resamples with replacement. */
+export function bootstrapMean(lengths: readonly number[], random: () => number): { low: number; high: number } {
+  const means = new Float64Array(BOOTSTRAP_RESAMPLES);
+  const n = lengths.length;
+  for (let b = 0; b < BOOTSTRAP_RESAMPLES; b++) {
+    let sum = 0;
+    for (let i = 0; i < n; i++) sum += lengths[Math.floor(random() * n)];
+    means[b] = sum / n;
+  }
+  means.sort();
+  const at = (q: number) => means[Math.min(BOOTSTRAP_RESAMPLES - 1, Math.floor(q * BOOTSTRAP_RESAMPLES))];
+  return { low: at(LOW_QUANTILE), high: at(HIGH_QUANTILE) };
+}
+
+/**
+ * The forecast, or null while there is nothing to base it on (fewer than MIN_AHEAD slice answers
+ * while the slice is being answered, or no completion).
+ * Remaining tokens are the samples left times the mean length of the slice answers ahead of the
+ * frontier (the completed in-order samples are not used for it: in an ordered input they are a
+ * biased sample); without a slice, the mean of everything completed stands in, with no interval.
+ * Wall time is remaining tokens over the fleet's measured token rate at its caps.
+ */
+export function computeForecast(f: ForecastInput, random: () => number): StoredForecast | null {
+  if (f.sliceOpen > 0 && f.slice.length < MIN_AHEAD) return null;
+  const done = f.whole ? 0 : f.completionTokens;
+  const left = f.whole ? f.total : f.remaining;
+  const ahead = aheadOf(f.slice, f.whole ? -1 : f.frontier);
+  let meanLength: number;
+  let band: { low: number; high: number } | null = null;
+  let basedOn: number;
+  if (ahead.length > 0) {
+    meanLength = mean(ahead);
+    band = bootstrapMean(ahead, random);
+    basedOn = ahead.length;
+  } else {
+    const completed = f.total - f.remaining;
+    if (completed <= 0 || f.completionTokens <= 0) return null;
+    meanLength = f.completionTokens / completed;
+    basedOn = completed;
+  }
+  const tokensLeft = left * meanLength;
+  const rate = f.tokensPerSecond;
+  const wall = (tokens: number) => (rate > 0 ? tokens / rate : null);
+  const remaining = wall(tokensLeft);
+  const elapsed = f.whole ? 0 : f.elapsedSeconds;
+  let endpointsForDeadline: number | null = null;
+  if (f.deadlineSeconds !== null && rate > 0 && f.endpoints > 0) {
+    const timeLeft = f.deadlineSeconds - elapsed;
+    const perEndpoint = rate / f.endpoints;
+    if (timeLeft > 0) endpointsForDeadline = Math.max(1, Math.ceil(tokensLeft / perEndpoint / timeLeft));
+  }
+  return {
+    at: f.now,
+    based_on_samples: basedOn,
+    completion_tokens_estimate: Math.round(done + tokensLeft),
+    completion_tokens_remaining: Math.round(tokensLeft),
+    wall_seconds_estimate: remaining === null ? null : tenths(elapsed + remaining),
+    wall_seconds_remaining: remaining === null ? null : tenths(remaining),
+    low: remaining === null ? null : tenths(band ? wall(left * band.low)! : remaining),
+    high: remaining === null ? null : tenths(band ? wall(left * band.high)! : remaining),
+    finishes_at: remaining === null ? null : Math.round(f.now + remaining * 1000),
+    endpoints_for_deadline: endpointsForDeadline,
+    fleet: { endpoints: f.endpoints, completion_tokens_per_second: Math.round(rate) },
+  };
+}

@@ -1,0 +1,165 @@
+import type { RunnerDeps } from '../deps.js';
+import { saveForecast } from '../db/forecasts.js';
+import { calibrationAnswers, dispatchFrontier, type SliceAnswer } from '../db/samples.js';
+import type { RunRow } from '../db/schema.js';
+import { computeForecast, seededRandom, type StoredForecast } from '../domain/forecast.js';
+import type { EndpointPool } from './endpoints.js';
+import { RateWindow } from './rates.js';
+
+/** How often a run's forecast is computed: each costs a few index reads and a bootstrap of the slice. */
+const FORECAST_MS = 1000;
+/**
+ * The forecast history keeps a point at most this often, and at most every 1/HISTORY_POINTS of the
+ * run's elapsed time, so a run of days keeps a few thousand points (≈ HISTORY_POINTS × ln of its
+ * length over this interval), not one a second.
+ */
+const HISTORY_MIN_MS = 5000;
+const HISTORY_POINTS = 200;
+
+/** An endpoint's calibration answers need this many before their speed stands for the endpoint's. */
+const MIN_SLICE_ANSWERS = 10;
+
+/**
+ * A run's calibration slice as last read: re-read while some of it is still open, kept once it is
+ * all answered. `speed`: per endpoint, completion tokens over request-milliseconds of its slice answers.
+ */
+interface Slice {
+  answered: SliceAnswer[];
+  lengths: [number, number][];
+  speed: Map<string, number>;
+  open: number;
+}
+
+function readSlice(answered: SliceAnswer[], open: number): Slice {
+  const sums = new Map<string, { tokens: number; ms: number; n: number }>();
+  for (const [, tokens, ms, endpointId] of answered) {
+    const s = sums.get(endpointId) ?? { tokens: 0, ms: 0, n: 0 };
+    s.tokens += tokens;
+    s.ms += ms;
+    s.n++;
+    sums.set(endpointId, s);
+  }
+  const speed = new Map<string, number>();
+  for (const [id, s] of sums) if (s.n >= MIN_SLICE_ANSWERS && s.ms > 0) speed.set(id, s.tokens / s.ms);
+  return { answered, lengths: answered.map(([seq, tokens]) => [seq, tokens]), speed, open };
+}
+
+/**
+ * The forecasts of the runs being dispatched: each endpoint's measured token rate for each run, the
+ * calibration slice's lengths (bounded by the slice's size; read back from the database after a
+ * restart), and the latest forecast, stored on the run's row with a point of history every so often.
+ */
+export class Forecasts {
+  /** Per run, per endpoint: completion tokens and request-milliseconds of its answers over the last minute. */
+  private readonly windows = new Map<string, Map<string, RateWindow>>();
+  private readonly slices = new Map<string, Slice>();
+  private readonly latest = new Map<string, StoredForecast>();
+  private readonly computedAt = new Map<string, number>();
+  private readonly savedAt = new Map<string, number>();
+
+  constructor(
+    private readonly deps: RunnerDeps,
+    private readonly pool: EndpointPool,
+  ) {}
+
+  /** An endpoint answered a sample of a run after `latencyMs` with `tokens` completion tokens. */
+  answered(runId: string, endpointId: string, tokens: number, latencyMs: number, now: number): void {
+    let perEndpoint = this.windows.get(runId);
+    if (!perEndpoint) this.windows.set(runId, (perEndpoint = new Map()));
+    let w = perEndpoint.get(endpointId);
+    if (!w) perEndpoint.set(endpointId, (w = new RateWindow()));
+    // The window's "samples" count request-milliseconds here: tokens over them is one slot's speed.
+    w.add(now, latencyMs, tokens);
+  }
+
+  get(runId: string): StoredForecast | null {
+    return this.latest.get(runId) ?? null;
+  }
+
+  forget(runId: string): void {
+    for (const m of [this.windows, this.slices, this.latest, this.computedAt, this.savedAt]) m.delete(runId);
+  }
+
+  /** The run's slice, read again while part of it is still to be answered. */
+  slice(runId: string): Slice {
+    const known = this.slices.get(runId);
+    if (known && known.open === 0) return known;
+    const { answered, open } = calibrationAnswers(this.deps.db, runId);
+    const fresh = readSlice(answered, open);
+    this.slices.set(runId, fresh);
+    return fresh;
+  }
+
+  /**
+   * The fleet's completion tokens a second for a run, each endpoint at its cap: by Little's law an
+   * endpoint holding `cap` requests finishes cap / (mean latency) of them a second, so its rate is
+   * cap × (tokens / request-seconds) of its answers. Those are its calibration answers when it gave
+   * enough of them: their lengths are a random sample of the input's, where the recent answers of an
+   * ordered input are all short (a request's fixed cost weighs more) or all long. Else its answers
+   * of the last minute. Summed over the ready endpoints serving the run that have answered it.
+   */
+  fleetRate(run: RunRow, now: number): { tokensPerSecond: number; endpoints: number } {
+    const perEndpoint = this.windows.get(run.id);
+    const sliceSpeed = this.slice(run.id).speed;
+    let tokensPerSecond = 0;
+    let endpoints = 0;
+    for (const e of this.pool.live.values()) {
+      if (!e.dispatchable || !e.serves(run.model)) continue;
+      let perMs = sliceSpeed.get(e.row.id);
+      if (perMs === undefined) {
+        const r = perEndpoint?.get(e.row.id)?.rates(now);
+        if (!r || r.samples <= 0 || r.tokens <= 0) continue;
+        perMs = r.tokens / r.samples;
+      }
+      tokensPerSecond += this.pool.capOf(e) * perMs * 1000;
+      endpoints++;
+    }
+    return { tokensPerSecond, endpoints };
+  }
+
+  /** Computes the forecast of each run being dispatched, at most once a FORECAST_MS each. */
+  update(active: readonly RunRow[]): void {
+    const now = this.deps.clock();
+    for (const run of active) {
+      if (run.status !== 'in_progress' || run.total === 0) continue;
+      if (now - (this.computedAt.get(run.id) ?? -Infinity) < FORECAST_MS) continue;
+      this.compute(run, now);
+    }
+  }
+
+  /** Computes a run's forecast now and stores it; `final` writes a point of history whatever the interval. */
+  compute(run: RunRow, now: number, final = false): StoredForecast | null {
+    this.computedAt.set(run.id, now);
+    const { tokensPerSecond, endpoints } = this.fleetRate(run, now);
+    const slice = this.slice(run.id);
+    const forecast = computeForecast(
+      {
+        whole: run.dryRun,
+        total: run.total,
+        remaining: run.pending + run.inProgress,
+        completionTokens: run.completionTokens,
+        slice: slice.lengths,
+        sliceOpen: slice.open,
+        frontier: run.dryRun ? -1 : dispatchFrontier(this.deps.db, run.id),
+        tokensPerSecond,
+        endpoints,
+        elapsedSeconds: run.startedAt ? (now - run.startedAt) / 1000 : 0,
+        deadlineSeconds: run.deadlineSeconds,
+        now,
+      },
+      // Seeded per run and moment: the same figures give the same interval.
+      seededRandom(`${run.id}:${now}`),
+    );
+    if (!forecast) return null;
+    this.latest.set(run.id, forecast);
+    const last = this.savedAt.get(run.id);
+    const elapsed = run.startedAt ? now - run.startedAt : 0;
+    const due = final || last === undefined || now - last >= Math.max(HISTORY_MIN_MS, elapsed / HISTORY_POINTS);
+    if (due) {
+      const done = run.completed + run.failed + run.cancelled;
+      saveForecast(this.deps.db, run.id, forecast, { fraction: run.total ? done / run.total : 0 });
+      this.savedAt.set(run.id, now);
+    }
+    return forecast;
+  }
+}
