@@ -6,7 +6,7 @@ import { fileURLToPath } from 'node:url';
 // The published entry point, by the package's own name, as another service imports it.
 import { createRegenClient, RegenApiError, unwrap, type RegenClient } from 'regen/client';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { startTestServer, tempDir } from './support/server.js';
+import { startTestServer, tempDir, waitFor } from './support/server.js';
 
 const ROOT = fileURLToPath(new URL('..', import.meta.url));
 const TOKEN = 'client-test-token';
@@ -49,6 +49,11 @@ describe('regen/client', () => {
     expect(run).toMatchObject({ id: created.id, name: 'typed', model: 'sim-model' });
     const list = await unwrap(client.GET('/v1/runs', { params: { query: { limit: 10 } } }));
     expect(list.data.map((r) => r.id)).toContain(created.id);
+    // A run validates its input before it can be paused: wait for it to be queued.
+    await waitFor('the run queued', async () => {
+      const r = await unwrap(client.GET('/v1/runs/{id}', { params: { path: { id: created.id } } }));
+      return r.status === 'queued' ? r : undefined;
+    });
     const paused = await unwrap(client.POST('/v1/runs/{id}/pause', { params: { path: { id: created.id } } }));
     expect(paused.status).toBe('paused');
   });
