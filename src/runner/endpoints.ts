@@ -9,7 +9,7 @@ import type { Logger } from '../logger.js';
 import { capInUse, type CapSource, type ServerCapacity } from '../domain/concurrency.js';
 import { AdaptiveCap, serverCeiling, type Load } from './capacity.js';
 import { backoffMs, firstProbeDelayMs, probeBackoff } from './failure-policy.js';
-import { agentFetch, endpointAgent, streamPost, type StreamRequest } from './http-fetch.js';
+import { agentFetch, endpointAgent, streamPost, type StreamRequest, type WholeAnswer } from './http-fetch.js';
 import { LatencyRing, RateWindow } from './rates.js';
 import { parseLoads, parseMetrics, parseModels, parseServerInfo } from './server-info.js';
 import { IDLE_ENDPOINT, type EndpointLive } from './view.js';
@@ -72,7 +72,7 @@ export class LiveEndpoint {
   }
 
   /** A streamed chat completion on this endpoint's connections (see streamPost). */
-  streamChat(body: Record<string, unknown>, r: Omit<StreamRequest, 'url' | 'headers' | 'body'>): Promise<void> {
+  streamChat(body: Record<string, unknown>, r: Omit<StreamRequest, 'url' | 'headers' | 'body'>): Promise<WholeAnswer | undefined> {
     const headers: Record<string, string> = this.row.apiKey ? { authorization: `Bearer ${this.row.apiKey}` } : {};
     return streamPost(this.agent, { ...r, url: `${this.row.url}/v1/chat/completions`, headers, body: JSON.stringify(body) });
   }

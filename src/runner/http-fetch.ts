@@ -183,20 +183,28 @@ export interface StreamRequest {
 
 const DONE = '[DONE]';
 
+/** A 200 answer given as one JSON body where a stream was asked for. */
+export interface WholeAnswer {
+  body: unknown;
+}
+
 /**
  * A POST whose 200 answer is read as server-sent events as they arrive, over the endpoint's
  * keep-alive agent. Parsed here rather than by the openai client's stream: that one wants a web
  * ReadableStream (Response.body) and decodes it line by line through async iterators, the very
  * plumbing agentFetch exists to avoid. Rejects with the openai client's own errors (APIError by
  * status, APIConnectionError, APIConnectionTimeoutError, APIUserAbortError), so classifyError
- * reads a streamed failure as it reads a buffered one. Resolves once `[DONE]` has come.
+ * reads a streamed failure as it reads a buffered one. Resolves once `[DONE]` has come, with
+ * undefined; or, when the server ignored `stream: true` and answered one JSON body (an
+ * OpenAI-compatible server need not stream), with `{body}`, for the caller to read as a buffered answer.
  */
-export function streamPost(agent: http.Agent | https.Agent, r: StreamRequest): Promise<void> {
-  return new Promise<void>((resolve, reject) => {
+export function streamPost(agent: http.Agent | https.Agent, r: StreamRequest): Promise<WholeAnswer | undefined> {
+  return new Promise<WholeAnswer | undefined>((resolve, reject) => {
     if (r.signal.aborted) return reject(new APIUserAbortError());
     const url = new URL(r.url);
     const mod = url.protocol === 'https:' ? https : http;
     let settled = false;
+    let req: http.ClientRequest;
     // A stream read to its end leaves its socket to the agent for the next request; any other end closes it.
     const finish = (fn: () => void, keepSocket = false) => {
       if (settled) return;
@@ -207,20 +215,36 @@ export function streamPost(agent: http.Agent | https.Agent, r: StreamRequest): P
       fn();
     };
     const connectionError = (cause: Error) => finish(() => reject(new APIConnectionError({ cause })));
-    const req = mod.request(
-      url,
-      { method: 'POST', headers: { ...r.headers, 'content-type': 'application/json', accept: 'text/event-stream' }, agent },
-      (res) => {
+    // As in agentFetch: a reused keep-alive socket the server closed while idle fails before the
+    // server read a byte of the request, and that request is sent again, once, on a new connection.
+    const send = (retried: boolean) => {
+      let answered = false;
+      req = mod.request(url, { method: 'POST', headers: { ...r.headers, 'content-type': 'application/json', accept: 'text/event-stream' }, agent }, (res) => {
+        answered = true;
         const status = res.statusCode ?? 502;
         res.setEncoding('utf8');
-        if (status !== 200) {
+        const sse = /^text\/event-stream\b/i.test(res.headers['content-type'] ?? '');
+        if (status !== 200 || !sse) {
           let text = '';
+          let size = 0;
+          const limit = status === 200 ? MAX_RESPONSE_BYTES : MAX_ERROR_BODY_CHARS;
           res.on('data', (c: string) => {
-            if (text.length < MAX_ERROR_BODY_CHARS) text += c;
+            size += c.length;
+            if (size > MAX_RESPONSE_BYTES) return connectionError(new Error(`answer larger than ${MAX_RESPONSE_BYTES} bytes`));
+            if (text.length < limit) text += c;
           });
-          res.on('end', () =>
-            finish(() => reject(APIError.generate(status, JSON.parse(errorBodyForClient(Buffer.from(text))), undefined, new Headers())), true),
-          );
+          res.on('end', () => {
+            if (status !== 200) {
+              return finish(() => reject(APIError.generate(status, JSON.parse(errorBodyForClient(Buffer.from(text))), undefined, new Headers())), true);
+            }
+            let body: unknown;
+            try {
+              body = JSON.parse(text);
+            } catch {
+              return connectionError(new Error('a 200 answer that is neither server-sent events nor JSON'));
+            }
+            finish(() => resolve({ body }), true);
+          });
           res.on('error', connectionError);
           return;
         }
@@ -234,7 +258,7 @@ export function streamPost(agent: http.Agent | https.Agent, r: StreamRequest): P
           while (end >= 0 && !settled) {
             const data = eventData(pending.slice(0, end));
             pending = pending.slice(end + 2);
-            if (data === DONE) return finish(resolve, true);
+            if (data === DONE) return finish(() => resolve(undefined), true);
             if (data !== null) {
               try {
                 r.onData(data);
@@ -248,14 +272,20 @@ export function streamPost(agent: http.Agent | https.Agent, r: StreamRequest): P
         // A stream that stops before [DONE] lost its connection: what came is not a whole answer.
         res.on('end', () => connectionError(new Error('the stream ended before data: [DONE]')));
         res.on('error', connectionError);
-      },
-    );
-    req.on('error', connectionError);
+      });
+      const sent = req;
+      req.on('error', (err) => {
+        const code = (err as NodeJS.ErrnoException).code;
+        if (!retried && !answered && !settled && !r.signal.aborted && sent.reusedSocket && (code === 'ECONNRESET' || code === 'EPIPE')) return send(true);
+        connectionError(err);
+      });
+      req.end(r.body);
+    };
     const onAbort = () => finish(() => reject(new APIUserAbortError()));
     r.signal.addEventListener('abort', onAbort, { once: true });
     // The whole answer must come within the run's timeout, as with a buffered request.
     const timer = setTimeout(() => finish(() => reject(new APIConnectionTimeoutError())), r.timeoutMs);
-    req.end(r.body);
+    send(false);
   });
 }
 

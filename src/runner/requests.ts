@@ -112,27 +112,30 @@ export class Requests {
     f.streamed = streamed;
     const content = new LoopWatch();
     const reasoning = new LoopWatch();
-    return f.endpoint
-      .streamChat(
-        { ...body, stream: true, stream_options: { include_usage: true } },
-        {
-          signal: f.controller.signal,
-          timeoutMs: f.run.requestTimeoutMs,
-          onData: (data) => {
-            let added: ReturnType<StreamedAnswer['add']>;
-            try {
-              added = streamed.add(data);
-            } catch {
-              throw APIError.generate(BAD_EVENT_STATUS, { error: { message: 'the endpoint streamed an event that is not JSON' } }, undefined, new Headers());
-            }
-            if ('status' in added) throw APIError.generate(added.status, { error: added.error }, undefined, new Headers());
-            // Both watches see every piece: a loop in the reasoning is cut as one in the answer is.
-            const looped = content.add(added.content);
-            if (reasoning.add(added.reasoning) || looped) this.abort(f, 'loop');
+    return (
+      f.endpoint
+        .streamChat(
+          { ...body, stream: true, stream_options: { include_usage: true } },
+          {
+            signal: f.controller.signal,
+            timeoutMs: f.run.requestTimeoutMs,
+            onData: (data) => {
+              let added: ReturnType<StreamedAnswer['add']>;
+              try {
+                added = streamed.add(data);
+              } catch {
+                throw APIError.generate(BAD_EVENT_STATUS, { error: { message: 'the endpoint streamed an event that is not JSON' } }, undefined, new Headers());
+              }
+              if ('status' in added) throw APIError.generate(added.status, { error: added.error }, undefined, new Headers());
+              // Both watches see every piece: a loop in the reasoning is cut as one in the answer is.
+              const looped = content.add(added.content);
+              if (reasoning.add(added.reasoning) || looped) this.abort(f, 'loop');
+            },
           },
-        },
-      )
-      .then(() => streamed.response());
+        )
+        // A server that answered with one JSON body, not a stream, gave the buffered answer itself.
+        .then((whole) => (whole ? whole.body : streamed.response()))
+    );
   }
 
   private attempt(f: Flight): Attempt {
