@@ -19,4 +19,4 @@ ALTER TABLE `runs` ADD `predicted_samples` integer DEFAULT 0 NOT NULL;--> statem
 ALTER TABLE `runs` ADD `forecast` text;--> statement-breakpoint
 ALTER TABLE `samples` ADD `calibration` integer DEFAULT false NOT NULL;--> statement-breakpoint
 ALTER TABLE `samples` ADD `predicted_tokens` integer;--> statement-breakpoint
-CREATE INDEX `samples_calibration_idx` ON `samples` (`run_id`,`seq`) WHERE calibration = 1;
+CREATE INDEX `samples_calibration_idx` ON `samples` (`run_id`,`status`,`seq`) WHERE calibration = 1;

@@ -212,6 +212,34 @@ describe('the forecast against real runs on simulator processes', () => {
     expect(field('deadline 8s')).toMatch(/^[2-4] endpoint\(s\) like the current ones$/);
   });
 
+  it('a dry run paused once its whole slice is claimed ends when resumed', async () => {
+    // Two-second answers, a slice smaller than the cap: one claim takes all of it, and the pause
+    // lands while every slice sample is in flight, so nothing of the slice is left to claim after.
+    const SLICE = 16;
+    const slow = await uploadFile(
+      server.url,
+      Array.from({ length: 100 }, (_, i) => JSON.stringify({ custom_id: `p-${i}`, messages: [{ role: 'user', content: `q ${i} [len=2000]` }] })).join('\n'),
+    );
+    const dry = await createRun(server.url, { ...body({ dry_run: true, calibration: { samples: SLICE } }), input: { file_id: slow } });
+    await waitFor(
+      'the whole slice in flight',
+      async () => ((await call(server.url, `/v1/runs/${dry.id}`)).body.request_counts.in_progress === SLICE ? true : undefined),
+      30_000,
+      50,
+    );
+    expect((await call(server.url, `/v1/runs/${dry.id}/pause`, { method: 'POST', json: {} })).status).toBe(200);
+    const paused = await waitFor('the slice answered while paused', async () => {
+      const r = (await call(server.url, `/v1/runs/${dry.id}`)).body;
+      return r.request_counts.completed === SLICE ? r : undefined;
+    });
+    expect(paused.status).toBe('paused');
+    expect((await call(server.url, `/v1/runs/${dry.id}/resume`, { method: 'POST', json: {} })).status).toBe(200);
+    const done = await waitForStatus(server.url, dry.id, ['completed', 'failed', 'cancelled'], 30_000);
+    expect(done.status).toBe('completed');
+    expect(done.request_counts).toMatchObject({ completed: SLICE, cancelled: 100 - SLICE });
+    expect(done.forecast.based_on_samples).toBe(SLICE);
+  });
+
   it('refuses a dry run without a slice, naming the field', async () => {
     const res = await call(server.url, '/v1/runs', { method: 'POST', json: body({ dry_run: true, calibration: { samples: 0 } }) });
     expect(res.status).toBe(422);

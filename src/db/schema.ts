@@ -209,7 +209,7 @@ export const samples = sqliteTable(
     index('samples_claim_idx').on(t.runId, t.status, t.seq),
     index('samples_run_seq_idx').on(t.runId, t.seq),
     // The slice only (at most a few hundred rows a run): its claim, and its lengths read back after a restart.
-    index('samples_calibration_idx').on(t.runId, t.seq).where(sql`calibration = 1`),
+    index('samples_calibration_idx').on(t.runId, t.status, t.seq).where(sql`calibration = 1`),
     // The quality histograms count each bucket as a range of one of these, never reading a row
     // (rows carry the requests): one narrow index per measured column, completed samples only.
     index('samples_completion_tokens_idx').on(t.runId, t.completionTokens).where(sql`status = 'completed'`),

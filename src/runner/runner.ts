@@ -224,8 +224,11 @@ export class Runner implements RunnerView {
    */
   private endDryRuns(): void {
     for (const run of this.active) {
-      if (!run.dryRun || run.status !== 'in_progress' || run.pending === 0) continue;
+      if (!run.dryRun || (run.status !== 'in_progress' && run.status !== 'queued') || run.pending === 0) continue;
       if (this.forecasts.slice(run.id).open > 0) continue;
+      // A dry run paused once its slice was all claimed comes back queued with nothing left for a
+      // claim to take, and a claim is what moves a run to in_progress: this ends it instead.
+      this.started(run);
       this.forecasts.compute(run, this.deps.clock(), true);
       cancelPendingSamples(this.deps.db, run.id);
       this.deps.logger.info({ run_id: run.id }, 'dry run: calibration slice answered');
