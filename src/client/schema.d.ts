@@ -800,6 +800,7 @@ export interface components {
         };
         /** @description Where the run's events go and how their delivery stands; null when they go nowhere */
         RunWebhook: {
+            /** @description The run's own webhook URL; for the server's default, its origin only: such a URL often carries a token, and it is the operator's, not the caller's */
             url: string;
             /**
              * @description `run`: the run's own webhook; `server`: the server's default (REGEN_WEBHOOK_URL), signed with the server's key

@@ -87,7 +87,7 @@ export function renderRun(r: RunRow, live: RunProgress, now: number): Run {
     manifest_uri: r.manifestKey ? joinUri(r.outputUri, r.manifestKey) : null,
     webhook: r.webhookUrl
       ? {
-          url: r.webhookUrl,
+          url: r.webhookSecret ? r.webhookUrl : new URL(r.webhookUrl).origin,
           source: r.webhookSecret ? 'run' : 'server',
           secret_set: true,
           deliveries: { pending: r.webhookPending, delivered: r.webhookDelivered, failed: r.webhookFailed },

@@ -101,7 +101,10 @@ export const RunStatus = z.enum(RUN_STATUSES).openapi('RunStatus');
 
 export const RunWebhook = z
   .object({
-    url: z.string(),
+    url: z.string().openapi({
+      description:
+        "The run's own webhook URL; for the server's default, its origin only: such a URL often carries a token, and it is the operator's, not the caller's",
+    }),
     source: z
       .enum(['run', 'server'])
       .openapi({ description: "`run`: the run's own webhook; `server`: the server's default (REGEN_WEBHOOK_URL), signed with the server's key" }),
