@@ -15,7 +15,11 @@ export function enqueueEvent(db: DbOrTx, e: { runId: string | null; url: string;
 
 /** The event of a run's move to `to`, when the run has a webhook. */
 export function enqueueRunEvent(db: DbOrTx, runId: string, to: WebhookRunStatus, reason: string | null, now: number): void {
-  const run = db.select({ id: runs.id, url: runs.webhookUrl, batchId: runs.batchId, expiredAt: runs.expiredAt }).from(runs).where(eq(runs.id, runId)).get();
+  const run = db
+    .select({ id: runs.id, url: runs.webhookUrl, batchId: runs.batchId, expiredAt: runs.expiredAt, dryRun: runs.dryRun })
+    .from(runs)
+    .where(eq(runs.id, runId))
+    .get();
   if (!run?.url) return;
   enqueueEvent(db, { runId, url: run.url, ...runEvent(run, to, reason) }, now);
 }

@@ -32,14 +32,18 @@ export function isWebhookRunStatus(s: RunStatus): s is WebhookRunStatus {
 
 /** What the event of a run's move says: for a batch's run, OpenAI's batch event (a pause has none, so it stays a run's). */
 export function runEvent(
-  run: { id: string; batchId: string | null; expiredAt: number | null },
+  run: { id: string; batchId: string | null; expiredAt: number | null; dryRun: boolean },
   to: WebhookRunStatus,
   reason: string | null,
 ): { type: WebhookEventType; data: Record<string, unknown> } {
   if (run.batchId && to !== 'paused') {
     return { type: to === 'cancelled' && run.expiredAt !== null ? 'batch.expired' : `batch.${to}`, data: { id: run.batchId } };
   }
-  return { type: `run.${to}`, data: { id: run.id, ...(run.batchId ? { batch_id: run.batchId } : {}), status_reason: reason } };
+  // A dry run's completion is a forecast, not output to take: its receivers must be able to tell.
+  return {
+    type: `run.${to}`,
+    data: { id: run.id, ...(run.batchId ? { batch_id: run.batchId } : {}), ...(run.dryRun ? { dry_run: true } : {}), status_reason: reason },
+  };
 }
 
 /** The body as sent, byte for byte on every attempt: the signature covers it. */

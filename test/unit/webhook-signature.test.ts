@@ -1,5 +1,5 @@
 import { describe, expect, it } from 'vitest';
-import { isWebhookSecret, signatureHeaders } from '../../src/domain/webhooks.js';
+import { isWebhookSecret, runEvent, signatureHeaders } from '../../src/domain/webhooks.js';
 
 // The test vector the Standard Webhooks specification's libraries share: matching it is what lets
 // a receiver verify regen's events with any of them.
@@ -35,5 +35,14 @@ describe('webhook signatures', () => {
     expect(isWebhookSecret(`whsec_${b64(65)}`)).toBe(false);
     expect(isWebhookSecret(b64(32))).toBe(false);
     expect(isWebhookSecret('whsec_not base64 at all, but long enough!!')).toBe(false);
+  });
+});
+
+describe('run events', () => {
+  const run = { id: 'run_1', batchId: null, expiredAt: null, dryRun: false };
+
+  it("mark a dry run's, whose completion is a forecast and no output to take", () => {
+    expect(runEvent(run, 'completed', null)).toEqual({ type: 'run.completed', data: { id: 'run_1', status_reason: null } });
+    expect(runEvent({ ...run, dryRun: true }, 'completed', null).data).toMatchObject({ dry_run: true });
   });
 });
