@@ -88,6 +88,16 @@ describe('computeForecast', () => {
     expect(high).toBeGreaterThan(460);
     expect(high).toBeLessThan(500);
   });
+
+  it('takes the normal approximation of the same interval for a large slice, without resampling', () => {
+    const lengths = Array.from({ length: 5000 }, (_, i) => (i % 10) * 100);
+    const { low, high } = bootstrapMean(lengths, () => {
+      throw new Error('no resampling past BOOTSTRAP_MAX_LENGTHS');
+    });
+    // Mean 450, standard error ≈ 287 / √5000 ≈ 4.06: 1.645 of them either side.
+    expect(low).toBeCloseTo(450 - 6.68, 1);
+    expect(high).toBeCloseTo(450 + 6.68, 1);
+  });
 });
 
 // Answers from 40 to 400 tokens, in input order: the old ETA, from the first (short) answers' rate in
