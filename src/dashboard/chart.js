@@ -1,6 +1,7 @@
 // @ts-check
-// The throughput chart of a run page: samples/s (filled) and completion tokens/s (line, right
-// axis) over the time the page has been watching, one point per progress event.
+// The charts of a run page: throughput, samples/s (filled) and completion tokens/s (line, right
+// axis) over the time the page has been watching, one point per progress event; and the projected
+// finish over the run, from the server's forecast history.
 
 const PAD = { left: 52, right: 64, top: 12, bottom: 26 };
 
@@ -19,6 +20,26 @@ const short = (v) =>
   v >= 10_000 ? `${(v / 1000).toFixed(0)}k` : v >= 1000 ? `${(v / 1000).toFixed(1)}k` : v >= 10 ? v.toFixed(0) : String(Number(v.toPrecision(3)));
 /** @param {number} t */
 const clock = (t) => new Date(t).toLocaleTimeString([], { hour: '2-digit', minute: '2-digit', second: '2-digit' });
+
+/**
+ * The four horizontal grid lines (and the plot's top and bottom), at the heights `label` is given.
+ * @param {CanvasRenderingContext2D} ctx
+ * @param {number} plotW
+ * @param {number} plotH
+ * @param {(y: number, i: number) => void} [label] draws a line's labels, if any
+ */
+function gridLines(ctx, plotW, plotH, label) {
+  for (let i = 0; i <= 4; i++) {
+    const y = Math.round(PAD.top + (plotH * i) / 4) + 0.5;
+    ctx.strokeStyle = '#e4e7ec';
+    ctx.lineWidth = 1;
+    ctx.beginPath();
+    ctx.moveTo(PAD.left, y);
+    ctx.lineTo(PAD.left + plotW, y);
+    ctx.stroke();
+    label?.(y, i);
+  }
+}
 
 /**
  * @param {HTMLCanvasElement} canvas
@@ -54,21 +75,14 @@ export function drawThroughput(canvas, points) {
   /** @param {number} v */
   const yT = (v) => PAD.top + plotH - (plotH * v) / maxT;
 
-  ctx.strokeStyle = '#e4e7ec';
-  ctx.lineWidth = 1;
-  for (let i = 0; i <= 4; i++) {
-    const y = Math.round(PAD.top + (plotH * i) / 4) + 0.5;
-    ctx.beginPath();
-    ctx.moveTo(PAD.left, y);
-    ctx.lineTo(PAD.left + plotW, y);
-    ctx.stroke();
+  gridLines(ctx, plotW, plotH, (y, i) => {
     ctx.fillStyle = '#2563c9';
     ctx.textAlign = 'right';
     ctx.fillText(short((maxS * (4 - i)) / 4), PAD.left - 6, y + 4);
     ctx.fillStyle = '#c2610c';
     ctx.textAlign = 'left';
     ctx.fillText(short((maxT * (4 - i)) / 4), PAD.left + plotW + 6, y + 4);
-  }
+  });
   ctx.fillStyle = '#6b7385';
   ctx.textAlign = 'left';
   ctx.fillText(clock(t0), PAD.left, height - 8);
@@ -131,15 +145,7 @@ export function drawForecast(canvas, points) {
   const x = (/** @type {number} */ t) => PAD.left + (plotW * (t - t0)) / Math.max(1, t1 - t0);
   const y = (/** @type {number} */ v) => PAD.top + plotH - (plotH * (v - yMin)) / Math.max(1, yMax - yMin);
 
-  ctx.strokeStyle = '#e4e7ec';
-  ctx.lineWidth = 1;
-  for (let i = 0; i <= 4; i++) {
-    const gy = Math.round(PAD.top + (plotH * i) / 4) + 0.5;
-    ctx.beginPath();
-    ctx.moveTo(PAD.left, gy);
-    ctx.lineTo(PAD.left + plotW, gy);
-    ctx.stroke();
-  }
+  gridLines(ctx, plotW, plotH);
   ctx.fillStyle = '#2563c9';
   ctx.textAlign = 'left';
   ctx.fillText(clock(yMax), 4, PAD.top + 4);

@@ -46,9 +46,9 @@ function hash(text: string): number {
   return h >>> 0;
 }
 
-/** mulberry32: a small seeded generator, uniform on [0, 1). */
-export function seededRandom(seed: string): () => number {
-  let a = hash(seed);
+/** mulberry32: a small generator of 32 bits of state, uniform on [0, 1). */
+export function mulberry32(state: number): () => number {
+  let a = state >>> 0;
   return () => {
     a = (a + 0x6d2b79f5) >>> 0;
     let t = a;
@@ -56,6 +56,11 @@ export function seededRandom(seed: string): () => number {
     t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
     return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
   };
+}
+
+/** mulberry32 seeded from a text (its FNV-1a hash): the same seed, the same draws. */
+export function seededRandom(seed: string): () => number {
+  return mulberry32(hash(seed));
 }
 
 /**

@@ -1,19 +1,11 @@
+import { mulberry32 } from '../../src/domain/forecast.js';
 import type { QualityInput } from '../../src/domain/quality.js';
 
 // Answers as a model gives them, healthy and broken, from a seeded generator so every run of the
 // quality tests sees the same samples.
 
-/** mulberry32: 32 bits of state, fast, and good enough to draw test samples. */
-export function seeded(seed: number): () => number {
-  let a = seed >>> 0;
-  return () => {
-    a = (a + 0x6d2b79f5) >>> 0;
-    let t = a;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
-}
+/** Test samples drawn from a numbered seed (mulberry32, as the forecast's draws are). */
+export const seeded = (seed: number): (() => number) => mulberry32(seed);
 
 /** A standard normal draw (Box-Muller). */
 export function gaussian(random: () => number): number {
