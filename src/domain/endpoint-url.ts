@@ -21,19 +21,26 @@ export function isHttpUrlWithoutCredentials(raw: string): boolean {
   }
 }
 
-/** `[::ffff:a9fe:a9fe]` → `169.254.169.254`: the URL parser writes IPv4-mapped IPv6 in hex. */
-function mappedIpv4(host: string): string | null {
-  const m = /^\[::ffff:([0-9a-f]{1,4}):([0-9a-f]{1,4})\]$/i.exec(host);
+/**
+ * `[::ffff:a9fe:a9fe]` (IPv4-mapped) and `[::a9fe:a9fe]` (IPv4-compatible) → `169.254.169.254`:
+ * the URL parser writes both in hex.
+ */
+function embeddedIpv4(host: string): string | null {
+  const m = /^\[::(?:ffff:)?([0-9a-f]{1,4}):([0-9a-f]{1,4})\]$/i.exec(host);
   if (!m) return null;
   const [hi, lo] = [parseInt(m[1], 16), parseInt(m[2], 16)];
   return `${hi >> 8}.${hi & 255}.${lo >> 8}.${lo & 255}`;
 }
 
-// Link-local addresses and the metadata names are cloud instance metadata, never an inference
-// server nor a webhook receiver.
+// The clouds' instance metadata services, by the names and addresses they publish: link-local
+// 169.254.0.0/16 and fe80::/10 (AWS, Azure, GCP, most others), AWS's IPv6 fd00:ec2::254, Alibaba's
+// 100.100.100.200, and GCP's names. Never an inference server nor a webhook receiver.
+const METADATA_NAMES = new Set(['metadata.google.internal', 'metadata', '100.100.100.200', '[fd00:ec2::254]']);
+
 function isMetadataHost(hostname: string): boolean {
-  const host = (mappedIpv4(hostname) ?? hostname).toLowerCase();
-  return /^169\.254\./.test(host) || /^\[fe[89ab][0-9a-f]?:/.test(host) || host === 'metadata.google.internal' || host === 'metadata';
+  // A trailing dot names the same host (a fully qualified name).
+  const host = (embeddedIpv4(hostname) ?? hostname).toLowerCase().replace(/\.$/, '');
+  return /^169\.254\./.test(host) || /^\[fe[89ab][0-9a-f]?:/.test(host) || METADATA_NAMES.has(host);
 }
 
 /** False for a URL that does not parse, as well as for one naming a metadata host. */
