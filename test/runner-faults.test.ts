@@ -135,8 +135,13 @@ describe('runner faults', () => {
     await small.configure({ contextLength: 100_000 });
     const retried = await call(server.url, `/v1/runs/${id}/retry`, { method: 'POST', json: { only: 'failed' } });
     expect(retried.status).toBe(200);
-    expect(retried.body.request_counts).toMatchObject({ pending: 2, failed: 0, completed: 60 });
-    expect(retried.body.status).toBe('queued');
+    // The runner may claim the two, or even answer them, before this answer is rendered: between
+    // them, pending, in flight and completed hold all 62 again.
+    const counts = retried.body.request_counts;
+    expect(counts).toMatchObject({ total: 62, failed: 0 });
+    expect(counts.pending + counts.in_progress + counts.completed).toBe(62);
+    expect(counts.completed).toBeGreaterThanOrEqual(60);
+    expect(['queued', 'in_progress', 'finalizing', 'completed']).toContain(retried.body.status);
     const again = await waitForStatus(server.url, id, TERMINAL);
     expect(again.status).toBe('completed');
     expect(again.request_counts).toMatchObject({ total: 62, completed: 62, failed: 0 });
