@@ -22,6 +22,23 @@ const short = (v) =>
 const clock = (t) => new Date(t).toLocaleTimeString([], { hour: '2-digit', minute: '2-digit', second: '2-digit' });
 
 /**
+ * The canvas sized to its box at the screen's pixel density, cleared, in CSS pixels.
+ * @param {HTMLCanvasElement} canvas
+ */
+function blankCanvas(canvas) {
+  const dpr = window.devicePixelRatio || 1;
+  const width = canvas.clientWidth;
+  const height = canvas.clientHeight;
+  canvas.width = Math.round(width * dpr);
+  canvas.height = Math.round(height * dpr);
+  const ctx = /** @type {CanvasRenderingContext2D} */ (canvas.getContext('2d'));
+  ctx.setTransform(dpr, 0, 0, dpr, 0, 0);
+  ctx.clearRect(0, 0, width, height);
+  ctx.font = '11px system-ui, sans-serif';
+  return { ctx, width, height };
+}
+
+/**
  * The four horizontal grid lines (and the plot's top and bottom), at the heights `label` is given.
  * @param {CanvasRenderingContext2D} ctx
  * @param {number} plotW
@@ -46,15 +63,7 @@ function gridLines(ctx, plotW, plotH, label) {
  * @param {{ t: number, sps: number, tps: number }[]} points
  */
 export function drawThroughput(canvas, points) {
-  const dpr = window.devicePixelRatio || 1;
-  const width = canvas.clientWidth;
-  const height = canvas.clientHeight;
-  canvas.width = Math.round(width * dpr);
-  canvas.height = Math.round(height * dpr);
-  const ctx = /** @type {CanvasRenderingContext2D} */ (canvas.getContext('2d'));
-  ctx.setTransform(dpr, 0, 0, dpr, 0, 0);
-  ctx.clearRect(0, 0, width, height);
-  ctx.font = '11px system-ui, sans-serif';
+  const { ctx, width, height } = blankCanvas(canvas);
 
   if (points.length < 2) {
     ctx.fillStyle = '#6b7385';
@@ -118,15 +127,7 @@ export function drawThroughput(canvas, points) {
  * @param {import('../client/schema.js').components['schemas']['ForecastPoint'][]} points
  */
 export function drawForecast(canvas, points) {
-  const dpr = window.devicePixelRatio || 1;
-  const width = canvas.clientWidth;
-  const height = canvas.clientHeight;
-  canvas.width = Math.round(width * dpr);
-  canvas.height = Math.round(height * dpr);
-  const ctx = /** @type {CanvasRenderingContext2D} */ (canvas.getContext('2d'));
-  ctx.setTransform(dpr, 0, 0, dpr, 0, 0);
-  ctx.clearRect(0, 0, width, height);
-  ctx.font = '11px system-ui, sans-serif';
+  const { ctx, width, height } = blankCanvas(canvas);
   const known = points.flatMap(({ at, finishes_at, low, high }) =>
     finishes_at ? [{ t: Date.parse(at), f: Date.parse(finishes_at), lo: Date.parse(low ?? finishes_at), hi: Date.parse(high ?? finishes_at) }] : [],
   );
