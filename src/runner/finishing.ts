@@ -28,7 +28,7 @@ export class Finisher {
   constructor(
     private readonly deps: RunnerDeps,
     private readonly guard: <T>(what: string, step: () => T) => T | undefined,
-    private readonly hooks: { afterUpload(): void; afterFinish(runId: string): void },
+    private readonly hooks: { afterUpload(): void; settled(run: RunRow): void; afterFinish(runId: string): void },
   ) {}
 
   /** Shard uploads or manifest writes still under way. */
@@ -47,6 +47,7 @@ export class Finisher {
       const settled = fresh.pending === 0 && fresh.inProgress === 0 && fresh.total > 0;
       if (!settled) continue;
       if (fresh.status === 'in_progress' || fresh.status === 'queued') {
+        this.hooks.settled(fresh);
         if (transitionRun(db, run.id, [fresh.status], 'finalizing', clock())) logger.info({ run_id: run.id, status: 'finalizing' }, 'run status');
       }
       if (fresh.shardsUploaded === fresh.shardsTotal && (fresh.status === 'finalizing' || fresh.status === 'cancelling' || fresh.status === 'in_progress')) {

@@ -94,6 +94,12 @@ export class Runner implements RunnerView {
     });
     this.finisher = new Finisher(deps, (what, step) => this.guard(what, step), {
       afterUpload: () => this.finisher.advance(this.active),
+      // The last forecast is stored before the run leaves in_progress, so the finished run shows the
+      // same one from every read: the API's view of the live one lags the status by a snapshot.
+      // A dry run's was stored when its slice was answered: it forecasts the whole input.
+      settled: (run) => {
+        if (!run.dryRun) this.forecasts.compute(run, this.deps.clock(), true);
+      },
       afterFinish: (runId) => {
         this.quality.forget(runId);
         this.forecasts.forget(runId);

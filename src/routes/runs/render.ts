@@ -35,9 +35,14 @@ function eta(remaining: number, rate: number, forecast: StoredForecast | null): 
   return rate > 0 ? Math.ceil(remaining / rate) : null;
 }
 
-/** The runner's live forecast, else the last one it stored (a finished run, a server without the runner). */
+/**
+ * While the run is dispatched, the runner's live forecast (else the last one it stored); once it is
+ * not, the stored one alone: the runner stores its last forecast as the run settles, and a live one
+ * still in the API thread's snapshot would make two reads of a finished run disagree.
+ */
 export function renderForecast(r: RunRow, live: RunProgress): Run['forecast'] {
-  const f = live.forecast ?? r.forecast;
+  const dispatching = r.status === 'queued' || r.status === 'in_progress';
+  const f = (dispatching ? live.forecast : null) ?? r.forecast;
   if (!f) return null;
   const { at, finishes_at, ...rest } = f;
   return { computed_at: iso(at)!, ...rest, finishes_at: iso(finishes_at) };
