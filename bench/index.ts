@@ -4,6 +4,7 @@ import { benchAdaptive } from './adaptive.js';
 import { benchDispatch, benchSaturation, benchStream } from './dispatch.js';
 import { benchIngest } from './ingest.js';
 import { benchMillion } from './million.js';
+import { benchScale } from './scale.js';
 import { machine, SCALE, type Figure } from './support.js';
 import { benchTail } from './tail.js';
 
@@ -15,6 +16,7 @@ const PARTS: Record<string, () => Promise<Figure[]>> = {
   million: benchMillion,
   adaptive: benchAdaptive,
   tail: benchTail,
+  scale: benchScale,
 };
 
 const fmt = (n: number | null, unit = '') =>
@@ -34,7 +36,7 @@ function table(figures: Figure[]): string {
 
 /**
  * `npm run bench [part…]`: runs the parts (all by default), prints regen next to its baseline for
- * every figure, and, for a full-scale run of every part, writes BENCHMARKS.md. Parts: ingest, dispatch, saturation, stream, million, adaptive, tail.
+ * every figure, and, for a full-scale run of every part, writes BENCHMARKS.md. Parts: ingest, dispatch, saturation, stream, million, adaptive, tail, scale.
  */
 async function main(): Promise<void> {
   const asked = process.argv.slice(2);

@@ -12,9 +12,9 @@ describe('npm run bench', () => {
       maxBuffer: 1 << 24,
       timeout: 300_000,
     });
-    const rows = stdout.split('\n').filter((l) => /^\| (ingest|dispatch|saturation|stream|reads|recovery|memory|adaptive) \|/.test(l));
+    const rows = stdout.split('\n').filter((l) => /^\| (ingest|dispatch|saturation|stream|reads|recovery|memory|adaptive|scale) \|/.test(l));
     expect(rows.map((r) => r.split('|')[1].trim())).toEqual(
-      expect.arrayContaining(['ingest', 'dispatch', 'saturation', 'stream', 'reads', 'recovery', 'memory', 'adaptive']),
+      expect.arrayContaining(['ingest', 'dispatch', 'saturation', 'stream', 'reads', 'recovery', 'memory', 'adaptive', 'scale']),
     );
     for (const row of rows) {
       const regen = row.split('|')[3].trim();

@@ -129,10 +129,17 @@ export type SliceAnswer = [seq: number, tokens: number, latencyMs: number, endpo
 
 /** The calibration slice's answers in input order, and how many of it are not terminal yet. */
 export function calibrationAnswers(db: Db, runId: string): { answered: SliceAnswer[]; open: number } {
-  const rows = db.$client
-    .prepare(`select seq, status, completion_tokens, latency_ms, endpoint_id from samples where run_id = ? and calibration = 1 order by seq`)
-    .raw()
-    .all(runId) as [number, string, number | null, number | null, string | null][];
+  // INDEXED BY, and sorted here: to skip a sort of the slice's few hundred rows, the planner walks
+  // samples_run_seq_idx through the whole run (2.6 s a read on a 10M-sample run, every forecast
+  // while the slice is open, and at every start).
+  const rows = (
+    db.$client
+      .prepare(
+        `select seq, status, completion_tokens, latency_ms, endpoint_id from samples indexed by samples_calibration_idx where run_id = ? and calibration = 1`,
+      )
+      .raw()
+      .all(runId) as [number, string, number | null, number | null, string | null][]
+  ).sort((a, b) => a[0] - b[0]);
   const answered: SliceAnswer[] = [];
   let open = 0;
   for (const [seq, status, tokens, latency, endpointId] of rows) {
