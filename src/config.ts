@@ -57,7 +57,8 @@ const settings = {
   },
   s3Endpoint: { env: 'REGEN_S3_ENDPOINT', flag: undefined, parse: z.url(), default: undefined },
   s3ForcePathStyle: { env: 'REGEN_S3_FORCE_PATH_STYLE', flag: undefined, parse: bool, default: 'false' },
-  webhookUrl: { env: 'REGEN_WEBHOOK_URL', flag: undefined, parse: webhookUrl, default: undefined },
+  // Secret as far as error messages go: a receiver's URL often carries a token of its own.
+  webhookUrl: { env: 'REGEN_WEBHOOK_URL', flag: undefined, parse: webhookUrl, default: undefined, secret: true },
   webhookSecret: { env: 'REGEN_WEBHOOK_SECRET', flag: undefined, parse: webhookSecret, default: undefined, secret: true },
   // Standard Webhooks recommends a timeout of 15 to 30 s.
   webhookTimeoutMs: { env: 'REGEN_WEBHOOK_TIMEOUT_MS', flag: undefined, parse: int(100, 300_000), default: '15000' },

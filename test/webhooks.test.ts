@@ -121,7 +121,8 @@ const env = () => ({
   REGEN_WEBHOOK_URL: `${receiver.url}/default`,
   REGEN_WEBHOOK_SECRET: SERVER_SECRET,
   REGEN_WEBHOOK_RETRY_MS: '100',
-  REGEN_WEBHOOK_TIMEOUT_MS: '1000',
+  // Far above a loopback receiver's answer on a loaded machine: an attempt that timed out would be one more failure.
+  REGEN_WEBHOOK_TIMEOUT_MS: '10000',
   REGEN_WEBHOOK_MAX_ATTEMPTS: String(MAX_ATTEMPTS),
 });
 
@@ -430,6 +431,10 @@ describe('the server default webhook settings', () => {
     expect(() => loadConfig({ REGEN_WEBHOOK_URL: 'https://hooks.example.com/regen' })).toThrow(/REGEN_WEBHOOK_URL and REGEN_WEBHOOK_SECRET: set both/);
     expect(() => loadConfig({ REGEN_WEBHOOK_SECRET: s })).toThrow(/set both, or neither/);
     expect(() => loadConfig({ REGEN_WEBHOOK_URL: 'http://169.254.169.254/', REGEN_WEBHOOK_SECRET: s })).toThrow(/REGEN_WEBHOOK_URL: link-local/);
+    // A refused URL is named, not printed: its path or query often carries the receiver's token.
+    expect(() => loadConfig({ REGEN_WEBHOOK_URL: 'http://169.254.169.254/hook?token=tok_x1', REGEN_WEBHOOK_SECRET: s })).toThrow(
+      /^(?![\s\S]*tok_x1)[\s\S]*the value is not shown/,
+    );
     const bad = 'whsec_tooshort';
     let message = '';
     try {

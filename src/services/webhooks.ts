@@ -69,10 +69,18 @@ export class WebhookDeliverer {
 
   private async attempt(row: WebhookDeliveryRow): Promise<void> {
     const { db, config, logger, clock } = this.deps;
-    const secret = (row.runId ? runWebhookSecret(db, row.runId) : null) ?? config.webhookSecret;
-    const result: DeliveryResult = secret
-      ? await this.send(row, secret)
-      : { kind: 'failed', error: 'no signing secret: the run has none of its own and REGEN_WEBHOOK_SECRET is not set' };
+    // A run's own webhook keeps its URL and secret; the server's default is read as it is now, URL
+    // and secret together, so an operator who rotates both never has events signed with the new
+    // secret sent to the old URL.
+    const own = row.runId ? runWebhookSecret(db, row.runId) : null;
+    const target = own
+      ? { url: row.url, secret: own }
+      : config.webhookUrl && config.webhookSecret
+        ? { url: config.webhookUrl, secret: config.webhookSecret }
+        : null;
+    const result: DeliveryResult = target
+      ? await this.send(row, target.url, target.secret)
+      : { kind: 'failed', error: 'no signing secret: the run has none of its own and REGEN_WEBHOOK_URL and REGEN_WEBHOOK_SECRET are not set' };
     try {
       recordAttempt(db, row, result, clock());
     } catch (err) {
@@ -88,14 +96,14 @@ export class WebhookDeliverer {
     else logger.info({ ...fields, error: result.error, retry_in_ms: result.at - clock() }, 'webhook attempt failed');
   }
 
-  private async send(row: WebhookDeliveryRow, secret: string): Promise<DeliveryResult> {
+  private async send(row: WebhookDeliveryRow, url: string, secret: string): Promise<DeliveryResult> {
     const { config, clock } = this.deps;
     const attempts = row.attempts + 1;
     const headers = { 'content-type': 'application/json', ...signatureHeaders(secret, row.id, Math.floor(clock() / 1000), row.body) };
     let error: string;
     try {
       // A redirect is not followed: it could lead past the URL rules the webhook was checked against.
-      const res = await fetch(row.url, {
+      const res = await fetch(url, {
         method: 'POST',
         headers,
         body: row.body,

@@ -14,7 +14,10 @@ const route = createRoute({
   tags: ['batches'],
   summary: 'Cancel a batch: in-flight requests are aborted, answers so far stay in the output file',
   request: { params: BatchIdParam },
-  responses: { 200: jsonContent(Batch, 'The batch, `cancelling` (or `cancelled` while it was still validating)'), ...openaiErrorResponses(400, 401, 404, 409) },
+  responses: {
+    200: jsonContent(Batch, 'The batch, `cancelling` (or `cancelled` while it was still validating)'),
+    ...openaiErrorResponses(400, 401, 404, 409, 413),
+  },
 });
 
 export function registerCancelBatch(app: App) {

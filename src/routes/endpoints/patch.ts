@@ -13,7 +13,7 @@ const route = createRoute({
   summary: 'Change an endpoint: name, max_concurrency, weight, api_key, labels, or state (`draining`, `disabled`, `ready`)',
   description: '`ready` asks for a fresh health probe; the endpoint takes work once the probe passes.',
   request: { params: EndpointIdParam, body: { content: { 'application/json': { schema: PatchEndpointBody } }, required: true } },
-  responses: { 200: jsonContent(Endpoint, 'The endpoint after the change'), ...problemResponses(400, 401, 404, 422) },
+  responses: { 200: jsonContent(Endpoint, 'The endpoint after the change'), ...problemResponses(400, 401, 404, 413, 422) },
 });
 
 export function registerPatchEndpoint(app: App) {

@@ -23,7 +23,7 @@ const action = <B extends z.ZodTypeAny>(name: string, summary: string, body: B) 
     tags: ['runs'],
     summary,
     request: { params: RunIdParam, body: { content: { 'application/json': { schema: body } }, required: false } },
-    responses: { 200: jsonContent(Run, 'The run after the change'), ...problemResponses(401, 404, 409, 422) },
+    responses: { 200: jsonContent(Run, 'The run after the change'), ...problemResponses(400, 401, 404, 409, 413, 422) },
   });
 
 const Empty = z.object({}).strict();
