@@ -35,8 +35,9 @@ interface Measured {
 async function measure(samples: number, sims: SimProcess[]): Promise<Measured> {
   const tmp = tempDir('regen-bench-scale-');
   const dataDir = join(tmp.dir, 'data');
-  let server: ServerProcess = await spawnServer(dataDir);
+  let server: ServerProcess | undefined;
   try {
+    server = await spawnServer(dataDir);
     const file = join(tmp.dir, 'prompts.jsonl');
     await writePrompts(file, samples);
     const uploaded = await json<{ id: string }>(server.url, '/v1/files?filename=prompts.jsonl', {
@@ -51,8 +52,17 @@ async function measure(samples: number, sims: SimProcess[]): Promise<Measured> {
       headers: { 'content-type': 'application/json' },
       body: JSON.stringify({ model: MODEL, input: { file_id: uploaded.id }, params: { max_tokens: 64 }, quality: false }),
     });
-    const view = () => json<RunView>(server.url, `/v1/runs/${run.id}`);
-    await until('validation', async () => ((await view()).status === 'queued' ? true : undefined), 3_600_000, 100);
+    const view = () => json<RunView>(server!.url, `/v1/runs/${run.id}`);
+    await until(
+      'validation',
+      async () => {
+        const { status } = await view();
+        if (status === 'failed') throw new Error('the run failed validation');
+        return status === 'queued' ? true : undefined;
+      },
+      3_600_000,
+      100,
+    );
     const ingestPerSecond = samples / ((performance.now() - t0) / 1000);
 
     for (const sim of sims) {
@@ -83,7 +93,7 @@ async function measure(samples: number, sims: SimProcess[]): Promise<Measured> {
     const peakRssAfterRestart = memoryOf(server.proc.pid!).peakMiB;
     return { samples, ingestPerSecond, getRunP50: percentile(ms, 50), restartToDispatch, peakRssIngestAndDispatch, peakRssAfterRestart };
   } finally {
-    await server.kill('SIGTERM');
+    await server?.kill('SIGTERM');
     tmp.cleanup();
   }
 }

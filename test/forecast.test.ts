@@ -79,6 +79,22 @@ describe('computeForecast', () => {
     expect(noSlice.low).toBe(noSlice.high);
   });
 
+  it('ends a settled run at its elapsed time, even with no endpoint up to give a rate', () => {
+    const settled = { ...base, remaining: 0, completionTokens: 5_000_000, elapsedSeconds: 321, now: 1_000_000 };
+    for (const rate of [10_000, 0]) {
+      const f = computeForecast({ ...settled, tokensPerSecond: rate, endpoints: rate ? 2 : 0 }, seededRandom('t'))!;
+      expect(f).toMatchObject({
+        completion_tokens_remaining: 0,
+        completion_tokens_estimate: 5_000_000,
+        wall_seconds_remaining: 0,
+        wall_seconds_estimate: 321,
+        low: 0,
+        high: 0,
+        finishes_at: 1_000_000,
+      });
+    }
+  });
+
   it('bootstraps a 90% interval of the mean', () => {
     const lengths = Array.from({ length: 200 }, (_, i) => (i % 10) * 100);
     const { low, high } = bootstrapMean(lengths, seededRandom('b'));

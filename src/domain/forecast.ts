@@ -194,7 +194,8 @@ export function computeForecast(f: ForecastInput, random: () => number): StoredF
   }
   const tokensLeft = left * meanLength;
   const rate = f.tokensPerSecond;
-  const wall = (tokens: number) => (rate > 0 ? tokens / rate : null);
+  // Nothing left takes no time, whatever the fleet: a run settling while no endpoint is up still ends.
+  const wall = (tokens: number) => (tokens === 0 ? 0 : rate > 0 ? tokens / rate : null);
   const remaining = wall(tokensLeft);
   const elapsed = f.whole ? 0 : f.elapsedSeconds;
   let endpointsForDeadline: number | null = null;

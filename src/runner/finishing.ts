@@ -28,7 +28,7 @@ export class Finisher {
   constructor(
     private readonly deps: RunnerDeps,
     private readonly guard: <T>(what: string, step: () => T) => T | undefined,
-    private readonly hooks: { afterUpload(): void; settled(run: RunRow): void; afterFinish(runId: string): void },
+    private readonly hooks: { afterUpload(): void; settled(run: RunRow): unknown; afterFinish(runId: string): void },
   ) {}
 
   /** Shard uploads or manifest writes still under way. */

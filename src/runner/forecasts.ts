@@ -155,11 +155,11 @@ export class Forecasts {
     const last = this.savedAt.get(run.id);
     const elapsed = run.startedAt ? now - run.startedAt : 0;
     const due = final || last === undefined || now - last >= Math.max(HISTORY_MIN_MS, elapsed / HISTORY_POINTS);
-    if (due) {
-      const done = run.completed + run.failed + run.cancelled;
-      saveForecast(this.deps.db, run.id, forecast, { fraction: run.total ? done / run.total : 0 });
-      this.savedAt.set(run.id, now);
-    }
+    // The row always gets the latest, so a run that leaves in_progress (paused, cancelled) shows
+    // the forecast of its last second, not of its last history point.
+    const done = run.completed + run.failed + run.cancelled;
+    saveForecast(this.deps.db, run.id, forecast, due ? { fraction: run.total ? done / run.total : 0 } : null);
+    if (due) this.savedAt.set(run.id, now);
     return forecast;
   }
 }

@@ -96,10 +96,8 @@ export class Runner implements RunnerView {
       afterUpload: () => this.finisher.advance(this.active),
       // The last forecast is stored before the run leaves in_progress, so the finished run shows the
       // same one from every read: the API's view of the live one lags the status by a snapshot.
-      // A dry run's was stored when its slice was answered: it forecasts the whole input.
-      settled: (run) => {
-        if (!run.dryRun) this.forecasts.compute(run, this.deps.clock(), true);
-      },
+      // A dry run's is of the whole input still, as when its slice was answered.
+      settled: (run) => this.guard('the final forecast', () => this.forecasts.compute(run, this.deps.clock(), true)),
       afterFinish: (runId) => {
         this.quality.forget(runId);
         this.forecasts.forget(runId);

@@ -80,7 +80,7 @@ export class WebhookDeliverer {
         : null;
     const result: DeliveryResult = target
       ? await this.send(row, target.url, target.secret)
-      : { kind: 'failed', error: 'no signing secret: the run has none of its own and REGEN_WEBHOOK_URL and REGEN_WEBHOOK_SECRET are not set' };
+      : { kind: 'failed', error: 'nowhere to send it: no webhook of its run, and REGEN_WEBHOOK_URL and REGEN_WEBHOOK_SECRET are not set' };
     try {
       recordAttempt(db, row, result, clock());
     } catch (err) {
