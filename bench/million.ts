@@ -1,8 +1,7 @@
-import { createReadStream } from 'node:fs';
 import { join } from 'node:path';
 import { spawnSimulator } from '../src/sim/spawn.js';
 import { spawnServer, tempDir, type ServerProcess } from '../test/support/server.js';
-import { json, memoryOf, percentile, scaled, sleep, until, writePrompts, type Figure } from './support.js';
+import { json, uploadFile, memoryOf, percentile, scaled, sleep, until, writePrompts, type Figure } from './support.js';
 
 const MODEL = 'bench-model';
 
@@ -39,17 +38,12 @@ export async function benchMillion(): Promise<Figure[]> {
   try {
     const file = join(tmp.dir, 'prompts.jsonl');
     await writePrompts(file, n);
-    const uploaded = await json<{ id: string }>(server.url, '/v1/files?filename=prompts.jsonl', {
-      method: 'POST',
-      headers: { 'content-type': 'application/jsonl' },
-      body: createReadStream(file) as unknown as BodyInit,
-      duplex: 'half',
-    } as RequestInit);
+    const fileId = await uploadFile(server.url, file);
     // One attempt, so the simulators' 2% errors leave failed samples for the failed-samples read.
     const run = await json<{ id: string }>(server.url, '/v1/runs', {
       method: 'POST',
       headers: { 'content-type': 'application/json' },
-      body: JSON.stringify({ model: MODEL, input: { file_id: uploaded.id }, params: { max_tokens: 128 }, quality: false, max_attempts: 1 }),
+      body: JSON.stringify({ model: MODEL, input: { file_id: fileId }, params: { max_tokens: 128 }, quality: false, max_attempts: 1 }),
     });
     const view = () => json<RunView>(server.url, `/v1/runs/${run.id}`);
     await until('validation', async () => ((await view()).status === 'queued' ? true : undefined), 600_000, 200);

@@ -1,8 +1,7 @@
-import { createReadStream } from 'node:fs';
 import { join } from 'node:path';
 import { spawnSimulator, type SimProcess } from '../src/sim/spawn.js';
 import { spawnServer, tempDir, type ServerProcess } from '../test/support/server.js';
-import { json, memoryOf, percentile, scaled, until, writePrompts, type Figure } from './support.js';
+import { json, uploadFile, memoryOf, percentile, scaled, until, writePrompts, type Figure } from './support.js';
 
 const MODEL = 'bench-model';
 /** The larger run is this many times the smaller: the figures must stay flat across it. */
@@ -40,17 +39,12 @@ async function measure(samples: number, sims: SimProcess[]): Promise<Measured> {
     server = await spawnServer(dataDir);
     const file = join(tmp.dir, 'prompts.jsonl');
     await writePrompts(file, samples);
-    const uploaded = await json<{ id: string }>(server.url, '/v1/files?filename=prompts.jsonl', {
-      method: 'POST',
-      headers: { 'content-type': 'application/jsonl' },
-      body: createReadStream(file) as unknown as BodyInit,
-      duplex: 'half',
-    } as RequestInit);
+    const fileId = await uploadFile(server.url, file);
     const t0 = performance.now();
     const run = await json<{ id: string }>(server.url, '/v1/runs', {
       method: 'POST',
       headers: { 'content-type': 'application/json' },
-      body: JSON.stringify({ model: MODEL, input: { file_id: uploaded.id }, params: { max_tokens: 64 }, quality: false }),
+      body: JSON.stringify({ model: MODEL, input: { file_id: fileId }, params: { max_tokens: 64 }, quality: false }),
     });
     const view = () => json<RunView>(server!.url, `/v1/runs/${run.id}`);
     await until(

@@ -1,4 +1,4 @@
-import { createWriteStream, readFileSync } from 'node:fs';
+import { createReadStream, createWriteStream, readFileSync } from 'node:fs';
 import { cpus } from 'node:os';
 import { once } from 'node:events';
 
@@ -78,6 +78,17 @@ export async function until<T>(what: string, fn: () => Promise<T | undefined>, m
 }
 
 export const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
+
+/** Streams a prompt file from disk to the Files API, never holding it in memory; returns the file id. */
+export async function uploadFile(base: string, path: string): Promise<string> {
+  const uploaded = await json<{ id: string }>(base, '/v1/files?filename=prompts.jsonl', {
+    method: 'POST',
+    headers: { 'content-type': 'application/jsonl' },
+    body: createReadStream(path) as unknown as BodyInit,
+    duplex: 'half',
+  } as RequestInit);
+  return uploaded.id;
+}
 
 /** Uploads `n` prompt lines and creates a run over them with `run` (model, params, …); returns the run id. */
 export async function submitPrompts(base: string, n: number, run: Record<string, unknown>): Promise<string> {
