@@ -123,7 +123,7 @@ async function start(config: Config, opts: StartOptions, thread: RunnerThread | 
     runner = inThread;
   } else {
     // Without a runner nothing else would validate the runs this API creates.
-    for (const id of validatingRunIds(db)) deps.startIngest(id);
+    for (const id of await validatingRunIds(db)) deps.startIngest(id);
   }
   // On this thread, not the runner's: a slow receiver must not hold up dispatch.
   const webhooks = new WebhookDeliverer(deps);

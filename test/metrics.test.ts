@@ -239,10 +239,8 @@ describe('logs', () => {
   const parsed = () => logLines.map((l) => JSON.parse(l) as Record<string, any>);
   const infoOrAbove = () => parsed().filter((l) => l.level >= 30);
 
-  it('has one line per run status change, matching the run events, and none per sample', () => {
-    const statusEvents = eventsAfter(server.deps.db, runId, 0)
-      .filter((e) => e.type === 'status')
-      .map((e) => e.data.status);
+  it('has one line per run status change, matching the run events, and none per sample', async () => {
+    const statusEvents = (await eventsAfter(server.deps.db, runId, 0)).filter((e) => e.type === 'status').map((e) => e.data.status);
     expect(statusEvents).toEqual(['validating', 'queued', 'in_progress', 'finalizing', 'completed']);
     const statusLines = infoOrAbove().filter((l) => l.run_id === runId && typeof l.status === 'string');
     expect(statusLines.map((l) => l.status)).toEqual(statusEvents);

@@ -40,7 +40,7 @@ export function setLive(text, state) {
  */
 export function every(ms, fn, errorEl) {
   const abort = new AbortController();
-  (async () => {
+  void (async () => {
     while (!abort.signal.aborted) {
       try {
         await fn();
@@ -91,7 +91,7 @@ export function followRun(runId, { onRun, onStatus, onShard }) {
       await sleep(1000, signal);
     }
   };
-  (async () => {
+  void (async () => {
     let lastEventId = null;
     while (!signal.aborted) {
       setLive('connecting…', 'off');

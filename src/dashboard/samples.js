@@ -46,7 +46,7 @@ export function samplesView(root, runId, query) {
       errorEl.textContent = /** @type {Error} */ (err).message;
     }
   }
-  load();
+  void load();
   return () => {};
 }
 

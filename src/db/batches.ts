@@ -2,30 +2,31 @@ import { and, asc, desc, eq, gt, gte, inArray, isNotNull, isNull, lt, lte, or, s
 import type { Db, DbOrTx } from './client.js';
 import { events, runs, samples, shards, type RunRow } from './schema.js';
 
-export function getBatchRun(db: Db, batchId: string): RunRow | undefined {
-  return db.select().from(runs).where(eq(runs.batchId, batchId)).get();
+export async function getBatchRun(db: Db, batchId: string): Promise<RunRow | undefined> {
+  const [row] = await db.select().from(runs).where(eq(runs.batchId, batchId)).limit(1);
+  return row;
 }
 
 /** Batch runs newest first; `after` is the batch id that ended the previous page. */
-export function listBatchRuns(db: Db, opts: { after?: string; limit: number }): RunRow[] {
+export async function listBatchRuns(db: Db, opts: { after?: string; limit: number }): Promise<RunRow[]> {
   const where: SQL[] = [isNotNull(runs.batchId)];
   if (opts.after) where.push(lt(runs.batchId, opts.after));
-  return db
+  return await db
     .select()
     .from(runs)
     .where(and(...where))
     .orderBy(desc(runs.batchId))
-    .limit(opts.limit + 1)
-    .all();
+    .limit(opts.limit + 1);
 }
 
 /** The run whose batch output or error file has this id. */
-export function getRunByBatchFile(db: Db, fileId: string): RunRow | undefined {
-  return db
+export async function getRunByBatchFile(db: Db, fileId: string): Promise<RunRow | undefined> {
+  const [row] = await db
     .select()
     .from(runs)
     .where(or(eq(runs.outputFileId, fileId), eq(runs.errorFileId, fileId)))
-    .get();
+    .limit(1);
+  return row;
 }
 
 export interface StatusTimes {
@@ -36,16 +37,15 @@ export interface StatusTimes {
 }
 
 /** When each of these runs entered each status, from the events table, in one query. */
-export function statusTimes(db: Db, runIds: string[]): Map<string, StatusTimes> {
+export async function statusTimes(db: Db, runIds: string[]): Promise<Map<string, StatusTimes>> {
   const out = new Map<string, StatusTimes>();
   if (runIds.length === 0) return out;
   const status = sql<string>`json_extract(${events.data}, '$.status')`;
-  const rows = db
+  const rows = await db
     .select({ runId: events.runId, status, first: sql<number>`min(${events.createdAt})`, last: sql<number>`max(${events.createdAt})` })
     .from(events)
     .where(and(inArray(events.runId, runIds), eq(events.type, 'status')))
-    .groupBy(events.runId, status)
-    .all();
+    .groupBy(events.runId, status);
   for (const r of rows) {
     let t = out.get(r.runId);
     if (!t) out.set(r.runId, (t = { first: new Map(), last: new Map() }));
@@ -56,27 +56,25 @@ export function statusTimes(db: Db, runIds: string[]): Map<string, StatusTimes> 
 }
 
 /** A run's shards in order, a page at a time. */
-export function shardPage(db: Db, runId: string, afterIdx: number, limit: number) {
-  return db
+export async function shardPage(db: Db, runId: string, afterIdx: number, limit: number) {
+  return await db
     .select()
     .from(shards)
     .where(and(eq(shards.runId, runId), gt(shards.idx, afterIdx)))
     .orderBy(asc(shards.idx))
-    .limit(limit)
-    .all();
+    .limit(limit);
 }
 
 /** The cancelled samples of one shard, in input order: never answered, so in no shard object. */
-export function cancelledSamples(db: Db, runId: string, shard: { firstSeq: number; sampleCount: number }): { customId: string }[] {
+export async function cancelledSamples(db: Db, runId: string, shard: { firstSeq: number; sampleCount: number }): Promise<{ customId: string }[]> {
   // A seq range, not shard_idx: it walks the (run, status, seq) index however many samples were cancelled.
-  return db
+  return await db
     .select({ customId: samples.customId })
     .from(samples)
     .where(
       and(eq(samples.runId, runId), eq(samples.status, 'cancelled'), gte(samples.seq, shard.firstSeq), lt(samples.seq, shard.firstSeq + shard.sampleCount)),
     )
-    .orderBy(asc(samples.seq))
-    .all();
+    .orderBy(asc(samples.seq));
 }
 
 /** Batch runs past their completion window with unanswered samples left to give up. */
@@ -91,9 +89,9 @@ export function dueBatchRuns(db: Db, now: number): RunRow[] {
 }
 
 /** Remembers a batch file's size, unless the run finished again (a retry) since `finishedAt`. */
-export function setBatchFileBytes(db: DbOrTx, runId: string, finishedAt: number, bytes: NonNullable<RunRow['batchFileBytes']>): void {
-  db.update(runs)
+export async function setBatchFileBytes(db: DbOrTx, runId: string, finishedAt: number, bytes: NonNullable<RunRow['batchFileBytes']>): Promise<void> {
+  await db
+    .update(runs)
     .set({ batchFileBytes: bytes })
-    .where(and(eq(runs.id, runId), eq(runs.finishedAt, finishedAt)))
-    .run();
+    .where(and(eq(runs.id, runId), eq(runs.finishedAt, finishedAt)));
 }

@@ -1,4 +1,5 @@
 import Database from 'better-sqlite3';
+import { sql } from 'drizzle-orm';
 import { drizzle, type BetterSQLite3Database } from 'drizzle-orm/better-sqlite3';
 import { migrate } from 'drizzle-orm/better-sqlite3/migrator';
 import { fileURLToPath } from 'node:url';
@@ -41,8 +42,8 @@ type Tx = Parameters<Parameters<Db['transaction']>[0]>[0];
 export type DbOrTx = Db | Tx;
 
 /** The cheapest statement that proves the database answers. */
-export function pingDb(db: Db): void {
-  db.$client.prepare('select 1').get();
+export async function pingDb(db: Db): Promise<void> {
+  await db.run(sql`select 1`);
 }
 
 /**

@@ -16,25 +16,26 @@ export function listEndpoints(db: Db, opts: { after?: string; limit: number } = 
     .all();
 }
 
-export function getEndpointByUrl(db: DbOrTx, url: string): EndpointRow | undefined {
-  return db.select().from(endpoints).where(eq(endpoints.url, url)).get();
+export async function getEndpointByUrl(db: DbOrTx, url: string): Promise<EndpointRow | undefined> {
+  const [row] = await db.select().from(endpoints).where(eq(endpoints.url, url)).limit(1);
+  return row;
 }
 
-export function insertEndpoint(db: DbOrTx, row: typeof endpoints.$inferInsert): void {
-  db.insert(endpoints).values(row).run();
+export async function insertEndpoint(db: DbOrTx, row: typeof endpoints.$inferInsert): Promise<void> {
+  await db.insert(endpoints).values(row);
 }
 
-export function updateEndpoint(db: DbOrTx, id: string, set: Partial<typeof endpoints.$inferInsert>): void {
-  db.update(endpoints).set(set).where(eq(endpoints.id, id)).run();
+export async function updateEndpoint(db: DbOrTx, id: string, set: Partial<typeof endpoints.$inferInsert>): Promise<void> {
+  await db.update(endpoints).set(set).where(eq(endpoints.id, id));
 }
 
-export function deleteEndpoint(db: DbOrTx, id: string): void {
-  db.delete(endpoints).where(eq(endpoints.id, id)).run();
+export async function deleteEndpoint(db: DbOrTx, id: string): Promise<void> {
+  await db.delete(endpoints).where(eq(endpoints.id, id));
 }
 
 /** The model and aliases of every registered endpoint; the model is null for one that has not said yet. */
-export function servedModels(db: DbOrTx): { model: string | null; aliases: string[] }[] {
-  return db.select({ model: endpoints.model, aliases: endpoints.aliases }).from(endpoints).all();
+export async function servedModels(db: DbOrTx): Promise<{ model: string | null; aliases: string[] }[]> {
+  return await db.select({ model: endpoints.model, aliases: endpoints.aliases }).from(endpoints);
 }
 
 /**

@@ -8,12 +8,11 @@ export function appendEvent(db: DbOrTx, runId: string, type: RunEventType, data:
   db.insert(events).values({ runId, type, data, createdAt: now }).run();
 }
 
-export function eventsAfter(db: DbOrTx, runId: string, afterId: number, limit = 500) {
-  return db
+export async function eventsAfter(db: DbOrTx, runId: string, afterId: number, limit = 500) {
+  return await db
     .select()
     .from(events)
     .where(and(eq(events.runId, runId), gt(events.id, afterId)))
     .orderBy(asc(events.id))
-    .limit(limit)
-    .all();
+    .limit(limit);
 }

@@ -2,11 +2,12 @@ import { desc, eq, lt, and, type SQL } from 'drizzle-orm';
 import type { Db, DbOrTx } from './client.js';
 import { files } from './schema.js';
 
-export function getFile(db: Db, id: string) {
-  return db.select().from(files).where(eq(files.id, id)).get();
+export async function getFile(db: Db, id: string) {
+  const [row] = await db.select().from(files).where(eq(files.id, id)).limit(1);
+  return row;
 }
 
-export function listFiles(db: Db, opts: { purpose?: string; after?: string; limit: number }) {
+export async function listFiles(db: Db, opts: { purpose?: string; after?: string; limit: number }) {
   const where: SQL[] = [];
   if (opts.purpose) where.push(eq(files.purpose, opts.purpose));
   if (opts.after) where.push(lt(files.id, opts.after));
@@ -15,18 +16,17 @@ export function listFiles(db: Db, opts: { purpose?: string; after?: string; limi
     .from(files)
     .where(and(...where))
     .orderBy(desc(files.id))
-    .limit(opts.limit + 1)
-    .all();
+    .limit(opts.limit + 1);
 }
 
-export function insertFile(db: DbOrTx, row: typeof files.$inferInsert): void {
-  db.insert(files).values(row).run();
+export async function insertFile(db: DbOrTx, row: typeof files.$inferInsert): Promise<void> {
+  await db.insert(files).values(row);
 }
 
-export function setFilePurpose(db: DbOrTx, id: string, purpose: string): void {
-  db.update(files).set({ purpose }).where(eq(files.id, id)).run();
+export async function setFilePurpose(db: DbOrTx, id: string, purpose: string): Promise<void> {
+  await db.update(files).set({ purpose }).where(eq(files.id, id));
 }
 
-export function deleteFile(db: DbOrTx, id: string): void {
-  db.delete(files).where(eq(files.id, id)).run();
+export async function deleteFile(db: DbOrTx, id: string): Promise<void> {
+  await db.delete(files).where(eq(files.id, id));
 }

@@ -24,6 +24,6 @@ export function saveForecast(db: DbOrTx, runId: string, forecast: StoredForecast
 }
 
 /** A run's forecast history, oldest first (a few hundred rows at most: see runner/forecasts.ts). */
-export function forecastHistory(db: DbOrTx, runId: string) {
-  return db.select().from(forecasts).where(eq(forecasts.runId, runId)).orderBy(asc(forecasts.at)).all();
+export async function forecastHistory(db: DbOrTx, runId: string) {
+  return await db.select().from(forecasts).where(eq(forecasts.runId, runId)).orderBy(asc(forecasts.at));
 }

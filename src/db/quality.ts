@@ -33,7 +33,7 @@ const histogramSql =
     }),
   ).join(', ');
 
-export function qualityHistograms(db: Db, runId: string): Record<HistogramName, Histogram> {
+export async function qualityHistograms(db: Db, runId: string): Promise<Record<HistogramName, Histogram>> {
   const counts = db.$client.prepare(histogramSql).raw().get({ run: runId }) as number[];
   const out = {} as Record<HistogramName, Histogram>;
   let at = 0;
@@ -51,7 +51,7 @@ export function qualityHistograms(db: Db, runId: string): Record<HistogramName, 
  * partial index samples_flag_<flag>_idx, which holds only samples with that flag, so the walk
  * stops after `limit` index entries however rare the flag is.
  */
-export function flagExamples(db: Db, runId: string, flag: Flag, limit: number): string[] {
+export async function flagExamples(db: Db, runId: string, flag: Flag, limit: number): Promise<string[]> {
   return db.$client
     .prepare(`select custom_id from samples where run_id = ? and (flags & ${flagBit(flag)}) <> 0 order by seq limit ?`)
     .pluck()

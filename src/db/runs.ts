@@ -11,21 +11,21 @@ export function getRun(db: DbOrTx, id: string): RunRow | undefined {
   return db.select().from(runs).where(eq(runs.id, id)).get();
 }
 
-export function getRunByIdempotencyKey(db: DbOrTx, key: string): RunRow | undefined {
-  return db.select().from(runs).where(eq(runs.idempotencyKey, key)).get();
+export async function getRunByIdempotencyKey(db: DbOrTx, key: string): Promise<RunRow | undefined> {
+  const [row] = await db.select().from(runs).where(eq(runs.idempotencyKey, key)).limit(1);
+  return row;
 }
 
-export function listRuns(db: DbOrTx, opts: { status?: RunStatus; after?: string; limit: number }): RunRow[] {
+export async function listRuns(db: DbOrTx, opts: { status?: RunStatus; after?: string; limit: number }): Promise<RunRow[]> {
   const where: SQL[] = [];
   if (opts.status) where.push(eq(runs.status, opts.status));
   if (opts.after) where.push(lt(runs.id, opts.after));
-  return db
+  return await db
     .select()
     .from(runs)
     .where(and(...where))
     .orderBy(desc(runs.id))
-    .limit(opts.limit + 1)
-    .all();
+    .limit(opts.limit + 1);
 }
 
 /**
@@ -75,22 +75,21 @@ export function insertRun(db: DbOrTx, row: typeof runs.$inferInsert): void {
 }
 
 /** The run that writes its output under this prefix, if any. */
-export function getRunByOutputUri(db: DbOrTx, uri: string): { id: string } | undefined {
-  return db.select({ id: runs.id }).from(runs).where(eq(runs.outputUri, uri)).get();
+export async function getRunByOutputUri(db: DbOrTx, uri: string): Promise<{ id: string } | undefined> {
+  const [row] = await db.select({ id: runs.id }).from(runs).where(eq(runs.outputUri, uri)).limit(1);
+  return row;
 }
 
 /** A run still validating this uploaded file: the file cannot go while it is read. */
-export function getRunValidatingFile(db: DbOrTx, fileId: string): { id: string } | undefined {
-  return db.select({ id: runs.id }).from(runs).where(sql`json_extract(${runs.input}, '$.file_id') = ${fileId} and ${runs.status} = 'validating'`).get();
+export async function getRunValidatingFile(db: DbOrTx, fileId: string): Promise<{ id: string } | undefined> {
+  // Few runs validate at once: the status filters them first, and only their inputs are looked into.
+  const validating = await db.select({ id: runs.id, input: runs.input }).from(runs).where(eq(runs.status, 'validating'));
+  return validating.find((r) => 'file_id' in r.input && r.input.file_id === fileId);
 }
 
-export function validatingRunIds(db: DbOrTx): string[] {
-  return db
-    .select({ id: runs.id })
-    .from(runs)
-    .where(eq(runs.status, 'validating'))
-    .all()
-    .map((r) => r.id);
+export async function validatingRunIds(db: DbOrTx): Promise<string[]> {
+  const rows = await db.select({ id: runs.id }).from(runs).where(eq(runs.status, 'validating'));
+  return rows.map((r) => r.id);
 }
 
 /** What validation found: the invalid lines, and once the run is laid out its sample and shard totals. */
@@ -131,13 +130,13 @@ export function uncountRequeued(
     .run();
 }
 
-export function runCountsByStatus(db: DbOrTx): { status: string; n: number }[] {
-  return db.select({ status: runs.status, n: count() }).from(runs).groupBy(runs.status).all();
+export async function runCountsByStatus(db: DbOrTx): Promise<{ status: string; n: number }[]> {
+  return await db.select({ status: runs.status, n: count() }).from(runs).groupBy(runs.status);
 }
 
 /** The sample counters of runs not finished, or finished at `finishedSince` or later. */
-export function recentRunSampleCounts(db: DbOrTx, finishedSince: number) {
-  return db
+export async function recentRunSampleCounts(db: DbOrTx, finishedSince: number) {
+  return await db
     .select({
       id: runs.id,
       model: runs.model,
@@ -150,8 +149,7 @@ export function recentRunSampleCounts(db: DbOrTx, finishedSince: number) {
       loopTokensSaved: runs.loopTokensSaved,
     })
     .from(runs)
-    .where(or(notInArray(runs.status, [...TERMINAL_RUN_STATUSES]), gte(runs.finishedAt, finishedSince)))
-    .all();
+    .where(or(notInArray(runs.status, [...TERMINAL_RUN_STATUSES]), gte(runs.finishedAt, finishedSince)));
 }
 
 /** Sets a run's status_reason without moving its status, only while its status is one of `statuses`. */
@@ -166,6 +164,7 @@ export function setStatusReason(db: DbOrTx, id: string, reason: string | null, s
 }
 
 /** A run's status alone: cheap enough to ask often (ingest asks every batch of lines). */
-export function getRunStatus(db: DbOrTx, id: string): string | undefined {
-  return db.select({ status: runs.status }).from(runs).where(eq(runs.id, id)).get()?.status;
+export async function getRunStatus(db: DbOrTx, id: string): Promise<string | undefined> {
+  const [row] = await db.select({ status: runs.status }).from(runs).where(eq(runs.id, id)).limit(1);
+  return row?.status;
 }

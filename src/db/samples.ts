@@ -3,40 +3,39 @@ import { type Db, type DbOrTx, IMMEDIATE } from './client.js';
 import { runs, samples, shards } from './schema.js';
 import { flagBit, type Flag } from '../domain/flags.js';
 
-export function getSample(db: Db, runId: string, customId: string) {
-  return db
+export async function getSample(db: Db, runId: string, customId: string) {
+  const [row] = await db
     .select()
     .from(samples)
     .where(and(eq(samples.runId, runId), eq(samples.customId, customId)))
-    .get();
+    .limit(1);
+  return row;
 }
 
 /** Samples in input order; `after` is the custom_id that ended the previous page. */
-export function listSamples(db: Db, runId: string, opts: { status?: string; flag?: Flag; after?: string; limit: number }) {
+export async function listSamples(db: Db, runId: string, opts: { status?: string; flag?: Flag; after?: string; limit: number }) {
   const where: SQL[] = [eq(samples.runId, runId)];
   if (opts.status) where.push(eq(samples.status, opts.status));
   if (opts.flag) where.push(ne(sql`${samples.flags} & ${flagBit(opts.flag)}`, 0));
   if (opts.after) {
-    const cursor = getSample(db, runId, opts.after);
+    const cursor = await getSample(db, runId, opts.after);
     if (cursor) where.push(gt(samples.seq, cursor.seq));
   }
-  return db
+  return await db
     .select()
     .from(samples)
     .where(and(...where))
     .orderBy(asc(samples.seq))
-    .limit(opts.limit + 1)
-    .all();
+    .limit(opts.limit + 1);
 }
 
-export function listShards(db: Db, runId: string, opts: { after?: number; limit: number }) {
-  return db
+export async function listShards(db: Db, runId: string, opts: { after?: number; limit: number }) {
+  return await db
     .select()
     .from(shards)
     .where(and(eq(shards.runId, runId), gt(shards.idx, opts.after ?? -1)))
     .orderBy(asc(shards.idx))
-    .limit(opts.limit + 1)
-    .all();
+    .limit(opts.limit + 1);
 }
 
 // ---- leases (the runner) ----

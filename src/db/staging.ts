@@ -3,8 +3,9 @@ import type { DbOrTx } from './client.js';
 import { staging } from './schema.js';
 
 /** A completed sample's output while its shard is open, as the JSON the runner staged. */
-export function getStagedOutput(db: DbOrTx, sampleId: number): string | undefined {
-  return db.select({ output: staging.output }).from(staging).where(eq(staging.sampleId, sampleId)).get()?.output;
+export async function getStagedOutput(db: DbOrTx, sampleId: number): Promise<string | undefined> {
+  const [row] = await db.select({ output: staging.output }).from(staging).where(eq(staging.sampleId, sampleId)).limit(1);
+  return row?.output;
 }
 
 export function deleteStagedOutputs(db: DbOrTx, sampleIds: number[]): void {

@@ -36,14 +36,13 @@ export function runsWithOwnWebhook(db: DbOrTx, runIds: string[]): { id: string; 
 }
 
 /** Pending events whose next attempt is due, oldest first. */
-export function dueDeliveries(db: Db, now: number, limit: number): WebhookDeliveryRow[] {
-  return db
+export async function dueDeliveries(db: Db, now: number, limit: number): Promise<WebhookDeliveryRow[]> {
+  return await db
     .select()
     .from(webhookDeliveries)
     .where(and(eq(webhookDeliveries.status, 'pending'), lte(webhookDeliveries.nextAttemptAt, now)))
     .orderBy(asc(webhookDeliveries.nextAttemptAt))
-    .limit(limit)
-    .all();
+    .limit(limit);
 }
 
 /**
@@ -51,30 +50,30 @@ export function dueDeliveries(db: Db, now: number, limit: number): WebhookDelive
  * an attempt that never reported (its process died) is made again. False when another deliverer
  * took it first.
  */
-export function claimDelivery(db: Db, row: WebhookDeliveryRow, leaseUntil: number): boolean {
-  return (
-    db
-      .update(webhookDeliveries)
-      .set({ attempts: sql`${webhookDeliveries.attempts} + 1`, nextAttemptAt: leaseUntil })
-      .where(and(eq(webhookDeliveries.id, row.id), eq(webhookDeliveries.status, 'pending'), eq(webhookDeliveries.nextAttemptAt, row.nextAttemptAt)))
-      .run().changes > 0
-  );
+export async function claimDelivery(db: Db, row: WebhookDeliveryRow, leaseUntil: number): Promise<boolean> {
+  const taken = await db
+    .update(webhookDeliveries)
+    .set({ attempts: sql`${webhookDeliveries.attempts} + 1`, nextAttemptAt: leaseUntil })
+    .where(and(eq(webhookDeliveries.id, row.id), eq(webhookDeliveries.status, 'pending'), eq(webhookDeliveries.nextAttemptAt, row.nextAttemptAt)))
+    .returning({ id: webhookDeliveries.id });
+  return taken.length > 0;
 }
 
 /** The signing secret a run's own webhook was given, if any. */
-export function runWebhookSecret(db: Db, runId: string): string | null {
-  return db.select({ secret: runs.webhookSecret }).from(runs).where(eq(runs.id, runId)).get()?.secret ?? null;
+export async function runWebhookSecret(db: Db, runId: string): Promise<string | null> {
+  const [row] = await db.select({ secret: runs.webhookSecret }).from(runs).where(eq(runs.id, runId)).limit(1);
+  return row?.secret ?? null;
 }
 
 /** The outbox's events by delivery status. */
-export function deliveryCountsByStatus(db: Db): { status: string; n: number }[] {
-  return db.select({ status: webhookDeliveries.status, n: count() }).from(webhookDeliveries).groupBy(webhookDeliveries.status).all();
+export async function deliveryCountsByStatus(db: Db): Promise<{ status: string; n: number }[]> {
+  return await db.select({ status: webhookDeliveries.status, n: count() }).from(webhookDeliveries).groupBy(webhookDeliveries.status);
 }
 
 export type DeliveryResult = { kind: 'delivered' } | { kind: 'retry'; at: number; error: string } | { kind: 'failed'; error: string };
 
 /** What an attempt came to; an event already delivered or given up (by another attempt) stays so. */
-export function recordAttempt(db: Db, row: WebhookDeliveryRow, result: DeliveryResult, now: number): void {
+export async function recordAttempt(db: Db, row: WebhookDeliveryRow, result: DeliveryResult, now: number): Promise<void> {
   db.transaction((tx) => {
     const set =
       result.kind === 'delivered'

@@ -44,28 +44,28 @@ function givenColumns(body: NewEndpoint | EndpointChange) {
  * Registers an endpoint, or updates the one with the same URL: a launch script calls this on every
  * boot. Returns the endpoint and whether it is new.
  */
-export function upsertEndpoint(deps: Deps, body: NewEndpoint): { endpoint: EndpointRow; created: boolean } {
+export async function upsertEndpoint(deps: Deps, body: NewEndpoint): Promise<{ endpoint: EndpointRow; created: boolean }> {
   const url = normalizeEndpointUrl(body.url);
   const now = deps.clock();
-  const existing = getEndpointByUrl(deps.db, url);
+  const existing = await getEndpointByUrl(deps.db, url);
   const given = givenColumns(body);
   let id: string;
   if (existing) {
     id = existing.id;
     // A re-registration usually means the server restarted: probe it again unless an operator parked it.
     const state = PARKED_ENDPOINT_STATES.includes(existing.state as EndpointState) ? existing.state : 'starting';
-    updateEndpoint(deps.db, id, { ...given, state, updatedAt: now });
+    await updateEndpoint(deps.db, id, { ...given, state, updatedAt: now });
     if (state !== existing.state) deps.logger.info({ endpoint_id: id, url, from: existing.state, state }, 'endpoint state');
   } else {
     id = newId('ep');
-    insertEndpoint(deps.db, { id, url, name: body.name ?? new URL(url).host, state: 'starting', createdAt: now, updatedAt: now, ...given });
+    await insertEndpoint(deps.db, { id, url, name: body.name ?? new URL(url).host, state: 'starting', createdAt: now, updatedAt: now, ...given });
     deps.logger.info({ endpoint_id: id, url, state: 'starting' }, 'endpoint registered');
   }
   deps.runner.wake();
   return { endpoint: getEndpoint(deps.db, id)!, created: !existing };
 }
 
-export function patchEndpoint(deps: Deps, id: string, body: EndpointChange): EndpointRow {
+export async function patchEndpoint(deps: Deps, id: string, body: EndpointChange): Promise<EndpointRow> {
   const row = getEndpoint(deps.db, id);
   if (!row) throw notFound('endpoint', id);
   const set = {
@@ -74,16 +74,16 @@ export function patchEndpoint(deps: Deps, id: string, body: EndpointChange): End
     ...(body.state !== undefined && { state: body.state === 'ready' ? 'starting' : body.state }),
     updatedAt: deps.clock(),
   };
-  updateEndpoint(deps.db, id, set);
+  await updateEndpoint(deps.db, id, set);
   if (body.state && set.state !== row.state) deps.logger.info({ endpoint_id: id, from: row.state, state: set.state }, 'endpoint state');
   deps.runner.wake();
   return getEndpoint(deps.db, id)!;
 }
 
 /** Removes an endpoint; the runner aborts its in-flight requests and their samples return to the queue. */
-export function removeEndpoint(deps: Deps, id: string): void {
+export async function removeEndpoint(deps: Deps, id: string): Promise<void> {
   if (!getEndpoint(deps.db, id)) throw notFound('endpoint', id);
-  deleteEndpoint(deps.db, id);
+  await deleteEndpoint(deps.db, id);
   deps.logger.info({ endpoint_id: id }, 'endpoint removed');
   deps.runner.wake();
 }

@@ -24,7 +24,7 @@ export async function storeFile(deps: Deps, filename: string, purpose: string, b
     throw new ApiError('storage_unavailable', 'the object store could not take the file; try again');
   }
   const row = { id, filename: cleanName(filename), purpose, bytes, objectKey: key, createdAt: deps.clock() };
-  insertFile(deps.db, row);
+  await insertFile(deps.db, row);
   return row;
 }
 
@@ -34,7 +34,7 @@ export async function discardFile(deps: Deps, row: Pick<FileRow, 'id' | 'objectK
     .forUri(deps.config.outputUri)
     .delete(row.objectKey)
     .catch(() => {});
-  deleteFile(deps.db, row.id);
+  await deleteFile(deps.db, row.id);
 }
 
 /**
@@ -51,17 +51,17 @@ export async function keepFile(deps: Deps, row: FileRow, purpose?: string): Prom
     await discardFile(deps, row);
     throw new ApiError('validation_failed', `purpose: expected one of ${FILE_PURPOSES.join(', ')}`, { field: 'purpose' });
   }
-  setFilePurpose(deps.db, row.id, purpose);
+  await setFilePurpose(deps.db, row.id, purpose);
   return { ...row, purpose };
 }
 
 /** Deletes a file that no run is still validating; a batch's output and error files go with their run. */
 export async function removeFile(deps: Deps, id: string): Promise<void> {
-  const file = getFile(deps.db, id);
-  if (!file && resolveBatchFile(deps.db, id))
+  const file = await getFile(deps.db, id);
+  if (!file && (await resolveBatchFile(deps.db, id)))
     throw new ApiError('conflict', "a batch's output and error files are views of its run's shards and go with the run");
   if (!file) throw notFound('file', id);
-  const reader = getRunValidatingFile(deps.db, id);
+  const reader = await getRunValidatingFile(deps.db, id);
   if (reader) throw new ApiError('conflict', `run ${reader.id} is still validating this file`);
   await deps.stores
     .forUri(deps.config.outputUri)
@@ -69,15 +69,15 @@ export async function removeFile(deps: Deps, id: string): Promise<void> {
     .catch((err: Error) => {
       deps.logger.warn({ file_id: id, err: { message: err.message } }, 'file object delete failed; row removed anyway');
     });
-  deleteFile(deps.db, id);
+  await deleteFile(deps.db, id);
 }
 
 /** A file's bytes as a stream, with their count when it is known before reading. */
 export async function fileContent(deps: Deps, id: string): Promise<{ stream: Readable; bytes: number | null }> {
-  const file = getFile(deps.db, id);
+  const file = await getFile(deps.db, id);
   if (!file) {
     // A batch's output and error files are made from its shards as they are sent.
-    const batchFile = resolveBatchFile(deps.db, id);
+    const batchFile = await resolveBatchFile(deps.db, id);
     if (!batchFile) throw notFound('file', id);
     const stream = batchFileStream(deps, batchFile.run, batchFile.kind).on('error', (err) => {
       deps.logger.error({ file_id: id, err: { message: err.message } }, 'batch file read failed');

@@ -191,7 +191,7 @@ export class Metrics implements RunnerMetrics {
 
   /** The Prometheus text: gauges refreshed from the database and the runner, then everything rendered. */
   async render(src: MetricsSource): Promise<string> {
-    this.readRuns(src);
+    await this.readRuns(src);
     this.readEndpoints(src);
     return this.registry.metrics();
   }
@@ -200,16 +200,21 @@ export class Metrics implements RunnerMetrics {
     return this.registry.contentType;
   }
 
-  private readRuns({ db, now }: MetricsSource): void {
+  private async readRuns({ db, now }: MetricsSource): Promise<void> {
+    // Everything is read before any gauge is reset, so two renders at once cannot interleave their
+    // resets and increments.
+    const [byStatus, outbox, recent] = await Promise.all([
+      runCountsByStatus(db),
+      deliveryCountsByStatus(db),
+      recentRunSampleCounts(db, now - FINISHED_RUN_VISIBLE_MS),
+    ]);
     this.runCount.reset();
     this.runSamples.reset();
     this.loopsStopped.reset();
     this.loopTokensSaved.reset();
-    const byStatus = runCountsByStatus(db);
     for (const status of RUN_STATUSES) this.runCount.set({ status }, byStatus.find((r) => r.status === status)?.n ?? 0);
-    const outbox = deliveryCountsByStatus(db);
     for (const status of DELIVERY_STATUSES) this.webhookEvents.set({ status }, outbox.find((r) => r.status === status)?.n ?? 0);
-    for (const r of recentRunSampleCounts(db, now - FINISHED_RUN_VISIBLE_MS)) {
+    for (const r of recent) {
       for (const status of SAMPLE_STATUSES) this.runSamples.set({ run_id: r.id, status }, r[status]);
       const labels = { run_id: r.id, model: r.model };
       this.loopsStopped.inc(labels, r.loopsStopped);

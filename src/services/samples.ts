@@ -11,7 +11,7 @@ export async function readSampleOutput(
   s: SampleRow,
 ): Promise<{ reasoning_content: string | null; content: string | null } | null> {
   if (s.status !== 'completed') return null;
-  const staged = getStagedOutput(deps.db, s.id);
+  const staged = await getStagedOutput(deps.db, s.id);
   if (staged) {
     const o = JSON.parse(staged) as StagedOutput;
     return { reasoning_content: o.reasoning_content, content: o.content };

@@ -25,6 +25,9 @@ export class WebhookDeliverer {
   private backlog = false;
   private readonly inFlight = new Set<Promise<void>>();
   private readonly stopping = new AbortController();
+  /** The outbox read under way, if any: reads never overlap, a tick during one asks for another after it. */
+  private reading: Promise<void> | null = null;
+  private readAgain = false;
 
   constructor(private readonly deps: Pick<Deps, 'db' | 'config' | 'logger' | 'clock' | 'metrics'>) {}
 
@@ -36,6 +39,7 @@ export class WebhookDeliverer {
   async stop(): Promise<void> {
     this.stopping.abort();
     clearTimeout(this.timer);
+    await this.reading;
     await Promise.allSettled([...this.inFlight]);
   }
 
@@ -46,14 +50,28 @@ export class WebhookDeliverer {
   }
 
   private tick(): void {
+    if (this.reading !== null) {
+      this.readAgain = true;
+      return;
+    }
+    this.reading = this.read().finally(() => {
+      this.reading = null;
+      const again = this.readAgain;
+      this.readAgain = false;
+      this.schedule(again ? 0 : POLL_MS);
+    });
+  }
+
+  private async read(): Promise<void> {
     const { db, config, logger, clock } = this.deps;
     try {
       const free = MAX_IN_FLIGHT - this.inFlight.size;
       const now = clock();
-      const due = free > 0 ? dueDeliveries(db, now, free) : [];
+      const due = free > 0 ? await dueDeliveries(db, now, free) : [];
       this.backlog = free === 0 || due.length === free;
       for (const row of due) {
-        if (!claimDelivery(db, row, now + config.webhookTimeoutMs + LEASE_MARGIN_MS)) continue;
+        if (this.stopping.signal.aborted) return;
+        if (!(await claimDelivery(db, row, now + config.webhookTimeoutMs + LEASE_MARGIN_MS))) continue;
         const attempt = this.attempt(row).finally(() => {
           this.inFlight.delete(attempt);
           if (this.backlog) this.schedule(0);
@@ -64,7 +82,6 @@ export class WebhookDeliverer {
       // A busy database or the like: the outbox keeps the events, the next tick tries again.
       logger.warn({ err: { message: (err as Error).message } }, 'webhook outbox read failed');
     }
-    this.schedule(POLL_MS);
   }
 
   private async attempt(row: WebhookDeliveryRow): Promise<void> {
@@ -72,7 +89,14 @@ export class WebhookDeliverer {
     // A run's own webhook keeps its URL and secret; the server's default is read as it is now, URL
     // and secret together, so an operator who rotates both never has events signed with the new
     // secret sent to the old URL.
-    const own = row.runId ? runWebhookSecret(db, row.runId) : null;
+    let own: string | null;
+    try {
+      own = row.runId ? await runWebhookSecret(db, row.runId) : null;
+    } catch (err) {
+      // Not sent: the lease runs out and the event is tried again.
+      logger.warn({ event_id: row.id, err: { message: (err as Error).message } }, 'webhook secret read failed');
+      return;
+    }
     const target = own
       ? { url: row.url, secret: own }
       : config.webhookUrl && config.webhookSecret
@@ -82,7 +106,7 @@ export class WebhookDeliverer {
       ? await this.send(row, target.url, target.secret)
       : { kind: 'failed', error: 'nowhere to send it: no webhook of its run, and REGEN_WEBHOOK_URL and REGEN_WEBHOOK_SECRET are not set' };
     try {
-      recordAttempt(db, row, result, clock());
+      await recordAttempt(db, row, result, clock());
     } catch (err) {
       // Not recorded: the lease runs out and the event is sent again, as after a crash.
       logger.warn({ event_id: row.id, err: { message: (err as Error).message } }, 'webhook attempt not recorded');

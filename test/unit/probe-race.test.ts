@@ -50,7 +50,7 @@ describe('a probe in flight against an operator', () => {
   async function probing(model: string, file: string) {
     const fake = await heldHealthServer(model);
     const db = openDb(join(tmp.dir, file));
-    insertEndpoint(db, { id: 'ep_1', url: fake.url, name: 'a', state: 'starting', createdAt: 1, updatedAt: 1 });
+    await insertEndpoint(db, { id: 'ep_1', url: fake.url, name: 'a', state: 'starting', createdAt: 1, updatedAt: 1 });
     const pool = new EndpointPool(
       db,
       makeLogger('silent'),
@@ -69,7 +69,7 @@ describe('a probe in flight against an operator', () => {
     const { fake, db, pool } = await probing('m', 'race.db');
     try {
       // The API thread's PATCH lands now; the runner thread has not re-read the table yet.
-      updateEndpoint(db, 'ep_1', { state: 'draining' });
+      await updateEndpoint(db, 'ep_1', { state: 'draining' });
       fake.release();
       const e = pool.live.get('ep_1')!;
       await expect.poll(() => e.probing).toBe(false);

@@ -21,11 +21,12 @@ const route = createRoute({
 });
 
 export function registerCancelBatch(app: App) {
-  app.openapi(route, (c) => {
+  app.openapi(route, async (c) => {
     const deps = c.get('deps');
     const { id } = c.req.valid('param');
-    const run = getBatchRun(deps.db, id);
+    const run = await getBatchRun(deps.db, id);
     if (!run) throw notFound('batch', id);
-    return c.json(renderBatches(deps.db, [cancelRun(deps, run.id)])[0], 200);
+    const [batch] = await renderBatches(deps.db, [cancelRun(deps, run.id)]);
+    return c.json(batch, 200);
   });
 }

@@ -22,6 +22,7 @@ export function registerCreateBatch(app: App) {
   app.openapi(route, async (c) => {
     const deps = c.get('deps');
     const run = await createBatch(deps, c.req.valid('json'));
-    return c.json(renderBatches(deps.db, [run])[0], 200);
+    const [batch] = await renderBatches(deps.db, [run]);
+    return c.json(batch, 200);
   });
 }

@@ -17,11 +17,12 @@ const route = createRoute({
 });
 
 export function registerGetBatch(app: App) {
-  app.openapi(route, (c) => {
+  app.openapi(route, async (c) => {
     const { db } = c.get('deps');
     const { id } = c.req.valid('param');
-    const run = getBatchRun(db, id);
+    const run = await getBatchRun(db, id);
     if (!run) throw notFound('batch', id);
-    return c.json(renderBatches(db, [run])[0], 200);
+    const [batch] = await renderBatches(db, [run]);
+    return c.json(batch, 200);
   });
 }

@@ -23,11 +23,11 @@ const route = createRoute({
 });
 
 export function registerListBatches(app: App) {
-  app.openapi(route, (c) => {
+  app.openapi(route, async (c) => {
     const { db } = c.get('deps');
     const q = c.req.valid('query');
-    const rows = listBatchRuns(db, q);
-    const data = renderBatches(db, rows.slice(0, q.limit));
+    const rows = await listBatchRuns(db, q);
+    const data = await renderBatches(db, rows.slice(0, q.limit));
     return c.json({ object: 'list' as const, data, first_id: data[0]?.id ?? null, last_id: data.at(-1)?.id ?? null, has_more: rows.length > q.limit }, 200);
   });
 }

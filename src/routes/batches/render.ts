@@ -92,8 +92,8 @@ function renderBatch(r: RunRow, times: StatusTimes | undefined): Batch {
 }
 
 /** Batches for these runs, with their status times read in one query. */
-export function renderBatches(db: Db, rows: RunRow[]): Batch[] {
-  const times = statusTimes(
+export async function renderBatches(db: Db, rows: RunRow[]): Promise<Batch[]> {
+  const times = await statusTimes(
     db,
     rows.map((r) => r.id),
   );

@@ -17,9 +17,9 @@ const route = createRoute({
 });
 
 export function registerDeleteEndpoint(app: App) {
-  app.openapi(route, (c) => {
+  app.openapi(route, async (c) => {
     const { id } = c.req.valid('param');
-    removeEndpoint(c.get('deps'), id);
+    await removeEndpoint(c.get('deps'), id);
     return c.json({ id, object: 'endpoint' as const, deleted: true as const }, 200);
   });
 }

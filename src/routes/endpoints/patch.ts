@@ -17,10 +17,10 @@ const route = createRoute({
 });
 
 export function registerPatchEndpoint(app: App) {
-  app.openapi(route, (c) => {
+  app.openapi(route, async (c) => {
     const deps = c.get('deps');
     const { id } = c.req.valid('param');
-    const row = patchEndpoint(deps, id, c.req.valid('json'));
+    const row = await patchEndpoint(deps, id, c.req.valid('json'));
     return c.json(renderEndpoint(row, deps.runner.endpointLive(id), deps.config.defaultConcurrency), 200);
   });
 }

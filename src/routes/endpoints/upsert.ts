@@ -20,9 +20,9 @@ const route = createRoute({
 });
 
 export function registerUpsertEndpoint(app: App) {
-  app.openapi(route, (c) => {
+  app.openapi(route, async (c) => {
     const deps = c.get('deps');
-    const { endpoint, created } = upsertEndpoint(deps, c.req.valid('json'));
+    const { endpoint, created } = await upsertEndpoint(deps, c.req.valid('json'));
     return c.json(renderEndpoint(endpoint, deps.runner.endpointLive(endpoint.id), deps.config.defaultConcurrency), created ? 201 : 200);
   });
 }

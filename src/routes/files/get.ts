@@ -21,9 +21,9 @@ export function registerGetFile(app: App) {
   app.openapi(route, async (c) => {
     const deps = c.get('deps');
     const { id } = c.req.valid('param');
-    const file = getFile(deps.db, id);
+    const file = await getFile(deps.db, id);
     if (file) return c.json(fileObject(file), 200);
-    const batchFile = resolveBatchFile(deps.db, id);
+    const batchFile = await resolveBatchFile(deps.db, id);
     if (!batchFile) throw notFound('file', id);
     return c.json(await renderBatchFile(deps, batchFile.run, batchFile.kind), 200);
   });

@@ -17,10 +17,10 @@ const route = createRoute({
 });
 
 export function registerListFiles(app: App) {
-  app.openapi(route, (c) => {
+  app.openapi(route, async (c) => {
     const q = c.req.valid('query');
     return c.json(
-      page(listFiles(c.get('deps').db, q), q.limit, (f) => f.id, fileObject),
+      page(await listFiles(c.get('deps').db, q), q.limit, (f) => f.id, fileObject),
       200,
     );
   });

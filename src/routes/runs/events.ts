@@ -140,7 +140,7 @@ async function follow(deps: Deps, runId: string, after: number, stream: SSEStrea
 
 async function sendEvents(db: Db, runId: string, cursor: number, stream: SSEStreamingApi): Promise<number> {
   for (;;) {
-    const rows = eventsAfter(db, runId, cursor, EVENTS_PER_READ);
+    const rows = await eventsAfter(db, runId, cursor, EVENTS_PER_READ);
     for (const e of rows) {
       await stream.writeSSE({ id: String(e.id), event: e.type, data: JSON.stringify({ run_id: runId, ...e.data, at: iso(e.createdAt) }) });
       cursor = e.id;

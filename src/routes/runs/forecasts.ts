@@ -31,11 +31,11 @@ const route = createRoute({
 });
 
 export function registerRunForecasts(app: App) {
-  app.openapi(route, (c) => {
+  app.openapi(route, async (c) => {
     const { db } = c.get('deps');
     const { id } = c.req.valid('param');
     if (!getRun(db, id)) throw notFound('run', id);
-    const data = forecastHistory(db, id).map((p) => ({
+    const data = (await forecastHistory(db, id)).map((p) => ({
       at: iso(p.at)!,
       fraction: p.fraction,
       finishes_at: iso(p.finishesAt),

@@ -17,10 +17,10 @@ const route = createRoute({
 });
 
 export function registerListRuns(app: App) {
-  app.openapi(route, (c) => {
+  app.openapi(route, async (c) => {
     const deps = c.get('deps');
     const q = c.req.valid('query');
-    const rows = listRuns(deps.db, q);
+    const rows = await listRuns(deps.db, q);
     const now = deps.clock();
     return c.json(
       page(

@@ -125,7 +125,7 @@ function endpointShares(db: Parameters<typeof recentCompleted>[0], runId: string
 }
 
 export function registerRunQuality(app: App) {
-  app.openapi(route, (c) => {
+  app.openapi(route, async (c) => {
     const { db } = c.get('deps');
     const { id } = c.req.valid('param');
     const run = getRun(db, id);
@@ -133,10 +133,12 @@ export function registerRunQuality(app: App) {
     const counts = flagCounts(run);
     const gate = gateSettings(run);
     const byFlag = Object.fromEntries(
-      FLAGS.map((f) => [
-        f,
-        { count: counts[f], share: share(counts[f], run.completed), examples: counts[f] ? flagExamples(db, id, f, EXAMPLES_PER_FLAG) : [] },
-      ]),
+      await Promise.all(
+        FLAGS.map(async (f) => [
+          f,
+          { count: counts[f], share: share(counts[f], run.completed), examples: counts[f] ? await flagExamples(db, id, f, EXAMPLES_PER_FLAG) : [] },
+        ]),
+      ),
     ) as z.infer<typeof RunQuality>['by_flag'];
     return c.json(
       {
@@ -158,7 +160,7 @@ export function registerRunQuality(app: App) {
         },
         loops: { enabled: stopsLoops(run.quality), stopped: run.loopsStopped, tokens_saved: run.loopTokensSaved },
         endpoints: run.quality ? endpointShares(db, run.id, run.completed, run.model) : [],
-        histograms: qualityHistograms(db, id),
+        histograms: await qualityHistograms(db, id),
       },
       200,
     );

@@ -32,7 +32,7 @@ export function registerGetSample(app: App) {
     const { id, custom_id } = c.req.valid('param');
     const run = getRun(deps.db, id);
     if (!run) throw notFound('run', id);
-    const sample = getSample(deps.db, id, custom_id);
+    const sample = await getSample(deps.db, id, custom_id);
     if (!sample) throw notFound('sample', custom_id);
     const request = JSON.parse(sample.request) as { messages: unknown[]; params?: Record<string, unknown> };
     const output = await readSampleOutput(deps, run, sample);

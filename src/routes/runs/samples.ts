@@ -18,16 +18,16 @@ const route = createRoute({
 });
 
 export function registerListSamples(app: App) {
-  app.openapi(route, (c) => {
+  app.openapi(route, async (c) => {
     const { db } = c.get('deps');
     const { id } = c.req.valid('param');
     if (!getRun(db, id)) throw notFound('run', id);
     const q = c.req.valid('query');
     // An unknown cursor would silently restart the listing, and a client paging through would loop.
-    if (q.after !== undefined && !getSample(db, id, q.after)) {
+    if (q.after !== undefined && !(await getSample(db, id, q.after))) {
       throw new ApiError('validation_failed', `after: no sample ${JSON.stringify(q.after.slice(0, 100))} in this run`, { field: 'after' });
     }
-    const rows = listSamples(db, id, q);
+    const rows = await listSamples(db, id, q);
     return c.json(
       page(rows, q.limit, (s) => s.customId, renderSample),
       200,

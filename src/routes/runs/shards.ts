@@ -24,12 +24,12 @@ const route = createRoute({
 });
 
 export function registerListShards(app: App) {
-  app.openapi(route, (c) => {
+  app.openapi(route, async (c) => {
     const { db } = c.get('deps');
     const { id } = c.req.valid('param');
     if (!getRun(db, id)) throw notFound('run', id);
     const q = c.req.valid('query');
-    const rows = listShards(db, id, { after: q.after === undefined ? undefined : Number(q.after), limit: q.limit });
+    const rows = await listShards(db, id, { after: q.after === undefined ? undefined : Number(q.after), limit: q.limit });
     return c.json(
       page(rows, q.limit, (s) => String(s.idx), renderShard),
       200,

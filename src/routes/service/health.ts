@@ -29,7 +29,7 @@ export function registerHealth(app: App) {
     const deps = c.get('deps');
     const checks: Record<string, string> = {};
     try {
-      pingDb(deps.db);
+      await pingDb(deps.db);
       checks.database = 'ok';
     } catch {
       checks.database = 'unavailable';

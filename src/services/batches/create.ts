@@ -27,8 +27,8 @@ const PEEK_LINES = 100;
  * Why no registered endpoint can serve `model`, or null when one does or may: an endpoint still
  * loading its weights has not said yet what it serves, and SGLang servers take minutes to start.
  */
-export function unservedModel(db: DbOrTx, model: string): string | null {
-  if (servedModels(db).some((e) => e.model === null || servesModel(e.model, e.aliases, model))) return null;
+export async function unservedModel(db: DbOrTx, model: string): Promise<string | null> {
+  if ((await servedModels(db)).some((e) => e.model === null || servesModel(e.model, e.aliases, model))) return null;
   return `model ${JSON.stringify(model.slice(0, 100))} is not served by any registered endpoint`;
 }
 
@@ -75,7 +75,7 @@ const hours = (window: string) => Number(window.slice(0, -1));
  * override them), invalid lines skipped and listed rather than failing the whole batch.
  */
 export async function createBatch(deps: Deps, body: NewBatch): Promise<RunRow> {
-  const file = getFile(deps.db, body.input_file_id);
+  const file = await getFile(deps.db, body.input_file_id);
   if (!file) throw new ApiError('not_found', `file ${JSON.stringify(body.input_file_id.slice(0, 100))} does not exist`, { field: 'input_file_id' });
   const model = await peekModel(deps, file);
   const batchId = newId('batch');

@@ -31,8 +31,8 @@ export function batchFileIds(r: RunRow): { output: string | null; error: string 
 }
 
 /** The run and kind behind a batch file id, when that file exists now. */
-export function resolveBatchFile(db: Db, fileId: string): { run: RunRow; kind: BatchFileKind } | null {
-  const run = getRunByBatchFile(db, fileId);
+export async function resolveBatchFile(db: Db, fileId: string): Promise<{ run: RunRow; kind: BatchFileKind } | null> {
+  const run = await getRunByBatchFile(db, fileId);
   if (!run) return null;
   const ids = batchFileIds(run);
   if (ids.output === fileId) return { run, kind: 'output' };
@@ -106,7 +106,7 @@ async function* shardLines(deps: Deps, r: RunRow, key: string): AsyncGenerator<s
 
 async function* outputRecords(deps: Deps, r: RunRow): AsyncGenerator<string> {
   for (let after = -1; ; ) {
-    const page = shardPage(deps.db, r.id, after, SHARDS_PER_QUERY);
+    const page = await shardPage(deps.db, r.id, after, SHARDS_PER_QUERY);
     if (page.length === 0) return;
     for (const shard of page) {
       after = shard.idx;
@@ -123,7 +123,7 @@ async function* errorRecords(deps: Deps, r: RunRow): AsyncGenerator<string> {
   }
   const unanswered = { ...(r.expiredAt ? BATCH_UNANSWERED.expired : BATCH_UNANSWERED.cancelled), status: null };
   for (let after = -1; ; ) {
-    const page = shardPage(deps.db, r.id, after, SHARDS_PER_QUERY);
+    const page = await shardPage(deps.db, r.id, after, SHARDS_PER_QUERY);
     if (page.length === 0) return;
     for (const shard of page) {
       after = shard.idx;
@@ -134,7 +134,7 @@ async function* errorRecords(deps: Deps, r: RunRow): AsyncGenerator<string> {
           yield errorRecord(r, l.custom_id, l.custom_id, error);
         }
       }
-      for (const s of cancelledSamples(deps.db, r.id, shard)) yield errorRecord(r, s.customId, s.customId, unanswered);
+      for (const s of await cancelledSamples(deps.db, r.id, shard)) yield errorRecord(r, s.customId, s.customId, unanswered);
     }
   }
 }
@@ -173,7 +173,7 @@ async function batchFileBytes(deps: Deps, r: RunRow, kind: BatchFileKind): Promi
   }
   const now = getRun(deps.db, r.id)?.batchFileBytes;
   const next = now?.at === at ? { ...now, [kind]: bytes } : { at, [kind]: bytes };
-  setBatchFileBytes(deps.db, r.id, at, next);
+  await setBatchFileBytes(deps.db, r.id, at, next);
   return bytes;
 }
 

@@ -35,7 +35,7 @@ export interface NewRun {
   dispatch_order?: DispatchOrder;
 }
 
-function outputUriFor(deps: Deps, runId: string, requested?: string): string {
+async function outputUriFor(deps: Deps, runId: string, requested?: string): Promise<string> {
   if (!requested) return `${deps.config.outputUri}runs/${runId}/`;
   const uri = requested.endsWith('/') ? requested : requested + '/';
   try {
@@ -54,7 +54,7 @@ function outputUriFor(deps: Deps, runId: string, requested?: string): string {
     }
   }
   // Two runs writing shard-00000.jsonl and manifest.json to one prefix would overwrite each other.
-  const owner = getRunByOutputUri(deps.db, uri);
+  const owner = await getRunByOutputUri(deps.db, uri);
   if (owner) throw new ApiError('conflict', `output.uri is already the output of run ${owner.id}; give each run its own prefix`, { field: 'output.uri' });
   return uri;
 }
@@ -73,7 +73,7 @@ export async function createRun(
   const { db, config } = deps;
   const requestHash = createHash('sha256').update(JSON.stringify(body)).digest('hex');
   if (idempotencyKey) {
-    const prior = getRunByIdempotencyKey(db, idempotencyKey);
+    const prior = await getRunByIdempotencyKey(db, idempotencyKey);
     if (prior) {
       if (prior.requestHash !== requestHash) {
         throw new ApiError('idempotency_conflict', 'this Idempotency-Key was used with a different request body');
@@ -90,11 +90,11 @@ export async function createRun(
   const id = newId('run');
   const now = deps.clock();
   // Checked before anything is stored, so a refused request leaves nothing behind.
-  const outputUri = outputUriFor(deps, id, body.output?.uri);
+  const outputUri = await outputUriFor(deps, id, body.output?.uri);
   let input: RunInput;
   let inlineFile: { id: string; objectKey: string } | undefined;
   if ('file_id' in body.input) {
-    const file = getFile(db, body.input.file_id);
+    const file = await getFile(db, body.input.file_id);
     if (!file) {
       throw new ApiError('not_found', `input.file_id: file ${JSON.stringify(body.input.file_id.slice(0, 100))} does not exist`, { field: 'input.file_id' });
     }
@@ -108,7 +108,14 @@ export async function createRun(
     const key = `files/${fileId}.jsonl`;
     const text = body.input.requests.map((r) => JSON.stringify(r)).join('\n') + '\n';
     await deps.stores.forUri(config.outputUri).put(key, text);
-    insertFile(db, { id: fileId, filename: `${id}-requests.jsonl`, purpose: 'run_input', bytes: Buffer.byteLength(text), objectKey: key, createdAt: now });
+    await insertFile(db, {
+      id: fileId,
+      filename: `${id}-requests.jsonl`,
+      purpose: 'run_input',
+      bytes: Buffer.byteLength(text),
+      objectKey: key,
+      createdAt: now,
+    });
     input = { file_id: fileId };
     inlineFile = { id: fileId, objectKey: key };
   }
@@ -153,7 +160,7 @@ export async function createRun(
         .forUri(config.outputUri)
         .delete(inlineFile.objectKey)
         .catch(() => {});
-      deleteFile(db, inlineFile.id);
+      await deleteFile(db, inlineFile.id);
     }
     // Two requests raced with one key: the loser answers with the winner's run.
     if (idempotencyKey && /UNIQUE.*idempotency_key/.test((err as Error).message)) return createRun(deps, body, idempotencyKey, extra);

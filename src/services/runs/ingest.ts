@@ -28,7 +28,7 @@ const CANCEL_CHECK_LINES = BATCH;
 async function openInput(deps: Deps, run: RunRow): Promise<Readable> {
   const input = run.input;
   if ('file_id' in input) {
-    const file = getFile(deps.db, input.file_id);
+    const file = await getFile(deps.db, input.file_id);
     if (!file) throw new IngestError(`input file ${input.file_id} no longer exists`);
     return deps.stores.forUri(deps.config.outputUri).getStream(file.objectKey);
   }
@@ -86,7 +86,7 @@ export async function ingestRun(deps: Deps, runId: string, signal?: AbortSignal)
   let predicted = 0;
   const failFast = run.onInvalidLine === 'fail';
   // A batch takes its model from its lines, so a model no endpoint serves is an error of each line.
-  const unserved = run.batchId ? unservedModel(db, run.model) : null;
+  const unserved = run.batchId ? await unservedModel(db, run.model) : null;
 
   const noteError = (line: number, code: LineErrorCode, message: string, customId?: string) => {
     invalid++;
@@ -138,7 +138,7 @@ export async function ingestRun(deps: Deps, runId: string, signal?: AbortSignal)
         await new Promise((r) => setImmediate(r));
       }
       // A cancel stops a long validation within a batch of lines, so its samples never linger.
-      if (lines % CANCEL_CHECK_LINES === 0 && getRunStatus(db, runId) !== 'validating') {
+      if (lines % CANCEL_CHECK_LINES === 0 && (await getRunStatus(db, runId)) !== 'validating') {
         source.destroy();
         clearRunSamples(db, runId);
         return;
