@@ -3,14 +3,48 @@ import { defineConfig } from 'vitest/config';
 // The soak runs (test/soak, minutes each) run only under `npm run soak`, which sets REGEN_SOAK.
 const soak = process.env.REGEN_SOAK === '1';
 
+// The tests that need no store (pure functions, the simulator, the document's lint, the bench's own
+// smoke run): they run once, in the sqlite project.
+const storeless = [
+  'test/unit/**',
+  'test/bench.test.ts',
+  'test/input-format.test.ts',
+  'test/layout.test.ts',
+  'test/openapi-lint.test.ts',
+  'test/pg-schema.test.ts',
+  'test/replicas.test.ts',
+  'test/quality.test.ts',
+  'test/sim-sglang.test.ts',
+  'test/sim.test.ts',
+];
+
 export default defineConfig({
   test: {
-    include: soak ? ['test/soak/**/*.test.ts'] : ['test/**/*.test.ts'],
-    exclude: soak ? [] : ['test/soak/**', 'node_modules/**'],
     testTimeout: 120_000,
     hookTimeout: 120_000,
     // Tests start servers and simulator processes; two workers match this machine's two cores.
     maxWorkers: 2,
     reporters: ['default'],
+    // The same suite on both stores (test/support/store.ts): SQLite files, and a PostgreSQL database
+    // of its own for each server a test starts.
+    projects: [
+      {
+        extends: true,
+        test: {
+          name: 'sqlite',
+          include: soak ? ['test/soak/**/*.test.ts'] : ['test/**/*.test.ts'],
+          exclude: soak ? [] : ['test/soak/**', 'node_modules/**'],
+        },
+      },
+      {
+        extends: true,
+        test: {
+          name: 'pg',
+          include: soak ? [] : ['test/**/*.test.ts'],
+          exclude: ['test/soak/**', 'node_modules/**', ...storeless],
+          env: { REGEN_TEST_STORE: 'pg' },
+        },
+      },
+    ],
   },
 });

@@ -5,6 +5,7 @@ import { benchDispatch, benchSaturation, benchStream } from './dispatch.js';
 import { benchIngest } from './ingest.js';
 import { benchMillion } from './million.js';
 import { benchScale } from './scale.js';
+import { benchStores } from './stores.js';
 import { machine, SCALE, type Figure } from './support.js';
 import { benchTail } from './tail.js';
 
@@ -17,6 +18,7 @@ const PARTS: Record<string, () => Promise<Figure[]>> = {
   adaptive: benchAdaptive,
   tail: benchTail,
   scale: benchScale,
+  stores: benchStores,
 };
 
 const fmt = (n: number | null, unit = '') =>
@@ -36,7 +38,7 @@ function table(figures: Figure[]): string {
 
 /**
  * `npm run bench [part…]`: runs the parts (all by default), prints regen next to its baseline for
- * every figure, and, for a full-scale run of every part, writes BENCHMARKS.md. Parts: ingest, dispatch, saturation, stream, million, adaptive, tail, scale.
+ * every figure, and, for a full-scale run of every part, writes BENCHMARKS.md. Parts: ingest, dispatch, saturation, stream, million, adaptive, tail, scale, stores.
  */
 async function main(): Promise<void> {
   const asked = process.argv.slice(2);

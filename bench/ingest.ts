@@ -1,14 +1,15 @@
 import { createReadStream, statSync } from 'node:fs';
 import { join } from 'node:path';
-import { openDb, closeDb } from '../src/db/client.js';
+import { openDb, closeDb, sqliteClient } from '../src/db/client.js';
 import { spawnServer, tempDir } from '../test/support/server.js';
 import { json, memoryOf, promptLine, scaled, until, writePrompts, type Figure } from './support.js';
 
 /** Raw better-sqlite3 inserts of the rows regen stores for n prompts: the ceiling for ingestion. */
-function rawInsert(dir: string, n: number): number {
-  const db = openDb(join(dir, 'raw.db'));
-  const insert = db.$client.prepare(`insert into samples (run_id, seq, shard_idx, custom_id, status, request) values (?, ?, ?, ?, 'pending', ?)`);
-  const batch = db.$client.transaction((from: number, to: number) => {
+async function rawInsert(dir: string, n: number): Promise<number> {
+  const db = await openDb(join(dir, 'raw.db'));
+  const sqlite = sqliteClient(db);
+  const insert = sqlite.prepare(`insert into samples (run_id, seq, shard_idx, custom_id, status, request) values (?, ?, ?, ?, 'pending', ?)`);
+  const batch = sqlite.transaction((from: number, to: number) => {
     for (let i = from; i < to; i++) {
       const line = JSON.parse(promptLine(i)) as { custom_id: string; messages: unknown };
       insert.run('run_raw', i, Math.floor(i / 1000), line.custom_id, JSON.stringify({ messages: line.messages }));
@@ -17,7 +18,7 @@ function rawInsert(dir: string, n: number): number {
   const t0 = performance.now();
   for (let i = 0; i < n; i += 5000) batch(i, Math.min(n, i + 5000));
   const seconds = (performance.now() - t0) / 1000;
-  closeDb(db);
+  await closeDb(db);
   return n / seconds;
 }
 
@@ -58,7 +59,7 @@ export async function benchIngest(): Promise<Figure[]> {
     } finally {
       await server.kill('SIGTERM');
     }
-    const rawRate = rawInsert(tmp.dir, n);
+    const rawRate = await rawInsert(tmp.dir, n);
     const sizeMiB = statSync(file).size / 1048576;
     return [
       {

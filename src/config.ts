@@ -22,6 +22,7 @@ const webhookUrl = z.string().superRefine((v, ctx) => {
   if (problem) ctx.addIssue({ code: 'custom', message: problem });
 });
 const webhookSecret = z.string().refine(isWebhookSecret, SECRET_MESSAGE);
+const postgresUrl = z.string().refine((v) => /^postgres(ql)?:\/\/\S+$/.test(v), 'expected postgres://user@host:port/database');
 const uri = z.string().refine((v) => /^(s3:\/\/[^/]+\/|file:\/\/\/)/.test(v), 'expected s3://bucket/prefix/ or file:///absolute/path/');
 
 // Each setting: its env var, its `regen serve` flag, how to parse it, and its default.
@@ -29,6 +30,8 @@ const settings = {
   port: { env: 'REGEN_PORT', flag: 'port', parse: int(0, 65535), default: '8080' },
   host: { env: 'REGEN_HOST', flag: 'host', parse: z.string().min(1), default: '127.0.0.1' },
   dataDir: { env: 'REGEN_DATA', flag: 'data', parse: z.string().min(1), default: './data' },
+  // Secret as far as error messages go: the URL may carry a password.
+  databaseUrl: { env: 'REGEN_DATABASE_URL', flag: undefined, parse: postgresUrl, default: undefined, secret: true },
   outputUri: { env: 'REGEN_OUTPUT_URI', flag: 'output-uri', parse: uri, default: undefined },
   inputRoots: { env: 'REGEN_INPUT_ROOTS', flag: 'input-roots', parse: list, default: '' },
   apiTokens: { env: 'REGEN_API_TOKENS', flag: undefined, parse: list, default: '' },
@@ -68,7 +71,12 @@ const settings = {
 
 type Settings = typeof settings;
 type Parsed = { [K in keyof Settings]: z.output<Settings[K]['parse']> | (Settings[K]['default'] extends undefined ? undefined : never) };
-export type Config = Parsed & { dbPath: string; outputUri: string };
+export type Config = Parsed & {
+  dbPath: string;
+  outputUri: string;
+  /** What openDb opens: REGEN_DATABASE_URL when set, else the SQLite file in the data folder. */
+  store: string;
+};
 
 export class ConfigError extends Error {}
 
@@ -101,5 +109,6 @@ export function loadConfig(env: NodeJS.ProcessEnv, flags: Record<string, string 
     outputUri: outputUri.endsWith('/') ? outputUri : outputUri + '/',
     inputRoots: (out.inputRoots as string[]).map((r) => resolve(r)),
     dbPath: resolve(dataDir, 'regen.db'),
+    store: (out.databaseUrl as string | undefined) ?? resolve(dataDir, 'regen.db'),
   };
 }

@@ -94,7 +94,7 @@ async function start(config: Config, opts: StartOptions, thread: RunnerThread | 
   }
   mkdirSync(config.dataDir, { recursive: true });
   const logger = opts.logger ?? makeLogger(config.logLevel);
-  const db = openDb(config.dbPath, { busyTimeoutMs: config.dbBusyTimeoutMs });
+  const db = await openDb(config.store, { busyTimeoutMs: config.dbBusyTimeoutMs });
   const stores = new Stores({ endpoint: config.s3Endpoint, forcePathStyle: config.s3ForcePathStyle });
   const deps: Deps = {
     config,
@@ -119,7 +119,7 @@ async function start(config: Config, opts: StartOptions, thread: RunnerThread | 
     const { Runner } = await import('./runner/runner.js');
     const inThread = new Runner(deps);
     deps.runner = inThread;
-    inThread.start();
+    await inThread.start();
     runner = inThread;
   } else {
     // Without a runner nothing else would validate the runs this API creates.
@@ -154,7 +154,7 @@ async function start(config: Config, opts: StartOptions, thread: RunnerThread | 
       if (runner) await runner.stop(graceMs);
       await webhooks.stop();
       stores.close();
-      closeDb(db);
+      await closeDb(db);
       logger.info('regen stopped');
     },
   };

@@ -3,7 +3,6 @@ import { createHash } from 'node:crypto';
 import { eq } from 'drizzle-orm';
 import OpenAI, { APIError, AuthenticationError, BadRequestError, NotFoundError, toFile } from 'openai';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { runs } from '../src/db/schema.js';
 import { spawnSimulator, type SimProcess } from '../src/sim/spawn.js';
 import { call, startTestServer, waitFor } from './support/server.js';
 
@@ -371,11 +370,13 @@ describe('stopping early', () => {
         return b.request_counts!.completed >= 3 ? b : undefined;
       });
       // The window is 24 hours; move its end to now rather than wait.
-      server.deps.db
-        .update(runs)
-        .set({ expiresAt: Date.now() - 1000 })
-        .where(eq(runs.batchId, created.id))
-        .run();
+      const { db } = server.deps;
+      await db.write((w) =>
+        w.q
+          .update(db.t.runs)
+          .set({ expiresAt: Date.now() - 1000 })
+          .where(eq(db.t.runs.batchId, created.id)),
+      );
 
       const done = await settle(created.id);
       expect(done.status).toBe('expired');

@@ -10,11 +10,11 @@ describe('npm run bench', () => {
     const { stdout } = await run(process.execPath, ['--import', 'tsx', 'bench/index.ts'], {
       env: { ...process.env, BENCH_SCALE: '0.002' },
       maxBuffer: 1 << 24,
-      timeout: 300_000,
+      timeout: 480_000,
     });
-    const rows = stdout.split('\n').filter((l) => /^\| (ingest|dispatch|saturation|stream|reads|recovery|memory|adaptive|scale) \|/.test(l));
+    const rows = stdout.split('\n').filter((l) => /^\| (ingest|dispatch|saturation|stream|reads|recovery|memory|adaptive|scale|stores) \|/.test(l));
     expect(rows.map((r) => r.split('|')[1].trim())).toEqual(
-      expect.arrayContaining(['ingest', 'dispatch', 'saturation', 'stream', 'reads', 'recovery', 'memory', 'adaptive', 'scale']),
+      expect.arrayContaining(['ingest', 'dispatch', 'saturation', 'stream', 'reads', 'recovery', 'memory', 'adaptive', 'scale', 'stores']),
     );
     for (const row of rows) {
       const regen = row.split('|')[3].trim();
@@ -22,5 +22,5 @@ describe('npm run bench', () => {
       expect(Number.isFinite(Number(regen.split(' ')[0].replace(/,/g, ''))), row).toBe(true);
     }
     // As long as the child is given: every part starts servers and simulators of its own.
-  }, 300_000);
+  }, 480_000);
 });

@@ -1,9 +1,8 @@
-import Database from 'better-sqlite3';
-import { join } from 'node:path';
 import { describe, expect, it } from 'vitest';
 import { since } from './support/faults.js';
 import { faultRig, preparePrompts, readOutput, simTotals, SLOW_SIM, waitForEnd } from './support/fault-rig.js';
 import { waitFor, type ServerProcess } from './support/server.js';
+import { openTestStore } from './support/store.js';
 import { createRun, expectCountersMatchRecount } from './support/runner-checks.js';
 
 // SIGTERM while hundreds of slow requests are in flight: every one of them must be answered and
@@ -48,10 +47,12 @@ describe('SIGTERM with hundreds of requests in flight', () => {
     const answered = stats.completed;
 
     // Every answer is committed, nothing is leased, the counters match the rows.
-    const db = new Database(join(data, 'regen.db'), { readonly: true });
-    const counts = db.prepare(`select status, count(*) n, count(lease_owner) leased from samples where run_id = ? group by status`).all(id) as any[];
-    const row = db.prepare(`select pending, in_progress, completed from runs where id = ?`).get(id) as any;
-    db.close();
+    const db = await openTestStore(data);
+    const { rows: counts } = await db.exec<any>(`select status, count(*) as n, count(lease_owner) as leased from samples where run_id = ? group by status`, [
+      id,
+    ]);
+    const [row] = (await db.exec<any>(`select pending, in_progress, completed from runs where id = ?`, [id])).rows;
+    await db.close();
     const n = (st: string) => counts.find((c) => c.status === st)?.n ?? 0;
     expect(counts.every((c) => c.leased === 0)).toBe(true);
     expect(row).toEqual({ pending: n('pending'), in_progress: 0, completed: n('completed') });

@@ -1,9 +1,9 @@
-import Database from 'better-sqlite3';
-import { join } from 'node:path';
+import { and, count, eq } from 'drizzle-orm';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { spawnSimulator, type SimProcess } from '../src/sim/spawn.js';
 import { Stores } from '../src/storage/index.js';
 import { call, spawnServer, tempDir, waitFor, type ServerProcess } from './support/server.js';
+import { openTestStore } from './support/store.js';
 import { checkOutput, createRun, expectCountersMatchRecount, makePrompts, registerEndpoint, uploadFile, waitForStatus } from './support/runner-checks.js';
 
 const SAMPLES = 1200;
@@ -25,17 +25,24 @@ afterAll(async () => {
   data.cleanup();
 });
 
-function sliceOf(runId: string): { seqs: number[]; completedOutside: number } {
-  const db = new Database(join(data.dir, 'regen.db'), { readonly: true });
+async function sliceOf(runId: string): Promise<{ seqs: number[]; completedOutside: number }> {
+  const db = await openTestStore(data.dir);
   try {
-    const seqs = db.prepare(`select seq from samples where run_id = ? and calibration = 1 order by seq`).pluck().all(runId) as number[];
-    const completedOutside = db
-      .prepare(`select count(*) from samples where run_id = ? and calibration = 0 and status = 'completed'`)
-      .pluck()
-      .get(runId) as number;
-    return { seqs, completedOutside };
+    const { samples } = db.t;
+    const seqs = (
+      await db.q
+        .select({ seq: samples.seq })
+        .from(samples)
+        .where(and(eq(samples.runId, runId), eq(samples.calibration, true)))
+        .orderBy(samples.seq)
+    ).map((r) => r.seq);
+    const [outside] = await db.q
+      .select({ n: count() })
+      .from(samples)
+      .where(and(eq(samples.runId, runId), eq(samples.calibration, false), eq(samples.status, 'completed')));
+    return { seqs, completedOutside: outside.n };
   } finally {
-    db.close();
+    await db.close();
   }
 }
 
@@ -64,7 +71,7 @@ describe('a SIGKILL during the calibration slice', () => {
     );
     expect(seen.request_counts.completed).toBeLessThan(SLICE);
     await server.kill('SIGKILL');
-    const left = sliceOf(id);
+    const left = await sliceOf(id);
     expect(left.seqs).toHaveLength(SLICE);
     // Spread over the whole input, one in each stratum of four samples.
     expect(left.seqs.map((s) => Math.floor(s / (SAMPLES / SLICE)))).toEqual(left.seqs.map((_, i) => i));
@@ -75,7 +82,7 @@ describe('a SIGKILL during the calibration slice', () => {
     const done = await waitForStatus(server.url, id, ['completed', 'failed', 'paused', 'cancelled']);
     expect(done.status).toBe('completed');
     expect(done.request_counts).toMatchObject({ total: SAMPLES, completed: SAMPLES, failed: 0 });
-    expect(sliceOf(id).seqs).toEqual(left.seqs);
+    expect((await sliceOf(id)).seqs).toEqual(left.seqs);
     expect(done.forecast.based_on_samples).toBeGreaterThan(0);
 
     const stores = new Stores({ forcePathStyle: false });

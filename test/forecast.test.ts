@@ -175,9 +175,14 @@ describe('the forecast against real runs on simulator processes', () => {
     // The estimate shown is rounded to a tenth; the endpoints were counted from the unrounded one.
     expect([Math.ceil((f.wall_seconds_estimate - 0.05) / 4), Math.ceil((f.wall_seconds_estimate + 0.05) / 4)]).toContain(fourSeconds);
 
+    // Half the deadline, from a second dry run's own measurement (two measurements differ by the
+    // machine's noise): about twice the endpoints its estimate needs for four seconds.
     const half = await createRun(server.url, body({ dry_run: true, deadline_seconds: 2 }));
     const halfDone = await waitForStatus(server.url, half.id, ['completed', 'failed', 'paused', 'cancelled']);
-    expect(Math.abs(halfDone.forecast.endpoints_for_deadline - 2 * fourSeconds)).toBeLessThanOrEqual(1);
+    const wall = halfDone.forecast.wall_seconds_estimate;
+    const forFour = [Math.ceil((wall - 0.05) / 4), Math.ceil((wall + 0.05) / 4)];
+    expect(forFour.some((n) => Math.abs(halfDone.forecast.endpoints_for_deadline - 2 * n) <= 1)).toBe(true);
+    expect(Math.abs(wall - dryEstimate) / dryEstimate).toBeLessThan(0.5);
   });
 
   it('the dry run and the live estimate at 10% are within 25% of the real wall time; no slice sample is answered twice', async () => {

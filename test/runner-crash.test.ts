@@ -1,4 +1,3 @@
-import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { spawnSimulator, type SimProcess } from '../src/sim/spawn.js';
 import { Stores } from '../src/storage/index.js';
@@ -60,7 +59,7 @@ describe('a run through repeated SIGKILLs of the server', () => {
       await server.kill('SIGKILL');
       kills.push({ at: doneOf(seen), inFlight: seen.request_counts.in_progress });
       // What the killed process left is consistent as it stands, before any recovery.
-      const left = checkDatabase(join(data.dir, 'regen.db'), id);
+      const left = await checkDatabase(data.dir, id);
       expect(left.completed).toBeGreaterThanOrEqual(kills.at(-1)!.at);
       server = await spawnServer(data.dir);
       // The endpoints live in the database: the new process dispatches to them without being told again.

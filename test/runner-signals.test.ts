@@ -1,5 +1,4 @@
 import { once } from 'node:events';
-import { join } from 'node:path';
 import { afterAll, describe, expect, it } from 'vitest';
 import { spawnSimulator, type SimProcess } from '../src/sim/spawn.js';
 import { Stores } from '../src/storage/index.js';
@@ -69,7 +68,7 @@ describe('signals with requests in flight', () => {
     expect(proc.output()).toContain('regen stopped');
 
     // The stopped process left no lease behind, and recorded every answer it was given.
-    const left = checkDatabase(join(data.dir, 'regen.db'), id);
+    const left = await checkDatabase(data.dir, id);
     expect(left.in_progress).toBe(0);
     expect(left.completed).toBe(stats.completed);
 
@@ -110,7 +109,7 @@ describe('signals with requests in flight', () => {
       expect(Date.now() - t0).toBeLessThan(5000);
 
       // The leases stay for recovery; the counters still agree with the samples.
-      expect(checkDatabase(join(dir.dir, 'regen.db'), id).in_progress).toBeGreaterThan(0);
+      expect((await checkDatabase(dir.dir, id)).in_progress).toBeGreaterThan(0);
 
       await s.configure({ ttftMs: 100 });
       proc = await spawnServer(dir.dir);

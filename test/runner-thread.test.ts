@@ -17,6 +17,7 @@ import {
   waitForStatus,
 } from './support/runner-checks.js';
 import { call, spawnServer, startTestServer, tempDir, waitFor } from './support/server.js';
+import { onPg, storeEnv } from './support/store.js';
 
 const MAIN = fileURLToPath(new URL('../src/cli/main.ts', import.meta.url));
 const TERMINAL = ['completed', 'failed', 'cancelled', 'paused'];
@@ -67,7 +68,7 @@ describe('the runner thread', () => {
     }
   });
 
-  it('refuses to start a second dispatcher on a database another live process dispatches from', async () => {
+  it.skipIf(onPg)('refuses to start a second dispatcher on a database another live process dispatches from', async () => {
     const data = tempDir('regen-locked-');
     const first = await spawnServer(data.dir);
     try {
@@ -82,6 +83,33 @@ describe('the runner thread', () => {
       expect(stderr).toMatch(new RegExp(`another regen process \\(pid ${first.proc.pid} on .+\\) is running dispatch on this database`));
       // The first one is untouched.
       expect((await call(first.url, '/healthz')).status).toBe(200);
+    } finally {
+      await first.kill('SIGTERM');
+      data.cleanup();
+    }
+  });
+
+  // On PostgreSQL a second process on the database is a replica (README "PostgreSQL and replicas"; test/replicas.test.ts kills the dispatcher).
+  it.skipIf(!onPg)('starts a second process on the same PostgreSQL database as a replica standing by, which serves the API', async () => {
+    const data = tempDir('regen-standby-');
+    const first = await spawnServer(data.dir);
+    try {
+      // Another data folder, the same database.
+      const other = tempDir('regen-standby-b-');
+      const second = await spawnServer(other.dir, await storeEnv(data.dir));
+      try {
+        await waitFor(
+          'the second to stand by',
+          () => (second.output().includes('another replica dispatches: standing by to take over') ? true : undefined),
+          30_000,
+        );
+        expect((await call(second.url, '/healthz')).status).toBe(200);
+        expect((await call(second.url, '/v1/runs')).status).toBe(200);
+        expect((await call(first.url, '/healthz')).status).toBe(200);
+      } finally {
+        await second.kill('SIGTERM');
+        other.cleanup();
+      }
     } finally {
       await first.kill('SIGTERM');
       data.cleanup();

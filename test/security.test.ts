@@ -9,6 +9,21 @@ import { spawnSimulator, type SimProcess } from '../src/sim/spawn.js';
 import { peakRssMiB, startS3, type S3Server } from './support/faults.js';
 import { call, spawnServer, startTestServer, tempDir, waitFor, type ServerProcess } from './support/server.js';
 import { makePrompts, waitForStatus } from './support/runner-checks.js';
+import { onPg, openTestStore } from './support/store.js';
+
+/** Everything the store holds for this data folder, as text: the SQLite file and its WAL, or every PostgreSQL table's rows. */
+async function storedText(data: string): Promise<string> {
+  if (!onPg) return readFileSync(join(data, 'regen.db')).toString('latin1') + readFileSync(join(data, 'regen.db-wal')).toString('latin1');
+  const db = await openTestStore(data);
+  try {
+    const { rows: tables } = await db.exec<{ name: string }>(`select tablename as name from pg_tables where schemaname = 'public'`);
+    let text = '';
+    for (const { name } of tables) text += (await db.exec<{ t: string | null }>(`select string_agg(x::text, '') as t from "${name}" x`)).rows[0].t ?? '';
+    return text;
+  } finally {
+    await db.close();
+  }
+}
 
 // The security suite: bearer tokens on every /v1 route, secrets kept out of responses and logs,
 // a corpus of hostile requests that must each be a 4xx problem (never a 500, a stack or a path),
@@ -242,7 +257,7 @@ describe('secrets', () => {
     // The log did record the requests (at trace level), just not their credentials.
     expect(log).toContain('"msg":"request"');
     // S3 credentials and API tokens are never stored; only the endpoint's own key is, to be used.
-    const db = readFileSync(join(data, 'regen.db')).toString('latin1') + readFileSync(join(data, 'regen.db-wal')).toString('latin1');
+    const db = await storedText(data);
     expect(db.includes(AWS_SECRET)).toBe(false);
     expect(db.includes(TOKEN)).toBe(false);
   });

@@ -2,8 +2,6 @@
 // process (so that it can be killed between an event and its delivery).
 import { createHmac, randomBytes, timingSafeEqual } from 'node:crypto';
 import { once } from 'node:events';
-import { join } from 'node:path';
-import Database from 'better-sqlite3';
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
@@ -12,6 +10,7 @@ import { spawnSimulator, type SimProcess } from '../src/sim/spawn.js';
 import { expectProblem, request } from './support/http.js';
 import { createRun, getRun, makePrompts, registerEndpoint, uploadFile, waitForStatus } from './support/runner-checks.js';
 import { call, spawnServer, tempDir, waitFor, type ServerProcess } from './support/server.js';
+import { openTestStore } from './support/store.js';
 
 const secret = () => `whsec_${randomBytes(32).toString('base64')}`;
 const SERVER_SECRET = secret();
@@ -335,9 +334,9 @@ describe('webhooks', () => {
     expect(batch.status, JSON.stringify(batch.body)).toBe(200);
     await waitFor('the batch in progress', async () => ((await api(`/v1/batches/${batch.body.id}`)).body.status === 'in_progress' ? true : undefined));
     // The window is 24 hours; move its end to now rather than wait.
-    const db = new Database(join(data.dir, 'regen.db'), { timeout: 10_000 });
-    db.prepare('update runs set expires_at = ? where batch_id = ?').run(Date.now() - 1000, batch.body.id);
-    db.close();
+    const db = await openTestStore(data.dir);
+    await db.write((w) => w.exec('update runs set expires_at = ? where batch_id = ?', [Date.now() - 1000, batch.body.id]));
+    await db.close();
     const [got] = await arrivals('/expired', 1);
     expect(got.verified).toBe(true);
     expect(got.event).toEqual({ id: got.id, object: 'event', created_at: expect.any(Number), type: 'batch.expired', data: { id: batch.body.id } });

@@ -1,17 +1,19 @@
 import { and, asc, desc, eq, gt, gte, inArray, isNotNull, isNull, lt, lte, or, sql, type SQL } from 'drizzle-orm';
 import type { Db, DbOrTx } from './client.js';
-import { events, runs, samples, shards, type RunRow } from './schema.js';
+import type { RunRow } from './schema.js';
 
 export async function getBatchRun(db: Db, batchId: string): Promise<RunRow | undefined> {
-  const [row] = await db.select().from(runs).where(eq(runs.batchId, batchId)).limit(1);
+  const { runs } = db.t;
+  const [row] = await db.q.select().from(runs).where(eq(runs.batchId, batchId)).limit(1);
   return row;
 }
 
 /** Batch runs newest first; `after` is the batch id that ended the previous page. */
 export async function listBatchRuns(db: Db, opts: { after?: string; limit: number }): Promise<RunRow[]> {
+  const { runs } = db.t;
   const where: SQL[] = [isNotNull(runs.batchId)];
   if (opts.after) where.push(lt(runs.batchId, opts.after));
-  return await db
+  return await db.q
     .select()
     .from(runs)
     .where(and(...where))
@@ -21,7 +23,8 @@ export async function listBatchRuns(db: Db, opts: { after?: string; limit: numbe
 
 /** The run whose batch output or error file has this id. */
 export async function getRunByBatchFile(db: Db, fileId: string): Promise<RunRow | undefined> {
-  const [row] = await db
+  const { runs } = db.t;
+  const [row] = await db.q
     .select()
     .from(runs)
     .where(or(eq(runs.outputFileId, fileId), eq(runs.errorFileId, fileId)))
@@ -40,9 +43,15 @@ export interface StatusTimes {
 export async function statusTimes(db: Db, runIds: string[]): Promise<Map<string, StatusTimes>> {
   const out = new Map<string, StatusTimes>();
   if (runIds.length === 0) return out;
-  const status = sql<string>`json_extract(${events.data}, '$.status')`;
-  const rows = await db
-    .select({ runId: events.runId, status, first: sql<number>`min(${events.createdAt})`, last: sql<number>`max(${events.createdAt})` })
+  const { events } = db.t;
+  const status = db.dialect === 'pg' ? sql<string>`${events.data}->>'status'` : sql<string>`json_extract(${events.data}, '$.status')`;
+  const rows = await db.q
+    .select({
+      runId: events.runId,
+      status,
+      first: sql<number>`min(${events.createdAt})`.mapWith(Number),
+      last: sql<number>`max(${events.createdAt})`.mapWith(Number),
+    })
     .from(events)
     .where(and(inArray(events.runId, runIds), eq(events.type, 'status')))
     .groupBy(events.runId, status);
@@ -57,7 +66,8 @@ export async function statusTimes(db: Db, runIds: string[]): Promise<Map<string,
 
 /** A run's shards in order, a page at a time. */
 export async function shardPage(db: Db, runId: string, afterIdx: number, limit: number) {
-  return await db
+  const { shards } = db.t;
+  return await db.q
     .select()
     .from(shards)
     .where(and(eq(shards.runId, runId), gt(shards.idx, afterIdx)))
@@ -68,7 +78,8 @@ export async function shardPage(db: Db, runId: string, afterIdx: number, limit: 
 /** The cancelled samples of one shard, in input order: never answered, so in no shard object. */
 export async function cancelledSamples(db: Db, runId: string, shard: { firstSeq: number; sampleCount: number }): Promise<{ customId: string }[]> {
   // A seq range, not shard_idx: it walks the (run, status, seq) index however many samples were cancelled.
-  return await db
+  const { samples } = db.t;
+  return await db.q
     .select({ customId: samples.customId })
     .from(samples)
     .where(
@@ -78,20 +89,23 @@ export async function cancelledSamples(db: Db, runId: string, shard: { firstSeq:
 }
 
 /** Batch runs past their completion window with unanswered samples left to give up. */
-export function dueBatchRuns(db: Db, now: number): RunRow[] {
-  return db
+export async function dueBatchRuns(db: Db, now: number): Promise<RunRow[]> {
+  const { runs } = db.t;
+  return await db.q
     .select()
     .from(runs)
     .where(
       and(isNotNull(runs.batchId), isNull(runs.expiredAt), lte(runs.expiresAt, now), inArray(runs.status, ['validating', 'queued', 'in_progress', 'paused'])),
-    )
-    .all();
+    );
 }
 
 /** Remembers a batch file's size, unless the run finished again (a retry) since `finishedAt`. */
 export async function setBatchFileBytes(db: DbOrTx, runId: string, finishedAt: number, bytes: NonNullable<RunRow['batchFileBytes']>): Promise<void> {
-  await db
-    .update(runs)
-    .set({ batchFileBytes: bytes })
-    .where(and(eq(runs.id, runId), eq(runs.finishedAt, finishedAt)));
+  const { runs } = db.t;
+  await db.write((w) =>
+    w.q
+      .update(runs)
+      .set({ batchFileBytes: bytes })
+      .where(and(eq(runs.id, runId), eq(runs.finishedAt, finishedAt))),
+  );
 }

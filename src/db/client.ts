@@ -1,55 +1,249 @@
 import Database from 'better-sqlite3';
 import { sql } from 'drizzle-orm';
-import { drizzle, type BetterSQLite3Database } from 'drizzle-orm/better-sqlite3';
+import { drizzle } from 'drizzle-orm/better-sqlite3';
 import { migrate } from 'drizzle-orm/better-sqlite3/migrator';
+import { AsyncLocalStorage } from 'node:async_hooks';
 import { fileURLToPath } from 'node:url';
 import * as schema from './schema.js';
+import type { Db, ExecResult, Query } from './types.js';
 
-export type Db = BetterSQLite3Database<typeof schema> & { $client: Database.Database };
+export type { Db, DbOrTx, Dialect, ExecResult, Query, Tables } from './types.js';
 
 const migrationsFolder = fileURLToPath(new URL('../../migrations', import.meta.url));
 
-/**
- * Opens the database file, tunes it for one writer with many readers, and applies migrations.
- * `busyTimeoutMs` is how long a write waits for another connection's lock before SQLITE_BUSY;
- * better-sqlite3 waits synchronously, so the whole process stands still for that long.
- */
-export function openDb(path: string, opts: { busyTimeoutMs?: number } = {}): Db {
-  const sqlite = new Database(path);
-  sqlite.pragma('journal_mode = WAL');
+/** Callers take turns: the next one starts when the one before it has finished, however it finished. */
+class TurnLock {
+  private tail: Promise<void> = Promise.resolve();
+
+  run<T>(fn: () => Promise<T>): Promise<T> {
+    const result = this.tail.then(fn);
+    this.tail = result.then(
+      () => {},
+      () => {},
+    );
+    return result;
+  }
+}
+
+function tune(sqlite: Database.Database, busyTimeoutMs: number): void {
   // NORMAL in WAL mode is durable across process crashes (only an OS crash can lose the last commits).
   sqlite.pragma('synchronous = NORMAL');
-  sqlite.pragma(`busy_timeout = ${opts.busyTimeoutMs ?? 10_000}`);
+  sqlite.pragma(`busy_timeout = ${busyTimeoutMs}`);
   sqlite.pragma('foreign_keys = ON');
   sqlite.pragma('cache_size = -16384');
-  const db = drizzle(sqlite, { schema }) as Db;
-  migrate(db, { migrationsFolder });
-  return db;
 }
 
-/** SQLITE_BUSY (or LOCKED): another connection held the write lock past busy_timeout; worth trying again. */
+/** A SQLite connection's statements, prepared once per text. */
+class Statements {
+  private readonly cache = new Map<string, Database.Statement>();
+
+  constructor(private readonly sqlite: Database.Database) {}
+
+  exec<R>(text: string, params: readonly unknown[]): ExecResult<R> {
+    let stmt = this.cache.get(text);
+    if (!stmt) this.cache.set(text, (stmt = this.sqlite.prepare(text)));
+    // A statement that returns rows (a select, or a write with RETURNING) reports them; its changes are their count.
+    if (stmt.reader) {
+      const rows = stmt.all(...params) as R[];
+      return { rows, changes: rows.length };
+    }
+    return { rows: [], changes: stmt.run(...params).changes };
+  }
+}
+
+class SqliteHandle implements Db {
+  readonly dialect = 'sqlite' as const;
+  readonly t = schema;
+
+  constructor(
+    private readonly store: SqliteStore,
+    readonly q: Query,
+    private readonly statements: Statements,
+    /** The writer connection's handle: inside tx or write, every statement runs on it. */
+    private readonly writing: boolean,
+    readonly inTx: boolean,
+  ) {}
+
+  get open(): boolean {
+    return this.store.open;
+  }
+
+  get sqlite(): Database.Database {
+    return this.store.client;
+  }
+
+  tx<T>(fn: (tx: Db) => Promise<T>): Promise<T> {
+    if (this.inTx) return fn(this);
+    return this.store.transaction(fn);
+  }
+
+  write<T>(fn: (w: Db) => Promise<T>): Promise<T> {
+    if (this.writing) return fn(this);
+    return this.store.writeTurn(fn);
+  }
+
+  async exec<R = Record<string, unknown>>(text: string, params: readonly unknown[] = []): Promise<ExecResult<R>> {
+    return this.statements.exec<R>(text, params);
+  }
+
+  async ping(): Promise<void> {
+    this.q.run(sql`select 1`);
+  }
+
+  close(): Promise<void> {
+    return this.store.close();
+  }
+}
+
+/**
+ * SQLite: one file, two connections. Reads go through the reader, which in WAL mode sees what is
+ * committed and never waits for a writer. Writes and transactions take the writer connection in
+ * turn; the reader is opened read-only, so a write that does not take its turn fails at once
+ * instead of waiting on this process's own lock.
+ */
+class SqliteStore {
+  readonly root: SqliteHandle;
+  private readonly writer: Database.Database;
+  private readonly reader: Database.Database;
+  private readonly writerHandle: SqliteHandle;
+  private readonly txHandle: SqliteHandle;
+  private readonly turns = new TurnLock();
+  /** Set within a turn: a write that asks for another turn there would wait for itself forever. */
+  private readonly inTurn = new AsyncLocalStorage<true>();
+
+  constructor(path: string, busyTimeoutMs: number) {
+    this.writer = new Database(path);
+    this.writer.pragma('journal_mode = WAL');
+    tune(this.writer, busyTimeoutMs);
+    const writerQ = drizzle(this.writer, { schema }) as Query;
+    migrate(writerQ, { migrationsFolder });
+    this.reader = new Database(path, { readonly: true });
+    tune(this.reader, busyTimeoutMs);
+    const writerStatements = new Statements(this.writer);
+    this.root = new SqliteHandle(this, drizzle(this.reader, { schema }) as Query, new Statements(this.reader), false, false);
+    this.writerHandle = new SqliteHandle(this, writerQ, writerStatements, true, false);
+    this.txHandle = new SqliteHandle(this, writerQ, writerStatements, true, true);
+  }
+
+  get open(): boolean {
+    return this.writer.open;
+  }
+
+  private checkNotInTurn(): void {
+    if (this.inTurn.getStore()) throw new Error('a write inside a transaction must go through its handle, not the store');
+  }
+
+  writeTurn<T>(fn: (w: Db) => Promise<T>): Promise<T> {
+    this.checkNotInTurn();
+    return this.turns.run(() => this.inTurn.run(true, () => fn(this.writerHandle)));
+  }
+
+  transaction<T>(fn: (tx: Db) => Promise<T>): Promise<T> {
+    this.checkNotInTurn();
+    return this.turns.run(() =>
+      this.inTurn.run(true, async () => {
+        // Immediate: the write lock is taken up front, so a transaction that reads before it writes
+        // cannot fail its upgrade at once with SQLITE_BUSY when another connection wrote meanwhile.
+        this.writer.exec('BEGIN IMMEDIATE');
+        try {
+          const result = await fn(this.txHandle);
+          this.writer.exec('COMMIT');
+          return result;
+        } catch (err) {
+          if (this.writer.inTransaction) this.writer.exec('ROLLBACK');
+          throw err;
+        }
+      }),
+    );
+  }
+
+  async close(): Promise<void> {
+    // Writes already queued finish first; a transaction is never cut in half by a close.
+    await this.turns.run(async () => {});
+    if (this.reader.open) this.reader.close();
+    if (this.writer.open) this.writer.close();
+  }
+
+  /** The writer's raw connection, for what only SQLite has (query plans in tests, the ingest bench). */
+  get client(): Database.Database {
+    return this.writer;
+  }
+}
+
+/** A PostgreSQL connection URL (REGEN_DATABASE_URL), as opposed to a SQLite file's path. */
+export const isPostgresUrl = (target: string) => /^postgres(ql)?:\/\//.test(target);
+
+/**
+ * Opens the store: PostgreSQL for a postgres:// URL (src/db/pg.ts), else the SQLite file at that
+ * path, tuned for one writer with many readers. Either way its migrations are applied first.
+ * `busyTimeoutMs` is how long a SQLite write waits for another connection's lock before
+ * SQLITE_BUSY; better-sqlite3 waits synchronously, so the whole thread stands still for that long.
+ */
+export async function openDb(target: string, opts: { busyTimeoutMs?: number } = {}): Promise<Db> {
+  if (isPostgresUrl(target)) {
+    const { openPg } = await import('./pg.js');
+    return openPg(target);
+  }
+  return new SqliteStore(target, opts.busyTimeoutMs ?? 10_000).root;
+}
+
+/** The SQLite connection under a Db (its writer), for what only SQLite has; throws on PostgreSQL. */
+export function sqliteClient(db: Db): Database.Database {
+  if (!(db instanceof SqliteHandle)) throw new Error('not a SQLite store');
+  return db.sqlite;
+}
+
+interface DriverError {
+  code?: unknown;
+  message?: unknown;
+  constraint?: unknown;
+}
+
+/** The driver's own error: drizzle wraps what a query builder's statement threw in an error whose cause it is. */
+function driverError(err: unknown): DriverError | undefined {
+  const e = err as (DriverError & { cause?: unknown }) | undefined;
+  if (e && e.code === undefined && e.cause && typeof e.cause === 'object') return e.cause as DriverError;
+  return e;
+}
+
+// PostgreSQL's answers that say "not now" rather than "never": serialization failure, deadlock,
+// lock not available, too many connections, the server shutting down or starting (a failover).
+const PG_RETRYABLE = new Set(['40001', '40P01', '55P03', '53300', '57P01', '57P02', '57P03']);
+const NET_RETRYABLE = new Set(['ECONNREFUSED', 'ECONNRESET', 'ETIMEDOUT', 'EPIPE']);
+
+/**
+ * The database cannot take this now but may soon, so the step is worth trying again: SQLITE_BUSY
+ * (or LOCKED: another connection held the write lock past busy_timeout), or on PostgreSQL a
+ * conflict, a lost connection or a server going over to its standby.
+ */
 export function isDbBusy(err: unknown): boolean {
-  const code = (err as { code?: unknown })?.code;
-  return typeof code === 'string' && (code.startsWith('SQLITE_BUSY') || code.startsWith('SQLITE_LOCKED'));
+  const e = driverError(err);
+  const code = e?.code;
+  if (typeof code === 'string') {
+    if (code.startsWith('SQLITE_BUSY') || code.startsWith('SQLITE_LOCKED')) return true;
+    if (PG_RETRYABLE.has(code) || code.startsWith('08') || NET_RETRYABLE.has(code)) return true;
+  }
+  // node-postgres reports a connection that went away mid-query without a code.
+  return typeof e?.message === 'string' && /^Connection terminated/.test(e.message);
 }
 
-export function closeDb(db: Db): void {
-  if (db.$client.open) db.$client.close();
+/** A write refused by a unique index or constraint on `column` (SQLite names the column, PostgreSQL the constraint). */
+export function isUniqueViolation(err: unknown, column: string): boolean {
+  const e = driverError(err);
+  if (e?.code === 'SQLITE_CONSTRAINT_UNIQUE') return typeof e.message === 'string' && e.message.includes(column);
+  return e?.code === '23505' && typeof e.constraint === 'string' && e.constraint.includes(column);
 }
 
-/** A transaction of a Db: every statement function takes either, so one can run inside another's transaction. */
-type Tx = Parameters<Parameters<Db['transaction']>[0]>[0];
-export type DbOrTx = Db | Tx;
+export async function closeDb(db: Db): Promise<void> {
+  await db.close();
+}
 
 /** The cheapest statement that proves the database answers. */
 export async function pingDb(db: Db): Promise<void> {
-  await db.run(sql`select 1`);
+  await db.ping();
 }
 
-/**
- * For a transaction that reads before it writes. SQLite's default (deferred) takes a read snapshot
- * first; if the other thread's connection commits before the first write, the upgrade fails at
- * once with SQLITE_BUSY, without waiting out busy_timeout. Immediate takes the write lock up front,
- * so the wait is the busy_timeout's, as for any other write.
- */
-export const IMMEDIATE = { behavior: 'immediate' } as const;
+/** A select that locks the rows it reads on PostgreSQL; a SQLite transaction already holds the whole database. */
+export function locked<Q>(db: Db, query: Q): Q {
+  return db.dialect === 'pg' ? (query as unknown as { for(strength: 'update'): Q }).for('update') : query;
+}

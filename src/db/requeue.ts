@@ -1,5 +1,5 @@
 import { countFlags } from '../domain/flags.js';
-import { type Db, IMMEDIATE } from './client.js';
+import type { Db } from './client.js';
 import { uncountRequeued } from './runs.js';
 import { requeueSamples, samplesToRetry } from './samples.js';
 import { reopenShards } from './shards.js';
@@ -14,21 +14,21 @@ const IDS_PER_STATEMENT = 500;
  * shard writer later rewrites each shard whole. With `endpointId`, only the samples that endpoint
  * answered. Returns how many went back.
  */
-export function requeueRunSamples(db: Db, runId: string, only: 'failed' | 'flagged', now: number, endpointId?: string): number {
-  return db.transaction((tx) => {
-    const picked = samplesToRetry(tx, runId, only, endpointId);
+export async function requeueRunSamples(db: Db, runId: string, only: 'failed' | 'flagged', now: number, endpointId?: string): Promise<number> {
+  return db.tx(async (tx) => {
+    const picked = await samplesToRetry(tx, runId, only, endpointId);
     if (picked.length === 0) return 0;
     const perShard = new Map<number, number>();
     for (const s of picked) perShard.set(s.shardIdx, (perShard.get(s.shardIdx) ?? 0) + 1);
     const ids = picked.map((s) => s.id);
     for (let i = 0; i < ids.length; i += IDS_PER_STATEMENT) {
       const chunk = ids.slice(i, i + IDS_PER_STATEMENT);
-      requeueSamples(tx, chunk);
-      deleteStagedOutputs(tx, chunk);
+      await requeueSamples(tx, chunk);
+      await deleteStagedOutputs(tx, chunk);
     }
-    const reopenedUploaded = reopenShards(tx, runId, perShard);
+    const reopenedUploaded = await reopenShards(tx, runId, perShard);
     const n = picked.length;
-    uncountRequeued(tx, runId, { only, n, byFlag: countFlags(picked.map((s) => s.flags)), reopenedUploaded, now });
+    await uncountRequeued(tx, runId, { only, n, byFlag: countFlags(picked.map((s) => s.flags)), reopenedUploaded, now });
     return n;
-  }, IMMEDIATE);
+  });
 }

@@ -1,7 +1,7 @@
 import type { SampleError } from '../domain/sample-errors.js';
 import type { Usage } from '../domain/output-line.js';
 import { FLAG_COLUMNS, FLAGS, flagBit } from '../domain/flags.js';
-import type { Db } from './client.js';
+import type { DbOrTx } from './client.js';
 import { RELEASE_LEASE } from './samples.js';
 
 // The result writer's statements: one transaction turns a batch of outcomes into sample, staging,
@@ -81,42 +81,32 @@ const newDelta = (): RunDelta => ({
   loopTokensSaved: 0,
 });
 
-export type ResultStatements = ReturnType<typeof prepareResultStatements>;
+const GUARD = `where id = ? and status = 'in_progress' and lease_owner = ?`;
 
-export function prepareResultStatements(db: Db) {
-  const guard = `where id = ? and status = 'in_progress' and lease_owner = ?`;
-  return {
-    complete: db.$client.prepare(
-      `update samples set status = 'completed', endpoint_id = ?, finish_reason = ?, prompt_tokens = ?, completion_tokens = ?,
-       reasoning_tokens = ?, cached_tokens = ?, latency_ms = ?, flags = ?, reasoning_chars = ?, content_chars = ?, completed_at = ?, error_code = null,
-       error_message = null, error_status = null, lease_owner = null, lease_expires_at = null ${guard}`,
-    ),
-    stage: db.$client.prepare(`insert or replace into staging (sample_id, run_id, shard_idx, output) values (?, ?, ?, ?)`),
-    fail: db.$client.prepare(
-      `update samples set status = 'failed', endpoint_id = ?, error_code = ?, error_message = ?, error_status = ?, completed_at = ?,
-       lease_owner = null, lease_expires_at = null ${guard}`,
-    ),
-    retry: db.$client.prepare(
-      `update samples set status = 'pending', available_at = ?, quality_retries = quality_retries + ?, attempts = max(attempts - ?, 0),
-       server_faults = server_faults + ?, error_code = ?, error_message = ?, error_status = ?, lease_owner = null, lease_expires_at = null ${guard}`,
-    ),
-    release: db.$client.prepare(`update samples set ${RELEASE_LEASE} ${guard}`),
-    cancel: db.$client.prepare(`update samples set status = 'cancelled', lease_owner = null, lease_expires_at = null ${guard}`),
-    runCounters: db.$client.prepare(
-      `update runs set pending = pending + ?, in_progress = in_progress + ?, completed = completed + ?, failed = failed + ?,
-       cancelled = cancelled + ?, flagged = flagged + ?, ${FLAG_COLUMNS.map(({ column }) => `${column} = ${column} + ?`).join(', ')}, prompt_tokens = prompt_tokens + ?,
-       completion_tokens = completion_tokens + ?, reasoning_tokens = reasoning_tokens + ?, cached_tokens = cached_tokens + ?, dropped_results = dropped_results + ?,
-       loops_stopped = loops_stopped + ?, loop_tokens_saved = loop_tokens_saved + ?, updated_at = ? where id = ?`,
-    ),
-    shardTerminal: db.$client.prepare(
-      `update shards set terminal_count = terminal_count + ? where run_id = ? and idx = ? returning terminal_count, sample_count`,
-    ),
-    endpointStats: db.$client.prepare(`update endpoints set completed = completed + ?, failed = failed + ? where id = ?`),
-  };
-}
+/** The writer's statements, the same text on both dialects. */
+const SQL = {
+  complete: `update samples set status = 'completed', endpoint_id = ?, finish_reason = ?, prompt_tokens = ?, completion_tokens = ?,
+     reasoning_tokens = ?, cached_tokens = ?, latency_ms = ?, flags = ?, reasoning_chars = ?, content_chars = ?, completed_at = ?, error_code = null,
+     error_message = null, error_status = null, lease_owner = null, lease_expires_at = null ${GUARD}`,
+  stage: `insert into staging (sample_id, run_id, shard_idx, output) values (?, ?, ?, ?)
+     on conflict (sample_id) do update set run_id = excluded.run_id, shard_idx = excluded.shard_idx, output = excluded.output`,
+  fail: `update samples set status = 'failed', endpoint_id = ?, error_code = ?, error_message = ?, error_status = ?, completed_at = ?,
+     lease_owner = null, lease_expires_at = null ${GUARD}`,
+  retry: `update samples set status = 'pending', available_at = ?, quality_retries = quality_retries + ?,
+     attempts = case when attempts > ? then attempts - ? else 0 end,
+     server_faults = server_faults + ?, error_code = ?, error_message = ?, error_status = ?, lease_owner = null, lease_expires_at = null ${GUARD}`,
+  release: `update samples set ${RELEASE_LEASE} ${GUARD}`,
+  cancel: `update samples set status = 'cancelled', lease_owner = null, lease_expires_at = null ${GUARD}`,
+  runCounters: `update runs set pending = pending + ?, in_progress = in_progress + ?, completed = completed + ?, failed = failed + ?,
+     cancelled = cancelled + ?, flagged = flagged + ?, ${FLAG_COLUMNS.map(({ column }) => `${column} = ${column} + ?`).join(', ')}, prompt_tokens = prompt_tokens + ?,
+     completion_tokens = completion_tokens + ?, reasoning_tokens = reasoning_tokens + ?, cached_tokens = cached_tokens + ?, dropped_results = dropped_results + ?,
+     loops_stopped = loops_stopped + ?, loop_tokens_saved = loop_tokens_saved + ?, updated_at = ? where id = ?`,
+  shardTerminal: `update shards set terminal_count = terminal_count + ? where run_id = ? and idx = ? returning terminal_count, sample_count`,
+  endpointStats: `update endpoints set completed = completed + ?, failed = failed + ? where id = ?`,
+};
 
 /** Applies a batch of outcomes; call inside a transaction. */
-export function applyOutcomes(s: ResultStatements, owner: string, batch: Outcome[], now: number): FlushReport {
+export async function applyOutcomes(tx: DbOrTx, owner: string, batch: Outcome[], now: number): Promise<FlushReport> {
   const deltas = new Map<string, RunDelta>();
   const shardDeltas = new Map<string, { runId: string; idx: number; n: number }>();
   const endpointDeltas = new Map<string, { completed: number; failed: number }>();
@@ -129,7 +119,7 @@ export function applyOutcomes(s: ResultStatements, owner: string, batch: Outcome
     const usage = o.kind === 'completed' ? o.usage : o.kind === 'retry' ? o.usage : null;
     switch (o.kind) {
       case 'completed':
-        changed = s.complete.run(
+        ({ changes: changed } = await tx.exec(SQL.complete, [
           o.endpointId,
           o.finishReason,
           o.usage.prompt_tokens,
@@ -143,9 +133,9 @@ export function applyOutcomes(s: ResultStatements, owner: string, batch: Outcome
           o.at,
           o.sampleId,
           owner,
-        ).changes;
+        ]));
         if (changed) {
-          s.stage.run(o.sampleId, o.runId, o.shardIdx, o.output);
+          await tx.exec(SQL.stage, [o.sampleId, o.runId, o.shardIdx, o.output]);
           d.completed++;
           if (o.flags) d.flagged++;
           for (const [i, f] of FLAGS.entries()) if (o.flags & flagBit(f)) d.flags[i]++;
@@ -153,16 +143,17 @@ export function applyOutcomes(s: ResultStatements, owner: string, batch: Outcome
         }
         break;
       case 'failed':
-        changed = s.fail.run(o.endpointId, o.error.code, o.error.message, o.error.status, o.at, o.sampleId, owner).changes;
+        ({ changes: changed } = await tx.exec(SQL.fail, [o.endpointId, o.error.code, o.error.message, o.error.status, o.at, o.sampleId, owner]));
         if (changed) {
           d.failed++;
           terminal = true;
         }
         break;
       case 'retry':
-        changed = s.retry.run(
+        ({ changes: changed } = await tx.exec(SQL.retry, [
           o.availableAt,
           o.qualityRetry ? 1 : 0,
+          o.serverFault ? 1 : 0,
           o.serverFault ? 1 : 0,
           o.serverFault ? 1 : 0,
           o.error?.code ?? null,
@@ -170,15 +161,15 @@ export function applyOutcomes(s: ResultStatements, owner: string, batch: Outcome
           o.error?.status ?? null,
           o.sampleId,
           owner,
-        ).changes;
+        ]));
         if (changed) d.pending++;
         break;
       case 'release':
-        changed = s.release.run(o.sampleId, owner).changes;
+        ({ changes: changed } = await tx.exec(SQL.release, [o.sampleId, owner]));
         if (changed) d.pending++;
         break;
       case 'cancelled':
-        changed = s.cancel.run(o.sampleId, owner).changes;
+        ({ changes: changed } = await tx.exec(SQL.cancel, [o.sampleId, owner]));
         if (changed) {
           d.cancelled++;
           terminal = true;
@@ -220,7 +211,7 @@ export function applyOutcomes(s: ResultStatements, owner: string, batch: Outcome
     }
   }
   for (const [runId, d] of deltas) {
-    s.runCounters.run(
+    await tx.exec(SQL.runCounters, [
       d.pending,
       d.inProgress,
       d.completed,
@@ -237,13 +228,13 @@ export function applyOutcomes(s: ResultStatements, owner: string, batch: Outcome
       d.loopTokensSaved,
       now,
       runId,
-    );
+    ]);
     if (!report.runs.has(runId)) report.runs.set(runId, { completed: 0, tokens: 0 });
   }
   for (const sd of shardDeltas.values()) {
-    const row = s.shardTerminal.get(sd.n, sd.runId, sd.idx) as { terminal_count: number; sample_count: number } | undefined;
+    const [row] = (await tx.exec<{ terminal_count: number; sample_count: number }>(SQL.shardTerminal, [sd.n, sd.runId, sd.idx])).rows;
     if (row && row.terminal_count === row.sample_count) report.closedShards.push({ runId: sd.runId, idx: sd.idx });
   }
-  for (const [id, e] of endpointDeltas) s.endpointStats.run(e.completed, e.failed, id);
+  for (const [id, e] of endpointDeltas) await tx.exec(SQL.endpointStats, [e.completed, e.failed, id]);
   return report;
 }

@@ -1,41 +1,71 @@
 import { and, eq } from 'drizzle-orm';
-import { type Db, IMMEDIATE } from './client.js';
-import { runnerLock } from './schema.js';
+import type { Db, Tables } from './client.js';
+import type { RunnerSnapshot } from '../domain/live-view.js';
 
-export type RunnerLockRow = typeof runnerLock.$inferSelect;
+export type RunnerLockRow = Tables['runnerLock']['$inferSelect'];
 
 /** The one row of the lock; id 1 always. */
 const LOCK_ID = 1;
+/** PostgreSQL: the advisory lock two processes starting together queue on, so one reads the row the other wrote. */
+const TAKE_LOCK_KEY = 7_240_414;
 
 /**
  * Takes the lock for `owner` unless `refuse(held)` says the holder is alive: then returns that
  * holder and changes nothing. One transaction, so two processes starting together cannot both win.
  */
-export function takeRunnerLock(db: Db, lock: Omit<RunnerLockRow, 'id'>, refuse: (held: RunnerLockRow) => boolean): RunnerLockRow | null {
-  return db.transaction((tx) => {
-    const held = tx.select().from(runnerLock).where(eq(runnerLock.id, LOCK_ID)).get();
+export async function takeRunnerLock(
+  db: Db,
+  holder: Pick<RunnerLockRow, 'owner' | 'pid' | 'hostname' | 'heartbeatAt'>,
+  refuse: (held: RunnerLockRow) => boolean,
+): Promise<RunnerLockRow | null> {
+  const lock = { ...holder, view: null };
+  const { runnerLock } = db.t;
+  return db.tx(async (tx) => {
+    if (tx.dialect === 'pg') await tx.exec('select pg_advisory_xact_lock(?)', [TAKE_LOCK_KEY]);
+    const [held] = await tx.q.select().from(runnerLock).where(eq(runnerLock.id, LOCK_ID)).limit(1);
     if (held && refuse(held)) return held;
-    tx.insert(runnerLock)
+    await tx.q
+      .insert(runnerLock)
       .values({ id: LOCK_ID, ...lock })
-      .onConflictDoUpdate({ target: runnerLock.id, set: lock })
-      .run();
+      .onConflictDoUpdate({ target: runnerLock.id, set: lock });
     return null;
-  }, IMMEDIATE);
+  });
 }
 
 /** Renews the lock's heartbeat; false when another owner holds it now. */
-export function beatRunnerLock(db: Db, owner: string, now: number): boolean {
-  return (
-    db
+export async function beatRunnerLock(db: Db, owner: string, now: number): Promise<boolean> {
+  const { runnerLock } = db.t;
+  const beaten = await db.write((w) =>
+    w.q
       .update(runnerLock)
       .set({ heartbeatAt: now })
       .where(and(eq(runnerLock.id, LOCK_ID), eq(runnerLock.owner, owner)))
-      .run().changes > 0
+      .returning({ id: runnerLock.id }),
   );
+  return beaten.length > 0;
 }
 
-export function releaseRunnerLock(db: Db, owner: string): void {
-  db.delete(runnerLock)
-    .where(and(eq(runnerLock.id, LOCK_ID), eq(runnerLock.owner, owner)))
-    .run();
+export async function releaseRunnerLock(db: Db, owner: string): Promise<void> {
+  const { runnerLock } = db.t;
+  await db.write((w) => w.q.delete(runnerLock).where(and(eq(runnerLock.id, LOCK_ID), eq(runnerLock.owner, owner))));
+}
+
+/** Publishes the dispatching process's live view for the replicas standing by; false when another owner holds the lock now. */
+export async function publishRunnerView(db: Db, owner: string, view: RunnerSnapshot): Promise<boolean> {
+  const { runnerLock } = db.t;
+  const set = await db.write((w) =>
+    w.q
+      .update(runnerLock)
+      .set({ view })
+      .where(and(eq(runnerLock.id, LOCK_ID), eq(runnerLock.owner, owner)))
+      .returning({ id: runnerLock.id }),
+  );
+  return set.length > 0;
+}
+
+/** The lock as it is now: who dispatches, their last heartbeat and the view they published. */
+export async function readRunnerLock(db: Db): Promise<RunnerLockRow | undefined> {
+  const { runnerLock } = db.t;
+  const [row] = await db.q.select().from(runnerLock).where(eq(runnerLock.id, LOCK_ID)).limit(1);
+  return row;
 }

@@ -1,26 +1,39 @@
 import { and, count, desc, eq, gte, inArray, lt, notInArray, or, sql, type SQL } from 'drizzle-orm';
-import type { DbOrTx } from './client.js';
+import { type DbOrTx, locked, type Tables } from './client.js';
 import { appendEvent } from './events.js';
-import { runs, type RunRow } from './schema.js';
+import type { RunRow } from './schema.js';
 import { FLAG_COLUMNS, type Flag } from '../domain/flags.js';
 import { isWebhookRunStatus } from '../domain/webhooks.js';
 import { enqueueRunEvent } from './webhooks.js';
 import { canTransition, TERMINAL_RUN_STATUSES, type RunStatus } from '../domain/statuses.js';
 
-export function getRun(db: DbOrTx, id: string): RunRow | undefined {
-  return db.select().from(runs).where(eq(runs.id, id)).get();
+export type RunInsert = Tables['runs']['$inferInsert'];
+
+export async function getRun(db: DbOrTx, id: string): Promise<RunRow | undefined> {
+  const { runs } = db.t;
+  const [row] = await db.q.select().from(runs).where(eq(runs.id, id)).limit(1);
+  return row;
+}
+
+/** A run's row, locked until the transaction ends (PostgreSQL; a SQLite transaction holds the whole database). */
+export async function lockRun(tx: DbOrTx, id: string): Promise<RunRow | undefined> {
+  const { runs } = tx.t;
+  const [row] = await locked(tx, tx.q.select().from(runs).where(eq(runs.id, id)).limit(1));
+  return row;
 }
 
 export async function getRunByIdempotencyKey(db: DbOrTx, key: string): Promise<RunRow | undefined> {
-  const [row] = await db.select().from(runs).where(eq(runs.idempotencyKey, key)).limit(1);
+  const { runs } = db.t;
+  const [row] = await db.q.select().from(runs).where(eq(runs.idempotencyKey, key)).limit(1);
   return row;
 }
 
 export async function listRuns(db: DbOrTx, opts: { status?: RunStatus; after?: string; limit: number }): Promise<RunRow[]> {
+  const { runs } = db.t;
   const where: SQL[] = [];
   if (opts.status) where.push(eq(runs.status, opts.status));
   if (opts.after) where.push(lt(runs.id, opts.after));
-  return await db
+  return await db.q
     .select()
     .from(runs)
     .where(and(...where))
@@ -33,83 +46,92 @@ export async function listRuns(db: DbOrTx, opts: { status?: RunStatus; after?: s
  * in the same transaction, so a crash cannot keep the one and lose the other); returns false when
  * the run was not in an allowed status (someone else moved it first).
  */
-export function transitionRun(
+export async function transitionRun(
   db: DbOrTx,
   id: string,
   from: readonly RunStatus[],
   to: RunStatus,
   now: number,
   extra: Partial<Pick<RunRow, 'statusReason' | 'startedAt' | 'finishedAt' | 'gateOverridden' | 'expiredAt'>> = {},
-): boolean {
+): Promise<boolean> {
   for (const f of from) if (!canTransition(f, to)) throw new Error(`a run cannot go from ${f} to ${to}`);
-  return db.transaction((tx) => {
+  const { runs } = db.t;
+  return db.tx(async (tx) => {
     const set: Partial<RunRow> = { status: to, updatedAt: now, statusReason: null, ...extra };
     if (TERMINAL_RUN_STATUSES.includes(to) && extra.finishedAt === undefined) set.finishedAt = now;
-    const res = tx
+    const moved = await tx.q
       .update(runs)
       .set(set)
-      .where(and(eq(runs.id, id), sql`${runs.status} in ${from}`))
-      .run();
-    if (res.changes === 0) return false;
-    appendEvent(tx, id, 'status', { status: to, reason: set.statusReason ?? null }, now);
-    if (isWebhookRunStatus(to)) enqueueRunEvent(tx, id, to, set.statusReason ?? null, now);
+      .where(and(eq(runs.id, id), inArray(runs.status, [...from])))
+      .returning({ id: runs.id });
+    if (moved.length === 0) return false;
+    await appendEvent(tx, id, 'status', { status: to, reason: set.statusReason ?? null }, now);
+    if (isWebhookRunStatus(to)) await enqueueRunEvent(tx, id, to, set.statusReason ?? null, now);
     return true;
   });
 }
 
 /** Runs in any of `statuses`, highest priority first, then oldest: the order the runner serves them in. */
-export function listRunsByStatus(db: DbOrTx, statuses: readonly RunStatus[]): RunRow[] {
-  return db
+export async function listRunsByStatus(db: DbOrTx, statuses: readonly RunStatus[]): Promise<RunRow[]> {
+  const { runs } = db.t;
+  return await db.q
     .select()
     .from(runs)
     .where(inArray(runs.status, [...statuses]))
-    .orderBy(sql`${runs.priority} desc`, runs.createdAt)
-    .all();
+    .orderBy(desc(runs.priority), runs.createdAt);
 }
 
-export function setManifestKey(db: DbOrTx, id: string, key: string): void {
-  db.update(runs).set({ manifestKey: key }).where(eq(runs.id, id)).run();
+export async function setManifestKey(db: DbOrTx, id: string, key: string): Promise<void> {
+  const { runs } = db.t;
+  await db.write((w) => w.q.update(runs).set({ manifestKey: key }).where(eq(runs.id, id)));
 }
-export function insertRun(db: DbOrTx, row: typeof runs.$inferInsert): void {
-  db.insert(runs).values(row).run();
+
+export async function insertRun(db: DbOrTx, row: RunInsert): Promise<void> {
+  const { runs } = db.t;
+  await db.write((w) => w.q.insert(runs).values(row));
 }
 
 /** The run that writes its output under this prefix, if any. */
 export async function getRunByOutputUri(db: DbOrTx, uri: string): Promise<{ id: string } | undefined> {
-  const [row] = await db.select({ id: runs.id }).from(runs).where(eq(runs.outputUri, uri)).limit(1);
+  const { runs } = db.t;
+  const [row] = await db.q.select({ id: runs.id }).from(runs).where(eq(runs.outputUri, uri)).limit(1);
   return row;
 }
 
 /** A run still validating this uploaded file: the file cannot go while it is read. */
 export async function getRunValidatingFile(db: DbOrTx, fileId: string): Promise<{ id: string } | undefined> {
   // Few runs validate at once: the status filters them first, and only their inputs are looked into.
-  const validating = await db.select({ id: runs.id, input: runs.input }).from(runs).where(eq(runs.status, 'validating'));
+  const { runs } = db.t;
+  const validating = await db.q.select({ id: runs.id, input: runs.input }).from(runs).where(eq(runs.status, 'validating'));
   return validating.find((r) => 'file_id' in r.input && r.input.file_id === fileId);
 }
 
 export async function validatingRunIds(db: DbOrTx): Promise<string[]> {
-  const rows = await db.select({ id: runs.id }).from(runs).where(eq(runs.status, 'validating'));
+  const { runs } = db.t;
+  const rows = await db.q.select({ id: runs.id }).from(runs).where(eq(runs.status, 'validating'));
   return rows.map((r) => r.id);
 }
 
 /** What validation found: the invalid lines, and once the run is laid out its sample and shard totals. */
-export function setRunValidation(
+export async function setRunValidation(
   db: DbOrTx,
   id: string,
   set: Pick<RunRow, 'invalidLines' | 'lineErrors' | 'updatedAt'> & Partial<Pick<RunRow, 'total' | 'pending' | 'shardsTotal' | 'predictedSamples'>>,
-): void {
-  db.update(runs).set(set).where(eq(runs.id, id)).run();
+): Promise<void> {
+  const { runs } = db.t;
+  await db.write((w) => w.q.update(runs).set(set).where(eq(runs.id, id)));
 }
 
 /**
  * Moves `n` retried samples out of the failed (or the completed and flagged) counters back to
  * pending, takes back the shards they reopen, and drops the manifest that no longer holds.
  */
-export function uncountRequeued(
+export async function uncountRequeued(
   db: DbOrTx,
   id: string,
   r: { only: 'failed' | 'flagged'; n: number; byFlag: Record<Flag, number>; reopenedUploaded: number; now: number },
-): void {
+): Promise<void> {
+  const { runs } = db.t;
   const counters =
     r.only === 'failed'
       ? { failed: sql`${runs.failed} - ${r.n}` }
@@ -118,25 +140,29 @@ export function uncountRequeued(
           flagged: sql`${runs.flagged} - ${r.n}`,
           ...Object.fromEntries(FLAG_COLUMNS.map(({ flag, key }) => [key, sql`${runs[key]} - ${r.byFlag[flag]}`])),
         };
-  db.update(runs)
-    .set({
-      ...counters,
-      pending: sql`${runs.pending} + ${r.n}`,
-      shardsUploaded: sql`${runs.shardsUploaded} - ${r.reopenedUploaded}`,
-      manifestKey: null,
-      updatedAt: r.now,
-    })
-    .where(eq(runs.id, id))
-    .run();
+  await db.write((w) =>
+    w.q
+      .update(runs)
+      .set({
+        ...counters,
+        pending: sql`${runs.pending} + ${r.n}`,
+        shardsUploaded: sql`${runs.shardsUploaded} - ${r.reopenedUploaded}`,
+        manifestKey: null,
+        updatedAt: r.now,
+      })
+      .where(eq(runs.id, id)),
+  );
 }
 
 export async function runCountsByStatus(db: DbOrTx): Promise<{ status: string; n: number }[]> {
-  return await db.select({ status: runs.status, n: count() }).from(runs).groupBy(runs.status);
+  const { runs } = db.t;
+  return await db.q.select({ status: runs.status, n: count() }).from(runs).groupBy(runs.status);
 }
 
 /** The sample counters of runs not finished, or finished at `finishedSince` or later. */
 export async function recentRunSampleCounts(db: DbOrTx, finishedSince: number) {
-  return await db
+  const { runs } = db.t;
+  return await db.q
     .select({
       id: runs.id,
       model: runs.model,
@@ -153,18 +179,21 @@ export async function recentRunSampleCounts(db: DbOrTx, finishedSince: number) {
 }
 
 /** Sets a run's status_reason without moving its status, only while its status is one of `statuses`. */
-export function setStatusReason(db: DbOrTx, id: string, reason: string | null, statuses: readonly RunStatus[]): boolean {
-  return (
-    db
+export async function setStatusReason(db: DbOrTx, id: string, reason: string | null, statuses: readonly RunStatus[]): Promise<boolean> {
+  const { runs } = db.t;
+  const set = await db.write((w) =>
+    w.q
       .update(runs)
       .set({ statusReason: reason })
       .where(and(eq(runs.id, id), inArray(runs.status, [...statuses])))
-      .run().changes > 0
+      .returning({ id: runs.id }),
   );
+  return set.length > 0;
 }
 
 /** A run's status alone: cheap enough to ask often (ingest asks every batch of lines). */
 export async function getRunStatus(db: DbOrTx, id: string): Promise<string | undefined> {
-  const [row] = await db.select({ status: runs.status }).from(runs).where(eq(runs.id, id)).limit(1);
+  const { runs } = db.t;
+  const [row] = await db.q.select({ status: runs.status }).from(runs).where(eq(runs.id, id)).limit(1);
   return row?.status;
 }

@@ -1,10 +1,11 @@
-import { and, asc, eq, gt, inArray, ne, sql, type SQL } from 'drizzle-orm';
-import { type Db, type DbOrTx, IMMEDIATE } from './client.js';
-import { runs, samples, shards } from './schema.js';
+import { and, asc, desc, eq, gt, inArray, ne, sql, type SQL } from 'drizzle-orm';
+import type { Db, DbOrTx } from './client.js';
 import { flagBit, type Flag } from '../domain/flags.js';
+import { isDispatchable } from '../domain/statuses.js';
 
 export async function getSample(db: Db, runId: string, customId: string) {
-  const [row] = await db
+  const { samples } = db.t;
+  const [row] = await db.q
     .select()
     .from(samples)
     .where(and(eq(samples.runId, runId), eq(samples.customId, customId)))
@@ -14,14 +15,17 @@ export async function getSample(db: Db, runId: string, customId: string) {
 
 /** Samples in input order; `after` is the custom_id that ended the previous page. */
 export async function listSamples(db: Db, runId: string, opts: { status?: string; flag?: Flag; after?: string; limit: number }) {
+  const { samples } = db.t;
   const where: SQL[] = [eq(samples.runId, runId)];
   if (opts.status) where.push(eq(samples.status, opts.status));
-  if (opts.flag) where.push(ne(sql`${samples.flags} & ${flagBit(opts.flag)}`, 0));
+  // The bit as a literal, as in the partial index samples_flag_<flag>_idx, so the index matches on
+  // PostgreSQL's generic plans too.
+  if (opts.flag) where.push(ne(sql`${samples.flags} & ${sql.raw(String(flagBit(opts.flag)))}`, 0));
   if (opts.after) {
     const cursor = await getSample(db, runId, opts.after);
     if (cursor) where.push(gt(samples.seq, cursor.seq));
   }
-  return await db
+  return await db.q
     .select()
     .from(samples)
     .where(and(...where))
@@ -30,7 +34,8 @@ export async function listSamples(db: Db, runId: string, opts: { status?: string
 }
 
 export async function listShards(db: Db, runId: string, opts: { after?: number; limit: number }) {
-  return await db
+  const { shards } = db.t;
+  return await db.q
     .select()
     .from(shards)
     .where(and(eq(shards.runId, runId), gt(shards.idx, opts.after ?? -1)))
@@ -44,7 +49,7 @@ export async function listShards(db: Db, runId: string, opts: { after?: number; 
  * What a lease given back without an answer does to its sample: pending again, with the attempt it
  * was charged on claim refunded (shutdown, a crash, a sick endpoint: not the sample's fault).
  */
-export const RELEASE_LEASE = `status = 'pending', attempts = max(attempts - 1, 0), lease_owner = null, lease_expires_at = null`;
+export const RELEASE_LEASE = `status = 'pending', attempts = case when attempts > 0 then attempts - 1 else 0 end, lease_owner = null, lease_expires_at = null`;
 
 /** A sample leased for dispatch. */
 export interface ClaimedRow {
@@ -65,7 +70,8 @@ const SLICE_SHUFFLE = 2654435761;
 
 const byId = (a: ClaimedRow, b: ClaimedRow) => a.id - b.id;
 const LEASE = `update samples set status = 'in_progress', attempts = attempts + 1, lease_owner = ?, lease_expires_at = ?`;
-const LEASED = `returning id, shard_idx as shardIdx, request, attempts, quality_retries as qualityRetries, server_faults as serverFaults`;
+// Quoted aliases: PostgreSQL folds unquoted names to lower case.
+const LEASED = `returning id, shard_idx as "shardIdx", request, attempts, quality_retries as "qualityRetries", server_faults as "serverFaults"`;
 
 /**
  * The order a claim takes a run's samples in, after its calibration slice: `slice_only` (a dry
@@ -77,73 +83,95 @@ const LEASED = `returning id, shard_idx as shardIdx, request, attempts, quality_
 export type ClaimOrder = 'slice_only' | 'input' | 'length_aware';
 
 /**
- * Prepares the claim: leases up to `limit` pending samples of a run that are due, the calibration
- * slice first (samples_calibration_idx), then the rest in the run's `ClaimOrder`, charging each an
- * attempt, and moves the run's counters with them in the same transaction, so a crash between the
+ * The claim statements of each dialect. On SQLite the transaction holds the database; INDEXED BY:
+ * without statistics the planner takes samples_claim_idx and reads every pending sample of the run
+ * on every claim, where the partial index holds the slice alone. On PostgreSQL, SKIP LOCKED lets
+ * claims of several replicas run side by side without waiting for or taking each other's rows,
+ * and the outer `status = 'pending'` keeps a row another claim took meanwhile from being leased twice.
+ */
+function claimSql(db: Db) {
+  const pg = db.dialect === 'pg';
+  const skip = pg ? 'for update skip locked' : '';
+  const still = pg ? `and status = 'pending'` : '';
+  const slice = pg ? 'samples' : 'samples indexed by samples_calibration_idx';
+  const inSlice = pg ? 'calibration' : 'calibration = 1';
+  return {
+    slice: `${LEASE} where id in (select id from ${slice} where run_id = ? and ${inSlice} and status = 'pending' and available_at <= ?
+       order by (seq * ${SLICE_SHUFFLE}) % 4294967296 limit ? ${skip}) ${still} ${LEASED}`,
+    inOrder: `${LEASE} where id in (select id from samples where run_id = ? and status = 'pending' and available_at <= ? order by seq limit ? ${skip}) ${still} ${LEASED}`,
+    // The window is a range of the claim index (run_id, status, seq): at most `window` rows sorted per claim.
+    longest: `${LEASE} where id in (select id from samples where run_id = ? and status = 'pending' and available_at <= ?
+       and seq < (select min(seq) from samples where run_id = ? and status = 'pending') + ?
+       order by coalesce(predicted_tokens, -1) desc, seq limit ? ${skip}) ${still} ${LEASED}`,
+  };
+}
+
+/**
+ * Leases up to `limit` pending samples of a run that are due, the calibration slice first
+ * (samples_calibration_idx), then the rest in the run's `ClaimOrder`, charging each an attempt,
+ * and moves the run's counters with them in the same transaction, so a crash between the
  * statements cannot leave the counters off by a batch.
  */
-export function prepareClaim(
+export async function claimSamples(
   db: Db,
-): (runId: string, owner: string, now: number, leaseExpiresAt: number, limit: number, order: ClaimOrder, window: number) => ClaimedRow[] {
-  const claimSlice = db.$client.prepare(
-    // INDEXED BY: without statistics the planner takes samples_claim_idx and reads every pending
-    // sample of the run on every claim; the partial index holds the slice alone.
-    `${LEASE} where id in (select id from samples indexed by samples_calibration_idx where run_id = ? and calibration = 1 and status = 'pending' and available_at <= ?
-       order by (seq * ${SLICE_SHUFFLE}) % 4294967296 limit ?) ${LEASED}`,
-  );
-  const claimInOrder = db.$client.prepare(
-    `${LEASE} where id in (select id from samples where run_id = ? and status = 'pending' and available_at <= ? order by seq limit ?) ${LEASED}`,
-  );
-  // The window is a range of the claim index (run_id, status, seq): at most `window` rows sorted per claim.
-  const claimLongest = db.$client.prepare(
-    `${LEASE} where id in (select id from samples where run_id = ? and status = 'pending' and available_at <= ?
-       and seq < (select min(seq) from samples where run_id = ? and status = 'pending') + ?
-       order by coalesce(predicted_tokens, -1) desc, seq limit ?) ${LEASED}`,
-  );
-  const count = db.$client.prepare(`update runs set pending = pending - ?, in_progress = in_progress + ? where id = ?`);
-  return db.$client.transaction((runId: string, owner: string, now: number, leaseExpiresAt: number, limit: number, order: ClaimOrder, window: number) => {
+  c: { runId: string; owner: string; now: number; leaseExpiresAt: number; limit: number; order: ClaimOrder; window: number },
+): Promise<ClaimedRow[]> {
+  const q = claimSql(db);
+  return db.tx(async (tx) => {
+    // A run paused or cancelled since the caller read it takes no more: the status is read in the
+    // claim's own transaction.
+    const { rows: run } = await tx.exec<{ status: string }>('select status from runs where id = ?', [c.runId]);
+    if (!run.length || !isDispatchable(run[0].status)) return [];
     // `returning` gives no order: each part is put back in input order (ids follow it).
-    const rows = (claimSlice.all(owner, leaseExpiresAt, runId, now, limit) as ClaimedRow[]).sort(byId);
-    const left = limit - rows.length;
-    if (left > 0 && order === 'input') rows.push(...(claimInOrder.all(owner, leaseExpiresAt, runId, now, left) as ClaimedRow[]).sort(byId));
-    if (left > 0 && order === 'length_aware')
-      rows.push(...(claimLongest.all(owner, leaseExpiresAt, runId, now, runId, window, left) as ClaimedRow[]).sort(byId));
-    if (rows.length) count.run(rows.length, rows.length, runId);
+    const rows = (await tx.exec<ClaimedRow>(q.slice, [c.owner, c.leaseExpiresAt, c.runId, c.now, c.limit])).rows.sort(byId);
+    const left = c.limit - rows.length;
+    if (left > 0 && c.order === 'input')
+      rows.push(...(await tx.exec<ClaimedRow>(q.inOrder, [c.owner, c.leaseExpiresAt, c.runId, c.now, left])).rows.sort(byId));
+    if (left > 0 && c.order === 'length_aware') {
+      const longest = await tx.exec<ClaimedRow>(q.longest, [c.owner, c.leaseExpiresAt, c.runId, c.now, c.runId, c.window, left]);
+      rows.push(...longest.rows.sort(byId));
+    }
+    if (rows.length) await tx.exec(`update runs set pending = pending - ?, in_progress = in_progress + ? where id = ?`, [rows.length, rows.length, c.runId]);
     return rows;
   });
 }
 
+// Positions per statement: an `in (...)` list binds one value per position, and SQLite caps bound values.
+const SEQS_PER_STATEMENT = 500;
+
 /** Marks a run's calibration slice by input position. */
-export function markCalibration(db: DbOrTx, runId: string, seqs: readonly number[]): void {
-  for (const seq of seqs) {
-    db.update(samples)
-      .set({ calibration: true })
-      .where(and(eq(samples.runId, runId), eq(samples.seq, seq)))
-      .run();
-  }
+export async function markCalibration(db: DbOrTx, runId: string, seqs: readonly number[]): Promise<void> {
+  const { samples } = db.t;
+  await db.tx(async (tx) => {
+    for (let i = 0; i < seqs.length; i += SEQS_PER_STATEMENT) {
+      await tx.q
+        .update(samples)
+        .set({ calibration: true })
+        .where(and(eq(samples.runId, runId), inArray(samples.seq, seqs.slice(i, i + SEQS_PER_STATEMENT))));
+    }
+  });
 }
 
 /** A calibration answer: its input position, completion tokens, latency and the endpoint that gave it. */
 export type SliceAnswer = [seq: number, tokens: number, latencyMs: number, endpointId: string];
 
 /** The calibration slice's answers in input order, and how many of it are not terminal yet. */
-export function calibrationAnswers(db: Db, runId: string): { answered: SliceAnswer[]; open: number } {
-  // INDEXED BY, and sorted here: to skip a sort of the slice's few hundred rows, the planner walks
-  // samples_run_seq_idx through the whole run (2.6 s a read on a 10M-sample run, every forecast
-  // while the slice is open, and at every start).
-  const rows = (
-    db.$client
-      .prepare(
-        `select seq, status, completion_tokens, latency_ms, endpoint_id from samples indexed by samples_calibration_idx where run_id = ? and calibration = 1`,
-      )
-      .raw()
-      .all(runId) as [number, string, number | null, number | null, string | null][]
-  ).sort((a, b) => a[0] - b[0]);
+export async function calibrationAnswers(db: Db, runId: string): Promise<{ answered: SliceAnswer[]; open: number }> {
+  // INDEXED BY on SQLite, and sorted here: to skip a sort of the slice's few hundred rows, the
+  // planner walks samples_run_seq_idx through the whole run (2.6 s a read on a 10M-sample run,
+  // every forecast while the slice is open, and at every start).
+  const from =
+    db.dialect === 'pg' ? 'samples where run_id = ? and calibration' : 'samples indexed by samples_calibration_idx where run_id = ? and calibration = 1';
+  const { rows } = await db.exec<{ seq: number; status: string; completion_tokens: number | null; latency_ms: number | null; endpoint_id: string | null }>(
+    `select seq, status, completion_tokens, latency_ms, endpoint_id from ${from}`,
+    [runId],
+  );
+  rows.sort((a, b) => a.seq - b.seq);
   const answered: SliceAnswer[] = [];
   let open = 0;
-  for (const [seq, status, tokens, latency, endpointId] of rows) {
-    if (status === 'completed' && tokens !== null) answered.push([seq, tokens, latency ?? 0, endpointId ?? '']);
-    else if (status === 'pending' || status === 'in_progress') open++;
+  for (const r of rows) {
+    if (r.status === 'completed' && r.completion_tokens !== null) answered.push([r.seq, r.completion_tokens, r.latency_ms ?? 0, r.endpoint_id ?? '']);
+    else if (r.status === 'pending' || r.status === 'in_progress') open++;
   }
   return { answered, open };
 }
@@ -153,103 +181,175 @@ export function calibrationAnswers(db: Db, runId: string): { answered: SliceAnsw
  * order, so everything beyond it is still to do. Each status is one walk down the claim index from
  * its end, past at most the slice's own rows.
  */
-export function dispatchFrontier(db: Db, runId: string): number {
-  const stmt = db.$client.prepare(`select seq from samples where run_id = ? and status = ? and calibration = 0 order by seq desc limit 1`).pluck();
+export async function dispatchFrontier(db: Db, runId: string): Promise<number> {
+  const outside = db.dialect === 'pg' ? 'not calibration' : 'calibration = 0';
   let frontier = -1;
   for (const status of ['in_progress', 'completed', 'failed'] as const) {
-    const seq = stmt.get(runId, status) as number | undefined;
-    if (seq !== undefined && seq > frontier) frontier = seq;
+    const { rows } = await db.exec<{ seq: number }>(`select seq from samples where run_id = ? and status = ? and ${outside} order by seq desc limit 1`, [
+      runId,
+      status,
+    ]);
+    if (rows.length && rows[0].seq > frontier) frontier = rows[0].seq;
   }
   return frontier;
 }
 
 /** Gives back every lease of a run, whoever held it (a restart, with the only dispatcher gone); returns how many. */
-export function releaseRunLeases(db: Db, runId: string): number {
-  return db.$client.transaction(() => {
-    const n = db.$client.prepare(`update samples set ${RELEASE_LEASE} where run_id = ? and status = 'in_progress'`).run(runId).changes;
-    if (n) db.$client.prepare(`update runs set pending = pending + ?, in_progress = in_progress - ? where id = ?`).run(n, n, runId);
+export async function releaseRunLeases(db: Db, runId: string): Promise<number> {
+  return db.tx(async (tx) => {
+    const { changes: n } = await tx.exec(`update samples set ${RELEASE_LEASE} where run_id = ? and status = 'in_progress'`, [runId]);
+    if (n) await tx.exec(`update runs set pending = pending + ?, in_progress = in_progress - ? where id = ?`, [n, n, runId]);
     return n;
-  })();
+  });
 }
 
 /** Cancels a run's pending samples, moving its shards' and its own counters with them. */
-export function cancelPendingSamples(db: Db, runId: string): void {
-  db.transaction((tx) => {
-    const perShard = tx
-      .select({ idx: samples.shardIdx, n: sql<number>`count(*)` })
-      .from(samples)
-      .where(and(eq(samples.runId, runId), eq(samples.status, 'pending')))
-      .groupBy(samples.shardIdx)
-      .all();
-    if (!perShard.length) return;
-    const n = tx
-      .update(samples)
-      .set({ status: 'cancelled' })
-      .where(and(eq(samples.runId, runId), eq(samples.status, 'pending')))
-      .run().changes;
-    for (const s of perShard) {
-      tx.update(shards)
-        .set({ terminalCount: sql`${shards.terminalCount} + ${s.n}` })
-        .where(and(eq(shards.runId, runId), eq(shards.idx, s.idx)))
-        .run();
+export async function cancelPendingSamples(db: Db, runId: string): Promise<void> {
+  const { shards, runs } = db.t;
+  await db.tx(async (tx) => {
+    let perShard: { idx: number; n: number | string }[];
+    if (tx.dialect === 'pg') {
+      // Counted from the rows the update changed: a claim of another replica may take some meanwhile.
+      perShard = (
+        await tx.exec<{ idx: number; n: string }>(
+          `with c as (update samples set status = 'cancelled' where run_id = ? and status = 'pending' returning shard_idx)
+           select shard_idx as idx, count(*) as n from c group by shard_idx`,
+          [runId],
+        )
+      ).rows;
+    } else {
+      // The transaction holds the database: the count and the update see the same rows.
+      perShard = (
+        await tx.exec<{ idx: number; n: number }>(
+          `select shard_idx as idx, count(*) as n from samples where run_id = ? and status = 'pending' group by shard_idx`,
+          [runId],
+        )
+      ).rows;
+      if (perShard.length) await tx.exec(`update samples set status = 'cancelled' where run_id = ? and status = 'pending'`, [runId]);
     }
-    tx.update(runs)
-      .set({ pending: sql`${runs.pending} - ${n}`, cancelled: sql`${runs.cancelled} + ${n}` })
-      .where(eq(runs.id, runId))
-      .run();
-  }, IMMEDIATE);
+    if (!perShard.length) return;
+    let total = 0;
+    for (const s of perShard) {
+      const n = Number(s.n);
+      total += n;
+      await tx.q
+        .update(shards)
+        .set({ terminalCount: sql`${shards.terminalCount} + ${n}` })
+        .where(and(eq(shards.runId, runId), eq(shards.idx, s.idx)));
+    }
+    await tx.q
+      .update(runs)
+      .set({ pending: sql`${runs.pending} - ${total}`, cancelled: sql`${runs.cancelled} + ${total}` })
+      .where(eq(runs.id, runId));
+  });
+}
+
+/** One valid input line, as ingest inserts it. */
+export interface NewSample {
+  customId: string;
+  request: string;
+  predictedTokens: number | null;
 }
 
 /**
- * The ingest loop's insert, prepared once per run: a duplicate custom_id inserts nothing
- * (changes = 0) rather than failing the batch.
+ * Inserts a batch of a run's samples at the next input positions, from `firstSeq` on; a sample
+ * whose custom_id the run already has (or that repeats one earlier in the batch) is skipped and
+ * takes no position. Returns which were inserted, in order. Call it in a transaction.
  */
-export function prepareSampleInsert(db: Db) {
-  const insert = db.$client.prepare(
-    `insert into samples (run_id, seq, shard_idx, custom_id, status, request, predicted_tokens) values (?, ?, ?, ?, 'pending', ?, ?)
-     on conflict (run_id, custom_id) do nothing`,
-  );
-  // Positional arguments: this runs once per input line, and an object per call is garbage.
-  return (runId: string, seq: number, shardIdx: number, customId: string, request: string, predictedTokens: number | null): boolean =>
-    insert.run(runId, seq, shardIdx, customId, request, predictedTokens).changes > 0;
+export async function insertSampleBatch(tx: DbOrTx, runId: string, firstSeq: number, shardSize: number, batch: readonly NewSample[]): Promise<boolean[]> {
+  if (tx.dialect === 'pg') return insertSampleBatchPg(tx, runId, firstSeq, shardSize, batch);
+  const inserted: boolean[] = [];
+  let seq = firstSeq;
+  for (const s of batch) {
+    const { changes } = await tx.exec(
+      `insert into samples (run_id, seq, shard_idx, custom_id, status, request, predicted_tokens) values (?, ?, ?, ?, 'pending', ?, ?)
+       on conflict (run_id, custom_id) do nothing`,
+      [runId, seq, Math.floor(seq / shardSize), s.customId, s.request, s.predictedTokens],
+    );
+    inserted.push(changes > 0);
+    if (changes > 0) seq++;
+  }
+  return inserted;
+}
+
+/** PostgreSQL: the duplicates are found first, so the batch goes in as one statement with no gaps in its positions. */
+async function insertSampleBatchPg(tx: DbOrTx, runId: string, firstSeq: number, shardSize: number, batch: readonly NewSample[]): Promise<boolean[]> {
+  const { rows: known } = await tx.exec<{ custom_id: string }>('select custom_id from samples where run_id = ? and custom_id = any(?::text[])', [
+    runId,
+    batch.map((s) => s.customId),
+  ]);
+  const taken = new Set(known.map((r) => r.custom_id));
+  const inserted: boolean[] = [];
+  const cols = { seq: [] as number[], shard: [] as number[], id: [] as string[], request: [] as string[], predicted: [] as (number | null)[] };
+  let seq = firstSeq;
+  for (const s of batch) {
+    const fresh = !taken.has(s.customId);
+    inserted.push(fresh);
+    if (!fresh) continue;
+    taken.add(s.customId);
+    cols.seq.push(seq);
+    cols.shard.push(Math.floor(seq / shardSize));
+    cols.id.push(s.customId);
+    cols.request.push(s.request);
+    cols.predicted.push(s.predictedTokens);
+    seq++;
+  }
+  if (cols.seq.length) {
+    await tx.exec(
+      `insert into samples (run_id, seq, shard_idx, custom_id, status, request, predicted_tokens)
+       select ?, u.seq, u.shard_idx, u.custom_id, 'pending', u.request, u.predicted from unnest(?::bigint[], ?::int[], ?::text[], ?::text[], ?::int[]) as u(seq, shard_idx, custom_id, request, predicted)`,
+      [runId, cols.seq, cols.shard, cols.id, cols.request, cols.predicted],
+    );
+  }
+  return inserted;
 }
 
 /** Drops what an attempt at validating a run inserted: its samples and its shards. */
-export function clearRunSamples(db: DbOrTx, runId: string): void {
-  db.transaction((tx) => {
-    tx.delete(samples).where(eq(samples.runId, runId)).run();
-    tx.delete(shards).where(eq(shards.runId, runId)).run();
+export async function clearRunSamples(db: DbOrTx, runId: string): Promise<void> {
+  const { samples, shards } = db.t;
+  await db.tx(async (tx) => {
+    await tx.q.delete(samples).where(eq(samples.runId, runId));
+    await tx.q.delete(shards).where(eq(shards.runId, runId));
   });
 }
 
 /** The samples a retry puts back in the queue: the failed ones, or the completed ones with a flag. */
-export function samplesToRetry(db: DbOrTx, runId: string, only: 'failed' | 'flagged', endpointId?: string): { id: number; shardIdx: number; flags: number }[] {
+export async function samplesToRetry(
+  db: DbOrTx,
+  runId: string,
+  only: 'failed' | 'flagged',
+  endpointId?: string,
+): Promise<{ id: number; shardIdx: number; flags: number }[]> {
+  const { samples } = db.t;
   const which = and(
     eq(samples.runId, runId),
     only === 'failed' ? eq(samples.status, 'failed') : and(eq(samples.status, 'completed'), ne(samples.flags, 0)),
     endpointId === undefined ? undefined : eq(samples.endpointId, endpointId),
   );
-  return db.select({ id: samples.id, shardIdx: samples.shardIdx, flags: samples.flags }).from(samples).where(which).all();
+  return await db.q.select({ id: samples.id, shardIdx: samples.shardIdx, flags: samples.flags }).from(samples).where(which);
 }
 
 /** Makes samples pending again with a fresh attempt budget, as if never sent. */
-export function requeueSamples(db: DbOrTx, ids: number[]): void {
-  db.update(samples)
-    .set({
-      status: 'pending',
-      attempts: 0,
-      serverFaults: 0,
-      qualityRetries: 0,
-      availableAt: 0,
-      errorCode: null,
-      errorMessage: null,
-      errorStatus: null,
-      flags: 0,
-      leaseOwner: null,
-      leaseExpiresAt: null,
-    })
-    .where(inArray(samples.id, ids))
-    .run();
+export async function requeueSamples(db: DbOrTx, ids: number[]): Promise<void> {
+  const { samples } = db.t;
+  await db.write((w) =>
+    w.q
+      .update(samples)
+      .set({
+        status: 'pending',
+        attempts: 0,
+        serverFaults: 0,
+        qualityRetries: 0,
+        availableAt: 0,
+        errorCode: null,
+        errorMessage: null,
+        errorStatus: null,
+        flags: 0,
+        leaseOwner: null,
+        leaseExpiresAt: null,
+      })
+      .where(inArray(samples.id, ids)),
+  );
 }
 
 /**
@@ -257,22 +357,21 @@ export function requeueSamples(db: DbOrTx, ids: number[]): void {
  * Samples are sent in input order, so the last ones in input order are the latest; the (run_id,
  * seq) index serves that walk, where ordering by completed_at would read the whole run.
  */
-export function recentCompleted(db: DbOrTx, runId: string, limit: number): { flags: number; endpointId: string | null }[] {
-  return db
+export async function recentCompleted(db: DbOrTx, runId: string, limit: number): Promise<{ flags: number; endpointId: string | null }[]> {
+  const { samples } = db.t;
+  return await db.q
     .select({ flags: samples.flags, endpointId: samples.endpointId })
     .from(samples)
     .where(and(eq(samples.runId, runId), eq(samples.status, 'completed')))
-    .orderBy(sql`${samples.seq} desc`)
-    .limit(limit)
-    .all();
+    .orderBy(desc(samples.seq))
+    .limit(limit);
 }
 
 /** How many completed samples of a run have each completion length: (tokens, samples) pairs, from samples_completion_tokens_idx. */
-export function completionLengthCounts(db: Db, runId: string): [number, number][] {
-  return db.$client
-    .prepare(
-      `select completion_tokens, count(*) from samples where run_id = ? and status = 'completed' and completion_tokens is not null group by completion_tokens`,
-    )
-    .raw()
-    .all(runId) as [number, number][];
+export async function completionLengthCounts(db: Db, runId: string): Promise<[number, number][]> {
+  const { rows } = await db.exec<{ tokens: number; n: number | string }>(
+    `select completion_tokens as tokens, count(*) as n from samples where run_id = ? and status = 'completed' and completion_tokens is not null group by completion_tokens`,
+    [runId],
+  );
+  return rows.map((r) => [r.tokens, Number(r.n)]);
 }

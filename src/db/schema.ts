@@ -4,6 +4,7 @@ import { FLAGS, flagBit } from '../domain/flags.js';
 import type { InvalidLine } from '../domain/input-line.js';
 import type { StoredForecast } from '../domain/forecast.js';
 import type { QualityConfig } from '../domain/quality.js';
+import type { RunnerSnapshot } from '../domain/live-view.js';
 
 // Timestamps are integer milliseconds since the epoch; the API renders them as RFC 3339.
 
@@ -292,13 +293,15 @@ export const forecasts = sqliteTable(
 );
 
 // One row: the process that runs dispatch on this database, so a restart can tell a dead
-// owner's leases from a live one's.
+// owner's leases from a live one's. On PostgreSQL the replicas standing by read the live view it
+// publishes here (rates, in-flight counts: src/runner/view.ts), so each serves the whole API.
 export const runnerLock = sqliteTable('runner_lock', {
   id: integer('id').primaryKey(),
   owner: text('owner').notNull(),
   pid: integer('pid').notNull(),
   hostname: text('hostname').notNull(),
   heartbeatAt: integer('heartbeat_at').notNull(),
+  view: text('view', { mode: 'json' }).$type<RunnerSnapshot | null>(),
 });
 
 export type RunInput = { file_id: string } | { uri: string } | { requests: number };

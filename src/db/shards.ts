@@ -1,23 +1,27 @@
 import { and, asc, eq, gte, lt, sql } from 'drizzle-orm';
-import { type Db, type DbOrTx, IMMEDIATE } from './client.js';
+import { type Db, type DbOrTx, locked } from './client.js';
 import { appendEvent } from './events.js';
-import { runs, samples, shards, staging, type ShardRow } from './schema.js';
+import type { ShardRow } from './schema.js';
 
 /** Open shards of a run whose samples are all terminal: ready to upload, at most `limit`. */
-export function closedOpenShards(db: Db, runId: string, limit: number): ShardRow[] {
-  return db
+export async function closedOpenShards(db: Db, runId: string, limit: number): Promise<ShardRow[]> {
+  const { shards } = db.t;
+  return await db.q
     .select()
     .from(shards)
     .where(and(eq(shards.runId, runId), eq(shards.status, 'open'), sql`${shards.terminalCount} = ${shards.sampleCount}`))
-    .limit(limit)
-    .all();
+    .limit(limit);
 }
 
-export function recordUploadFailure(db: Db, runId: string, idx: number, attempts: number, lastError: string): void {
-  db.update(shards)
-    .set({ uploadAttempts: attempts, lastError })
-    .where(and(eq(shards.runId, runId), eq(shards.idx, idx)))
-    .run();
+/** Notes a failed upload on a shard still open: one that an upload marked meanwhile keeps its clean state. */
+export async function recordUploadFailure(db: Db, runId: string, idx: number, attempts: number, lastError: string): Promise<void> {
+  const { shards } = db.t;
+  await db.write((w) =>
+    w.q
+      .update(shards)
+      .set({ uploadAttempts: attempts, lastError })
+      .where(and(eq(shards.runId, runId), eq(shards.idx, idx), eq(shards.status, 'open'))),
+  );
 }
 
 // Rows per multi-row insert: a validated run may have thousands of shards, and one statement
@@ -25,49 +29,55 @@ export function recordUploadFailure(db: Db, runId: string, idx: number, attempts
 const SHARDS_PER_INSERT = 500;
 
 /** Lays out a validated run's shards: contiguous slices of `shardSize` samples, the last one shorter. */
-export function insertShardLayout(db: DbOrTx, runId: string, shardSize: number, sampleCount: number): number {
+export async function insertShardLayout(db: DbOrTx, runId: string, shardSize: number, sampleCount: number): Promise<number> {
+  const { shards } = db.t;
   const shardCount = Math.ceil(sampleCount / shardSize);
-  for (let i = 0; i < shardCount; i += SHARDS_PER_INSERT) {
-    const rows = [];
-    for (let idx = i; idx < Math.min(shardCount, i + SHARDS_PER_INSERT); idx++) {
-      rows.push({ runId, idx, firstSeq: idx * shardSize, sampleCount: Math.min(shardSize, sampleCount - idx * shardSize) });
+  await db.tx(async (tx) => {
+    for (let i = 0; i < shardCount; i += SHARDS_PER_INSERT) {
+      const rows = [];
+      for (let idx = i; idx < Math.min(shardCount, i + SHARDS_PER_INSERT); idx++) {
+        rows.push({ runId, idx, firstSeq: idx * shardSize, sampleCount: Math.min(shardSize, sampleCount - idx * shardSize) });
+      }
+      await tx.q.insert(shards).values(rows);
     }
-    db.insert(shards).values(rows).run();
-  }
+  });
   return shardCount;
 }
 
 /**
  * Reopens the shards whose samples a retry put back (`requeued`: shard index → samples requeued):
  * they count those samples as not done and start a new generation, so an upload already under way
- * is stale. Returns how many of them had been uploaded.
+ * is stale. Returns how many of them had been uploaded. Call it in a transaction.
  */
-export function reopenShards(db: DbOrTx, runId: string, requeued: Map<number, number>): number {
+export async function reopenShards(tx: DbOrTx, runId: string, requeued: Map<number, number>): Promise<number> {
+  const { shards } = tx.t;
   let reopenedUploaded = 0;
   for (const [idx, n] of requeued) {
     const at = and(eq(shards.runId, runId), eq(shards.idx, idx));
-    const shard = db.select().from(shards).where(at).get()!;
-    if (shard.status === 'uploaded') reopenedUploaded++;
-    db.update(shards)
-      .set({ status: 'open', terminalCount: shard.terminalCount - n, generation: shard.generation + 1 })
-      .where(at)
-      .run();
+    // The counts move in SQL, from the row as it is when the update runs: nothing read earlier is written back.
+    // Locked, so an upload cannot mark the shard between this read and the update.
+    const [before] = await locked(tx, tx.q.select({ status: shards.status }).from(shards).where(at).limit(1));
+    if (before?.status === 'uploaded') reopenedUploaded++;
+    await tx.write((w) =>
+      w.q
+        .update(shards)
+        .set({ status: 'open', terminalCount: sql`${shards.terminalCount} - ${n}`, generation: sql`${shards.generation} + 1` })
+        .where(at),
+    );
   }
   return reopenedUploaded;
 }
 
 /** A shard's samples in input order, each with its staged output while the shard is open. */
-export function shardSamplesWithOutput(db: DbOrTx, runId: string, shard: Pick<ShardRow, 'firstSeq' | 'sampleCount'>) {
-  return (
-    db
-      .select({ s: samples, output: staging.output })
-      .from(samples)
-      .leftJoin(staging, eq(staging.sampleId, samples.id))
-      // A seq range is what the (run_id, seq) index serves; filtering on shard_idx would read the whole run.
-      .where(and(eq(samples.runId, runId), gte(samples.seq, shard.firstSeq), lt(samples.seq, shard.firstSeq + shard.sampleCount)))
-      .orderBy(asc(samples.seq))
-      .all()
-  );
+export async function shardSamplesWithOutput(db: DbOrTx, runId: string, shard: Pick<ShardRow, 'firstSeq' | 'sampleCount'>) {
+  const { samples, staging } = db.t;
+  return await db.q
+    .select({ s: samples, output: staging.output })
+    .from(samples)
+    .leftJoin(staging, eq(staging.sampleId, samples.id))
+    // A seq range is what the (run_id, seq) index serves; filtering on shard_idx would read the whole run.
+    .where(and(eq(samples.runId, runId), gte(samples.seq, shard.firstSeq), lt(samples.seq, shard.firstSeq + shard.sampleCount)))
+    .orderBy(asc(samples.seq));
 }
 
 export type UploadedShard = Pick<ShardRow, 'key' | 'bytes' | 'lines' | 'sha256' | 'errorsKey' | 'errorsBytes' | 'errorsLines' | 'errorsSha256'> & {
@@ -75,40 +85,52 @@ export type UploadedShard = Pick<ShardRow, 'key' | 'bytes' | 'lines' | 'sha256' 
   errorCount: number;
 };
 
+/** Points samples at their lines in an uploaded shard object. */
+async function setOutputLines(tx: DbOrTx, key: string, lineOf: { id: number; line: number }[]): Promise<void> {
+  if (lineOf.length === 0) return;
+  if (tx.dialect === 'pg') {
+    // One statement for the whole shard, not one round trip a sample.
+    await tx.exec('update samples as s set output_key = ?, output_line = v.line from unnest(?::bigint[], ?::int[]) as v(id, line) where s.id = v.id', [
+      key,
+      lineOf.map((l) => l.id),
+      lineOf.map((l) => l.line),
+    ]);
+    return;
+  }
+  for (const l of lineOf) await tx.exec('update samples set output_key = ?, output_line = ? where id = ?', [key, l.line, l.id]);
+}
+
 /**
  * Marks a shard uploaded with what was written, points its samples at their lines, drops its
  * staging rows and records the event, in one transaction. False, changing nothing, when a retry
  * reopened samples of the shard while the upload ran (its generation moved): that upload is stale.
  */
-export function markShardUploaded(db: Db, runId: string, shard: Pick<ShardRow, 'idx' | 'generation'>, up: UploadedShard, now: number): boolean {
+export async function markShardUploaded(db: Db, runId: string, shard: Pick<ShardRow, 'idx' | 'generation'>, up: UploadedShard, now: number): Promise<boolean> {
   const { lineOf, errorCount, ...written } = up;
-  return db.transaction((tx) => {
-    const current = tx
-      .select()
-      .from(shards)
-      .where(and(eq(shards.runId, runId), eq(shards.idx, shard.idx)))
-      .get();
+  const { shards, staging, runs } = db.t;
+  return db.tx(async (tx) => {
+    const at = and(eq(shards.runId, runId), eq(shards.idx, shard.idx));
+    // Locked on PostgreSQL: a retry reopening the shard meanwhile waits for this transaction.
+    const [current] = await locked(tx, tx.q.select().from(shards).where(at).limit(1));
     if (!current || current.status !== 'open' || current.generation !== shard.generation || current.terminalCount !== current.sampleCount) {
       return false;
     }
-    tx.update(shards)
+    await tx.q
+      .update(shards)
       .set({ status: 'uploaded', ...written, uploadedAt: now, lastError: null })
-      .where(and(eq(shards.runId, runId), eq(shards.idx, shard.idx)))
-      .run();
-    const setLine = db.$client.prepare('update samples set output_key = ?, output_line = ? where id = ?');
-    for (const l of lineOf) setLine.run(up.key, l.line, l.id);
-    tx.delete(staging)
-      .where(and(eq(staging.runId, runId), eq(staging.shardIdx, shard.idx)))
-      .run();
-    tx.update(runs)
+      .where(at);
+    await setOutputLines(tx, up.key!, lineOf);
+    await tx.q.delete(staging).where(and(eq(staging.runId, runId), eq(staging.shardIdx, shard.idx)));
+    await tx.q
+      .update(runs)
       .set({ shardsUploaded: sql`${runs.shardsUploaded} + 1`, updatedAt: now })
-      .where(eq(runs.id, runId))
-      .run();
-    appendEvent(tx, runId, 'shard_uploaded', { shard: shard.idx, key: up.key, lines: up.lines, errors: errorCount }, now);
+      .where(eq(runs.id, runId));
+    await appendEvent(tx, runId, 'shard_uploaded', { shard: shard.idx, key: up.key, lines: up.lines, errors: errorCount }, now);
     return true;
-  }, IMMEDIATE);
+  });
 }
 
-export function listRunShards(db: DbOrTx, runId: string): ShardRow[] {
-  return db.select().from(shards).where(eq(shards.runId, runId)).orderBy(asc(shards.idx)).all();
+export async function listRunShards(db: DbOrTx, runId: string): Promise<ShardRow[]> {
+  const { shards } = db.t;
+  return await db.q.select().from(shards).where(eq(shards.runId, runId)).orderBy(asc(shards.idx));
 }

@@ -1,43 +1,52 @@
-import { and, asc, count, eq, lte, sql } from 'drizzle-orm';
+import { and, asc, count, eq, inArray, isNotNull, lte, sql } from 'drizzle-orm';
 import type { SQLiteUpdateSetSource } from 'drizzle-orm/sqlite-core';
-import type { Db, DbOrTx } from './client.js';
-import { runs, webhookDeliveries, type WebhookDeliveryRow } from './schema.js';
+import type { Db, DbOrTx, Tables } from './client.js';
+import type { WebhookDeliveryRow } from './schema.js';
 import { eventBody, newEventId, runEvent, type WebhookEventType, type WebhookRunStatus } from '../domain/webhooks.js';
 
 /** Puts an event in the outbox, due at once; a run's is counted on the run. Call it in the transaction of the change. */
-export function enqueueEvent(db: DbOrTx, e: { runId: string | null; url: string; type: WebhookEventType; data: Record<string, unknown> }, now: number): void {
+export async function enqueueEvent(
+  db: DbOrTx,
+  e: { runId: string | null; url: string; type: WebhookEventType; data: Record<string, unknown> },
+  now: number,
+): Promise<void> {
+  const { webhookDeliveries, runs } = db.t;
   const id = newEventId();
-  db.insert(webhookDeliveries)
-    .values({ id, runId: e.runId, type: e.type, url: e.url, body: eventBody(id, e.type, e.data, now), nextAttemptAt: now, createdAt: now })
-    .run();
-  if (e.runId) countOnRun(db, e.runId, { webhookPending: sql`${runs.webhookPending} + 1` });
+  await db.tx(async (tx) => {
+    await tx.q
+      .insert(webhookDeliveries)
+      .values({ id, runId: e.runId, type: e.type, url: e.url, body: eventBody(id, e.type, e.data, now), nextAttemptAt: now, createdAt: now });
+    if (e.runId) await countOnRun(tx, e.runId, { webhookPending: sql`${runs.webhookPending} + 1` });
+  });
 }
 
 /** The event of a run's move to `to`, when the run has a webhook. */
-export function enqueueRunEvent(db: DbOrTx, runId: string, to: WebhookRunStatus, reason: string | null, now: number): void {
-  const run = db
+export async function enqueueRunEvent(db: DbOrTx, runId: string, to: WebhookRunStatus, reason: string | null, now: number): Promise<void> {
+  const { runs } = db.t;
+  const [run] = await db.q
     .select({ id: runs.id, url: runs.webhookUrl, batchId: runs.batchId, expiredAt: runs.expiredAt, dryRun: runs.dryRun })
     .from(runs)
     .where(eq(runs.id, runId))
-    .get();
+    .limit(1);
   if (!run?.url) return;
-  enqueueEvent(db, { runId, url: run.url, ...runEvent(run, to, reason) }, now);
+  await enqueueEvent(db, { runId, url: run.url, ...runEvent(run, to, reason) }, now);
 }
 
 /** The runs among `runIds` whose own webhook (not the server's default) should hear of something. */
-export function runsWithOwnWebhook(db: DbOrTx, runIds: string[]): { id: string; url: string }[] {
+export async function runsWithOwnWebhook(db: DbOrTx, runIds: string[]): Promise<{ id: string; url: string }[]> {
   if (runIds.length === 0) return [];
-  return db
+  const { runs } = db.t;
+  const rows = await db.q
     .select({ id: runs.id, url: runs.webhookUrl })
     .from(runs)
-    .where(and(sql`${runs.id} in ${runIds}`, sql`${runs.webhookSecret} is not null`))
-    .all()
-    .filter((r): r is { id: string; url: string } => r.url !== null);
+    .where(and(inArray(runs.id, runIds), isNotNull(runs.webhookSecret)));
+  return rows.filter((r): r is { id: string; url: string } => r.url !== null);
 }
 
 /** Pending events whose next attempt is due, oldest first. */
 export async function dueDeliveries(db: Db, now: number, limit: number): Promise<WebhookDeliveryRow[]> {
-  return await db
+  const { webhookDeliveries } = db.t;
+  return await db.q
     .select()
     .from(webhookDeliveries)
     .where(and(eq(webhookDeliveries.status, 'pending'), lte(webhookDeliveries.nextAttemptAt, now)))
@@ -51,60 +60,67 @@ export async function dueDeliveries(db: Db, now: number, limit: number): Promise
  * took it first.
  */
 export async function claimDelivery(db: Db, row: WebhookDeliveryRow, leaseUntil: number): Promise<boolean> {
-  const taken = await db
-    .update(webhookDeliveries)
-    .set({ attempts: sql`${webhookDeliveries.attempts} + 1`, nextAttemptAt: leaseUntil })
-    .where(and(eq(webhookDeliveries.id, row.id), eq(webhookDeliveries.status, 'pending'), eq(webhookDeliveries.nextAttemptAt, row.nextAttemptAt)))
-    .returning({ id: webhookDeliveries.id });
+  const { webhookDeliveries } = db.t;
+  const taken = await db.write((w) =>
+    w.q
+      .update(webhookDeliveries)
+      .set({ attempts: sql`${webhookDeliveries.attempts} + 1`, nextAttemptAt: leaseUntil })
+      .where(and(eq(webhookDeliveries.id, row.id), eq(webhookDeliveries.status, 'pending'), eq(webhookDeliveries.nextAttemptAt, row.nextAttemptAt)))
+      .returning({ id: webhookDeliveries.id }),
+  );
   return taken.length > 0;
 }
 
 /** The signing secret a run's own webhook was given, if any. */
 export async function runWebhookSecret(db: Db, runId: string): Promise<string | null> {
-  const [row] = await db.select({ secret: runs.webhookSecret }).from(runs).where(eq(runs.id, runId)).limit(1);
+  const { runs } = db.t;
+  const [row] = await db.q.select({ secret: runs.webhookSecret }).from(runs).where(eq(runs.id, runId)).limit(1);
   return row?.secret ?? null;
 }
 
 /** The outbox's events by delivery status. */
 export async function deliveryCountsByStatus(db: Db): Promise<{ status: string; n: number }[]> {
-  return await db.select({ status: webhookDeliveries.status, n: count() }).from(webhookDeliveries).groupBy(webhookDeliveries.status);
+  const { webhookDeliveries } = db.t;
+  return await db.q.select({ status: webhookDeliveries.status, n: count() }).from(webhookDeliveries).groupBy(webhookDeliveries.status);
 }
 
 export type DeliveryResult = { kind: 'delivered' } | { kind: 'retry'; at: number; error: string } | { kind: 'failed'; error: string };
 
 /** What an attempt came to; an event already delivered or given up (by another attempt) stays so. */
 export async function recordAttempt(db: Db, row: WebhookDeliveryRow, result: DeliveryResult, now: number): Promise<void> {
-  db.transaction((tx) => {
+  const { webhookDeliveries, runs } = db.t;
+  await db.tx(async (tx) => {
     const set =
       result.kind === 'delivered'
         ? { status: 'delivered', deliveredAt: now, lastError: null }
         : result.kind === 'retry'
           ? { nextAttemptAt: result.at, lastError: result.error }
           : { status: 'failed', lastError: result.error };
-    const res = tx
+    const recorded = await tx.q
       .update(webhookDeliveries)
       .set(set)
       .where(and(eq(webhookDeliveries.id, row.id), eq(webhookDeliveries.status, 'pending')))
-      .run();
-    if (res.changes === 0 || !row.runId) return;
+      .returning({ id: webhookDeliveries.id });
+    if (recorded.length === 0 || !row.runId) return;
     if (result.kind === 'delivered') {
-      countOnRun(tx, row.runId, {
+      await countOnRun(tx, row.runId, {
         webhookPending: sql`${runs.webhookPending} - 1`,
         webhookDelivered: sql`${runs.webhookDelivered} + 1`,
         webhookLastError: null,
       });
     } else if (result.kind === 'failed') {
-      countOnRun(tx, row.runId, {
+      await countOnRun(tx, row.runId, {
         webhookPending: sql`${runs.webhookPending} - 1`,
         webhookFailed: sql`${runs.webhookFailed} + 1`,
         webhookLastError: result.error,
       });
     } else {
-      countOnRun(tx, row.runId, { webhookLastError: result.error });
+      await countOnRun(tx, row.runId, { webhookLastError: result.error });
     }
   });
 }
 
-function countOnRun(db: DbOrTx, runId: string, set: SQLiteUpdateSetSource<typeof runs>): void {
-  db.update(runs).set(set).where(eq(runs.id, runId)).run();
+async function countOnRun(tx: DbOrTx, runId: string, set: SQLiteUpdateSetSource<Tables['runs']>): Promise<void> {
+  const { runs } = tx.t;
+  await tx.q.update(runs).set(set).where(eq(runs.id, runId));
 }

@@ -11,14 +11,14 @@ import type { RunStatus } from '../domain/statuses.js';
  * the batch reads `expired`. Runs already finalizing have nothing left to give up. Called every tick,
  * just before the tick reads the active runs again.
  */
-export function expireBatches(deps: RunnerDeps): void {
+export async function expireBatches(deps: RunnerDeps): Promise<void> {
   const now = deps.clock();
-  const due = dueBatchRuns(deps.db, now);
+  const due = await dueBatchRuns(deps.db, now);
   for (const r of due) {
     const to: RunStatus = r.status === 'validating' ? 'cancelled' : 'cancelling';
     const reason = `the batch's ${r.completionWindow} completion window passed`;
     // Marked expired by the move itself: a batch still validating ends here, and its event must say `batch.expired`.
-    const moved = transitionRun(deps.db, r.id, [r.status as RunStatus], to, now, { statusReason: reason, expiredAt: now });
+    const moved = await transitionRun(deps.db, r.id, [r.status as RunStatus], to, now, { statusReason: reason, expiredAt: now });
     if (moved) deps.logger.info({ run_id: r.id, batch_id: r.batchId, status: to }, 'batch expired');
   }
 }

@@ -1,5 +1,5 @@
 import type { Db } from '../db/client.js';
-import { prepareClaim, type ClaimedRow, type ClaimOrder } from '../db/samples.js';
+import { claimSamples, type ClaimedRow, type ClaimOrder } from '../db/samples.js';
 import type { ResultWriter } from './results.js';
 
 /** A sample leased for dispatch, with its run. */
@@ -12,75 +12,126 @@ export interface Claimed extends ClaimedRow {
  * back by their owner or by recovery after a restart, never by expiry.
  */
 const LEASE_MS = 24 * 3600_000;
+/** A run's buffer is refilled once it holds no more than this share of its last claim, so the pump finds samples waiting. */
+const REFILL_AT = 0.25;
+
+interface RunBuffer {
+  samples: Claimed[];
+  /** The claim under way, if any. */
+  claiming: Promise<void> | null;
+  /** Bumped when the buffer is given back: a claim that lands after it gives its samples back too. */
+  generation: number;
+  /** Nothing was due at the last claim this tick. */
+  drained: boolean;
+  lastClaim: number;
+}
 
 /**
  * Samples claimed from the database and not yet sent, per run. A claim leases many samples in one
- * statement; they wait here, the slice first and then in the run's order, for free slots. States of a run's buffer: absent
- * (claim on the next take), holding samples, or drained this tick (nothing was due: do not ask
- * the database again until the next tick). Samples given back return to the queue through the
- * result writer, without spending an attempt.
+ * transaction; they wait here, the slice first and then in the run's order, for free slots. Claims
+ * run in the background, as graphile-worker's local queue fetches jobs: `take` never waits on the
+ * database; it hands out what the buffer holds and starts a claim when the buffer runs low, and the
+ * pump is woken when the claim lands. A run whose claim found nothing due is left alone until the
+ * next tick. Samples given back return to the queue through the result writer, without spending
+ * an attempt.
  */
 export class ClaimBuffer {
-  private readonly buffers = new Map<string, Claimed[]>();
-  private readonly drained = new Set<string>();
-  private readonly claim: ReturnType<typeof prepareClaim>;
+  private readonly buffers = new Map<string, RunBuffer>();
 
   constructor(
-    db: Db,
+    private readonly db: Db,
     private readonly owner: string,
     private readonly clock: () => number,
     private readonly writer: ResultWriter,
-  ) {
-    this.claim = prepareClaim(db);
+    /** A claim landed with samples: the pump can send them. */
+    private readonly onClaimed: () => void,
+    private readonly onError: (err: unknown) => void,
+  ) {}
+
+  private bufferOf(runId: string): RunBuffer {
+    let b = this.buffers.get(runId);
+    if (!b) this.buffers.set(runId, (b = { samples: [], claiming: null, generation: 0, drained: false, lastClaim: 0 }));
+    return b;
   }
 
-  /** The run had nothing due at its last claim this tick. */
+  /** The run had nothing due at its last claim this tick, and holds nothing. */
   isDrained(runId: string): boolean {
-    return this.drained.has(runId);
+    const b = this.buffers.get(runId);
+    return b !== undefined && b.drained && b.samples.length === 0;
   }
 
   /** A new tick: runs found drained may have samples due again (retries whose backoff ended). */
   newTick(): void {
-    this.drained.clear();
+    for (const b of this.buffers.values()) b.drained = false;
   }
 
   /**
-   * The next sample of a run: from its buffer, else from a claim of `claimSize()` samples (its
-   * calibration slice first, then in `order`; see ClaimOrder). Null when the run has nothing due.
-   * `onClaim` runs after a claim that found samples.
+   * The next sample of a run from its buffer, or null when it holds none now. A buffer running low
+   * starts a claim of `claimSize()` samples (the calibration slice first, then in `order`; see
+   * ClaimOrder); `onClaim` runs when a claim lands with samples.
    */
   take(runId: string, claimSize: () => number, onClaim: () => void, order: ClaimOrder, window: number): Claimed | null {
-    let buf = this.buffers.get(runId);
-    if (!buf || buf.length === 0) {
-      const now = this.clock();
-      const rows = this.claim(runId, this.owner, now, now + LEASE_MS, claimSize(), order, window);
-      if (rows.length === 0) {
-        this.drained.add(runId);
-        return null;
-      }
-      buf = rows.map((r) => ({ ...r, runId }));
-      this.buffers.set(runId, buf);
-      onClaim();
-    }
-    return buf.shift() ?? null;
+    const b = this.bufferOf(runId);
+    const sample = b.samples.shift() ?? null;
+    if (!b.claiming && !b.drained && b.samples.length <= b.lastClaim * REFILL_AT) this.refill(runId, b, claimSize(), onClaim, order, window);
+    return sample;
   }
 
-  /** Runs that hold claimed samples now. */
-  runs(): IterableIterator<string> {
-    return this.buffers.keys();
+  private refill(runId: string, b: RunBuffer, limit: number, onClaim: () => void, order: ClaimOrder, window: number): void {
+    if (limit <= 0) return;
+    const generation = b.generation;
+    const now = this.clock();
+    b.claiming = claimSamples(this.db, { runId, owner: this.owner, now, leaseExpiresAt: now + LEASE_MS, limit, order, window })
+      .then((rows) => {
+        const claimed = rows.map((r) => ({ ...r, runId }));
+        if (this.buffers.get(runId) !== b || b.generation !== generation) {
+          // Given back while the claim ran: these go back too.
+          for (const s of claimed) this.giveBack(s);
+          return;
+        }
+        b.lastClaim = limit;
+        if (claimed.length === 0) {
+          b.drained = true;
+          return;
+        }
+        b.samples.push(...claimed);
+        onClaim();
+        this.onClaimed();
+      })
+      .catch((err: unknown) => {
+        // Tried again next tick: a busy database must not be asked again at once by every pump.
+        b.drained = true;
+        this.onError(err);
+      })
+      .finally(() => {
+        b.claiming = null;
+      });
   }
 
-  /** Gives a run's claimed samples back to the queue. */
+  /** Runs that hold claimed samples or have a claim under way. */
+  runs(): string[] {
+    return [...this.buffers].filter(([, b]) => b.samples.length > 0 || b.claiming).map(([runId]) => runId);
+  }
+
+  private giveBack(s: Claimed): void {
+    this.writer.add({ kind: 'release', sampleId: s.id, runId: s.runId, shardIdx: s.shardIdx, endpointId: null });
+  }
+
+  /** Gives a run's claimed samples back to the queue, and those of a claim still under way when it lands. */
   release(runId: string): void {
-    const buf = this.buffers.get(runId);
+    const b = this.buffers.get(runId);
+    if (!b) return;
     this.buffers.delete(runId);
-    if (!buf) return;
-    for (const s of buf) this.writer.add({ kind: 'release', sampleId: s.id, runId, shardIdx: s.shardIdx, endpointId: null });
+    b.generation++;
+    for (const s of b.samples) this.giveBack(s);
+    b.samples = [];
   }
 
-  /** Gives everything back and commits it now: the runner stops. */
-  releaseAll(): void {
+  /** Gives everything back, claims under way included, and commits it: the runner stops. */
+  async releaseAll(): Promise<void> {
+    const claiming = [...this.buffers.values()].map((b) => b.claiming).filter((c): c is Promise<void> => c !== null);
     for (const runId of [...this.buffers.keys()]) this.release(runId);
-    this.writer.flush();
+    await Promise.allSettled(claiming);
+    await this.writer.flush();
   }
 }

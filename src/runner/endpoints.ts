@@ -10,6 +10,7 @@ import { capInUse, type CapSource, type ServerCapacity } from '../domain/concurr
 import { AdaptiveCap, serverCeiling, type Load } from './capacity.js';
 import { backoffMs, firstProbeDelayMs, probeBackoff } from './failure-policy.js';
 import { agentFetch, endpointAgent, streamPost, type StreamRequest, type WholeAnswer } from './http-fetch.js';
+import { Coalesced } from './coalesced.js';
 import { LatencyRing, RateWindow } from './rates.js';
 import { parseLoads, parseMetrics, parseModels, parseServerInfo } from './server-info.js';
 import { IDLE_ENDPOINT, type EndpointLive } from './view.js';
@@ -106,9 +107,15 @@ export class LiveEndpoint {
     return this.row.state as EndpointState;
   }
 
+  /**
+   * Judged worse than its peers, while its quarantine commits: nothing new is sent, and its
+   * answers from then on are asked again elsewhere, as once it is quarantined.
+   */
+  quarantining = false;
+
   /** Ready, and not waiting for a probe to clear it: new samples may be sent. */
   get dispatchable(): boolean {
-    return this.state === 'ready' && !this.suspect;
+    return this.state === 'ready' && !this.suspect && !this.quarantining;
   }
 
   serves(model: string): boolean {
@@ -193,9 +200,18 @@ export class EndpointPool {
     private readonly onRemoved: (e: LiveEndpoint) => void,
   ) {}
 
-  /** Re-reads the endpoints table: new rows join, removed rows leave, edited rows are refreshed. */
-  sync(): void {
-    const rows = listEndpoints(this.db);
+  private readonly syncs = new Coalesced();
+
+  /**
+   * Re-reads the endpoints table: new rows join, removed rows leave, edited rows are refreshed.
+   * Reads never overlap: one asked for while another runs starts when it ends, and reads anew.
+   */
+  sync(): Promise<void> {
+    return this.syncs.run(() => this.readTable());
+  }
+
+  private async readTable(): Promise<void> {
+    const rows = await listEndpoints(this.db);
     const seen = new Set<string>();
     for (const row of rows) {
       seen.add(row.id);
@@ -217,6 +233,9 @@ export class EndpointPool {
 
   /** A row read from the table; a state someone else set (an operator, a re-registration) is probed afresh. */
   private takeRow(e: LiveEndpoint, row: EndpointRow): void {
+    // A read that began before this pool's own last write (a quarantine, a probe's verdict) would
+    // put back what that write replaced.
+    if (row.updatedAt < e.row.updatedAt) return;
     const wasState = e.row.state;
     e.update(row);
     if (row.state === wasState) return;
@@ -277,11 +296,18 @@ export class EndpointPool {
    * Moves an endpoint to `state`, only while it is still in the state `expected` (by default the one
    * this pool last saw): an operator's change made meanwhile wins, and the row is read again.
    */
-  setState(e: LiveEndpoint, state: EndpointState, lastError: string | null, extra: Partial<EndpointRow> = {}, expected = e.row.state): boolean {
+  async setState(
+    e: LiveEndpoint,
+    state: EndpointState,
+    lastError: string | null,
+    extra: Partial<EndpointRow> = {},
+    expected = e.row.state,
+    db: Db = this.db,
+  ): Promise<boolean> {
     const now = this.clock();
     const set = { state, lastError, lastCheckedAt: now, updatedAt: now, ...extra };
-    if (!updateEndpointIfState(this.db, e.row.id, expected, set)) {
-      const row = getEndpoint(this.db, e.row.id);
+    if (!(await updateEndpointIfState(db, e.row.id, expected, set))) {
+      const row = await getEndpoint(db, e.row.id);
       if (row) this.takeRow(e, row);
       return false;
     }
@@ -299,7 +325,7 @@ export class EndpointPool {
    * the server is back, and enough in a row take the endpoint out. True when it was taken out, so
    * that what runs there is given back: its connections are failing.
    */
-  transportFailure(e: LiveEndpoint, message: string): boolean {
+  async transportFailure(e: LiveEndpoint, message: string): Promise<boolean> {
     e.consecutiveFailures++;
     e.suspect = true;
     e.nextProbeAt = Math.min(e.nextProbeAt, this.clock());
@@ -387,7 +413,7 @@ export class EndpointPool {
     const now = this.clock();
     e.nextProbeAt = now + this.settings.probeIntervalMs;
     e.probeFailures = 0;
-    if (!this.setState(e, 'ready', null, extra, before)) return;
+    if (!(await this.setState(e, 'ready', null, extra, before))) return;
     e.consecutiveFailures = 0;
     if (e.suspect) {
       e.suspect = false;
@@ -400,7 +426,7 @@ export class EndpointPool {
     if (e.capInfo(this.settings.defaultConcurrency).source === 'default') this.warnDefault(e);
   }
 
-  private probeFailed(e: LiveEndpoint, before: string, reason: string, loading: boolean): void {
+  private async probeFailed(e: LiveEndpoint, before: string, reason: string, loading: boolean): Promise<void> {
     const now = this.clock();
     const failures = ++e.probeFailures;
     const wait = backoffMs(failures, probeBackoff(this.settings.probeIntervalMs));
@@ -409,14 +435,14 @@ export class EndpointPool {
       // Soon again: one slow probe of a busy server should hold its dispatch back briefly, not for long.
       e.nextProbeAt = now + firstProbeDelayMs(this.settings.probeIntervalMs);
       const judged = failures >= this.settings.unhealthyAfterProbes;
-      this.setState(e, judged ? 'unhealthy' : 'ready', `${reason} (${failures} of ${this.settings.unhealthyAfterProbes} probes in a row)`, {}, before);
+      await this.setState(e, judged ? 'unhealthy' : 'ready', `${reason} (${failures} of ${this.settings.unhealthyAfterProbes} probes in a row)`, {}, before);
       return;
     }
     // A server still loading is looked at every interval: it may come up any moment.
     e.nextProbeAt = now + (e.state === 'starting' ? Math.min(wait, this.settings.probeIntervalMs) : wait);
     // A server never seen healthy is still starting; one that was up and stopped answering is unhealthy.
     const next: EndpointState = e.state === 'starting' && (loading || e.row.model === null) ? 'starting' : 'unhealthy';
-    this.setState(e, next, reason, {}, before);
+    await this.setState(e, next, reason, {}, before);
   }
 
   /** A new served model or a new process: logged, and the endpoint leaves runs for the old model. */

@@ -6,6 +6,7 @@ import { closedOpenShards, recordUploadFailure } from '../db/shards.js';
 import type { RunStatus } from '../domain/statuses.js';
 import { describeStoreError } from '../storage/index.js';
 import { backoffMs, UPLOAD_BACKOFF } from './failure-policy.js';
+import { Coalesced } from './coalesced.js';
 import { uploadShard, writeManifest } from './shard-writer.js';
 
 /** Shard uploads under way at once: enough to hide the store's latency, few enough not to flood it. */
@@ -28,7 +29,7 @@ export class Finisher {
   constructor(
     private readonly deps: RunnerDeps,
     private readonly guard: <T>(what: string, step: () => T) => T | undefined,
-    private readonly hooks: { afterUpload(): void; settled(run: RunRow): unknown; afterFinish(runId: string): void },
+    private readonly hooks: { afterUpload(): unknown; settled(run: RunRow): Promise<unknown>; afterFinish(runId: string): void },
   ) {}
 
   /** Shard uploads or manifest writes still under way. */
@@ -36,22 +37,28 @@ export class Finisher {
     return this.uploading.size;
   }
 
-  /** One pass over the active runs. */
-  advance(active: readonly RunRow[]): void {
+  private readonly passes = new Coalesced();
+
+  /** One pass over the active runs; passes never overlap (one asked for meanwhile follows). */
+  advance(active: readonly RunRow[]): Promise<void> {
+    return this.passes.run(() => this.pass(active));
+  }
+
+  private async pass(active: readonly RunRow[]): Promise<void> {
     const { db, clock, logger } = this.deps;
     for (const run of active) {
-      if (run.status === 'cancelling') cancelPendingSamples(db, run.id);
-      const fresh = getRun(db, run.id);
+      if (run.status === 'cancelling') await cancelPendingSamples(db, run.id);
+      const fresh = await getRun(db, run.id);
       if (!fresh) continue;
-      for (const shard of closedOpenShards(db, run.id, SHARDS_PER_PASS)) this.upload(fresh, shard);
+      for (const shard of await closedOpenShards(db, run.id, SHARDS_PER_PASS)) this.upload(fresh, shard);
       const settled = fresh.pending === 0 && fresh.inProgress === 0 && fresh.total > 0;
       if (!settled) continue;
       if (fresh.status === 'in_progress' || fresh.status === 'queued') {
-        this.hooks.settled(fresh);
-        if (transitionRun(db, run.id, [fresh.status], 'finalizing', clock())) logger.info({ run_id: run.id, status: 'finalizing' }, 'run status');
+        await this.hooks.settled(fresh);
+        if (await transitionRun(db, run.id, [fresh.status], 'finalizing', clock())) logger.info({ run_id: run.id, status: 'finalizing' }, 'run status');
       }
       if (fresh.shardsUploaded === fresh.shardsTotal && (fresh.status === 'finalizing' || fresh.status === 'cancelling' || fresh.status === 'in_progress')) {
-        this.finish(run.id);
+        await this.finish(run.id);
       }
     }
   }
@@ -77,7 +84,7 @@ export class Finisher {
         for (const k of this.retryAt.keys()) if (k.startsWith(`${run.id}\0`)) this.retryAt.delete(k);
         deps.metrics.shardUploaded();
         // Outside the upload's own error path: a fault here must not be taken for a failed upload.
-        setImmediate(() => this.guard('advancing runs', () => this.hooks.afterUpload()));
+        setImmediate(() => void this.guard('advancing runs', () => this.hooks.afterUpload()));
       })
       .catch((err: Error) => {
         deps.metrics.shardUploadFailed();
@@ -86,21 +93,25 @@ export class Finisher {
         this.retryAt.set(key, deps.clock() + delayMs);
         const lastError = `upload failed: ${describeStoreError(err)}; retrying in ${Math.round(delayMs / 1000)} s`;
         deps.logger.warn({ run_id: run.id, shard: shard.idx, attempts, err: { message: err.message } }, 'shard upload failed');
-        this.guard('recording a failed shard upload', () => recordUploadFailure(deps.db, run.id, shard.idx, attempts, lastError));
+        return this.guard('recording a failed shard upload', () => recordUploadFailure(deps.db, run.id, shard.idx, attempts, lastError));
       })
       .finally(() => this.uploading.delete(key));
   }
 
-  private finish(runId: string): void {
+  private async finish(runId: string): Promise<void> {
     const retryKey = this.key(runId, 'manifest');
     if (this.finishing.has(runId) || this.waiting(retryKey)) return;
     const { deps } = this;
     this.finishing.add(runId);
-    const run = getRun(deps.db, runId)!;
+    const run = await getRun(deps.db, runId);
+    if (!run) {
+      this.finishing.delete(runId);
+      return;
+    }
     const final = run.status === 'cancelling' ? 'cancelled' : 'completed';
-    writeManifest(deps, run, final)
-      .then(() => {
-        if (transitionRun(deps.db, runId, [run.status as RunStatus], final, deps.clock())) {
+    void writeManifest(deps, run, final)
+      .then(async () => {
+        if (await transitionRun(deps.db, runId, [run.status as RunStatus], final, deps.clock())) {
           deps.logger.info({ run_id: runId, status: final, completed: run.completed, failed: run.failed }, 'run status');
         }
         this.hooks.afterFinish(runId);

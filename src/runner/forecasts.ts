@@ -81,10 +81,10 @@ export class Forecasts {
   }
 
   /** The run's slice, read again while part of it is still to be answered. */
-  slice(runId: string): Slice {
+  async slice(runId: string): Promise<Slice> {
     const known = this.slices.get(runId);
     if (known && known.open === 0) return known;
-    const { answered, open } = calibrationAnswers(this.deps.db, runId);
+    const { answered, open } = await calibrationAnswers(this.deps.db, runId);
     const fresh = readSlice(answered, open);
     this.slices.set(runId, fresh);
     return fresh;
@@ -98,9 +98,9 @@ export class Forecasts {
    * ordered input are all short (a request's fixed cost weighs more) or all long. Else its answers
    * of the last minute. Summed over the ready endpoints serving the run that have answered it.
    */
-  fleetRate(run: RunRow, now: number): { tokensPerSecond: number; endpoints: number } {
+  async fleetRate(run: RunRow, now: number): Promise<{ tokensPerSecond: number; endpoints: number }> {
     const perEndpoint = this.windows.get(run.id);
-    const sliceSpeed = this.slice(run.id).speed;
+    const sliceSpeed = (await this.slice(run.id)).speed;
     let tokensPerSecond = 0;
     let endpoints = 0;
     for (const e of this.pool.live.values()) {
@@ -118,20 +118,20 @@ export class Forecasts {
   }
 
   /** Computes the forecast of each run being dispatched, at most once a FORECAST_MS each. */
-  update(active: readonly RunRow[]): void {
+  async update(active: readonly RunRow[]): Promise<void> {
     const now = this.deps.clock();
     for (const run of active) {
       if (run.status !== 'in_progress' || run.total === 0) continue;
       if (now - (this.computedAt.get(run.id) ?? -Infinity) < FORECAST_MS) continue;
-      this.compute(run, now);
+      await this.compute(run, now);
     }
   }
 
   /** Computes a run's forecast now and stores it; `final` writes a point of history whatever the interval. */
-  compute(run: RunRow, now: number, final = false): StoredForecast | null {
+  async compute(run: RunRow, now: number, final = false): Promise<StoredForecast | null> {
     this.computedAt.set(run.id, now);
-    const { tokensPerSecond, endpoints } = this.fleetRate(run, now);
-    const slice = this.slice(run.id);
+    const { tokensPerSecond, endpoints } = await this.fleetRate(run, now);
+    const slice = await this.slice(run.id);
     const forecast = computeForecast(
       {
         whole: run.dryRun,
@@ -140,7 +140,7 @@ export class Forecasts {
         completionTokens: run.completionTokens,
         slice: slice.lengths,
         sliceOpen: slice.open,
-        frontier: run.dryRun ? -1 : dispatchFrontier(this.deps.db, run.id),
+        frontier: run.dryRun ? -1 : await dispatchFrontier(this.deps.db, run.id),
         tokensPerSecond,
         endpoints,
         elapsedSeconds: run.startedAt ? (now - run.startedAt) / 1000 : 0,
@@ -158,7 +158,7 @@ export class Forecasts {
     // The row always gets the latest, so a run that leaves in_progress (paused, cancelled) shows
     // the forecast of its last second, not of its last history point.
     const done = run.completed + run.failed + run.cancelled;
-    saveForecast(this.deps.db, run.id, forecast, due ? { fraction: run.total ? done / run.total : 0 } : null);
+    await saveForecast(this.deps.db, run.id, forecast, due ? { fraction: run.total ? done / run.total : 0 } : null);
     if (due) this.savedAt.set(run.id, now);
     return forecast;
   }

@@ -8,10 +8,10 @@ import { gateSettings, gateTrips, gateVerdict } from '../domain/quality.js';
  * model or template is caught in the first few hundred samples, not after days. Returns true when
  * it paused the run.
  */
-export function checkGate(deps: RunnerDeps, r: RunRow): boolean {
+export async function checkGate(deps: RunnerDeps, r: RunRow): Promise<boolean> {
   if (!gateTrips(r)) return false;
   const reason = gateVerdict(r, gateSettings(r)!);
-  if (!transitionRun(deps.db, r.id, ['in_progress'], 'paused', deps.clock(), { statusReason: reason })) return false;
+  if (!(await transitionRun(deps.db, r.id, ['in_progress'], 'paused', deps.clock(), { statusReason: reason }))) return false;
   deps.logger.warn({ run_id: r.id, status: 'paused', reason }, 'run status');
   return true;
 }

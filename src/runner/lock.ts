@@ -23,8 +23,9 @@ function pidAlive(pid: number): boolean {
 }
 
 /**
- * The single-dispatcher lock of a SQLite database: one row naming the process that dispatches,
- * so that a restart can tell a dead owner's leases from a live one's.
+ * The single-dispatcher lock of a database: one row naming the process that dispatches, so that a
+ * restart can tell a dead owner's leases from a live one's. On PostgreSQL the other replicas stand
+ * by and take the lock over once its holder's heartbeat is LOCK_STALE_MS old.
  */
 export class RunnerLock {
   private readonly host = hostname();
@@ -36,9 +37,9 @@ export class RunnerLock {
   ) {}
 
   /** Takes the lock, or throws RunnerLockedError while another live process holds it. */
-  take(): void {
+  async take(): Promise<void> {
     const now = this.clock();
-    const held = takeRunnerLock(this.db, { owner: this.owner, pid: process.pid, hostname: this.host, heartbeatAt: now }, (h) => {
+    const held = await takeRunnerLock(this.db, { owner: this.owner, pid: process.pid, hostname: this.host, heartbeatAt: now }, (h) => {
       const sameProcess = h.hostname === this.host && h.pid === process.pid;
       // Another host's pid cannot be checked: only its heartbeat tells.
       const alive = h.hostname !== this.host || pidAlive(h.pid);
@@ -48,11 +49,11 @@ export class RunnerLock {
   }
 
   /** Renews the heartbeat; false when another process took the database over. */
-  beat(): boolean {
+  beat(): Promise<boolean> {
     return beatRunnerLock(this.db, this.owner, this.clock());
   }
 
-  release(): void {
-    releaseRunnerLock(this.db, this.owner);
+  async release(): Promise<void> {
+    await releaseRunnerLock(this.db, this.owner);
   }
 }

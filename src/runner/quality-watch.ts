@@ -9,7 +9,7 @@ import { gateSettings } from '../domain/quality.js';
 import { QUALITY_WINDOW } from '../domain/quality-window.js';
 import { RunQuality } from '../domain/run-quality.js';
 import type { RunStatus } from '../domain/statuses.js';
-import type { EndpointPool } from './endpoints.js';
+import type { EndpointPool, LiveEndpoint } from './endpoints.js';
 import { checkGate } from './gate.js';
 
 /** Runs whose flagged answers a quarantine asks again: the ones still taking work. */
@@ -29,14 +29,29 @@ export class QualityWatch {
   constructor(
     private readonly deps: RunnerDeps,
     private readonly pool: EndpointPool,
+    /** Commits the answers already settled: a quarantine's requeue must see them. */
+    private readonly commitResults: () => Promise<void>,
   ) {}
+
+  /**
+   * Builds a run's checks from what the database kept, once per start: the runner calls it before
+   * it dispatches the run, so every answer finds them ready.
+   */
+  async load(run: RunRow): Promise<void> {
+    if (!run.quality || this.runs.has(run.id)) return;
+    const [recent, lengths] = await Promise.all([recentCompleted(this.deps.db, run.id, QUALITY_WINDOW), completionLengthCounts(this.deps.db, run.id)]);
+    if (this.runs.has(run.id)) return;
+    const q = new RunQuality({ min_completion_tokens: run.quality.min_completion_tokens, model: run.model });
+    q.restore(recent, run.completed, lengths);
+    this.runs.set(run.id, q);
+  }
 
   qualityOf(run: RunRow): RunQuality | null {
     if (!run.quality) return null;
     let q = this.runs.get(run.id);
     if (!q) {
+      // Not loaded (an answer after the run was forgotten): judged from this answer on.
       q = new RunQuality({ min_completion_tokens: run.quality.min_completion_tokens, model: run.model });
-      q.restore(recentCompleted(this.deps.db, run.id, QUALITY_WINDOW), run.completed, completionLengthCounts(this.deps.db, run.id));
       this.runs.set(run.id, q);
     }
     return q;
@@ -47,15 +62,24 @@ export class QualityWatch {
     this.runs.delete(runId);
   }
 
+  /** The verdict under way: one at a time, so each sees what the one before it did (a quarantine's endpoint out of the window). */
+  private judging: Promise<unknown> = Promise.resolve();
+
   /** After a commit of `run`'s answers. Returns true when it paused the run. */
-  judge(run: RunRow): boolean {
+  judge(run: RunRow): Promise<boolean> {
+    const verdict = this.judging.then(() => this.judgeNow(run));
+    this.judging = verdict.catch(() => {});
+    return verdict;
+  }
+
+  private async judgeNow(run: RunRow): Promise<boolean> {
     const gate = gateSettings(run);
     const q = this.runs.get(run.id);
     if (!gate || !q) return false;
     const verdict = q.verdict(gate, this.inRotation(run.model));
-    for (const bad of verdict.quarantine) this.quarantine(bad.endpointId, bad.reason);
+    for (const bad of verdict.quarantine) await this.quarantine(bad.endpointId, bad.reason);
     if (verdict.overLimit && verdict.reason && !run.gateOverridden && run.status === 'in_progress') {
-      if (transitionRun(this.deps.db, run.id, ['in_progress'], 'paused', this.deps.clock(), { statusReason: verdict.reason })) {
+      if (await transitionRun(this.deps.db, run.id, ['in_progress'], 'paused', this.deps.clock(), { statusReason: verdict.reason })) {
         this.deps.logger.warn({ run_id: run.id, status: 'paused', reason: verdict.reason }, 'run status');
         return true;
       }
@@ -71,24 +95,36 @@ export class QualityWatch {
     return ids;
   }
 
-  private quarantine(endpointId: string, reason: string): void {
+  private async quarantine(endpointId: string, reason: string): Promise<void> {
     const e = this.pool.live.get(endpointId);
-    if (!e || e.state !== 'ready') return;
+    if (!e || e.state !== 'ready' || e.quarantining) return;
+    // From here its answers are asked again elsewhere; those settled before are committed first,
+    // so the requeue below finds every flagged answer it gave.
+    e.quarantining = true;
+    try {
+      await this.commitResults();
+      await this.quarantineNow(e, endpointId, reason);
+    } finally {
+      e.quarantining = false;
+    }
+  }
+
+  private async quarantineNow(e: LiveEndpoint, endpointId: string, reason: string): Promise<void> {
     const { db, logger, clock, config } = this.deps;
     const now = clock();
     // The state, the run events and the webhook events commit together, so none is lost to a crash.
-    const affected = db.transaction(() => {
-      if (!this.pool.setState(e, 'quarantined', reason)) return null;
+    const affected = await db.tx(async (tx) => {
+      if (!(await this.pool.setState(e, 'quarantined', reason, {}, e.row.state, tx))) return null;
       const runIds: string[] = [];
       for (const [runId, q] of this.runs) {
-        const run = getRun(db, runId);
+        const run = await getRun(tx, runId);
         if (!run || !e.serves(run.model)) continue;
         runIds.push(runId);
-        appendEvent(db, runId, 'endpoint_quarantined', { endpoint_id: endpointId, reason }, now);
+        await appendEvent(tx, runId, 'endpoint_quarantined', { endpoint_id: endpointId, reason }, now);
         // Its flagged answers are asked again on the endpoints still in rotation, in every run it
         // served that still takes work; a run being cancelled keeps what it has.
         if (REQUEUE_STATUSES.includes(run.status as RunStatus)) {
-          const requeued = requeueRunSamples(db, runId, 'flagged', now, endpointId);
+          const requeued = await requeueRunSamples(tx, runId, 'flagged', now, endpointId);
           if (requeued) logger.info({ run_id: runId, endpoint_id: endpointId, requeued }, 'flagged answers of a quarantined endpoint requeued');
         }
         // Back in rotation after a fix, it is judged on its new answers only.
@@ -96,8 +132,9 @@ export class QualityWatch {
       }
       // One event to the server's default URL naming every run it touched, and one to each of those runs' own webhooks.
       const data = (runs: string[]) => ({ id: endpointId, url: e.row.url, reason, run_ids: runs });
-      if (config.webhookUrl) enqueueEvent(db, { runId: null, url: config.webhookUrl, type: 'endpoint.quarantined', data: data(runIds) }, now);
-      for (const r of runsWithOwnWebhook(db, runIds)) enqueueEvent(db, { runId: r.id, url: r.url, type: 'endpoint.quarantined', data: data([r.id]) }, now);
+      if (config.webhookUrl) await enqueueEvent(tx, { runId: null, url: config.webhookUrl, type: 'endpoint.quarantined', data: data(runIds) }, now);
+      for (const r of await runsWithOwnWebhook(tx, runIds))
+        await enqueueEvent(tx, { runId: r.id, url: r.url, type: 'endpoint.quarantined', data: data([r.id]) }, now);
       return runIds;
     });
     if (affected) logger.warn({ endpoint_id: endpointId, url: e.row.url, reason, run_ids: affected }, 'endpoint quarantined');

@@ -10,13 +10,13 @@ import { RECOVERABLE_RUN_STATUSES } from '../domain/statuses.js';
  * shutdown, is not the sample's fault). Runs still validating are handed to `startIngest`, which
  * validates them again from the start.
  */
-export function recover(db: Db, logger: Logger, startIngest: (runId: string) => void): void {
-  for (const r of listRunsByStatus(db, RECOVERABLE_RUN_STATUSES)) {
+export async function recover(db: Db, logger: Logger, startIngest: (runId: string) => void): Promise<void> {
+  for (const r of await listRunsByStatus(db, RECOVERABLE_RUN_STATUSES)) {
     if (r.status === 'validating') {
       startIngest(r.id);
       continue;
     }
-    const released = releaseRunLeases(db, r.id);
+    const released = await releaseRunLeases(db, r.id);
     if (released) logger.info({ run_id: r.id, released }, 'leases of a stopped process returned to the queue');
   }
 }

@@ -150,7 +150,7 @@ export class Requests {
       serverFaults: sample.serverFaults,
       thinking: f.thinking,
       cancelled: f.abortReason === 'cancel',
-      quarantined: endpoint.state === 'quarantined',
+      quarantined: endpoint.state === 'quarantined' || endpoint.quarantining,
     };
   }
 
@@ -236,13 +236,15 @@ export class Requests {
     const verdict = classifyError(err, f.run.requestTimeoutMs);
     if (verdict.kind === 'endpoint_refused') {
       e.consecutiveFailures = 0;
-      this.guard('marking an endpoint', () => this.pool.setState(e, 'starting', verdict.reason));
+      void this.guard('marking an endpoint', () => this.pool.setState(e, 'starting', verdict.reason));
       // Under the server-fault budget: a refusal that only this request meets must not bounce forever.
       this.settle(settleError(this.attempt(f), this.limits(f.run), verdict.error, this.deps.clock()));
       return;
     }
     if (verdict.transport) {
-      this.guard('marking an endpoint', () => this.pool.transportFailure(e, verdict.error.message) && this.abortEndpoint(e, 'release'));
+      void this.guard('marking an endpoint', async () => {
+        if (await this.pool.transportFailure(e, verdict.error.message)) this.abortEndpoint(e, 'release');
+      });
     } else if (verdict.error.status !== null) {
       // The server answered: whatever the status, its connection works.
       e.consecutiveFailures = 0;

@@ -1,6 +1,7 @@
 import { randomBytes } from 'node:crypto';
 import { hostname } from 'node:os';
 import type { RunnerDeps } from '../deps.js';
+import { publishRunnerView, readRunnerLock } from '../db/runner-lock.js';
 import { getRun, listRunsByStatus, setStatusReason, transitionRun } from '../db/runs.js';
 import { cancelPendingSamples, type ClaimOrder } from '../db/samples.js';
 import type { RunRow } from '../db/schema.js';
@@ -9,18 +10,21 @@ import { expireBatches } from './batch-expiry.js';
 import { ClaimBuffer } from './claim-buffer.js';
 import { claimSize, pickEndpoint } from './endpoint-choice.js';
 import { EndpointPool } from './endpoints.js';
+import { Coalesced } from './coalesced.js';
 import { Finisher } from './finishing.js';
 import { Forecasts } from './forecasts.js';
 import { QualityWatch } from './quality-watch.js';
-import { HEARTBEAT_MS, RunnerLock } from './lock.js';
+import { HEARTBEAT_MS, RunnerLock, RunnerLockedError } from './lock.js';
 import { RateWindow } from './rates.js';
 import { Requests } from './requests.js';
 import { recover } from './recovery.js';
 import { ResultWriter, type FlushReport } from './results.js';
-import { IDLE_PROGRESS, type EndpointLive, type RunnerSnapshot, type RunnerView, type RunProgress } from './view.js';
+import { IDLE_ENDPOINT, IDLE_PROGRESS, type EndpointLive, type RunnerSnapshot, type RunnerView, type RunProgress } from './view.js';
 
 /** The loop's period: expiry, probes, run status and uploads are looked at this often. */
 const TICK_MS = 100;
+/** PostgreSQL: how often the live view is published for the other replicas, and read by them. */
+const VIEW_MS = 1000;
 /** While stopping, how often in-flight requests and uploads are looked at (wall time: real timers end them). */
 const STOP_POLL_MS = 50;
 /** Starts the status_reason of a run that no endpoint can serve now. */
@@ -63,9 +67,16 @@ export class Runner implements RunnerView {
   private active: RunRow[] = [];
   private timer: NodeJS.Timeout | null = null;
   private heartbeat: NodeJS.Timeout | null = null;
+  /** PostgreSQL: the live view published for the replicas standing by, or read while this one stands by. */
+  private viewTimer: NodeJS.Timeout | null = null;
+  /** Another replica dispatches: this one watches the lock, serving the view that one publishes. */
+  private standby = false;
+  private published: RunnerSnapshot | null = null;
   private stopping = false;
   private pumping = false;
   private woken = false;
+  private ticking = false;
+  private readonly refreshes = new Coalesced();
 
   constructor(private readonly deps: RunnerDeps) {
     const { db, logger, clock, config } = deps;
@@ -79,15 +90,22 @@ export class Runner implements RunnerView {
       (e) => this.requests.abortEndpoint(e, 'release'),
     );
     this.writer = new ResultWriter(db, this.owner, logger, (r) => this.guard('after a result commit', () => this.afterFlush(r)), clock);
-    this.claims = new ClaimBuffer(db, this.owner, clock, this.writer);
-    this.quality = new QualityWatch(deps, this.pool);
+    this.claims = new ClaimBuffer(
+      db,
+      this.owner,
+      clock,
+      this.writer,
+      () => this.guard('refilling slots', () => this.pump()),
+      (err) => this.warn('claiming samples', err),
+    );
+    this.quality = new QualityWatch(deps, this.pool, () => this.writer.flush());
     this.forecasts = new Forecasts(deps, this.pool);
     this.requests = new Requests(deps, this.pool, this.writer, (what, step) => this.guard(what, step), {
       settled: () => {
         this.guard('refilling a slot', () => this.pump());
         // Batching commits only pays while answers keep coming; the last ones of a run need not
         // wait out the interval before their shard can close.
-        if (this.requests.size === 0) this.guard('committing results', () => this.writer.flush());
+        if (this.requests.size === 0) void this.guard('committing results', () => this.writer.flush());
       },
       qualityOf: (run) => this.quality.qualityOf(run),
       answered: (run, endpointId, tokens, latencyMs, now) => this.forecasts.answered(run.id, endpointId, tokens, latencyMs, now),
@@ -97,13 +115,13 @@ export class Runner implements RunnerView {
       // The last forecast is stored before the run leaves in_progress, so the finished run shows the
       // same one from every read: the API's view of the live one lags the status by a snapshot.
       // A dry run's is of the whole input still, as when its slice was answered.
-      settled: (run) => this.guard('the final forecast', () => this.forecasts.compute(run, this.deps.clock(), true)),
+      settled: async (run) => this.guard('the final forecast', () => this.forecasts.compute(run, this.deps.clock(), true)),
       afterFinish: (runId) => {
         this.quality.forget(runId);
         this.forecasts.forget(runId);
         // A finished run has no rate; its window would otherwise stay in memory for the life of the process.
         this.runRates.delete(runId);
-        this.refreshActive();
+        void this.guard('reading the active runs', () => this.refreshActive());
       },
     });
   }
@@ -111,18 +129,65 @@ export class Runner implements RunnerView {
   // ---- start and stop ----
 
   /** Takes the runner lock, returns a dead owner's leases to the queue, resumes validation, starts ticking. */
-  start(): void {
-    this.lock.take();
-    recover(this.deps.db, this.deps.logger, this.deps.startIngest);
-    this.pool.sync();
-    this.refreshActive();
-    this.timer = setInterval(() => this.guard('runner tick', () => this.runOnce()), TICK_MS);
-    this.heartbeat = setInterval(() => this.guard('runner heartbeat', () => this.beat()), HEARTBEAT_MS);
-    this.runOnce();
+  async start(): Promise<void> {
+    try {
+      await this.lock.take();
+    } catch (err) {
+      // On SQLite a second process on one file is a mistake; on PostgreSQL it is a replica.
+      if (!(err instanceof RunnerLockedError) || this.deps.db.dialect !== 'pg') throw err;
+      this.deps.logger.info({ owner: this.owner, reason: err.message }, 'another replica dispatches: standing by to take over');
+      this.standby = true;
+      this.viewTimer = setInterval(() => void this.guard('standing by', () => this.watchLock()), VIEW_MS);
+      return;
+    }
+    await this.begin();
   }
 
-  private beat(): void {
-    if (this.lock.beat() || this.stopping) return;
+  /** With the lock held: a dead owner's leases back to the queue, then the loop. */
+  private async begin(): Promise<void> {
+    await recover(this.deps.db, this.deps.logger, this.deps.startIngest);
+    await this.pool.sync();
+    await this.refreshActive();
+    this.timer = setInterval(() => void this.tick(), TICK_MS);
+    this.heartbeat = setInterval(() => void this.guard('runner heartbeat', () => this.beat()), HEARTBEAT_MS);
+    if (this.deps.db.dialect === 'pg') {
+      this.viewTimer = setInterval(
+        () => void this.guard('publishing the live view', () => publishRunnerView(this.deps.db, this.owner, this.snapshot())),
+        VIEW_MS,
+      );
+    }
+    void this.tick();
+  }
+
+  /** Standing by: reads the dispatching replica's view, and takes the lock over once its heartbeat is stale. */
+  private async watchLock(): Promise<void> {
+    if (this.stopping || !this.standby) return;
+    this.published = (await readRunnerLock(this.deps.db))?.view ?? null;
+    try {
+      await this.lock.take();
+    } catch (err) {
+      if (err instanceof RunnerLockedError) return;
+      throw err;
+    }
+    if (this.viewTimer) clearInterval(this.viewTimer);
+    this.viewTimer = null;
+    this.standby = false;
+    this.published = null;
+    this.deps.logger.warn({ owner: this.owner }, 'the dispatching replica stopped beating: this replica takes over dispatch');
+    await this.begin();
+  }
+
+  /** A tick still under way when the next is due lets that one pass: ticks never overlap. */
+  private tick(): Promise<void> | undefined {
+    if (this.ticking) return;
+    this.ticking = true;
+    return this.guard('runner tick', () => this.runOnce())?.finally(() => {
+      this.ticking = false;
+    });
+  }
+
+  private async beat(): Promise<void> {
+    if ((await this.lock.beat()) || this.stopping) return;
     // Another process took the database over: two dispatchers would send samples twice.
     this.deps.logger.error({ owner: this.owner }, 'the runner lock was taken by another process; dispatch stops');
     void this.stop(0);
@@ -132,7 +197,7 @@ export class Runner implements RunnerView {
   async stop(graceMs: number): Promise<void> {
     if (this.stopping) return;
     this.stopping = true;
-    this.claims.releaseAll();
+    await this.claims.releaseAll();
     // Wall time, not deps.clock(): the grace period is real seconds that real requests get to finish in.
     const deadline = Date.now() + graceMs;
     const until = async (done: () => boolean, at: number) => {
@@ -143,21 +208,23 @@ export class Runner implements RunnerView {
     await until(() => this.requests.size === 0, deadline + ABORT_SLACK_MS);
     if (this.timer) clearInterval(this.timer);
     if (this.heartbeat) clearInterval(this.heartbeat);
-    this.writer.close();
+    if (this.viewTimer) clearInterval(this.viewTimer);
+    await this.writer.close();
     this.pool.close();
     await until(() => this.finisher.busy === 0, deadline + UPLOAD_SLACK_MS);
     // Left behind, the lock goes stale within LOCK_STALE_MS: not worth failing a clean shutdown for.
-    this.guard('releasing the runner lock', () => this.lock.release());
+    await this.guard('releasing the runner lock', () => this.lock.release());
   }
 
   /** The last-resort path of a second signal: commit what is known, leave the rest to recovery. */
-  flushNow(): void {
-    this.writer.flush();
+  async flushNow(): Promise<void> {
+    await this.guard('committing results', () => this.writer.flush());
   }
 
   // ---- RunnerView ----
 
   runProgress(runId: string): RunProgress {
+    if (this.standby) return this.published?.runs[runId] ?? IDLE_PROGRESS;
     const r = this.runRates.get(runId)?.rates(this.deps.clock());
     const forecast = this.forecasts.get(runId);
     if (!r) return forecast ? { ...IDLE_PROGRESS, forecast } : IDLE_PROGRESS;
@@ -165,24 +232,27 @@ export class Runner implements RunnerView {
   }
 
   endpointLive(endpointId: string): EndpointLive {
+    if (this.standby) return this.published?.endpoints[endpointId] ?? IDLE_ENDPOINT;
     return this.pool.liveOf(endpointId, this.deps.clock());
   }
 
   /** Every run's rates and every live endpoint's state at once, for the API thread to read from. */
   snapshot(): RunnerSnapshot {
+    if (this.standby) return this.published ?? { runs: {}, endpoints: {} };
     const runs: RunnerSnapshot['runs'] = {};
     for (const run of this.active) runs[run.id] = this.runProgress(run.id);
     return { runs, endpoints: this.pool.snapshot(this.deps.clock()) };
   }
 
   wake(): void {
-    if (this.woken || this.stopping) return;
+    // A replica standing by dispatches nothing; the one that does sees the change on its next tick.
+    if (this.woken || this.stopping || this.standby) return;
     this.woken = true;
     queueMicrotask(() => {
       this.woken = false;
-      this.guard('runner wake', () => {
-        this.pool.sync();
-        this.refreshActive();
+      void this.guard('runner wake', async () => {
+        await this.pool.sync();
+        await this.refreshActive();
         this.pump();
       });
     });
@@ -201,24 +271,34 @@ export class Runner implements RunnerView {
    */
   private guard<T>(what: string, step: () => T): T | undefined {
     try {
-      return step();
+      const result = step();
+      // An async step's failure is caught the same way: the promise handed back never rejects.
+      if (result instanceof Promise) return result.catch((err: unknown) => this.warn(what, err)) as T;
+      return result;
     } catch (err) {
-      this.deps.logger.warn({ err: { message: (err as Error).message, code: (err as { code?: unknown }).code } }, `${what} failed; retrying`);
+      this.warn(what, err);
       return undefined;
     }
   }
 
+  private warn(what: string, err: unknown): undefined {
+    this.deps.logger.warn({ err: { message: (err as Error).message, code: (err as { code?: unknown }).code } }, `${what} failed; retrying`);
+    return undefined;
+  }
+
   /** One turn of the loop: probes, batch expiry, the active runs, dispatch, uploads and finishing. Tests may call it to step the loop. */
-  runOnce(): void {
+  async runOnce(): Promise<void> {
     if (this.stopping) return;
+    // Other replicas register and change endpoints without waking this one.
+    if (this.deps.db.dialect === 'pg') await this.pool.sync();
     this.pool.probeDue();
-    expireBatches(this.deps);
-    this.refreshActive();
+    await expireBatches(this.deps);
+    await this.refreshActive();
     this.claims.newTick();
     this.pump();
-    this.forecasts.update(this.active);
-    this.endDryRuns();
-    this.finisher.advance(this.active);
+    await this.forecasts.update(this.active);
+    await this.endDryRuns();
+    await this.finisher.advance(this.active);
   }
 
   /**
@@ -226,21 +306,29 @@ export class Runner implements RunnerView {
    * is stored, and the samples outside the slice are cancelled, so the finisher writes the slice's
    * shards and completes the run.
    */
-  private endDryRuns(): void {
+  private async endDryRuns(): Promise<void> {
     for (const run of this.active) {
       if (!run.dryRun || (run.status !== 'in_progress' && run.status !== 'queued') || run.pending === 0) continue;
-      if (this.forecasts.slice(run.id).open > 0) continue;
+      if ((await this.forecasts.slice(run.id)).open > 0) continue;
       // A dry run paused once its slice was all claimed comes back queued with nothing left for a
       // claim to take, and a claim is what moves a run to in_progress: this ends it instead.
-      this.started(run);
-      this.forecasts.compute(run, this.deps.clock(), true);
-      cancelPendingSamples(this.deps.db, run.id);
+      await this.started(run);
+      await this.forecasts.compute(run, this.deps.clock(), true);
+      await cancelPendingSamples(this.deps.db, run.id);
       this.deps.logger.info({ run_id: run.id }, 'dry run: calibration slice answered');
     }
   }
 
-  private refreshActive(): void {
-    this.active = listRunsByStatus(this.deps.db, ACTIVE_RUN_STATUSES);
+  /** Reads the active runs again; reads never overlap (one asked for meanwhile follows). */
+  private refreshActive(): Promise<void> {
+    return this.refreshes.run(() => this.readActive());
+  }
+
+  private async readActive(): Promise<void> {
+    const active = await listRunsByStatus(this.deps.db, ACTIVE_RUN_STATUSES);
+    // Each run's quality checks are built before the run is dispatched, so every answer finds them.
+    for (const r of active) if (isDispatchable(r.status)) await this.quality.load(r);
+    this.active = active;
     // Claimed samples wait in a buffer only while some endpoint can take them; otherwise they
     // would sit `in_progress` for as long as the fleet is down.
     const dispatchable = new Set<string>();
@@ -248,7 +336,7 @@ export class Runner implements RunnerView {
       if (!isDispatchable(r.status)) continue;
       const served = this.pool.servesNow(r.model);
       if (served) dispatchable.add(r.id);
-      this.sayWhyWaiting(r, served);
+      await this.sayWhyWaiting(r, served);
     }
     for (const runId of [...this.claims.runs()]) if (!dispatchable.has(runId)) this.claims.release(runId);
     for (const f of this.requests.all()) {
@@ -277,7 +365,7 @@ export class Runner implements RunnerView {
           const sample = this.claims.take(
             run.id,
             () => this.claimSizeFor(run.model),
-            () => this.started(run),
+            () => void this.guard('starting a run', () => this.started(run)),
             claimOrderOf(run),
             LOOKAHEAD_SHARDS * run.shardSize,
           );
@@ -303,29 +391,29 @@ export class Runner implements RunnerView {
    * serve, so that a name mismatch or a fleet still loading is seen at once; the reason goes when
    * an endpoint serves it.
    */
-  private sayWhyWaiting(run: RunRow, served: boolean): void {
+  private async sayWhyWaiting(run: RunRow, served: boolean): Promise<void> {
     const ours = run.statusReason?.startsWith(WAITING_PREFIX) ?? false;
     const reason = served ? null : `${WAITING_PREFIX} no ready endpoint serves model ${JSON.stringify(run.model)}; ${this.pool.describeServed()}`;
     if (reason === run.statusReason || (served && !ours) || (!served && run.statusReason && !ours)) return;
-    if (setStatusReason(this.deps.db, run.id, reason, DISPATCHABLE_RUN_STATUSES)) {
+    if (await setStatusReason(this.deps.db, run.id, reason, DISPATCHABLE_RUN_STATUSES)) {
       if (reason) this.deps.logger.warn({ run_id: run.id, model: run.model, reason }, 'run waits for an endpoint');
       run.statusReason = reason;
     }
   }
 
   /** A run's first claim moves it from queued to in_progress. */
-  private started(run: RunRow): void {
+  private async started(run: RunRow): Promise<void> {
     if (run.status !== 'queued') return;
     const at = this.deps.clock();
-    if (transitionRun(this.deps.db, run.id, ['queued'], 'in_progress', at, run.startedAt ? {} : { startedAt: at })) {
+    run.status = 'in_progress';
+    if (await transitionRun(this.deps.db, run.id, ['queued'], 'in_progress', at, run.startedAt ? {} : { startedAt: at })) {
       this.deps.logger.info({ run_id: run.id, status: 'in_progress' }, 'run status');
     }
-    run.status = 'in_progress';
   }
 
   // ---- after each commit ----
 
-  private afterFlush(r: FlushReport): void {
+  private async afterFlush(r: FlushReport): Promise<void> {
     const now = this.deps.clock();
     for (const [runId, d] of r.runs) {
       if (d.completed) {
@@ -333,12 +421,12 @@ export class Runner implements RunnerView {
         if (!w) this.runRates.set(runId, (w = new RateWindow()));
         w.add(now, d.completed, d.tokens);
       }
-      const run = getRun(this.deps.db, runId);
-      if (run && this.quality.judge(run)) {
+      const run = await getRun(this.deps.db, runId);
+      if (run && (await this.quality.judge(run))) {
         this.claims.release(runId);
-        this.refreshActive();
+        await this.refreshActive();
       }
     }
-    if (r.closedShards.length) this.finisher.advance(this.active);
+    if (r.closedShards.length) await this.finisher.advance(this.active);
   }
 }

@@ -39,7 +39,7 @@ async function putVerified(deps: RunnerDeps, run: RunRow, key: string, body: Buf
  * so writing a shard again produces the same object. Returns false when the shard changed meanwhile.
  */
 export async function uploadShard(deps: RunnerDeps, run: RunRow, shard: ShardRow): Promise<boolean> {
-  const rows = shardSamplesWithOutput(deps.db, run.id, shard);
+  const rows = await shardSamplesWithOutput(deps.db, run.id, shard);
   let previous: Map<string, string> | undefined;
   const lines: string[] = [];
   const lineOf: { id: number; line: number }[] = [];
@@ -76,12 +76,12 @@ export async function uploadShard(deps: RunnerDeps, run: RunRow, shard: ShardRow
     await deps.stores.forUri(run.outputUri).delete(shard.errorsKey);
   }
   const written = { key, bytes: body.length, lines: lines.length, sha256: digest, ...errorsMeta };
-  return markShardUploaded(deps.db, run.id, shard, { ...written, lineOf, errorCount: errors.length }, deps.clock());
+  return await markShardUploaded(deps.db, run.id, shard, { ...written, lineOf, errorCount: errors.length }, deps.clock());
 }
 
 /** The manifest: everything needed to check the output without the database. */
 export async function writeManifest(deps: RunnerDeps, run: RunRow, finalStatus: 'completed' | 'cancelled'): Promise<void> {
-  const all = listRunShards(deps.db, run.id);
+  const all = await listRunShards(deps.db, run.id);
   const manifest = {
     run: { id: run.id, name: run.name, model: run.model, status: finalStatus, created_at: new Date(run.createdAt).toISOString(), metadata: run.metadata },
     params: run.params,
@@ -107,5 +107,5 @@ export async function writeManifest(deps: RunnerDeps, run: RunRow, finalStatus: 
     })),
   };
   await putVerified(deps, run, MANIFEST_KEY, Buffer.from(JSON.stringify(manifest, null, 2) + '\n'));
-  setManifestKey(deps.db, run.id, MANIFEST_KEY);
+  await setManifestKey(deps.db, run.id, MANIFEST_KEY);
 }

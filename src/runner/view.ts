@@ -1,34 +1,12 @@
-import type { StoredForecast } from '../domain/forecast.js';
+import type { EndpointLive, RunnerSnapshot, RunProgress } from '../domain/live-view.js';
 
-/** What the API reads from the live runner: rates and in-flight counts are not in the database. */
-export interface RunProgress {
-  samples_per_second: number;
-  completion_tokens_per_second: number;
-  /** The latest forecast, fresher than the one the run's row keeps; null when the runner has none. */
-  forecast: StoredForecast | null;
-}
-
-export interface EndpointLive {
-  in_flight: number;
-  samples_per_second: number;
-  completion_tokens_per_second: number;
-  p50_latency_ms: number | null;
-  /** The cap steered from the server's live load; null while no fresh reading backs it. */
-  adaptive_cap: number | null;
-  server: { running: number | null; queued: number | null; token_usage: number | null };
-}
+export type { EndpointLive, RunnerSnapshot, RunProgress } from '../domain/live-view.js';
 
 export interface RunnerView {
   runProgress(runId: string): RunProgress;
   endpointLive(endpointId: string): EndpointLive;
   /** Tells the runner that runs or endpoints changed, so it acts now rather than on its next tick. */
   wake(): void;
-}
-
-/** The whole view at one moment: what the runner's worker thread sends to the API thread. */
-export interface RunnerSnapshot {
-  runs: Record<string, RunProgress>;
-  endpoints: Record<string, EndpointLive>;
 }
 
 export const IDLE_PROGRESS: RunProgress = { samples_per_second: 0, completion_tokens_per_second: 0, forecast: null };

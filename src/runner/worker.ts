@@ -69,7 +69,7 @@ process.on('unhandledRejection', (err) => {
   logger.error({ err: { message: (err as Error)?.message, stack: (err as Error)?.stack } }, 'unhandled rejection in the runner thread');
 });
 
-const db = openDb(config.dbPath, { busyTimeoutMs: config.dbBusyTimeoutMs });
+const db = await openDb(config.store, { busyTimeoutMs: config.dbBusyTimeoutMs });
 const stores = new Stores({ endpoint: config.s3Endpoint, forcePathStyle: config.s3ForcePathStyle });
 let runner: Runner | null = null;
 const sendSnapshot = () => {
@@ -88,16 +88,17 @@ const deps: RunnerDeps = {
   startIngest: (runId) => send({ type: 'ingest', runId }),
 };
 
-const close = () => {
+const close = async () => {
   stores.close();
-  closeDb(db);
+  await closeDb(db);
 };
 
 try {
   runner = new Runner(deps);
-  runner.start();
+  await runner.start();
 } catch (err) {
-  close();
+  runner = null;
+  await close();
   send({ type: 'start_failed', locked: err instanceof RunnerLockedError, message: (err as Error).message });
   port.close();
 }
@@ -108,15 +109,16 @@ if (runner) {
   port.on('message', (m: ToRunner) => {
     if (m.type === 'wake') live.wake();
     else if (m.type === 'flush') {
-      live.flushNow();
-      send({ type: 'flushed' });
+      void live.flushNow().finally(() => send({ type: 'flushed' }));
     } else if (m.type === 'stop') {
       clearInterval(snapshots);
-      void live.stop(m.graceMs).then(() => {
-        close();
-        send({ type: 'stopped' });
-        port.close();
-      });
+      void live
+        .stop(m.graceMs)
+        .then(close)
+        .finally(() => {
+          send({ type: 'stopped' });
+          port.close();
+        });
     }
   });
   sendSnapshot();

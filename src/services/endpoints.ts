@@ -62,11 +62,11 @@ export async function upsertEndpoint(deps: Deps, body: NewEndpoint): Promise<{ e
     deps.logger.info({ endpoint_id: id, url, state: 'starting' }, 'endpoint registered');
   }
   deps.runner.wake();
-  return { endpoint: getEndpoint(deps.db, id)!, created: !existing };
+  return { endpoint: (await getEndpoint(deps.db, id))!, created: !existing };
 }
 
 export async function patchEndpoint(deps: Deps, id: string, body: EndpointChange): Promise<EndpointRow> {
-  const row = getEndpoint(deps.db, id);
+  const row = await getEndpoint(deps.db, id);
   if (!row) throw notFound('endpoint', id);
   const set = {
     ...givenColumns(body),
@@ -77,12 +77,12 @@ export async function patchEndpoint(deps: Deps, id: string, body: EndpointChange
   await updateEndpoint(deps.db, id, set);
   if (body.state && set.state !== row.state) deps.logger.info({ endpoint_id: id, from: row.state, state: set.state }, 'endpoint state');
   deps.runner.wake();
-  return getEndpoint(deps.db, id)!;
+  return (await getEndpoint(deps.db, id))!;
 }
 
 /** Removes an endpoint; the runner aborts its in-flight requests and their samples return to the queue. */
 export async function removeEndpoint(deps: Deps, id: string): Promise<void> {
-  if (!getEndpoint(deps.db, id)) throw notFound('endpoint', id);
+  if (!(await getEndpoint(deps.db, id))) throw notFound('endpoint', id);
   await deleteEndpoint(deps.db, id);
   deps.logger.info({ endpoint_id: id }, 'endpoint removed');
   deps.runner.wake();

@@ -192,7 +192,7 @@ export class Metrics implements RunnerMetrics {
   /** The Prometheus text: gauges refreshed from the database and the runner, then everything rendered. */
   async render(src: MetricsSource): Promise<string> {
     await this.readRuns(src);
-    this.readEndpoints(src);
+    await this.readEndpoints(src);
     return this.registry.metrics();
   }
 
@@ -222,10 +222,12 @@ export class Metrics implements RunnerMetrics {
     }
   }
 
-  private readEndpoints({ db, runner, defaultConcurrency }: MetricsSource): void {
+  private async readEndpoints({ db, runner, defaultConcurrency }: MetricsSource): Promise<void> {
+    // Read before any reset, as readRuns does.
+    const endpoints = await listEndpoints(db);
     for (const g of [this.endpointInFlight, this.endpointCap, this.endpointCapSource, this.endpointTokenUsage, this.endpointState, this.endpointInfo])
       g.reset();
-    for (const e of listEndpoints(db)) {
+    for (const e of endpoints) {
       const endpoint_id = e.id;
       const live = runner.endpointLive(e.id);
       this.endpointInFlight.set({ endpoint_id }, live.in_flight);

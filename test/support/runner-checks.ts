@@ -1,8 +1,8 @@
-import Database from 'better-sqlite3';
 import { createHash } from 'node:crypto';
 import { expect } from 'vitest';
 import type { ObjectStore } from '../../src/storage/index.js';
 import { call, waitFor } from './server.js';
+import { openTestStore } from './store.js';
 
 type Message = { role: string; content: string };
 
@@ -204,29 +204,34 @@ export async function checkOutput(store: ObjectStore, expected: Map<string, Mess
  * shards are counted, completed samples of open shards have their text staged and those of uploaded
  * shards point at their line. Returns the samples by status.
  */
-export function checkDatabase(dbPath: string, runId: string): Record<string, number> {
-  const db = new Database(dbPath, { readonly: true });
+export async function checkDatabase(dataDir: string, runId: string): Promise<Record<string, number>> {
+  const db = await openTestStore(dataDir);
   try {
     const byStatus: Record<string, number> = { pending: 0, in_progress: 0, completed: 0, failed: 0, cancelled: 0 };
-    for (const r of db.prepare(`select status, count(*) n from samples where run_id = ? group by status`).all(runId) as { status: string; n: number }[]) {
-      byStatus[r.status] = r.n;
-    }
-    const run = db.prepare(`select pending, in_progress, completed, failed, cancelled, shards_uploaded from runs where id = ?`).get(runId) as Record<
-      string,
-      number
-    >;
+    const counts = await db.exec<{ status: string; n: number }>(`select status, count(*) as n from samples where run_id = ? group by status`, [runId]);
+    for (const r of counts.rows) byStatus[r.status] = Number(r.n);
+    const [run] = (
+      await db.exec<Record<string, number>>(`select pending, in_progress, completed, failed, cancelled, shards_uploaded from runs where id = ?`, [runId])
+    ).rows;
     expect({ ...run, shards_uploaded: undefined }).toEqual({ ...byStatus, shards_uploaded: undefined });
-    const shards = db
-      .prepare(
-        `select sh.idx, sh.status, sh.terminal_count, sh.sample_count,
-           (select count(*) from samples s where s.run_id = sh.run_id and s.shard_idx = sh.idx and s.status in ('completed', 'failed', 'cancelled')) terminal,
-           (select count(*) from samples s where s.run_id = sh.run_id and s.shard_idx = sh.idx and s.status = 'completed'
-              and s.output_line is null and not exists (select 1 from staging st where st.sample_id = s.id)) lost,
-           (select count(*) from samples s where s.run_id = sh.run_id and s.shard_idx = sh.idx and s.status = 'completed' and s.output_line is null) unplaced,
-           (select count(*) from staging st where st.run_id = sh.run_id and st.shard_idx = sh.idx) staged
-         from shards sh where sh.run_id = ? order by sh.idx`,
-      )
-      .all(runId) as { idx: number; status: string; terminal_count: number; terminal: number; lost: number; unplaced: number; staged: number }[];
+    const { rows: shards } = await db.exec<{
+      idx: number;
+      status: string;
+      terminal_count: number;
+      terminal: number;
+      lost: number;
+      unplaced: number;
+      staged: number;
+    }>(
+      `select sh.idx, sh.status, sh.terminal_count,
+         (select count(*) from samples s where s.run_id = sh.run_id and s.shard_idx = sh.idx and s.status in ('completed', 'failed', 'cancelled')) as terminal,
+         (select count(*) from samples s where s.run_id = sh.run_id and s.shard_idx = sh.idx and s.status = 'completed'
+            and s.output_line is null and not exists (select 1 from staging st where st.sample_id = s.id)) as lost,
+         (select count(*) from samples s where s.run_id = sh.run_id and s.shard_idx = sh.idx and s.status = 'completed' and s.output_line is null) as unplaced,
+         (select count(*) from staging st where st.run_id = sh.run_id and st.shard_idx = sh.idx) as staged
+       from shards sh where sh.run_id = ? order by sh.idx`,
+      [runId],
+    );
     for (const s of shards) {
       expect(s.terminal_count, `terminal count of shard ${s.idx}`).toBe(s.terminal);
       if (s.status === 'uploaded') expect([s.staged, s.unplaced], `staged and unplaced lines of uploaded shard ${s.idx}`).toEqual([0, 0]);
@@ -236,6 +241,6 @@ export function checkDatabase(dbPath: string, runId: string): Record<string, num
     expect(run.shards_uploaded).toBe(shards.filter((s) => s.status === 'uploaded').length);
     return byStatus;
   } finally {
-    db.close();
+    await db.close();
   }
 }

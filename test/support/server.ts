@@ -8,6 +8,7 @@ import { fileURLToPath } from 'node:url';
 import { loadConfig, type Config } from '../../src/config.js';
 import { makeLogger } from '../../src/logger.js';
 import { startServer, type Server } from '../../src/server.js';
+import { storeEnv } from './store.js';
 
 export function tempDir(prefix = 'regen-test-'): { dir: string; cleanup(): void } {
   const dir = mkdtempSync(join(tmpdir(), prefix));
@@ -17,7 +18,8 @@ export function tempDir(prefix = 'regen-test-'): { dir: string; cleanup(): void 
 /** A real server in this process on a free loopback port, with its own data folder. */
 export async function startTestServer(env: Record<string, string> = {}, dataDir?: string): Promise<Server & { config: Config; cleanup(): Promise<void> }> {
   const tmp = dataDir ? null : tempDir();
-  const config = loadConfig({ REGEN_LOG_LEVEL: 'silent', REGEN_PROBE_INTERVAL_MS: '200', ...env }, { data: dataDir ?? tmp!.dir, port: '0' });
+  const data = dataDir ?? tmp!.dir;
+  const config = loadConfig({ REGEN_LOG_LEVEL: 'silent', REGEN_PROBE_INTERVAL_MS: '200', ...(await storeEnv(data)), ...env }, { data, port: '0' });
   const server = await startServer(config, { logger: makeLogger(config.logLevel) });
   return {
     ...server,
@@ -42,7 +44,7 @@ export interface ServerProcess {
 /** `regen serve` as its own process, for crash and signal tests. Resolves once it listens. */
 export async function spawnServer(dataDir: string, env: Record<string, string> = {}): Promise<ServerProcess> {
   const proc = spawn(process.execPath, ['--import', 'tsx', MAIN, 'serve', '--port', '0', '--data', dataDir], {
-    env: { ...process.env, REGEN_LOG_LEVEL: 'info', REGEN_PROBE_INTERVAL_MS: '200', ...env },
+    env: { ...process.env, REGEN_LOG_LEVEL: 'info', REGEN_PROBE_INTERVAL_MS: '200', ...(await storeEnv(dataDir)), ...env },
     stdio: ['ignore', 'pipe', 'pipe'],
   });
   let out = '';

@@ -49,7 +49,7 @@ describe('a probe in flight against an operator', () => {
   /** One endpoint, `starting`, in a pool on a fresh database, with its first probe held at /health. */
   async function probing(model: string, file: string) {
     const fake = await heldHealthServer(model);
-    const db = openDb(join(tmp.dir, file));
+    const db = await openDb(join(tmp.dir, file));
     await insertEndpoint(db, { id: 'ep_1', url: fake.url, name: 'a', state: 'starting', createdAt: 1, updatedAt: 1 });
     const pool = new EndpointPool(
       db,
@@ -59,7 +59,7 @@ describe('a probe in flight against an operator', () => {
       () => {},
       () => {},
     );
-    pool.sync();
+    await pool.sync();
     pool.probeDue();
     await expect.poll(() => fake.healthCalls()).toBe(1);
     return { fake, db, pool };
@@ -73,11 +73,11 @@ describe('a probe in flight against an operator', () => {
       fake.release();
       const e = pool.live.get('ep_1')!;
       await expect.poll(() => e.probing).toBe(false);
-      expect(getEndpoint(db, 'ep_1')!.state).toBe('draining');
+      expect((await getEndpoint(db, 'ep_1'))!.state).toBe('draining');
       // The probe read the row again instead: the pool now sees the operator's state.
       expect(e.row.state).toBe('draining');
     } finally {
-      closeDb(db);
+      await closeDb(db);
       await fake.close();
     }
   });
@@ -86,10 +86,10 @@ describe('a probe in flight against an operator', () => {
     const { fake, db } = await probing('/models/M', 'plain.db');
     try {
       fake.release();
-      await expect.poll(() => getEndpoint(db, 'ep_1')!.state).toBe('ready');
-      expect(getEndpoint(db, 'ep_1')).toMatchObject({ model: '/models/M', maxModelLen: 4096, serverMaxRunning: 8, kvTokens: 1000 });
+      await expect.poll(async () => (await getEndpoint(db, 'ep_1'))!.state).toBe('ready');
+      expect(await getEndpoint(db, 'ep_1')).toMatchObject({ model: '/models/M', maxModelLen: 4096, serverMaxRunning: 8, kvTokens: 1000 });
     } finally {
-      closeDb(db);
+      await closeDb(db);
       await fake.close();
     }
   });

@@ -1,7 +1,7 @@
 import { afterAll, afterEach, describe, expect, it } from 'vitest';
 import { join } from 'node:path';
-import { closeDb, openDb, type Db } from '../../src/db/client.js';
-import { prepareClaim, releaseRunLeases } from '../../src/db/samples.js';
+import { closeDb, openDb, sqliteClient, type Db } from '../../src/db/client.js';
+import { claimSamples, releaseRunLeases } from '../../src/db/samples.js';
 import { flagBit } from '../../src/domain/flags.js';
 import { makeLogger } from '../../src/logger.js';
 import { ResultWriter, type FlushReport } from '../../src/runner/results.js';
@@ -11,7 +11,7 @@ const usage = { prompt_tokens: 10, completion_tokens: 20, reasoning_tokens: 5, c
 const NOW = 1_700_000_000_000;
 
 function seed(db: Db, n: number, shardSize: number): void {
-  const c = db.$client;
+  const c = sqliteClient(db);
   c.prepare(
     `insert into runs (id, model, status, created_at, params, input, shard_size, output_uri, metadata, on_invalid_line, request_timeout_ms, max_attempts, updated_at, total, pending, shards_total)
      values ('run_a', 'm', 'in_progress', ?, '{}', '{"requests":1}', ?, 'file:///tmp/x/', '{}', 'fail', 1000, 5, ?, ?, ?, ?)`,
@@ -28,7 +28,7 @@ function seed(db: Db, n: number, shardSize: number): void {
 }
 
 const counters = (db: Db) =>
-  db.$client
+  sqliteClient(db)
     .prepare(
       `select pending, in_progress as inProgress, completed, failed, cancelled, flagged, flag_empty_content as empty, completion_tokens as tokens, dropped_results as dropped from runs`,
     )
@@ -38,14 +38,14 @@ describe('the result writer on a temporary database', () => {
   const tmp = tempDir();
   let db: Db;
   afterAll(() => tmp.cleanup());
-  afterEach(() => {
-    closeDb(db);
+  afterEach(async () => {
+    await closeDb(db);
   });
 
-  it('commits a batch of outcomes in one transaction, keeps the counters equal to a recount, and reports closed shards', () => {
-    db = openDb(join(tmp.dir, 'a.db'));
+  it('commits a batch of outcomes in one transaction, keeps the counters equal to a recount, and reports closed shards', async () => {
+    db = await openDb(join(tmp.dir, 'a.db'));
     seed(db, 6, 3);
-    const claimed = prepareClaim(db)('run_a', 'me', NOW, NOW + 1000, 10, 'input', 0);
+    const claimed = await claimSamples(db, { runId: 'run_a', owner: 'me', now: NOW, leaseExpiresAt: NOW + 1000, limit: 10, order: 'input', window: 0 });
     expect(claimed.map((c) => c.attempts)).toEqual([1, 1, 1, 1, 1, 1]);
     expect(counters(db)).toMatchObject({ pending: 0, inProgress: 6 });
     const reports: FlushReport[] = [];
@@ -84,13 +84,13 @@ describe('the result writer on a temporary database', () => {
     w.add({ ...base(5), kind: 'cancelled' });
     // A second answer for a sample already terminal changes nothing and is counted as dropped.
     w.add(completed(0));
-    w.flush();
+    await w.flush();
     expect(reports).toHaveLength(1);
     expect(reports[0].dropped).toBe(1);
     expect(reports[0].closedShards).toEqual([{ runId: 'run_a', idx: 0 }]);
     expect(reports[0].runs.get('run_a')).toEqual({ completed: 2, tokens: 40 });
     expect(counters(db)).toEqual({ pending: 2, inProgress: 0, completed: 2, failed: 1, cancelled: 1, flagged: 1, empty: 1, tokens: 40, dropped: 1 });
-    const recount = db.$client.prepare(`select status, count(*) as n from samples group by status order by status`).all();
+    const recount = sqliteClient(db).prepare(`select status, count(*) as n from samples group by status order by status`).all();
     expect(recount).toEqual([
       { status: 'cancelled', n: 1 },
       { status: 'completed', n: 2 },
@@ -98,21 +98,29 @@ describe('the result writer on a temporary database', () => {
       { status: 'pending', n: 2 },
     ]);
     // The release refunded its attempt; the server's fault refunded it too, counted the fault, and waits out its backoff.
-    const attempts = db.$client
+    const attempts = sqliteClient(db)
       .prepare(`select custom_id, attempts, server_faults as faults, available_at as at from samples where status = 'pending' order by seq`)
       .all();
     expect(attempts).toEqual([
       { custom_id: 'c3', attempts: 0, faults: 1, at: NOW + 500 },
       { custom_id: 'c4', attempts: 0, faults: 0, at: 0 },
     ]);
-    expect(db.$client.prepare(`select count(*) as n from staging`).get()).toEqual({ n: 2 });
-    w.close();
+    expect(sqliteClient(db).prepare(`select count(*) as n from staging`).get()).toEqual({ n: 2 });
+    await w.close();
   });
 
-  it('drops the outcomes of leases another owner holds, and recovery gives every lease back', () => {
-    db = openDb(join(tmp.dir, 'b.db'));
+  it('drops the outcomes of leases another owner holds, and recovery gives every lease back', async () => {
+    db = await openDb(join(tmp.dir, 'b.db'));
     seed(db, 4, 4);
-    const claimed = prepareClaim(db)('run_a', 'old-process', NOW, NOW + 1000, 10, 'input', 0);
+    const claimed = await claimSamples(db, {
+      runId: 'run_a',
+      owner: 'old-process',
+      now: NOW,
+      leaseExpiresAt: NOW + 1000,
+      limit: 10,
+      order: 'input',
+      window: 0,
+    });
     const reports: FlushReport[] = [];
     const w = new ResultWriter(
       db,
@@ -122,11 +130,11 @@ describe('the result writer on a temporary database', () => {
       () => NOW,
     );
     w.add({ sampleId: claimed[0].id, runId: 'run_a', shardIdx: 0, endpointId: null, kind: 'cancelled' });
-    w.flush();
+    await w.flush();
     expect(reports[0].dropped).toBe(1);
-    expect(releaseRunLeases(db, 'run_a')).toBe(4);
+    expect(await releaseRunLeases(db, 'run_a')).toBe(4);
     expect(counters(db)).toMatchObject({ pending: 4, inProgress: 0, dropped: 1 });
-    expect(db.$client.prepare(`select max(attempts) as a from samples`).get()).toEqual({ a: 0 });
-    w.close();
+    expect(sqliteClient(db).prepare(`select max(attempts) as a from samples`).get()).toEqual({ a: 0 });
+    await w.close();
   });
 });

@@ -26,7 +26,7 @@ export function registerCancelBatch(app: App) {
     const { id } = c.req.valid('param');
     const run = await getBatchRun(deps.db, id);
     if (!run) throw notFound('batch', id);
-    const [batch] = await renderBatches(deps.db, [cancelRun(deps, run.id)]);
+    const [batch] = await renderBatches(deps.db, [await cancelRun(deps, run.id)]);
     return c.json(batch, 200);
   });
 }

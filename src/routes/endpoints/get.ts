@@ -16,10 +16,10 @@ const route = createRoute({
 });
 
 export function registerGetEndpoint(app: App) {
-  app.openapi(route, (c) => {
+  app.openapi(route, async (c) => {
     const deps = c.get('deps');
     const { id } = c.req.valid('param');
-    const row = getEndpoint(deps.db, id);
+    const row = await getEndpoint(deps.db, id);
     if (!row) throw notFound('endpoint', id);
     return c.json(renderEndpoint(row, deps.runner.endpointLive(id), deps.config.defaultConcurrency), 200);
   });

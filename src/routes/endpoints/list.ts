@@ -16,10 +16,10 @@ const route = createRoute({
 });
 
 export function registerListEndpoints(app: App) {
-  app.openapi(route, (c) => {
+  app.openapi(route, async (c) => {
     const deps = c.get('deps');
     const q = c.req.valid('query');
-    const rows = listEndpoints(deps.db, q);
+    const rows = await listEndpoints(deps.db, q);
     return c.json(
       page(
         rows,

@@ -33,18 +33,18 @@ export function registerRunActions(app: App) {
     const deps = c.get('deps');
     return c.json(renderRun(run, deps.runner.runProgress(id), deps.clock()), 200);
   };
-  app.openapi(action('pause', 'Pause a run: no new dispatch, in-flight requests finish', Empty), (c) => {
+  app.openapi(action('pause', 'Pause a run: no new dispatch, in-flight requests finish', Empty), async (c) => {
     const { id } = c.req.valid('param');
-    return respond(c, id, pauseRun(c.get('deps'), id));
+    return respond(c, id, await pauseRun(c.get('deps'), id));
   });
-  app.openapi(action('resume', 'Resume a paused run; `override_gate` keeps the quality gate quiet for this run', ResumeBody), (c) => {
+  app.openapi(action('resume', 'Resume a paused run; `override_gate` keeps the quality gate quiet for this run', ResumeBody), async (c) => {
     const { id } = c.req.valid('param');
     const body = (c.req.valid('json') ?? {}) as z.infer<typeof ResumeBody>;
-    return respond(c, id, resumeRun(c.get('deps'), id, body.override_gate === true));
+    return respond(c, id, await resumeRun(c.get('deps'), id, body.override_gate === true));
   });
-  app.openapi(action('cancel', 'Cancel a run: in-flight requests are aborted, completed samples are still written', Empty), (c) => {
+  app.openapi(action('cancel', 'Cancel a run: in-flight requests are aborted, completed samples are still written', Empty), async (c) => {
     const { id } = c.req.valid('param');
-    return respond(c, id, cancelRun(c.get('deps'), id));
+    return respond(c, id, await cancelRun(c.get('deps'), id));
   });
   app.openapi(action('retry', 'Re-queue failed (or flagged) samples and reopen their shards', RetryBody), async (c) => {
     const { id } = c.req.valid('param');

@@ -83,11 +83,11 @@ export function registerRunEvents(app: App) {
   app.openAPIRegistry.register('ShardUploadedEvent', ShardUploadedEvent);
   app.openAPIRegistry.register('EndpointQuarantinedEvent', EndpointQuarantinedEvent);
   app.openAPIRegistry.register('RunProgressEvent', RunProgressEvent);
-  app.openapi(route, (c) => {
+  app.openapi(route, async (c) => {
     const deps = c.get('deps');
     const { id } = c.req.valid('param');
     const after = Number(c.req.valid('header')['last-event-id'] ?? 0);
-    if (!getRun(deps.db, id)) throw notFound('run', id);
+    if (!(await getRun(deps.db, id))) throw notFound('run', id);
     // A reverse proxy (nginx) would otherwise hold the events back in its buffer.
     c.header('X-Accel-Buffering', 'no');
     return streamSSE(c, (stream) => follow(deps, id, after, stream)) as never;
@@ -107,7 +107,7 @@ async function follow(deps: Deps, runId: string, after: number, stream: SSEStrea
   let progressAt = -Infinity;
   try {
     while (!stream.aborted) {
-      const run = getRun(deps.db, runId);
+      const run = await getRun(deps.db, runId);
       if (!run) return;
       // The status and its event are committed together, so a terminal row means its event is readable now.
       const terminal = TERMINAL_RUN_STATUSES.includes(run.status as RunStatus);

@@ -34,7 +34,7 @@ export function registerRunForecasts(app: App) {
   app.openapi(route, async (c) => {
     const { db } = c.get('deps');
     const { id } = c.req.valid('param');
-    if (!getRun(db, id)) throw notFound('run', id);
+    if (!(await getRun(db, id))) throw notFound('run', id);
     const data = (await forecastHistory(db, id)).map((p) => ({
       at: iso(p.at)!,
       fraction: p.fraction,

@@ -17,10 +17,10 @@ const route = createRoute({
 });
 
 export function registerGetRun(app: App) {
-  app.openapi(route, (c) => {
+  app.openapi(route, async (c) => {
     const deps = c.get('deps');
     const { id } = c.req.valid('param');
-    const run = getRun(deps.db, id);
+    const run = await getRun(deps.db, id);
     if (!run) throw notFound('run', id);
     return c.json(renderRun(run, deps.runner.runProgress(id), deps.clock()), 200);
   });

@@ -116,9 +116,9 @@ const route = createRoute({
 const share = (part: number, whole: number) => (whole ? Math.round((part / whole) * 10_000) / 10_000 : 0);
 
 /** The endpoint windows the quarantine judges, rebuilt from the database as after a restart (QualityWatch.qualityOf). */
-function endpointShares(db: Parameters<typeof recentCompleted>[0], runId: string, completed: number, model: string) {
+async function endpointShares(db: Parameters<typeof recentCompleted>[0], runId: string, completed: number, model: string) {
   const checks = new RunChecks({ min_completion_tokens: 0, model });
-  checks.restore(recentCompleted(db, runId, QUALITY_WINDOW), completed, []);
+  checks.restore(await recentCompleted(db, runId, QUALITY_WINDOW), completed, []);
   return checks
     .endpointShares()
     .map((e) => ({ endpoint_id: e.endpointId, samples: e.samples, flagged: e.flagged, share: share(e.flagged, e.samples), top_flag: e.topFlag }));
@@ -128,7 +128,7 @@ export function registerRunQuality(app: App) {
   app.openapi(route, async (c) => {
     const { db } = c.get('deps');
     const { id } = c.req.valid('param');
-    const run = getRun(db, id);
+    const run = await getRun(db, id);
     if (!run) throw notFound('run', id);
     const counts = flagCounts(run);
     const gate = gateSettings(run);
@@ -159,7 +159,7 @@ export function registerRunQuality(app: App) {
           status_reason: run.statusReason,
         },
         loops: { enabled: stopsLoops(run.quality), stopped: run.loopsStopped, tokens_saved: run.loopTokensSaved },
-        endpoints: run.quality ? endpointShares(db, run.id, run.completed, run.model) : [],
+        endpoints: run.quality ? await endpointShares(db, run.id, run.completed, run.model) : [],
         histograms: await qualityHistograms(db, id),
       },
       200,

@@ -30,7 +30,7 @@ export function registerGetSample(app: App) {
   app.openapi(route, async (c) => {
     const deps = c.get('deps');
     const { id, custom_id } = c.req.valid('param');
-    const run = getRun(deps.db, id);
+    const run = await getRun(deps.db, id);
     if (!run) throw notFound('run', id);
     const sample = await getSample(deps.db, id, custom_id);
     if (!sample) throw notFound('sample', custom_id);

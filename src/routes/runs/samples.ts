@@ -21,7 +21,7 @@ export function registerListSamples(app: App) {
   app.openapi(route, async (c) => {
     const { db } = c.get('deps');
     const { id } = c.req.valid('param');
-    if (!getRun(db, id)) throw notFound('run', id);
+    if (!(await getRun(db, id))) throw notFound('run', id);
     const q = c.req.valid('query');
     // An unknown cursor would silently restart the listing, and a client paging through would loop.
     if (q.after !== undefined && !(await getSample(db, id, q.after))) {

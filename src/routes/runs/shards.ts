@@ -27,7 +27,7 @@ export function registerListShards(app: App) {
   app.openapi(route, async (c) => {
     const { db } = c.get('deps');
     const { id } = c.req.valid('param');
-    if (!getRun(db, id)) throw notFound('run', id);
+    if (!(await getRun(db, id))) throw notFound('run', id);
     const q = c.req.valid('query');
     const rows = await listShards(db, id, { after: q.after === undefined ? undefined : Number(q.after), limit: q.limit });
     return c.json(

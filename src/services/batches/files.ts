@@ -171,7 +171,7 @@ async function batchFileBytes(deps: Deps, r: RunRow, kind: BatchFileKind): Promi
     deps.logger.error({ run_id: r.id, err: { message: (err as Error).message } }, 'batch file read failed');
     throw new ApiError('storage_unavailable', "the object store could not return the run's shards; try again");
   }
-  const now = getRun(deps.db, r.id)?.batchFileBytes;
+  const now = (await getRun(deps.db, r.id))?.batchFileBytes;
   const next = now?.at === at ? { ...now, [kind]: bytes } : { at, [kind]: bytes };
   await setBatchFileBytes(deps.db, r.id, at, next);
   return bytes;

@@ -5,35 +5,35 @@ import { getRun, transitionRun } from '../../db/runs.js';
 import type { RunRow } from '../../db/schema.js';
 import { CANCELLABLE_RUN_STATUSES, PAUSABLE_RUN_STATUSES, RETRYABLE_RUN_STATUSES, TERMINAL_RUN_STATUSES, type RunStatus } from '../../domain/statuses.js';
 
-function mustGet(deps: Deps, id: string): RunRow {
-  const run = getRun(deps.db, id);
+async function mustGet(deps: Deps, id: string): Promise<RunRow> {
+  const run = await getRun(deps.db, id);
   if (!run) throw notFound('run', id);
   return run;
 }
 
-function move(deps: Deps, run: RunRow, from: readonly RunStatus[], to: RunStatus, verb: string, extra = {}): RunRow {
-  if (!from.includes(run.status as RunStatus) || !transitionRun(deps.db, run.id, from, to, deps.clock(), extra)) {
-    const now = getRun(deps.db, run.id)!;
+async function move(deps: Deps, run: RunRow, from: readonly RunStatus[], to: RunStatus, verb: string, extra = {}): Promise<RunRow> {
+  if (!from.includes(run.status as RunStatus) || !(await transitionRun(deps.db, run.id, from, to, deps.clock(), extra))) {
+    const now = (await getRun(deps.db, run.id))!;
     throw new ApiError('conflict', `cannot ${verb} a run that is ${now.status}`);
   }
   deps.logger.info({ run_id: run.id, from: run.status, status: to }, 'run status');
   deps.runner.wake();
-  return getRun(deps.db, run.id)!;
+  return (await getRun(deps.db, run.id))!;
 }
 
 /** No new dispatch; requests already sent finish and are recorded. */
-export function pauseRun(deps: Deps, id: string): RunRow {
-  return move(deps, mustGet(deps, id), PAUSABLE_RUN_STATUSES, 'paused', 'pause');
+export async function pauseRun(deps: Deps, id: string): Promise<RunRow> {
+  return move(deps, await mustGet(deps, id), PAUSABLE_RUN_STATUSES, 'paused', 'pause');
 }
 
-export function resumeRun(deps: Deps, id: string, overrideGate: boolean): RunRow {
-  const run = mustGet(deps, id);
+export async function resumeRun(deps: Deps, id: string, overrideGate: boolean): Promise<RunRow> {
+  const run = await mustGet(deps, id);
   return move(deps, run, ['paused'], 'queued', 'resume', overrideGate ? { gateOverridden: true } : {});
 }
 
 /** In-flight requests are aborted by the runner, which then writes what completed and the manifest. */
-export function cancelRun(deps: Deps, id: string): RunRow {
-  const run = mustGet(deps, id);
+export async function cancelRun(deps: Deps, id: string): Promise<RunRow> {
+  const run = await mustGet(deps, id);
   if (run.status === 'validating') return move(deps, run, ['validating'], 'cancelled', 'cancel');
   return move(deps, run, CANCELLABLE_RUN_STATUSES, 'cancelling', 'cancel');
 }
@@ -43,19 +43,19 @@ export function cancelRun(deps: Deps, id: string): RunRow {
  * reopens their shards; the shard writer later rewrites each one whole.
  */
 export async function retryRun(deps: Deps, id: string, only: 'failed' | 'flagged'): Promise<{ run: RunRow; requeued: number }> {
-  const run = mustGet(deps, id);
+  const run = await mustGet(deps, id);
   if (!RETRYABLE_RUN_STATUSES.includes(run.status as RunStatus)) throw new ApiError('conflict', `cannot retry samples of a run that is ${run.status}`);
   if (run.total === 0) throw new ApiError('conflict', 'the run has no samples');
   const { db } = deps;
   const now = deps.clock();
-  const requeued = requeueRunSamples(db, id, only, now);
+  const requeued = await requeueRunSamples(db, id, only, now);
   if (requeued > 0 && TERMINAL_RUN_STATUSES.includes(run.status as RunStatus)) {
-    if (transitionRun(db, id, TERMINAL_RUN_STATUSES, 'queued', now, { finishedAt: null })) {
+    if (await transitionRun(db, id, TERMINAL_RUN_STATUSES, 'queued', now, { finishedAt: null })) {
       deps.logger.info({ run_id: id, from: run.status, status: 'queued' }, 'run status');
     }
   }
   // The answer shows the run as the retry left it, before the runner starts on it again.
-  const reopened = getRun(db, id)!;
+  const reopened = (await getRun(db, id))!;
   if (requeued > 0 && run.manifestKey) {
     // The old manifest would describe shards that are about to be rewritten; a new one comes at the end.
     await deps.stores

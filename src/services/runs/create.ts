@@ -1,6 +1,7 @@
 import { fileURLToPath } from 'node:url';
 import { createHash } from 'node:crypto';
 import type { Deps } from '../../deps.js';
+import { isUniqueViolation } from '../../db/client.js';
 import { ApiError } from '../../errors.js';
 import { newId } from '../../ids.js';
 import { appendEvent } from '../../db/events.js';
@@ -150,9 +151,9 @@ export async function createRun(
     ...extra,
   };
   try {
-    db.transaction((tx) => {
-      insertRun(tx, row);
-      appendEvent(tx, id, 'status', { status: 'validating', reason: null }, now);
+    await db.tx(async (tx) => {
+      await insertRun(tx, row);
+      await appendEvent(tx, id, 'status', { status: 'validating', reason: null }, now);
     });
   } catch (err) {
     if (inlineFile) {
@@ -163,10 +164,10 @@ export async function createRun(
       await deleteFile(db, inlineFile.id);
     }
     // Two requests raced with one key: the loser answers with the winner's run.
-    if (idempotencyKey && /UNIQUE.*idempotency_key/.test((err as Error).message)) return createRun(deps, body, idempotencyKey, extra);
+    if (idempotencyKey && isUniqueViolation(err, 'idempotency_key')) return createRun(deps, body, idempotencyKey, extra);
     throw err;
   }
   deps.logger.info({ run_id: id, model: body.model, status: 'validating' }, 'run created');
   deps.startIngest(id);
-  return { run: getRun(db, id)!, replayed: false };
+  return { run: (await getRun(db, id))!, replayed: false };
 }

@@ -3,10 +3,10 @@ import type { Readable } from 'node:stream';
 import { setFlagsFromString } from 'node:v8';
 import { runInNewContext } from 'node:vm';
 import type { Deps } from '../../deps.js';
-import { isDbBusy, IMMEDIATE } from '../../db/client.js';
+import { isDbBusy } from '../../db/client.js';
 import { getFile } from '../../db/files.js';
-import { getRun, getRunStatus, setRunValidation, transitionRun } from '../../db/runs.js';
-import { clearRunSamples, markCalibration, prepareSampleInsert } from '../../db/samples.js';
+import { getRun, getRunStatus, lockRun, setRunValidation, transitionRun } from '../../db/runs.js';
+import { clearRunSamples, insertSampleBatch, markCalibration } from '../../db/samples.js';
 import type { RunRow } from '../../db/schema.js';
 import { insertShardLayout } from '../../db/shards.js';
 import { calibrationSeqs, CHARS_PER_TOKEN } from '../../domain/forecast.js';
@@ -60,8 +60,8 @@ function collectGarbage(): void {
 }
 
 /** Fails a run still validating, with the one log line of its status change. */
-function failValidation(deps: Deps, runId: string, reason: string, now: number): void {
-  if (transitionRun(deps.db, runId, ['validating'], 'failed', now, { statusReason: reason })) {
+async function failValidation(deps: Deps, runId: string, reason: string, now: number): Promise<void> {
+  if (await transitionRun(deps.db, runId, ['validating'], 'failed', now, { statusReason: reason })) {
     deps.logger.info({ run_id: runId, status: 'failed', reason }, 'run status');
   }
 }
@@ -74,11 +74,10 @@ function failValidation(deps: Deps, runId: string, reason: string, now: number):
  */
 export async function ingestRun(deps: Deps, runId: string, signal?: AbortSignal): Promise<void> {
   const { db, logger } = deps;
-  const run = getRun(db, runId);
+  const run = await getRun(db, runId);
   if (!run || run.status !== 'validating') return;
-  clearRunSamples(db, runId);
+  await clearRunSamples(db, runId);
 
-  const insertSample = prepareSampleInsert(db);
   const errors: InvalidLine[] = [];
   let invalid = 0;
   let seq = 0;
@@ -92,17 +91,26 @@ export async function ingestRun(deps: Deps, runId: string, signal?: AbortSignal)
     invalid++;
     if (errors.length < MAX_LISTED_ERRORS) errors.push(customId ? { line, message, custom_id: customId, code } : { line, message, code });
   };
-  const flush = db.$client.transaction(() => {
-    for (const row of batch) {
-      if (!insertSample(runId, seq, Math.floor(seq / run.shardSize), row.customId, row.request, row.predicted))
-        noteError(row.lineNo, 'duplicate_custom_id', `duplicate custom_id ${JSON.stringify(row.customId)}`, row.customId);
+  const flush = async () => {
+    const rows = batch;
+    batch = [];
+    const inserted = await db.tx((tx) =>
+      insertSampleBatch(
+        tx,
+        runId,
+        seq,
+        run.shardSize,
+        rows.map((r) => ({ customId: r.customId, request: r.request, predictedTokens: r.predicted })),
+      ),
+    );
+    for (const [i, row] of rows.entries()) {
+      if (!inserted[i]) noteError(row.lineNo, 'duplicate_custom_id', `duplicate custom_id ${JSON.stringify(row.customId)}`, row.customId);
       else {
         seq++;
         if (row.predicted !== null) predicted++;
       }
     }
-    batch = [];
-  });
+  };
 
   try {
     const source = await openInput(deps, run);
@@ -126,7 +134,7 @@ export async function ingestRun(deps: Deps, runId: string, signal?: AbortSignal)
         if (errors.length >= MAX_LISTED_ERRORS) break;
         batch = [];
       }
-      if (batch.length >= BATCH) flush();
+      if (batch.length >= BATCH) await flush();
       if (signal?.aborted) {
         // Shutdown: the run stays `validating` and is validated again from the start on the next boot.
         source.destroy();
@@ -140,13 +148,13 @@ export async function ingestRun(deps: Deps, runId: string, signal?: AbortSignal)
       // A cancel stops a long validation within a batch of lines, so its samples never linger.
       if (lines % CANCEL_CHECK_LINES === 0 && (await getRunStatus(db, runId)) !== 'validating') {
         source.destroy();
-        clearRunSamples(db, runId);
+        await clearRunSamples(db, runId);
         return;
       }
     }
-    if (!(failFast && invalid > 0)) flush();
+    if (!(failFast && invalid > 0)) await flush();
   } catch (err) {
-    if (!db.$client.open) {
+    if (!db.open) {
       // The server closed the database while this run was validating; it starts over on the next boot.
       logger.info({ run_id: runId }, 'validation stopped by shutdown');
       return;
@@ -155,8 +163,8 @@ export async function ingestRun(deps: Deps, runId: string, signal?: AbortSignal)
     if (isDbBusy(err)) throw err;
     const message = err instanceof IngestError ? err.message : 'the input could not be read';
     logger.warn({ run_id: runId, err: { message: (err as Error).message } }, 'input read failed');
-    clearRunSamples(db, runId);
-    failValidation(deps, runId, message, deps.clock());
+    await clearRunSamples(db, runId);
+    await failValidation(deps, runId, message, deps.clock());
     return;
   }
 
@@ -165,10 +173,10 @@ export async function ingestRun(deps: Deps, runId: string, signal?: AbortSignal)
   errors.sort((a, b) => a.line - b.line);
   const listed = { invalidLines: invalid, lineErrors: errors, updatedAt: now };
   if (failFast && invalid > 0) {
-    clearRunSamples(db, runId);
-    setRunValidation(db, runId, listed);
+    await clearRunSamples(db, runId);
+    await setRunValidation(db, runId, listed);
     const first = errors[0];
-    failValidation(
+    await failValidation(
       deps,
       runId,
       `input has ${invalid}${errors.length >= MAX_LISTED_ERRORS ? '+' : ''} invalid line(s); first: line ${first.line}: ${first.message}`,
@@ -177,26 +185,26 @@ export async function ingestRun(deps: Deps, runId: string, signal?: AbortSignal)
     return;
   }
   if (seq === 0) {
-    setRunValidation(db, runId, listed);
-    failValidation(deps, runId, 'input has no valid lines', now);
+    await setRunValidation(db, runId, listed);
+    await failValidation(deps, runId, 'input has no valid lines', now);
     return;
   }
-  // Immediate: the status check and the queueing are one step, so a cancel that landed while the
-  // input was read leaves neither shards nor counters behind.
+  // One transaction, the run's row locked first: the status check and the queueing are one step, so
+  // a cancel that landed while the input was read leaves neither shards nor counters behind.
   let shardCount = 0;
-  const queued = db.transaction((tx) => {
-    if (getRun(tx, runId)?.status !== 'validating') return false;
-    shardCount = insertShardLayout(tx, runId, run.shardSize, seq);
-    markCalibration(tx, runId, calibrationSeqs(runId, seq, run.calibrationSamples));
-    setRunValidation(tx, runId, { ...listed, total: seq, pending: seq, shardsTotal: shardCount, predictedSamples: predicted });
-    return transitionRun(tx, runId, ['validating'], 'queued', now, {
+  const queued = await db.tx(async (tx) => {
+    if ((await lockRun(tx, runId))?.status !== 'validating') return false;
+    shardCount = await insertShardLayout(tx, runId, run.shardSize, seq);
+    await markCalibration(tx, runId, calibrationSeqs(runId, seq, run.calibrationSamples));
+    await setRunValidation(tx, runId, { ...listed, total: seq, pending: seq, shardsTotal: shardCount, predictedSamples: predicted });
+    return await transitionRun(tx, runId, ['validating'], 'queued', now, {
       statusReason: invalid ? `${invalid} invalid line(s) skipped` : null,
     });
-  }, IMMEDIATE);
+  });
   if (queued) {
     logger.info({ run_id: runId, status: 'queued', samples: seq, shards: shardCount, invalid_lines: invalid }, 'run validated');
   } else {
-    clearRunSamples(db, runId);
+    await clearRunSamples(db, runId);
   }
   deps.runner.wake();
 }

@@ -1,0 +1,1 @@
+ALTER TABLE `runner_lock` ADD `view` text;

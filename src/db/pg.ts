@@ -1,0 +1,140 @@
+// The PostgreSQL store (REGEN_DATABASE_URL=postgres://…): the same Db as SQLite's, over a pool.
+// Loaded only when that URL is set, so the embedded default never loads the pg driver.
+import { drizzle } from 'drizzle-orm/node-postgres';
+import { migrate } from 'drizzle-orm/node-postgres/migrator';
+import { fileURLToPath } from 'node:url';
+import pg from 'pg';
+import type { Db, ExecResult, Query, Tables } from './types.js';
+import * as schema from './schema-pg.js';
+
+const migrationsFolder = fileURLToPath(new URL('../../migrations/pg', import.meta.url));
+
+/** Connections a process opens at most: the API and the runner each take a few at a time. */
+const POOL_SIZE = 10;
+/** Any constant: the key of the advisory lock that lets one process at a time apply migrations. */
+const MIGRATION_LOCK = 7_240_413;
+
+// 64-bit integers (counts, sums, timestamps in milliseconds) come back as numbers: every one regen
+// stores is below 2^53, as SQLite's are through better-sqlite3. Numeric (a sum of bigints) too.
+const INT8 = 20;
+const NUMERIC = 1700;
+const types = {
+  getTypeParser: ((oid: number, format?: 'text' | 'binary') => {
+    if (oid === INT8 || oid === NUMERIC) return (v: string) => Number(v);
+    return pg.types.getTypeParser(oid, format);
+  }) as typeof pg.types.getTypeParser,
+};
+
+/** `?` placeholders as PostgreSQL's `$1, $2, …`; the statement texts regen writes have no `?` elsewhere. */
+const numbered = new Map<string, string>();
+function toPg(text: string): string {
+  let out = numbered.get(text);
+  if (out === undefined) {
+    let n = 0;
+    out = text.replace(/\?/g, () => `$${++n}`);
+    numbered.set(text, out);
+  }
+  return out;
+}
+
+const tables = schema as unknown as Tables;
+
+class PgHandle implements Db {
+  readonly dialect = 'pg' as const;
+  readonly t = tables;
+
+  constructor(
+    private readonly store: PgStore,
+    readonly q: Query,
+    private readonly client: pg.Pool | pg.PoolClient,
+    readonly inTx: boolean,
+  ) {}
+
+  get open(): boolean {
+    return this.store.open;
+  }
+
+  tx<T>(fn: (tx: Db) => Promise<T>): Promise<T> {
+    if (this.inTx) return fn(this);
+    return this.store.transaction(fn);
+  }
+
+  /** One statement needs no transaction here: the pool runs it on any connection. */
+  write<T>(fn: (w: Db) => Promise<T>): Promise<T> {
+    return fn(this);
+  }
+
+  async exec<R = Record<string, unknown>>(text: string, params: readonly unknown[] = []): Promise<ExecResult<R>> {
+    const res = await this.client.query(toPg(text), params as unknown[]);
+    return { rows: res.rows as R[], changes: res.rowCount ?? 0 };
+  }
+
+  async ping(): Promise<void> {
+    await this.client.query('select 1');
+  }
+
+  close(): Promise<void> {
+    return this.store.close();
+  }
+}
+
+class PgStore {
+  readonly root: PgHandle;
+  private closed = false;
+
+  constructor(private readonly pool: pg.Pool) {
+    this.root = new PgHandle(this, drizzle(pool) as unknown as Query, pool, false);
+  }
+
+  get open(): boolean {
+    return !this.closed;
+  }
+
+  /** A transaction on a connection of its own; read committed, with the rows it must not share locked (FOR UPDATE, SKIP LOCKED). */
+  async transaction<T>(fn: (tx: Db) => Promise<T>): Promise<T> {
+    const client = await this.pool.connect();
+    try {
+      await client.query('begin');
+      try {
+        const result = await fn(new PgHandle(this, drizzle(client) as unknown as Query, client, true));
+        await client.query('commit');
+        return result;
+      } catch (err) {
+        await client.query('rollback').catch(() => {});
+        throw err;
+      }
+    } finally {
+      client.release();
+    }
+  }
+
+  async close(): Promise<void> {
+    if (this.closed) return;
+    this.closed = true;
+    await this.pool.end();
+  }
+}
+
+/** Connects, applies the PostgreSQL migrations (one process at a time) and returns the store. */
+export async function openPg(url: string): Promise<Db> {
+  const pool = new pg.Pool({ connectionString: url, max: POOL_SIZE, types, application_name: 'regen' });
+  // A connection that breaks while idle is dropped by the pool; without a listener its error would end the process.
+  pool.on('error', () => {});
+  try {
+    const client = await pool.connect();
+    try {
+      await client.query('select pg_advisory_lock($1)', [MIGRATION_LOCK]);
+      try {
+        await migrate(drizzle(client), { migrationsFolder });
+      } finally {
+        await client.query('select pg_advisory_unlock($1)', [MIGRATION_LOCK]);
+      }
+    } finally {
+      client.release();
+    }
+  } catch (err) {
+    await pool.end().catch(() => {});
+    throw err;
+  }
+  return new PgStore(pool).root;
+}

@@ -1,0 +1,278 @@
+import { sql } from 'drizzle-orm';
+import { bigint, boolean, doublePrecision, index, integer, jsonb, pgTable, primaryKey, text, uniqueIndex } from 'drizzle-orm/pg-core';
+import { FLAGS, flagBit } from '../domain/flags.js';
+import type { InvalidLine } from '../domain/input-line.js';
+import type { StoredForecast } from '../domain/forecast.js';
+import type { QualityConfig } from '../domain/quality.js';
+import type { RunnerSnapshot } from '../domain/live-view.js';
+import type { BatchFileBytes, RunInput } from './schema.js';
+
+// The tables of schema.ts for PostgreSQL: the same table, column and index names and the same JS
+// properties, so a query written against one runs against the other. test/pg-schema.test.ts keeps
+// the two in step.
+//
+// SQLite's integer is 64-bit; PostgreSQL's is not. What can pass 2^31 is bigint here: millisecond
+// timestamps, token sums, bytes, seq and the per-run sample counters (bounded by seq only). What
+// stays integer is bounded by the API or by one answer: attempts, limits, shard indexes, the
+// tokens and characters of one sample, and samples.flags (a bitmask that the flag indexes and
+// queries test with `&`). JSON columns are jsonb; webhook_deliveries.body and samples.request stay
+// text because their exact bytes matter (a signed body, a request resent as stored).
+
+/** A 64-bit integer read back as a JS number (exact up to 2^53, as SQLite's are through better-sqlite3). */
+const bigintNumber = <N extends string>(name: N) => bigint(name, { mode: 'number' });
+
+export const endpoints = pgTable('endpoints', {
+  id: text('id').primaryKey(),
+  url: text('url').notNull().unique(),
+  name: text('name').notNull(),
+  apiKey: text('api_key'),
+  model: text('model'),
+  state: text('state').notNull().default('starting'),
+  maxConcurrency: integer('max_concurrency'),
+  serverMaxRunning: integer('server_max_running'),
+  kvTokens: bigintNumber('kv_tokens'),
+  maxModelLen: integer('max_model_len'),
+  startupTime: doublePrecision('startup_time'),
+  aliases: jsonb('aliases').$type<string[]>().notNull().default(sql`'[]'::jsonb`),
+  weight: doublePrecision('weight').notNull().default(1),
+  labels: jsonb('labels').$type<Record<string, string>>().notNull().default(sql`'{}'::jsonb`),
+  lastError: text('last_error'),
+  lastCheckedAt: bigintNumber('last_checked_at'),
+  // Samples answered over the endpoint's lifetime, across runs.
+  completed: bigintNumber('completed').notNull().default(0),
+  failed: bigintNumber('failed').notNull().default(0),
+  createdAt: bigintNumber('created_at').notNull(),
+  updatedAt: bigintNumber('updated_at').notNull(),
+});
+
+export const files = pgTable('files', {
+  id: text('id').primaryKey(),
+  filename: text('filename').notNull(),
+  purpose: text('purpose').notNull(),
+  bytes: bigintNumber('bytes').notNull(),
+  objectKey: text('object_key').notNull(),
+  createdAt: bigintNumber('created_at').notNull(),
+});
+
+export const runs = pgTable(
+  'runs',
+  {
+    id: text('id').primaryKey(),
+    name: text('name'),
+    model: text('model').notNull(),
+    status: text('status').notNull(),
+    statusReason: text('status_reason'),
+    createdAt: bigintNumber('created_at').notNull(),
+    startedAt: bigintNumber('started_at'),
+    finishedAt: bigintNumber('finished_at'),
+    params: jsonb('params').$type<Record<string, unknown>>().notNull(),
+    input: jsonb('input').$type<RunInput>().notNull(),
+    shardSize: integer('shard_size').notNull(),
+    outputUri: text('output_uri').notNull(),
+    priority: integer('priority').notNull().default(0),
+    metadata: jsonb('metadata').$type<Record<string, string>>().notNull(),
+    regenerate: text('regenerate'),
+    onInvalidLine: text('on_invalid_line').notNull(),
+    quality: jsonb('quality').$type<QualityConfig | null>(),
+    gateOverridden: boolean('gate_overridden').notNull().default(false),
+    requestTimeoutMs: integer('request_timeout_ms').notNull(),
+    maxAttempts: integer('max_attempts').notNull(),
+    idempotencyKey: text('idempotency_key').unique(),
+    requestHash: text('request_hash'),
+    invalidLines: bigintNumber('invalid_lines').notNull().default(0),
+    lineErrors: jsonb('line_errors').$type<InvalidLine[]>().notNull().default(sql`'[]'::jsonb`),
+    total: bigintNumber('total').notNull().default(0),
+    pending: bigintNumber('pending').notNull().default(0),
+    inProgress: bigintNumber('in_progress').notNull().default(0),
+    completed: bigintNumber('completed').notNull().default(0),
+    failed: bigintNumber('failed').notNull().default(0),
+    cancelled: bigintNumber('cancelled').notNull().default(0),
+    flagged: bigintNumber('flagged').notNull().default(0),
+    flagEmptyContent: bigintNumber('flag_empty_content').notNull().default(0),
+    flagMissingReasoning: bigintNumber('flag_missing_reasoning').notNull().default(0),
+    flagTruncated: bigintNumber('flag_truncated').notNull().default(0),
+    flagRepetitive: bigintNumber('flag_repetitive').notNull().default(0),
+    flagTooShort: bigintNumber('flag_too_short').notNull().default(0),
+    flagDuplicateContent: bigintNumber('flag_duplicate_content').notNull().default(0),
+    flagThinkInContent: bigintNumber('flag_think_in_content').notNull().default(0),
+    flagShortForRun: bigintNumber('flag_short_for_run').notNull().default(0),
+    promptTokens: bigintNumber('prompt_tokens').notNull().default(0),
+    completionTokens: bigintNumber('completion_tokens').notNull().default(0),
+    reasoningTokens: bigintNumber('reasoning_tokens').notNull().default(0),
+    cachedTokens: bigintNumber('cached_tokens').notNull().default(0),
+    loopsStopped: bigintNumber('loops_stopped').notNull().default(0),
+    loopTokensSaved: bigintNumber('loop_tokens_saved').notNull().default(0),
+    shardsTotal: integer('shards_total').notNull().default(0),
+    shardsUploaded: integer('shards_uploaded').notNull().default(0),
+    droppedResults: bigintNumber('dropped_results').notNull().default(0),
+    manifestKey: text('manifest_key'),
+    updatedAt: bigintNumber('updated_at').notNull(),
+    batchId: text('batch_id').unique(),
+    completionWindow: text('completion_window'),
+    expiresAt: bigintNumber('expires_at'),
+    expiredAt: bigintNumber('expired_at'),
+    outputFileId: text('output_file_id').unique(),
+    errorFileId: text('error_file_id').unique(),
+    batchFileBytes: jsonb('batch_file_bytes').$type<BatchFileBytes | null>(),
+    webhookUrl: text('webhook_url'),
+    webhookSecret: text('webhook_secret'),
+    webhookPending: integer('webhook_pending').notNull().default(0),
+    webhookDelivered: integer('webhook_delivered').notNull().default(0),
+    webhookFailed: integer('webhook_failed').notNull().default(0),
+    webhookLastError: text('webhook_last_error'),
+    calibrationSamples: integer('calibration_samples').notNull().default(0),
+    dryRun: boolean('dry_run').notNull().default(false),
+    deadlineSeconds: integer('deadline_seconds'),
+    dispatchOrder: text('dispatch_order').notNull().default('input'),
+    predictedSamples: bigintNumber('predicted_samples').notNull().default(0),
+    forecast: jsonb('forecast').$type<StoredForecast | null>(),
+  },
+  (t) => [index('runs_status_idx').on(t.status, t.priority, t.createdAt)],
+);
+
+export const shards = pgTable(
+  'shards',
+  {
+    runId: text('run_id')
+      .notNull()
+      .references(() => runs.id, { onDelete: 'cascade' }),
+    idx: integer('idx').notNull(),
+    status: text('status').notNull().default('open'),
+    firstSeq: bigintNumber('first_seq').notNull(),
+    sampleCount: integer('sample_count').notNull(),
+    terminalCount: integer('terminal_count').notNull().default(0),
+    key: text('key'),
+    bytes: bigintNumber('bytes'),
+    lines: integer('lines'),
+    sha256: text('sha256'),
+    errorsKey: text('errors_key'),
+    errorsBytes: bigintNumber('errors_bytes'),
+    errorsLines: integer('errors_lines'),
+    errorsSha256: text('errors_sha256'),
+    uploadAttempts: integer('upload_attempts').notNull().default(0),
+    generation: integer('generation').notNull().default(0),
+    lastError: text('last_error'),
+    uploadedAt: bigintNumber('uploaded_at'),
+  },
+  (t) => [primaryKey({ columns: [t.runId, t.idx] }), index('shards_run_status_idx').on(t.runId, t.status)],
+);
+
+export const samples = pgTable(
+  'samples',
+  {
+    // By default rather than always: like SQLite's AUTOINCREMENT, it still takes an id given explicitly.
+    id: bigintNumber('id').primaryKey().generatedByDefaultAsIdentity(),
+    runId: text('run_id').notNull(),
+    seq: bigintNumber('seq').notNull(),
+    shardIdx: integer('shard_idx').notNull(),
+    customId: text('custom_id').notNull(),
+    status: text('status').notNull().default('pending'),
+    request: text('request').notNull(),
+    attempts: integer('attempts').notNull().default(0),
+    serverFaults: integer('server_faults').notNull().default(0),
+    qualityRetries: integer('quality_retries').notNull().default(0),
+    availableAt: bigintNumber('available_at').notNull().default(0),
+    leaseOwner: text('lease_owner'),
+    leaseExpiresAt: bigintNumber('lease_expires_at'),
+    endpointId: text('endpoint_id'),
+    finishReason: text('finish_reason'),
+    promptTokens: integer('prompt_tokens'),
+    completionTokens: integer('completion_tokens'),
+    reasoningTokens: integer('reasoning_tokens'),
+    cachedTokens: integer('cached_tokens'),
+    latencyMs: integer('latency_ms'),
+    flags: integer('flags').notNull().default(0),
+    reasoningChars: integer('reasoning_chars'),
+    contentChars: integer('content_chars'),
+    errorCode: text('error_code'),
+    errorMessage: text('error_message'),
+    errorStatus: integer('error_status'),
+    outputKey: text('output_key'),
+    outputLine: integer('output_line'),
+    completedAt: bigintNumber('completed_at'),
+    calibration: boolean('calibration').notNull().default(false),
+    predictedTokens: integer('predicted_tokens'),
+  },
+  (t) => [
+    uniqueIndex('samples_run_custom_id').on(t.runId, t.customId),
+    index('samples_claim_idx').on(t.runId, t.status, t.seq),
+    index('samples_run_seq_idx').on(t.runId, t.seq),
+    // SQLite's predicate is `calibration = 1`; here the column is a boolean.
+    index('samples_calibration_idx').on(t.runId, t.status, t.seq).where(sql`calibration`),
+    index('samples_completion_tokens_idx').on(t.runId, t.completionTokens).where(sql`status = 'completed'`),
+    index('samples_reasoning_chars_idx').on(t.runId, t.reasoningChars).where(sql`status = 'completed'`),
+    index('samples_content_chars_idx').on(t.runId, t.contentChars).where(sql`status = 'completed'`),
+    ...FLAGS.map((f) =>
+      index(`samples_flag_${f}_idx`)
+        .on(t.runId, t.seq)
+        .where(sql.raw(`(flags & ${flagBit(f)}) <> 0`)),
+    ),
+  ],
+);
+
+export const staging = pgTable(
+  'staging',
+  {
+    sampleId: bigintNumber('sample_id').primaryKey(),
+    runId: text('run_id').notNull(),
+    shardIdx: integer('shard_idx').notNull(),
+    output: text('output').notNull(),
+  },
+  (t) => [index('staging_shard_idx').on(t.runId, t.shardIdx)],
+);
+
+export const events = pgTable(
+  'events',
+  {
+    id: bigintNumber('id').primaryKey().generatedByDefaultAsIdentity(),
+    runId: text('run_id').notNull(),
+    type: text('type').notNull(),
+    data: jsonb('data').$type<Record<string, unknown>>().notNull(),
+    createdAt: bigintNumber('created_at').notNull(),
+  },
+  (t) => [index('events_run_idx').on(t.runId, t.id)],
+);
+
+export const webhookDeliveries = pgTable(
+  'webhook_deliveries',
+  {
+    id: text('id').primaryKey(),
+    runId: text('run_id'),
+    type: text('type').notNull(),
+    url: text('url').notNull(),
+    body: text('body').notNull(),
+    status: text('status').notNull().default('pending'),
+    attempts: integer('attempts').notNull().default(0),
+    nextAttemptAt: bigintNumber('next_attempt_at').notNull(),
+    lastError: text('last_error'),
+    createdAt: bigintNumber('created_at').notNull(),
+    deliveredAt: bigintNumber('delivered_at'),
+  },
+  (t) => [index('webhook_deliveries_due_idx').on(t.nextAttemptAt).where(sql`status = 'pending'`)],
+);
+
+export const forecasts = pgTable(
+  'forecasts',
+  {
+    id: bigintNumber('id').primaryKey().generatedByDefaultAsIdentity(),
+    runId: text('run_id')
+      .notNull()
+      .references(() => runs.id, { onDelete: 'cascade' }),
+    at: bigintNumber('at').notNull(),
+    finishesAt: bigintNumber('finishes_at'),
+    lowAt: bigintNumber('low_at'),
+    highAt: bigintNumber('high_at'),
+    completionTokensEstimate: bigintNumber('completion_tokens_estimate').notNull(),
+    fraction: doublePrecision('fraction').notNull(),
+  },
+  (t) => [index('forecasts_run_idx').on(t.runId, t.at)],
+);
+
+export const runnerLock = pgTable('runner_lock', {
+  id: integer('id').primaryKey(),
+  owner: text('owner').notNull(),
+  pid: integer('pid').notNull(),
+  hostname: text('hostname').notNull(),
+  heartbeatAt: bigintNumber('heartbeat_at').notNull(),
+  view: jsonb('view').$type<RunnerSnapshot | null>(),
+});

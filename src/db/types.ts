@@ -1,0 +1,46 @@
+import type { BetterSQLite3Database } from 'drizzle-orm/better-sqlite3';
+import type * as schema from './schema.js';
+
+/**
+ * The query builder every statement function is written against. It is typed for SQLite's tables;
+ * on PostgreSQL the same builder calls run on pg-core tables of the same names and properties
+ * (schema-pg.ts), so only what both dialects share is used: `await` a query (never SQLite's
+ * `.get()`, `.all()` or `.run()`), `.returning()` to learn what a write changed.
+ */
+export type Query = BetterSQLite3Database<typeof schema>;
+export type Tables = typeof schema;
+export type Dialect = 'sqlite' | 'pg';
+
+/** A raw statement's answer: its rows (named by column) and how many rows it changed. */
+export interface ExecResult<R = Record<string, unknown>> {
+  rows: R[];
+  changes: number;
+}
+
+/**
+ * A connection to the store, or a transaction of one: every statement function takes either, so
+ * one can run inside another's transaction.
+ *
+ * Reads run where they are called. Writes run in `tx` (several statements, all or nothing) or in
+ * `write` (one statement): on SQLite both take the one writer connection in turn, so a transaction
+ * awaiting its next statement never has another caller's write land inside it; on PostgreSQL a
+ * transaction holds a pooled connection of its own and `write` takes any.
+ */
+export interface Db {
+  readonly dialect: Dialect;
+  readonly t: Tables;
+  readonly q: Query;
+  /** True inside `tx`: `tx` and `write` then run in this transaction. */
+  readonly inTx: boolean;
+  tx<T>(fn: (tx: Db) => Promise<T>): Promise<T>;
+  write<T>(fn: (w: Db) => Promise<T>): Promise<T>;
+  /** A raw statement with `?` placeholders; the SQL is the same on both dialects unless the caller branches on `dialect`. */
+  exec<R = Record<string, unknown>>(text: string, params?: readonly unknown[]): Promise<ExecResult<R>>;
+  ping(): Promise<void>;
+  close(): Promise<void>;
+  /** False once closed: work still under way (a validation) stops instead of reporting a fault. */
+  readonly open: boolean;
+}
+
+/** A transaction of a Db: the same interface. */
+export type DbOrTx = Db;

@@ -1,0 +1,87 @@
+import pg from 'pg';
+import { afterAll, expect, it } from 'vitest';
+import { since } from './support/faults.js';
+import { doneOf, faultRig, readOutput, s3ServerEnv, waitForEnd, waitForRun } from './support/fault-rig.js';
+import { createTestDatabase, describePg, type TestDatabase } from './support/pg.js';
+import { createRun, expectCountersMatchRecount, makePrompts, registerEndpoint, uploadFile } from './support/runner-checks.js';
+import { call, type ServerProcess } from './support/server.js';
+
+// Three `regen serve` processes on one PostgreSQL database and one S3 store. One dispatches; the
+// others serve the whole API and stand by, and take dispatch over when it dies.
+
+const BUCKET = 'regen-replicas';
+const SAMPLES = 3000;
+const SHARD_SIZE = 200;
+/** Below the simulator's own running limit: a second dispatcher at any moment would show as more running at once. */
+const CAP = 6;
+
+const rig = faultRig();
+let database: TestDatabase | null = null;
+afterAll(async () => {
+  await rig.stop();
+  await database?.drop();
+});
+
+/** The pid of the process that holds the runner lock now. */
+async function dispatcherPid(url: string): Promise<number | null> {
+  const client = new pg.Client({ connectionString: url });
+  await client.connect();
+  try {
+    const { rows } = await client.query<{ pid: number }>('select pid from runner_lock where id = 1');
+    return rows[0]?.pid ?? null;
+  } finally {
+    await client.end();
+  }
+}
+
+await describePg('three replicas on one PostgreSQL', () => {
+  it('share the API, and a kill -9 of the dispatching replica, twice, loses and duplicates nothing', async () => {
+    database = await createTestDatabase('replicas');
+    const s3 = await rig.startS3(BUCKET);
+    const sim = await rig.sim({ 'max-running': 64, 'ttft-ms': 20, 'tokens-per-second': 5000, seed: 5 });
+    const env = { ...s3ServerEnv(`http://127.0.0.1:${s3.port}`, BUCKET), REGEN_DATABASE_URL: database.url };
+    const replicas: ServerProcess[] = [];
+    for (const name of ['a', 'b', 'c']) replicas.push(await rig.serve(rig.dir(`regen-replica-${name}-`), env));
+    const [a, b, c] = replicas;
+
+    // Upload through one replica, register the endpoint and create the run through another, follow it on the third.
+    const prompts = makePrompts(SAMPLES, 'rep');
+    const fileId = await uploadFile(a.url, prompts.jsonl);
+    await registerEndpoint(b.url, sim.url, { max_concurrency: CAP });
+    const { id } = await createRun(b.url, { model: 'sim-model', input: { file_id: fileId }, shard_size: SHARD_SIZE, regenerate: 'last_assistant' });
+    const moving = await waitForRun(c.url, id, 'progress seen from the third replica', (r) => doneOf(r) > 0 && r.progress.samples_per_second > 0, 60_000, 50);
+    expect(moving.status).toBe('in_progress');
+
+    const byPid = (pid: number | null) => replicas.find((r) => r.proc.pid === pid && r.proc.exitCode === null && r.proc.signalCode === null);
+    const kills: { at: number; takeoverMs: number }[] = [];
+    const killDispatcher = async (fraction: number) => {
+      const seen = await waitForRun(c.url, id, `${fraction * 100}% done`, (r) => doneOf(r) >= fraction * SAMPLES, 120_000, 50);
+      const dispatcher = byPid(await dispatcherPid(database!.url));
+      expect(dispatcher, 'a live replica holds the runner lock').toBeDefined();
+      await dispatcher!.kill('SIGKILL');
+      const t0 = performance.now();
+      const alive = replicas.filter((r) => r !== dispatcher && r.proc.exitCode === null && r.proc.signalCode === null);
+      // Another replica takes over and the run moves on.
+      await waitForRun(alive[0].url, id, 'progress after the kill', (r) => doneOf(r) > doneOf(seen) + CAP || r.status === 'completed', 60_000, 50);
+      kills.push({ at: doneOf(seen), takeoverMs: Math.round(since(t0)) });
+      return alive;
+    };
+    await killDispatcher(0.3);
+    const [last] = await killDispatcher(0.65);
+
+    const done = await waitForEnd(last.url, id, 180_000);
+    expect(done.status, done.status_reason).toBe('completed');
+    expect(done.request_counts).toMatchObject({ total: SAMPLES, completed: SAMPLES, failed: 0 });
+    await expectCountersMatchRecount(last.url, done);
+    // Every prompt once, with its own answer, in shards the manifest describes.
+    const out = await readOutput(done, prompts, `http://127.0.0.1:${s3.port}`);
+    expect(out.lines.size).toBe(SAMPLES);
+    // One dispatcher at a time: the endpoint never ran more than its cap at once.
+    const stats = await sim.stats();
+    expect(stats.maxRunningSeen).toBeLessThanOrEqual(CAP);
+    // The surviving replica reports the endpoint as the dispatcher sees it.
+    const endpoints = (await call(last.url, '/v1/endpoints')).body.data;
+    expect(endpoints).toHaveLength(1);
+    console.log(`replicas: ${JSON.stringify({ samples: SAMPLES, kills, max_running_seen: stats.maxRunningSeen, cap: CAP })}`);
+  }, 300_000);
+});
