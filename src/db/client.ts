@@ -86,6 +86,10 @@ class SqliteHandle implements Db {
     return this.statements.exec<R>(text, params);
   }
 
+  async hold(): Promise<{ release(): Promise<void> }> {
+    return { release: async () => {} };
+  }
+
   async ping(): Promise<void> {
     this.q.run(sql`select 1`);
   }
@@ -108,8 +112,13 @@ class SqliteStore {
   private readonly writerHandle: SqliteHandle;
   private readonly txHandle: SqliteHandle;
   private readonly turns = new TurnLock();
-  /** Set within a turn: a write that asks for another turn there would wait for itself forever. */
-  private readonly inTurn = new AsyncLocalStorage<true>();
+  /**
+   * The turn a caller runs in: a write that asks for another turn within its own would wait for
+   * itself forever. A token per turn, compared with the turn under way, because callbacks started
+   * within a turn (timers, wakes) carry its context on after it has ended.
+   */
+  private readonly inTurn = new AsyncLocalStorage<symbol>();
+  private current: symbol | null = null;
 
   constructor(path: string, busyTimeoutMs: number) {
     this.writer = new Database(path);
@@ -130,31 +139,43 @@ class SqliteStore {
   }
 
   private checkNotInTurn(): void {
-    if (this.inTurn.getStore()) throw new Error('a write inside a transaction must go through its handle, not the store');
+    const mine = this.inTurn.getStore();
+    if (mine !== undefined && mine === this.current) throw new Error('a write inside a transaction must go through its handle, not the store');
+  }
+
+  /** Runs `fn` as the turn under way, marked so that a nested call on the store is caught. */
+  private turn<T>(fn: () => Promise<T>): Promise<T> {
+    return this.turns.run(async () => {
+      const token = Symbol('turn');
+      this.current = token;
+      try {
+        return await this.inTurn.run(token, fn);
+      } finally {
+        this.current = null;
+      }
+    });
   }
 
   writeTurn<T>(fn: (w: Db) => Promise<T>): Promise<T> {
     this.checkNotInTurn();
-    return this.turns.run(() => this.inTurn.run(true, () => fn(this.writerHandle)));
+    return this.turn(() => fn(this.writerHandle));
   }
 
   transaction<T>(fn: (tx: Db) => Promise<T>): Promise<T> {
     this.checkNotInTurn();
-    return this.turns.run(() =>
-      this.inTurn.run(true, async () => {
-        // Immediate: the write lock is taken up front, so a transaction that reads before it writes
-        // cannot fail its upgrade at once with SQLITE_BUSY when another connection wrote meanwhile.
-        this.writer.exec('BEGIN IMMEDIATE');
-        try {
-          const result = await fn(this.txHandle);
-          this.writer.exec('COMMIT');
-          return result;
-        } catch (err) {
-          if (this.writer.inTransaction) this.writer.exec('ROLLBACK');
-          throw err;
-        }
-      }),
-    );
+    return this.turn(async () => {
+      // Immediate: the write lock is taken up front, so a transaction that reads before it writes
+      // cannot fail its upgrade at once with SQLITE_BUSY when another connection wrote meanwhile.
+      this.writer.exec('BEGIN IMMEDIATE');
+      try {
+        const result = await fn(this.txHandle);
+        this.writer.exec('COMMIT');
+        return result;
+      } catch (err) {
+        if (this.writer.inTransaction) this.writer.exec('ROLLBACK');
+        throw err;
+      }
+    });
   }
 
   async close(): Promise<void> {

@@ -11,6 +11,9 @@ const migrationsFolder = fileURLToPath(new URL('../../migrations/pg', import.met
 
 /** Connections a process opens at most: the API and the runner each take a few at a time. */
 const POOL_SIZE = 10;
+/** How long a new connection, and any one statement, may take before it fails as a busy database. */
+const CONNECT_TIMEOUT_MS = 10_000;
+const STATEMENT_TIMEOUT_MS = 60_000;
 /** Any constant: the key of the advisory lock that lets one process at a time apply migrations. */
 const MIGRATION_LOCK = 7_240_413;
 
@@ -69,6 +72,10 @@ class PgHandle implements Db {
     return { rows: res.rows as R[], changes: res.rowCount ?? 0 };
   }
 
+  hold(name: string): Promise<{ release(): Promise<void> } | null> {
+    return this.store.hold(name);
+  }
+
   async ping(): Promise<void> {
     await this.client.query('select 1');
   }
@@ -108,6 +115,34 @@ class PgStore {
     }
   }
 
+  async hold(name: string): Promise<{ release(): Promise<void> } | null> {
+    const client = await this.pool.connect();
+    try {
+      const { rows } = await client.query<{ held: boolean }>('select pg_try_advisory_lock(hashtext($1)) as held', [name]);
+      if (!rows[0].held) {
+        client.release();
+        return null;
+      }
+    } catch (err) {
+      client.release();
+      throw err;
+    }
+    let released = false;
+    return {
+      release: async () => {
+        if (released) return;
+        released = true;
+        try {
+          await client.query('select pg_advisory_unlock(hashtext($1))', [name]);
+          client.release();
+        } catch (err) {
+          // A connection that cannot unlock is dropped: its session, and the lock with it, ends.
+          client.release(err as Error);
+        }
+      },
+    };
+  }
+
   async close(): Promise<void> {
     if (this.closed) return;
     this.closed = true;
@@ -117,7 +152,20 @@ class PgStore {
 
 /** Connects, applies the PostgreSQL migrations (one process at a time) and returns the store. */
 export async function openPg(url: string): Promise<Db> {
-  const pool = new pg.Pool({ connectionString: url, max: POOL_SIZE, types, application_name: 'regen' });
+  const pool = new pg.Pool({
+    connectionString: url,
+    max: POOL_SIZE,
+    types,
+    application_name: 'regen',
+    // A server that stops answering without closing its connections (a dead host, a failover
+    // behind DNS) fails the statement in bounded time, so the API answers 503 and a dispatcher
+    // whose heartbeat cannot be written stops, rather than both hanging.
+    keepAlive: true,
+    connectionTimeoutMillis: CONNECT_TIMEOUT_MS,
+    query_timeout: STATEMENT_TIMEOUT_MS,
+    statement_timeout: STATEMENT_TIMEOUT_MS,
+    idle_in_transaction_session_timeout: STATEMENT_TIMEOUT_MS,
+  });
   // A connection that breaks while idle is dropped by the pool; without a listener its error would end the process.
   pool.on('error', () => {});
   try {

@@ -1,5 +1,5 @@
 import { and, asc, desc, eq, gt, inArray, ne, sql, type SQL } from 'drizzle-orm';
-import type { Db, DbOrTx } from './client.js';
+import { type Db, type DbOrTx, locked } from './client.js';
 import { flagBit, type Flag } from '../domain/flags.js';
 import { isDispatchable } from '../domain/statuses.js';
 
@@ -118,6 +118,13 @@ export async function claimSamples(
 ): Promise<ClaimedRow[]> {
   const q = claimSql(db);
   return db.tx(async (tx) => {
+    // PostgreSQL: only the holder of the runner lock claims. A dispatcher deposed since its last
+    // heartbeat (its replica was taken for dead) takes nothing more; the row is shared-locked, so a
+    // takeover waits for this claim, and its recovery then returns these leases too.
+    if (tx.dialect === 'pg') {
+      const { rows: holder } = await tx.exec('select 1 from runner_lock where id = 1 and owner = ? for share', [c.owner]);
+      if (!holder.length) throw new Error('this process no longer holds the runner lock');
+    }
     // A run paused or cancelled since the caller read it takes no more: the status is read in the
     // claim's own transaction.
     const { rows: run } = await tx.exec<{ status: string }>('select status from runs where id = ?', [c.runId]);
@@ -326,7 +333,9 @@ export async function samplesToRetry(
     only === 'failed' ? eq(samples.status, 'failed') : and(eq(samples.status, 'completed'), ne(samples.flags, 0)),
     endpointId === undefined ? undefined : eq(samples.endpointId, endpointId),
   );
-  return await db.q.select({ id: samples.id, shardIdx: samples.shardIdx, flags: samples.flags }).from(samples).where(which);
+  // Locked on PostgreSQL: two retries of one run at once (a double click, a quarantine and an
+  // operator) would each count the same samples back; the second waits and then finds none.
+  return await locked(db, db.q.select({ id: samples.id, shardIdx: samples.shardIdx, flags: samples.flags }).from(samples).where(which));
 }
 
 /** Makes samples pending again with a fresh attempt budget, as if never sent. */

@@ -36,6 +36,12 @@ export interface Db {
   write<T>(fn: (w: Db) => Promise<T>): Promise<T>;
   /** A raw statement with `?` placeholders; the SQL is the same on both dialects unless the caller branches on `dialect`. */
   exec<R = Record<string, unknown>>(text: string, params?: readonly unknown[]): Promise<ExecResult<R>>;
+  /**
+   * Takes a named hold for work only one process may do at a time (a run's validation), or null
+   * when another process holds it. PostgreSQL: a session advisory lock on a connection of its own,
+   * let go by `release` or when the process dies. SQLite has one process: the hold is always free.
+   */
+  hold(name: string): Promise<{ release(): Promise<void> } | null>;
   ping(): Promise<void>;
   close(): Promise<void>;
   /** False once closed: work still under way (a validation) stops instead of reporting a fault. */

@@ -243,6 +243,18 @@ export class EndpointPool {
     e.probeFailures = 0;
   }
 
+  /** Takes an endpoint's row as the database has it, whatever this pool wrote since (a write that was rolled back). */
+  async reload(e: LiveEndpoint): Promise<void> {
+    const row = await getEndpoint(this.db, e.row.id);
+    if (!row) return;
+    const wasState = e.row.state;
+    e.update(row);
+    if (row.state !== wasState) {
+      e.nextProbeAt = 0;
+      this.onChange();
+    }
+  }
+
   /** Closes every endpoint's idle connections: the runner stops. */
   close(): void {
     for (const e of this.live.values()) e.close();

@@ -37,8 +37,18 @@ export class RunnerLock {
   ) {}
 
   /** Takes the lock, or throws RunnerLockedError while another live process holds it. */
+  /**
+   * The time heartbeats are written and judged in: the database's own on PostgreSQL, so replicas on
+   * machines whose clocks disagree judge one heartbeat alike; this process's clock on SQLite.
+   */
+  private async now(): Promise<number> {
+    if (this.db.dialect !== 'pg') return this.clock();
+    const { rows } = await this.db.exec<{ now: number }>('select (extract(epoch from clock_timestamp()) * 1000)::bigint as now');
+    return Number(rows[0].now);
+  }
+
   async take(): Promise<void> {
-    const now = this.clock();
+    const now = await this.now();
     const held = await takeRunnerLock(this.db, { owner: this.owner, pid: process.pid, hostname: this.host, heartbeatAt: now }, (h) => {
       const sameProcess = h.hostname === this.host && h.pid === process.pid;
       // Another host's pid cannot be checked: only its heartbeat tells.
@@ -49,8 +59,8 @@ export class RunnerLock {
   }
 
   /** Renews the heartbeat; false when another process took the database over. */
-  beat(): Promise<boolean> {
-    return beatRunnerLock(this.db, this.owner, this.clock());
+  async beat(): Promise<boolean> {
+    return beatRunnerLock(this.db, this.owner, await this.now());
   }
 
   async release(): Promise<void> {

@@ -104,6 +104,10 @@ export class QualityWatch {
     try {
       await this.commitResults();
       await this.quarantineNow(e, endpointId, reason);
+    } catch (err) {
+      // Rolled back: the endpoint is as the database still has it, not as the transaction left it in memory.
+      await this.pool.reload(e).catch(() => {});
+      throw err;
     } finally {
       e.quarantining = false;
     }

@@ -2,7 +2,7 @@ import { randomBytes } from 'node:crypto';
 import { hostname } from 'node:os';
 import type { RunnerDeps } from '../deps.js';
 import { publishRunnerView, readRunnerLock } from '../db/runner-lock.js';
-import { getRun, listRunsByStatus, setStatusReason, transitionRun } from '../db/runs.js';
+import { getRun, listRunsByStatus, setStatusReason, transitionRun, validatingRunIds } from '../db/runs.js';
 import { cancelPendingSamples, type ClaimOrder } from '../db/samples.js';
 import type { RunRow } from '../db/schema.js';
 import { ACTIVE_RUN_STATUSES, DISPATCHABLE_RUN_STATUSES, isDispatchable } from '../domain/statuses.js';
@@ -25,6 +25,8 @@ import { IDLE_ENDPOINT, IDLE_PROGRESS, type EndpointLive, type RunnerSnapshot, t
 const TICK_MS = 100;
 /** PostgreSQL: how often the live view is published for the other replicas, and read by them. */
 const VIEW_MS = 1000;
+/** PostgreSQL: how often runs left validating by a replica that died are looked for. */
+const VALIDATION_SWEEP_MS = 10_000;
 /** While stopping, how often in-flight requests and uploads are looked at (wall time: real timers end them). */
 const STOP_POLL_MS = 50;
 /** Starts the status_reason of a run that no endpoint can serve now. */
@@ -72,6 +74,10 @@ export class Runner implements RunnerView {
   /** Another replica dispatches: this one watches the lock, serving the view that one publishes. */
   private standby = false;
   private published: RunnerSnapshot | null = null;
+  /** The lock is held and recovery done: samples may be sent. */
+  private dispatching = false;
+  private watching = false;
+  private sweptAt = 0;
   private stopping = false;
   private pumping = false;
   private woken = false;
@@ -145,11 +151,13 @@ export class Runner implements RunnerView {
 
   /** With the lock held: a dead owner's leases back to the queue, then the loop. */
   private async begin(): Promise<void> {
+    // Beating from the start: a long recovery must not let the lock go stale under it.
+    this.heartbeat = setInterval(() => void this.guard('runner heartbeat', () => this.beat()), HEARTBEAT_MS);
     await recover(this.deps.db, this.deps.logger, this.deps.startIngest);
     await this.pool.sync();
     await this.refreshActive();
+    this.dispatching = true;
     this.timer = setInterval(() => void this.tick(), TICK_MS);
-    this.heartbeat = setInterval(() => void this.guard('runner heartbeat', () => this.beat()), HEARTBEAT_MS);
     if (this.deps.db.dialect === 'pg') {
       this.viewTimer = setInterval(
         () => void this.guard('publishing the live view', () => publishRunnerView(this.deps.db, this.owner, this.snapshot())),
@@ -161,20 +169,38 @@ export class Runner implements RunnerView {
 
   /** Standing by: reads the dispatching replica's view, and takes the lock over once its heartbeat is stale. */
   private async watchLock(): Promise<void> {
-    if (this.stopping || !this.standby) return;
-    this.published = (await readRunnerLock(this.deps.db))?.view ?? null;
+    // One look at a time: a slow database must not let two takeovers run.
+    if (this.stopping || !this.standby || this.watching) return;
+    this.watching = true;
     try {
-      await this.lock.take();
-    } catch (err) {
-      if (err instanceof RunnerLockedError) return;
-      throw err;
+      this.published = (await readRunnerLock(this.deps.db))?.view ?? null;
+      try {
+        await this.lock.take();
+      } catch (err) {
+        if (err instanceof RunnerLockedError) return;
+        throw err;
+      }
+      if (this.stopping) return;
+      if (this.viewTimer) clearInterval(this.viewTimer);
+      this.viewTimer = null;
+      this.standby = false;
+      this.published = null;
+      this.deps.logger.warn({ owner: this.owner }, 'the dispatching replica stopped beating: this replica takes over dispatch');
+      try {
+        await this.begin();
+      } catch (err) {
+        // Not half a dispatcher: the lock goes back, and this replica stands by again.
+        this.dispatching = false;
+        for (const t of [this.timer, this.heartbeat, this.viewTimer]) if (t) clearInterval(t);
+        this.timer = this.heartbeat = this.viewTimer = null;
+        await this.lock.release().catch(() => {});
+        this.standby = true;
+        this.viewTimer = setInterval(() => void this.guard('standing by', () => this.watchLock()), VIEW_MS);
+        throw err;
+      }
+    } finally {
+      this.watching = false;
     }
-    if (this.viewTimer) clearInterval(this.viewTimer);
-    this.viewTimer = null;
-    this.standby = false;
-    this.published = null;
-    this.deps.logger.warn({ owner: this.owner }, 'the dispatching replica stopped beating: this replica takes over dispatch');
-    await this.begin();
   }
 
   /** A tick still under way when the next is due lets that one pass: ticks never overlap. */
@@ -246,7 +272,7 @@ export class Runner implements RunnerView {
 
   wake(): void {
     // A replica standing by dispatches nothing; the one that does sees the change on its next tick.
-    if (this.woken || this.stopping || this.standby) return;
+    if (this.woken || this.stopping || !this.dispatching) return;
     this.woken = true;
     queueMicrotask(() => {
       this.woken = false;
@@ -289,8 +315,11 @@ export class Runner implements RunnerView {
   /** One turn of the loop: probes, batch expiry, the active runs, dispatch, uploads and finishing. Tests may call it to step the loop. */
   async runOnce(): Promise<void> {
     if (this.stopping) return;
-    // Other replicas register and change endpoints without waking this one.
-    if (this.deps.db.dialect === 'pg') await this.pool.sync();
+    if (this.deps.db.dialect === 'pg') {
+      // Other replicas register and change endpoints without waking this one.
+      await this.pool.sync();
+      await this.sweepValidations();
+    }
     this.pool.probeDue();
     await expireBatches(this.deps);
     await this.refreshActive();
@@ -299,6 +328,17 @@ export class Runner implements RunnerView {
     await this.forecasts.update(this.active);
     await this.endDryRuns();
     await this.finisher.advance(this.active);
+  }
+
+  /**
+   * PostgreSQL: a run left `validating` by a replica that died is validated again here. Asking for
+   * a run another replica still validates costs one refused hold (services/runs/ingest.ts).
+   */
+  private async sweepValidations(): Promise<void> {
+    const now = this.deps.clock();
+    if (now - this.sweptAt < VALIDATION_SWEEP_MS) return;
+    this.sweptAt = now;
+    for (const id of await validatingRunIds(this.deps.db)) this.deps.startIngest(id);
   }
 
   /**
@@ -347,7 +387,7 @@ export class Runner implements RunnerView {
 
   /** Fills every free slot now. Called after each outcome, on wake and on every tick. */
   private pump(): void {
-    if (this.pumping || this.stopping) return;
+    if (this.pumping || this.stopping || !this.dispatching) return;
     this.pumping = true;
     try {
       // Caps do not move within one pump; endpoints with free slots but no sample for them leave it.

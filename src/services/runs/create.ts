@@ -168,6 +168,8 @@ export async function createRun(
     throw err;
   }
   deps.logger.info({ run_id: id, model: body.model, status: 'validating' }, 'run created');
+  // Read before validation starts: a short input can be queued before a read after it returns.
+  const created = (await getRun(db, id))!;
   deps.startIngest(id);
-  return { run: (await getRun(db, id))!, replayed: false };
+  return { run: created, replayed: false };
 }

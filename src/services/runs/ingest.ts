@@ -73,6 +73,21 @@ async function failValidation(deps: Deps, runId: string, reason: string, now: nu
  * Safe to run again after a crash: it starts by clearing what an earlier attempt inserted.
  */
 export async function ingestRun(deps: Deps, runId: string, signal?: AbortSignal): Promise<void> {
+  // One validator a run: on PostgreSQL another replica may be reading this input now. The hold ends
+  // with its session, so a validator that dies leaves the run to the next one that asks.
+  const hold = await deps.db.hold(`regen:ingest:${runId}`);
+  if (!hold) {
+    deps.logger.debug({ run_id: runId }, 'another process validates this run');
+    return;
+  }
+  try {
+    await ingestHeld(deps, runId, signal);
+  } finally {
+    await hold.release();
+  }
+}
+
+async function ingestHeld(deps: Deps, runId: string, signal?: AbortSignal): Promise<void> {
   const { db, logger } = deps;
   const run = await getRun(db, runId);
   if (!run || run.status !== 'validating') return;
