@@ -13,6 +13,7 @@ const storeless = [
   'test/openapi-lint.test.ts',
   'test/pg-schema.test.ts',
   'test/replicas.test.ts',
+  'test/sample-batches.test.ts',
   'test/quality.test.ts',
   'test/sim-sglang.test.ts',
   'test/sim.test.ts',

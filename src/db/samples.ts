@@ -279,36 +279,51 @@ export async function insertSampleBatch(tx: DbOrTx, runId: string, firstSeq: num
   return inserted;
 }
 
-/** PostgreSQL: the duplicates are found first, so the batch goes in as one statement with no gaps in its positions. */
+/**
+ * PostgreSQL: the batch goes in as one statement. A custom_id repeated within the batch is dropped
+ * first; one the run already has is skipped by the unique index, and the positions after it are
+ * then closed up, so the run's positions stay contiguous.
+ */
 async function insertSampleBatchPg(tx: DbOrTx, runId: string, firstSeq: number, shardSize: number, batch: readonly NewSample[]): Promise<boolean[]> {
-  const { rows: known } = await tx.exec<{ custom_id: string }>('select custom_id from samples where run_id = ? and custom_id = any(?::text[])', [
-    runId,
-    batch.map((s) => s.customId),
-  ]);
-  const taken = new Set(known.map((r) => r.custom_id));
-  const inserted: boolean[] = [];
-  const cols = { seq: [] as number[], shard: [] as number[], id: [] as string[], request: [] as string[], predicted: [] as (number | null)[] };
-  let seq = firstSeq;
-  for (const s of batch) {
-    const fresh = !taken.has(s.customId);
-    inserted.push(fresh);
-    if (!fresh) continue;
-    taken.add(s.customId);
-    cols.seq.push(seq);
-    cols.shard.push(Math.floor(seq / shardSize));
-    cols.id.push(s.customId);
-    cols.request.push(s.request);
-    cols.predicted.push(s.predictedTokens);
-    seq++;
+  const seen = new Set<string>();
+  const sent: NewSample[] = [];
+  const fresh = batch.map((s) => {
+    if (seen.has(s.customId)) return false;
+    seen.add(s.customId);
+    sent.push(s);
+    return true;
+  });
+  if (!sent.length) return fresh;
+  const seqs = sent.map((_, i) => firstSeq + i);
+  const { rows } = await tx.exec<{ custom_id: string }>(
+    `insert into samples (run_id, seq, shard_idx, custom_id, status, request, predicted_tokens)
+     select ?, u.seq, u.shard_idx, u.custom_id, 'pending', u.request, u.predicted from unnest(?::bigint[], ?::int[], ?::text[], ?::text[], ?::int[]) as u(seq, shard_idx, custom_id, request, predicted)
+     on conflict (run_id, custom_id) do nothing returning custom_id`,
+    [runId, seqs, seqs.map((q) => Math.floor(q / shardSize)), sent.map((s) => s.customId), sent.map((s) => s.request), sent.map((s) => s.predictedTokens)],
+  );
+  const inserted = new Set(rows.map((r) => r.custom_id));
+  if (inserted.size < sent.length) {
+    // Some were already in the run: the ones after them move up to close the gaps.
+    const moved = { id: [] as string[], seq: [] as number[], shard: [] as number[] };
+    let next = firstSeq;
+    for (const [i, s] of sent.entries()) {
+      if (!inserted.has(s.customId)) continue;
+      if (firstSeq + i !== next) {
+        moved.id.push(s.customId);
+        moved.seq.push(next);
+        moved.shard.push(Math.floor(next / shardSize));
+      }
+      next++;
+    }
+    if (moved.id.length) {
+      await tx.exec(
+        'update samples as s set seq = v.seq, shard_idx = v.shard from unnest(?::text[], ?::bigint[], ?::int[]) as v(custom_id, seq, shard) where s.run_id = ? and s.custom_id = v.custom_id',
+        [moved.id, moved.seq, moved.shard, runId],
+      );
+    }
   }
-  if (cols.seq.length) {
-    await tx.exec(
-      `insert into samples (run_id, seq, shard_idx, custom_id, status, request, predicted_tokens)
-       select ?, u.seq, u.shard_idx, u.custom_id, 'pending', u.request, u.predicted from unnest(?::bigint[], ?::int[], ?::text[], ?::text[], ?::int[]) as u(seq, shard_idx, custom_id, request, predicted)`,
-      [runId, cols.seq, cols.shard, cols.id, cols.request, cols.predicted],
-    );
-  }
-  return inserted;
+  let at = 0;
+  return fresh.map((f) => f && inserted.has(sent[at++].customId));
 }
 
 /** Drops what an attempt at validating a run inserted: its samples and its shards. */
