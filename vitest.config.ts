@@ -44,6 +44,7 @@ export default defineConfig({
           include: soak ? [] : ['test/**/*.test.ts'],
           exclude: ['test/soak/**', 'node_modules/**', ...storeless],
           env: { REGEN_TEST_STORE: 'pg' },
+          setupFiles: ['test/support/store-setup.ts'],
         },
       },
     ],

@@ -1,5 +1,4 @@
 import { resolve } from 'node:path';
-import { afterAll } from 'vitest';
 import { openDb, type Db } from '../../src/db/client.js';
 import { createTestDatabase, type TestDatabase } from './pg.js';
 
@@ -11,7 +10,6 @@ import { createTestDatabase, type TestDatabase } from './pg.js';
 export const TEST_STORE: 'sqlite' | 'pg' = process.env.REGEN_TEST_STORE === 'pg' ? 'pg' : 'sqlite';
 
 const databases = new Map<string, Promise<TestDatabase>>();
-let dropping = false;
 
 function databaseFor(dataDir: string): Promise<TestDatabase> {
   const key = resolve(dataDir);
@@ -19,18 +17,15 @@ function databaseFor(dataDir: string): Promise<TestDatabase> {
   if (!db) {
     db = createTestDatabase('suite');
     databases.set(key, db);
-    if (!dropping) {
-      dropping = true;
-      // Each test file's databases go when the file ends, whatever its tests did.
-      afterAll(async () => {
-        const all = [...databases.values()];
-        databases.clear();
-        dropping = false;
-        await Promise.all(all.map(async (d) => (await d).drop()));
-      });
-    }
   }
   return db;
+}
+
+/** Drops every database this file's servers used: the `pg` project's setup file runs it after each test file, whatever its tests did. */
+export async function dropTestDatabases(): Promise<void> {
+  const all = [...databases.values()];
+  databases.clear();
+  await Promise.all(all.map(async (d) => (await d).drop()));
 }
 
 /** The settings that point a server with this data folder at its store: the same database every time for the same folder, so a restart finds its state. */
