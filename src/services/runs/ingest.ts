@@ -106,18 +106,23 @@ async function ingestHeld(deps: Deps, runId: string, signal?: AbortSignal): Prom
     invalid++;
     if (errors.length < MAX_LISTED_ERRORS) errors.push(customId ? { line, message, custom_id: customId, code } : { line, message, code });
   };
-  const flush = async () => {
+  /** Inserts the batch; false when the run left `validating` (a cancel), and nothing was inserted. */
+  const flush = async (): Promise<boolean> => {
     const rows = batch;
     batch = [];
-    const inserted = await db.tx((tx) =>
-      insertSampleBatch(
+    // The run's row is locked with the check, so a cancel commits either before the batch (which then
+    // inserts nothing) or after it (and the ingestion clears what it inserted): no batch lands unseen.
+    const inserted = await db.tx(async (tx) => {
+      if ((await lockRun(tx, runId))?.status !== 'validating') return null;
+      return await insertSampleBatch(
         tx,
         runId,
         seq,
         run.shardSize,
         rows.map((r) => ({ customId: r.customId, request: r.request, predictedTokens: r.predicted })),
-      ),
-    );
+      );
+    });
+    if (!inserted) return false;
     for (const [i, row] of rows.entries()) {
       if (!inserted[i]) noteError(row.lineNo, 'duplicate_custom_id', `duplicate custom_id ${JSON.stringify(row.customId)}`, row.customId);
       else {
@@ -125,6 +130,11 @@ async function ingestHeld(deps: Deps, runId: string, signal?: AbortSignal): Prom
         if (row.predicted !== null) predicted++;
       }
     }
+    return true;
+  };
+  const stopCancelled = async (source: { destroy(): void }) => {
+    source.destroy();
+    await clearRunSamples(db, runId);
   };
 
   try {
@@ -149,7 +159,7 @@ async function ingestHeld(deps: Deps, runId: string, signal?: AbortSignal): Prom
         if (errors.length >= MAX_LISTED_ERRORS) break;
         batch = [];
       }
-      if (batch.length >= BATCH) await flush();
+      if (batch.length >= BATCH && !(await flush())) return await stopCancelled(source);
       if (signal?.aborted) {
         // Shutdown: the run stays `validating` and is validated again from the start on the next boot.
         source.destroy();
@@ -161,13 +171,9 @@ async function ingestHeld(deps: Deps, runId: string, signal?: AbortSignal): Prom
         await new Promise((r) => setImmediate(r));
       }
       // A cancel stops a long validation within a batch of lines, so its samples never linger.
-      if (lines % CANCEL_CHECK_LINES === 0 && (await getRunStatus(db, runId)) !== 'validating') {
-        source.destroy();
-        await clearRunSamples(db, runId);
-        return;
-      }
+      if (lines % CANCEL_CHECK_LINES === 0 && (await getRunStatus(db, runId)) !== 'validating') return await stopCancelled(source);
     }
-    if (!(failFast && invalid > 0)) await flush();
+    if (!(failFast && invalid > 0) && !(await flush())) return await stopCancelled(source);
   } catch (err) {
     if (!db.open) {
       // The server closed the database while this run was validating; it starts over on the next boot.
