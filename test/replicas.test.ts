@@ -4,7 +4,7 @@ import { since } from './support/faults.js';
 import { doneOf, faultRig, readOutput, s3ServerEnv, waitForEnd, waitForRun } from './support/fault-rig.js';
 import { createTestDatabase, describePg, type TestDatabase } from './support/pg.js';
 import { createRun, expectCountersMatchRecount, getRun, makePrompts, registerEndpoint, uploadFile } from './support/runner-checks.js';
-import { call, type ServerProcess } from './support/server.js';
+import { call, waitFor, type ServerProcess } from './support/server.js';
 
 // Three `regen serve` processes on one PostgreSQL database and one S3 store. One dispatches; the
 // others serve the whole API and stand by, and take dispatch over when it dies.
@@ -16,11 +16,17 @@ const SHARD_SIZE = 200;
 const CAP = 6;
 
 const rig = faultRig();
-let database: TestDatabase | null = null;
+const databases: TestDatabase[] = [];
 afterAll(async () => {
   await rig.stop();
-  await database?.drop();
+  for (const d of databases) await d.drop();
 });
+
+async function newDatabase(name: string): Promise<TestDatabase> {
+  const d = await createTestDatabase(name);
+  databases.push(d);
+  return d;
+}
 
 /** The pid of the process that holds the runner lock now. */
 async function dispatcherPid(url: string): Promise<number | null> {
@@ -36,7 +42,7 @@ async function dispatcherPid(url: string): Promise<number | null> {
 
 await describePg('three replicas on one PostgreSQL', () => {
   it('share the API, and a kill -9 of the dispatching replica, twice, loses and duplicates nothing', async () => {
-    database = await createTestDatabase('replicas');
+    const database = await newDatabase('replicas');
     const s3 = await rig.startS3(BUCKET);
     const sim = await rig.sim({ 'max-running': 64, 'ttft-ms': 20, 'tokens-per-second': 5000, seed: 5 });
     const env = { ...s3ServerEnv(`http://127.0.0.1:${s3.port}`, BUCKET), REGEN_DATABASE_URL: database.url };
@@ -56,7 +62,7 @@ await describePg('three replicas on one PostgreSQL', () => {
     const kills: { at: number; takeoverMs: number }[] = [];
     const killDispatcher = async (fraction: number) => {
       await waitForRun(c.url, id, `${fraction * 100}% done`, (r) => doneOf(r) >= fraction * SAMPLES, 120_000, 50);
-      const dispatcher = byPid(await dispatcherPid(database!.url));
+      const dispatcher = byPid(await dispatcherPid(database.url));
       expect(dispatcher, 'a live replica holds the runner lock').toBeDefined();
       await dispatcher!.kill('SIGKILL');
       const t0 = performance.now();
@@ -84,5 +90,52 @@ await describePg('three replicas on one PostgreSQL', () => {
     const endpoints = (await call(last.url, '/v1/endpoints')).body.data;
     expect(endpoints).toHaveLength(1);
     console.log(`replicas: ${JSON.stringify({ samples: SAMPLES, kills, max_running_seen: stats.maxRunningSeen, cap: CAP })}`);
+  }, 300_000);
+
+  it('a dispatcher stalled past the lock is replaced by a stale heartbeat, stops when it wakes, stands by, and takes over again', async () => {
+    const database = await newDatabase('replica-stall');
+    const s3 = rig.s3 ?? (await rig.startS3(BUCKET));
+    // Slow enough that the run is far from done after the stall: about 100 answers a second at the cap.
+    const sim = await rig.sim({ 'max-running': 64, 'ttft-ms': 50, 'tokens-per-second': 2000, seed: 7 });
+    const env = { ...s3ServerEnv(`http://127.0.0.1:${s3.port}`, BUCKET), REGEN_DATABASE_URL: database.url };
+    const a = await rig.serve(rig.dir('regen-stall-a-'), env);
+    const b = await rig.serve(rig.dir('regen-stall-b-'), env);
+    const prompts = makePrompts(SAMPLES, 'stall');
+    await registerEndpoint(a.url, sim.url, { max_concurrency: CAP });
+    const { id } = await createRun(a.url, {
+      model: 'sim-model',
+      input: { file_id: await uploadFile(a.url, prompts.jsonl) },
+      shard_size: SHARD_SIZE,
+      regenerate: 'last_assistant',
+    });
+    await waitForRun(a.url, id, '10% done', (r) => doneOf(r) >= 0.1 * SAMPLES, 120_000, 50);
+    const first = (await dispatcherPid(database.url)) === a.proc.pid ? a : b;
+    const second = first === a ? b : a;
+
+    // Stalled, not dead: its pid lives, so only its heartbeat going stale lets the other take over.
+    first.proc.kill('SIGSTOP');
+    const t0 = performance.now();
+    await waitFor('the other replica to take the lock', async () => ((await dispatcherPid(database.url)) === second.proc.pid ? true : undefined), 60_000, 100);
+    const takeoverMs = since(t0);
+    const atTakeover = doneOf(await getRun(second.url, id));
+    await waitForRun(second.url, id, 'progress under the new dispatcher', (r) => doneOf(r) > atTakeover + CAP, 60_000, 50);
+
+    // Woken, it finds the lock gone at its next tick, stops dispatching and stands by.
+    first.proc.kill('SIGCONT');
+    await waitFor('the woken replica to stand by', () => (/another replica dispatches: standing by/.test(first.output()) ? true : undefined), 30_000, 50);
+    expect(first.output()).toContain('the runner lock was taken by another process; dispatch stops');
+    expect(doneOf(await getRun(first.url, id)), 'the run is still under way').toBeLessThan(SAMPLES);
+
+    // And it can dispatch again: the new dispatcher dies, the stood-by one takes over and finishes.
+    await second.kill('SIGKILL');
+    const done = await waitForEnd(first.url, id, 180_000);
+    expect(done.status, done.status_reason).toBe('completed');
+    expect(await dispatcherPid(database.url)).toBe(first.proc.pid);
+    expect(done.request_counts).toMatchObject({ total: SAMPLES, completed: SAMPLES, failed: 0 });
+    await expectCountersMatchRecount(first.url, done);
+    const out = await readOutput(done, prompts, `http://127.0.0.1:${s3.port}`);
+    expect(out.lines.size).toBe(SAMPLES);
+    expect((await sim.stats()).maxRunningSeen).toBeLessThanOrEqual(CAP);
+    console.log(`replica stall: ${JSON.stringify({ takeover_ms: takeoverMs, max_running_seen: (await sim.stats()).maxRunningSeen })}`);
   }, 300_000);
 });

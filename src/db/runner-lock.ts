@@ -69,3 +69,10 @@ export async function readRunnerLock(db: Db): Promise<RunnerLockRow | undefined>
   const [row] = await db.q.select().from(runnerLock).where(eq(runnerLock.id, LOCK_ID)).limit(1);
   return row;
 }
+
+/** Who holds the lock now, without the published view. */
+export async function runnerLockOwner(db: Db): Promise<string | undefined> {
+  const { runnerLock } = db.t;
+  const [row] = await db.q.select({ owner: runnerLock.owner }).from(runnerLock).where(eq(runnerLock.id, LOCK_ID)).limit(1);
+  return row?.owner;
+}

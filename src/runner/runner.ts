@@ -1,7 +1,7 @@
 import { randomBytes } from 'node:crypto';
 import { hostname } from 'node:os';
 import type { RunnerDeps } from '../deps.js';
-import { publishRunnerView, readRunnerLock } from '../db/runner-lock.js';
+import { publishRunnerView, readRunnerLock, runnerLockOwner } from '../db/runner-lock.js';
 import { getRun, listRunsByStatus, setStatusReason, transitionRun, validatingRunIds } from '../db/runs.js';
 import { cancelPendingSamples, type ClaimOrder } from '../db/samples.js';
 import type { RunRow } from '../db/schema.js';
@@ -84,7 +84,14 @@ export class Runner implements RunnerView {
   private ticking = false;
   private readonly refreshes = new Coalesced();
 
-  constructor(private readonly deps: RunnerDeps) {
+  /**
+   * @param onDeposed PostgreSQL: called once dispatch has stopped because another replica took the
+   *   lock (this one was stalled past the lock's staleness); the caller stands a fresh runner by.
+   */
+  constructor(
+    private readonly deps: RunnerDeps,
+    private readonly onDeposed?: () => void,
+  ) {
     const { db, logger, clock, config } = deps;
     this.lock = new RunnerLock(db, this.owner, clock);
     this.pool = new EndpointPool(
@@ -213,10 +220,19 @@ export class Runner implements RunnerView {
   }
 
   private async beat(): Promise<void> {
-    if ((await this.lock.beat()) || this.stopping) return;
-    // Another process took the database over: two dispatchers would send samples twice.
+    if (!(await this.lock.beat())) await this.deposed();
+  }
+
+  /**
+   * Another process took the lock over (this one missed its heartbeats: a stalled process, a cut
+   * network): two dispatchers would send samples twice, so this one stops at once. Its leases were
+   * returned by the new holder, and its commits are refused by their owner checks.
+   */
+  private async deposed(): Promise<void> {
+    if (this.stopping) return;
     this.deps.logger.error({ owner: this.owner }, 'the runner lock was taken by another process; dispatch stops');
-    void this.stop(0);
+    await this.stop(0);
+    this.onDeposed?.();
   }
 
   /** Stops dispatch, lets in-flight requests finish for the grace period, releases the rest, flushes. */
@@ -316,6 +332,9 @@ export class Runner implements RunnerView {
   async runOnce(): Promise<void> {
     if (this.stopping) return;
     if (this.deps.db.dialect === 'pg') {
+      // A heartbeat comes every 5 s; a replica that took the lock over meanwhile must not see this
+      // one upload, finish or claim for that long.
+      if ((await runnerLockOwner(this.deps.db)) !== this.owner) return await this.deposed();
       // Other replicas register and change endpoints without waking this one.
       await this.pool.sync();
       await this.sweepValidations();

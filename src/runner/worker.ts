@@ -93,8 +93,17 @@ const close = async () => {
   await closeDb(db);
 };
 
+let stopping = false;
+/** A runner deposed from dispatch (PostgreSQL) is replaced by a fresh one, which stands by. */
+const standAgain = () => {
+  if (stopping) return;
+  const next: Runner = new Runner(deps, standAgain);
+  runner = next;
+  next.start().catch((err: unknown) => logger.error({ err: { message: (err as Error).message } }, 'the runner could not stand by again'));
+};
+
 try {
-  runner = new Runner(deps);
+  runner = new Runner(deps, standAgain);
   await runner.start();
 } catch (err) {
   runner = null;
@@ -104,13 +113,14 @@ try {
 }
 
 if (runner) {
-  const live = runner;
   const snapshots = setInterval(sendSnapshot, SNAPSHOT_MS);
   port.on('message', (m: ToRunner) => {
+    const live = runner!;
     if (m.type === 'wake') live.wake();
     else if (m.type === 'flush') {
       void live.flushNow().finally(() => send({ type: 'flushed' }));
     } else if (m.type === 'stop') {
+      stopping = true;
       clearInterval(snapshots);
       void live
         .stop(m.graceMs)
