@@ -11,6 +11,7 @@ const storeless = [
   'test/input-format.test.ts',
   'test/layout.test.ts',
   'test/openapi-lint.test.ts',
+  'test/pg-connections.test.ts',
   'test/pg-schema.test.ts',
   'test/replicas.test.ts',
   'test/sample-batches.test.ts',

@@ -1,4 +1,5 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { hostname } from 'node:os';
 import { loadConfig } from '../src/config.js';
 import { eventsAfter } from '../src/db/events.js';
 import { makeLogger } from '../src/logger.js';
@@ -8,6 +9,7 @@ import { serverCeiling } from '../src/runner/capacity.js';
 import { startServer, type Server } from '../src/server.js';
 import { spawnSimulator, type SimProcess } from '../src/sim/spawn.js';
 import { call, startTestServer, tempDir, waitFor } from './support/server.js';
+import { onPg } from './support/store.js';
 
 const TOKEN = 'metrics-test-token';
 const ENDPOINT_KEY = 'sk-endpoint-secret-41';
@@ -215,7 +217,28 @@ describe('GET /metrics', () => {
 
     // Low cardinality: ids of runs and endpoints at most, never a sample's.
     expect(m.text).not.toContain('mcid-');
-    const allowed = new Set(['run_id', 'status', 'endpoint_id', 'state', 'name', 'model', 'reason', 'flag', 'le', 'source', 'result']);
+    const allowed = new Set([
+      'run_id',
+      'status',
+      'endpoint_id',
+      'state',
+      'name',
+      'model',
+      'reason',
+      'flag',
+      'le',
+      'source',
+      'result',
+      'replica',
+      'store',
+      'role',
+    ]);
+
+    // This process among replicas: one series naming it, its store and its runner's role.
+    const replica = m.series.filter((s) => s.name === 'regen_replica_info');
+    expect(replica).toEqual([
+      { name: 'regen_replica_info', labels: { replica: `${hostname()}:${process.pid}`, store: onPg ? 'postgresql' : 'sqlite', role: 'dispatching' }, value: 1 },
+    ]);
     for (const s of m.series.filter((x) => x.name.startsWith('regen_'))) {
       for (const label of Object.keys(s.labels)) expect(allowed.has(label), `${s.name} has label ${label}`).toBe(true);
     }
@@ -227,6 +250,7 @@ describe('GET /metrics', () => {
       const m = parseMetrics(await (await fetch(`${other.url}/metrics`)).text());
       expect(m.value('regen_shard_uploads_total')).toBe(0);
       expect(m.value('regen_retries_total')).toBe(0);
+      expect(m.value('regen_replica_info', { role: 'none' })).toBe(1);
       expect(m.series.some((s) => s.labels.run_id === runId || s.labels.endpoint_id === endpointId)).toBe(false);
       expect(m.value('regen_runs')).toBe(0);
     } finally {

@@ -22,6 +22,12 @@ afterAll(async () => {
   for (const d of databases) await d.drop();
 });
 
+/** The runner role a replica's /metrics names for itself. */
+async function roleOf(base: string): Promise<string | undefined> {
+  const text = await (await fetch(`${base}/metrics`)).text();
+  return /^regen_replica_info\{[^}]*role="(\w+)"[^}]*\} 1$/m.exec(text)?.[1];
+}
+
 async function newDatabase(name: string): Promise<TestDatabase> {
   const d = await createTestDatabase(name);
   databases.push(d);
@@ -58,6 +64,9 @@ await describePg('three replicas on one PostgreSQL', () => {
     const moving = await waitForRun(c.url, id, 'progress seen from the third replica', (r) => doneOf(r) > 0 && r.progress.samples_per_second > 0, 60_000, 50);
     expect(moving.status).toBe('in_progress');
 
+    // One dispatches, the others say they stand by.
+    const roles = await Promise.all(replicas.map((r) => roleOf(r.url)));
+    expect(roles.sort()).toEqual(['dispatching', 'standby', 'standby']);
     const byPid = (pid: number | null) => replicas.find((r) => r.proc.pid === pid && r.proc.exitCode === null && r.proc.signalCode === null);
     const kills: { at: number; takeoverMs: number }[] = [];
     const killDispatcher = async (fraction: number) => {
@@ -124,6 +133,8 @@ await describePg('three replicas on one PostgreSQL', () => {
     first.proc.kill('SIGCONT');
     await waitFor('the woken replica to stand by', () => (/another replica dispatches: standing by/.test(first.output()) ? true : undefined), 30_000, 50);
     expect(first.output()).toContain('the runner lock was taken by another process; dispatch stops');
+    await waitFor('the woken replica to report standby', async () => ((await roleOf(first.url)) === 'standby' ? true : undefined), 10_000, 50);
+    expect(await roleOf(second.url)).toBe('dispatching');
     expect(doneOf(await getRun(first.url, id)), 'the run is still under way').toBeLessThan(SAMPLES);
 
     // And it can dispatch again: the new dispatcher dies, the stood-by one takes over and finishes.

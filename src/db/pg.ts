@@ -14,6 +14,13 @@ const POOL_SIZE = 10;
 /** How long a new connection, and any one statement, may take before it fails as a busy database. */
 const CONNECT_TIMEOUT_MS = 10_000;
 const STATEMENT_TIMEOUT_MS = 60_000;
+/**
+ * A transaction left open this long between statements is ended by the server: its process is
+ * stalled (stopped, swapping, cut off). It must be below the runner lock's staleness (15 s,
+ * runner/lock.ts), so that a stalled dispatcher's claim, which holds the lock row shared, is gone
+ * by the time a standby may take the lock over.
+ */
+const IDLE_IN_TRANSACTION_MS = 10_000;
 /** Any constant: the key of the advisory lock that lets one process at a time apply migrations. */
 const MIGRATION_LOCK = 7_240_413;
 
@@ -99,7 +106,7 @@ class PgStore {
 
   /** A transaction on a connection of its own; read committed, with the rows it must not share locked (FOR UPDATE, SKIP LOCKED). */
   async transaction<T>(fn: (tx: Db) => Promise<T>): Promise<T> {
-    const client = await this.pool.connect();
+    const { client, release } = await this.checkout();
     try {
       await client.query('begin');
       try {
@@ -107,24 +114,52 @@ class PgStore {
         await client.query('commit');
         return result;
       } catch (err) {
-        await client.query('rollback').catch(() => {});
+        // A connection that cannot roll back is dropped, not handed to the next caller mid-transaction.
+        await client.query('rollback').catch((e: Error) => release.broken(e));
         throw err;
       }
     } finally {
-      client.release();
+      release();
     }
   }
 
-  async hold(name: string): Promise<{ release(): Promise<void> } | null> {
+  /**
+   * A connection of the pool for a caller to hold. The server may end it while it is held (an idle
+   * transaction past its timeout, a restart): its error is kept, not thrown from an event with no
+   * listener (which would end the process), and the connection is dropped when given back.
+   */
+  private async checkout(): Promise<{ client: pg.PoolClient; release: (() => void) & { broken(err: Error): void } }> {
     const client = await this.pool.connect();
+    let broken: Error | undefined;
+    const onError = (err: Error) => {
+      broken ??= err;
+    };
+    client.on('error', onError);
+    const release = Object.assign(
+      () => {
+        client.off('error', onError);
+        client.release(broken);
+      },
+      {
+        broken: (err: Error) => {
+          broken ??= err;
+        },
+      },
+    );
+    return { client, release };
+  }
+
+  async hold(name: string): Promise<{ release(): Promise<void> } | null> {
+    const { client, release: giveBack } = await this.checkout();
     try {
       const { rows } = await client.query<{ held: boolean }>('select pg_try_advisory_lock(hashtext($1)) as held', [name]);
       if (!rows[0].held) {
-        client.release();
+        giveBack();
         return null;
       }
     } catch (err) {
-      client.release();
+      giveBack.broken(err as Error);
+      giveBack();
       throw err;
     }
     let released = false;
@@ -132,13 +167,9 @@ class PgStore {
       release: async () => {
         if (released) return;
         released = true;
-        try {
-          await client.query('select pg_advisory_unlock(hashtext($1))', [name]);
-          client.release();
-        } catch (err) {
-          // A connection that cannot unlock is dropped: its session, and the lock with it, ends.
-          client.release(err as Error);
-        }
+        // A connection that cannot unlock is dropped: its session, and the lock with it, ends.
+        await client.query('select pg_advisory_unlock(hashtext($1))', [name]).catch((err: Error) => giveBack.broken(err));
+        giveBack();
       },
     };
   }
@@ -164,7 +195,7 @@ export async function openPg(url: string): Promise<Db> {
     connectionTimeoutMillis: CONNECT_TIMEOUT_MS,
     query_timeout: STATEMENT_TIMEOUT_MS,
     statement_timeout: STATEMENT_TIMEOUT_MS,
-    idle_in_transaction_session_timeout: STATEMENT_TIMEOUT_MS,
+    idle_in_transaction_session_timeout: IDLE_IN_TRANSACTION_MS,
   });
   // A connection that breaks while idle is dropped by the pool; without a listener its error would end the process.
   pool.on('error', () => {});

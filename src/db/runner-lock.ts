@@ -1,5 +1,5 @@
-import { and, eq } from 'drizzle-orm';
-import type { Db, Tables } from './client.js';
+import { and, eq, sql } from 'drizzle-orm';
+import { locked, type Db, type Tables } from './client.js';
 import type { RunnerSnapshot } from '../domain/live-view.js';
 
 export type RunnerLockRow = Tables['runnerLock']['$inferSelect'];
@@ -9,21 +9,35 @@ const LOCK_ID = 1;
 /** PostgreSQL: the advisory lock two processes starting together queue on, so one reads the row the other wrote. */
 const TAKE_LOCK_KEY = 7_240_414;
 
+/** Heartbeats are written and judged in the database's own time on PostgreSQL: replicas' clocks may disagree. */
+const PG_NOW_MS = sql<number>`(extract(epoch from clock_timestamp()) * 1000)::bigint`;
+
+/** The time a heartbeat is written and judged in: the database's on PostgreSQL, `clock` on SQLite. */
+async function lockClock(db: Db, clock: () => number): Promise<number> {
+  if (db.dialect !== 'pg') return clock();
+  const { rows } = await db.exec<{ now: number }>('select (extract(epoch from clock_timestamp()) * 1000)::bigint as now');
+  return Number(rows[0].now);
+}
+
 /**
- * Takes the lock for `owner` unless `refuse(held)` says the holder is alive: then returns that
+ * Takes the lock for `owner` unless `refuse(held, now)` says the holder is alive: then returns that
  * holder and changes nothing. One transaction, so two processes starting together cannot both win.
+ * The time is read once the row is locked: a take that waited on the row must not write a
+ * heartbeat as old as its wait.
  */
 export async function takeRunnerLock(
   db: Db,
-  holder: Pick<RunnerLockRow, 'owner' | 'pid' | 'hostname' | 'heartbeatAt'>,
-  refuse: (held: RunnerLockRow) => boolean,
+  holder: Pick<RunnerLockRow, 'owner' | 'pid' | 'hostname'>,
+  clock: () => number,
+  refuse: (held: RunnerLockRow, now: number) => boolean,
 ): Promise<RunnerLockRow | null> {
-  const lock = { ...holder, view: null };
   const { runnerLock } = db.t;
   return db.tx(async (tx) => {
     if (tx.dialect === 'pg') await tx.exec('select pg_advisory_xact_lock(?)', [TAKE_LOCK_KEY]);
-    const [held] = await tx.q.select().from(runnerLock).where(eq(runnerLock.id, LOCK_ID)).limit(1);
-    if (held && refuse(held)) return held;
+    const [held] = await locked(tx, tx.q.select().from(runnerLock).where(eq(runnerLock.id, LOCK_ID)).limit(1));
+    const now = await lockClock(tx, clock);
+    if (held && refuse(held, now)) return held;
+    const lock = { ...holder, heartbeatAt: now, view: null };
     await tx.q
       .insert(runnerLock)
       .values({ id: LOCK_ID, ...lock })
@@ -32,13 +46,13 @@ export async function takeRunnerLock(
   });
 }
 
-/** Renews the lock's heartbeat; false when another owner holds it now. */
-export async function beatRunnerLock(db: Db, owner: string, now: number): Promise<boolean> {
+/** Renews the lock's heartbeat (in the database's time on PostgreSQL, as of the write); false when another owner holds it now. */
+export async function beatRunnerLock(db: Db, owner: string, clock: () => number): Promise<boolean> {
   const { runnerLock } = db.t;
   const beaten = await db.write((w) =>
     w.q
       .update(runnerLock)
-      .set({ heartbeatAt: now })
+      .set({ heartbeatAt: w.dialect === 'pg' ? PG_NOW_MS : clock() })
       .where(and(eq(runnerLock.id, LOCK_ID), eq(runnerLock.owner, owner)))
       .returning({ id: runnerLock.id }),
   );

@@ -18,8 +18,16 @@ export interface EndpointLive {
   server: { running: number | null; queued: number | null; token_usage: number | null };
 }
 
+/**
+ * What this process's runner does: it dispatches, or it stands by while another replica dispatches
+ * (PostgreSQL), or it has stopped (shutting down, or deposed and not yet standing by again).
+ */
+export type RunnerRole = 'dispatching' | 'standby' | 'stopped';
+
 /** The whole view at one moment: what the runner's worker thread sends to the API thread. */
 export interface RunnerSnapshot {
   runs: Record<string, RunProgress>;
   endpoints: Record<string, EndpointLive>;
+  /** The sending runner's own role; absent from older snapshots and the idle view. */
+  role?: RunnerRole;
 }

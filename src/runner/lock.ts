@@ -36,20 +36,13 @@ export class RunnerLock {
     private readonly clock: () => number,
   ) {}
 
-  /** Takes the lock, or throws RunnerLockedError while another live process holds it. */
   /**
-   * The time heartbeats are written and judged in: the database's own on PostgreSQL, so replicas on
-   * machines whose clocks disagree judge one heartbeat alike; this process's clock on SQLite.
+   * Takes the lock, or throws RunnerLockedError while another live process holds it. Heartbeats are
+   * written and judged in the database's own time on PostgreSQL, so replicas on machines whose
+   * clocks disagree judge one heartbeat alike; in this process's on SQLite.
    */
-  private async now(): Promise<number> {
-    if (this.db.dialect !== 'pg') return this.clock();
-    const { rows } = await this.db.exec<{ now: number }>('select (extract(epoch from clock_timestamp()) * 1000)::bigint as now');
-    return Number(rows[0].now);
-  }
-
   async take(): Promise<void> {
-    const now = await this.now();
-    const held = await takeRunnerLock(this.db, { owner: this.owner, pid: process.pid, hostname: this.host, heartbeatAt: now }, (h) => {
+    const held = await takeRunnerLock(this.db, { owner: this.owner, pid: process.pid, hostname: this.host }, this.clock, (h, now) => {
       const sameProcess = h.hostname === this.host && h.pid === process.pid;
       // Another host's pid cannot be checked: only its heartbeat tells.
       const alive = h.hostname !== this.host || pidAlive(h.pid);
@@ -60,7 +53,7 @@ export class RunnerLock {
 
   /** Renews the heartbeat; false when another process took the database over. */
   async beat(): Promise<boolean> {
-    return beatRunnerLock(this.db, this.owner, await this.now());
+    return beatRunnerLock(this.db, this.owner, this.clock);
   }
 
   async release(): Promise<void> {

@@ -19,7 +19,7 @@ import { RateWindow } from './rates.js';
 import { Requests } from './requests.js';
 import { recover } from './recovery.js';
 import { ResultWriter, type FlushReport } from './results.js';
-import { IDLE_ENDPOINT, IDLE_PROGRESS, type EndpointLive, type RunnerSnapshot, type RunnerView, type RunProgress } from './view.js';
+import { IDLE_ENDPOINT, IDLE_PROGRESS, type EndpointLive, type RunnerRole, type RunnerSnapshot, type RunnerView, type RunProgress } from './view.js';
 
 /** The loop's period: expiry, probes, run status and uploads are looked at this often. */
 const TICK_MS = 100;
@@ -278,12 +278,18 @@ export class Runner implements RunnerView {
     return this.pool.liveOf(endpointId, this.deps.clock());
   }
 
+  role(): RunnerRole {
+    if (this.standby) return 'standby';
+    return this.dispatching && !this.stopping ? 'dispatching' : 'stopped';
+  }
+
   /** Every run's rates and every live endpoint's state at once, for the API thread to read from. */
   snapshot(): RunnerSnapshot {
-    if (this.standby) return this.published ?? { runs: {}, endpoints: {} };
+    // Standing by, the view is the dispatcher's, the role this process's own.
+    if (this.standby) return { runs: {}, endpoints: {}, ...this.published, role: 'standby' };
     const runs: RunnerSnapshot['runs'] = {};
     for (const run of this.active) runs[run.id] = this.runProgress(run.id);
-    return { runs, endpoints: this.pool.snapshot(this.deps.clock()) };
+    return { runs, endpoints: this.pool.snapshot(this.deps.clock()), role: this.role() };
   }
 
   wake(): void {

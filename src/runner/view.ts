@@ -1,10 +1,12 @@
-import type { EndpointLive, RunnerSnapshot, RunProgress } from '../domain/live-view.js';
+import type { EndpointLive, RunnerRole, RunnerSnapshot, RunProgress } from '../domain/live-view.js';
 
-export type { EndpointLive, RunnerSnapshot, RunProgress } from '../domain/live-view.js';
+export type { EndpointLive, RunnerRole, RunnerSnapshot, RunProgress } from '../domain/live-view.js';
 
 export interface RunnerView {
   runProgress(runId: string): RunProgress;
   endpointLive(endpointId: string): EndpointLive;
+  /** This process's runner's role; null in a process that runs none (`--no-runner`). */
+  role(): RunnerRole | null;
   /** Tells the runner that runs or endpoints changed, so it acts now rather than on its next tick. */
   wake(): void;
 }
@@ -24,6 +26,7 @@ export function snapshotView(get: () => RunnerSnapshot, wake: () => void): Runne
   return {
     runProgress: (runId) => get().runs[runId] ?? IDLE_PROGRESS,
     endpointLive: (endpointId) => get().endpoints[endpointId] ?? IDLE_ENDPOINT,
+    role: () => get().role ?? null,
     wake,
   };
 }

@@ -1,3 +1,4 @@
+import { hostname } from 'node:os';
 import { collectDefaultMetrics, Counter, Gauge, Histogram, Registry } from 'prom-client';
 import type { Db } from '../db/client.js';
 import { listEndpoints } from '../db/endpoints.js';
@@ -10,6 +11,9 @@ import { RETRY_REASONS, type RetryReason } from '../domain/sample-errors.js';
 import { ENDPOINT_STATES, RUN_STATUSES, SAMPLE_STATUSES } from '../domain/statuses.js';
 import type { RunnerMetrics } from '../runner/protocol.js';
 import type { RunnerView } from '../runner/view.js';
+
+/** This process among the replicas of one database: the host and pid the runner lock names too. */
+const REPLICA = `${hostname()}:${process.pid}`;
 
 /** What an attempt at a webhook event came to (db/webhooks.ts DeliveryResult). */
 const WEBHOOK_ATTEMPT_RESULTS = ['delivered', 'retry', 'failed'] as const;
@@ -140,6 +144,14 @@ export class Metrics implements RunnerMetrics {
     labelNames: ['endpoint_id'] as const,
     registers: [this.registry],
   });
+  private readonly replicaInfo = new Gauge({
+    name: 'regen_replica_info',
+    help:
+      'Always 1: names this process (host:pid), its store (sqlite or postgresql) and its runner role (dispatching; standby ' +
+      'while another replica dispatches; stopped; none without a runner). With several replicas, join on it to tell them apart',
+    labelNames: ['replica', 'store', 'role'] as const,
+    registers: [this.registry],
+  });
   private readonly endpointInfo = new Gauge({
     name: 'regen_endpoint_info',
     help: 'Always 1: names an endpoint id and the model it serves',
@@ -193,6 +205,8 @@ export class Metrics implements RunnerMetrics {
   async render(src: MetricsSource): Promise<string> {
     await this.readRuns(src);
     await this.readEndpoints(src);
+    this.replicaInfo.reset();
+    this.replicaInfo.set({ replica: REPLICA, store: src.db.dialect === 'pg' ? 'postgresql' : 'sqlite', role: src.runner.role() ?? 'none' }, 1);
     return this.registry.metrics();
   }
 
