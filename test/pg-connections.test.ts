@@ -3,15 +3,23 @@ import { afterAll, expect, it } from 'vitest';
 import { openDb, type Db } from '../src/db/client.js';
 import { readRunnerLock } from '../src/db/runner-lock.js';
 import { RunnerLock } from '../src/runner/lock.js';
+import { CuttingProxy, since } from './support/faults.js';
+import { doneOf, faultRig, readOutput, waitForEnd, waitForReadyz, waitForRun } from './support/fault-rig.js';
 import { createTestDatabase, describePg, type TestDatabase } from './support/pg.js';
+import { createRun, expectCountersMatchRecount, makePrompts, registerEndpoint, uploadFile } from './support/runner-checks.js';
+import { call } from './support/server.js';
 
 // The PostgreSQL store under what a stalled or cut-off process does to it: a connection the server
 // ends while regen holds it, and a lock row another process keeps locked.
 
+const rig = faultRig();
 const databases: TestDatabase[] = [];
 const opened: Db[] = [];
 const clients: pg.Client[] = [];
+const proxies: CuttingProxy[] = [];
 afterAll(async () => {
+  await rig.stop();
+  for (const p of proxies) await p.close();
   for (const c of clients) await c.end().catch(() => {});
   for (const db of opened) await db.close();
   for (const d of databases) await d.drop();
@@ -94,4 +102,50 @@ await describePg('the PostgreSQL store under stalled and cut-off connections', (
     // Written once the row was free: within the moments after the release, not WAIT_MS before it.
     expect(lock!.heartbeatAt).toBeGreaterThanOrEqual(releasedAt);
   });
+
+  it('a database that goes away mid-run and comes back (a failover) loses and duplicates nothing', async () => {
+    const SAMPLES = 1500;
+    const OUTAGE_MS = 6000;
+    const database = await createTestDatabase('pgconn_outage');
+    databases.push(database);
+    const target = new URL(database.url);
+    const proxy = await new CuttingProxy({ host: target.hostname, port: Number(target.port) }).start();
+    proxies.push(proxy);
+    const through = new URL(database.url);
+    through.port = String(proxy.port);
+    const sim = await rig.sim({ 'max-running': 64, 'ttft-ms': 50, 'tokens-per-second': 2000, seed: 11 });
+    const server = await rig.serve(rig.dir('regen-pg-outage-'), { REGEN_DATABASE_URL: through.toString() });
+    const prompts = makePrompts(SAMPLES, 'outage');
+    await registerEndpoint(server.url, sim.url, { max_concurrency: 8 });
+    const { id } = await createRun(server.url, {
+      model: 'sim-model',
+      input: { file_id: await uploadFile(server.url, prompts.jsonl) },
+      shard_size: 100,
+      regenerate: 'last_assistant',
+    });
+    await waitForRun(server.url, id, '30% done', (r) => doneOf(r) >= 0.3 * SAMPLES, 120_000, 50);
+
+    proxy.cut();
+    const t0 = performance.now();
+    // Not ready, and the API says the database is unavailable: a 503 problem, not a 500.
+    const down = await waitForReadyz(server.url, 503, 20_000);
+    expect(down.body.checks.database).toBe('unavailable');
+    const read = await call(server.url, `/v1/runs/${id}`);
+    expect(read.status, JSON.stringify(read.body)).toBe(503);
+    expect(read.headers.get('content-type')).toContain('application/problem+json');
+    expect(JSON.stringify(read.body)).not.toContain(String(target.port));
+    await new Promise((r) => setTimeout(r, Math.max(0, OUTAGE_MS - since(t0))));
+    proxy.restore();
+
+    await waitForReadyz(server.url, 200, 30_000);
+    const done = await waitForEnd(server.url, id, 180_000);
+    expect(server.proc.exitCode, 'the server lived through the outage').toBeNull();
+    expect(done.status, done.status_reason).toBe('completed');
+    expect(done.request_counts).toMatchObject({ total: SAMPLES, completed: SAMPLES, failed: 0 });
+    await expectCountersMatchRecount(server.url, done);
+    const out = await readOutput(done, prompts);
+    expect(out.lines.size).toBe(SAMPLES);
+    // The runner thread was never restarted: the outage was weathered, not crashed through.
+    expect(server.output()).not.toContain('the runner thread stopped unexpectedly');
+  }, 300_000);
 });

@@ -111,76 +111,28 @@ export async function applyOutcomes(tx: DbOrTx, owner: string, batch: Outcome[],
   const shardDeltas = new Map<string, { runId: string; idx: number; n: number }>();
   const endpointDeltas = new Map<string, { completed: number; failed: number }>();
   const report: FlushReport = { runs: new Map(), closedShards: [], dropped: 0 };
-  for (const o of batch) {
+  // Whether each outcome changed its sample; the counters below move only for those.
+  const applied =
+    tx.dialect === 'pg' && new Set(batch.map((o) => o.sampleId)).size === batch.length
+      ? await updateSamplesAtOnce(tx, owner, batch)
+      : await updateSamplesEach(tx, owner, batch);
+  for (const [i, o] of batch.entries()) {
     let d = deltas.get(o.runId);
     if (!d) deltas.set(o.runId, (d = newDelta()));
-    let changed: number;
-    let terminal = false;
-    const usage = o.kind === 'completed' ? o.usage : o.kind === 'retry' ? o.usage : null;
-    switch (o.kind) {
-      case 'completed':
-        ({ changes: changed } = await tx.exec(SQL.complete, [
-          o.endpointId,
-          o.finishReason,
-          o.usage.prompt_tokens,
-          o.usage.completion_tokens,
-          o.usage.reasoning_tokens,
-          o.usage.cached_tokens,
-          o.latencyMs,
-          o.flags,
-          o.chars.reasoning,
-          o.chars.content,
-          o.at,
-          o.sampleId,
-          owner,
-        ]));
-        if (changed) {
-          await tx.exec(SQL.stage, [o.sampleId, o.runId, o.shardIdx, o.output]);
-          d.completed++;
-          if (o.flags) d.flagged++;
-          for (const [i, f] of FLAGS.entries()) if (o.flags & flagBit(f)) d.flags[i]++;
-          terminal = true;
-        }
-        break;
-      case 'failed':
-        ({ changes: changed } = await tx.exec(SQL.fail, [o.endpointId, o.error.code, o.error.message, o.error.status, o.at, o.sampleId, owner]));
-        if (changed) {
-          d.failed++;
-          terminal = true;
-        }
-        break;
-      case 'retry':
-        ({ changes: changed } = await tx.exec(SQL.retry, [
-          o.availableAt,
-          o.qualityRetry ? 1 : 0,
-          o.serverFault ? 1 : 0,
-          o.serverFault ? 1 : 0,
-          o.serverFault ? 1 : 0,
-          o.error?.code ?? null,
-          o.error?.message ?? null,
-          o.error?.status ?? null,
-          o.sampleId,
-          owner,
-        ]));
-        if (changed) d.pending++;
-        break;
-      case 'release':
-        ({ changes: changed } = await tx.exec(SQL.release, [o.sampleId, owner]));
-        if (changed) d.pending++;
-        break;
-      case 'cancelled':
-        ({ changes: changed } = await tx.exec(SQL.cancel, [o.sampleId, owner]));
-        if (changed) {
-          d.cancelled++;
-          terminal = true;
-        }
-        break;
-    }
-    if (!changed) {
+    if (!applied[i]) {
       d.dropped++;
       report.dropped++;
       continue;
     }
+    const usage = o.kind === 'completed' ? o.usage : o.kind === 'retry' ? o.usage : null;
+    const terminal = o.kind === 'completed' || o.kind === 'failed' || o.kind === 'cancelled';
+    if (o.kind === 'completed') {
+      d.completed++;
+      if (o.flags) d.flagged++;
+      for (const [f, flag] of FLAGS.entries()) if (o.flags & flagBit(flag)) d.flags[f]++;
+    } else if (o.kind === 'failed') d.failed++;
+    else if (o.kind === 'cancelled') d.cancelled++;
+    else d.pending++;
     d.inProgress--;
     if (o.loopTokensSaved !== undefined) {
       d.loops++;
@@ -237,4 +189,165 @@ export async function applyOutcomes(tx: DbOrTx, owner: string, batch: Outcome[],
   }
   for (const [id, e] of endpointDeltas) await tx.exec(SQL.endpointStats, [e.completed, e.failed, id]);
   return report;
+}
+
+/**
+ * The sample updates one statement each, in the batch's order: SQLite's way (a statement costs no
+ * round trip there), and PostgreSQL's for a batch naming a sample twice, where the second outcome
+ * must find the first one's status. Whether each outcome changed its sample.
+ */
+async function updateSamplesEach(tx: DbOrTx, owner: string, batch: Outcome[]): Promise<boolean[]> {
+  const applied: boolean[] = [];
+  for (const o of batch) {
+    let changed = 0;
+    switch (o.kind) {
+      case 'completed':
+        ({ changes: changed } = await tx.exec(SQL.complete, [
+          o.endpointId,
+          o.finishReason,
+          o.usage.prompt_tokens,
+          o.usage.completion_tokens,
+          o.usage.reasoning_tokens,
+          o.usage.cached_tokens,
+          o.latencyMs,
+          o.flags,
+          o.chars.reasoning,
+          o.chars.content,
+          o.at,
+          o.sampleId,
+          owner,
+        ]));
+        if (changed) await tx.exec(SQL.stage, [o.sampleId, o.runId, o.shardIdx, o.output]);
+        break;
+      case 'failed':
+        ({ changes: changed } = await tx.exec(SQL.fail, [o.endpointId, o.error.code, o.error.message, o.error.status, o.at, o.sampleId, owner]));
+        break;
+      case 'retry':
+        ({ changes: changed } = await tx.exec(SQL.retry, [
+          o.availableAt,
+          o.qualityRetry ? 1 : 0,
+          o.serverFault ? 1 : 0,
+          o.serverFault ? 1 : 0,
+          o.serverFault ? 1 : 0,
+          o.error?.code ?? null,
+          o.error?.message ?? null,
+          o.error?.status ?? null,
+          o.sampleId,
+          owner,
+        ]));
+        break;
+      case 'release':
+        ({ changes: changed } = await tx.exec(SQL.release, [o.sampleId, owner]));
+        break;
+      case 'cancelled':
+        ({ changes: changed } = await tx.exec(SQL.cancel, [o.sampleId, owner]));
+        break;
+    }
+    applied.push(changed > 0);
+  }
+  return applied;
+}
+
+/**
+ * PostgreSQL: the sample updates of a batch naming each sample once, one statement per kind of
+ * outcome (the completed ones with their staging rows in the same statement), each row guarded as
+ * in updateSamplesEach. Whether each outcome changed its sample.
+ */
+async function updateSamplesAtOnce(tx: DbOrTx, owner: string, batch: Outcome[]): Promise<boolean[]> {
+  const changed = new Set<number>();
+  const apply = async (text: string, params: unknown[]) => {
+    for (const r of (await tx.exec<{ id: number }>(text, params)).rows) changed.add(Number(r.id));
+  };
+  const guard = `s.id = v.id and s.status = 'in_progress' and s.lease_owner = ?`;
+  const cleared = 'lease_owner = null, lease_expires_at = null';
+
+  const completed = batch.filter((o) => o.kind === 'completed');
+  if (completed.length) {
+    await apply(
+      `with v as (
+         select * from unnest(?::bigint[], ?::text[], ?::int[], ?::text[], ?::text[], ?::int[], ?::int[], ?::int[], ?::int[], ?::int[], ?::int[],
+           ?::int[], ?::int[], ?::bigint[], ?::text[])
+           as v(id, run_id, shard_idx, endpoint_id, finish_reason, prompt, completion, reasoning, cached, latency, flags, reasoning_chars,
+             content_chars, at, output)
+       ), done as (
+         update samples as s set status = 'completed', endpoint_id = v.endpoint_id, finish_reason = v.finish_reason, prompt_tokens = v.prompt,
+           completion_tokens = v.completion, reasoning_tokens = v.reasoning, cached_tokens = v.cached, latency_ms = v.latency, flags = v.flags,
+           reasoning_chars = v.reasoning_chars, content_chars = v.content_chars, completed_at = v.at, error_code = null, error_message = null,
+           error_status = null, ${cleared}
+         from v where ${guard} returning s.id
+       )
+       insert into staging (sample_id, run_id, shard_idx, output)
+         select v.id, v.run_id, v.shard_idx, v.output from v join done on done.id = v.id
+       on conflict (sample_id) do update set run_id = excluded.run_id, shard_idx = excluded.shard_idx, output = excluded.output
+       returning sample_id as id`,
+      [
+        completed.map((o) => o.sampleId),
+        completed.map((o) => o.runId),
+        completed.map((o) => o.shardIdx),
+        completed.map((o) => o.endpointId),
+        completed.map((o) => o.finishReason),
+        completed.map((o) => o.usage.prompt_tokens),
+        completed.map((o) => o.usage.completion_tokens),
+        completed.map((o) => o.usage.reasoning_tokens),
+        completed.map((o) => o.usage.cached_tokens),
+        completed.map((o) => o.latencyMs),
+        completed.map((o) => o.flags),
+        completed.map((o) => o.chars.reasoning),
+        completed.map((o) => o.chars.content),
+        completed.map((o) => o.at),
+        completed.map((o) => o.output),
+        owner,
+      ],
+    );
+  }
+
+  const failed = batch.filter((o) => o.kind === 'failed');
+  if (failed.length) {
+    await apply(
+      `update samples as s set status = 'failed', endpoint_id = v.endpoint_id, error_code = v.code, error_message = v.message,
+         error_status = v.status, completed_at = v.at, ${cleared}
+       from unnest(?::bigint[], ?::text[], ?::text[], ?::text[], ?::int[], ?::bigint[]) as v(id, endpoint_id, code, message, status, at)
+       where ${guard} returning s.id`,
+      [
+        failed.map((o) => o.sampleId),
+        failed.map((o) => o.endpointId),
+        failed.map((o) => o.error.code),
+        failed.map((o) => o.error.message),
+        failed.map((o) => o.error.status),
+        failed.map((o) => o.at),
+        owner,
+      ],
+    );
+  }
+
+  const retried = batch.filter((o) => o.kind === 'retry');
+  if (retried.length) {
+    // As SQL.retry: a server's fault refunds the attempt and is counted instead.
+    await apply(
+      `update samples as s set status = 'pending', available_at = v.available_at, quality_retries = s.quality_retries + v.quality,
+         attempts = case when s.attempts > v.fault then s.attempts - v.fault else 0 end, server_faults = s.server_faults + v.fault,
+         error_code = v.code, error_message = v.message, error_status = v.status, ${cleared}
+       from unnest(?::bigint[], ?::bigint[], ?::int[], ?::int[], ?::text[], ?::text[], ?::int[]) as v(id, available_at, quality, fault, code, message, status)
+       where ${guard} returning s.id`,
+      [
+        retried.map((o) => o.sampleId),
+        retried.map((o) => o.availableAt),
+        retried.map((o) => (o.qualityRetry ? 1 : 0)),
+        retried.map((o) => (o.serverFault ? 1 : 0)),
+        retried.map((o) => o.error?.code ?? null),
+        retried.map((o) => o.error?.message ?? null),
+        retried.map((o) => o.error?.status ?? null),
+        owner,
+      ],
+    );
+  }
+
+  for (const [kind, set] of [
+    ['release', RELEASE_LEASE],
+    ['cancelled', `status = 'cancelled', ${cleared}`],
+  ] as const) {
+    const ids = batch.filter((o) => o.kind === kind).map((o) => o.sampleId);
+    if (ids.length) await apply(`update samples as s set ${set} from unnest(?::bigint[]) as v(id) where ${guard} returning s.id`, [ids, owner]);
+  }
+  return batch.map((o) => changed.has(o.sampleId));
 }

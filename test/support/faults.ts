@@ -3,7 +3,7 @@ import { once } from 'node:events';
 import { readFileSync } from 'node:fs';
 import { createServer, request, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
 import { createRequire } from 'node:module';
-import type { AddressInfo } from 'node:net';
+import { connect, createServer as createNetServer, type AddressInfo, type Server as NetServer, type Socket } from 'node:net';
 import { fileURLToPath } from 'node:url';
 
 // s3rver ships no types; it is only started and stopped here.
@@ -176,3 +176,51 @@ export function holdWriteLock(dbPath: string, ms: number, opts: { onSignal?: boo
 
 /** Milliseconds since `t0`, rounded, for the figures a test reports. */
 export const since = (t0: number) => Math.round(performance.now() - t0);
+
+/**
+ * A TCP proxy in front of a database server that can cut every connection through it and refuse
+ * new ones until restored: what a database failover looks like from its clients (connections
+ * reset, then refused until the new primary answers at the same address).
+ */
+export class CuttingProxy {
+  private server!: NetServer;
+  private readonly sockets = new Set<Socket>();
+  private down = false;
+  port = 0;
+
+  constructor(private readonly upstream: { host: string; port: number }) {}
+
+  async start(): Promise<this> {
+    this.server = createNetServer((client) => {
+      if (this.down) return void client.destroy();
+      const up = connect(this.upstream);
+      for (const s of [client, up]) {
+        this.sockets.add(s);
+        s.on('close', () => this.sockets.delete(s));
+        s.on('error', () => {});
+      }
+      client.on('close', () => up.destroy());
+      up.on('close', () => client.destroy());
+      client.pipe(up).pipe(client);
+    });
+    this.server.listen(0, '127.0.0.1');
+    await once(this.server, 'listening');
+    this.port = (this.server.address() as AddressInfo).port;
+    return this;
+  }
+
+  /** Resets every connection through the proxy, and every one opened until restore(). */
+  cut(): void {
+    this.down = true;
+    for (const s of this.sockets) s.destroy();
+  }
+
+  restore(): void {
+    this.down = false;
+  }
+
+  async close(): Promise<void> {
+    this.cut();
+    await new Promise((r) => this.server.close(r));
+  }
+}

@@ -1,53 +1,82 @@
 import { afterAll, afterEach, describe, expect, it } from 'vitest';
 import { join } from 'node:path';
-import { closeDb, openDb, sqliteClient, type Db } from '../../src/db/client.js';
+import { closeDb, openDb, type Db } from '../../src/db/client.js';
+import { takeRunnerLock } from '../../src/db/runner-lock.js';
 import { claimSamples, releaseRunLeases } from '../../src/db/samples.js';
 import { flagBit } from '../../src/domain/flags.js';
 import { makeLogger } from '../../src/logger.js';
 import { ResultWriter, type FlushReport } from '../../src/runner/results.js';
+import { createTestDatabase, describePg, type TestDatabase } from '../support/pg.js';
 import { tempDir } from '../support/server.js';
 
 const usage = { prompt_tokens: 10, completion_tokens: 20, reasoning_tokens: 5, cached_tokens: 0 };
 const NOW = 1_700_000_000_000;
 
-function seed(db: Db, n: number, shardSize: number): void {
-  const c = sqliteClient(db);
-  c.prepare(
+/** A run of `n` pending samples, and the runner lock held by `owner` (on PostgreSQL only its holder may claim). */
+async function seed(db: Db, n: number, shardSize: number, owner = 'me'): Promise<void> {
+  await takeRunnerLock(
+    db,
+    { owner, pid: process.pid, hostname: 'test' },
+    () => NOW,
+    () => false,
+  );
+  const exec = (text: string, params: unknown[]) => db.write((w) => w.exec(text, params));
+  await exec(
     `insert into runs (id, model, status, created_at, params, input, shard_size, output_uri, metadata, on_invalid_line, request_timeout_ms, max_attempts, updated_at, total, pending, shards_total)
      values ('run_a', 'm', 'in_progress', ?, '{}', '{"requests":1}', ?, 'file:///tmp/x/', '{}', 'fail', 1000, 5, ?, ?, ?, ?)`,
-  ).run(NOW, shardSize, NOW, n, n, Math.ceil(n / shardSize));
+    [NOW, shardSize, NOW, n, n, Math.ceil(n / shardSize)],
+  );
   for (let s = 0; s * shardSize < n; s++) {
-    c.prepare(`insert into shards (run_id, idx, first_seq, sample_count) values ('run_a', ?, ?, ?)`).run(
+    await exec(`insert into shards (run_id, idx, first_seq, sample_count) values ('run_a', ?, ?, ?)`, [
       s,
       s * shardSize,
       Math.min(shardSize, n - s * shardSize),
-    );
+    ]);
   }
-  const insert = c.prepare(`insert into samples (run_id, seq, shard_idx, custom_id, request) values ('run_a', ?, ?, ?, '{"messages":[]}')`);
-  for (let i = 0; i < n; i++) insert.run(i, Math.floor(i / shardSize), `c${i}`);
+  for (let i = 0; i < n; i++) {
+    await exec(`insert into samples (run_id, seq, shard_idx, custom_id, request) values ('run_a', ?, ?, ?, '{"messages":[]}')`, [
+      i,
+      Math.floor(i / shardSize),
+      `c${i}`,
+    ]);
+  }
 }
 
-const counters = (db: Db) =>
-  sqliteClient(db)
-    .prepare(
-      `select pending, in_progress as inProgress, completed, failed, cancelled, flagged, flag_empty_content as empty, completion_tokens as tokens, dropped_results as dropped from runs`,
-    )
-    .get() as Record<string, number>;
+async function rows(db: Db, text: string): Promise<Record<string, unknown>[]> {
+  return (await db.exec<Record<string, unknown>>(text)).rows;
+}
 
-describe('the result writer on a temporary database', () => {
+const counters = async (db: Db) =>
+  (
+    await rows(
+      db,
+      `select pending, in_progress as "inProgress", completed, failed, cancelled, flagged, flag_empty_content as empty, completion_tokens as tokens, dropped_results as dropped from runs`,
+    )
+  )[0];
+
+/** The same tests on each store: SQLite updates sample by sample, PostgreSQL a statement per kind of outcome. */
+function writerTests(store: 'sqlite' | 'pg') {
   const tmp = tempDir();
   let db: Db;
+  let database: TestDatabase | null = null;
+  const open = async (name: string) => {
+    if (store === 'sqlite') return openDb(join(tmp.dir, `${name}.db`));
+    database = await createTestDatabase(`writer_${name}`);
+    return openDb(database.url);
+  };
   afterAll(() => tmp.cleanup());
   afterEach(async () => {
     await closeDb(db);
+    await database?.drop();
+    database = null;
   });
 
   it('commits a batch of outcomes in one transaction, keeps the counters equal to a recount, and reports closed shards', async () => {
-    db = await openDb(join(tmp.dir, 'a.db'));
-    seed(db, 6, 3);
+    db = await open('a');
+    await seed(db, 6, 3);
     const claimed = await claimSamples(db, { runId: 'run_a', owner: 'me', now: NOW, leaseExpiresAt: NOW + 1000, limit: 10, order: 'input', window: 0 });
     expect(claimed.map((c) => c.attempts)).toEqual([1, 1, 1, 1, 1, 1]);
-    expect(counters(db)).toMatchObject({ pending: 0, inProgress: 6 });
+    expect(await counters(db)).toMatchObject({ pending: 0, inProgress: 6 });
     const reports: FlushReport[] = [];
     const w = new ResultWriter(
       db,
@@ -82,15 +111,18 @@ describe('the result writer on a temporary database', () => {
     });
     w.add({ ...base(4), kind: 'release' });
     w.add({ ...base(5), kind: 'cancelled' });
+    await w.flush();
     // A second answer for a sample already terminal changes nothing and is counted as dropped.
     w.add(completed(0));
     await w.flush();
-    expect(reports).toHaveLength(1);
-    expect(reports[0].dropped).toBe(1);
+    expect(reports).toHaveLength(2);
+    expect(reports[0].dropped).toBe(0);
     expect(reports[0].closedShards).toEqual([{ runId: 'run_a', idx: 0 }]);
     expect(reports[0].runs.get('run_a')).toEqual({ completed: 2, tokens: 40 });
-    expect(counters(db)).toEqual({ pending: 2, inProgress: 0, completed: 2, failed: 1, cancelled: 1, flagged: 1, empty: 1, tokens: 40, dropped: 1 });
-    const recount = sqliteClient(db).prepare(`select status, count(*) as n from samples group by status order by status`).all();
+    expect(reports[1].dropped).toBe(1);
+    expect(reports[1].runs.get('run_a')).toEqual({ completed: 0, tokens: 0 });
+    expect(await counters(db)).toEqual({ pending: 2, inProgress: 0, completed: 2, failed: 1, cancelled: 1, flagged: 1, empty: 1, tokens: 40, dropped: 1 });
+    const recount = await rows(db, `select status, count(*) as n from samples group by status order by status`);
     expect(recount).toEqual([
       { status: 'cancelled', n: 1 },
       { status: 'completed', n: 2 },
@@ -98,20 +130,21 @@ describe('the result writer on a temporary database', () => {
       { status: 'pending', n: 2 },
     ]);
     // The release refunded its attempt; the server's fault refunded it too, counted the fault, and waits out its backoff.
-    const attempts = sqliteClient(db)
-      .prepare(`select custom_id, attempts, server_faults as faults, available_at as at from samples where status = 'pending' order by seq`)
-      .all();
+    const attempts = await rows(
+      db,
+      `select custom_id, attempts, server_faults as faults, available_at as at from samples where status = 'pending' order by seq`,
+    );
     expect(attempts).toEqual([
       { custom_id: 'c3', attempts: 0, faults: 1, at: NOW + 500 },
       { custom_id: 'c4', attempts: 0, faults: 0, at: 0 },
     ]);
-    expect(sqliteClient(db).prepare(`select count(*) as n from staging`).get()).toEqual({ n: 2 });
+    expect(await rows(db, `select count(*) as n from staging`)).toEqual([{ n: 2 }]);
     await w.close();
   });
 
   it('drops the outcomes of leases another owner holds, and recovery gives every lease back', async () => {
-    db = await openDb(join(tmp.dir, 'b.db'));
-    seed(db, 4, 4);
+    db = await open('b');
+    await seed(db, 4, 4, 'old-process');
     const claimed = await claimSamples(db, {
       runId: 'run_a',
       owner: 'old-process',
@@ -133,8 +166,38 @@ describe('the result writer on a temporary database', () => {
     await w.flush();
     expect(reports[0].dropped).toBe(1);
     expect(await releaseRunLeases(db, 'run_a')).toBe(4);
-    expect(counters(db)).toMatchObject({ pending: 4, inProgress: 0, dropped: 1 });
-    expect(sqliteClient(db).prepare(`select max(attempts) as a from samples`).get()).toEqual({ a: 0 });
+    expect(await counters(db)).toMatchObject({ pending: 4, inProgress: 0, dropped: 1 });
+    expect(await rows(db, `select max(attempts) as a from samples`)).toEqual([{ a: 0 }]);
     await w.close();
   });
-});
+
+  it('a batch naming a sample twice applies the first outcome and drops the second', async () => {
+    db = await open('c');
+    await seed(db, 3, 3);
+    const claimed = await claimSamples(db, { runId: 'run_a', owner: 'me', now: NOW, leaseExpiresAt: NOW + 1000, limit: 10, order: 'input', window: 0 });
+    const reports: FlushReport[] = [];
+    const w = new ResultWriter(
+      db,
+      'me',
+      makeLogger('silent'),
+      (r) => reports.push(r),
+      () => NOW,
+    );
+    const base = (i: number) => ({ sampleId: claimed[i].id, runId: 'run_a', shardIdx: 0, endpointId: null });
+    w.add({ ...base(0), kind: 'cancelled' });
+    w.add({ ...base(0), kind: 'release' });
+    w.add({ ...base(1), kind: 'release' });
+    await w.flush();
+    expect(reports[0].dropped).toBe(1);
+    expect(await counters(db)).toMatchObject({ pending: 1, inProgress: 1, cancelled: 1, dropped: 1 });
+    expect(await rows(db, `select custom_id, status from samples order by seq`)).toEqual([
+      { custom_id: 'c0', status: 'cancelled' },
+      { custom_id: 'c1', status: 'pending' },
+      { custom_id: 'c2', status: 'in_progress' },
+    ]);
+    await w.close();
+  });
+}
+
+describe('the result writer on a temporary SQLite file', () => writerTests('sqlite'));
+await describePg('the result writer on a temporary PostgreSQL database', () => writerTests('pg'));
