@@ -26,6 +26,8 @@ export default defineConfig({
     hookTimeout: 120_000,
     // Tests start servers and simulator processes; two workers match this machine's two cores.
     maxWorkers: 2,
+    // Tags this run's PostgreSQL databases, and fails the run if any is left behind.
+    globalSetup: ['test/support/global-setup.ts'],
     reporters: ['default'],
     // The same suite on both stores (test/support/store.ts): SQLite files, and a PostgreSQL database
     // of its own for each server a test starts.

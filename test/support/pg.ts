@@ -46,10 +46,31 @@ export interface TestDatabase {
   drop(): Promise<void>;
 }
 
+/** Names this test run's databases: set by the suite's global setup, so its teardown finds any left behind. */
+const RUN_TAG_ENV = 'REGEN_TEST_RUN';
+const runTag = () => process.env[RUN_TAG_ENV] ?? `p${process.pid}`;
+
+/**
+ * Gives the databases of this run (every worker and child process after this) a tag of their own,
+ * and returns the check for the end of the run: the names of those still on the server, dropped.
+ */
+export function tagTestRun(): () => Promise<string[]> {
+  const tag = `r${randomBytes(3).toString('hex')}`;
+  process.env[RUN_TAG_ENV] = tag;
+  return async () => {
+    if (await pgUnavailableReason()) return [];
+    return withAdmin(async (client) => {
+      const { rows } = await client.query<{ datname: string }>('select datname from pg_database where datname like $1', [`regen\\_test\\_%\\_${tag}\\_%`]);
+      for (const { datname } of rows) await client.query(`drop database if exists ${pg.escapeIdentifier(datname)} with (force)`);
+      return rows.map((r) => r.datname);
+    });
+  };
+}
+
 /** A new, empty database of its own on the test server, named after the test that asked for it. */
 export async function createTestDatabase(prefix: string): Promise<TestDatabase> {
   const tag = prefix.toLowerCase().replace(/[^a-z0-9_]/g, '_');
-  const name = `regen_test_${tag}_${process.pid}_${randomBytes(4).toString('hex')}`;
+  const name = `regen_test_${tag}_${runTag()}_${randomBytes(4).toString('hex')}`;
   if (Buffer.byteLength(name) > MAX_IDENTIFIER_BYTES) throw new Error(`database name ${name} is longer than PostgreSQL keeps: shorten the prefix`);
   const quoted = pg.escapeIdentifier(name);
   await withAdmin((client) => client.query(`create database ${quoted}`));

@@ -1,0 +1,15 @@
+import { tagTestRun } from './pg.js';
+
+// The suite's global setup (vitest.config.ts): every PostgreSQL database a test creates carries
+// this run's tag, and at the end of the run any still on the server fails the run (and is dropped),
+// so a test that forgets to drop what it created cannot go unnoticed.
+export default function setup(): () => Promise<void> {
+  const leftovers = tagTestRun();
+  return async () => {
+    const left = await leftovers();
+    if (!left.length) return;
+    console.error(`\n*** ${left.length} test database(s) were left behind by this run (now dropped): ${left.join(', ')} ***\n`);
+    // A teardown's thrown error does not change vitest's exit code; this does.
+    process.exitCode = 1;
+  };
+}
