@@ -9,7 +9,7 @@ import { serverCeiling } from '../src/runner/capacity.js';
 import { startServer, type Server } from '../src/server.js';
 import { spawnSimulator, type SimProcess } from '../src/sim/spawn.js';
 import { call, startTestServer, tempDir, waitFor } from './support/server.js';
-import { onPg } from './support/store.js';
+import { onPg, storeEnv } from './support/store.js';
 
 const TOKEN = 'metrics-test-token';
 const ENDPOINT_KEY = 'sk-endpoint-secret-41';
@@ -79,7 +79,10 @@ beforeAll(async () => {
     'error-rate': 0.1,
     seed: 7,
   });
-  const config = loadConfig({ REGEN_API_TOKENS: TOKEN, REGEN_PROBE_INTERVAL_MS: '200', REGEN_LOG_LEVEL: 'debug' }, { data: tmp.dir, port: '0' });
+  const config = loadConfig(
+    { ...(await storeEnv(tmp.dir)), REGEN_API_TOKENS: TOKEN, REGEN_PROBE_INTERVAL_MS: '200', REGEN_LOG_LEVEL: 'debug' },
+    { data: tmp.dir, port: '0' },
+  );
   server = await startServer(config, { logger: makeLogger('debug', { write: (line: string) => void logLines.push(line) }) });
   const base = server.url;
   const ep = await call(base, '/v1/endpoints', { method: 'POST', headers: AUTH, json: { url: sim.url, api_key: ENDPOINT_KEY } });

@@ -8,6 +8,7 @@ import { spawnSimulator, type SimProcess } from '../src/sim/spawn.js';
 import { startServer, type Server } from '../src/server.js';
 import { call, tempDir } from './support/server.js';
 import { createRun, registerEndpoint, waitForStatus } from './support/runner-checks.js';
+import { storeEnv } from './support/store.js';
 
 /** A clock that only moves when the test says so. */
 function fakeClock(start: number) {
@@ -158,7 +159,10 @@ describe('the runner reads time from deps.clock', () => {
     const clock = fakeClock(T0);
     sim = await spawnSimulator({ model: 'sim-progress', 'completion-tokens': 40, 'reasoning-tokens': 10 });
     // The clock is a function, so the runner shares this thread to read it.
-    const config = loadConfig({ REGEN_LOG_LEVEL: 'silent', REGEN_PROBE_INTERVAL_MS: '200', REGEN_RUNNER_THREAD: 'false' }, { data: tmp.dir, port: '0' });
+    const config = loadConfig(
+      { ...(await storeEnv(tmp.dir)), REGEN_LOG_LEVEL: 'silent', REGEN_PROBE_INTERVAL_MS: '200', REGEN_RUNNER_THREAD: 'false' },
+      { data: tmp.dir, port: '0' },
+    );
     server = await startServer(config, { logger: makeLogger('silent'), clock: clock.now });
     const base = server.url;
     const ep = await registerEndpoint(base, sim.url);
