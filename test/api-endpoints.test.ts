@@ -1,5 +1,6 @@
 import { expectProblem as shared, request, type Raw } from './support/http.js';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { upsertEndpoint } from '../src/services/endpoints.js';
 import { call, spawnServer, startTestServer, tempDir, waitFor } from './support/server.js';
 
 type TestServer = Awaited<ReturnType<typeof startTestServer>>;
@@ -63,6 +64,18 @@ describe('registering endpoints', () => {
     }
     const list = await req('/v1/endpoints');
     expect(list.body.data.filter((e: any) => e.url === URL_A)).toHaveLength(1);
+  });
+
+  it('registrations of one URL at once make one endpoint: one is created, the rest update it', async () => {
+    // Called side by side in one process, each looks the URL up before any has inserted it: over
+    // HTTP the requests' parsing spaces them out too much to meet.
+    const url = 'http://127.0.0.1:7';
+    const all = await Promise.all(Array.from({ length: 20 }, (_, i) => upsertEndpoint(server.deps, { url, name: `racer-${i}` })));
+    expect(all.filter((r) => r.created)).toHaveLength(1);
+    expect(new Set(all.map((r) => r.endpoint.id)).size).toBe(1);
+    const listed = (await req('/v1/endpoints?limit=100')).body.data.filter((e: { url: string }) => e.url === url);
+    expect(listed).toHaveLength(1);
+    expect((await req(`/v1/endpoints/${listed[0].id}`, { method: 'DELETE' })).status).toBe(200);
   });
 
   it('an upsert updates what it is given', async () => {

@@ -1,6 +1,7 @@
 import type { Deps } from '../deps.js';
 import { deleteEndpoint, getEndpoint, getEndpointByUrl, insertEndpoint, updateEndpoint } from '../db/endpoints.js';
 import type { EndpointRow } from '../db/schema.js';
+import { isUniqueViolation } from '../db/client.js';
 import { normalizeEndpointUrl } from '../domain/endpoint-url.js';
 import { type EndpointState, type OPERATOR_ENDPOINT_STATES, PARKED_ENDPOINT_STATES } from '../domain/statuses.js';
 import { notFound } from '../errors.js';
@@ -58,7 +59,14 @@ export async function upsertEndpoint(deps: Deps, body: NewEndpoint): Promise<{ e
     if (state !== existing.state) deps.logger.info({ endpoint_id: id, url, from: existing.state, state }, 'endpoint state');
   } else {
     id = newId('ep');
-    await insertEndpoint(deps.db, { id, url, name: body.name ?? new URL(url).host, state: 'starting', createdAt: now, updatedAt: now, ...given });
+    try {
+      await insertEndpoint(deps.db, { id, url, name: body.name ?? new URL(url).host, state: 'starting', createdAt: now, updatedAt: now, ...given });
+    } catch (err) {
+      // Two registrations of one URL at once (a fleet's launch scripts, two replicas): the other
+      // inserted first, so this one is the update of what it inserted.
+      if (isUniqueViolation(err, 'url')) return upsertEndpoint(deps, body);
+      throw err;
+    }
     deps.logger.info({ endpoint_id: id, url, state: 'starting' }, 'endpoint registered');
   }
   deps.runner.wake();
