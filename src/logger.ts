@@ -5,24 +5,30 @@ export type { Logger };
 /**
  * A failed query's error (drizzle's) says `Failed query: <sql>\nparams: <values>`: the values are a
  * sample's text, a webhook's secret, an endpoint's key. The SQL stays, the values go, in the
- * message and in the stack that repeats it (up to its first frame).
+ * message and in the stack that repeats it.
  */
-const QUERY_PARAMS = /\nparams: [\s\S]*?(?=\n {4}at |$)/;
+const PARAMS_MARK = '\nparams: ';
 
 function withoutQueryParams(err: unknown): unknown {
   if (typeof err !== 'object' || err === null) return err;
-  const e = err as { name?: unknown; message?: unknown; stack?: unknown; code?: unknown; params?: unknown; cause?: unknown };
-  const carries = (v: unknown) => typeof v === 'string' && QUERY_PARAMS.test(v);
-  if (!carries(e.message) && !carries(e.stack) && e.params === undefined) return err;
-  const scrub = (v: unknown) => (typeof v === 'string' ? v.replace(QUERY_PARAMS, '\nparams: [redacted]') : v);
+  const e = err as { name?: unknown; message?: unknown; stack?: unknown; code?: unknown; query?: unknown; params?: unknown; cause?: unknown };
+  const message = typeof e.message === 'string' ? e.message : undefined;
+  const cut = message?.indexOf(PARAMS_MARK) ?? -1;
+  if (typeof e.query !== 'string' && cut < 0 && e.params === undefined) return err;
+  // Rebuilt from the query where there is one; else everything after the mark goes (a value may
+  // hold any text, the mark included).
+  const safe =
+    typeof e.query === 'string' ? `Failed query: ${e.query}${PARAMS_MARK}[redacted]` : cut >= 0 ? `${message!.slice(0, cut)}${PARAMS_MARK}[redacted]` : message;
+  // The stack starts with the message it was made with: that exact text is swapped, nothing guessed.
+  const stack = typeof e.stack === 'string' && message ? e.stack.split(message).join(safe) : undefined;
   // Rebuilt, not copied: the error's own fields include `params` itself.
-  const cause = e.cause as { message?: unknown; code?: unknown } | undefined;
+  const cause = e.cause as { message?: unknown; code?: unknown } | string | undefined;
   return {
     name: e.name,
-    message: scrub(e.message),
-    stack: scrub(e.stack),
-    code: e.code ?? cause?.code,
-    cause: typeof cause?.message === 'string' ? cause.message : undefined,
+    message: safe,
+    stack,
+    code: e.code ?? (typeof cause === 'object' ? cause?.code : undefined),
+    cause: typeof cause === 'string' ? cause : typeof cause?.message === 'string' ? cause.message : undefined,
   };
 }
 

@@ -5,9 +5,9 @@ import { migrate } from 'drizzle-orm/better-sqlite3/migrator';
 import { AsyncLocalStorage } from 'node:async_hooks';
 import { fileURLToPath } from 'node:url';
 import * as schema from './schema.js';
-import type { Db, ExecResult, Query } from './types.js';
+import type { Db, ExecResult, Hold, Query } from './types.js';
 
-export type { Db, DbOrTx, Dialect, ExecResult, Query, Tables } from './types.js';
+export type { Db, DbOrTx, Dialect, ExecResult, Hold, Query, Tables } from './types.js';
 
 const migrationsFolder = fileURLToPath(new URL('../../migrations', import.meta.url));
 
@@ -86,8 +86,8 @@ class SqliteHandle implements Db {
     return this.statements.exec<R>(text, params);
   }
 
-  async hold(): Promise<{ release(): Promise<void> }> {
-    return { release: async () => {} };
+  async hold(): Promise<Hold> {
+    return { release: async () => {}, lost: false };
   }
 
   async ping(): Promise<void> {
@@ -229,7 +229,8 @@ function driverError(err: unknown): DriverError | undefined {
 
 // PostgreSQL's answers that say "not now" rather than "never": serialization failure, deadlock,
 // lock not available, too many connections, the server shutting down or starting (a failover).
-const PG_RETRYABLE = new Set(['40001', '40P01', '55P03', '53300', '57P01', '57P02', '57P03']);
+// 25P03: a transaction left idle past its timeout (its process stalled), ended by the server.
+const PG_RETRYABLE = new Set(['40001', '40P01', '55P03', '53300', '57P01', '57P02', '57P03', '25P03']);
 const NET_RETRYABLE = new Set(['ECONNREFUSED', 'ECONNRESET', 'ETIMEDOUT', 'EPIPE']);
 
 /**
@@ -244,8 +245,9 @@ export function isDbBusy(err: unknown): boolean {
     if (code.startsWith('SQLITE_BUSY') || code.startsWith('SQLITE_LOCKED')) return true;
     if (PG_RETRYABLE.has(code) || code.startsWith('08') || NET_RETRYABLE.has(code)) return true;
   }
-  // node-postgres reports a connection that went away mid-query without a code.
-  return typeof e?.message === 'string' && /^Connection terminated/.test(e.message);
+  // node-postgres reports a connection that went away mid-query, or a statement sent on one that
+  // had, without a code.
+  return typeof e?.message === 'string' && /^Connection terminated|connection error and is not queryable/.test(e.message);
 }
 
 /** A write refused by a unique index or constraint on `column` (SQLite names the column, PostgreSQL the constraint). */

@@ -4,7 +4,7 @@ import { drizzle } from 'drizzle-orm/node-postgres';
 import { migrate } from 'drizzle-orm/node-postgres/migrator';
 import { fileURLToPath } from 'node:url';
 import pg from 'pg';
-import type { Db, ExecResult, Query, Tables } from './types.js';
+import type { Db, ExecResult, Hold, Query, Tables } from './types.js';
 import * as schema from './schema-pg.js';
 
 const migrationsFolder = fileURLToPath(new URL('../../migrations/pg', import.meta.url));
@@ -79,7 +79,7 @@ class PgHandle implements Db {
     return { rows: res.rows as R[], changes: res.rowCount ?? 0 };
   }
 
-  hold(name: string): Promise<{ release(): Promise<void> } | null> {
+  hold(name: string): Promise<Hold | null> {
     return this.store.hold(name);
   }
 
@@ -116,6 +116,11 @@ class PgStore {
       } catch (err) {
         // A connection that cannot roll back is dropped, not handed to the next caller mid-transaction.
         await client.query('rollback').catch((e: Error) => release.broken(e));
+        // The server ended the connection under the transaction (its idle timeout, a restart, a
+        // failover): the statement's own error ("not queryable") hides that cause; this names it,
+        // so the caller sees a database that may answer again, not a failed step.
+        const lost = release.lost();
+        if (lost && lost !== err) throw new Error(`the database connection was lost: ${lost.message}`, { cause: lost });
         throw err;
       }
     } finally {
@@ -128,10 +133,12 @@ class PgStore {
    * transaction past its timeout, a restart): its error is kept, not thrown from an event with no
    * listener (which would end the process), and the connection is dropped when given back.
    */
-  private async checkout(): Promise<{ client: pg.PoolClient; release: (() => void) & { broken(err: Error): void } }> {
+  private async checkout(): Promise<{ client: pg.PoolClient; release: (() => void) & { broken(err: Error): void; lost(): Error | undefined } }> {
     const client = await this.pool.connect();
     let broken: Error | undefined;
+    let lost: Error | undefined;
     const onError = (err: Error) => {
+      lost ??= err;
       broken ??= err;
     };
     client.on('error', onError);
@@ -144,12 +151,13 @@ class PgStore {
         broken: (err: Error) => {
           broken ??= err;
         },
+        lost: () => lost,
       },
     );
     return { client, release };
   }
 
-  async hold(name: string): Promise<{ release(): Promise<void> } | null> {
+  async hold(name: string): Promise<Hold | null> {
     const { client, release: giveBack } = await this.checkout();
     try {
       const { rows } = await client.query<{ held: boolean }>('select pg_try_advisory_lock(hashtext($1)) as held', [name]);
@@ -164,6 +172,9 @@ class PgStore {
     }
     let released = false;
     return {
+      get lost() {
+        return giveBack.lost() !== undefined;
+      },
       release: async () => {
         if (released) return;
         released = true;
@@ -201,6 +212,8 @@ export async function openPg(url: string): Promise<Db> {
   pool.on('error', () => {});
   try {
     const client = await pool.connect();
+    // Ended by the server meanwhile, the connection fails its next statement; its event must not end the process.
+    client.on('error', () => {});
     try {
       await client.query('select pg_advisory_lock($1)', [MIGRATION_LOCK]);
       try {
@@ -209,7 +222,8 @@ export async function openPg(url: string): Promise<Db> {
         await client.query('select pg_advisory_unlock($1)', [MIGRATION_LOCK]);
       }
     } finally {
-      client.release();
+      // Not handed out again with the listener above on it: the pool opens a fresh one when needed.
+      client.release(true);
     }
   } catch (err) {
     await pool.end().catch(() => {});

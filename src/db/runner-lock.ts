@@ -32,6 +32,10 @@ export async function takeRunnerLock(
   refuse: (held: RunnerLockRow, now: number) => boolean,
 ): Promise<RunnerLockRow | null> {
   const { runnerLock } = db.t;
+  // A look first, locking nothing: a standby asks every second, and must not queue behind the
+  // dispatcher's claims (which hold the row shared), nor hold up its heartbeat, while it lives.
+  const [seen] = await db.q.select().from(runnerLock).where(eq(runnerLock.id, LOCK_ID)).limit(1);
+  if (seen && refuse(seen, await lockClock(db, clock))) return seen;
   return db.tx(async (tx) => {
     if (tx.dialect === 'pg') await tx.exec('select pg_advisory_xact_lock(?)', [TAKE_LOCK_KEY]);
     const [held] = await locked(tx, tx.q.select().from(runnerLock).where(eq(runnerLock.id, LOCK_ID)).limit(1));

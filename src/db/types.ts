@@ -26,6 +26,16 @@ export interface ExecResult<R = Record<string, unknown>> {
  * awaiting its next statement never has another caller's write land inside it; on PostgreSQL a
  * transaction holds a pooled connection of its own and `write` takes any.
  */
+/** A named hold (Db.hold). */
+export interface Hold {
+  release(): Promise<void>;
+  /**
+   * True once the hold's connection was ended by the server (a restart, a failover): the hold went
+   * with it, and another process may take it. Work done under it should stop.
+   */
+  readonly lost: boolean;
+}
+
 export interface Db {
   readonly dialect: Dialect;
   readonly t: Tables;
@@ -41,7 +51,7 @@ export interface Db {
    * when another process holds it. PostgreSQL: a session advisory lock on a connection of its own,
    * let go by `release` or when the process dies. SQLite has one process: the hold is always free.
    */
-  hold(name: string): Promise<{ release(): Promise<void> } | null>;
+  hold(name: string): Promise<Hold | null>;
   ping(): Promise<void>;
   close(): Promise<void>;
   /** False once closed: work still under way (a validation) stops instead of reporting a fault. */

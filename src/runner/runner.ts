@@ -27,6 +27,15 @@ const TICK_MS = 100;
 const VIEW_MS = 1000;
 /** PostgreSQL: how often runs left validating by a replica that died are looked for. */
 const VALIDATION_SWEEP_MS = 10_000;
+/**
+ * PostgreSQL: samples are sent only while the lock was last confirmed this recently (each tick
+ * confirms it). A process that was stalled (stopped, swapping, cut off from the database) wakes
+ * with answers to handle before its first tick; until a tick confirms the lock is still its own,
+ * it sends nothing, even from samples it had claimed before the stall. Another replica takes the
+ * lock only after 15 s without a heartbeat, and heartbeats come every 5 s: any stall that lost
+ * the lock lasted 10 s or more, past this fence, which slow ticks under load stay well within.
+ */
+const LOCK_FENCE_MS = 5000;
 /** While stopping, how often in-flight requests and uploads are looked at (wall time: real timers end them). */
 const STOP_POLL_MS = 50;
 /** Starts the status_reason of a run that no endpoint can serve now. */
@@ -79,6 +88,9 @@ export class Runner implements RunnerView {
   private watching = false;
   private sweptAt = 0;
   private stopping = false;
+  private stopped: Promise<void> | null = null;
+  /** performance.now() when the lock was last confirmed ours (PostgreSQL). */
+  private confirmedAt = 0;
   private pumping = false;
   private woken = false;
   private ticking = false;
@@ -148,11 +160,14 @@ export class Runner implements RunnerView {
     } catch (err) {
       // On SQLite a second process on one file is a mistake; on PostgreSQL it is a replica.
       if (!(err instanceof RunnerLockedError) || this.deps.db.dialect !== 'pg') throw err;
+      if (this.stopping) return;
       this.deps.logger.info({ owner: this.owner, reason: err.message }, 'another replica dispatches: standing by to take over');
       this.standby = true;
       this.viewTimer = setInterval(() => void this.guard('standing by', () => this.watchLock()), VIEW_MS);
       return;
     }
+    // Asked to stop while taking the lock: it goes back at once.
+    if (this.stopping) return await this.lock.release();
     await this.begin();
   }
 
@@ -163,6 +178,9 @@ export class Runner implements RunnerView {
     await recover(this.deps.db, this.deps.logger, this.deps.startIngest);
     await this.pool.sync();
     await this.refreshActive();
+    // Deposed or asked to stop while recovering: no loop may start after stop() cleared the timers.
+    if (this.stopping) return;
+    this.confirmedAt = performance.now();
     this.dispatching = true;
     this.timer = setInterval(() => void this.tick(), TICK_MS);
     if (this.deps.db.dialect === 'pg') {
@@ -235,9 +253,13 @@ export class Runner implements RunnerView {
     this.onDeposed?.();
   }
 
-  /** Stops dispatch, lets in-flight requests finish for the grace period, releases the rest, flushes. */
-  async stop(graceMs: number): Promise<void> {
-    if (this.stopping) return;
+  /** Stops dispatch, lets in-flight requests finish for the grace period, releases the rest, flushes. A second call waits for the first. */
+  stop(graceMs: number): Promise<void> {
+    this.stopped ??= this.stopNow(graceMs);
+    return this.stopped;
+  }
+
+  private async stopNow(graceMs: number): Promise<void> {
     this.stopping = true;
     await this.claims.releaseAll();
     // Wall time, not deps.clock(): the grace period is real seconds that real requests get to finish in.
@@ -341,6 +363,7 @@ export class Runner implements RunnerView {
       // A heartbeat comes every 5 s; a replica that took the lock over meanwhile must not see this
       // one upload, finish or claim for that long.
       if ((await runnerLockOwner(this.deps.db)) !== this.owner) return await this.deposed();
+      this.confirmedAt = performance.now();
       // Other replicas register and change endpoints without waking this one.
       await this.pool.sync();
       await this.sweepValidations();
@@ -413,6 +436,7 @@ export class Runner implements RunnerView {
   /** Fills every free slot now. Called after each outcome, on wake and on every tick. */
   private pump(): void {
     if (this.pumping || this.stopping || !this.dispatching) return;
+    if (this.deps.db.dialect === 'pg' && performance.now() - this.confirmedAt > LOCK_FENCE_MS) return;
     this.pumping = true;
     try {
       // Caps do not move within one pump; endpoints with free slots but no sample for them leave it.

@@ -93,13 +93,21 @@ const close = async () => {
   await closeDb(db);
 };
 
+/** After a deposed runner's successor failed to start (the database is likely away), the next try. */
+const STAND_AGAIN_RETRY_MS = 1000;
 let stopping = false;
-/** A runner deposed from dispatch (PostgreSQL) is replaced by a fresh one, which stands by. */
+/**
+ * A runner deposed from dispatch (PostgreSQL) is replaced by a fresh one, which stands by; a start
+ * that fails (the database away) is tried again until it works or the thread is asked to stop.
+ */
 const standAgain = () => {
   if (stopping) return;
   const next: Runner = new Runner(deps, standAgain);
   runner = next;
-  next.start().catch((err: unknown) => logger.error({ err: { message: (err as Error).message } }, 'the runner could not stand by again'));
+  next.start().catch((err: unknown) => {
+    logger.warn({ err: { message: (err as Error).message } }, 'the runner could not stand by again; retrying');
+    void next.stop(0).finally(() => setTimeout(standAgain, STAND_AGAIN_RETRY_MS).unref());
+  });
 };
 
 try {

@@ -9,7 +9,8 @@ import { ResultWriter, type FlushReport } from '../../src/runner/results.js';
 import { createTestDatabase, describePg, type TestDatabase } from '../support/pg.js';
 import { tempDir } from '../support/server.js';
 
-const usage = { prompt_tokens: 10, completion_tokens: 20, reasoning_tokens: 5, cached_tokens: 0 };
+// Every column a distinct value, so that two swapped columns show.
+const usage = { prompt_tokens: 11, completion_tokens: 20, reasoning_tokens: 5, cached_tokens: 3 };
 const NOW = 1_700_000_000_000;
 
 /** A run of `n` pending samples, and the runner lock held by `owner` (on PostgreSQL only its holder may claim). */
@@ -91,11 +92,11 @@ function writerTests(store: 'sqlite' | 'pg') {
       kind: 'completed' as const,
       usage,
       finishReason: 'stop',
-      latencyMs: 5,
+      latencyMs: 7,
       flags,
-      chars: { reasoning: 1, content: 1 },
-      output: '{}',
-      at: NOW,
+      chars: { reasoning: 13, content: 17 },
+      output: `{"line":${i}}`,
+      at: NOW + i,
     });
     w.add(completed(0));
     w.add(completed(1, flagBit('empty_content')));
@@ -138,7 +139,43 @@ function writerTests(store: 'sqlite' | 'pg') {
       { custom_id: 'c3', attempts: 0, faults: 1, at: NOW + 500 },
       { custom_id: 'c4', attempts: 0, faults: 0, at: 0 },
     ]);
-    expect(await rows(db, `select count(*) as n from staging`)).toEqual([{ n: 2 }]);
+    // Each column where it belongs: the answered and failed samples, and the staged lines.
+    const answered = await rows(
+      db,
+      `select custom_id, endpoint_id, finish_reason, prompt_tokens, completion_tokens, reasoning_tokens, cached_tokens, latency_ms, flags,
+         reasoning_chars, content_chars, completed_at, error_code, error_message, error_status, lease_owner
+       from samples where status in ('completed', 'failed') order by seq`,
+    );
+    const done = { endpoint_id: null, finish_reason: 'stop', prompt_tokens: 11, completion_tokens: 20, reasoning_tokens: 5, cached_tokens: 3, latency_ms: 7 };
+    const none = { error_code: null, error_message: null, error_status: null, lease_owner: null };
+    expect(answered).toEqual([
+      { custom_id: 'c0', ...done, flags: 0, reasoning_chars: 13, content_chars: 17, completed_at: NOW, ...none },
+      { custom_id: 'c1', ...done, flags: flagBit('empty_content'), reasoning_chars: 13, content_chars: 17, completed_at: NOW + 1, ...none },
+      {
+        custom_id: 'c2',
+        endpoint_id: null,
+        finish_reason: null,
+        prompt_tokens: null,
+        completion_tokens: null,
+        reasoning_tokens: null,
+        cached_tokens: null,
+        latency_ms: null,
+        flags: 0,
+        reasoning_chars: null,
+        content_chars: null,
+        completed_at: NOW,
+        error_code: 'invalid_request',
+        error_message: 'too long',
+        error_status: 400,
+        lease_owner: null,
+      },
+    ]);
+    expect(await rows(db, `select sample_id, run_id, shard_idx, output from staging order by sample_id`)).toEqual([
+      { sample_id: claimed[0].id, run_id: 'run_a', shard_idx: 0, output: '{"line":0}' },
+      { sample_id: claimed[1].id, run_id: 'run_a', shard_idx: 0, output: '{"line":1}' },
+    ]);
+    const retried = await rows(db, `select error_code, error_message, error_status, quality_retries from samples where custom_id = 'c3'`);
+    expect(retried).toEqual([{ error_code: 'server_error', error_message: 'x', error_status: 500, quality_retries: 0 }]);
     await w.close();
   });
 

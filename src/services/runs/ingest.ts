@@ -3,7 +3,7 @@ import type { Readable } from 'node:stream';
 import { setFlagsFromString } from 'node:v8';
 import { runInNewContext } from 'node:vm';
 import type { Deps } from '../../deps.js';
-import { isDbBusy } from '../../db/client.js';
+import { isDbBusy, type Hold } from '../../db/client.js';
 import { getFile } from '../../db/files.js';
 import { getRun, getRunStatus, lockRun, setRunValidation, transitionRun } from '../../db/runs.js';
 import { clearRunSamples, insertSampleBatch, markCalibration } from '../../db/samples.js';
@@ -81,13 +81,21 @@ export async function ingestRun(deps: Deps, runId: string, signal?: AbortSignal)
     return;
   }
   try {
-    await ingestHeld(deps, runId, signal);
+    await ingestHeld(deps, runId, hold, signal);
   } finally {
     await hold.release();
   }
 }
 
-async function ingestHeld(deps: Deps, runId: string, signal?: AbortSignal): Promise<void> {
+/**
+ * The hold went with its connection: another replica may be validating this run now. Thrown as a
+ * lost connection (SQLSTATE 08006), so the run is validated again, by whoever holds it next.
+ */
+function holdLost(): Error {
+  return Object.assign(new Error('the hold on this validation was lost with its database connection'), { code: '08006' });
+}
+
+async function ingestHeld(deps: Deps, runId: string, hold: Hold, signal?: AbortSignal): Promise<void> {
   const { db, logger } = deps;
   const run = await getRun(db, runId);
   if (!run || run.status !== 'validating') return;
@@ -114,6 +122,7 @@ async function ingestHeld(deps: Deps, runId: string, signal?: AbortSignal): Prom
     // inserts nothing) or after it (and the ingestion clears what it inserted): no batch lands unseen.
     const inserted = await db.tx(async (tx) => {
       if ((await lockRun(tx, runId))?.status !== 'validating') return null;
+      if (hold.lost) throw holdLost();
       return await insertSampleBatch(
         tx,
         runId,
@@ -161,9 +170,11 @@ async function ingestHeld(deps: Deps, runId: string, signal?: AbortSignal): Prom
       }
       if (batch.length >= BATCH && !(await flush())) return await stopCancelled(source);
       if (signal?.aborted) {
-        // Shutdown: the run stays `validating` and is validated again from the start on the next boot.
+        // Shutdown: the run stays `validating` and is validated again from the start on the next boot;
+        // one cancelled meanwhile is not, so what was inserted for it goes now.
         source.destroy();
         logger.info({ run_id: runId }, 'validation stopped by shutdown');
+        if ((await getRunStatus(db, runId)) !== 'validating') await clearRunSamples(db, runId);
         return;
       }
       if (++lines % GC_LINES === 0) {
@@ -215,6 +226,7 @@ async function ingestHeld(deps: Deps, runId: string, signal?: AbortSignal): Prom
   let shardCount = 0;
   const queued = await db.tx(async (tx) => {
     if ((await lockRun(tx, runId))?.status !== 'validating') return false;
+    if (hold.lost) throw holdLost();
     shardCount = await insertShardLayout(tx, runId, run.shardSize, seq);
     await markCalibration(tx, runId, calibrationSeqs(runId, seq, run.calibrationSamples));
     await setRunValidation(tx, runId, { ...listed, total: seq, pending: seq, shardsTotal: shardCount, predictedSamples: predicted });
