@@ -43,6 +43,21 @@ async function seed(db: Db, n: number, shardSize: number, owner = 'me'): Promise
   }
 }
 
+/** A writer for owner `me` on the fixed clock, and the reports of its commits. */
+function writerOn(db: Db): { w: ResultWriter; reports: FlushReport[] } {
+  const reports: FlushReport[] = [];
+  return {
+    w: new ResultWriter(
+      db,
+      'me',
+      makeLogger('silent'),
+      (r) => reports.push(r),
+      () => NOW,
+    ),
+    reports,
+  };
+}
+
 async function rows(db: Db, text: string): Promise<Record<string, unknown>[]> {
   return (await db.exec<Record<string, unknown>>(text)).rows;
 }
@@ -78,14 +93,7 @@ function writerTests(store: 'sqlite' | 'pg') {
     const claimed = await claimSamples(db, { runId: 'run_a', owner: 'me', now: NOW, leaseExpiresAt: NOW + 1000, limit: 10, order: 'input', window: 0 });
     expect(claimed.map((c) => c.attempts)).toEqual([1, 1, 1, 1, 1, 1]);
     expect(await counters(db)).toMatchObject({ pending: 0, inProgress: 6 });
-    const reports: FlushReport[] = [];
-    const w = new ResultWriter(
-      db,
-      'me',
-      makeLogger('silent'),
-      (r) => reports.push(r),
-      () => NOW,
-    );
+    const { w, reports } = writerOn(db);
     const base = (i: number) => ({ sampleId: claimed[i].id, runId: 'run_a', shardIdx: claimed[i].shardIdx, endpointId: null });
     const completed = (i: number, flags = 0) => ({
       ...base(i),
@@ -191,14 +199,7 @@ function writerTests(store: 'sqlite' | 'pg') {
       order: 'input',
       window: 0,
     });
-    const reports: FlushReport[] = [];
-    const w = new ResultWriter(
-      db,
-      'me',
-      makeLogger('silent'),
-      (r) => reports.push(r),
-      () => NOW,
-    );
+    const { w, reports } = writerOn(db);
     w.add({ sampleId: claimed[0].id, runId: 'run_a', shardIdx: 0, endpointId: null, kind: 'cancelled' });
     await w.flush();
     expect(reports[0].dropped).toBe(1);
@@ -212,14 +213,7 @@ function writerTests(store: 'sqlite' | 'pg') {
     db = await open('c');
     await seed(db, 3, 3);
     const claimed = await claimSamples(db, { runId: 'run_a', owner: 'me', now: NOW, leaseExpiresAt: NOW + 1000, limit: 10, order: 'input', window: 0 });
-    const reports: FlushReport[] = [];
-    const w = new ResultWriter(
-      db,
-      'me',
-      makeLogger('silent'),
-      (r) => reports.push(r),
-      () => NOW,
-    );
+    const { w, reports } = writerOn(db);
     const base = (i: number) => ({ sampleId: claimed[i].id, runId: 'run_a', shardIdx: 0, endpointId: null });
     w.add({ ...base(0), kind: 'cancelled' });
     w.add({ ...base(0), kind: 'release' });
