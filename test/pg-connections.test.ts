@@ -33,6 +33,18 @@ async function store(name: string): Promise<{ db: Db; url: string }> {
   return { db, url: database.url };
 }
 
+async function withTimeout<T>(p: Promise<T>, ms: number, what: string): Promise<T> {
+  let timer: NodeJS.Timeout | undefined;
+  const late = new Promise<never>((_, reject) => {
+    timer = setTimeout(() => reject(new Error(`timed out waiting for ${what}`)), ms);
+  });
+  try {
+    return await Promise.race([p, late]);
+  } finally {
+    clearTimeout(timer);
+  }
+}
+
 async function client(url: string): Promise<pg.Client> {
   const c = new pg.Client({ connectionString: url });
   await c.connect();
@@ -109,6 +121,41 @@ await describePg('the PostgreSQL store under stalled and cut-off connections', (
     // Written once the row was free: within the moments after the release, not WAIT_MS before it.
     expect(lock!.heartbeatAt).toBeGreaterThanOrEqual(releasedAt);
   });
+
+  it('a claim the database made whose answer was lost (a failover at its commit) is dispatched, not left leased', async () => {
+    const SAMPLES = 400;
+    const database = await createTestDatabase('pgconn_lost_claim');
+    databases.push(database);
+    const target = new URL(database.url);
+    const proxy = await new CuttingProxy({ host: target.hostname, port: Number(target.port) }).start();
+    proxies.push(proxy);
+    const through = new URL(database.url);
+    through.port = String(proxy.port);
+    const sim = await rig.sim({ 'max-running': 64, 'ttft-ms': 50, 'tokens-per-second': 2000, seed: 12 });
+    const server = await rig.serve(rig.dir('regen-pg-lost-claim-'), { REGEN_DATABASE_URL: through.toString() });
+    const prompts = makePrompts(SAMPLES, 'lost-claim');
+    await registerEndpoint(server.url, sim.url, { max_concurrency: 8 });
+    const { id } = await createRun(server.url, {
+      model: 'sim-model',
+      input: { file_id: await uploadFile(server.url, prompts.jsonl) },
+      shard_size: 100,
+      regenerate: 'last_assistant',
+    });
+    await waitForRun(server.url, id, '10% done', (r) => doneOf(r) >= 0.1 * SAMPLES, 120_000, 50);
+    // The claim's statement (src/db/samples.ts): its samples are leased, and the runner hears nothing back.
+    await withTimeout(proxy.loseCommitOf("status = 'in_progress', attempts = attempts + 1"), 30_000, 'a claim to commit');
+    await new Promise((r) => setTimeout(r, 1000));
+    proxy.restore();
+
+    // Leases are never given back by expiry: a claim taken for failed would hold its samples until a restart.
+    const done = await waitForEnd(server.url, id, 60_000);
+    expect(done.status, done.status_reason).toBe('completed');
+    expect(done.request_counts).toMatchObject({ total: SAMPLES, completed: SAMPLES, failed: 0 });
+    await expectCountersMatchRecount(server.url, done);
+    const out = await readOutput(done, prompts);
+    expect(out.lines.size).toBe(SAMPLES);
+    expect(server.output()).not.toContain('the runner thread stopped unexpectedly');
+  }, 180_000);
 
   it('a database that goes away mid-run and comes back (a failover) loses and duplicates nothing', async () => {
     const SAMPLES = 1500;

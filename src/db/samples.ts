@@ -88,21 +88,27 @@ export type ClaimOrder = 'slice_only' | 'input' | 'length_aware';
  * on every claim, where the partial index holds the slice alone. On PostgreSQL, SKIP LOCKED lets
  * claims of several replicas run side by side without waiting for or taking each other's rows,
  * and the outer `status = 'pending'` keeps a row another claim took meanwhile from being leased twice.
+ * There the picked ids are an array, computed once: as `id in (select … limit ? for update skip
+ * locked)`, the planner may rescan the subquery for every row it updates (a nested-loop semi-join,
+ * the plan it picks for a run loaded since its last ANALYZE), and each rescan skips the rows the
+ * last one leased and picks the next ones: a claim of 2 leased all 6 samples of a test run, and
+ * would read the run's pending samples once per row it leased.
  */
 function claimSql(db: Db) {
   const pg = db.dialect === 'pg';
   const skip = pg ? 'for update skip locked' : '';
+  const [pick, picked] = pg ? ['where id = any(array(', '))'] : ['where id in (', ')'];
   const still = pg ? `and status = 'pending'` : '';
   const slice = pg ? 'samples' : 'samples indexed by samples_calibration_idx';
   const inSlice = pg ? 'calibration' : 'calibration = 1';
   return {
-    slice: `${LEASE} where id in (select id from ${slice} where run_id = ? and ${inSlice} and status = 'pending' and available_at <= ?
-       order by (seq * ${SLICE_SHUFFLE}) % 4294967296 limit ? ${skip}) ${still} ${LEASED}`,
-    inOrder: `${LEASE} where id in (select id from samples where run_id = ? and status = 'pending' and available_at <= ? order by seq limit ? ${skip}) ${still} ${LEASED}`,
+    slice: `${LEASE} ${pick}select id from ${slice} where run_id = ? and ${inSlice} and status = 'pending' and available_at <= ?
+       order by (seq * ${SLICE_SHUFFLE}) % 4294967296 limit ? ${skip}${picked} ${still} ${LEASED}`,
+    inOrder: `${LEASE} ${pick}select id from samples where run_id = ? and status = 'pending' and available_at <= ? order by seq limit ? ${skip}${picked} ${still} ${LEASED}`,
     // The window is a range of the claim index (run_id, status, seq): at most `window` rows sorted per claim.
-    longest: `${LEASE} where id in (select id from samples where run_id = ? and status = 'pending' and available_at <= ?
+    longest: `${LEASE} ${pick}select id from samples where run_id = ? and status = 'pending' and available_at <= ?
        and seq < (select min(seq) from samples where run_id = ? and status = 'pending') + ?
-       order by coalesce(predicted_tokens, -1) desc, seq limit ? ${skip}) ${still} ${LEASED}`,
+       order by coalesce(predicted_tokens, -1) desc, seq limit ? ${skip}${picked} ${still} ${LEASED}`,
   };
 }
 
@@ -141,6 +147,22 @@ export async function claimSamples(
     if (rows.length) await tx.exec(`update runs set pending = pending - ?, in_progress = in_progress + ? where id = ?`, [rows.length, rows.length, c.runId]);
     return rows;
   });
+}
+
+/**
+ * The samples a claim leased, read again: each claim's lease expiry is unique for its owner and so
+ * names the claim. A claim whose commit was made but whose answer was lost (the connection cut at
+ * the commit) is found here, where it would otherwise stay leased until a restart; a claim that
+ * was not made finds nothing. The slice first, then in input order, as the claim returned them.
+ */
+export async function readClaim(db: Db, c: { runId: string; owner: string; leaseExpiresAt: number }): Promise<ClaimedRow[]> {
+  const from = db.dialect === 'pg' ? 'samples' : 'samples indexed by samples_claim_idx';
+  const { rows } = await db.exec<ClaimedRow>(
+    `select id, shard_idx as "shardIdx", request, attempts, quality_retries as "qualityRetries", server_faults as "serverFaults" from ${from}
+     where run_id = ? and status = 'in_progress' and lease_owner = ? and lease_expires_at = ? order by calibration desc, seq`,
+    [c.runId, c.owner, c.leaseExpiresAt],
+  );
+  return rows;
 }
 
 // Positions per statement: an `in (...)` list binds one value per position, and SQLite caps bound values.

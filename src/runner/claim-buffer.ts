@@ -1,5 +1,5 @@
 import type { Db } from '../db/client.js';
-import { claimSamples, type ClaimedRow, type ClaimOrder } from '../db/samples.js';
+import { claimSamples, readClaim, type ClaimedRow, type ClaimOrder } from '../db/samples.js';
 import type { ResultWriter } from './results.js';
 
 /** A sample leased for dispatch, with its run. */
@@ -26,6 +26,15 @@ interface RunBuffer {
   lastClaim: number;
 }
 
+/** A claim that failed: it may still have been made (the connection cut at its commit). */
+interface Unsettled {
+  runId: string;
+  buffer: RunBuffer;
+  generation: number;
+  leaseExpiresAt: number;
+  onClaim: () => void;
+}
+
 /**
  * Samples claimed from the database and not yet sent, per run. A claim leases many samples in one
  * transaction; they wait here, the slice first and then in the run's order, for free slots. Claims
@@ -37,6 +46,10 @@ interface RunBuffer {
  */
 export class ClaimBuffer {
   private readonly buffers = new Map<string, RunBuffer>();
+  private unsettled: Unsettled[] = [];
+  private settling: Promise<void> | null = null;
+  /** The last claim's lease expiry: each claim's is unique, and names it (readClaim). */
+  private lastExpiry = 0;
 
   constructor(
     private readonly db: Db,
@@ -60,9 +73,14 @@ export class ClaimBuffer {
     return b !== undefined && b.drained && b.samples.length === 0;
   }
 
-  /** A new tick: runs found drained may have samples due again (retries whose backoff ended). */
+  /** A new tick: runs found drained may have samples due again (retries whose backoff ended); failed claims are looked for. */
   newTick(): void {
     for (const b of this.buffers.values()) b.drained = false;
+    if (this.unsettled.length && !this.settling) {
+      this.settling = this.settle().finally(() => {
+        this.settling = null;
+      });
+    }
   }
 
   /**
@@ -81,31 +99,55 @@ export class ClaimBuffer {
     if (limit <= 0) return;
     const generation = b.generation;
     const now = this.clock();
-    b.claiming = claimSamples(this.db, { runId, owner: this.owner, now, leaseExpiresAt: now + LEASE_MS, limit, order, window })
+    const leaseExpiresAt = (this.lastExpiry = Math.max(now + LEASE_MS, this.lastExpiry + 1));
+    b.claiming = claimSamples(this.db, { runId, owner: this.owner, now, leaseExpiresAt, limit, order, window })
       .then((rows) => {
-        const claimed = rows.map((r) => ({ ...r, runId }));
-        if (this.buffers.get(runId) !== b || b.generation !== generation) {
-          // Given back while the claim ran: these go back too.
-          for (const s of claimed) this.giveBack(s);
-          return;
-        }
         b.lastClaim = limit;
-        if (claimed.length === 0) {
-          b.drained = true;
-          return;
-        }
-        b.samples.push(...claimed);
-        onClaim();
-        this.onClaimed();
+        if (rows.length === 0) b.drained = true;
+        this.landed(runId, b, generation, rows, onClaim);
       })
       .catch((err: unknown) => {
         // Tried again next tick: a busy database must not be asked again at once by every pump.
         b.drained = true;
+        // Failed as seen from here; made, perhaps, on the server. Read again on the next ticks.
+        this.unsettled.push({ runId, buffer: b, generation, leaseExpiresAt, onClaim });
         this.onError(err);
       })
       .finally(() => {
         b.claiming = null;
       });
+  }
+
+  /** Claimed samples reach their buffer, or go back to the queue if it was given back meanwhile. */
+  private landed(runId: string, b: RunBuffer, generation: number, rows: ClaimedRow[], onClaim: () => void): void {
+    const claimed = rows.map((r) => ({ ...r, runId }));
+    if (this.buffers.get(runId) !== b || b.generation !== generation) {
+      for (const s of claimed) this.giveBack(s);
+      return;
+    }
+    if (claimed.length === 0) return;
+    b.samples.push(...claimed);
+    onClaim();
+    this.onClaimed();
+  }
+
+  /**
+   * Reads the failed claims again: the samples of one that was made after all are sent (or given
+   * back), where they would otherwise stay leased to this process until a restart. A claim that
+   * cannot be read now is read on a later tick.
+   */
+  private async settle(): Promise<void> {
+    for (const u of [...this.unsettled]) {
+      let rows: ClaimedRow[];
+      try {
+        rows = await readClaim(this.db, { runId: u.runId, owner: this.owner, leaseExpiresAt: u.leaseExpiresAt });
+      } catch (err) {
+        this.onError(err);
+        return;
+      }
+      this.unsettled = this.unsettled.filter((x) => x !== u);
+      this.landed(u.runId, u.buffer, u.generation, rows, u.onClaim);
+    }
   }
 
   /** Runs that hold claimed samples or have a claim under way. */
@@ -127,11 +169,17 @@ export class ClaimBuffer {
     b.samples = [];
   }
 
-  /** Gives everything back, claims under way included, and commits it: the runner stops. */
+  /**
+   * Gives everything back, claims under way included, and those of failed claims that were made
+   * after all, and commits it: the runner stops. A failed claim that cannot be read now is left to
+   * the recovery of the next dispatcher, with every other lease of this process.
+   */
   async releaseAll(): Promise<void> {
     const claiming = [...this.buffers.values()].map((b) => b.claiming).filter((c): c is Promise<void> => c !== null);
     for (const runId of [...this.buffers.keys()]) this.release(runId);
     await Promise.allSettled(claiming);
+    await this.settling;
+    if (this.unsettled.length) await this.settle();
     await this.writer.flush();
   }
 }

@@ -186,6 +186,7 @@ export class CuttingProxy {
   private server!: NetServer;
   private readonly sockets = new Set<Socket>();
   private down = false;
+  private trap: { marker: string; sprung: () => void } | null = null;
   port = 0;
 
   constructor(private readonly upstream: { host: string; port: number }) {}
@@ -201,12 +202,44 @@ export class CuttingProxy {
       }
       client.on('close', () => up.destroy());
       up.on('close', () => client.destroy());
-      client.pipe(up).pipe(client);
+      // A transaction on this connection sent the trap's marker; its commit is let through and its answer lost.
+      let marked = false;
+      let committing = false;
+      client.on('data', (chunk: Buffer) => {
+        if (this.trap && !committing) {
+          const text = chunk.toString('latin1');
+          if (text.includes(this.trap.marker)) marked = true;
+          else if (marked && /\brollback\b/i.test(text)) marked = false;
+          else if (marked && /\bcommit\b/i.test(text)) committing = true;
+        }
+        up.write(chunk);
+      });
+      up.on('data', (chunk: Buffer) => {
+        if (!committing) return void client.write(chunk);
+        // The server answered the commit: it is made. The client never hears so.
+        const trap = this.trap;
+        this.trap = null;
+        committing = false;
+        this.cut();
+        trap?.sprung();
+      });
     });
     this.server.listen(0, '127.0.0.1');
     await once(this.server, 'listening');
     this.port = (this.server.address() as AddressInfo).port;
     return this;
+  }
+
+  /**
+   * The next transaction that sends `marker` (a statement's text) commits on the server, and the
+   * connections are cut before its answer reaches the client, as in a failover at the moment of a
+   * commit: the client cannot tell whether it was made. New connections are refused until
+   * restore(). Resolves once it happened.
+   */
+  loseCommitOf(marker: string): Promise<void> {
+    return new Promise((sprung) => {
+      this.trap = { marker, sprung };
+    });
   }
 
   /** Resets every connection through the proxy, and every one opened until restore(). */

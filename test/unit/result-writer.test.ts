@@ -2,7 +2,7 @@ import { afterAll, afterEach, describe, expect, it } from 'vitest';
 import { join } from 'node:path';
 import { closeDb, openDb, type Db } from '../../src/db/client.js';
 import { takeRunnerLock } from '../../src/db/runner-lock.js';
-import { claimSamples, releaseRunLeases } from '../../src/db/samples.js';
+import { claimSamples, readClaim, releaseRunLeases } from '../../src/db/samples.js';
 import { flagBit } from '../../src/domain/flags.js';
 import { makeLogger } from '../../src/logger.js';
 import { ResultWriter, type FlushReport } from '../../src/runner/results.js';
@@ -85,6 +85,29 @@ function writerTests(store: 'sqlite' | 'pg') {
     await closeDb(db);
     await database?.drop();
     database = null;
+  });
+
+  it('reads a claim again by its owner and lease expiry: its samples, in the order it returned them, and no others', async () => {
+    db = await open('reclaim');
+    await seed(db, 6, 3);
+    const claim = (leaseExpiresAt: number, limit: number) =>
+      claimSamples(db, { runId: 'run_a', owner: 'me', now: NOW, leaseExpiresAt, limit, order: 'input', window: 0 });
+    const first = await claim(NOW + 1000, 2);
+    const second = await claim(NOW + 1001, 3);
+    // No more than asked for: on PostgreSQL a claim's subquery, rescanned per row, once leased them all.
+    expect(first.map((c) => c.id)).toHaveLength(2);
+    expect(second.map((c) => c.id)).toHaveLength(3);
+    expect(await readClaim(db, { runId: 'run_a', owner: 'me', leaseExpiresAt: NOW + 1000 })).toEqual(first);
+    expect(await readClaim(db, { runId: 'run_a', owner: 'me', leaseExpiresAt: NOW + 1001 })).toEqual(second);
+    // A claim not made, another owner's, a sample answered since: none of them is found.
+    expect(await readClaim(db, { runId: 'run_a', owner: 'me', leaseExpiresAt: NOW + 1002 })).toEqual([]);
+    expect(await readClaim(db, { runId: 'run_a', owner: 'other', leaseExpiresAt: NOW + 1000 })).toEqual([]);
+    const { w } = writerOn(db);
+    w.add({ kind: 'cancelled', sampleId: first[0].id, runId: 'run_a', shardIdx: first[0].shardIdx, endpointId: null });
+    await w.flush();
+    expect(await readClaim(db, { runId: 'run_a', owner: 'me', leaseExpiresAt: NOW + 1000 })).toEqual(first.slice(1));
+    await releaseRunLeases(db, 'run_a');
+    expect(await readClaim(db, { runId: 'run_a', owner: 'me', leaseExpiresAt: NOW + 1001 })).toEqual([]);
   });
 
   it('commits a batch of outcomes in one transaction, keeps the counters equal to a recount, and reports closed shards', async () => {
