@@ -185,6 +185,24 @@ describe('creating a run', () => {
     expect(res.text).toContain(first.id);
   });
 
+  it('gives an output.uri to one run when many ask for it at once, and tells the others whose it is', async () => {
+    const uri = `${pathToFileURL(api.config.dataDir).href}/raced-output/`;
+    const fileId = await upload(api, '{"prompt":"x"}\n');
+    const answers = await Promise.all(Array.from({ length: 12 }, () => create(api, { input: { file_id: fileId }, output: { uri } })));
+    const made = answers.filter((r) => r.status === 201);
+    expect(made, answers.map((r) => r.status).join(',')).toHaveLength(1);
+    for (const res of answers.filter((r) => r.status !== 201)) {
+      expectProblem(res, 409, 'conflict', 'output.uri');
+      expect(res.text).toContain(made[0].body.id);
+    }
+    // With one Idempotency-Key too, the repeats are the same run, not a conflict.
+    const keyed = `${pathToFileURL(api.config.dataDir).href}/raced-keyed-output/`;
+    const again = await Promise.all(
+      Array.from({ length: 12 }, () => create(api, { input: { file_id: fileId }, output: { uri: keyed } }, { 'idempotency-key': 'raced-output-key' })),
+    );
+    expect(new Set(again.map((r) => `${r.status} ${r.body.id}`)).size, again.map((r) => r.text).join('\n')).toBe(1);
+  });
+
   it('answers 404 naming input.file_id for an unknown file', async () => {
     expectProblem(await create(api, { input: { file_id: 'file_nope' } }), 404, 'not_found', 'input.file_id');
   });

@@ -68,7 +68,8 @@ export const runs = pgTable(
     params: jsonb('params').$type<Record<string, unknown>>().notNull(),
     input: jsonb('input').$type<RunInput>().notNull(),
     shardSize: integer('shard_size').notNull(),
-    outputUri: text('output_uri').notNull(),
+    // One run per output prefix: two would overwrite each other's shards and manifest.
+    outputUri: text('output_uri').notNull().unique(),
     priority: integer('priority').notNull().default(0),
     metadata: jsonb('metadata').$type<Record<string, string>>().notNull(),
     regenerate: text('regenerate'),

@@ -58,7 +58,8 @@ export const runs = sqliteTable(
     params: text('params', { mode: 'json' }).$type<Record<string, unknown>>().notNull(),
     input: text('input', { mode: 'json' }).$type<RunInput>().notNull(),
     shardSize: integer('shard_size').notNull(),
-    outputUri: text('output_uri').notNull(),
+    // One run per output prefix: two would overwrite each other's shards and manifest.
+    outputUri: text('output_uri').notNull().unique(),
     priority: integer('priority').notNull().default(0),
     metadata: text('metadata', { mode: 'json' }).$type<Record<string, string>>().notNull(),
     regenerate: text('regenerate'),

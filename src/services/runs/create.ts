@@ -55,9 +55,18 @@ async function outputUriFor(deps: Deps, runId: string, requested?: string): Prom
     }
   }
   // Two runs writing shard-00000.jsonl and manifest.json to one prefix would overwrite each other.
+  // Checked here for a clear answer before anything is stored; the unique index decides a race.
   const owner = await getRunByOutputUri(deps.db, uri);
-  if (owner) throw new ApiError('conflict', `output.uri is already the output of run ${owner.id}; give each run its own prefix`, { field: 'output.uri' });
+  if (owner) throw outputTaken(owner.id);
   return uri;
+}
+
+const isOutputTaken = (err: unknown): boolean =>
+  isUniqueViolation(err, 'output_uri') || (err instanceof ApiError && err.code === 'conflict' && err.extra.field === 'output.uri');
+
+function outputTaken(runId: string | undefined): ApiError {
+  const whose = runId ? `run ${runId}` : 'another run';
+  return new ApiError('conflict', `output.uri is already the output of ${whose}; give each run its own prefix`, { field: 'output.uri' });
 }
 
 /**
@@ -91,7 +100,18 @@ export async function createRun(
   const id = newId('run');
   const now = deps.clock();
   // Checked before anything is stored, so a refused request leaves nothing behind.
-  const outputUri = await outputUriFor(deps, id, body.output?.uri);
+  // A request with the same key that raced this one may have taken the prefix first: this one is its replay.
+  const replays = async (err: unknown) =>
+    idempotencyKey !== undefined &&
+    (isUniqueViolation(err, 'idempotency_key') || isOutputTaken(err)) &&
+    (await getRunByIdempotencyKey(db, idempotencyKey)) !== undefined;
+  let outputUri: string;
+  try {
+    outputUri = await outputUriFor(deps, id, body.output?.uri);
+  } catch (err) {
+    if (await replays(err)) return createRun(deps, body, idempotencyKey, extra);
+    throw err;
+  }
   let input: RunInput;
   let inlineFile: { id: string; objectKey: string } | undefined;
   if ('file_id' in body.input) {
@@ -164,7 +184,9 @@ export async function createRun(
       await deleteFile(db, inlineFile.id);
     }
     // Two requests raced with one key: the loser answers with the winner's run.
-    if (idempotencyKey && isUniqueViolation(err, 'idempotency_key')) return createRun(deps, body, idempotencyKey, extra);
+    if (await replays(err)) return createRun(deps, body, idempotencyKey, extra);
+    // Two requests raced for one output prefix: the loser is told whose it is.
+    if (isUniqueViolation(err, 'output_uri')) throw outputTaken((await getRunByOutputUri(db, outputUri))?.id);
     throw err;
   }
   deps.logger.info({ run_id: id, model: body.model, status: 'validating' }, 'run created');

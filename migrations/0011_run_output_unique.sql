@@ -1,0 +1,1 @@
+CREATE UNIQUE INDEX `runs_output_uri_unique` ON `runs` (`output_uri`);

@@ -1,0 +1,1 @@
+ALTER TABLE "runs" ADD CONSTRAINT "runs_output_uri_unique" UNIQUE("output_uri");
