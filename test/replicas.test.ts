@@ -149,4 +149,92 @@ await describePg('three replicas on one PostgreSQL', () => {
     expect((await sim.stats()).maxRunningSeen).toBeLessThanOrEqual(CAP);
     console.log(`replica stall: ${JSON.stringify({ takeover_ms: takeoverMs, max_running_seen: (await sim.stats()).maxRunningSeen })}`);
   }, 300_000);
+
+  it('two runs for different models share the fleet by priority, through a takeover; a replica restarted on the database stands by and serves them', async () => {
+    const database = await newDatabase('replica-priority');
+    const s3 = rig.s3 ?? (await rig.startS3(BUCKET));
+    const sims = [
+      await rig.sim({ 'max-running': 64, 'ttft-ms': 30, 'tokens-per-second': 3000, seed: 21 }),
+      await rig.sim({ 'max-running': 64, 'ttft-ms': 30, 'tokens-per-second': 3000, seed: 22 }),
+    ];
+    const env = { ...s3ServerEnv(`http://127.0.0.1:${s3.port}`, BUCKET), REGEN_DATABASE_URL: database.url };
+    const dirs = ['a', 'b', 'c'].map((name) => rig.dir(`regen-priority-${name}-`));
+    const replicas: ServerProcess[] = [];
+    for (const dir of dirs) replicas.push(await rig.serve(dir, env));
+    const [a, b] = replicas;
+    // Both endpoints serve both models (a second served name), so the runs want the same slots.
+    for (const sim of sims) await registerEndpoint(a.url, sim.url, { max_concurrency: CAP, aliases: ['other-model'] });
+    const SLOTS = CAP * sims.length;
+
+    // The low-priority run first, through one replica; the high-priority one once it is under way, through another.
+    const low = makePrompts(2400, 'low');
+    const high = makePrompts(900, 'high');
+    const lowRun = await createRun(a.url, {
+      model: 'sim-model',
+      input: { file_id: await uploadFile(a.url, low.jsonl) },
+      shard_size: SHARD_SIZE,
+      regenerate: 'last_assistant',
+    });
+    await waitForRun(b.url, lowRun.id, 'the low-priority run 10% done', (r) => doneOf(r) >= 0.1 * 2400, 120_000, 50);
+    const highRun = await createRun(b.url, {
+      model: 'other-model',
+      priority: 10,
+      input: { file_id: await uploadFile(b.url, high.jsonl) },
+      shard_size: SHARD_SIZE,
+      regenerate: 'last_assistant',
+    });
+
+    // Followed on a replica that stands by: what the low run completes while the high one is dispatched.
+    const pid = await dispatcherPid(database.url);
+    const first = replicas.find((r) => r.proc.pid === pid)!;
+    expect(first, 'a replica dispatches').toBeDefined();
+    const follower = replicas.find((r) => r !== first)!;
+    let lowAtHighStart: number | null = null;
+    let lowAtHighAnswered: number | null = null;
+    let killed = false;
+    const highDone = await waitFor(
+      'the high-priority run to complete',
+      async () => {
+        const [l, h] = await Promise.all([getRun(follower.url, lowRun.id), getRun(follower.url, highRun.id)]);
+        if (lowAtHighStart === null && h.status !== 'validating' && h.status !== 'queued') lowAtHighStart = l.request_counts.completed;
+        if (lowAtHighAnswered === null && doneOf(h) === 900) lowAtHighAnswered = l.request_counts.completed;
+        if (!killed && doneOf(h) >= 0.3 * 900) {
+          // The dispatcher dies with samples of both runs claimed: its successor claims by priority again.
+          killed = true;
+          await first.kill('SIGKILL');
+        }
+        return h.status === 'completed' ? { l, h } : undefined;
+      },
+      180_000,
+      50,
+    );
+    expect(lowAtHighStart, 'the high-priority run was seen under way').not.toBeNull();
+    expect(highDone.l.status, 'the low-priority run is still under way when the high one ends').toBe('in_progress');
+    // While the high run is answered, the low one gets only what it had in flight or claimed ahead
+    // when the high one arrived or the new dispatcher started (a claim of the fleet's slots each
+    // time), and the slots its last samples leave: a few dozen. Sharing the slots it would get
+    // about as many as the high run's 900; served by age, all of them.
+    const lowMeanwhile = lowAtHighAnswered! - lowAtHighStart!;
+    expect(lowMeanwhile).toBeLessThanOrEqual(0.15 * 900);
+
+    // The killed replica, restarted on the same database and folder, stands by and serves both runs.
+    expect(killed, 'the dispatcher was killed mid-run').toBe(true);
+    const restarted = await rig.serve(dirs[replicas.indexOf(first)], env);
+    await waitFor('the restarted replica to stand by', async () => ((await roleOf(restarted.url)) === 'standby' ? true : undefined), 30_000, 100);
+    expect((await getRun(restarted.url, highRun.id)).status).toBe('completed');
+    const lowDone = await waitForEnd(restarted.url, lowRun.id, 180_000);
+    expect(lowDone.status, lowDone.status_reason).toBe('completed');
+    for (const [run, prompts, n] of [
+      [lowDone, low, 2400],
+      [highDone.h, high, 900],
+    ] as const) {
+      expect(run.request_counts).toMatchObject({ total: n, completed: n, failed: 0 });
+      await expectCountersMatchRecount(follower.url, run);
+      expect((await readOutput(run, prompts, `http://127.0.0.1:${s3.port}`)).lines.size).toBe(n);
+    }
+    for (const sim of sims) expect((await sim.stats()).maxRunningSeen).toBeLessThanOrEqual(CAP);
+    console.log(
+      `replica priority: ${JSON.stringify({ low_meanwhile: lowMeanwhile, slots: SLOTS, high: 900, low_after: highDone.l.request_counts.completed - lowAtHighStart! })}`,
+    );
+  }, 300_000);
 });

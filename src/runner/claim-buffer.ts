@@ -56,7 +56,7 @@ export class ClaimBuffer {
     private readonly owner: string,
     private readonly clock: () => number,
     private readonly writer: ResultWriter,
-    /** A claim landed with samples: the pump can send them. */
+    /** A claim landed: the pump can send its samples, or give the slots it held to other runs. */
     private readonly onClaimed: () => void,
     private readonly onError: (err: unknown) => void,
   ) {}
@@ -65,6 +65,11 @@ export class ClaimBuffer {
     let b = this.buffers.get(runId);
     if (!b) this.buffers.set(runId, (b = { samples: [], claiming: null, generation: 0, drained: false, lastClaim: 0 }));
     return b;
+  }
+
+  /** A claim of the run's is under way. */
+  isClaiming(runId: string): boolean {
+    return this.buffers.get(runId)?.claiming != null;
   }
 
   /** The run had nothing due at its last claim this tick, and holds nothing. */
@@ -100,22 +105,29 @@ export class ClaimBuffer {
     const generation = b.generation;
     const now = this.clock();
     const leaseExpiresAt = (this.lastExpiry = Math.max(now + LEASE_MS, this.lastExpiry + 1));
-    b.claiming = claimSamples(this.db, { runId, owner: this.owner, now, leaseExpiresAt, limit, order, window })
-      .then((rows) => {
+    // The claim is over before its samples land: a pump they start sees no claim under way, and
+    // starts the next one when the buffer runs low.
+    b.claiming = claimSamples(this.db, { runId, owner: this.owner, now, leaseExpiresAt, limit, order, window }).then(
+      (rows) => {
+        b.claiming = null;
         b.lastClaim = limit;
         if (rows.length === 0) b.drained = true;
-        this.landed(runId, b, generation, rows, onClaim);
-      })
-      .catch((err: unknown) => {
+        try {
+          this.landed(runId, b, generation, rows, onClaim);
+        } catch (err) {
+          // The claim was made and its samples are in the buffer: not a failed claim to read again.
+          this.onError(err);
+        }
+      },
+      (err: unknown) => {
+        b.claiming = null;
         // Tried again next tick: a busy database must not be asked again at once by every pump.
         b.drained = true;
         // Failed as seen from here; made, perhaps, on the server. Read again on the next ticks.
         this.unsettled.push({ runId, buffer: b, generation, leaseExpiresAt, onClaim });
         this.onError(err);
-      })
-      .finally(() => {
-        b.claiming = null;
-      });
+      },
+    );
   }
 
   /** Claimed samples reach their buffer, or go back to the queue if it was given back meanwhile. */
@@ -125,9 +137,11 @@ export class ClaimBuffer {
       for (const s of claimed) this.giveBack(s);
       return;
     }
-    if (claimed.length === 0) return;
-    b.samples.push(...claimed);
-    onClaim();
+    if (claimed.length) {
+      b.samples.push(...claimed);
+      onClaim();
+    }
+    // With nothing due, the slots held for this claim go to the runs behind it now, not at the next tick.
     this.onClaimed();
   }
 
