@@ -1,12 +1,14 @@
 import { join } from 'node:path';
 import pg from 'pg';
 import { spawnSimulator, type SimProcess } from '../src/sim/spawn.js';
+import { CuttingProxy } from '../test/support/faults.js';
 import { createTestDatabase, type TestDatabase } from '../test/support/pg.js';
 import { spawnServer, tempDir, type ServerProcess } from '../test/support/server.js';
 import { json, scaled, submitPrompts, until, uploadFile, writePrompts, type Figure } from './support.js';
 
 // SQLite against PostgreSQL, side by side in one run: ingest of one file, and dispatch with one
-// replica and with three (one dispatching, two standing by and serving the API).
+// replica and with three (one dispatching, two standing by and serving the API), and the
+// database round trips a sample costs with each.
 
 const MODEL = 'bench-model';
 const SLOTS = 64;
@@ -116,6 +118,28 @@ export async function benchStores(): Promise<Figure[]> {
       n,
     );
     const perSample3 = ((await commits(three.url)) - before3) / n;
+    // Round trips, counted on the wire by a proxy between the replicas and the database, in runs of
+    // their own (the proxy's hop would slow the rates above): from the servers' start to their
+    // stop, so migrations, ingest and the standbys' reads count too.
+    const roundTrips = async (replicas: string[]) => {
+      const d = await database();
+      const target = new URL(d.url);
+      const proxy = await new CuttingProxy({ host: target.hostname, port: Number(target.port) }).start();
+      try {
+        target.port = String(proxy.port);
+        await dispatchRate(
+          replicas.map((r) => join(tmp.dir, `rt-${replicas.length}-${r}`)),
+          { REGEN_DATABASE_URL: target.toString() },
+          sims,
+          n,
+        );
+        return proxy.roundTrips / n;
+      } finally {
+        await proxy.close();
+      }
+    };
+    const trips1 = await roundTrips(['a']);
+    const trips3 = await roundTrips(['a', 'b', 'c']);
     const part = 'stores';
     const samples = `${n.toLocaleString('en')} samples, 2 zero-latency simulators × ${SLOTS} slots`;
     return [
@@ -156,6 +180,16 @@ export async function benchStores(): Promise<Figure[]> {
         baseline: perSample1,
         unit: 'per sample',
         ratio: perSample3 / perSample1,
+        target: 'reported',
+        ok: null,
+      },
+      {
+        part,
+        figure: 'PostgreSQL round trips per sample (a query, or an exchange ended by a Sync, counted on the wire), 3 replicas (regen) against 1 (baseline)',
+        regen: trips3,
+        baseline: trips1,
+        unit: 'per sample',
+        ratio: trips3 / trips1,
         target: 'reported',
         ok: null,
       },

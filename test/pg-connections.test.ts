@@ -122,6 +122,25 @@ await describePg('the PostgreSQL store under stalled and cut-off connections', (
     expect(lock!.heartbeatAt).toBeGreaterThanOrEqual(releasedAt);
   });
 
+  it("the proxy in front of the database counts its clients' round trips (the bench's figure)", async () => {
+    const database = await createTestDatabase('pgconn_count');
+    databases.push(database);
+    const target = new URL(database.url);
+    const proxy = await new CuttingProxy({ host: target.hostname, port: Number(target.port) }).start();
+    proxies.push(proxy);
+    const through = new URL(database.url);
+    through.port = String(proxy.port);
+    const c = await client(through.toString());
+    const before = proxy.roundTrips;
+    await c.query('select 1');
+    // Parameters: parse, bind, describe, execute and sync, sent at once: one round trip.
+    await c.query('select $1::text as a', ['x'.repeat(200_000)]);
+    await c.query('begin');
+    await c.query('select $1::int as b', [2]);
+    await c.query('commit');
+    expect(proxy.roundTrips - before).toBe(5);
+  });
+
   it('a claim the database made whose answer was lost (a failover at its commit) is dispatched, not left leased', async () => {
     const SAMPLES = 400;
     const database = await createTestDatabase('pgconn_lost_claim');

@@ -177,10 +177,50 @@ export function holdWriteLock(dbPath: string, ms: number, opts: { onSignal?: boo
 /** Milliseconds since `t0`, rounded, for the figures a test reports. */
 export const since = (t0: number) => Math.round(performance.now() - t0);
 
+/** PostgreSQL's request codes for encryption, sent before the startup message in its place. */
+const PG_ENCRYPTION_REQUESTS = new Set([80877103, 80877104]);
+
+/**
+ * Counts the round trips in what a PostgreSQL client sends: each simple query ('Q') and each Sync
+ * ('S', which ends an extended-protocol exchange: parse, bind, execute) waits for the server's
+ * ReadyForQuery. The messages are read by their lengths across chunk boundaries; the first ones
+ * (startup, or a request for encryption before it) have no type byte.
+ */
+function pgRoundTripCounter(counted: () => void): (chunk: Buffer) => void {
+  let typed = false;
+  let header = Buffer.alloc(0);
+  let skip = 0;
+  return (chunk) => {
+    let i = 0;
+    while (i < chunk.length) {
+      if (skip > 0) {
+        const n = Math.min(skip, chunk.length - i);
+        skip -= n;
+        i += n;
+        continue;
+      }
+      const need = typed ? 5 : 8;
+      const take = Math.min(need - header.length, chunk.length - i);
+      header = Buffer.concat([header, chunk.subarray(i, i + take)]);
+      i += take;
+      if (header.length < need) return;
+      if (typed) {
+        if (header[0] === 0x51 || header[0] === 0x53) counted();
+        skip = header.readInt32BE(1) - 4;
+      } else {
+        skip = header.readInt32BE(0) - 8;
+        typed = !PG_ENCRYPTION_REQUESTS.has(header.readInt32BE(4));
+      }
+      header = Buffer.alloc(0);
+    }
+  };
+}
+
 /**
  * A TCP proxy in front of a database server that can cut every connection through it and refuse
  * new ones until restored: what a database failover looks like from its clients (connections
- * reset, then refused until the new primary answers at the same address).
+ * reset, then refused until the new primary answers at the same address). It counts the round
+ * trips its clients make (the bench's figure per sample).
  */
 export class CuttingProxy {
   private server!: NetServer;
@@ -188,6 +228,8 @@ export class CuttingProxy {
   private down = false;
   private trap: { marker: string; sprung: () => void } | null = null;
   port = 0;
+  /** Queries and extended-protocol exchanges sent through the proxy so far. */
+  roundTrips = 0;
 
   constructor(private readonly upstream: { host: string; port: number }) {}
 
@@ -205,7 +247,9 @@ export class CuttingProxy {
       // A transaction on this connection sent the trap's marker; its commit is let through and its answer lost.
       let marked = false;
       let committing = false;
+      const count = pgRoundTripCounter(() => this.roundTrips++);
       client.on('data', (chunk: Buffer) => {
+        count(chunk);
         if (this.trap && !committing) {
           const text = chunk.toString('latin1');
           if (text.includes(this.trap.marker)) marked = true;
