@@ -185,6 +185,23 @@ describe('creating a run', () => {
     expect(res.text).toContain(first.id);
   });
 
+  it('refuses an output.uri longer than an S3 key may be, in characters or in bytes', async () => {
+    const root = `${pathToFileURL(api.config.dataDir).href}/`;
+    expectProblem(
+      await create(api, { input: { requests: [{ prompt: 'x' }] }, output: { uri: root + 'a'.repeat(1100) } }),
+      422,
+      'validation_failed',
+      'output.uri',
+    );
+    // 700 characters, 1,400 bytes: the prefix's index holds bytes.
+    expectProblem(
+      await create(api, { input: { requests: [{ prompt: 'x' }] }, output: { uri: root + 'é'.repeat(700) } }),
+      422,
+      'validation_failed',
+      'output.uri',
+    );
+  });
+
   it('gives an output.uri to one run when many ask for it at once, and tells the others whose it is', async () => {
     const uri = `${pathToFileURL(api.config.dataDir).href}/raced-output/`;
     const fileId = await upload(api, '{"prompt":"x"}\n');

@@ -176,6 +176,9 @@ await describePg('the PostgreSQL store under stalled and cut-off connections', (
     await expectCountersMatchRecount(server.url, done);
     const out = await readOutput(done, prompts);
     expect(out.lines.size).toBe(SAMPLES);
+    // The trap took a claim the runner saw fail; its samples were sent once, not again.
+    expect(server.output()).toContain('claiming samples failed');
+    expect((await sim.stats()).requests).toBe(SAMPLES);
     expect(server.output()).not.toContain('the runner thread stopped unexpectedly');
   }, 180_000);
 

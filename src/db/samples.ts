@@ -121,6 +121,8 @@ function claimSql(db: Db) {
 export async function claimSamples(
   db: Db,
   c: { runId: string; owner: string; now: number; leaseExpiresAt: number; limit: number; order: ClaimOrder; window: number },
+  /** PostgreSQL: told the claim's transaction id, for claimStatus should the commit's answer be lost. */
+  began?: (xid: string) => void,
 ): Promise<ClaimedRow[]> {
   const q = claimSql(db);
   return db.tx(async (tx) => {
@@ -128,8 +130,11 @@ export async function claimSamples(
     // heartbeat (its replica was taken for dead) takes nothing more; the row is shared-locked, so a
     // takeover waits for this claim, and its recovery then returns these leases too.
     if (tx.dialect === 'pg') {
-      const { rows: holder } = await tx.exec('select 1 from runner_lock where id = 1 and owner = ? for share', [c.owner]);
+      const { rows: holder } = await tx.exec<{ xid: string }>('select txid_current()::text as xid from runner_lock where id = 1 and owner = ? for share', [
+        c.owner,
+      ]);
       if (!holder.length) throw new Error('this process no longer holds the runner lock');
+      began?.(holder[0].xid);
     }
     // A run paused or cancelled since the caller read it takes no more: the status is read in the
     // claim's own transaction.
@@ -163,6 +168,15 @@ export async function readClaim(db: Db, c: { runId: string; owner: string; lease
     [c.runId, c.owner, c.leaseExpiresAt],
   );
   return rows;
+}
+
+/**
+ * PostgreSQL: where a claim's transaction stands, by the id claimSamples was told: `committed`,
+ * `aborted`, or `in progress` while its commit is still being made; null once it is too old to say.
+ */
+export async function claimStatus(db: Db, xid: string): Promise<string | null> {
+  const { rows } = await db.exec<{ status: string | null }>('select txid_status(?::bigint) as status', [xid]);
+  return rows[0]?.status ?? null;
 }
 
 // Positions per statement: an `in (...)` list binds one value per position, and SQLite caps bound values.

@@ -1,5 +1,5 @@
 import type { Db } from '../db/client.js';
-import { claimSamples, readClaim, type ClaimedRow, type ClaimOrder } from '../db/samples.js';
+import { claimSamples, claimStatus, readClaim, type ClaimedRow, type ClaimOrder } from '../db/samples.js';
 import type { ResultWriter } from './results.js';
 
 /** A sample leased for dispatch, with its run. */
@@ -14,11 +14,17 @@ export interface Claimed extends ClaimedRow {
 const LEASE_MS = 24 * 3600_000;
 /** A run's buffer is refilled once it holds no more than this share of its last claim, so the pump finds samples waiting. */
 const REFILL_AT = 0.25;
+/**
+ * A run's claim under way keeps the slots of the runs behind it this long (see isClaiming): a
+ * claim takes milliseconds; one held up by a slow database must not idle the fleet meanwhile.
+ */
+const CLAIM_HOLD_MS = 500;
 
 interface RunBuffer {
   samples: Claimed[];
-  /** The claim under way, if any. */
+  /** The claim under way, if any, and when it began (performance.now()). */
   claiming: Promise<void> | null;
+  claimedAt: number;
   /** Bumped when the buffer is given back: a claim that lands after it gives its samples back too. */
   generation: number;
   /** Nothing was due at the last claim this tick. */
@@ -32,6 +38,8 @@ interface Unsettled {
   buffer: RunBuffer;
   generation: number;
   leaseExpiresAt: number;
+  /** PostgreSQL: the claim's transaction id, once the server had told it; without it, nothing was committed. */
+  xid: string | null;
   onClaim: () => void;
 }
 
@@ -63,13 +71,14 @@ export class ClaimBuffer {
 
   private bufferOf(runId: string): RunBuffer {
     let b = this.buffers.get(runId);
-    if (!b) this.buffers.set(runId, (b = { samples: [], claiming: null, generation: 0, drained: false, lastClaim: 0 }));
+    if (!b) this.buffers.set(runId, (b = { samples: [], claiming: null, claimedAt: 0, generation: 0, drained: false, lastClaim: 0 }));
     return b;
   }
 
-  /** A claim of the run's is under way. */
+  /** A claim of the run's began less than CLAIM_HOLD_MS ago and is still under way. */
   isClaiming(runId: string): boolean {
-    return this.buffers.get(runId)?.claiming != null;
+    const b = this.buffers.get(runId);
+    return b?.claiming != null && performance.now() - b.claimedAt < CLAIM_HOLD_MS;
   }
 
   /** The run had nothing due at its last claim this tick, and holds nothing. */
@@ -81,11 +90,15 @@ export class ClaimBuffer {
   /** A new tick: runs found drained may have samples due again (retries whose backoff ended); failed claims are looked for. */
   newTick(): void {
     for (const b of this.buffers.values()) b.drained = false;
-    if (this.unsettled.length && !this.settling) {
-      this.settling = this.settle().finally(() => {
-        this.settling = null;
-      });
-    }
+    if (this.unsettled.length) void this.settleOnce();
+  }
+
+  /** Looks at the failed claims, one look at a time: a second asked for meanwhile shares the first. */
+  private settleOnce(): Promise<void> {
+    this.settling ??= this.settle().finally(() => {
+      this.settling = null;
+    });
+    return this.settling;
   }
 
   /**
@@ -105,29 +118,39 @@ export class ClaimBuffer {
     const generation = b.generation;
     const now = this.clock();
     const leaseExpiresAt = (this.lastExpiry = Math.max(now + LEASE_MS, this.lastExpiry + 1));
+    let xid: string | null = null;
+    b.claimedAt = performance.now();
     // The claim is over before its samples land: a pump they start sees no claim under way, and
     // starts the next one when the buffer runs low.
-    b.claiming = claimSamples(this.db, { runId, owner: this.owner, now, leaseExpiresAt, limit, order, window }).then(
+    b.claiming = claimSamples(this.db, { runId, owner: this.owner, now, leaseExpiresAt, limit, order, window }, (id) => {
+      xid = id;
+    }).then(
       (rows) => {
         b.claiming = null;
         b.lastClaim = limit;
         if (rows.length === 0) b.drained = true;
-        try {
-          this.landed(runId, b, generation, rows, onClaim);
-        } catch (err) {
-          // The claim was made and its samples are in the buffer: not a failed claim to read again.
-          this.onError(err);
-        }
+        this.land(runId, b, generation, rows, onClaim);
       },
       (err: unknown) => {
         b.claiming = null;
         // Tried again next tick: a busy database must not be asked again at once by every pump.
         b.drained = true;
         // Failed as seen from here; made, perhaps, on the server. Read again on the next ticks.
-        this.unsettled.push({ runId, buffer: b, generation, leaseExpiresAt, onClaim });
+        this.unsettled.push({ runId, buffer: b, generation, leaseExpiresAt, xid, onClaim });
         this.onError(err);
+        // The slots this claim held go to the runs behind it.
+        this.onClaimed();
       },
     );
+  }
+
+  /** landed(), whose failure is not the claim's: its samples are in the buffer, not to be read again. */
+  private land(runId: string, b: RunBuffer, generation: number, rows: ClaimedRow[], onClaim: () => void): void {
+    try {
+      this.landed(runId, b, generation, rows, onClaim);
+    } catch (err) {
+      this.onError(err);
+    }
   }
 
   /** Claimed samples reach their buffer, or go back to the queue if it was given back meanwhile. */
@@ -135,6 +158,7 @@ export class ClaimBuffer {
     const claimed = rows.map((r) => ({ ...r, runId }));
     if (this.buffers.get(runId) !== b || b.generation !== generation) {
       for (const s of claimed) this.giveBack(s);
+      this.onClaimed();
       return;
     }
     if (claimed.length) {
@@ -152,16 +176,35 @@ export class ClaimBuffer {
    */
   private async settle(): Promise<void> {
     for (const u of [...this.unsettled]) {
-      let rows: ClaimedRow[];
+      let rows: ClaimedRow[] | null;
       try {
-        rows = await readClaim(this.db, { runId: u.runId, owner: this.owner, leaseExpiresAt: u.leaseExpiresAt });
+        rows = await this.reread(u);
       } catch (err) {
         this.onError(err);
         return;
       }
+      // Still being committed (or the database cannot say yet): looked at again on a later tick.
+      if (rows === null) continue;
       this.unsettled = this.unsettled.filter((x) => x !== u);
-      this.landed(u.runId, u.buffer, u.generation, rows, u.onClaim);
+      this.land(u.runId, u.buffer, u.generation, rows, u.onClaim);
     }
+  }
+
+  /**
+   * A failed claim's samples: none if it was not made, null while it may still be. On PostgreSQL
+   * a commit cut off from its client may be made after the client saw the error (the server still
+   * writing it, or waiting on a synchronous standby): the transaction's status says when it is
+   * over. On SQLite a claim that failed was not made, and the read finds nothing.
+   */
+  private async reread(u: Unsettled): Promise<ClaimedRow[] | null> {
+    if (this.db.dialect === 'pg') {
+      // Without its id the claim never heard back from its first statement, so it sent no commit.
+      if (u.xid === null) return [];
+      const status = await claimStatus(this.db, u.xid);
+      if (status === 'aborted') return [];
+      if (status === 'in progress') return null;
+    }
+    return readClaim(this.db, { runId: u.runId, owner: this.owner, leaseExpiresAt: u.leaseExpiresAt });
   }
 
   /** Runs that hold claimed samples or have a claim under way. */
@@ -193,7 +236,7 @@ export class ClaimBuffer {
     for (const runId of [...this.buffers.keys()]) this.release(runId);
     await Promise.allSettled(claiming);
     await this.settling;
-    if (this.unsettled.length) await this.settle();
+    if (this.unsettled.length) await this.settleOnce();
     await this.writer.flush();
   }
 }

@@ -38,7 +38,8 @@ export const CreateRunBody = z
     params: Params.optional(),
     shard_size: z.number().int().min(1).max(100_000).optional(),
     output: z
-      .object({ uri: z.string().min(1).max(4096) })
+      // An S3 key is at most 1,024 bytes; the unique index on it (PostgreSQL's btree) takes at most 2,704.
+      .object({ uri: z.string().min(1).max(1024) })
       .strict()
       .optional(),
     regenerate: z.enum(REGENERATE_MODES).nullable().optional(),

@@ -36,9 +36,15 @@ export interface NewRun {
   dispatch_order?: DispatchOrder;
 }
 
+/** An S3 object key is at most 1,024 bytes; the output prefix's unique index holds it whole. */
+const MAX_OUTPUT_URI_BYTES = 1024;
+
 async function outputUriFor(deps: Deps, runId: string, requested?: string): Promise<string> {
   if (!requested) return `${deps.config.outputUri}runs/${runId}/`;
   const uri = requested.endsWith('/') ? requested : requested + '/';
+  if (Buffer.byteLength(requested) > MAX_OUTPUT_URI_BYTES) {
+    throw new ApiError('validation_failed', `output.uri: at most ${MAX_OUTPUT_URI_BYTES} bytes in UTF-8`, { field: 'output.uri' });
+  }
   try {
     parseStoreUri(uri);
   } catch (err) {
