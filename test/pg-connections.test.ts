@@ -6,8 +6,8 @@ import { RunnerLock } from '../src/runner/lock.js';
 import { CuttingProxy, since } from './support/faults.js';
 import { doneOf, faultRig, readOutput, waitForEnd, waitForReadyz, waitForRun } from './support/fault-rig.js';
 import { createTestDatabase, describePg, type TestDatabase } from './support/pg.js';
-import { createRun, expectCountersMatchRecount, makePrompts, registerEndpoint, uploadFile } from './support/runner-checks.js';
-import { call } from './support/server.js';
+import { createRun, expectCountersMatchRecount, makePrompts, registerEndpoint, uploadFile, type Prompts } from './support/runner-checks.js';
+import { call, type ServerProcess } from './support/server.js';
 
 // The PostgreSQL store under what a stalled or cut-off process does to it: a connection the server
 // ends while regen holds it, and a lock row another process keeps locked.
@@ -58,6 +58,46 @@ async function client(url: string): Promise<pg.Client> {
 async function dbNow(c: pg.Client): Promise<number> {
   const { rows } = await c.query<{ now: string }>('select (extract(epoch from clock_timestamp()) * 1000)::bigint as now');
   return Number(rows[0].now);
+}
+
+/** A test database behind a proxy that can cut it off; `url` goes through the proxy, `port` is the server's own. */
+async function proxiedDatabase(name: string): Promise<{ proxy: CuttingProxy; url: string; port: string }> {
+  const database = await createTestDatabase(name);
+  databases.push(database);
+  const through = new URL(database.url);
+  const port = through.port;
+  const proxy = await new CuttingProxy({ host: through.hostname, port: Number(port) }).start();
+  proxies.push(proxy);
+  through.port = String(proxy.port);
+  return { proxy, url: through.toString(), port };
+}
+
+/** A server on a proxied database, running `samples` prompts on one simulator (cap 8), once `fraction` of them are done. */
+async function proxiedRun(name: string, samples: number, seed: number, fraction: number) {
+  const { proxy, url, port } = await proxiedDatabase(`pgconn_${name.replace(/-/g, '_')}`);
+  const sim = await rig.sim({ 'max-running': 64, 'ttft-ms': 50, 'tokens-per-second': 2000, seed });
+  const server = await rig.serve(rig.dir(`regen-pg-${name}-`), { REGEN_DATABASE_URL: url });
+  const prompts = makePrompts(samples, name);
+  await registerEndpoint(server.url, sim.url, { max_concurrency: 8 });
+  const { id } = await createRun(server.url, {
+    model: 'sim-model',
+    input: { file_id: await uploadFile(server.url, prompts.jsonl) },
+    shard_size: 100,
+    regenerate: 'last_assistant',
+  });
+  await waitForRun(server.url, id, `${fraction * 100}% done`, (r) => doneOf(r) >= fraction * samples, 120_000, 50);
+  return { proxy, port, sim, server, prompts, id };
+}
+
+/** The run completed with each prompt answered once, and the runner thread never restarted. */
+async function expectWhole(server: ServerProcess, id: string, prompts: Prompts, samples: number, ms: number): Promise<void> {
+  const done = await waitForEnd(server.url, id, ms);
+  expect(done.status, done.status_reason).toBe('completed');
+  expect(done.request_counts).toMatchObject({ total: samples, completed: samples, failed: 0 });
+  await expectCountersMatchRecount(server.url, done);
+  const out = await readOutput(done, prompts);
+  expect(out.lines.size).toBe(samples);
+  expect(server.output()).not.toContain('the runner thread stopped unexpectedly');
 }
 
 await describePg('the PostgreSQL store under stalled and cut-off connections', () => {
@@ -125,14 +165,8 @@ await describePg('the PostgreSQL store under stalled and cut-off connections', (
   });
 
   it("the proxy in front of the database counts its clients' round trips (the bench's figure)", async () => {
-    const database = await createTestDatabase('pgconn_count');
-    databases.push(database);
-    const target = new URL(database.url);
-    const proxy = await new CuttingProxy({ host: target.hostname, port: Number(target.port) }).start();
-    proxies.push(proxy);
-    const through = new URL(database.url);
-    through.port = String(proxy.port);
-    const c = await client(through.toString());
+    const { proxy, url } = await proxiedDatabase('pgconn_count');
+    const c = await client(url);
     const before = proxy.roundTrips;
     await c.query('select 1');
     // Parameters: parse, bind, describe, execute and sync, sent at once: one round trip.
@@ -146,63 +180,23 @@ await describePg('the PostgreSQL store under stalled and cut-off connections', (
 
   it('a claim the database made whose answer was lost (a failover at its commit) is dispatched, not left leased', async () => {
     const SAMPLES = 400;
-    const database = await createTestDatabase('pgconn_lost_claim');
-    databases.push(database);
-    const target = new URL(database.url);
-    const proxy = await new CuttingProxy({ host: target.hostname, port: Number(target.port) }).start();
-    proxies.push(proxy);
-    const through = new URL(database.url);
-    through.port = String(proxy.port);
-    const sim = await rig.sim({ 'max-running': 64, 'ttft-ms': 50, 'tokens-per-second': 2000, seed: 12 });
-    const server = await rig.serve(rig.dir('regen-pg-lost-claim-'), { REGEN_DATABASE_URL: through.toString() });
-    const prompts = makePrompts(SAMPLES, 'lost-claim');
-    await registerEndpoint(server.url, sim.url, { max_concurrency: 8 });
-    const { id } = await createRun(server.url, {
-      model: 'sim-model',
-      input: { file_id: await uploadFile(server.url, prompts.jsonl) },
-      shard_size: 100,
-      regenerate: 'last_assistant',
-    });
-    await waitForRun(server.url, id, '10% done', (r) => doneOf(r) >= 0.1 * SAMPLES, 120_000, 50);
+    const { proxy, sim, server, prompts, id } = await proxiedRun('lost-claim', SAMPLES, 12, 0.1);
     // The claim's statement (src/db/samples.ts): its samples are leased, and the runner hears nothing back.
     await withTimeout(proxy.loseCommitOf("status = 'in_progress', attempts = attempts + 1"), 30_000, 'a claim to commit');
     await new Promise((r) => setTimeout(r, 1000));
     proxy.restore();
 
     // Leases are never given back by expiry: a claim taken for failed would hold its samples until a restart.
-    const done = await waitForEnd(server.url, id, 60_000);
-    expect(done.status, done.status_reason).toBe('completed');
-    expect(done.request_counts).toMatchObject({ total: SAMPLES, completed: SAMPLES, failed: 0 });
-    await expectCountersMatchRecount(server.url, done);
-    const out = await readOutput(done, prompts);
-    expect(out.lines.size).toBe(SAMPLES);
+    await expectWhole(server, id, prompts, SAMPLES, 60_000);
     // The trap took a claim the runner saw fail; its samples were sent once, not again.
     expect(server.output()).toContain('claiming samples failed');
     expect((await sim.stats()).requests).toBe(SAMPLES);
-    expect(server.output()).not.toContain('the runner thread stopped unexpectedly');
   }, 180_000);
 
   it('a database that goes away mid-run and comes back (a failover) loses and duplicates nothing', async () => {
     const SAMPLES = 1500;
     const OUTAGE_MS = 6000;
-    const database = await createTestDatabase('pgconn_outage');
-    databases.push(database);
-    const target = new URL(database.url);
-    const proxy = await new CuttingProxy({ host: target.hostname, port: Number(target.port) }).start();
-    proxies.push(proxy);
-    const through = new URL(database.url);
-    through.port = String(proxy.port);
-    const sim = await rig.sim({ 'max-running': 64, 'ttft-ms': 50, 'tokens-per-second': 2000, seed: 11 });
-    const server = await rig.serve(rig.dir('regen-pg-outage-'), { REGEN_DATABASE_URL: through.toString() });
-    const prompts = makePrompts(SAMPLES, 'outage');
-    await registerEndpoint(server.url, sim.url, { max_concurrency: 8 });
-    const { id } = await createRun(server.url, {
-      model: 'sim-model',
-      input: { file_id: await uploadFile(server.url, prompts.jsonl) },
-      shard_size: 100,
-      regenerate: 'last_assistant',
-    });
-    await waitForRun(server.url, id, '30% done', (r) => doneOf(r) >= 0.3 * SAMPLES, 120_000, 50);
+    const { proxy, port, server, prompts, id } = await proxiedRun('outage', SAMPLES, 11, 0.3);
 
     proxy.cut();
     const t0 = performance.now();
@@ -212,19 +206,13 @@ await describePg('the PostgreSQL store under stalled and cut-off connections', (
     const read = await call(server.url, `/v1/runs/${id}`);
     expect(read.status, JSON.stringify(read.body)).toBe(503);
     expect(read.headers.get('content-type')).toContain('application/problem+json');
-    expect(JSON.stringify(read.body)).not.toContain(String(target.port));
+    expect(JSON.stringify(read.body)).not.toContain(port);
     await new Promise((r) => setTimeout(r, Math.max(0, OUTAGE_MS - since(t0))));
     proxy.restore();
 
     await waitForReadyz(server.url, 200, 30_000);
-    const done = await waitForEnd(server.url, id, 180_000);
-    expect(server.proc.exitCode, 'the server lived through the outage').toBeNull();
-    expect(done.status, done.status_reason).toBe('completed');
-    expect(done.request_counts).toMatchObject({ total: SAMPLES, completed: SAMPLES, failed: 0 });
-    await expectCountersMatchRecount(server.url, done);
-    const out = await readOutput(done, prompts);
-    expect(out.lines.size).toBe(SAMPLES);
     // The runner thread was never restarted: the outage was weathered, not crashed through.
-    expect(server.output()).not.toContain('the runner thread stopped unexpectedly');
+    await expectWhole(server, id, prompts, SAMPLES, 180_000);
+    expect(server.proc.exitCode, 'the server lived through the outage').toBeNull();
   }, 300_000);
 });
