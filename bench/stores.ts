@@ -7,8 +7,8 @@ import { spawnServer, tempDir, type ServerProcess } from '../test/support/server
 import { json, scaled, submitPrompts, until, uploadFile, writePrompts, type Figure } from './support.js';
 
 // SQLite against PostgreSQL, side by side in one run: ingest of one file, and dispatch with one
-// replica and with three (one dispatching, two standing by and serving the API), and the
-// database round trips a sample costs with each.
+// replica and with three (each driving its share of the two endpoints: one each for two of them,
+// none for the third, which serves the API), and the database round trips a sample costs with each.
 
 const MODEL = 'bench-model';
 const SLOTS = 64;
@@ -53,7 +53,7 @@ async function ingestRate(dataDir: string, file: string, env: Record<string, str
   }
 }
 
-/** Samples a second from first dispatch to completion, on `replicas` servers sharing the store (the first one dispatches). */
+/** Samples a second from first dispatch to completion, on `replicas` servers sharing the store. */
 async function dispatchRate(dirs: string[], env: Record<string, string>, sims: SimProcess[], n: number): Promise<number> {
   const servers: ServerProcess[] = [];
   try {
@@ -67,7 +67,7 @@ async function dispatchRate(dirs: string[], env: Record<string, string>, sims: S
       async () => ((await json<{ data: { state: string }[] }>(first.url, '/v1/endpoints')).data.every((e) => e.state === 'ready') ? true : undefined),
       30_000,
     );
-    // Created through a standby when there is one: the run reaches the dispatcher through the database.
+    // Created through another replica when there is one: the run reaches the others through the database.
     const runId = await submitPrompts((others[0] ?? first).url, n, { model: MODEL, params: { max_tokens: 256 }, quality: false });
     const done = await until(
       'the run to complete',
@@ -120,7 +120,7 @@ export async function benchStores(): Promise<Figure[]> {
     const perSample3 = ((await commits(three.url)) - before3) / n;
     // Round trips, counted on the wire by a proxy between the replicas and the database, in runs of
     // their own (the proxy's hop would slow the rates above): from the servers' start to their
-    // stop, so migrations, ingest and the standbys' reads count too.
+    // stop, so migrations, ingest and each replica's heartbeats and balancing count too.
     const roundTrips = async (replicas: string[]) => {
       const d = await database();
       const target = new URL(d.url);

@@ -240,7 +240,11 @@ describe('GET /metrics', () => {
     // This process among replicas: one series naming it, its store and its runner's role.
     const replica = m.series.filter((s) => s.name === 'regen_replica_info');
     expect(replica).toEqual([
-      { name: 'regen_replica_info', labels: { replica: `${hostname()}:${process.pid}`, store: onPg ? 'postgresql' : 'sqlite', role: 'dispatching' }, value: 1 },
+      {
+        name: 'regen_replica_info',
+        labels: { replica: `${hostname()}:${process.pid}`, store: onPg ? 'postgresql' : 'sqlite', role: onPg ? 'coordinating' : 'dispatching' },
+        value: 1,
+      },
     ]);
     for (const s of m.series.filter((x) => x.name.startsWith('regen_'))) {
       for (const label of Object.keys(s.labels)) expect(allowed.has(label), `${s.name} has label ${label}`).toBe(true);

@@ -145,7 +145,7 @@ await describePg('the PostgreSQL store under stalled and cut-off connections', (
     const { db, url } = await store('pgconn_lock');
     const first = new RunnerLock(db, 'owner-a', Date.now);
     await first.take();
-    // A stalled claim of the holder: the lock row held shared by a transaction left open.
+    // A stalled transaction of the holder: the lock row held shared, left open.
     const staller = await client(url);
     await staller.query('begin');
     await staller.query('select owner from runner_lock where id = 1 for share');

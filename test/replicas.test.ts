@@ -1,18 +1,20 @@
 import pg from 'pg';
 import { afterAll, expect, it } from 'vitest';
+import type { SimProcess } from '../src/sim/spawn.js';
 import { since } from './support/faults.js';
 import { doneOf, faultRig, readOutput, s3ServerEnv, waitForEnd, waitForRun } from './support/fault-rig.js';
 import { createTestDatabase, describePg, type TestDatabase } from './support/pg.js';
 import { createRun, expectCountersMatchRecount, getRun, makePrompts, registerEndpoint, uploadFile } from './support/runner-checks.js';
 import { call, waitFor, type ServerProcess } from './support/server.js';
 
-// Three `regen serve` processes on one PostgreSQL database and one S3 store. One dispatches; the
-// others serve the whole API and stand by, and take dispatch over when it dies.
+// `regen serve` processes on one PostgreSQL database and one S3 store. Each serves the whole API
+// and dispatches to the endpoints it drives, one replica per endpoint; the one holding the runner
+// lock also coordinates. The others take a dead one's endpoints, leases and coordination over.
 
 const BUCKET = 'regen-replicas';
 const SAMPLES = 3000;
 const SHARD_SIZE = 200;
-/** Below the simulator's own running limit: a second dispatcher at any moment would show as more running at once. */
+/** Below the simulator's own running limit: a second driver of an endpoint at any moment would show as more running at once. */
 const CAP = 6;
 
 const rig = faultRig();
@@ -34,56 +36,103 @@ async function newDatabase(name: string): Promise<TestDatabase> {
   return d;
 }
 
-/** The pid of the process that holds the runner lock now. */
-async function dispatcherPid(url: string): Promise<number | null> {
+async function query<R extends pg.QueryResultRow>(url: string, text: string): Promise<R[]> {
   const client = new pg.Client({ connectionString: url });
   await client.connect();
   try {
-    const { rows } = await client.query<{ pid: number }>('select pid from runner_lock where id = 1');
-    return rows[0]?.pid ?? null;
+    return (await client.query<R>(text)).rows;
   } finally {
     await client.end();
   }
 }
 
+/** The pid of the process that holds the runner lock now: the coordinating replica. */
+async function coordinatorPid(url: string): Promise<number | null> {
+  return (await query<{ pid: number }>(url, 'select pid from runner_lock where id = 1'))[0]?.pid ?? null;
+}
+
+/** The pid of the replica driving each endpoint, by the endpoint's URL. */
+async function driverPids(url: string): Promise<Map<string, number>> {
+  const rows = await query<{ url: string; pid: number }>(
+    url,
+    'select e.url, r.pid from endpoint_drivers d join endpoints e on e.id = d.endpoint_id join replicas r on r.owner = d.owner',
+  );
+  return new Map(rows.map((r) => [r.url, r.pid]));
+}
+
+const alive = (r: ServerProcess) => r.proc.exitCode === null && r.proc.signalCode === null;
+
+/** Waits until each of `endpoints` is driven by one of `replicas`, and each of those drives one at least. */
+async function waitForSpread(dbUrl: string, endpoints: string[], replicas: ServerProcess[], what: string): Promise<Map<string, number>> {
+  const pids = new Set(replicas.map((r) => r.proc.pid));
+  return waitFor(
+    what,
+    async () => {
+      const drivers = await driverPids(dbUrl);
+      const driving = new Set(drivers.values());
+      const spread = endpoints.every((u) => pids.has(drivers.get(u) ?? -1)) && [...pids].every((p) => driving.has(p!) || endpoints.length < pids.size);
+      return spread ? drivers : undefined;
+    },
+    30_000,
+    100,
+  );
+}
+
 await describePg('three replicas on one PostgreSQL', () => {
-  it('share the API, and a kill -9 of the dispatching replica, twice, loses and duplicates nothing', async () => {
+  it('share the API and the fleet, one replica per endpoint, and kills -9 of two of them, one after the other, lose and duplicate nothing', async () => {
     const database = await newDatabase('replicas');
     const s3 = await rig.startS3(BUCKET);
-    const sim = await rig.sim({ 'max-running': 64, 'ttft-ms': 20, 'tokens-per-second': 5000, seed: 5 });
+    const sims: SimProcess[] = [];
+    for (const seed of [5, 6, 7]) sims.push(await rig.sim({ 'max-running': 64, 'ttft-ms': 20, 'tokens-per-second': 5000, seed }));
     const env = { ...s3ServerEnv(`http://127.0.0.1:${s3.port}`, BUCKET), REGEN_DATABASE_URL: database.url };
     const replicas: ServerProcess[] = [];
     for (const name of ['a', 'b', 'c']) replicas.push(await rig.serve(rig.dir(`regen-replica-${name}-`), env));
     const [a, b, c] = replicas;
 
-    // Upload through one replica, register the endpoint and create the run through another, follow it on the third.
+    // Upload through one replica, register the endpoints and create the run through another, follow it on the third.
     const prompts = makePrompts(SAMPLES, 'rep');
     const fileId = await uploadFile(a.url, prompts.jsonl);
-    await registerEndpoint(b.url, sim.url, { max_concurrency: CAP });
+    for (const sim of sims) await registerEndpoint(b.url, sim.url, { max_concurrency: CAP });
     const { id } = await createRun(b.url, { model: 'sim-model', input: { file_id: fileId }, shard_size: SHARD_SIZE, regenerate: 'last_assistant' });
     const moving = await waitForRun(c.url, id, 'progress seen from the third replica', (r) => doneOf(r) > 0 && r.progress.samples_per_second > 0, 60_000, 50);
     expect(moving.status).toBe('in_progress');
 
-    // One dispatches, the others say they stand by.
+    // Each replica drives one endpoint, and each endpoint answers; one replica also coordinates.
+    const urls = sims.map((s) => s.url);
+    const spread = await waitForSpread(database.url, urls, replicas, 'each replica to drive one endpoint');
+    expect(new Set(spread.values()).size).toBe(3);
+    const before = await Promise.all(sims.map((s) => s.stats()));
+    await waitFor(
+      'every endpoint to answer',
+      async () => ((await Promise.all(sims.map((s) => s.stats()))).every((st, i) => st.completed > before[i].completed) ? true : undefined),
+      30_000,
+      50,
+    );
     const roles = await Promise.all(replicas.map((r) => roleOf(r.url)));
-    expect(roles.sort()).toEqual(['dispatching', 'standby', 'standby']);
-    const byPid = (pid: number | null) => replicas.find((r) => r.proc.pid === pid && r.proc.exitCode === null && r.proc.signalCode === null);
-    const kills: { at: number; takeoverMs: number }[] = [];
-    const killDispatcher = async (fraction: number) => {
+    expect(roles.sort()).toEqual(['coordinating', 'dispatching', 'dispatching']);
+    // The fleet's rate from any replica: all three endpoints' answers, summed from their drivers' views.
+    const endpointsSeen = (await call(a.url, '/v1/endpoints')).body.data as { live: { in_flight: number } }[];
+    expect(endpointsSeen).toHaveLength(3);
+
+    const kills: { role: string; at: number; takeoverMs: number }[] = [];
+    const kill = async (fraction: number, role: 'dispatching' | 'coordinating') => {
       await waitForRun(c.url, id, `${fraction * 100}% done`, (r) => doneOf(r) >= fraction * SAMPLES, 120_000, 50);
-      const dispatcher = byPid(await dispatcherPid(database.url));
-      expect(dispatcher, 'a live replica holds the runner lock').toBeDefined();
-      await dispatcher!.kill('SIGKILL');
+      const coordinator = await coordinatorPid(database.url);
+      const victim = replicas.find((r) => alive(r) && (role === 'coordinating') === (r.proc.pid === coordinator));
+      expect(victim, `a live ${role} replica`).toBeDefined();
+      await victim!.kill('SIGKILL');
       const t0 = performance.now();
-      const alive = replicas.filter((r) => r !== dispatcher && r.proc.exitCode === null && r.proc.signalCode === null);
-      // What the dead one had committed; then another replica takes over and the run moves past it.
-      const atKill = doneOf(await getRun(alive[0].url, id));
-      await waitForRun(alive[0].url, id, 'progress after the kill', (r) => doneOf(r) > atKill + CAP || r.status === 'completed', 60_000, 50);
-      kills.push({ at: atKill, takeoverMs: Math.round(since(t0)) });
-      return alive;
+      const left = replicas.filter(alive);
+      // What was committed at the kill; then the dead one's endpoint is driven by a live replica, and the run moves past it.
+      const atKill = doneOf(await getRun(left[0].url, id));
+      await waitForSpread(database.url, urls, left, "the dead replica's endpoint to be driven again");
+      await waitForRun(left[0].url, id, 'progress after the kill', (r) => doneOf(r) > atKill + 3 * CAP || r.status === 'completed', 60_000, 50);
+      kills.push({ role, at: atKill, takeoverMs: Math.round(since(t0)) });
+      return left;
     };
-    await killDispatcher(0.3);
-    const [last] = await killDispatcher(0.65);
+    await kill(0.3, 'dispatching');
+    const [last] = await kill(0.65, 'coordinating');
+    expect(await roleOf(last.url)).toBe('coordinating');
 
     const done = await waitForEnd(last.url, id, 180_000);
     expect(done.status, done.status_reason).toBe('completed');
@@ -92,25 +141,28 @@ await describePg('three replicas on one PostgreSQL', () => {
     // Every prompt once, with its own answer, in shards the manifest describes.
     const out = await readOutput(done, prompts, `http://127.0.0.1:${s3.port}`);
     expect(out.lines.size).toBe(SAMPLES);
-    // One dispatcher at a time: the endpoint never ran more than its cap at once.
-    const stats = await sim.stats();
-    expect(stats.maxRunningSeen).toBeLessThanOrEqual(CAP);
-    // The surviving replica reports the endpoint as the dispatcher sees it.
-    const endpoints = (await call(last.url, '/v1/endpoints')).body.data;
-    expect(endpoints).toHaveLength(1);
-    console.log(`replicas: ${JSON.stringify({ samples: SAMPLES, kills, max_running_seen: stats.maxRunningSeen, cap: CAP })}`);
+    // One driver per endpoint at a time: no endpoint ever ran more than its cap at once.
+    const stats = await Promise.all(sims.map((s) => s.stats()));
+    for (const st of stats) expect(st.maxRunningSeen).toBeLessThanOrEqual(CAP);
+    // The last replica drives all three.
+    expect(new Set((await driverPids(database.url)).values())).toEqual(new Set([last.proc.pid]));
+    console.log(
+      `replicas: ${JSON.stringify({ samples: SAMPLES, kills, answered: stats.map((st) => st.completed), max_running_seen: stats.map((st) => st.maxRunningSeen), cap: CAP })}`,
+    );
   }, 300_000);
 
-  it('a dispatcher stalled past the lock is replaced by a stale heartbeat, stops when it wakes, stands by, and takes over again', async () => {
+  it('a coordinator stalled past its heartbeat is replaced, its endpoint driven by the other; woken, it stops, rejoins, and takes over again', async () => {
     const database = await newDatabase('replica-stall');
     const s3 = rig.s3 ?? (await rig.startS3(BUCKET));
-    // Slow enough that the run is far from done after the stall: about 100 answers a second at the cap.
-    const sim = await rig.sim({ 'max-running': 64, 'ttft-ms': 50, 'tokens-per-second': 2000, seed: 7 });
+    // Slow enough that the run is far from done after the stall: about 100 answers a second at each cap.
+    const sims: SimProcess[] = [];
+    for (const seed of [7, 8]) sims.push(await rig.sim({ 'max-running': 64, 'ttft-ms': 50, 'tokens-per-second': 2000, seed }));
+    const urls = sims.map((s) => s.url);
     const env = { ...s3ServerEnv(`http://127.0.0.1:${s3.port}`, BUCKET), REGEN_DATABASE_URL: database.url };
     const a = await rig.serve(rig.dir('regen-stall-a-'), env);
     const b = await rig.serve(rig.dir('regen-stall-b-'), env);
     const prompts = makePrompts(SAMPLES, 'stall');
-    await registerEndpoint(a.url, sim.url, { max_concurrency: CAP });
+    for (const url of urls) await registerEndpoint(a.url, url, { max_concurrency: CAP });
     const { id } = await createRun(a.url, {
       model: 'sim-model',
       input: { file_id: await uploadFile(a.url, prompts.jsonl) },
@@ -118,39 +170,43 @@ await describePg('three replicas on one PostgreSQL', () => {
       regenerate: 'last_assistant',
     });
     await waitForRun(a.url, id, '10% done', (r) => doneOf(r) >= 0.1 * SAMPLES, 120_000, 50);
-    const first = (await dispatcherPid(database.url)) === a.proc.pid ? a : b;
+    await waitForSpread(database.url, urls, [a, b], 'each replica to drive one endpoint');
+    const first = (await coordinatorPid(database.url)) === a.proc.pid ? a : b;
     const second = first === a ? b : a;
 
-    // Stalled, not dead: its pid lives, so only its heartbeat going stale lets the other take over.
+    // Stalled, not dead: its pid lives, so only its heartbeats going stale let the other take over.
     first.proc.kill('SIGSTOP');
     const t0 = performance.now();
-    await waitFor('the other replica to take the lock', async () => ((await dispatcherPid(database.url)) === second.proc.pid ? true : undefined), 60_000, 100);
+    await waitFor('the other replica to take the lock', async () => ((await coordinatorPid(database.url)) === second.proc.pid ? true : undefined), 60_000, 100);
     const takeoverMs = since(t0);
+    await waitForSpread(database.url, urls, [second], 'the other replica to drive both endpoints');
     const atTakeover = doneOf(await getRun(second.url, id));
-    await waitForRun(second.url, id, 'progress under the new dispatcher', (r) => doneOf(r) > atTakeover + CAP, 60_000, 50);
+    await waitForRun(second.url, id, 'progress without the stalled replica', (r) => doneOf(r) > atTakeover + 3 * CAP, 60_000, 50);
+    expect(second.output()).toContain('a replica stopped beating: its endpoints and leases go to the others');
 
-    // Woken, it finds the lock gone at its next tick, stops dispatching and stands by.
+    // Woken, it finds the lock gone at its next tick, stops, and joins again as a new replica with an endpoint of its own.
     first.proc.kill('SIGCONT');
-    await waitFor('the woken replica to stand by', () => (/another replica dispatches: standing by/.test(first.output()) ? true : undefined), 30_000, 50);
-    expect(first.output()).toContain('the runner lock was taken by another process; dispatch stops');
-    await waitFor('the woken replica to report standby', async () => ((await roleOf(first.url)) === 'standby' ? true : undefined), 10_000, 50);
-    expect(await roleOf(second.url)).toBe('dispatching');
+    await waitFor('the woken replica to stop', () => (/dispatch stops/.test(first.output()) ? true : undefined), 30_000, 50);
+    await waitForSpread(database.url, urls, [first, second], 'the woken replica to drive an endpoint again');
+    expect(await roleOf(first.url)).toBe('dispatching');
+    expect(await roleOf(second.url)).toBe('coordinating');
     expect(doneOf(await getRun(first.url, id)), 'the run is still under way').toBeLessThan(SAMPLES);
 
-    // And it can dispatch again: the new dispatcher dies, the stood-by one takes over and finishes.
+    // And it can coordinate again: the other dies, the rejoined one takes over and finishes.
     await second.kill('SIGKILL');
     const done = await waitForEnd(first.url, id, 180_000);
     expect(done.status, done.status_reason).toBe('completed');
-    expect(await dispatcherPid(database.url)).toBe(first.proc.pid);
+    expect(await coordinatorPid(database.url)).toBe(first.proc.pid);
     expect(done.request_counts).toMatchObject({ total: SAMPLES, completed: SAMPLES, failed: 0 });
     await expectCountersMatchRecount(first.url, done);
     const out = await readOutput(done, prompts, `http://127.0.0.1:${s3.port}`);
     expect(out.lines.size).toBe(SAMPLES);
-    expect((await sim.stats()).maxRunningSeen).toBeLessThanOrEqual(CAP);
-    console.log(`replica stall: ${JSON.stringify({ takeover_ms: takeoverMs, max_running_seen: (await sim.stats()).maxRunningSeen })}`);
+    const peaks = (await Promise.all(sims.map((s) => s.stats()))).map((st) => st.maxRunningSeen);
+    for (const peak of peaks) expect(peak).toBeLessThanOrEqual(CAP);
+    console.log(`replica stall: ${JSON.stringify({ takeover_ms: takeoverMs, max_running_seen: peaks })}`);
   }, 300_000);
 
-  it('two runs for different models share the fleet by priority, through a takeover; a replica restarted on the database stands by and serves them', async () => {
+  it('two runs for different models share the fleet by priority, through a takeover; a replica restarted on the database rejoins and serves them', async () => {
     const database = await newDatabase('replica-priority');
     const s3 = rig.s3 ?? (await rig.startS3(BUCKET));
     const sims = [
@@ -184,10 +240,10 @@ await describePg('three replicas on one PostgreSQL', () => {
       regenerate: 'last_assistant',
     });
 
-    // Followed on a replica that stands by: what the low run completes while the high one is dispatched.
-    const pid = await dispatcherPid(database.url);
+    // Followed on another replica: what the low run completes while the high one is dispatched.
+    const pid = await coordinatorPid(database.url);
     const first = replicas.find((r) => r.proc.pid === pid)!;
-    expect(first, 'a replica dispatches').toBeDefined();
+    expect(first, 'a replica coordinates').toBeDefined();
     const follower = replicas.find((r) => r !== first)!;
     let lowAtHighStart: number | null = null;
     let lowAtHighAnswered: number | null = null;
@@ -199,7 +255,7 @@ await describePg('three replicas on one PostgreSQL', () => {
         if (lowAtHighStart === null && h.status !== 'validating' && h.status !== 'queued') lowAtHighStart = l.request_counts.completed;
         if (lowAtHighAnswered === null && doneOf(h) === 900) lowAtHighAnswered = l.request_counts.completed;
         if (!killed && doneOf(h) >= 0.3 * 900) {
-          // The dispatcher dies with samples of both runs claimed: its successor claims by priority again.
+          // The coordinator dies with samples of both runs claimed: the replica taking its endpoint claims by priority again.
           killed = true;
           await first.kill('SIGKILL');
         }
@@ -211,16 +267,16 @@ await describePg('three replicas on one PostgreSQL', () => {
     expect(lowAtHighStart, 'the high-priority run was seen under way').not.toBeNull();
     expect(highDone.l.status, 'the low-priority run is still under way when the high one ends').toBe('in_progress');
     // While the high run is answered, the low one gets only what it had in flight or claimed ahead
-    // when the high one arrived or the new dispatcher started (a claim of the fleet's slots each
+    // when the high one arrived or a replica took the dead one's endpoint (a claim of its slots each
     // time), and the slots its last samples leave: a few dozen. Sharing the slots it would get
     // about as many as the high run's 900; served by age, all of them.
     const lowMeanwhile = lowAtHighAnswered! - lowAtHighStart!;
     expect(lowMeanwhile).toBeLessThanOrEqual(0.15 * 900);
 
-    // The killed replica, restarted on the same database and folder, stands by and serves both runs.
-    expect(killed, 'the dispatcher was killed mid-run').toBe(true);
+    // The killed replica, restarted on the same database and folder, rejoins and serves both runs.
+    expect(killed, 'the coordinator was killed mid-run').toBe(true);
     const restarted = await rig.serve(dirs[replicas.indexOf(first)], env);
-    await waitFor('the restarted replica to stand by', async () => ((await roleOf(restarted.url)) === 'standby' ? true : undefined), 30_000, 100);
+    await waitFor('the restarted replica to dispatch', async () => ((await roleOf(restarted.url)) === 'dispatching' ? true : undefined), 30_000, 100);
     expect((await getRun(restarted.url, highRun.id)).status).toBe('completed');
     const lowDone = await waitForEnd(restarted.url, lowRun.id, 180_000);
     expect(lowDone.status, lowDone.status_reason).toBe('completed');
@@ -236,5 +292,44 @@ await describePg('three replicas on one PostgreSQL', () => {
     console.log(
       `replica priority: ${JSON.stringify({ low_meanwhile: lowMeanwhile, slots: SLOTS, high: 900, low_after: highDone.l.request_counts.completed - lowAtHighStart! })}`,
     );
+  }, 300_000);
+
+  it('an endpoint driven alone by one replica is judged against the peers another drives: the broken one is quarantined', async () => {
+    const database = await newDatabase('replica-quality');
+    const s3 = rig.s3 ?? (await rig.startS3(BUCKET));
+    const good = await rig.sim({ 'max-running': 16, 'ttft-ms': 20, 'tokens-per-second': 4000, seed: 31 });
+    const bad = await rig.sim({ 'max-running': 16, 'ttft-ms': 20, 'tokens-per-second': 4000, 'degenerate-rate': 0.87, seed: 32 });
+    const env = { ...s3ServerEnv(`http://127.0.0.1:${s3.port}`, BUCKET), REGEN_DATABASE_URL: database.url };
+    const a = await rig.serve(rig.dir('regen-quality-a-'), env);
+    const b = await rig.serve(rig.dir('regen-quality-b-'), env);
+    await registerEndpoint(a.url, good.url);
+    const badEp = await registerEndpoint(a.url, bad.url);
+    // One endpoint each: each replica sees only its own endpoint's answers.
+    await waitForSpread(database.url, [good.url, bad.url], [a, b], 'each replica to drive one endpoint');
+    const prompts = makePrompts(2000, 'quality');
+    const { id } = await createRun(b.url, {
+      model: 'sim-model',
+      input: { file_id: await uploadFile(b.url, prompts.jsonl) },
+      shard_size: SHARD_SIZE,
+      regenerate: 'last_assistant',
+      params: { chat_template_kwargs: { enable_thinking: true } },
+      // Half the answers come from the broken server until it is out: a run-wide limit above that
+      // share leaves the verdict to the quarantine, which is what this test is about.
+      quality: { gate: { max_flag_rate: 0.5 } },
+    });
+    const done = await waitForEnd(a.url, id, 180_000);
+    expect(done.status, done.status_reason).toBe('completed');
+    const ep = (await call(b.url, `/v1/endpoints/${badEp.id}`)).body;
+    expect(ep.state).toBe('quarantined');
+    expect(ep.last_error).toMatch(/^quality gate: endpoint /);
+    // Out within seconds: the peers' counts reach it with the views, once a second. Left in, it
+    // would answer about half of the 2,000 and more (its flagged answers asked again).
+    const answeredByBad = (await bad.stats()).completed;
+    expect(answeredByBad).toBeLessThan(600);
+    const out = await readOutput(done, prompts, `http://127.0.0.1:${s3.port}`);
+    expect(out.lines.size).toBe(2000);
+    const flagged = [...out.lines.values()].filter((l) => l.flags.length > 0).length;
+    expect(flagged / out.lines.size).toBeLessThan(0.01);
+    console.log(`replica quality: ${JSON.stringify({ answers_from_the_broken_one: answeredByBad, flagged_in_output: flagged })}`);
   }, 300_000);
 });

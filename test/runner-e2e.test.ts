@@ -18,9 +18,10 @@ const sims: SimProcess[] = [];
 beforeAll(async () => {
   sims.push(await spawnSimulator({ ...LATENCY, 'max-running': 8, seed: 1 }));
   sims.push(await spawnSimulator({ ...LATENCY, 'max-running': 16, seed: 2 }));
-  // Started last, and slow to load its weights: it must still be `starting` when the run begins.
-  sims.push(await spawnSimulator({ ...LATENCY, 'max-running': 4, 'startup-ms': 6000, seed: 3 }));
   server = await startTestServer();
+  // Started last, once regen is up (a loaded machine may take seconds to start it), and slow to
+  // load its weights: it must still be `starting` when the run begins.
+  sims.push(await spawnSimulator({ ...LATENCY, 'max-running': 4, 'startup-ms': 6000, seed: 3 }));
 });
 
 afterAll(async () => {

@@ -90,7 +90,7 @@ describe('the runner thread', () => {
   });
 
   // On PostgreSQL a second process on the database is a replica (README "PostgreSQL and replicas"; test/replicas.test.ts kills the dispatcher).
-  it.skipIf(!onPg)('starts a second process on the same PostgreSQL database as a replica standing by, which serves the API', async () => {
+  it.skipIf(!onPg)('starts a second process on the same PostgreSQL database as a replica that dispatches too and serves the API', async () => {
     const data = tempDir('regen-standby-');
     const first = await spawnServer(data.dir);
     try {
@@ -98,11 +98,9 @@ describe('the runner thread', () => {
       const other = tempDir('regen-standby-b-');
       const second = await spawnServer(other.dir, await storeEnv(data.dir));
       try {
-        await waitFor(
-          'the second to stand by',
-          () => (second.output().includes('another replica dispatches: standing by to take over') ? true : undefined),
-          30_000,
-        );
+        const roleOf = async (base: string) => /^regen_replica_info\{[^}]*role="(\w+)"/m.exec(await (await fetch(`${base}/metrics`)).text())?.[1];
+        await waitFor('the second to dispatch', async () => ((await roleOf(second.url)) === 'dispatching' ? true : undefined), 30_000);
+        expect(await roleOf(first.url)).toBe('coordinating');
         expect((await call(second.url, '/healthz')).status).toBe(200);
         expect((await call(second.url, '/v1/runs')).status).toBe(200);
         expect((await call(first.url, '/healthz')).status).toBe(200);

@@ -1,6 +1,5 @@
 import { and, eq, sql } from 'drizzle-orm';
 import { locked, type Db, type Tables } from './client.js';
-import type { RunnerSnapshot } from '../domain/live-view.js';
 
 export type RunnerLockRow = Tables['runnerLock']['$inferSelect'];
 
@@ -32,8 +31,8 @@ export async function takeRunnerLock(
   refuse: (held: RunnerLockRow, now: number) => boolean,
 ): Promise<RunnerLockRow | null> {
   const { runnerLock } = db.t;
-  // A look first, locking nothing: a standby asks every second, and must not queue behind the
-  // dispatcher's claims (which hold the row shared), nor hold up its heartbeat, while it lives.
+  // A look first, locking nothing: every other replica asks every second, and must not hold up
+  // the holder's heartbeat while it lives.
   const [seen] = await db.q.select().from(runnerLock).where(eq(runnerLock.id, LOCK_ID)).limit(1);
   if (seen && refuse(seen, await lockClock(db, clock))) return seen;
   return db.tx(async (tx) => {
@@ -41,7 +40,7 @@ export async function takeRunnerLock(
     const [held] = await locked(tx, tx.q.select().from(runnerLock).where(eq(runnerLock.id, LOCK_ID)).limit(1));
     const now = await lockClock(tx, clock);
     if (held && refuse(held, now)) return held;
-    const lock = { ...holder, heartbeatAt: now, view: null };
+    const lock = { ...holder, heartbeatAt: now };
     await tx.q
       .insert(runnerLock)
       .values({ id: LOCK_ID, ...lock })
@@ -68,27 +67,14 @@ export async function releaseRunnerLock(db: Db, owner: string): Promise<void> {
   await db.write((w) => w.q.delete(runnerLock).where(and(eq(runnerLock.id, LOCK_ID), eq(runnerLock.owner, owner))));
 }
 
-/** Publishes the dispatching process's live view for the replicas standing by; false when another owner holds the lock now. */
-export async function publishRunnerView(db: Db, owner: string, view: RunnerSnapshot): Promise<boolean> {
-  const { runnerLock } = db.t;
-  const set = await db.write((w) =>
-    w.q
-      .update(runnerLock)
-      .set({ view })
-      .where(and(eq(runnerLock.id, LOCK_ID), eq(runnerLock.owner, owner)))
-      .returning({ id: runnerLock.id }),
-  );
-  return set.length > 0;
-}
-
-/** The lock as it is now: who dispatches, their last heartbeat and the view they published. */
+/** The lock as it is now: who holds it, and their last heartbeat. */
 export async function readRunnerLock(db: Db): Promise<RunnerLockRow | undefined> {
   const { runnerLock } = db.t;
   const [row] = await db.q.select().from(runnerLock).where(eq(runnerLock.id, LOCK_ID)).limit(1);
   return row;
 }
 
-/** Who holds the lock now, without the published view. */
+/** Who holds the lock now. */
 export async function runnerLockOwner(db: Db): Promise<string | undefined> {
   const { runnerLock } = db.t;
   const [row] = await db.q.select({ owner: runnerLock.owner }).from(runnerLock).where(eq(runnerLock.id, LOCK_ID)).limit(1);

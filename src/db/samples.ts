@@ -126,14 +126,13 @@ export async function claimSamples(
 ): Promise<ClaimedRow[]> {
   const q = claimSql(db);
   return db.tx(async (tx) => {
-    // PostgreSQL: only the holder of the runner lock claims. A dispatcher deposed since its last
-    // heartbeat (its replica was taken for dead) takes nothing more; the row is shared-locked, so a
-    // takeover waits for this claim, and its recovery then returns these leases too.
+    // PostgreSQL: only a live replica claims. One taken for dead since its last heartbeat (its row
+    // removed) takes nothing more; the row is key-share locked, so its removal waits for this
+    // claim, and the leases it made are then returned with the rest (src/db/replicas.ts). A
+    // heartbeat's update does not wait on it.
     if (tx.dialect === 'pg') {
-      const { rows: holder } = await tx.exec<{ xid: string }>('select txid_current()::text as xid from runner_lock where id = 1 and owner = ? for share', [
-        c.owner,
-      ]);
-      if (!holder.length) throw new Error('this process no longer holds the runner lock');
+      const { rows: holder } = await tx.exec<{ xid: string }>('select txid_current()::text as xid from replicas where owner = ? for key share', [c.owner]);
+      if (!holder.length) throw new Error('this replica was taken for dead: it claims nothing more');
       began?.(holder[0].xid);
     }
     // A run paused or cancelled since the caller read it takes no more: the status is read in the
@@ -241,6 +240,30 @@ export async function dispatchFrontier(db: Db, runId: string): Promise<number> {
 export async function releaseRunLeases(db: Db, runId: string): Promise<number> {
   return db.tx(async (tx) => {
     const { changes: n } = await tx.exec(`update samples set ${RELEASE_LEASE} where run_id = ? and status = 'in_progress'`, [runId]);
+    if (n) await tx.exec(`update runs set pending = pending + ?, in_progress = in_progress - ? where id = ?`, [n, n, runId]);
+    return n;
+  });
+}
+
+/**
+ * PostgreSQL: returns to the queue the leases of a run held by processes that are no longer
+ * replicas (they died, or stopped with a claim whose answer was lost), as releaseRunLeases does
+ * for all of them. The owners are read before the replicas: a replica registers before it claims,
+ * so an owner seen here and missing there is gone, never one that has only just started.
+ */
+export async function releaseOrphanLeases(db: Db, runId: string): Promise<number> {
+  const owners = (
+    await db.exec<{ owner: string | null }>(`select distinct lease_owner as owner from samples where run_id = ? and status = 'in_progress'`, [runId])
+  ).rows.map((r) => r.owner);
+  if (!owners.length) return 0;
+  const live = new Set((await db.exec<{ owner: string }>('select owner from replicas')).rows.map((r) => r.owner));
+  const gone = owners.filter((o): o is string => o !== null && !live.has(o));
+  if (!gone.length) return 0;
+  return db.tx(async (tx) => {
+    const { changes: n } = await tx.exec(`update samples set ${RELEASE_LEASE} where run_id = ? and status = 'in_progress' and lease_owner = any(?)`, [
+      runId,
+      gone,
+    ]);
     if (n) await tx.exec(`update runs set pending = pending + ?, in_progress = in_progress - ? where id = ?`, [n, n, runId]);
     return n;
   });

@@ -275,5 +275,20 @@ export const runnerLock = pgTable('runner_lock', {
   pid: integer('pid').notNull(),
   hostname: text('hostname').notNull(),
   heartbeatAt: bigintNumber('heartbeat_at').notNull(),
+});
+
+export const replicas = pgTable('replicas', {
+  owner: text('owner').primaryKey(),
+  pid: integer('pid').notNull(),
+  hostname: text('hostname').notNull(),
+  heartbeatAt: bigintNumber('heartbeat_at').notNull(),
   view: jsonb('view').$type<RunnerSnapshot | null>(),
+});
+
+export const endpointDrivers = pgTable('endpoint_drivers', {
+  endpointId: text('endpoint_id')
+    .primaryKey()
+    .references(() => endpoints.id, { onDelete: 'cascade' }),
+  owner: text('owner').notNull(),
+  since: bigintNumber('since').notNull(),
 });

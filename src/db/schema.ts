@@ -293,16 +293,36 @@ export const forecasts = sqliteTable(
   (t) => [index('forecasts_run_idx').on(t.runId, t.at)],
 );
 
-// One row: the process that runs dispatch on this database, so a restart can tell a dead
-// owner's leases from a live one's. On PostgreSQL the replicas standing by read the live view it
-// publishes here (rates, in-flight counts: src/runner/view.ts), so each serves the whole API.
+// One row: on SQLite the process that runs dispatch on this database, so a restart can tell a
+// dead owner's leases from a live one's; on PostgreSQL the replica that coordinates (recovery,
+// shard uploads, finishing: src/runner/runner.ts).
 export const runnerLock = sqliteTable('runner_lock', {
   id: integer('id').primaryKey(),
   owner: text('owner').notNull(),
   pid: integer('pid').notNull(),
   hostname: text('hostname').notNull(),
   heartbeatAt: integer('heartbeat_at').notNull(),
+});
+
+// PostgreSQL only (empty on SQLite, where one process dispatches): each live `regen serve`, its
+// heartbeat in the database's time and the live view it publishes (rates, in-flight counts:
+// src/runner/view.ts), so every replica serves the whole fleet's.
+export const replicas = sqliteTable('replicas', {
+  owner: text('owner').primaryKey(),
+  pid: integer('pid').notNull(),
+  hostname: text('hostname').notNull(),
+  heartbeatAt: integer('heartbeat_at').notNull(),
   view: text('view', { mode: 'json' }).$type<RunnerSnapshot | null>(),
+});
+
+// PostgreSQL only: which replica drives each endpoint. One driver at a time keeps the endpoint's
+// cap whole across replicas (src/db/replicas.ts).
+export const endpointDrivers = sqliteTable('endpoint_drivers', {
+  endpointId: text('endpoint_id')
+    .primaryKey()
+    .references(() => endpoints.id, { onDelete: 'cascade' }),
+  owner: text('owner').notNull(),
+  since: integer('since').notNull(),
 });
 
 export type RunInput = { file_id: string } | { uri: string } | { requests: number };

@@ -13,6 +13,17 @@ export async function closedOpenShards(db: Db, runId: string, limit: number): Pr
     .limit(limit);
 }
 
+/** A shard as it is now, while it is still open in `generation`; null once uploaded or reopened since. */
+export async function openShardNow(db: Db, runId: string, shard: Pick<ShardRow, 'idx' | 'generation'>): Promise<ShardRow | null> {
+  const { shards } = db.t;
+  const [row] = await db.q
+    .select()
+    .from(shards)
+    .where(and(eq(shards.runId, runId), eq(shards.idx, shard.idx)))
+    .limit(1);
+  return row && row.status === 'open' && row.generation === shard.generation ? row : null;
+}
+
 /** Notes a failed upload on a shard still open: one that an upload marked meanwhile keeps its clean state. */
 export async function recordUploadFailure(db: Db, runId: string, idx: number, attempts: number, lastError: string): Promise<void> {
   const { shards } = db.t;

@@ -19,10 +19,27 @@ export interface EndpointLive {
 }
 
 /**
- * What this process's runner does: it dispatches, or it stands by while another replica dispatches
- * (PostgreSQL), or it has stopped (shutting down, or deposed and not yet standing by again).
+ * What this process's runner does: it dispatches to the endpoints it drives; on PostgreSQL one
+ * replica also coordinates (recovery, shard uploads, forecasts, finishing runs); or it has stopped
+ * (shutting down, or taken for dead and not yet started again).
  */
-export type RunnerRole = 'dispatching' | 'standby' | 'stopped';
+export type RunnerRole = 'coordinating' | 'dispatching' | 'stopped';
+
+/**
+ * PostgreSQL: what the other replicas need from the endpoints a replica drives, published with its
+ * view. For the coordinator's forecast: each dispatchable endpoint's cap, and per run and endpoint
+ * the completion tokens per request-millisecond of its answers over the last minute. For each
+ * replica's quality gate: per run and endpoint, the answers in its window and how many were
+ * flagged, so an endpoint is judged against its peers whichever replica drives them, and per run
+ * the window of kept answers, so the run's gate judges the run's answers, not one replica's.
+ */
+export interface FleetShare {
+  caps: Record<string, number>;
+  speeds: Record<string, Record<string, number>>;
+  quality?: Record<string, Record<string, [samples: number, flagged: number]>>;
+  /** Per run, the replica's own window of its kept answers, for the run's gate: [samples, flagged]. */
+  runWindows?: Record<string, [samples: number, flagged: number]>;
+}
 
 /** The whole view at one moment: what the runner's worker thread sends to the API thread. */
 export interface RunnerSnapshot {
@@ -30,4 +47,6 @@ export interface RunnerSnapshot {
   endpoints: Record<string, EndpointLive>;
   /** The sending runner's own role; absent from older snapshots and the idle view. */
   role?: RunnerRole;
+  /** PostgreSQL: published by each replica for the forecast; absent from the merged view. */
+  fleet?: FleetShare;
 }

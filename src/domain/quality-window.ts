@@ -87,9 +87,18 @@ export class QualityWindow {
     return best < 0 ? null : FLAGS[best];
   }
 
-  /** Enough samples are done to judge, and the window's flagged share is over the limit. */
-  overLimit(gate: GateSettings): boolean {
-    return this.seen >= gate.min_samples && this.filled > 0 && this.share > gate.max_flag_rate;
+  /**
+   * Enough samples are done to judge, and the window's flagged share is over the limit; with
+   * `others`, the windows other replicas keep of the same run (PostgreSQL), over them all together.
+   */
+  overLimit(gate: GateSettings, others: readonly EndpointCounts[] = []): boolean {
+    let size = this.filled;
+    let flagged = this.flaggedCount;
+    for (const o of others) {
+      size += o.size;
+      flagged += o.flagged;
+    }
+    return this.seen >= gate.min_samples && size > 0 && flagged / size > gate.max_flag_rate;
   }
 
   private count(flags: number, delta: number): void {
@@ -133,10 +142,15 @@ export interface EndpointQuarantine {
  * Peers need ENDPOINT_MIN_SAMPLES between them, and one endpoint is always left: a fault of every
  * endpoint is the run's gate's to report.
  */
-export function endpointVerdict(windows: ReadonlyMap<string, QualityWindow>, gate: GateSettings): EndpointQuarantine[] {
+export function endpointVerdict(
+  windows: ReadonlyMap<string, QualityWindow>,
+  gate: GateSettings,
+  /** Peers judged elsewhere (PostgreSQL: endpoints other replicas drive), as their drivers count them: they weigh as peers only. */
+  peers: readonly EndpointCounts[] = [],
+): EndpointQuarantine[] {
   let allFlagged = 0;
   let allSamples = 0;
-  for (const w of windows.values()) {
+  for (const w of [...windows.values(), ...peers]) {
     allFlagged += w.flagged;
     allSamples += w.size;
   }
@@ -151,7 +165,14 @@ export function endpointVerdict(windows: ReadonlyMap<string, QualityWindow>, gat
     const flag = w.dominantFlag()!;
     found.push({ endpointId, share: w.share, samples: w.size, peerShare, flag, flagShare: w.flagCount(flag) / w.size });
   }
-  return found.sort((a, b) => b.share - a.share).slice(0, Math.max(0, windows.size - 1));
+  // One endpoint always stays in rotation: another replica's peer, or the best of these.
+  return found.sort((a, b) => b.share - a.share).slice(0, Math.max(0, windows.size - (peers.length ? 0 : 1)));
+}
+
+/** An endpoint's window in numbers: its answers and how many of them were flagged. */
+export interface EndpointCounts {
+  size: number;
+  flagged: number;
 }
 
 /** Two-proportion z statistic of x1/n1 over x2/n2, pooled variance; 0 when the shares are equal. */

@@ -2,7 +2,7 @@ import { ContentCounter, type TopContent } from './content-counter.js';
 import { FLAGS, flagBit, type Flag } from './flags.js';
 import { LengthHistogram } from './length-histogram.js';
 import { computeFlags, type GateSettings, percent, type QualityCheckConfig, type QualityInput, VERDICT_PREFIX } from './quality.js';
-import { type EndpointQuarantine, endpointVerdict, QUALITY_WINDOW, QualityWindow } from './quality-window.js';
+import { type EndpointCounts, type EndpointQuarantine, endpointVerdict, QUALITY_WINDOW, QualityWindow } from './quality-window.js';
 
 // One run's quality as its answers come in: the checks that need the run so far (duplicate_content,
 // short_for_run) on top of computeFlags, the run's window for the gate, and a window per endpoint
@@ -82,11 +82,17 @@ export class RunQuality {
    * that can take the run's work now). O(texts in the content window + endpoints): call it with
    * the gate's check, not per sample.
    */
-  verdict(gate: GateSettings, inRotation?: ReadonlySet<string>): RunVerdict {
-    const overLimit = this.window.overLimit(gate);
+  verdict(
+    gate: GateSettings,
+    inRotation?: ReadonlySet<string>,
+    peers: readonly EndpointCounts[] = [],
+    /** PostgreSQL: the run's windows on the other replicas, judged with this one's. */
+    otherWindows: readonly EndpointCounts[] = [],
+  ): RunVerdict {
+    const overLimit = this.window.overLimit(gate, otherWindows);
     // Judged against the endpoints that can still take work, so that one always stays among them.
     const judged = inRotation ? new Map([...this.endpoints].filter(([id]) => inRotation.has(id))) : this.endpoints;
-    const quarantine = endpointVerdict(judged, gate).map((q) => ({ ...q, reason: explainQuarantine(q, this.facts(this.window, gate)) }));
+    const quarantine = endpointVerdict(judged, gate, peers).map((q) => ({ ...q, reason: explainQuarantine(q, this.facts(this.window, gate)) }));
     return { overLimit, reason: overLimit ? explainVerdict(this.facts(this.window, gate)) : null, quarantine };
   }
 
@@ -111,6 +117,11 @@ export class RunQuality {
     }
     for (const [id, flags] of byEndpoint) this.endpointWindow(id).restore(flags);
     for (const [tokens, samples] of lengths) this.lengths.add(tokens, samples);
+  }
+
+  /** The run's window in numbers: its samples and how many were flagged. */
+  windowCounts(): EndpointCounts {
+    return { size: this.window.size, flagged: this.window.flagged };
   }
 
   /** Each endpoint's window: what the quarantine judges, the most flagged first. */

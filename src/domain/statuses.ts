@@ -34,8 +34,6 @@ export function canTransition(from: RunStatus, to: RunStatus): boolean {
 export const TERMINAL_RUN_STATUSES: readonly RunStatus[] = ['completed', 'failed', 'cancelled'];
 /** Runs the runner looks after: it dispatches, drains, uploads or finishes them. */
 export const ACTIVE_RUN_STATUSES: readonly RunStatus[] = ['queued', 'in_progress', 'paused', 'cancelling', 'finalizing'];
-/** What a restart must pick up again: the active runs, and inputs whose validation was cut short. */
-export const RECOVERABLE_RUN_STATUSES: readonly RunStatus[] = [...ACTIVE_RUN_STATUSES, 'validating'];
 /** Runs whose pending samples may be sent now. */
 export const DISPATCHABLE_RUN_STATUSES: readonly RunStatus[] = ['queued', 'in_progress'];
 /** Runs an operator may pause; a run already finalizing has nothing left to send. */

@@ -113,9 +113,17 @@ export class LiveEndpoint {
    */
   quarantining = false;
 
-  /** Ready, and not waiting for a probe to clear it: new samples may be sent. */
+  /**
+   * PostgreSQL: this replica drives the endpoint (src/db/replicas.ts): only then does it probe it
+   * and send to it. Always true on SQLite, where one process drives them all.
+   */
+  driven = true;
+  /** PostgreSQL: being handed to another replica: nothing new is sent, and once what runs there ends it goes. */
+  handingOff = false;
+
+  /** Ready, driven here, and not waiting for a probe to clear it: new samples may be sent. */
   get dispatchable(): boolean {
-    return this.state === 'ready' && !this.suspect && !this.quarantining;
+    return this.state === 'ready' && this.driven && !this.handingOff && !this.suspect && !this.quarantining;
   }
 
   serves(model: string): boolean {
@@ -190,6 +198,8 @@ type HealthVerdict = { ok: true } | { ok: false; reason: string; loading: boolea
  */
 export class EndpointPool {
   readonly live = new Map<string, LiveEndpoint>();
+  /** PostgreSQL: the endpoints this replica drives, as its last balance left them; null on SQLite (all of them). */
+  private drivenIds: Set<string> | null;
 
   constructor(
     private readonly db: Db,
@@ -198,7 +208,31 @@ export class EndpointPool {
     private readonly settings: PoolSettings,
     private readonly onChange: () => void,
     private readonly onRemoved: (e: LiveEndpoint) => void,
-  ) {}
+  ) {
+    this.drivenIds = db.dialect === 'pg' ? new Set() : null;
+  }
+
+  /**
+   * PostgreSQL: the endpoints this replica drives from now on. One newly driven is probed before
+   * anything is sent to it; one no longer driven gets nothing new (the caller handed it over once
+   * its requests ended).
+   */
+  drive(ids: ReadonlySet<string>): void {
+    this.drivenIds = new Set(ids);
+    for (const e of this.live.values()) this.markDriven(e);
+  }
+
+  private markDriven(e: LiveEndpoint): void {
+    const driven = this.drivenIds?.has(e.row.id) ?? true;
+    if (driven && !e.driven) {
+      e.suspect = true;
+      e.nextProbeAt = 0;
+      e.probeFailures = 0;
+      this.onChange();
+    }
+    if (!driven) e.handingOff = false;
+    e.driven = driven;
+  }
 
   private readonly syncs = new Coalesced();
 
@@ -217,7 +251,9 @@ export class EndpointPool {
       seen.add(row.id);
       const e = this.live.get(row.id);
       if (!e) {
-        this.live.set(row.id, new LiveEndpoint(row));
+        const joined = new LiveEndpoint(row);
+        joined.driven = this.drivenIds?.has(row.id) ?? true;
+        this.live.set(row.id, joined);
         continue;
       }
       this.takeRow(e, row);
@@ -270,6 +306,23 @@ export class EndpointPool {
     return false;
   }
 
+  /** Whether any endpoint serves `model` now: here, or ready by its row when another replica drives it. */
+  servedAnywhere(model: string): boolean {
+    for (const e of this.live.values()) if (e.serves(model) && (e.dispatchable || (!e.driven && e.state === 'ready'))) return true;
+    return false;
+  }
+
+  /** PostgreSQL: whether some endpoint is not driven here (one just registered may be free to take). */
+  undriven(): boolean {
+    for (const e of this.live.values()) if (!e.driven) return true;
+    return false;
+  }
+
+  /** PostgreSQL: the endpoints this replica drives. */
+  driven(): LiveEndpoint[] {
+    return [...this.live.values()].filter((e) => e.driven);
+  }
+
   /** The free and total slots of the dispatchable endpoints serving `model`. */
   slotsFor(model: string): { free: number; total: number } {
     let free = 0;
@@ -298,9 +351,10 @@ export class EndpointPool {
     return e ? e.live(now) : IDLE_ENDPOINT;
   }
 
+  /** The live view of the endpoints this process drives (all of them on SQLite). */
   snapshot(now: number): Record<string, EndpointLive> {
     const out: Record<string, EndpointLive> = {};
-    for (const id of this.live.keys()) out[id] = this.liveOf(id, now);
+    for (const e of this.live.values()) if (e.driven) out[e.row.id] = e.live(now);
     return out;
   }
 
@@ -352,6 +406,8 @@ export class EndpointPool {
   probeDue(): void {
     const now = this.clock();
     for (const e of this.live.values()) {
+      // Another replica drives it: that one probes it.
+      if (!e.driven) continue;
       if (!e.probing && e.nextProbeAt <= now && !this.parked(e)) {
         e.probing = true;
         this.probe(e)

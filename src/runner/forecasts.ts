@@ -3,6 +3,7 @@ import { saveForecast } from '../db/forecasts.js';
 import { calibrationAnswers, dispatchFrontier, type SliceAnswer } from '../db/samples.js';
 import type { RunRow } from '../db/schema.js';
 import { computeForecast, seededRandom, type StoredForecast } from '../domain/forecast.js';
+import type { FleetShare } from '../domain/live-view.js';
 import type { EndpointPool } from './endpoints.js';
 import { RateWindow } from './rates.js';
 
@@ -60,7 +61,27 @@ export class Forecasts {
   constructor(
     private readonly deps: RunnerDeps,
     private readonly pool: EndpointPool,
+    /** PostgreSQL: what the other replicas publish of the endpoints they drive. */
+    private readonly remote: () => FleetShare = () => ({ caps: {}, speeds: {} }),
   ) {}
+
+  /**
+   * What this process knows of the endpoints it dispatches to, for the other replicas: each
+   * dispatchable one's cap, and per run its answers' tokens per request-millisecond.
+   */
+  share(now: number): FleetShare {
+    const caps: FleetShare['caps'] = {};
+    for (const e of this.pool.live.values()) if (e.dispatchable) caps[e.row.id] = this.pool.capOf(e);
+    const speeds: FleetShare['speeds'] = {};
+    for (const [runId, perEndpoint] of this.windows) {
+      for (const [endpointId, w] of perEndpoint) {
+        const r = w.rates(now);
+        if (r.samples <= 0 || r.tokens <= 0) continue;
+        (speeds[runId] ??= {})[endpointId] = r.tokens / r.samples;
+      }
+    }
+    return { caps, speeds };
+  }
 
   /** An endpoint answered a sample of a run after `latencyMs` with `tokens` completion tokens. */
   answered(runId: string, endpointId: string, tokens: number, latencyMs: number, now: number): void {
@@ -99,19 +120,20 @@ export class Forecasts {
    * of the last minute. Summed over the ready endpoints serving the run that have answered it.
    */
   async fleetRate(run: RunRow, now: number): Promise<{ tokensPerSecond: number; endpoints: number }> {
-    const perEndpoint = this.windows.get(run.id);
     const sliceSpeed = (await this.slice(run.id)).speed;
+    // On PostgreSQL the endpoints other replicas drive count as they publish them.
+    const own = this.share(now);
+    const remote = this.pool.live.size > Object.keys(own.caps).length ? this.remote() : { caps: {}, speeds: {} };
     let tokensPerSecond = 0;
     let endpoints = 0;
     for (const e of this.pool.live.values()) {
-      if (!e.dispatchable || !e.serves(run.model)) continue;
-      let perMs = sliceSpeed.get(e.row.id);
-      if (perMs === undefined) {
-        const r = perEndpoint?.get(e.row.id)?.rates(now);
-        if (!r || r.samples <= 0 || r.tokens <= 0) continue;
-        perMs = r.tokens / r.samples;
-      }
-      tokensPerSecond += this.pool.capOf(e) * perMs * 1000;
+      if (!e.serves(run.model)) continue;
+      const from = e.row.id in own.caps ? own : remote;
+      const cap = from.caps[e.row.id];
+      if (cap === undefined) continue;
+      const perMs = sliceSpeed.get(e.row.id) ?? from.speeds[run.id]?.[e.row.id];
+      if (perMs === undefined) continue;
+      tokensPerSecond += cap * perMs * 1000;
       endpoints++;
     }
     return { tokensPerSecond, endpoints };

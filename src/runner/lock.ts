@@ -13,7 +13,7 @@ export const LOCK_STALE_MS = 15_000;
 /** How often the holder renews its heartbeat: a third of the staleness limit, so two missed beats are survived. */
 export const HEARTBEAT_MS = 5000;
 
-function pidAlive(pid: number): boolean {
+export function pidAlive(pid: number): boolean {
   try {
     process.kill(pid, 0);
     return true;

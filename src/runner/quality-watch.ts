@@ -8,6 +8,7 @@ import type { RunRow } from '../db/schema.js';
 import { gateSettings } from '../domain/quality.js';
 import { QUALITY_WINDOW } from '../domain/quality-window.js';
 import { RunQuality } from '../domain/run-quality.js';
+import type { FleetShare } from '../domain/live-view.js';
 import type { RunStatus } from '../domain/statuses.js';
 import type { EndpointPool, LiveEndpoint } from './endpoints.js';
 import { checkGate } from './gate.js';
@@ -31,7 +32,21 @@ export class QualityWatch {
     private readonly pool: EndpointPool,
     /** Commits the answers already settled: a quarantine's requeue must see them. */
     private readonly commitResults: () => Promise<void>,
+    /** PostgreSQL: what the other replicas publish of their quality windows. */
+    private readonly remote: () => Pick<FleetShare, 'quality' | 'runWindows'>[] = () => [],
   ) {}
+
+  /** Per run, the windows of the endpoints this process drives and its own window of the run, for the other replicas' gates. */
+  share(): Required<Pick<FleetShare, 'quality' | 'runWindows'>> {
+    const quality: NonNullable<FleetShare['quality']> = {};
+    const runWindows: NonNullable<FleetShare['runWindows']> = {};
+    for (const [runId, q] of this.runs) {
+      for (const s of q.endpointShares()) if (this.pool.live.get(s.endpointId)?.driven) (quality[runId] ??= {})[s.endpointId] = [s.samples, s.flagged];
+      const w = q.windowCounts();
+      if (w.size) runWindows[runId] = [w.size, w.flagged];
+    }
+    return { quality, runWindows };
+  }
 
   /**
    * Builds a run's checks from what the database kept, once per start: the runner calls it before
@@ -76,7 +91,21 @@ export class QualityWatch {
     const gate = gateSettings(run);
     const q = this.runs.get(run.id);
     if (!gate || !q) return false;
-    const verdict = q.verdict(gate, this.inRotation(run.model));
+    const own = this.inRotation(run.model);
+    const remote = this.remote();
+    // Endpoints another replica drives weigh as peers, as that one counts them; only this one's are judged here.
+    const peers = remote.flatMap((r) =>
+      Object.entries(r.quality?.[run.id] ?? {}).flatMap(([id, [size, flagged]]) => {
+        const e = this.pool.live.get(id);
+        return e && !own.has(id) && e.state === 'ready' && e.serves(run.model) ? [{ size, flagged }] : [];
+      }),
+    );
+    // The run's gate over every replica's window of it.
+    const windows = remote.flatMap((r) => {
+      const w = r.runWindows?.[run.id];
+      return w ? [{ size: w[0], flagged: w[1] }] : [];
+    });
+    const verdict = q.verdict(gate, own, peers, windows);
     for (const bad of verdict.quarantine) await this.quarantine(bad.endpointId, bad.reason);
     if (verdict.overLimit && verdict.reason && !run.gateOverridden && run.status === 'in_progress') {
       if (await transitionRun(this.deps.db, run.id, ['in_progress'], 'paused', this.deps.clock(), { statusReason: verdict.reason })) {
@@ -88,10 +117,10 @@ export class QualityWatch {
     return checkGate(this.deps, run);
   }
 
-  /** The endpoints that can take a run's work now. */
+  /** The endpoints this process drives that can take a run's work now. */
   private inRotation(model: string): Set<string> {
     const ids = new Set<string>();
-    for (const e of this.pool.live.values()) if (e.state === 'ready' && e.serves(model)) ids.add(e.row.id);
+    for (const e of this.pool.live.values()) if (e.driven && e.state === 'ready' && e.serves(model)) ids.add(e.row.id);
     return ids;
   }
 

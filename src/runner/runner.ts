@@ -1,7 +1,18 @@
 import { randomBytes } from 'node:crypto';
 import { hostname } from 'node:os';
 import type { RunnerDeps } from '../deps.js';
-import { publishRunnerView, readRunnerLock, runnerLockOwner } from '../db/runner-lock.js';
+import {
+  balanceEndpoints,
+  beatReplica,
+  leaveReplica,
+  readReplicas,
+  registerReplica,
+  releaseDriver,
+  removeReplicas,
+  REPLICA_STALE_MS,
+  type ReplicaRow,
+} from '../db/replicas.js';
+import { runnerLockOwner } from '../db/runner-lock.js';
 import { getRun, listRunsByStatus, setStatusReason, transitionRun, validatingRunIds } from '../db/runs.js';
 import { cancelPendingSamples, type ClaimOrder } from '../db/samples.js';
 import type { RunRow } from '../db/schema.js';
@@ -14,26 +25,34 @@ import { Coalesced } from './coalesced.js';
 import { Finisher } from './finishing.js';
 import { Forecasts } from './forecasts.js';
 import { QualityWatch } from './quality-watch.js';
-import { HEARTBEAT_MS, RunnerLock, RunnerLockedError } from './lock.js';
+import { HEARTBEAT_MS, pidAlive, RunnerLock, RunnerLockedError } from './lock.js';
 import { RateWindow } from './rates.js';
 import { Requests } from './requests.js';
-import { recover } from './recovery.js';
+import { recover, releaseLeftLeases } from './recovery.js';
 import { ResultWriter, type FlushReport } from './results.js';
 import { IDLE_ENDPOINT, IDLE_PROGRESS, type EndpointLive, type RunnerRole, type RunnerSnapshot, type RunnerView, type RunProgress } from './view.js';
+import type { FleetShare } from '../domain/live-view.js';
 
 /** The loop's period: expiry, probes, run status and uploads are looked at this often. */
 const TICK_MS = 100;
-/** PostgreSQL: how often the live view is published for the other replicas, and read by them. */
+/**
+ * PostgreSQL: how often each replica beats (its row's heartbeat, with its live view for the
+ * others), reads the others' views, balances the endpoints and, on the coordinating replica, looks
+ * for replicas that died.
+ */
 const VIEW_MS = 1000;
+/** PostgreSQL: how often the coordinating replica looks for leases no live replica holds, whatever it saw leave. */
+const ORPHAN_SWEEP_MS = 30_000;
 /** PostgreSQL: how often runs left validating by a replica that died are looked for. */
 const VALIDATION_SWEEP_MS = 10_000;
 /**
- * PostgreSQL: samples are sent only while the lock was last confirmed this recently (each tick
- * confirms it). A process that was stalled (stopped, swapping, cut off from the database) wakes
- * with answers to handle before its first tick; until a tick confirms the lock is still its own,
- * it sends nothing, even from samples it had claimed before the stall. Another replica takes the
- * lock only after 15 s without a heartbeat, and heartbeats come every 5 s: any stall that lost
- * the lock lasted 10 s or more, past this fence, which slow ticks under load stay well within.
+ * PostgreSQL: samples are sent only while this replica's row was last confirmed this recently
+ * (each heartbeat, every second, confirms it). A process that was stalled (stopped, swapping, cut
+ * off from the database) wakes with answers to handle before its next heartbeat; until one
+ * confirms its row is still there, it sends nothing, even from samples it had claimed before the
+ * stall. The coordinating replica removes a replica, and gives its leases and endpoints to others,
+ * only after 15 s without a heartbeat (REPLICA_STALE_MS): any stall that lost the row lasted 14 s
+ * or more, past this fence, which slow heartbeats under load stay well within.
  */
 const LOCK_FENCE_MS = 5000;
 /** While stopping, how often in-flight requests and uploads are looked at (wall time: real timers end them). */
@@ -63,6 +82,12 @@ function claimOrderOf(run: RunRow): ClaimOrder {
  * choice, request building and parsing, the failure policy, the result writer and the finisher.
  * It claims samples in shard order for the highest-priority runs, sends each to the ready endpoint
  * with the most free room for the run's model, and refills a slot as soon as it frees.
+ *
+ * On SQLite one process dispatches: it holds the runner lock. On PostgreSQL every replica
+ * dispatches, each to the endpoints it drives (one replica per endpoint, balanced as replicas come
+ * and go: src/db/replicas.ts), with its own claims; the holder of the runner lock also
+ * coordinates: it returns the leases of replicas that died, validates runs left validating, and
+ * does each run-level step (forecasts, dry-run ends, shard uploads, the manifest, finishing) once.
  */
 export class Runner implements RunnerView {
   readonly owner = `${hostname()}:${process.pid}:${randomBytes(4).toString('hex')}`;
@@ -78,33 +103,41 @@ export class Runner implements RunnerView {
   private active: RunRow[] = [];
   private timer: NodeJS.Timeout | null = null;
   private heartbeat: NodeJS.Timeout | null = null;
-  /** PostgreSQL: the live view published for the replicas standing by, or read while this one stands by. */
+  /** PostgreSQL: the replica's heartbeat, with its live view, the others' views and the balance. */
   private viewTimer: NodeJS.Timeout | null = null;
-  /** Another replica dispatches: this one watches the lock, serving the view that one publishes. */
-  private standby = false;
-  private published: RunnerSnapshot | null = null;
-  /** The lock is held and recovery done: samples may be sent. */
+  /** PostgreSQL: every replica dispatches; the lock's holder also coordinates. */
+  private readonly shared: boolean;
+  /** Holds the runner lock, its recovery done: run-level steps are this process's (always, on SQLite). */
+  private coordinating = false;
+  /** PostgreSQL: the other replicas' last published views. */
+  private others: RunnerSnapshot[] = [];
+  /** PostgreSQL, coordinating: the replicas seen at the last heartbeat, to notice one that left. */
+  private seenReplicas = new Set<string>();
+  private orphansSweptAt = 0;
+  /** Registered (PostgreSQL) or holding the lock (SQLite), and recovery done: samples may be sent. */
   private dispatching = false;
-  private watching = false;
+  private beating = false;
   private sweptAt = 0;
   private stopping = false;
   private stopped: Promise<void> | null = null;
-  /** performance.now() when the lock was last confirmed ours (PostgreSQL). */
+  /** performance.now() when this replica's row was last confirmed there (PostgreSQL). */
   private confirmedAt = 0;
   private pumping = false;
   private woken = false;
   private ticking = false;
   private readonly refreshes = new Coalesced();
+  private readonly balances = new Coalesced();
 
   /**
-   * @param onDeposed PostgreSQL: called once dispatch has stopped because another replica took the
-   *   lock (this one was stalled past the lock's staleness); the caller stands a fresh runner by.
+   * @param onDeposed PostgreSQL: called once dispatch has stopped because this replica was taken
+   *   for dead or lost the lock (it was stalled past their staleness); the caller starts a fresh runner.
    */
   constructor(
     private readonly deps: RunnerDeps,
     private readonly onDeposed?: () => void,
   ) {
     const { db, logger, clock, config } = deps;
+    this.shared = db.dialect === 'pg';
     this.lock = new RunnerLock(db, this.owner, clock);
     this.pool = new EndpointPool(
       db,
@@ -123,8 +156,13 @@ export class Runner implements RunnerView {
       () => this.guard('refilling slots', () => this.pump()),
       (err) => this.warn('claiming samples', err),
     );
-    this.quality = new QualityWatch(deps, this.pool, () => this.writer.flush());
-    this.forecasts = new Forecasts(deps, this.pool);
+    this.quality = new QualityWatch(
+      deps,
+      this.pool,
+      () => this.writer.flush(),
+      () => this.others.flatMap((v) => (v.fleet ? [v.fleet] : [])),
+    );
+    this.forecasts = new Forecasts(deps, this.pool, () => this.othersFleet());
     this.requests = new Requests(deps, this.pool, this.writer, (what, step) => this.guard(what, step), {
       settled: () => {
         this.guard('refilling a slot', () => this.pump());
@@ -142,10 +180,7 @@ export class Runner implements RunnerView {
       // A dry run's is of the whole input still, as when its slice was answered.
       settled: async (run) => this.guard('the final forecast', () => this.forecasts.compute(run, this.deps.clock(), true)),
       afterFinish: (runId) => {
-        this.quality.forget(runId);
-        this.forecasts.forget(runId);
-        // A finished run has no rate; its window would otherwise stay in memory for the life of the process.
-        this.runRates.delete(runId);
+        this.forgetRun(runId);
         void this.guard('reading the active runs', () => this.refreshActive());
       },
     });
@@ -153,79 +188,141 @@ export class Runner implements RunnerView {
 
   // ---- start and stop ----
 
-  /** Takes the runner lock, returns a dead owner's leases to the queue, resumes validation, starts ticking. */
+  /**
+   * SQLite: takes the runner lock, returns a dead owner's leases to the queue, resumes validation,
+   * starts ticking. PostgreSQL: registers this replica and dispatches at once; it coordinates too
+   * if the lock is free.
+   */
   async start(): Promise<void> {
-    try {
-      await this.lock.take();
-    } catch (err) {
-      // On SQLite a second process on one file is a mistake; on PostgreSQL it is a replica.
-      if (!(err instanceof RunnerLockedError) || this.deps.db.dialect !== 'pg') throw err;
-      if (this.stopping) return;
-      this.deps.logger.info({ owner: this.owner, reason: err.message }, 'another replica dispatches: standing by to take over');
-      this.standby = true;
-      this.viewTimer = setInterval(() => void this.guard('standing by', () => this.watchLock()), VIEW_MS);
-      return;
-    }
+    if (this.shared) return this.startShared();
+    await this.lock.take();
     // Asked to stop while taking the lock: it goes back at once.
     if (this.stopping) return await this.lock.release();
-    await this.begin();
-  }
-
-  /** With the lock held: a dead owner's leases back to the queue, then the loop. */
-  private async begin(): Promise<void> {
-    // Beating from the start: a long recovery must not let the lock go stale under it.
-    this.heartbeat = setInterval(() => void this.guard('runner heartbeat', () => this.beat()), HEARTBEAT_MS);
-    await recover(this.deps.db, this.deps.logger, this.deps.startIngest);
+    await this.takeCoordination();
     await this.pool.sync();
     await this.refreshActive();
-    // Deposed or asked to stop while recovering: no loop may start after stop() cleared the timers.
+    // Asked to stop while recovering: no loop may start after stop() cleared the timers.
     if (this.stopping) return;
-    this.confirmedAt = performance.now();
     this.dispatching = true;
     this.timer = setInterval(() => void this.tick(), TICK_MS);
-    if (this.deps.db.dialect === 'pg') {
-      this.viewTimer = setInterval(
-        () => void this.guard('publishing the live view', () => publishRunnerView(this.deps.db, this.owner, this.snapshot())),
-        VIEW_MS,
-      );
-    }
     void this.tick();
   }
 
-  /** Standing by: reads the dispatching replica's view, and takes the lock over once its heartbeat is stale. */
-  private async watchLock(): Promise<void> {
-    // One look at a time: a slow database must not let two takeovers run.
-    if (this.stopping || !this.standby || this.watching) return;
-    this.watching = true;
+  private async startShared(): Promise<void> {
+    const t0 = performance.now();
+    await registerReplica(this.deps.db, { owner: this.owner, pid: process.pid, hostname: hostname() });
+    this.confirmedAt = t0;
+    if (this.stopping) return await leaveReplica(this.deps.db, this.owner);
+    await this.pool.sync();
+    await this.tryCoordinating();
+    await this.balanced();
+    await this.refreshActive();
+    if (this.stopping) return;
+    this.dispatching = true;
+    this.timer = setInterval(() => void this.tick(), TICK_MS);
+    this.viewTimer = setInterval(() => void this.guard('replica heartbeat', () => this.replicaBeat()), VIEW_MS);
+    void this.tick();
+  }
+
+  /** With the lock just taken: its heartbeat, then a dead owner's leases back to the queue and validations resumed. */
+  private async takeCoordination(): Promise<void> {
+    // Beating from the start: a long recovery must not let the lock go stale under it.
+    this.heartbeat = setInterval(() => void this.guard('runner heartbeat', () => this.beat()), HEARTBEAT_MS);
     try {
-      this.published = (await readRunnerLock(this.deps.db))?.view ?? null;
-      try {
-        await this.lock.take();
-      } catch (err) {
-        if (err instanceof RunnerLockedError) return;
-        throw err;
-      }
-      if (this.stopping) return;
-      if (this.viewTimer) clearInterval(this.viewTimer);
-      this.viewTimer = null;
-      this.standby = false;
-      this.published = null;
-      this.deps.logger.warn({ owner: this.owner }, 'the dispatching replica stopped beating: this replica takes over dispatch');
-      try {
-        await this.begin();
-      } catch (err) {
-        // Not half a dispatcher: the lock goes back, and this replica stands by again.
-        this.dispatching = false;
-        for (const t of [this.timer, this.heartbeat, this.viewTimer]) if (t) clearInterval(t);
-        this.timer = this.heartbeat = this.viewTimer = null;
-        await this.lock.release().catch(() => {});
-        this.standby = true;
-        this.viewTimer = setInterval(() => void this.guard('standing by', () => this.watchLock()), VIEW_MS);
-        throw err;
-      }
-    } finally {
-      this.watching = false;
+      if (this.shared) await this.sweepReplicas(await readReplicas(this.deps.db));
+      await recover(this.deps.db, this.deps.logger, this.deps.startIngest);
+    } catch (err) {
+      // Not half a coordinator: the lock goes back, and another replica (or this one, later) takes it.
+      if (this.heartbeat) clearInterval(this.heartbeat);
+      this.heartbeat = null;
+      await this.lock.release().catch(() => {});
+      throw err;
     }
+    this.orphansSweptAt = this.deps.clock();
+    this.coordinating = true;
+  }
+
+  /** PostgreSQL: takes the lock if its holder is gone, and with it coordination. */
+  private async tryCoordinating(): Promise<void> {
+    if (this.coordinating || this.stopping) return;
+    try {
+      await this.lock.take();
+    } catch (err) {
+      if (err instanceof RunnerLockedError) return;
+      throw err;
+    }
+    if (this.stopping) return await this.lock.release();
+    await this.takeCoordination();
+    this.deps.logger.info({ owner: this.owner }, 'this replica coordinates: recovery, uploads and finishing runs');
+  }
+
+  /**
+   * PostgreSQL, every second: the heartbeat with this replica's view (a replica whose row is gone
+   * was taken for dead and stops), the others' views, the coordinator's look for replicas that
+   * died, and the endpoints' balance.
+   */
+  private async replicaBeat(): Promise<void> {
+    // One at a time: a slow database must not let two balances or takeovers run.
+    if (this.stopping || this.beating) return;
+    this.beating = true;
+    try {
+      const t0 = performance.now();
+      if (!(await beatReplica(this.deps.db, this.owner, this.ownSnapshot())))
+        return await this.deposed('this replica was taken for dead (its heartbeat went stale)');
+      this.confirmedAt = t0;
+      const replicas = await readReplicas(this.deps.db);
+      this.others = replicas.rows.flatMap((r) => (r.owner !== this.owner && r.view ? [r.view] : []));
+      if (this.coordinating) await this.sweepReplicas(replicas);
+      else await this.tryCoordinating();
+      await this.balanced();
+    } finally {
+      this.beating = false;
+    }
+  }
+
+  /**
+   * Coordinating: removes the replicas that died (a heartbeat REPLICA_STALE_MS old, or a pid gone
+   * on this machine), which frees their endpoints, and returns to the queue the leases no live
+   * replica holds: at once when a replica died or left, and every ORPHAN_SWEEP_MS whatever happened
+   * (a claim of a replica that stopped, its commit landing after it left).
+   */
+  private async sweepReplicas({ rows, now }: { rows: ReplicaRow[]; now: number }): Promise<void> {
+    const host = hostname();
+    const dead = rows.filter((r) => r.owner !== this.owner && (now - r.heartbeatAt >= REPLICA_STALE_MS || (r.hostname === host && !pidAlive(r.pid))));
+    const removed = await removeReplicas(this.deps.db, dead);
+    for (const owner of removed) this.deps.logger.warn({ replica: owner }, 'a replica stopped beating: its endpoints and leases go to the others');
+    const present = new Set(rows.map((r) => r.owner).filter((o) => !removed.includes(o)));
+    const left = [...this.seenReplicas].some((o) => !present.has(o));
+    this.seenReplicas = present;
+    if (removed.length || left || this.deps.clock() - this.orphansSweptAt >= ORPHAN_SWEEP_MS) {
+      this.orphansSweptAt = this.deps.clock();
+      await releaseLeftLeases(this.deps.db, this.deps.logger);
+    }
+  }
+
+  /**
+   * PostgreSQL: takes this replica's share of the endpoints, and hands over what it holds past it,
+   * each endpoint once its requests here have ended, so one never runs past its cap across replicas.
+   */
+  private balanced(): Promise<void> {
+    return this.balances.run(() => this.balance());
+  }
+
+  private async balance(): Promise<void> {
+    const share = await balanceEndpoints(this.deps.db, this.owner);
+    if (!share) return await this.deposed('this replica was taken for dead (its heartbeat went stale)');
+    const driven = new Set(share.driven);
+    const mine = this.pool.driven().filter((e) => driven.has(e.row.id));
+    // The ones already leaving first, then those with the least under way.
+    mine.sort((x, y) => Number(y.handingOff) - Number(x.handingOff) || x.inFlight.size - y.inFlight.size);
+    for (const [i, e] of mine.entries()) e.handingOff = i < share.surplus;
+    for (const e of mine) {
+      if (!e.handingOff || e.inFlight.size > 0) continue;
+      await releaseDriver(this.deps.db, this.owner, e.row.id);
+      driven.delete(e.row.id);
+      this.deps.logger.info({ endpoint_id: e.row.id }, 'endpoint handed over to another replica');
+    }
+    this.pool.drive(driven);
   }
 
   /** A tick still under way when the next is due lets that one pass: ticks never overlap. */
@@ -238,17 +335,18 @@ export class Runner implements RunnerView {
   }
 
   private async beat(): Promise<void> {
-    if (!(await this.lock.beat())) await this.deposed();
+    if (!(await this.lock.beat())) await this.deposed('the runner lock was taken by another process');
   }
 
   /**
-   * Another process took the lock over (this one missed its heartbeats: a stalled process, a cut
-   * network): two dispatchers would send samples twice, so this one stops at once. Its leases were
-   * returned by the new holder, and its commits are refused by their owner checks.
+   * Another process took the lock over, or (PostgreSQL) took this replica for dead: this one missed
+   * its heartbeats (a stalled process, a cut network), and its leases were or will be returned to
+   * the queue, so it stops at once; its commits are refused by their owner checks. The caller
+   * starts a fresh runner (PostgreSQL), which joins as a new replica.
    */
-  private async deposed(): Promise<void> {
+  private async deposed(why: string): Promise<void> {
     if (this.stopping) return;
-    this.deps.logger.error({ owner: this.owner }, 'the runner lock was taken by another process; dispatch stops');
+    this.deps.logger.error({ owner: this.owner }, `${why}; dispatch stops`);
     await this.stop(0);
     this.onDeposed?.();
   }
@@ -276,8 +374,10 @@ export class Runner implements RunnerView {
     await this.writer.close();
     this.pool.close();
     await until(() => this.finisher.busy === 0, deadline + UPLOAD_SLACK_MS);
-    // Left behind, the lock goes stale within LOCK_STALE_MS: not worth failing a clean shutdown for.
-    await this.guard('releasing the runner lock', () => this.lock.release());
+    // Left behind, the lock goes stale within LOCK_STALE_MS, a replica's row within
+    // REPLICA_STALE_MS: not worth failing a clean shutdown for.
+    if (this.shared) await this.guard('leaving the replicas', () => leaveReplica(this.deps.db, this.owner));
+    if (this.coordinating || !this.shared) await this.guard('releasing the runner lock', () => this.lock.release());
   }
 
   /** The last-resort path of a second signal: commit what is known, leave the rest to recovery. */
@@ -288,40 +388,77 @@ export class Runner implements RunnerView {
   // ---- RunnerView ----
 
   runProgress(runId: string): RunProgress {
-    if (this.standby) return this.published?.runs[runId] ?? IDLE_PROGRESS;
-    const r = this.runRates.get(runId)?.rates(this.deps.clock());
-    const forecast = this.forecasts.get(runId);
-    if (!r) return forecast ? { ...IDLE_PROGRESS, forecast } : IDLE_PROGRESS;
-    return { samples_per_second: r.samples, completion_tokens_per_second: r.tokens, forecast };
+    return this.snapshot().runs[runId] ?? IDLE_PROGRESS;
   }
 
   endpointLive(endpointId: string): EndpointLive {
-    if (this.standby) return this.published?.endpoints[endpointId] ?? IDLE_ENDPOINT;
-    return this.pool.liveOf(endpointId, this.deps.clock());
+    return this.snapshot().endpoints[endpointId] ?? IDLE_ENDPOINT;
   }
 
   role(): RunnerRole {
-    if (this.standby) return 'standby';
-    return this.dispatching && !this.stopping ? 'dispatching' : 'stopped';
+    if (!this.dispatching || this.stopping) return 'stopped';
+    return this.shared && this.coordinating ? 'coordinating' : 'dispatching';
   }
 
-  /** Every run's rates and every live endpoint's state at once, for the API thread to read from. */
-  snapshot(): RunnerSnapshot {
-    // Standing by, the view is the dispatcher's, the role this process's own.
-    if (this.standby) return { runs: {}, endpoints: {}, ...this.published, role: 'standby' };
+  /** This process's own rates, endpoints and forecasts: what it publishes for the other replicas. */
+  private ownSnapshot(): RunnerSnapshot {
+    const now = this.deps.clock();
     const runs: RunnerSnapshot['runs'] = {};
-    for (const run of this.active) runs[run.id] = this.runProgress(run.id);
-    return { runs, endpoints: this.pool.snapshot(this.deps.clock()), role: this.role() };
+    for (const run of this.active) {
+      const r = this.runRates.get(run.id)?.rates(now);
+      const forecast = this.forecasts.get(run.id);
+      if (!r && !forecast) continue;
+      runs[run.id] = r ? { samples_per_second: r.samples, completion_tokens_per_second: r.tokens, forecast } : { ...IDLE_PROGRESS, forecast };
+    }
+    const own: RunnerSnapshot = { runs, endpoints: this.pool.snapshot(now), role: this.role() };
+    if (this.shared) own.fleet = { ...this.forecasts.share(now), ...this.quality.share() };
+    return own;
+  }
+
+  /**
+   * Every run's rates and every live endpoint's state at once, for the API thread to read from. On
+   * PostgreSQL, the whole fleet's: the rates of all replicas summed, each endpoint as the replica
+   * driving it sees it, the coordinator's forecasts.
+   */
+  snapshot(): RunnerSnapshot {
+    const own = this.ownSnapshot();
+    delete own.fleet;
+    if (!this.shared) return own;
+    for (const view of this.others) {
+      for (const [runId, p] of Object.entries(view.runs)) {
+        const mine = own.runs[runId];
+        own.runs[runId] = mine
+          ? {
+              samples_per_second: mine.samples_per_second + p.samples_per_second,
+              completion_tokens_per_second: mine.completion_tokens_per_second + p.completion_tokens_per_second,
+              forecast: mine.forecast ?? p.forecast,
+            }
+          : p;
+      }
+      for (const [id, e] of Object.entries(view.endpoints)) if (!(id in own.endpoints)) own.endpoints[id] = e;
+    }
+    return own;
+  }
+
+  /** PostgreSQL: the endpoints the other replicas drive, as they published them, for the forecast. */
+  private othersFleet(): FleetShare {
+    const fleet: FleetShare = { caps: {}, speeds: {} };
+    for (const view of this.others) {
+      Object.assign(fleet.caps, view.fleet?.caps);
+      for (const [runId, speeds] of Object.entries(view.fleet?.speeds ?? {})) fleet.speeds[runId] = { ...fleet.speeds[runId], ...speeds };
+    }
+    return fleet;
   }
 
   wake(): void {
-    // A replica standing by dispatches nothing; the one that does sees the change on its next tick.
     if (this.woken || this.stopping || !this.dispatching) return;
     this.woken = true;
     queueMicrotask(() => {
       this.woken = false;
       void this.guard('runner wake', async () => {
         await this.pool.sync();
+        // An endpoint just registered is driven, and probed, at once rather than at the next heartbeat.
+        if (this.shared && this.pool.undriven()) await this.balanced();
         await this.refreshActive();
         this.pump();
       });
@@ -359,20 +496,20 @@ export class Runner implements RunnerView {
   /** One turn of the loop: probes, batch expiry, the active runs, dispatch, uploads and finishing. Tests may call it to step the loop. */
   async runOnce(): Promise<void> {
     if (this.stopping) return;
-    if (this.deps.db.dialect === 'pg') {
+    if (this.shared) {
       // A heartbeat comes every 5 s; a replica that took the lock over meanwhile must not see this
-      // one upload, finish or claim for that long.
-      if ((await runnerLockOwner(this.deps.db)) !== this.owner) return await this.deposed();
-      this.confirmedAt = performance.now();
+      // one upload or finish for that long.
+      if (this.coordinating && (await runnerLockOwner(this.deps.db)) !== this.owner) return await this.deposed('the runner lock was taken by another process');
       // Other replicas register and change endpoints without waking this one.
       await this.pool.sync();
-      await this.sweepValidations();
+      if (this.coordinating) await this.sweepValidations();
     }
     this.pool.probeDue();
-    await expireBatches(this.deps);
+    if (this.coordinating) await expireBatches(this.deps);
     await this.refreshActive();
     this.claims.newTick();
     this.pump();
+    if (!this.coordinating) return;
     await this.forecasts.update(this.active);
     await this.endDryRuns();
     await this.finisher.advance(this.active);
@@ -414,6 +551,11 @@ export class Runner implements RunnerView {
 
   private async readActive(): Promise<void> {
     const active = await listRunsByStatus(this.deps.db, ACTIVE_RUN_STATUSES);
+    if (!this.coordinating) {
+      // Runs finish on the coordinator: what the other replicas learned of one goes when it leaves.
+      const ids = new Set(active.map((r) => r.id));
+      for (const gone of this.active.filter((r) => !ids.has(r.id))) this.forgetRun(gone.id);
+    }
     // Each run's quality checks are built before the run is dispatched, so every answer finds them.
     for (const r of active) if (isDispatchable(r.status)) await this.quality.load(r);
     this.active = active;
@@ -422,10 +564,11 @@ export class Runner implements RunnerView {
     const dispatchable = new Set<string>();
     for (const r of this.active) {
       if (!isDispatchable(r.status)) continue;
-      const served = this.pool.servesNow(r.model);
-      if (served) dispatchable.add(r.id);
-      await this.sayWhyWaiting(r, served);
+      if (this.pool.servesNow(r.model)) dispatchable.add(r.id);
+      // Whether any replica can serve it: the coordinator says so once for all.
+      if (this.coordinating) await this.sayWhyWaiting(r, this.pool.servedAnywhere(r.model));
     }
+
     for (const runId of [...this.claims.runs()]) if (!dispatchable.has(runId)) this.claims.release(runId);
     for (const f of this.requests.all()) {
       const run = this.active.find((r) => r.id === f.run.id);
@@ -433,10 +576,17 @@ export class Runner implements RunnerView {
     }
   }
 
+  /** A finished run's checks, forecast and rate would otherwise stay in memory for the life of the process. */
+  private forgetRun(runId: string): void {
+    this.quality.forget(runId);
+    this.forecasts.forget(runId);
+    this.runRates.delete(runId);
+  }
+
   /** Fills every free slot now. Called after each outcome, on wake and on every tick. */
   private pump(): void {
     if (this.pumping || this.stopping || !this.dispatching) return;
-    if (this.deps.db.dialect === 'pg' && performance.now() - this.confirmedAt > LOCK_FENCE_MS) return;
+    if (this.shared && performance.now() - this.confirmedAt > LOCK_FENCE_MS) return;
     this.pumping = true;
     try {
       // Caps do not move within one pump; endpoints with free slots but no sample for them leave it.
@@ -523,6 +673,6 @@ export class Runner implements RunnerView {
         await this.refreshActive();
       }
     }
-    if (r.closedShards.length) await this.finisher.advance(this.active);
+    if (r.closedShards.length && this.coordinating) await this.finisher.advance(this.active);
   }
 }

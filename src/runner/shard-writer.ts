@@ -2,7 +2,7 @@ import { createHash } from 'node:crypto';
 import type { RunnerDeps } from '../deps.js';
 import { setManifestKey } from '../db/runs.js';
 import type { RunRow, ShardRow } from '../db/schema.js';
-import { listRunShards, markShardUploaded, shardSamplesWithOutput } from '../db/shards.js';
+import { listRunShards, markShardUploaded, openShardNow, shardSamplesWithOutput } from '../db/shards.js';
 import { flagCounts } from '../domain/flags.js';
 import { errorLine, MANIFEST_KEY, outputLine, runUsage, shardErrorsKey, shardKey, type StagedOutput } from '../domain/output-line.js';
 
@@ -38,7 +38,11 @@ async function putVerified(deps: RunnerDeps, run: RunRow, key: string, body: Buf
  * is the shard marked uploaded and its staging rows dropped. The bytes depend only on the database,
  * so writing a shard again produces the same object. Returns false when the shard changed meanwhile.
  */
-export async function uploadShard(deps: RunnerDeps, run: RunRow, shard: ShardRow): Promise<boolean> {
+export async function uploadShard(deps: RunnerDeps, run: RunRow, listed: ShardRow): Promise<boolean> {
+  // The row the caller listed may be stale: an upload of this shard that ended meanwhile marked
+  // it uploaded and dropped its staging rows, and its samples would be read without their outputs.
+  const shard = await openShardNow(deps.db, run.id, listed);
+  if (!shard) return false;
   const rows = await shardSamplesWithOutput(deps.db, run.id, shard);
   let previous: Map<string, string> | undefined;
   const lines: string[] = [];

@@ -97,15 +97,16 @@ const close = async () => {
 const STAND_AGAIN_RETRY_MS = 1000;
 let stopping = false;
 /**
- * A runner deposed from dispatch (PostgreSQL) is replaced by a fresh one, which stands by; a start
- * that fails (the database away) is tried again until it works or the thread is asked to stop.
+ * A runner deposed (PostgreSQL: taken for dead after a stall) is replaced by a fresh one, which
+ * joins as a new replica; a start that fails (the database away) is tried again until it works or
+ * the thread is asked to stop.
  */
 const standAgain = () => {
   if (stopping) return;
   const next: Runner = new Runner(deps, standAgain);
   runner = next;
   next.start().catch((err: unknown) => {
-    logger.warn({ err: { message: (err as Error).message } }, 'the runner could not stand by again; retrying');
+    logger.warn({ err: { message: (err as Error).message } }, 'the runner could not start again; retrying');
     void next.stop(0).finally(() => setTimeout(standAgain, STAND_AGAIN_RETRY_MS).unref());
   });
 };

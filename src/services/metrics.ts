@@ -147,8 +147,9 @@ export class Metrics implements RunnerMetrics {
   private readonly replicaInfo = new Gauge({
     name: 'regen_replica_info',
     help:
-      'Always 1: names this process (host:pid), its store (sqlite or postgresql) and its runner role (dispatching; standby ' +
-      'while another replica dispatches; stopped; none without a runner). With several replicas, join on it to tell them apart',
+      'Always 1: names this process (host:pid), its store (sqlite or postgresql) and its runner role (dispatching; coordinating ' +
+      'on the PostgreSQL replica that also recovers, uploads and finishes runs; stopped; none without a runner). With several ' +
+      'replicas, join on it to tell them apart',
     labelNames: ['replica', 'store', 'role'] as const,
     registers: [this.registry],
   });

@@ -243,6 +243,35 @@ describe('endpointVerdict', () => {
     expect(endpointVerdict(two, gate).map((q) => q.endpointId)).toEqual(['bad']);
   });
 
+  it('judges an endpoint alone here against the peers other replicas drive, as they count them, and may take it out', () => {
+    // PostgreSQL: this replica drives one endpoint; the other replicas' good ones weigh as peers.
+    const mine = new Map([['bad', windowOf(44, 50)]]);
+    expect(endpointVerdict(mine, gate)).toEqual([]);
+    const found = endpointVerdict(mine, gate, [
+      { size: 200, flagged: 1 },
+      { size: 200, flagged: 2 },
+    ]);
+    expect(found.map((q) => q.endpointId)).toEqual(['bad']);
+    expect(found[0].peerShare).toBeCloseTo(3 / 400);
+    // Peers as bad as it: the run's gate decides, not the quarantine.
+    expect(endpointVerdict(mine, gate, [{ size: 200, flagged: 170 }])).toEqual([]);
+  });
+
+  it("judges a run's window with the windows other replicas keep of it", () => {
+    const limit = { min_samples: 200, max_flag_rate: 0.2 };
+    // This replica's answers are all from a broken server; the others' are clean: the run is not over its limit.
+    const here = windowOf(150, 200);
+    expect(here.overLimit(limit)).toBe(true);
+    expect(
+      here.overLimit(limit, [
+        { size: 400, flagged: 4 },
+        { size: 400, flagged: 0 },
+      ]),
+    ).toBe(false);
+    // Clean here, bad elsewhere: over it.
+    expect(windowOf(0, 200).overLimit(limit, [{ size: 400, flagged: 300 }])).toBe(true);
+  });
+
   it('computes the two-proportion z', () => {
     expect(zScore(5, 10, 5, 10)).toBe(0);
     expect(zScore(0, 10, 0, 10)).toBe(0);

@@ -1,7 +1,7 @@
 import { afterAll, afterEach, describe, expect, it } from 'vitest';
 import { join } from 'node:path';
 import { closeDb, openDb, type Db } from '../../src/db/client.js';
-import { takeRunnerLock } from '../../src/db/runner-lock.js';
+import { registerReplica } from '../../src/db/replicas.js';
 import { claimSamples, readClaim, releaseRunLeases } from '../../src/db/samples.js';
 import { flagBit } from '../../src/domain/flags.js';
 import { makeLogger } from '../../src/logger.js';
@@ -13,14 +13,9 @@ import { tempDir } from '../support/server.js';
 const usage = { prompt_tokens: 11, completion_tokens: 20, reasoning_tokens: 5, cached_tokens: 3 };
 const NOW = 1_700_000_000_000;
 
-/** A run of `n` pending samples, and the runner lock held by `owner` (on PostgreSQL only its holder may claim). */
+/** A run of `n` pending samples, and `owner` a replica (on PostgreSQL only a live replica may claim). */
 async function seed(db: Db, n: number, shardSize: number, owner = 'me'): Promise<void> {
-  await takeRunnerLock(
-    db,
-    { owner, pid: process.pid, hostname: 'test' },
-    () => NOW,
-    () => false,
-  );
+  if (db.dialect === 'pg') await registerReplica(db, { owner, pid: process.pid, hostname: 'test' });
   const exec = (text: string, params: unknown[]) => db.write((w) => w.exec(text, params));
   await exec(
     `insert into runs (id, model, status, created_at, params, input, shard_size, output_uri, metadata, on_invalid_line, request_timeout_ms, max_attempts, updated_at, total, pending, shards_total)
