@@ -332,4 +332,59 @@ await describePg('three replicas on one PostgreSQL', () => {
     expect(flagged / out.lines.size).toBeLessThan(0.01);
     console.log(`replica quality: ${JSON.stringify({ answers_from_the_broken_one: answeredByBad, flagged_in_output: flagged })}`);
   }, 300_000);
+
+  it('a replica stopped while its requests run past the heartbeat staleness keeps its endpoint and leases until they end: nothing is sent twice, no endpoint runs past its cap', async () => {
+    const database = await newDatabase('replica-drain');
+    const s3 = rig.s3 ?? (await rig.startS3(BUCKET));
+    // Each answer takes 18 s: longer than a replica's heartbeat may be silent (15 s) before it is taken for dead.
+    const sims: SimProcess[] = [];
+    for (const seed of [41, 42]) sims.push(await rig.sim({ 'max-running': 64, 'ttft-ms': 18_000, 'tokens-per-second': 5000, seed }));
+    const urls = sims.map((s) => s.url);
+    const env = { ...s3ServerEnv(`http://127.0.0.1:${s3.port}`, BUCKET), REGEN_DATABASE_URL: database.url, REGEN_SHUTDOWN_GRACE_MS: '60000' };
+    const a = await rig.serve(rig.dir('regen-drain-a-'), env);
+    const b = await rig.serve(rig.dir('regen-drain-b-'), env);
+    for (const url of urls) await registerEndpoint(a.url, url, { max_concurrency: CAP });
+    await waitForSpread(database.url, urls, [a, b], 'each replica to drive one endpoint');
+    const n = 4 * CAP;
+    const prompts = makePrompts(n, 'drain');
+    const { id } = await createRun(a.url, {
+      model: 'sim-model',
+      input: { file_id: await uploadFile(a.url, prompts.jsonl) },
+      shard_size: CAP,
+      regenerate: 'last_assistant',
+    });
+    await waitFor(
+      'both endpoints full',
+      async () => ((await Promise.all(sims.map((s) => s.stats()))).every((st) => st.running === CAP) ? true : undefined),
+      30_000,
+      50,
+    );
+    // The replica that only dispatches stops; the coordinator would take it for dead if it stopped beating.
+    const coordinator = await coordinatorPid(database.url);
+    const leaving = coordinator === a.proc.pid ? b : a;
+    const staying = leaving === a ? b : a;
+    const t0 = performance.now();
+    const exited = leaving.kill('SIGTERM');
+    // Its requests still run past the staleness: its endpoint is still its own.
+    await new Promise((r) => setTimeout(r, 16_000));
+    expect(alive(leaving), 'still draining').toBe(true);
+    const drivers = await driverPids(database.url);
+    expect(new Set(drivers.values())).toEqual(new Set([a.proc.pid, b.proc.pid]));
+    expect(await exited).toBe(0);
+    const drainMs = Math.round(since(t0));
+
+    const done = await waitForEnd(staying.url, id, 120_000);
+    expect(done.status, done.status_reason).toBe('completed');
+    expect(done.request_counts).toMatchObject({ total: n, completed: n, failed: 0 });
+    await expectCountersMatchRecount(staying.url, done);
+    expect((await readOutput(done, prompts, `http://127.0.0.1:${s3.port}`)).lines.size).toBe(n);
+    const stats = await Promise.all(sims.map((s) => s.stats()));
+    // Each prompt asked once: nothing given back and sent again while its first request ran.
+    expect(stats.reduce((sum, st) => sum + st.requests, 0)).toBe(n);
+    for (const st of stats) expect(st.maxRunningSeen).toBeLessThanOrEqual(CAP);
+    expect(staying.output()).not.toContain('a replica stopped beating');
+    console.log(
+      `replica drain: ${JSON.stringify({ drain_ms: drainMs, requests: stats.map((st) => st.requests), max_running_seen: stats.map((st) => st.maxRunningSeen) })}`,
+    );
+  }, 300_000);
 });

@@ -72,30 +72,31 @@ export async function removeReplicas(db: Db, dead: readonly Pick<ReplicaRow, 'ow
 
 /**
  * One replica's share of the endpoints, decided under an advisory lock so the replicas take turns:
- * with E endpoints and R live replicas each drives ⌊E/R⌋ or ⌈E/R⌉, the larger shares going to
+ * with E endpoints and R registered replicas each drives ⌊E/R⌋ or ⌈E/R⌉, the larger shares going to
  * those that hold more already (then by owner), so a share moves only when the count of replicas
- * or endpoints changes. An endpoint whose driver is gone or stale is free. Takes free endpoints up
+ * or endpoints changes. An endpoint whose driver is gone is free. Takes free endpoints up
  * to the share at once; returns what the replica drives now and how many it holds past its share,
- * which it hands over once their requests have finished (`releaseDriver`). Null when the replica
- * is not live itself (its heartbeat is stale or its row was removed): it must stop.
+ * which it hands over once their requests have finished (`releaseDriver`). Null when the replica's
+ * row was removed (it was taken for dead): it must stop.
  */
 export async function balanceEndpoints(db: Db, owner: string): Promise<{ driven: string[]; surplus: number } | null> {
   return db.tx(async (tx) => {
     await tx.exec('select pg_advisory_xact_lock(?)', [BALANCE_LOCK_KEY]);
-    const live = (await tx.exec<{ owner: string }>(`select owner from replicas where heartbeat_at > ${NOW} - ? order by owner`, [REPLICA_STALE_MS])).rows.map(
-      (r) => r.owner,
-    );
-    if (!live.includes(owner)) return null;
+    // Every registered replica, however stale: only the coordinator's removal frees a replica's
+    // endpoints (removeReplicas), once it has judged it dead. Taken here from one that is only
+    // slow, an endpoint would run its requests and the new driver's at once.
+    const registered = (await tx.exec<{ owner: string }>('select owner from replicas order by owner')).rows.map((r) => r.owner);
+    if (!registered.includes(owner)) return null;
     const endpoints = (await tx.exec<{ id: string }>('select id from endpoints order by id')).rows.map((r) => r.id);
     const drivers = (await tx.exec<{ endpoint_id: string; owner: string }>('select endpoint_id, owner from endpoint_drivers')).rows;
-    const liveSet = new Set(live);
-    const stale = drivers.filter((d) => !liveSet.has(d.owner)).map((d) => d.endpoint_id);
-    if (stale.length) await tx.exec('delete from endpoint_drivers where endpoint_id = any(?)', [stale]);
-    const held = new Map<string, string[]>(live.map((o) => [o, []]));
+    const liveSet = new Set(registered);
+    const orphaned = drivers.filter((d) => !liveSet.has(d.owner)).map((d) => d.endpoint_id);
+    if (orphaned.length) await tx.exec('delete from endpoint_drivers where endpoint_id = any(?)', [orphaned]);
+    const held = new Map<string, string[]>(registered.map((o) => [o, []]));
     for (const d of drivers) held.get(d.owner)?.push(d.endpoint_id);
-    const order = [...live].sort((a, b) => held.get(b)!.length - held.get(a)!.length || (a < b ? -1 : 1));
+    const order = [...registered].sort((a, b) => held.get(b)!.length - held.get(a)!.length || (a < b ? -1 : 1));
     const rank = order.indexOf(owner);
-    const share = Math.floor(endpoints.length / live.length) + (rank < endpoints.length % live.length ? 1 : 0);
+    const share = Math.floor(endpoints.length / registered.length) + (rank < endpoints.length % registered.length ? 1 : 0);
     const mine = held.get(owner)!;
     const taken = new Set(drivers.filter((d) => liveSet.has(d.owner)).map((d) => d.endpoint_id));
     for (const id of endpoints) {

@@ -87,18 +87,9 @@ export class QualityWindow {
     return best < 0 ? null : FLAGS[best];
   }
 
-  /**
-   * Enough samples are done to judge, and the window's flagged share is over the limit; with
-   * `others`, the windows other replicas keep of the same run (PostgreSQL), over them all together.
-   */
-  overLimit(gate: GateSettings, others: readonly EndpointCounts[] = []): boolean {
-    let size = this.filled;
-    let flagged = this.flaggedCount;
-    for (const o of others) {
-      size += o.size;
-      flagged += o.flagged;
-    }
-    return this.seen >= gate.min_samples && size > 0 && flagged / size > gate.max_flag_rate;
+  /** Enough samples are done to judge, and the window's flagged share is over the limit. */
+  overLimit(gate: GateSettings): boolean {
+    return windowsOverLimit(this.seen, [this], gate);
   }
 
   private count(flags: number, delta: number): void {
@@ -167,6 +158,20 @@ export function endpointVerdict(
   }
   // One endpoint always stays in rotation: another replica's peer, or the best of these.
   return found.sort((a, b) => b.share - a.share).slice(0, Math.max(0, windows.size - (peers.length ? 0 : 1)));
+}
+
+/**
+ * `seen` samples done are enough to judge, and the windows' flagged share, taken together, is over
+ * the limit: one window, or (PostgreSQL) each replica's window of its own answers of a run.
+ */
+export function windowsOverLimit(seen: number, windows: readonly EndpointCounts[], gate: GateSettings): boolean {
+  let size = 0;
+  let flagged = 0;
+  for (const w of windows) {
+    size += w.size;
+    flagged += w.flagged;
+  }
+  return seen >= gate.min_samples && size > 0 && flagged / size > gate.max_flag_rate;
 }
 
 /** An endpoint's window in numbers: its answers and how many of them were flagged. */

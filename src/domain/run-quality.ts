@@ -2,7 +2,7 @@ import { ContentCounter, type TopContent } from './content-counter.js';
 import { FLAGS, flagBit, type Flag } from './flags.js';
 import { LengthHistogram } from './length-histogram.js';
 import { computeFlags, type GateSettings, percent, type QualityCheckConfig, type QualityInput, VERDICT_PREFIX } from './quality.js';
-import { type EndpointCounts, type EndpointQuarantine, endpointVerdict, QUALITY_WINDOW, QualityWindow } from './quality-window.js';
+import { type EndpointCounts, type EndpointQuarantine, endpointVerdict, QUALITY_WINDOW, QualityWindow, windowsOverLimit } from './quality-window.js';
 
 // One run's quality as its answers come in: the checks that need the run so far (duplicate_content,
 // short_for_run) on top of computeFlags, the run's window for the gate, and a window per endpoint
@@ -38,6 +38,11 @@ export class RunQuality {
   private readonly contents = new ContentCounter();
   private readonly lengths = new LengthHistogram();
   private readonly window: QualityWindow;
+  /**
+   * This process's own kept answers, never restored: what it publishes for the other replicas'
+   * gates (PostgreSQL), where the restored window would count their answers a second time.
+   */
+  private readonly own: QualityWindow;
   private readonly endpoints = new Map<string, QualityWindow>();
 
   constructor(
@@ -45,6 +50,7 @@ export class RunQuality {
     private readonly capacity = QUALITY_WINDOW,
   ) {
     this.window = new QualityWindow(capacity);
+    this.own = new QualityWindow(capacity);
   }
 
   /**
@@ -75,6 +81,7 @@ export class RunQuality {
   /** A sample kept as completed, with the flags it is stored with: it enters the run's window. */
   completed(flags: number): void {
     this.window.push(flags);
+    this.own.push(flags);
   }
 
   /**
@@ -86,10 +93,11 @@ export class RunQuality {
     gate: GateSettings,
     inRotation?: ReadonlySet<string>,
     peers: readonly EndpointCounts[] = [],
-    /** PostgreSQL: the run's windows on the other replicas, judged with this one's. */
+    /** PostgreSQL: the other replicas' windows of their own answers of the run, judged with this one's. */
     otherWindows: readonly EndpointCounts[] = [],
   ): RunVerdict {
-    const overLimit = this.window.overLimit(gate, otherWindows);
+    // Alone, the run's window as restored and grown; with others answering, each one's own answers once.
+    const overLimit = otherWindows.length ? windowsOverLimit(this.window.total, [this.own, ...otherWindows], gate) : this.window.overLimit(gate);
     // Judged against the endpoints that can still take work, so that one always stays among them.
     const judged = inRotation ? new Map([...this.endpoints].filter(([id]) => inRotation.has(id))) : this.endpoints;
     const quarantine = endpointVerdict(judged, gate, peers).map((q) => ({ ...q, reason: explainQuarantine(q, this.facts(this.window, gate)) }));
@@ -119,9 +127,9 @@ export class RunQuality {
     for (const [tokens, samples] of lengths) this.lengths.add(tokens, samples);
   }
 
-  /** The run's window in numbers: its samples and how many were flagged. */
+  /** This process's own window of the run in numbers (never restored): its samples and how many were flagged. */
   windowCounts(): EndpointCounts {
-    return { size: this.window.size, flagged: this.window.flagged };
+    return { size: this.own.size, flagged: this.own.flagged };
   }
 
   /** Each endpoint's window: what the quarantine judges, the most flagged first. */

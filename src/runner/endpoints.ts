@@ -312,12 +312,6 @@ export class EndpointPool {
     return false;
   }
 
-  /** PostgreSQL: whether some endpoint is not driven here (one just registered may be free to take). */
-  undriven(): boolean {
-    for (const e of this.live.values()) if (!e.driven) return true;
-    return false;
-  }
-
   /** PostgreSQL: the endpoints this replica drives. */
   driven(): LiveEndpoint[] {
     return [...this.live.values()].filter((e) => e.driven);

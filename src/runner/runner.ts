@@ -194,7 +194,16 @@ export class Runner implements RunnerView {
    * if the lock is free.
    */
   async start(): Promise<void> {
-    if (this.shared) return this.startShared();
+    try {
+      await (this.shared ? this.startShared() : this.startAlone());
+    } catch (err) {
+      // Not half a runner: timers, the lock and the replica's row go, then the caller hears why.
+      await this.stop(0).catch(() => {});
+      throw err;
+    }
+  }
+
+  private async startAlone(): Promise<void> {
     await this.lock.take();
     // Asked to stop while taking the lock: it goes back at once.
     if (this.stopping) return await this.lock.release();
@@ -263,13 +272,16 @@ export class Runner implements RunnerView {
    */
   private async replicaBeat(): Promise<void> {
     // One at a time: a slow database must not let two balances or takeovers run.
-    if (this.stopping || this.beating) return;
+    if (this.beating) return;
     this.beating = true;
     try {
       const t0 = performance.now();
       if (!(await beatReplica(this.deps.db, this.owner, this.ownSnapshot())))
         return await this.deposed('this replica was taken for dead (its heartbeat went stale)');
       this.confirmedAt = t0;
+      // Stopping, it goes on beating while its requests finish, however long the grace period:
+      // its endpoints and leases stay its own until it leaves, so none is driven or sent twice.
+      if (this.stopping) return;
       const replicas = await readReplicas(this.deps.db);
       this.others = replicas.rows.flatMap((r) => (r.owner !== this.owner && r.view ? [r.view] : []));
       if (this.coordinating) await this.sweepReplicas(replicas);
@@ -377,7 +389,8 @@ export class Runner implements RunnerView {
     // Left behind, the lock goes stale within LOCK_STALE_MS, a replica's row within
     // REPLICA_STALE_MS: not worth failing a clean shutdown for.
     if (this.shared) await this.guard('leaving the replicas', () => leaveReplica(this.deps.db, this.owner));
-    if (this.coordinating || !this.shared) await this.guard('releasing the runner lock', () => this.lock.release());
+    // Owner-checked: a lock taken while recovery was still under way goes back too, another's stays.
+    await this.guard('releasing the runner lock', () => this.lock.release());
   }
 
   /** The last-resort path of a second signal: commit what is known, leave the rest to recovery. */
@@ -440,6 +453,13 @@ export class Runner implements RunnerView {
     return own;
   }
 
+  /** PostgreSQL: whether some endpoint is driven by no replica, as far as the views tell: one just registered. */
+  private driverless(): boolean {
+    const elsewhere = new Set(this.others.flatMap((v) => Object.keys(v.endpoints)));
+    for (const e of this.pool.live.values()) if (!e.driven && !elsewhere.has(e.row.id)) return true;
+    return false;
+  }
+
   /** PostgreSQL: the endpoints the other replicas drive, as they published them, for the forecast. */
   private othersFleet(): FleetShare {
     const fleet: FleetShare = { caps: {}, speeds: {} };
@@ -458,7 +478,7 @@ export class Runner implements RunnerView {
       void this.guard('runner wake', async () => {
         await this.pool.sync();
         // An endpoint just registered is driven, and probed, at once rather than at the next heartbeat.
-        if (this.shared && this.pool.undriven()) await this.balanced();
+        if (this.shared && this.driverless()) await this.balanced();
         await this.refreshActive();
         this.pump();
       });

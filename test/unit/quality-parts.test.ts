@@ -2,7 +2,7 @@ import { describe, expect, it } from 'vitest';
 import { CONTENT_SAMPLE_CHARS, ContentCounter, contentKey, DUPLICATE_MIN_COUNT, normaliseContent } from '../../src/domain/content-counter.js';
 import { countFlags, flagBit, type Flag } from '../../src/domain/flags.js';
 import { bucketLowerBound, LengthHistogram, lengthBucket, SHORT_MIN_SAMPLES } from '../../src/domain/length-histogram.js';
-import { ENDPOINT_MIN_SAMPLES, endpointVerdict, QualityWindow, zScore } from '../../src/domain/quality-window.js';
+import { ENDPOINT_MIN_SAMPLES, endpointVerdict, QualityWindow, windowsOverLimit, zScore } from '../../src/domain/quality-window.js';
 import { gaussian, seeded } from '../support/quality-samples.js';
 
 // The parts of the run's quality gate one by one; run-quality.test.ts drives them together.
@@ -262,14 +262,10 @@ describe('endpointVerdict', () => {
     // This replica's answers are all from a broken server; the others' are clean: the run is not over its limit.
     const here = windowOf(150, 200);
     expect(here.overLimit(limit)).toBe(true);
-    expect(
-      here.overLimit(limit, [
-        { size: 400, flagged: 4 },
-        { size: 400, flagged: 0 },
-      ]),
-    ).toBe(false);
-    // Clean here, bad elsewhere: over it.
-    expect(windowOf(0, 200).overLimit(limit, [{ size: 400, flagged: 300 }])).toBe(true);
+    expect(windowsOverLimit(here.total, [here, { size: 400, flagged: 4 }, { size: 400, flagged: 0 }], limit)).toBe(false);
+    // Clean here, bad elsewhere: over it; too few samples done yet: not judged.
+    expect(windowsOverLimit(200, [windowOf(0, 200), { size: 400, flagged: 300 }], limit)).toBe(true);
+    expect(windowsOverLimit(199, [windowOf(0, 200), { size: 400, flagged: 300 }], limit)).toBe(false);
   });
 
   it('computes the two-proportion z', () => {
