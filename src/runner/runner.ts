@@ -276,7 +276,7 @@ export class Runner implements RunnerView {
     this.beating = true;
     try {
       const t0 = performance.now();
-      if (!(await beatReplica(this.deps.db, this.owner, this.ownSnapshot())))
+      if (!(await beatReplica(this.deps.db, this.owner, this.ownSnapshot(true))))
         return await this.deposed('this replica was taken for dead (its heartbeat went stale)');
       this.confirmedAt = t0;
       // Stopping, it goes on beating while its requests finish, however long the grace period:
@@ -413,8 +413,8 @@ export class Runner implements RunnerView {
     return this.shared && this.coordinating ? 'coordinating' : 'dispatching';
   }
 
-  /** This process's own rates, endpoints and forecasts: what it publishes for the other replicas. */
-  private ownSnapshot(): RunnerSnapshot {
+  /** This process's own rates, endpoints and forecasts; `withFleet`, what the other replicas need of its endpoints too (PostgreSQL: what it publishes). */
+  private ownSnapshot(withFleet = false): RunnerSnapshot {
     const now = this.deps.clock();
     const runs: RunnerSnapshot['runs'] = {};
     for (const run of this.active) {
@@ -424,7 +424,7 @@ export class Runner implements RunnerView {
       runs[run.id] = r ? { samples_per_second: r.samples, completion_tokens_per_second: r.tokens, forecast } : { ...IDLE_PROGRESS, forecast };
     }
     const own: RunnerSnapshot = { runs, endpoints: this.pool.snapshot(now), role: this.role() };
-    if (this.shared) own.fleet = { ...this.forecasts.share(now), ...this.quality.share() };
+    if (withFleet) own.fleet = { ...this.forecasts.share(now), ...this.quality.share() };
     return own;
   }
 
@@ -435,7 +435,6 @@ export class Runner implements RunnerView {
    */
   snapshot(): RunnerSnapshot {
     const own = this.ownSnapshot();
-    delete own.fleet;
     if (!this.shared) return own;
     for (const view of this.others) {
       for (const [runId, p] of Object.entries(view.runs)) {
