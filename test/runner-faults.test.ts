@@ -84,7 +84,7 @@ describe('runner faults', () => {
     expect([...out.lines.values()].some((l) => l.attempts > 1 && l.endpoint_id === epSteady.id)).toBe(true);
     await expectCountersMatchRecount(server.url, done);
 
-    // Still probed with backoff: a server back on the same address is taken into rotation again.
+    // Still probed every interval: a server back on the same address is taken into rotation again.
     await sim({ model: 'm-death', 'max-running': 8, port: dying.port });
     await waitFor(
       'the endpoint to be ready again',

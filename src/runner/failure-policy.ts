@@ -1,7 +1,7 @@
 import { SAMPLE_ERROR_CODES, type SampleError } from '../domain/sample-errors.js';
 
 // What becomes of a failed attempt, and how long anything that failed waits before it is tried
-// again. Requests, shard uploads, endpoint probes and webhook deliveries all back off through backoffMs.
+// again. Requests, shard uploads and webhook deliveries all back off through backoffMs.
 
 export interface BackoffPolicy {
   /** The wait after the first failure; each further failure doubles it. */
@@ -18,18 +18,6 @@ export const UPLOAD_BACKOFF: BackoffPolicy = { firstMs: 2000, maxMs: 60_000, jit
 /** A webhook event its receiver did not take: the first wait (REGEN_WEBHOOK_RETRY_MS, 5 s) doubling up to an hour, jittered. */
 export function webhookBackoff(firstMs: number): BackoffPolicy {
   return { firstMs, maxMs: Math.max(firstMs, 3_600_000), jitter: true };
-}
-/** The longest an unhealthy endpoint waits between probes. */
-export const MAX_PROBE_BACKOFF_MS = 60_000;
-
-/** The probes of an endpoint that keeps failing: the probe interval (or twice the short first look), doubling. */
-export function probeBackoff(probeIntervalMs: number): BackoffPolicy {
-  return { firstMs: Math.max(probeIntervalMs, 2 * firstProbeDelayMs(probeIntervalMs)), maxMs: MAX_PROBE_BACKOFF_MS, jitter: false };
-}
-
-/** The first look at an endpoint that just joined or went down comes soon: a second, or the interval when shorter. */
-export function firstProbeDelayMs(probeIntervalMs: number): number {
-  return Math.min(1000, probeIntervalMs);
 }
 
 /** How long to wait after the `failures`-th failure in a row (1 for the first). */

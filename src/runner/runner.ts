@@ -21,6 +21,7 @@ import { expireBatches } from './batch-expiry.js';
 import { ClaimBuffer } from './claim-buffer.js';
 import { claimSize, pickEndpoint } from './endpoint-choice.js';
 import { EndpointPool } from './endpoints.js';
+import { EndpointProbes } from './endpoint-probes.js';
 import { Coalesced } from './coalesced.js';
 import { Finisher } from './finishing.js';
 import { Forecasts } from './forecasts.js';
@@ -92,6 +93,7 @@ function claimOrderOf(run: RunRow): ClaimOrder {
 export class Runner implements RunnerView {
   readonly owner = `${hostname()}:${process.pid}:${randomBytes(4).toString('hex')}`;
   readonly pool: EndpointPool;
+  private readonly probes: EndpointProbes;
   private readonly lock: RunnerLock;
   private readonly writer: ResultWriter;
   private readonly claims: ClaimBuffer;
@@ -147,6 +149,7 @@ export class Runner implements RunnerView {
       () => this.wake(),
       (e) => this.requests.abortEndpoint(e, 'release'),
     );
+    this.probes = new EndpointProbes(this.pool, logger, clock, config, () => this.wake());
     this.writer = new ResultWriter(db, this.owner, logger, (r) => this.guard('after a result commit', () => this.afterFlush(r)), clock);
     this.claims = new ClaimBuffer(
       db,
@@ -523,7 +526,7 @@ export class Runner implements RunnerView {
       await this.pool.sync();
       if (this.coordinating) await this.sweepValidations();
     }
-    this.pool.probeDue();
+    this.probes.due();
     if (this.coordinating) await expireBatches(this.deps);
     await this.refreshActive();
     this.claims.newTick();

@@ -5,6 +5,7 @@ import { afterAll, describe, expect, it } from 'vitest';
 import { closeDb, openDb } from '../../src/db/client.js';
 import { getEndpoint, insertEndpoint, updateEndpoint } from '../../src/db/endpoints.js';
 import { makeLogger } from '../../src/logger.js';
+import { EndpointProbes } from '../../src/runner/endpoint-probes.js';
 import { EndpointPool } from '../../src/runner/endpoints.js';
 import { tempDir } from '../support/server.js';
 
@@ -60,7 +61,7 @@ describe('a probe in flight against an operator', () => {
       () => {},
     );
     await pool.sync();
-    pool.probeDue();
+    new EndpointProbes(pool, makeLogger('silent'), Date.now, settings, () => {}).due();
     await expect.poll(() => fake.healthCalls()).toBe(1);
     return { fake, db, pool };
   }

@@ -1,7 +1,7 @@
 import { describe, expect, it } from 'vitest';
 import { APIConnectionError, APIConnectionTimeoutError, APIError, APIUserAbortError } from 'openai';
 import { claimSize, MAX_CLAIM, pickEndpoint, type Slots } from '../../src/runner/endpoint-choice.js';
-import { backoffMs, decideFailure, probeBackoff, REQUEST_BACKOFF, UPLOAD_BACKOFF } from '../../src/runner/failure-policy.js';
+import { backoffMs, decideFailure, REQUEST_BACKOFF, UPLOAD_BACKOFF } from '../../src/runner/failure-policy.js';
 import { buildRequest, classifyError, parseAnswer } from '../../src/runner/request.js';
 
 // SGLang's error shapes (DESIGN.md points at SGLang's own page), as the openai client raises them
@@ -243,12 +243,6 @@ describe('backoff', () => {
     expect(backoffMs(1, REQUEST_BACKOFF, () => 0)).toBe(250);
     expect(backoffMs(1, REQUEST_BACKOFF, () => 1)).toBe(500);
     expect(backoffMs(20, REQUEST_BACKOFF, () => 1)).toBe(30_000);
-  });
-
-  it('probes a failing endpoint at the interval, doubling, or soon when the interval is short', () => {
-    expect([1, 2, 3].map((n) => backoffMs(n, probeBackoff(5000)))).toEqual([5000, 10000, 20000]);
-    expect([1, 2, 3].map((n) => backoffMs(n, probeBackoff(200)))).toEqual([400, 800, 1600]);
-    expect(backoffMs(30, probeBackoff(5000))).toBe(60_000);
   });
 });
 
