@@ -96,4 +96,20 @@ describe('the layout', () => {
     for (const file of g.keys()) if (!state.has(file)) visit(file);
     expect(cycles).toEqual([]);
   });
+
+  it('keeps store and sharing checks in src/db and src/runner/fleet', () => {
+    // The fleet is chosen once from the store (src/runner/fleet/index.ts); everything else asks it
+    // or a src/db function, never which store or mode it runs on: no `dialect`, no `'pg'`, no
+    // `.shared` or `.coordinating` flag.
+    const check = /\bdialect\b|\.(shared|coordinating)\b|['"]pg['"]/i;
+    const leaks = [...g.keys()].filter((f) => layer(f) !== 'db' && !f.startsWith('runner/fleet/') && check.test(readFileSync(join(src, f), 'utf8')));
+    expect(leaks).toEqual([]);
+  });
+
+  it('keeps every file of src/runner under 400 lines', () => {
+    const MAX_LINES = 400;
+    const lines = (f: string) => readFileSync(join(src, f), 'utf8').trimEnd().split('\n').length;
+    const long = [...g.keys()].filter((f) => layer(f) === 'runner' && lines(f) > MAX_LINES).map((f) => `${f}: ${lines(f)} lines`);
+    expect(long).toEqual([]);
+  });
 });

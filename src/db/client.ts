@@ -194,6 +194,11 @@ class SqliteStore {
 /** A PostgreSQL connection URL (REGEN_DATABASE_URL), as opposed to a SQLite file's path. */
 export const isPostgresUrl = (target: string) => /^postgres(ql)?:\/\//.test(target);
 
+/** The store's name as operators read it (the `store` label of regen_replica_info). */
+export function storeName(db: Db): 'sqlite' | 'postgresql' {
+  return db.dialect === 'pg' ? 'postgresql' : 'sqlite';
+}
+
 /**
  * Opens the store: PostgreSQL for a postgres:// URL (src/db/pg.ts), else the SQLite file at that
  * path, tuned for one writer with many readers. Either way its migrations are applied first.

@@ -173,9 +173,27 @@ export async function readClaim(db: Db, c: { runId: string; owner: string; lease
  * PostgreSQL: where a claim's transaction stands, by the id claimSamples was told: `committed`,
  * `aborted`, or `in progress` while its commit is still being made; null once it is too old to say.
  */
-export async function claimStatus(db: Db, xid: string): Promise<string | null> {
+async function claimStatus(db: Db, xid: string): Promise<string | null> {
   const { rows } = await db.exec<{ status: string | null }>('select txid_status(?::bigint) as status', [xid]);
   return rows[0]?.status ?? null;
+}
+
+/**
+ * A claim that failed as its caller saw it, read again: its samples if it was made, none if it was
+ * not, null while it may still be. On PostgreSQL a commit cut off from its client may be made
+ * after the client saw the error (the server still writing it, or waiting on a synchronous
+ * standby): the transaction's status, by the `xid` claimSamples told, says when it is over;
+ * without an xid the claim never heard back from its first statement, so it sent no commit. On
+ * SQLite a claim that failed was not made, and the read finds nothing.
+ */
+export async function rereadClaim(db: Db, c: { runId: string; owner: string; leaseExpiresAt: number; xid: string | null }): Promise<ClaimedRow[] | null> {
+  if (db.dialect === 'pg') {
+    if (c.xid === null) return [];
+    const status = await claimStatus(db, c.xid);
+    if (status === 'aborted') return [];
+    if (status === 'in progress') return null;
+  }
+  return readClaim(db, c);
 }
 
 // Positions per statement: an `in (...)` list binds one value per position, and SQLite caps bound values.

@@ -295,7 +295,7 @@ export const forecasts = sqliteTable(
 
 // One row: on SQLite the process that runs dispatch on this database, so a restart can tell a
 // dead owner's leases from a live one's; on PostgreSQL the replica that coordinates (recovery,
-// shard uploads, finishing: src/runner/runner.ts).
+// shard uploads, finishing: src/runner/fleet/).
 export const runnerLock = sqliteTable('runner_lock', {
   id: integer('id').primaryKey(),
   owner: text('owner').notNull(),

@@ -1,5 +1,5 @@
 import type { Db } from '../db/client.js';
-import { claimSamples, claimStatus, readClaim, type ClaimedRow, type ClaimOrder } from '../db/samples.js';
+import { claimSamples, rereadClaim, type ClaimedRow, type ClaimOrder } from '../db/samples.js';
 import type { ResultWriter } from './results.js';
 
 /** A sample leased for dispatch, with its run. */
@@ -38,7 +38,7 @@ interface Unsettled {
   buffer: RunBuffer;
   generation: number;
   leaseExpiresAt: number;
-  /** PostgreSQL: the claim's transaction id, once the server had told it; without it, nothing was committed. */
+  /** The claim's transaction id, once the store had told it (PostgreSQL: rereadClaim). */
   xid: string | null;
   onClaim: () => void;
 }
@@ -178,7 +178,7 @@ export class ClaimBuffer {
     for (const u of [...this.unsettled]) {
       let rows: ClaimedRow[] | null;
       try {
-        rows = await this.reread(u);
+        rows = await rereadClaim(this.db, { runId: u.runId, owner: this.owner, leaseExpiresAt: u.leaseExpiresAt, xid: u.xid });
       } catch (err) {
         this.onError(err);
         return;
@@ -188,23 +188,6 @@ export class ClaimBuffer {
       this.unsettled = this.unsettled.filter((x) => x !== u);
       this.land(u.runId, u.buffer, u.generation, rows, u.onClaim);
     }
-  }
-
-  /**
-   * A failed claim's samples: none if it was not made, null while it may still be. On PostgreSQL
-   * a commit cut off from its client may be made after the client saw the error (the server still
-   * writing it, or waiting on a synchronous standby): the transaction's status says when it is
-   * over. On SQLite a claim that failed was not made, and the read finds nothing.
-   */
-  private async reread(u: Unsettled): Promise<ClaimedRow[] | null> {
-    if (this.db.dialect === 'pg') {
-      // Without its id the claim never heard back from its first statement, so it sent no commit.
-      if (u.xid === null) return [];
-      const status = await claimStatus(this.db, u.xid);
-      if (status === 'aborted') return [];
-      if (status === 'in progress') return null;
-    }
-    return readClaim(this.db, { runId: u.runId, owner: this.owner, leaseExpiresAt: u.leaseExpiresAt });
   }
 
   /** Runs that hold claimed samples or have a claim under way. */

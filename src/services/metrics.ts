@@ -1,6 +1,6 @@
 import { hostname } from 'node:os';
 import { collectDefaultMetrics, Counter, Gauge, Histogram, Registry } from 'prom-client';
-import type { Db } from '../db/client.js';
+import { storeName, type Db } from '../db/client.js';
 import { listEndpoints } from '../db/endpoints.js';
 import { endpointCap } from '../domain/concurrency.js';
 import { recentRunSampleCounts, runCountsByStatus } from '../db/runs.js';
@@ -207,7 +207,7 @@ export class Metrics implements RunnerMetrics {
     await this.readRuns(src);
     await this.readEndpoints(src);
     this.replicaInfo.reset();
-    this.replicaInfo.set({ replica: REPLICA, store: src.db.dialect === 'pg' ? 'postgresql' : 'sqlite', role: src.runner.role() ?? 'none' }, 1);
+    this.replicaInfo.set({ replica: REPLICA, store: storeName(src.db), role: src.runner.role() ?? 'none' }, 1);
     return this.registry.metrics();
   }
 

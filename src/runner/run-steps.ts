@@ -1,0 +1,62 @@
+import type { RunnerDeps } from '../deps.js';
+import { setStatusReason, transitionRun } from '../db/runs.js';
+import { cancelPendingSamples } from '../db/samples.js';
+import type { RunRow } from '../db/schema.js';
+import { DISPATCHABLE_RUN_STATUSES } from '../domain/statuses.js';
+import type { EndpointPool } from './endpoints.js';
+import type { Forecasts } from './forecasts.js';
+
+/** Starts the status_reason of a run that no endpoint can serve now. */
+const WAITING_PREFIX = 'waiting for an endpoint:';
+
+/** The moves of a run's status and reason that dispatch itself makes: started, waiting, a dry run's end. */
+export class RunSteps {
+  constructor(
+    private readonly deps: RunnerDeps,
+    private readonly pool: EndpointPool,
+    private readonly forecasts: Forecasts,
+  ) {}
+
+  /**
+   * A dry run whose slice is all answered (or failed) ends: its final forecast, of the whole input,
+   * is stored, and the samples outside the slice are cancelled, so the finisher writes the slice's
+   * shards and completes the run.
+   */
+  async endDryRuns(active: readonly RunRow[]): Promise<void> {
+    for (const run of active) {
+      if (!run.dryRun || (run.status !== 'in_progress' && run.status !== 'queued') || run.pending === 0) continue;
+      if ((await this.forecasts.slice(run.id)).open > 0) continue;
+      // A dry run paused once its slice was all claimed comes back queued with nothing left for a
+      // claim to take, and a claim is what moves a run to in_progress: this ends it instead.
+      await this.started(run);
+      await this.forecasts.compute(run, this.deps.clock(), true);
+      await cancelPendingSamples(this.deps.db, run.id);
+      this.deps.logger.info({ run_id: run.id }, 'dry run: calibration slice answered');
+    }
+  }
+
+  /**
+   * A run no dispatchable endpoint serves says so in its status_reason, with what the endpoints
+   * serve, so that a name mismatch or a fleet still loading is seen at once; the reason goes when
+   * an endpoint serves it.
+   */
+  async sayWhyWaiting(run: RunRow, served: boolean): Promise<void> {
+    const ours = run.statusReason?.startsWith(WAITING_PREFIX) ?? false;
+    const reason = served ? null : `${WAITING_PREFIX} no ready endpoint serves model ${JSON.stringify(run.model)}; ${this.pool.describeServed()}`;
+    if (reason === run.statusReason || (served && !ours) || (!served && run.statusReason && !ours)) return;
+    if (await setStatusReason(this.deps.db, run.id, reason, DISPATCHABLE_RUN_STATUSES)) {
+      if (reason) this.deps.logger.warn({ run_id: run.id, model: run.model, reason }, 'run waits for an endpoint');
+      run.statusReason = reason;
+    }
+  }
+
+  /** A run's first claim moves it from queued to in_progress. */
+  async started(run: RunRow): Promise<void> {
+    if (run.status !== 'queued') return;
+    const at = this.deps.clock();
+    run.status = 'in_progress';
+    if (await transitionRun(this.deps.db, run.id, ['queued'], 'in_progress', at, run.startedAt ? {} : { startedAt: at })) {
+      this.deps.logger.info({ run_id: run.id, status: 'in_progress' }, 'run status');
+    }
+  }
+}
