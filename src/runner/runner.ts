@@ -13,6 +13,7 @@ import { Finisher } from './finishing.js';
 import type { Fleet } from './fleet/fleet.js';
 import { createFleet } from './fleet/index.js';
 import { Forecasts } from './forecasts.js';
+import { guardWith, warnRetrying, type Guard } from './guard.js';
 import { move, type Life } from './life.js';
 import { RunnerLock } from './lock.js';
 import { fillSlots } from './pump.js';
@@ -52,6 +53,7 @@ export class Runner implements RunnerView {
   private readonly forecasts: Forecasts;
   private readonly runSteps: RunSteps;
   private readonly runRates = new Map<string, RateWindow>();
+  private readonly guard: Guard;
   private active: RunRow[] = [];
   private timer: NodeJS.Timeout | null = null;
   /** The runner's life (life.ts): only `running` claims, sends and wakes. */
@@ -76,6 +78,7 @@ export class Runner implements RunnerView {
     private readonly onDeposed?: () => void,
   ) {
     const { db, logger, clock, config } = deps;
+    this.guard = guardWith(logger);
     this.pool = new EndpointPool(
       db,
       logger,
@@ -99,7 +102,7 @@ export class Runner implements RunnerView {
       clock,
       this.writer,
       () => this.guard('refilling slots', () => this.pump()),
-      (err) => this.warn('claiming samples', err),
+      (err) => warnRetrying(logger, 'claiming samples', err),
     );
     this.quality = new QualityWatch(
       deps,
@@ -109,7 +112,7 @@ export class Runner implements RunnerView {
     );
     this.forecasts = new Forecasts(deps, this.pool, () => this.fleet.peersShare());
     this.runSteps = new RunSteps(deps, this.pool, this.forecasts);
-    this.requests = new Requests(deps, this.pool, this.writer, (what, step) => this.guard(what, step), {
+    this.requests = new Requests(deps, this.pool, this.writer, this.guard, {
       settled: () => {
         this.guard('refilling a slot', () => this.pump());
         // Batching commits only pays while answers keep coming; the last ones of a run need not
@@ -119,7 +122,7 @@ export class Runner implements RunnerView {
       qualityOf: (run) => this.quality.qualityOf(run),
       answered: (run, endpointId, tokens, latencyMs, now) => this.forecasts.answered(run.id, endpointId, tokens, latencyMs, now),
     });
-    this.finisher = new Finisher(deps, (what, step) => this.guard(what, step), {
+    this.finisher = new Finisher(deps, this.guard, {
       afterUpload: () => this.finisher.advance(this.active),
       // The last forecast is stored before the run leaves in_progress, so the finished run shows the
       // same one from every read: the API's view of the live one lags the status by a snapshot.
@@ -262,28 +265,6 @@ export class Runner implements RunnerView {
   }
 
   // ---- the loop ----
-
-  /**
-   * Runs one step of the loop that the database may refuse (SQLITE_BUSY once busy_timeout is spent,
-   * while another process holds the write lock): the step is logged and the next tick does it
-   * again, instead of an exception from a timer taking the whole process down.
-   */
-  private guard<T>(what: string, step: () => T): T | undefined {
-    try {
-      const result = step();
-      // An async step's failure is caught the same way: the promise handed back never rejects.
-      if (result instanceof Promise) return result.catch((err: unknown) => this.warn(what, err)) as T;
-      return result;
-    } catch (err) {
-      this.warn(what, err);
-      return undefined;
-    }
-  }
-
-  private warn(what: string, err: unknown): undefined {
-    this.deps.logger.warn({ err: { message: (err as Error).message, code: (err as { code?: unknown }).code } }, `${what} failed; retrying`);
-    return undefined;
-  }
 
   /** One turn of the loop: probes, batch expiry, the active runs, dispatch, uploads and finishing. Tests may call it to step the loop. */
   async runOnce(): Promise<void> {
