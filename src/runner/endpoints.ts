@@ -8,12 +8,12 @@ import { PARKED_ENDPOINT_STATES, type EndpointState } from '../domain/statuses.j
 import type { Logger } from '../logger.js';
 import { capInUse, type CapSource, type ServerCapacity } from '../domain/concurrency.js';
 import { AdaptiveCap, serverCeiling, type Load } from './capacity.js';
-import { backoffMs, firstProbeDelayMs, probeBackoff } from './failure-policy.js';
+import { backoffMs, firstProbeDelayMs, probeBackoff } from '../domain/backoff.js';
 import { agentFetch, endpointAgent, streamPost, type StreamRequest, type WholeAnswer } from './http-fetch.js';
 import { Coalesced } from './coalesced.js';
 import { LatencyRing, RateWindow } from './rates.js';
 import { parseLoads, parseMetrics, parseModels, parseServerInfo } from './server-info.js';
-import { IDLE_ENDPOINT, type EndpointLive } from './view.js';
+import { IDLE_ENDPOINT, type EndpointLive } from '../domain/live-view.js';
 
 /** Consecutive transport failures while dispatching after which an endpoint is taken out of rotation. */
 export const UNHEALTHY_AFTER = 3;

@@ -30,7 +30,15 @@ import { RateWindow } from './rates.js';
 import { Requests } from './requests.js';
 import { recover, releaseLeftLeases } from './recovery.js';
 import { ResultWriter, type FlushReport } from './results.js';
-import { IDLE_ENDPOINT, IDLE_PROGRESS, type EndpointLive, type RunnerRole, type RunnerSnapshot, type RunnerView, type RunProgress } from './view.js';
+import {
+  IDLE_ENDPOINT,
+  IDLE_PROGRESS,
+  type EndpointLive,
+  type RunnerRole,
+  type RunnerSnapshot,
+  type RunnerView,
+  type RunProgress,
+} from '../domain/live-view.js';
 import type { FleetShare } from '../domain/live-view.js';
 
 /** The loop's period: expiry, probes, run status and uploads are looked at this often. */

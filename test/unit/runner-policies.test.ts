@@ -1,7 +1,8 @@
 import { describe, expect, it } from 'vitest';
 import { APIConnectionError, APIConnectionTimeoutError, APIError, APIUserAbortError } from 'openai';
 import { claimSize, MAX_CLAIM, pickEndpoint, type Slots } from '../../src/runner/endpoint-choice.js';
-import { backoffMs, decideFailure, probeBackoff, REQUEST_BACKOFF, UPLOAD_BACKOFF } from '../../src/runner/failure-policy.js';
+import { backoffMs, probeBackoff, REQUEST_BACKOFF, UPLOAD_BACKOFF } from '../../src/domain/backoff.js';
+import { decideFailure } from '../../src/runner/failure-policy.js';
 import { buildRequest, classifyError, parseAnswer } from '../../src/runner/request.js';
 
 // SGLang's error shapes (DESIGN.md points at SGLang's own page), as the openai client raises them
