@@ -1,4 +1,4 @@
-import { readFileSync } from 'node:fs';
+import { existsSync, readFileSync } from 'node:fs';
 import { dirname, join, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { describe, expect, it } from 'vitest';
@@ -39,6 +39,28 @@ describe('the layout', () => {
       (f) => layer(f) === 'dashboard' && f.endsWith('.js') && !readFileSync(join(src, f), 'utf8').startsWith('// @ts-check\n'),
     );
     expect(unchecked).toEqual([]);
+  });
+
+  it("cites only the repository's own docs, by sections they have", () => {
+    // A comment's citation may wrap: `(docs/design.md "Words and` / `// statuses")`.
+    const cites: { f: string; doc: string; section: string | null }[] = [];
+    for (const f of g.keys()) {
+      const text = readFileSync(join(src, f), 'utf8').replace(/\n\s*(?:\/\/|\*)\s*/g, ' ');
+      for (const [, doc, sections] of text.matchAll(/docs\/([\w-]+\.md)((?:,? "[^"]+")*)/g)) {
+        if (!sections) cites.push({ f, doc, section: null });
+        for (const [, section] of sections.matchAll(/"([^"]+)"/g)) cites.push({ f, doc, section });
+      }
+    }
+    expect(cites.length).toBeGreaterThan(15);
+    const headings = (doc: string): string[] | null => {
+      const path = join(root, 'docs', doc);
+      return existsSync(path) ? (readFileSync(path, 'utf8').match(/^## .+$/gm) ?? []) : null;
+    };
+    const broken = cites.filter(({ doc, section }) => {
+      const h = headings(doc);
+      return h === null || (section !== null && !h.includes(`## ${section}`));
+    });
+    expect(broken).toEqual([]);
   });
 
   it('has no import cycles', () => {
