@@ -36,8 +36,7 @@ function valueNames(typeOnly: boolean, clause: string): string[] | '*' {
     .replace(/\{[^}]*\}/, '')
     .replace(/,/g, '')
     .trim();
-  if (outside) return '*';
-  if (!braces) return '*';
+  if (outside || !braces) return '*';
   return braces[1]
     .split(',')
     .map((n) => n.trim())
