@@ -8,7 +8,7 @@ import { validatingRunIds } from './db/runs.js';
 import type { Deps } from './deps.js';
 import { makeLogger, type Logger } from './logger.js';
 import { RunnerThread } from './runner/thread.js';
-import { idleRunner } from './runner/view.js';
+import { idleRunner } from './domain/live-view.js';
 import { Metrics } from './services/metrics.js';
 import { ingestRun } from './services/runs/ingest.js';
 import { WebhookDeliverer } from './services/webhooks.js';

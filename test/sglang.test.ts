@@ -6,7 +6,7 @@ import { call, startTestServer, waitFor } from './support/server.js';
 import { checkOutput, createRun, getRun, listAllSamples, makePrompts, registerEndpoint, uploadFile, waitForStatus } from './support/runner-checks.js';
 
 // regen against simulator processes configured as real SGLang servers are launched
-// (../shared/SGLANG.md): no --max-running-requests, a slow /health, aborted answers, a drain on
+// (docs/sglang.md): no --max-running-requests, a slow /health, aborted answers, a drain on
 // SIGTERM, a 5 s keep-alive, a served name that is a local path, a restart with another model.
 // Each scenario has its own model name, so its runs reach only its own simulators.
 

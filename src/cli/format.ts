@@ -1,3 +1,5 @@
+import { duration as pageDuration } from '../dashboard/format.js';
+
 // Plain-text rendering for the client commands: numbers, durations and aligned tables.
 
 export const TERMINAL = ['completed', 'failed', 'cancelled'];
@@ -8,18 +10,8 @@ export const pct = (fraction: number, digits = 1) => `${(100 * (fraction || 0)).
 
 export const rate = (perSecond: number) => (perSecond >= 100 ? Math.round(perSecond).toLocaleString('en-US') : (perSecond || 0).toFixed(1));
 
-/** 3725 → "1h 2m", 95 → "1m 35s" */
-export function duration(seconds: number | null | undefined): string {
-  if (seconds == null) return '-';
-  const s = Math.max(0, Math.round(seconds));
-  const d = Math.floor(s / 86400);
-  const h = Math.floor((s % 86400) / 3600);
-  const m = Math.floor((s % 3600) / 60);
-  if (d) return `${d}d ${h}h`;
-  if (h) return `${h}h ${m}m`;
-  if (m) return `${m}m ${s % 60}s`;
-  return `${s}s`;
-}
+/** 3725 → "1h 2m", 95 → "1m 35s": the page's formatter, with the terminal's dash for none. */
+export const duration = (seconds: number | null | undefined) => (seconds == null ? '-' : pageDuration(seconds));
 
 export const ms = (n: number | null | undefined) => (n == null ? '-' : n >= 10_000 ? `${(n / 1000).toFixed(1)} s` : `${Math.round(n)} ms`);
 

@@ -22,7 +22,8 @@ export function rate(perSecond) {
 }
 
 /**
- * 3725 → "1h 2m", 95 → "1m 35s"
+ * 3725 → "1h 2m", 95 → "1m 35s". The CLI formats durations with this one too (cli/format.ts): the
+ * server serves the page nothing outside src/dashboard, so the page cannot import the CLI's modules.
  * @param {number | null | undefined} seconds
  */
 export function duration(seconds) {

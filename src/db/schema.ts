@@ -18,8 +18,8 @@ export const endpoints = sqliteTable('endpoints', {
   // Set by the user; when null the server's own max_running_requests (or the default) applies.
   maxConcurrency: integer('max_concurrency'),
   serverMaxRunning: integer('server_max_running'),
-  // What the probes read of the server (SGLANG.md "Capacity", "Models"): its KV pool in tokens, its
-  // context length, and when its process started (a change means it restarted).
+  // What the probes read of the server (docs/sglang.md "Capacity", "Models"): its KV pool in
+  // tokens, its context length, and when its process started (a change means it restarted).
   kvTokens: integer('kv_tokens'),
   maxModelLen: integer('max_model_len'),
   startupTime: real('startup_time'),

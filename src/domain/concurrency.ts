@@ -1,4 +1,4 @@
-// Where an endpoint's cap comes from (DESIGN.md "Runner"): one rule for the runner, the endpoint
+// Where an endpoint's cap comes from (docs/design.md "Runner"): one rule for the runner, the endpoint
 // object and /metrics.
 
 export const CAP_SOURCES = ['user', 'adaptive', 'server', 'default'] as const;

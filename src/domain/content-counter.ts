@@ -1,4 +1,5 @@
 import { WHITESPACE_TO_COLLAPSE } from './quality.js';
+import { Ring } from './ring.js';
 
 // duplicate_content: how many of the run's recent answers are the same text. A broken model or
 // template answers "OK." to everything; a healthy run, even one of short answers ("42", "Paris"),
@@ -92,28 +93,24 @@ interface Entry {
  * samples): a flood is back over DUPLICATE_MIN_COUNT within a dozen answers.
  */
 export class ContentCounter {
-  private readonly ring: Float64Array;
+  private readonly ring: Ring;
   private readonly entries = new Map<number, Entry>();
-  private next = 0;
-  private filled = 0;
 
   constructor(readonly capacity = CONTENT_WINDOW) {
-    this.ring = new Float64Array(capacity);
+    this.ring = new Ring(capacity);
   }
 
   /** Non-blank answers in the window. */
   get size(): number {
-    return this.filled;
+    return this.ring.size;
   }
 
   /** Counts one answer; flagged when its text holds a duplicate's share of the window, itself included. */
   observe(content: string | null): { count: number; flagged: boolean } {
     const key = contentKey(content);
     if (key === null) return { count: 0, flagged: false };
-    if (this.filled === this.capacity) this.forget(this.ring[this.next]);
-    else this.filled++;
-    this.ring[this.next] = key;
-    this.next = (this.next + 1) % this.capacity;
+    const left = this.ring.push(key);
+    if (left !== undefined) this.forget(left);
     let entry = this.entries.get(key);
     if (entry) entry.count++;
     else {
@@ -125,14 +122,14 @@ export class ContentCounter {
 
   /** Copies that make a text a duplicate now. */
   threshold(): number {
-    return Math.max(DUPLICATE_MIN_COUNT, Math.ceil(DUPLICATE_SHARE * this.filled));
+    return Math.max(DUPLICATE_MIN_COUNT, Math.ceil(DUPLICATE_SHARE * this.ring.size));
   }
 
   /** The commonest text, or null when the window is empty. O(texts in the window): for a verdict, not per sample. */
   top(): TopContent | null {
     let best: Entry | null = null;
     for (const e of this.entries.values()) if (!best || e.count > best.count) best = e;
-    return best && { text: best.text, count: best.count, share: best.count / this.filled };
+    return best && { text: best.text, count: best.count, share: best.count / this.ring.size };
   }
 
   private forget(key: number): void {

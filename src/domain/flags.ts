@@ -1,5 +1,5 @@
-// Quality flags (DESIGN.md "Quality"). They are stored as a bitmask in samples.flags, so the order
-// of FLAGS is part of the stored format: append only. Each flag also has a counter on its run.
+// Quality flags (docs/design.md "Quality"). They are stored as a bitmask in samples.flags, so the
+// order of FLAGS is part of the stored format: append only. Each flag also has a counter on its run.
 
 export const FLAGS = [
   'empty_content',

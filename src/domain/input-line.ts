@@ -1,7 +1,7 @@
 import { MAX_JSON_DEPTH, nestsDeeperThan } from './json-depth.js';
 import { Params, type RegenerateMode } from './params.js';
 
-// One input line → one sample (DESIGN.md "Input"). Every reason returned here is shown to
+// One input line → one sample (docs/design.md "Input"). Every reason returned here is shown to
 // users next to the line number, so it names the field path and says what was expected.
 
 export type ChatMessage = { role: string; content: unknown; [k: string]: unknown };

@@ -1,4 +1,4 @@
-// Which runs an endpoint can serve (SGLANG.md "Models"). SGLang serves a model under the name it
+// Which runs an endpoint can serve (docs/sglang.md "Models"). SGLang serves a model under the name it
 // was launched with, which defaults to --model-path: often a local folder such as
 // /models/Qwen3-27B rather than the hub name Qwen/Qwen3-27B that a run names.
 

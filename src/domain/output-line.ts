@@ -1,6 +1,6 @@
 import { flagsFromBits, type Flag } from './flags.js';
 
-// The lines of a run's output (DESIGN.md "Runner"): shard-NNNNN.jsonl holds one OutputLine per
+// The lines of a run's output (docs/design.md "Runner"): shard-NNNNN.jsonl holds one OutputLine per
 // completed sample, in input order; shard-NNNNN.errors.jsonl one ErrorLine per failed sample.
 // Readers of the shards (batch output files, the sample route) parse these same types.
 

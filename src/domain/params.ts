@@ -59,7 +59,7 @@ export type DispatchOrder = (typeof DISPATCH_ORDERS)[number];
 export const ON_INVALID_LINE = ['fail', 'skip'] as const;
 export type OnInvalidLine = (typeof ON_INVALID_LINE)[number];
 
-/** Qwen3-family chat templates think unless told not to (SGLANG.md "Chat completions"). */
+/** Qwen3-family chat templates think unless told not to (docs/sglang.md "Chat completions"). */
 const THINKS_BY_DEFAULT = /qwen3/i;
 
 /**

@@ -1,5 +1,6 @@
 import { FLAGS, type Flag } from './flags.js';
 import type { GateSettings } from './quality.js';
+import { Ring } from './ring.js';
 
 // The gate over the last answers, not the whole run: a run that turns bad after 100,000 healthy
 // samples is over its limit within a hundred bad ones, where the run's own share would take
@@ -17,20 +18,18 @@ export const QUALITY_WINDOW = 400;
  * as they enter and leave: O(flags set) a sample, memory fixed by the capacity.
  */
 export class QualityWindow {
-  private readonly ring: Int32Array;
+  private readonly ring: Ring;
   private readonly byFlag = new Int32Array(FLAGS.length);
-  private next = 0;
-  private filled = 0;
   private flaggedCount = 0;
   private seen = 0;
 
   constructor(readonly capacity = QUALITY_WINDOW) {
-    this.ring = new Int32Array(capacity);
+    this.ring = new Ring(capacity);
   }
 
   /** Samples in the window. */
   get size(): number {
-    return this.filled;
+    return this.ring.size;
   }
 
   /** Samples ever pushed, those before a restart included (see restore). */
@@ -45,14 +44,12 @@ export class QualityWindow {
 
   /** Flagged share of the window; 0 when it is empty. */
   get share(): number {
-    return this.filled === 0 ? 0 : this.flaggedCount / this.filled;
+    return this.ring.size === 0 ? 0 : this.flaggedCount / this.ring.size;
   }
 
   push(flags: number): void {
-    if (this.filled === this.capacity) this.count(this.ring[this.next], -1);
-    else this.filled++;
-    this.ring[this.next] = flags;
-    this.next = (this.next + 1) % this.capacity;
+    const left = this.ring.push(flags);
+    if (left !== undefined) this.count(left, -1);
     this.count(flags, 1);
     this.seen++;
   }
@@ -62,9 +59,9 @@ export class QualityWindow {
    * first (db/samples.ts recentCompleted); `total` is the run's completed count.
    */
   restore(newestFirst: readonly number[], total = newestFirst.length): void {
-    this.ring.fill(0);
+    this.ring.clear();
     this.byFlag.fill(0);
-    this.next = this.filled = this.flaggedCount = this.seen = 0;
+    this.flaggedCount = this.seen = 0;
     const kept = newestFirst.slice(0, this.capacity);
     for (let i = kept.length - 1; i >= 0; i--) this.push(kept[i]);
     this.seen = Math.max(total, kept.length);

@@ -1,6 +1,6 @@
 import { bitsFromFlags, FLAGS, flagCounts, type Flag, type FlagCounterKey } from './flags.js';
 
-// Quality checks run on every completed sample (DESIGN.md "Quality"), and the gate pauses a run
+// Quality checks run on every completed sample (docs/design.md "Quality"), and the gate pauses a run
 // whose flagged share is over its limit.
 
 export interface QualityConfig {
@@ -73,7 +73,7 @@ export function computeFlags(input: QualityInput, cfg: QualityCheckConfig): numb
 
 /**
  * A think tag in the answer: the server runs without `--reasoning-parser`, so the think block
- * stays inside content (SGLANG.md "Chat completions"), whole or cut open by max_tokens. Qwen3's
+ * stays inside content (docs/sglang.md "Chat completions"), whole or cut open by max_tokens. Qwen3's
  * template can put `<think>` in the prompt, leaving only `</think>` in the text: either tag counts.
  */
 export function hasThinkTag(content: string | null): boolean {

@@ -1,5 +1,5 @@
-// The lifecycle words of runs, samples, shards and endpoints (DESIGN.md). One list each; every
-// other set of statuses in the code is derived from these.
+// The lifecycle words of runs, samples, shards and endpoints (docs/design.md "Words and
+// statuses"). One list each; every other set of statuses in the code is derived from these.
 
 export const RUN_STATUSES = ['validating', 'queued', 'in_progress', 'paused', 'finalizing', 'completed', 'failed', 'cancelling', 'cancelled'] as const;
 export type RunStatus = (typeof RUN_STATUSES)[number];

@@ -1,4 +1,5 @@
-// How many requests regen keeps in flight on an endpoint (DESIGN.md "Runner", SGLANG.md "Capacity").
+// How many requests regen keeps in flight on an endpoint (docs/design.md "Runner",
+// docs/sglang.md "Capacity").
 //
 // SGLang's own tuning guide asks for a large running batch with a waiting queue behind it, KV
 // token usage above 0.9, and retractions rare. Its advertised running limit is no guide: by default

@@ -1,4 +1,4 @@
-// Which endpoint takes the next sample, and how many samples to claim at once (DESIGN.md "Runner").
+// Which endpoint takes the next sample, and how many samples to claim at once (docs/design.md "Runner").
 
 /** What the choice reads of an endpoint. */
 export interface Slots {

@@ -11,7 +11,7 @@ import type { AdaptiveCap, Load } from './capacity.js';
 import { agentFetch, endpointAgent, streamPost, type StreamRequest, type WholeAnswer } from './http-fetch.js';
 import { Coalesced } from './coalesced.js';
 import { LatencyRing, RateWindow } from './rates.js';
-import { IDLE_ENDPOINT, type EndpointLive } from './view.js';
+import { IDLE_ENDPOINT, type EndpointLive } from '../domain/live-view.js';
 
 /** Consecutive transport failures while dispatching after which an endpoint is taken out of rotation. */
 export const UNHEALTHY_AFTER = 3;

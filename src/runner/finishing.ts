@@ -5,7 +5,7 @@ import type { RunRow, ShardRow } from '../db/schema.js';
 import { closedOpenShards, recordUploadFailure } from '../db/shards.js';
 import type { RunStatus } from '../domain/statuses.js';
 import { describeStoreError } from '../storage/index.js';
-import { backoffMs, UPLOAD_BACKOFF } from './failure-policy.js';
+import { backoffMs, UPLOAD_BACKOFF } from '../domain/backoff.js';
 import { Coalesced } from './coalesced.js';
 import { uploadShard, writeManifest } from './shard-writer.js';
 

@@ -10,8 +10,12 @@ import { gateSettings, gateTrips, gateVerdict } from '../domain/quality.js';
  */
 export async function checkGate(deps: RunnerDeps, r: RunRow): Promise<boolean> {
   if (!gateTrips(r)) return false;
-  const reason = gateVerdict(r, gateSettings(r)!);
-  if (!(await transitionRun(deps.db, r.id, ['in_progress'], 'paused', deps.clock(), { statusReason: reason }))) return false;
-  deps.logger.warn({ run_id: r.id, status: 'paused', reason }, 'run status');
+  return pauseForGate(deps, r.id, gateVerdict(r, gateSettings(r)!));
+}
+
+/** The gate's pause, whichever check tripped it: only a run still in progress, so an operator's move wins. Returns true when it paused the run. */
+export async function pauseForGate(deps: RunnerDeps, runId: string, reason: string): Promise<boolean> {
+  if (!(await transitionRun(deps.db, runId, ['in_progress'], 'paused', deps.clock(), { statusReason: reason }))) return false;
+  deps.logger.warn({ run_id: runId, status: 'paused', reason }, 'run status');
   return true;
 }

@@ -1,21 +1,9 @@
 import type { Config } from '../config.js';
 import type { RetryReason } from '../domain/sample-errors.js';
-import type { RunnerSnapshot } from './view.js';
+import type { RunnerSnapshot } from '../domain/live-view.js';
 
 // What crosses between the API thread (thread.ts) and the runner's worker thread (worker.ts).
 // Both sides import these types from here, never from each other.
-
-/**
- * The counters the runner moves. A plain interface, so the runner thread can count without loading
- * prom-client: in its worker thread they are forwarded to the API thread's registry.
- */
-export interface RunnerMetrics {
-  /** An endpoint answered a sample; `flags` is the quality bitmask of the answer. */
-  answered(endpointId: string, latencyMs: number, completionTokens: number, flags: number): void;
-  retried(reason: RetryReason): void;
-  shardUploaded(): void;
-  shardUploadFailed(): void;
-}
 
 /** The settings a new runner thread waits for before it starts. */
 export interface RunnerThreadInit {

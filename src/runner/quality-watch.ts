@@ -2,7 +2,7 @@ import type { RunnerDeps } from '../deps.js';
 import { appendEvent } from '../db/events.js';
 import { enqueueEvent, runsWithOwnWebhook } from '../db/webhooks.js';
 import { requeueRunSamples } from '../db/requeue.js';
-import { getRun, transitionRun } from '../db/runs.js';
+import { getRun } from '../db/runs.js';
 import { completionLengthCounts, recentCompleted } from '../db/samples.js';
 import type { RunRow } from '../db/schema.js';
 import { gateSettings } from '../domain/quality.js';
@@ -11,7 +11,7 @@ import { RunQuality } from '../domain/run-quality.js';
 import type { FleetShare } from '../domain/live-view.js';
 import type { RunStatus } from '../domain/statuses.js';
 import type { EndpointPool, LiveEndpoint } from './endpoints.js';
-import { checkGate } from './gate.js';
+import { checkGate, pauseForGate } from './gate.js';
 
 /** Runs whose flagged answers a quarantine asks again: the ones still taking work. */
 const REQUEUE_STATUSES: readonly RunStatus[] = ['queued', 'in_progress', 'paused'];
@@ -108,10 +108,7 @@ export class QualityWatch {
     const verdict = q.verdict(gate, own, peers, windows);
     for (const bad of verdict.quarantine) await this.quarantine(bad.endpointId, bad.reason);
     if (verdict.overLimit && verdict.reason && !run.gateOverridden && run.status === 'in_progress') {
-      if (await transitionRun(this.deps.db, run.id, ['in_progress'], 'paused', this.deps.clock(), { statusReason: verdict.reason })) {
-        this.deps.logger.warn({ run_id: run.id, status: 'paused', reason: verdict.reason }, 'run status');
-        return true;
-      }
+      if (await pauseForGate(this.deps, run.id, verdict.reason)) return true;
     }
     // The run's whole share, as before the window: a slow drift that no window catches.
     return checkGate(this.deps, run);

@@ -1,3 +1,5 @@
+import { Ring } from '../domain/ring.js';
+
 /**
  * Counts over a sliding window of one-second buckets, so a rate reflects the last minute and not
  * the whole run: a slow start or a pause does not distort it.
@@ -46,19 +48,19 @@ export class RateWindow {
 
 /** The last N latencies, for a median without keeping every request. */
 export class LatencyRing {
-  private readonly values: number[] = [];
-  private next = 0;
-  constructor(private readonly size = 256) {}
+  private readonly ring: Ring;
+  constructor(size = 256) {
+    this.ring = new Ring(size);
+  }
 
   add(ms: number): void {
-    if (this.values.length < this.size) this.values.push(ms);
-    else this.values[this.next] = ms;
-    this.next = (this.next + 1) % this.size;
+    this.ring.push(ms);
   }
 
   p50(): number | null {
-    if (!this.values.length) return null;
-    const sorted = [...this.values].sort((a, b) => a - b);
+    if (!this.ring.size) return null;
+    // A typed array's sort is numeric.
+    const sorted = this.ring.held().slice().sort();
     return sorted[Math.floor(sorted.length / 2)];
   }
 }

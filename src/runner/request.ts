@@ -85,7 +85,7 @@ export interface Answer {
 
 export type ParsedAnswer = { ok: true; answer: Answer } | { ok: false; error: SampleError };
 
-/** The finish reasons SGLang sends for a finished completion (SGLANG.md "Chat completions"). */
+/** The finish reasons SGLang sends for a finished completion (docs/sglang.md "Chat completions"). */
 const FINISHED = new Set(['stop', 'length', 'tool_calls', 'content_filter', 'function_call']);
 const MAX_REASON_CHARS = 40;
 

@@ -6,7 +6,7 @@ import { Coalesced } from './coalesced.js';
 export type { FlushReport, Outcome } from '../db/results.js';
 export type { Usage } from '../domain/output-line.js';
 
-/** Results wait at most this long before they are committed (DESIGN.md: "every ~50 ms"). */
+/** Results wait at most this long before they are committed (docs/design.md "Runner": about every 50 ms). */
 const COMMIT_INTERVAL_MS = 50;
 /** After a commit the database refused (another process holds its lock), the next try. */
 const BUSY_RETRY_MS = 250;

@@ -1,6 +1,6 @@
 import type { Load, ServerCapacity } from './capacity.js';
 
-// Reading what an SGLang server says of itself (SGLANG.md): pure parsers of /v1/models,
+// Reading what an SGLang server says of itself (docs/sglang.md): pure parsers of /v1/models,
 // /server_info, /v1/loads and /metrics. Each takes what came back and keeps only what it can trust.
 
 type Json = Record<string, unknown>;

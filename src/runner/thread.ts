@@ -2,7 +2,7 @@ import { Worker } from 'node:worker_threads';
 import type { Deps } from '../deps.js';
 import type { Logger } from '../logger.js';
 import { RunnerLockedError } from './lock.js';
-import { snapshotView, type RunnerSnapshot, type RunnerView } from './view.js';
+import { snapshotView, type RunnerSnapshot, type RunnerView } from '../domain/live-view.js';
 import type { FromRunner, RunnerThreadInit, ToRunner } from './protocol.js';
 
 /** How long a second signal waits for the runner thread to commit what it knows. */

@@ -6,7 +6,8 @@ import { Stores } from '../storage/index.js';
 import { RunnerLockedError } from './lock.js';
 import { Runner } from './runner.js';
 import type { RetryReason } from '../domain/sample-errors.js';
-import type { FromRunner, MetricsBatch, RunnerMetrics, RunnerThreadInit, ToRunner } from './protocol.js';
+import type { RunnerMetrics } from '../domain/metrics.js';
+import type { FromRunner, MetricsBatch, RunnerThreadInit, ToRunner } from './protocol.js';
 
 /**
  * The runner's own thread: its own SQLite connection, object stores and event loop, so that

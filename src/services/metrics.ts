@@ -1,6 +1,6 @@
 import { hostname } from 'node:os';
 import { collectDefaultMetrics, Counter, Gauge, Histogram, Registry } from 'prom-client';
-import { storeName, type Db } from '../db/client.js';
+import { storeName } from '../db/client.js';
 import { listEndpoints } from '../db/endpoints.js';
 import { endpointCap } from '../domain/concurrency.js';
 import { recentRunSampleCounts, runCountsByStatus } from '../db/runs.js';
@@ -9,8 +9,7 @@ import { DELIVERY_STATUSES } from '../domain/webhooks.js';
 import { FLAGS, flagBit } from '../domain/flags.js';
 import { RETRY_REASONS, type RetryReason } from '../domain/sample-errors.js';
 import { ENDPOINT_STATES, RUN_STATUSES, SAMPLE_STATUSES } from '../domain/statuses.js';
-import type { RunnerMetrics } from '../runner/protocol.js';
-import type { RunnerView } from '../runner/view.js';
+import type { MetricsSource, ProcessMetrics } from '../deps.js';
 
 /** This process among the replicas of one database: the host and pid the runner lock names too. */
 const REPLICA = `${hostname()}:${process.pid}`;
@@ -21,21 +20,13 @@ const WEBHOOK_ATTEMPT_RESULTS = ['delivered', 'retry', 'failed'] as const;
 /** A finished run keeps its sample gauges this long, so a scrape after the end still sees its final counts. */
 const FINISHED_RUN_VISIBLE_MS = 3600_000;
 
-/** What a scrape reads besides the counters: the database and the live runner. */
-interface MetricsSource {
-  db: Db;
-  runner: RunnerView;
-  defaultConcurrency: number;
-  now: number;
-}
-
 /**
  * The Prometheus metrics of one regen process, in a registry of its own (several servers can share
  * a process in tests). Counters move as the runner works; gauges are read from the run counters
  * and the endpoint table at scrape time. Labels stay low-cardinality: run and endpoint ids, never
  * a sample's custom_id.
  */
-export class Metrics implements RunnerMetrics {
+export class Metrics implements ProcessMetrics {
   readonly registry = new Registry();
   private readonly requestSeconds = new Histogram({
     name: 'regen_request_duration_seconds',

@@ -5,7 +5,7 @@ import type { Deps } from '../deps.js';
 import { claimDelivery, dueDeliveries, recordAttempt, runWebhookSecret, type DeliveryResult } from '../db/webhooks.js';
 import type { WebhookDeliveryRow } from '../db/schema.js';
 import { signatureHeaders } from '../domain/webhooks.js';
-import { backoffMs, webhookBackoff } from '../runner/failure-policy.js';
+import { backoffMs, webhookBackoff } from '../domain/backoff.js';
 
 /** How often the outbox is read: an event goes out within this of its commit. */
 const POLL_MS = 500;

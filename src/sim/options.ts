@@ -87,7 +87,7 @@ export const DEFAULTS: Readonly<Knobs> = {
   enableMetrics: 1,
   enableCacheReport: 0,
   reasoningParser: 1,
-  // 0 keeps tests fast; real SGLang takes at least 1 s (see SGLANG.md, "Start-up and health").
+  // 0 keeps tests fast; real SGLang takes at least 1 s (see docs/sglang.md "Start-up and health").
   healthMs: 0,
   abortRate: 0,
   // SGLANG_TIMEOUT_KEEP_ALIVE's default.

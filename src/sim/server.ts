@@ -51,7 +51,7 @@ export interface Simulator {
   configure(patch: Partial<SimOptions>): void;
 }
 
-/** The SGLang release SGLANG.md was read from. */
+/** The SGLang release docs/sglang.md was read from. */
 const SGLANG_VERSION = '0.5.17';
 const MAX_BODY_BYTES = 32 * 1024 * 1024;
 // Bounds the prefix-cache bookkeeping during long benchmarks; forgetting everything is what a full cache does.

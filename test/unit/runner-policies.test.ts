@@ -1,10 +1,11 @@
 import { describe, expect, it } from 'vitest';
 import { APIConnectionError, APIConnectionTimeoutError, APIError, APIUserAbortError } from 'openai';
 import { claimSize, MAX_CLAIM, pickEndpoint, type Slots } from '../../src/runner/endpoint-choice.js';
-import { backoffMs, decideFailure, REQUEST_BACKOFF, UPLOAD_BACKOFF } from '../../src/runner/failure-policy.js';
+import { backoffMs, REQUEST_BACKOFF, UPLOAD_BACKOFF } from '../../src/domain/backoff.js';
+import { decideFailure } from '../../src/runner/failure-policy.js';
 import { buildRequest, classifyError, parseAnswer } from '../../src/runner/request.js';
 
-// SGLang's error shapes (DESIGN.md points at SGLang's own page), as the openai client raises them
+// SGLang's error shapes (docs/sglang.md "Errors"), as the openai client raises them
 // once the dispatch fetch has put SGLang's top-level error fields under "error" (http-fetch.ts).
 const sglangError = (status: number, message: string) =>
   APIError.generate(status, { error: { object: 'error', message, type: 'BadRequestError', param: null, code: status } }, undefined, new Headers());

@@ -2,7 +2,7 @@ import { z } from '@hono/zod-openapi';
 import { CAP_SOURCES, endpointCap } from '../../domain/concurrency.js';
 import { ENDPOINT_STATES, OPERATOR_ENDPOINT_STATES } from '../../domain/statuses.js';
 import type { EndpointRow } from '../../db/schema.js';
-import type { EndpointLive } from '../../runner/view.js';
+import type { EndpointLive } from '../../domain/live-view.js';
 import { HttpUrl, iso, Timestamp } from '../common.js';
 
 export const EndpointUrl = HttpUrl.openapi({ example: 'http://10.0.0.5:30000' });

@@ -3,7 +3,7 @@ import { joinUri } from '../../storage/index.js';
 import { flagCounts, flagsFromBits } from '../../domain/flags.js';
 import { runUsage, triesOf } from '../../domain/output-line.js';
 import type { StoredForecast } from '../../domain/forecast.js';
-import type { RunProgress } from '../../runner/view.js';
+import type { RunProgress } from '../../domain/live-view.js';
 import { iso } from '../common.js';
 import type { Run } from './schemas.js';
 

@@ -3,7 +3,7 @@ import { releaseRunLeases } from '../../db/samples.js';
 import type { FleetShare } from '../../domain/live-view.js';
 import type { EndpointPool } from '../endpoints.js';
 import type { RunnerLock } from '../lock.js';
-import type { RunnerSnapshot } from '../view.js';
+import type { RunnerSnapshot } from '../../domain/live-view.js';
 import type { Fleet, FleetHooks } from './fleet.js';
 import { Lead } from './lead.js';
 

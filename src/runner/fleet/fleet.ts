@@ -1,5 +1,5 @@
 import type { FleetShare } from '../../domain/live-view.js';
-import type { RunnerRole, RunnerSnapshot } from '../view.js';
+import type { RunnerRole, RunnerSnapshot } from '../../domain/live-view.js';
 
 /** What the fleet asks of the runner it serves. */
 export interface FleetHooks {

@@ -18,7 +18,7 @@ import type { FleetShare } from '../../domain/live-view.js';
 import { Coalesced } from '../coalesced.js';
 import type { EndpointPool } from '../endpoints.js';
 import { pidAlive, RunnerLockedError, type RunnerLock } from '../lock.js';
-import type { RunnerSnapshot } from '../view.js';
+import type { RunnerSnapshot } from '../../domain/live-view.js';
 import type { Fleet, FleetHooks } from './fleet.js';
 import { Lead } from './lead.js';
 import { releaseLeftLeases } from './recovery.js';

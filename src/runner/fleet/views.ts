@@ -1,6 +1,6 @@
 import type { FleetShare } from '../../domain/live-view.js';
 import type { ReplicaRow } from '../../db/replicas.js';
-import type { RunnerSnapshot } from '../view.js';
+import type { RunnerSnapshot } from '../../domain/live-view.js';
 
 /** The other replicas' last published views, and what this process makes of them. */
 export class PeerViews {

@@ -1,0 +1,25 @@
+// How long anything that failed waits before it is tried again: requests, shard uploads
+// and webhook deliveries all back off through backoffMs.
+
+export interface BackoffPolicy {
+  /** The wait after the first failure; each further failure doubles it. */
+  firstMs: number;
+  maxMs: number;
+  /** Spread the wait over [wait/2, wait] so that samples failed together do not return together. */
+  jitter: boolean;
+}
+
+/** A sample's failed request: 0.5 s, 1 s, 2 s… up to 30 s, jittered. */
+export const REQUEST_BACKOFF: BackoffPolicy = { firstMs: 500, maxMs: 30_000, jitter: true };
+/** A failed shard upload: 2 s, 4 s… up to a minute; an object store that is down gets few writes. */
+export const UPLOAD_BACKOFF: BackoffPolicy = { firstMs: 2000, maxMs: 60_000, jitter: false };
+/** A webhook event its receiver did not take: the first wait (REGEN_WEBHOOK_RETRY_MS, 5 s) doubling up to an hour, jittered. */
+export function webhookBackoff(firstMs: number): BackoffPolicy {
+  return { firstMs, maxMs: Math.max(firstMs, 3_600_000), jitter: true };
+}
+/** How long to wait after the `failures`-th failure in a row (1 for the first). */
+export function backoffMs(failures: number, policy: BackoffPolicy, random: () => number = Math.random): number {
+  const doubled = policy.firstMs * 2 ** Math.max(0, failures - 1);
+  const wait = Math.min(policy.maxMs, doubled);
+  return policy.jitter ? Math.round(wait / 2 + random() * (wait / 2)) : wait;
+}
