@@ -205,10 +205,11 @@ export interface WholeAnswer {
  * keep-alive agent. Parsed here rather than by the openai client's stream: that one wants a web
  * ReadableStream (Response.body) and decodes it line by line through async iterators, the very
  * plumbing agentFetch exists to avoid. Rejects with the openai client's own errors (APIError by
- * status, APIConnectionError, APIConnectionTimeoutError, APIUserAbortError) and, as agentFetch,
- * AnswerRefused, so classifyError reads a streamed failure as it reads a buffered one. Resolves once `[DONE]` has come, with
- * undefined; or, when the server ignored `stream: true` and answered one JSON body (an
- * OpenAI-compatible server need not stream), with `{body}`, for the caller to read as a buffered answer.
+ * status, APIConnectionError, APIConnectionTimeoutError, APIUserAbortError) or, as agentFetch
+ * does, AnswerRefused, so classifyError reads a streamed failure as it reads a buffered one.
+ * Resolves once `[DONE]` has come, with undefined; or, when the server ignored `stream: true` and
+ * answered one JSON body (an OpenAI-compatible server need not stream), with `{body}`, for the
+ * caller to read as a buffered answer.
  */
 export function streamPost(agent: http.Agent | https.Agent, r: StreamRequest): Promise<WholeAnswer | undefined> {
   return new Promise<WholeAnswer | undefined>((resolve, reject) => {
