@@ -14,7 +14,7 @@ const RSS_TARGET_MIB = 1024;
 /** A fresh regen against one server answering with `fault`; its peak RSS once both runs ended. */
 async function peakWith(fault: AnswerFault, n: number): Promise<number> {
   const tmp = tempDir('regen-bench-endless-');
-  const server = await startBrokenServer({ fault, contextLength: CONTEXT });
+  const server = await startBrokenServer({ fault, contextLength: CONTEXT, holdUntil: n });
   // One attempt a sample: every endless answer fails the same way, a retry would only repeat it.
   const regen = await spawnServer(join(tmp.dir, 'data'), { REGEN_MAX_SERVER_FAULTS: '1', REGEN_ADAPTIVE_CONCURRENCY: 'false' });
   try {

@@ -82,8 +82,13 @@ export interface BrokenServer {
   close(): Promise<void>;
 }
 
-export async function startBrokenServer(opts: { fault: AnswerFault; contextLength: number }): Promise<BrokenServer> {
+/**
+ * `holdUntil`: endless answers start only once that many chat requests have arrived, so that all
+ * of them are in flight at once however slowly regen dispatches.
+ */
+export async function startBrokenServer(opts: { fault: AnswerFault; contextLength: number; holdUntil?: number }): Promise<BrokenServer> {
   const state = { fault: opts.fault, completions: 0, streamed: 0 };
+  let held: (() => void)[] = [];
   const server: Server = createServer((req: IncomingMessage, res: ServerResponse) => {
     const json = (status: number, body: unknown, type = 'application/json') => {
       res.writeHead(status, { 'content-type': type });
@@ -105,14 +110,22 @@ export async function startBrokenServer(opts: { fault: AnswerFault; contextLengt
       if (stream) state.streamed++;
       const sse = () => res.writeHead(200, { 'content-type': 'text/event-stream' });
       switch (state.fault) {
-        case 'endless':
-          if (stream) {
-            sse();
-            return endless(res, ENDLESS_SSE_BLOCK);
-          }
-          res.writeHead(200, { 'content-type': 'application/json' });
-          res.write(ENDLESS_JSON_HEAD);
-          return endless(res, ENDLESS_JSON_BLOCK);
+        case 'endless': {
+          const start = () => {
+            if (stream) {
+              sse();
+              return endless(res, ENDLESS_SSE_BLOCK);
+            }
+            res.writeHead(200, { 'content-type': 'application/json' });
+            res.write(ENDLESS_JSON_HEAD);
+            endless(res, ENDLESS_JSON_BLOCK);
+          };
+          held.push(start);
+          if (state.completions < (opts.holdUntil ?? 0)) return;
+          for (const go of held) go();
+          held = [];
+          return;
+        }
         case 'html':
           return json(200, '<!doctype html><html><body><h1>502 Bad Gateway</h1></body></html>', 'text/html');
         case 'cut-json':
