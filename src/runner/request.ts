@@ -137,7 +137,8 @@ const MAX_REASON_CHARS = 40;
 /**
  * Reads a 200 answer. One without a first choice is malformed; one the server aborted
  * (`finish_reason: "abort"`, with partial or no text) is not a completion; a finish reason SGLang
- * does not send is taken for a broken answer, not a success. All are tried again.
+ * does not send, or token counts the request cannot have (usageProblem, against `limits`; without
+ * them no context is known), are taken for a broken answer, not a success. All are tried again.
  */
 export function parseAnswer(res: unknown, limits: AnswerLimits = { contextLength: null, choices: 1 }): ParsedAnswer {
   const r = res as ChatResponse | null;
