@@ -2,6 +2,7 @@ import { writeFileSync } from 'node:fs';
 import { fileURLToPath } from 'node:url';
 import { benchAdaptive } from './adaptive.js';
 import { benchDispatch, benchSaturation, benchStream } from './dispatch.js';
+import { benchEndless } from './endless.js';
 import { benchIngest } from './ingest.js';
 import { benchMillion } from './million.js';
 import { benchScale } from './scale.js';
@@ -19,6 +20,7 @@ const PARTS: Record<string, () => Promise<Figure[]>> = {
   tail: benchTail,
   scale: benchScale,
   stores: benchStores,
+  endless: benchEndless,
 };
 
 const fmt = (n: number | null, unit = '') =>
@@ -38,7 +40,7 @@ function table(figures: Figure[]): string {
 
 /**
  * `npm run bench [part…]`: runs the parts (all by default), prints regen next to its baseline for
- * every figure, and, for a full-scale run of every part, writes BENCHMARKS.md. Parts: ingest, dispatch, saturation, stream, million, adaptive, tail, scale, stores.
+ * every figure, and, for a full-scale run of every part, writes BENCHMARKS.md. Parts: ingest, dispatch, saturation, stream, million, adaptive, tail, scale, stores, endless.
  */
 async function main(): Promise<void> {
   const asked = process.argv.slice(2);

@@ -98,7 +98,7 @@ describe('runner faults', () => {
 
   it('fails a prompt longer than the context at once with the server message, then retry rewrites the shard whole', async () => {
     const small = await sim({ model: 'm-ctx', 'max-running': 8, 'context-length': 200 });
-    await endpointOf(small);
+    const ep = await endpointOf(small);
     const prompts = makePrompts(60, 'ctx');
     const long = ['ctx-long-a', 'ctx-long-b'];
     const lines = [prompts.jsonl.trimEnd()];
@@ -133,6 +133,9 @@ describe('runner faults', () => {
 
     // A larger context, then the failed two again: their shard is written again with all its lines.
     await small.configure({ contextLength: 100_000 });
+    // regen reads the context at its next probe, and until then takes a prompt past 200 tokens for a malformed answer.
+    const context = async () => (await call(server.url, `/v1/endpoints/${ep.id}`)).body.capacity.max_model_len;
+    await waitFor('the larger context seen', async () => ((await context()) === 100_000 ? true : undefined));
     const retried = await call(server.url, `/v1/runs/${id}/retry`, { method: 'POST', json: { only: 'failed' } });
     expect(retried.status).toBe(200);
     // The runner may claim the two, or even answer them, before this answer is rendered: between

@@ -19,8 +19,13 @@ export const SAMPLE_ERROR_CODES = {
   aborted: { retryable: true, fault: 'server' },
   /** 401, 403 or 404: the endpoint refused (a bad key, a wrong URL); it is probed again. */
   endpoint_refused: { retryable: true, fault: 'server' },
-  /** 200 without the shape of a chat completion, or with a finish_reason SGLang does not send. */
+  /**
+   * 200 with a body that is not a chat completion (HTML, cut-off JSON, an event that is not JSON),
+   * a finish_reason SGLang does not send, or token counts the request cannot have.
+   */
   malformed_response: { retryable: true, fault: 'server' },
+  /** 200 with an answer larger than its request can produce (from max_tokens, n, logprobs and the context), or past the memory budget of the answers in flight: cut there. */
+  answer_too_large: { retryable: true, fault: 'server' },
   /** An answer regen could not take (a fault of its own); tried again. */
   internal_error: { retryable: true, fault: 'sample' },
   /** A 4xx other than the above: the request itself is wrong (e.g. longer than the context). */

@@ -1,6 +1,7 @@
 import http from 'node:http';
 import { APIConnectionError, APIConnectionTimeoutError, APIError, APIUserAbortError } from 'openai';
 import https from 'node:https';
+import { type AnswerLease, AnswerRefused } from './answer-budget.js';
 
 /** The error a spec-compliant fetch rejects with on abort; the openai client recognises it by name. */
 function abortError(): Error {
@@ -61,8 +62,13 @@ class BufferedResponse {
   async text(): Promise<string> {
     return this.bytes.toString('utf8');
   }
+  /** A 200 that is not JSON (HTML, a cut-off body) is the server's malformed answer, not a fault of regen's. */
   async json(): Promise<unknown> {
-    return JSON.parse(this.bytes.toString('utf8'));
+    try {
+      return JSON.parse(this.bytes.toString('utf8'));
+    } catch {
+      throw new AnswerRefused('malformed_response', `the endpoint answered ${this.status} with a body that is not JSON`);
+    }
   }
   async arrayBuffer(): Promise<ArrayBuffer> {
     return new Uint8Array(this.bytes).buffer;
@@ -84,7 +90,12 @@ function errorBodyForClient(body: Buffer): string {
 }
 
 const NULL_BODY = new Set([101, 204, 205, 304]);
-const MAX_RESPONSE_BYTES = 256 << 20;
+
+/** What requests.ts adds to the openai client's `fetchOptions`, which reach fetch as they are. */
+export interface AnswerInit {
+  /** The answer's share of the memory budget: its bytes are taken as they arrive, and a cut ends the request. */
+  answerLease: AnswerLease;
+}
 
 /**
  * A fetch for the openai client built on node:http with a keep-alive agent per endpoint. The
@@ -101,6 +112,8 @@ export function agentFetch(agent: http.Agent | https.Agent): typeof fetch {
       if (body != null && typeof body !== 'string' && !(body instanceof Uint8Array)) {
         return reject(new TypeError('agentFetch sends string or byte bodies only'));
       }
+      const lease = (init as Partial<AnswerInit>).answerLease;
+      if (!lease) return reject(new TypeError('agentFetch reads answers under an answer lease only'));
       const mod = url.protocol === 'https:' ? https : http;
       let settled = false;
       const finish = (fn: () => void) => {
@@ -117,15 +130,8 @@ export function agentFetch(agent: http.Agent | https.Agent): typeof fetch {
         req = mod.request(url, { method: init.method ?? 'GET', headers: headerRecord(init.headers), agent }, (res) => {
           answered = true;
           const chunks: Buffer[] = [];
-          let size = 0;
           res.on('data', (c: Buffer) => {
-            size += c.length;
-            chunks.push(c);
-            if (size > MAX_RESPONSE_BYTES) {
-              // A completion is text; an endless body is a broken server or something that is not one.
-              req.destroy();
-              finish(() => reject(Object.assign(new TypeError('fetch failed'), { cause: new Error(`answer larger than ${MAX_RESPONSE_BYTES} bytes`) })));
-            }
+            if (!settled && lease.take(c.length)) chunks.push(c);
           });
           res.on('error', (err) => finish(() => reject(signal?.aborted ? abortError() : Object.assign(new TypeError('fetch failed'), { cause: err }))));
           res.on('end', () =>
@@ -150,6 +156,10 @@ export function agentFetch(agent: http.Agent | https.Agent): typeof fetch {
         finish(() => reject(abortError()));
       };
       signal?.addEventListener('abort', onAbort, { once: true });
+      lease.onCut((err) => {
+        req.destroy();
+        finish(() => reject(err));
+      });
       send(false);
     })) as typeof fetch;
 }
@@ -177,6 +187,8 @@ export interface StreamRequest {
   body: string;
   signal: AbortSignal;
   timeoutMs: number;
+  /** The answer's share of the memory budget: the unread part of the stream is held under it, and a cut ends the request. */
+  lease: AnswerLease;
   /** Each event's data, in order; `data: [DONE]` ends the stream and is not passed on. */
   onData(data: string): void;
 }
@@ -193,10 +205,11 @@ export interface WholeAnswer {
  * keep-alive agent. Parsed here rather than by the openai client's stream: that one wants a web
  * ReadableStream (Response.body) and decodes it line by line through async iterators, the very
  * plumbing agentFetch exists to avoid. Rejects with the openai client's own errors (APIError by
- * status, APIConnectionError, APIConnectionTimeoutError, APIUserAbortError), so classifyError
- * reads a streamed failure as it reads a buffered one. Resolves once `[DONE]` has come, with
- * undefined; or, when the server ignored `stream: true` and answered one JSON body (an
- * OpenAI-compatible server need not stream), with `{body}`, for the caller to read as a buffered answer.
+ * status, APIConnectionError, APIConnectionTimeoutError, APIUserAbortError) or, as agentFetch
+ * does, AnswerRefused, so classifyError reads a streamed failure as it reads a buffered one.
+ * Resolves once `[DONE]` has come, with undefined; or, when the server ignored `stream: true` and
+ * answered one JSON body (an OpenAI-compatible server need not stream), with `{body}`, for the
+ * caller to read as a buffered answer.
  */
 export function streamPost(agent: http.Agent | https.Agent, r: StreamRequest): Promise<WholeAnswer | undefined> {
   return new Promise<WholeAnswer | undefined>((resolve, reject) => {
@@ -226,12 +239,10 @@ export function streamPost(agent: http.Agent | https.Agent, r: StreamRequest): P
         const sse = /^text\/event-stream\b/i.test(res.headers['content-type'] ?? '');
         if (status !== 200 || !sse) {
           let text = '';
-          let size = 0;
-          const limit = status === 200 ? MAX_RESPONSE_BYTES : MAX_ERROR_BODY_CHARS;
+          // An error body is kept only in part, but all of it is taken: one without end is cut like an answer.
+          const keep = status === 200 ? Number.POSITIVE_INFINITY : MAX_ERROR_BODY_CHARS;
           res.on('data', (c: string) => {
-            size += c.length;
-            if (size > MAX_RESPONSE_BYTES) return connectionError(new Error(`answer larger than ${MAX_RESPONSE_BYTES} bytes`));
-            if (text.length < limit) text += c;
+            if (!settled && r.lease.take(c.length) && text.length < keep) text += c;
           });
           res.on('end', () => {
             if (status !== 200) {
@@ -241,7 +252,7 @@ export function streamPost(agent: http.Agent | https.Agent, r: StreamRequest): P
             try {
               body = JSON.parse(text);
             } catch {
-              return connectionError(new Error('a 200 answer that is neither server-sent events nor JSON'));
+              return finish(() => reject(new AnswerRefused('malformed_response', 'the endpoint answered 200 with neither server-sent events nor JSON')), true);
             }
             finish(() => resolve({ body }), true);
           });
@@ -249,15 +260,14 @@ export function streamPost(agent: http.Agent | https.Agent, r: StreamRequest): P
           return;
         }
         let pending = '';
-        let size = 0;
         res.on('data', (c: string) => {
-          size += c.length;
-          if (size > MAX_RESPONSE_BYTES) return connectionError(new Error(`answer larger than ${MAX_RESPONSE_BYTES} bytes`));
+          if (settled || !r.lease.take(c.length)) return;
           pending += c;
           let end = pending.indexOf('\n\n');
           while (end >= 0 && !settled) {
             const data = eventData(pending.slice(0, end));
             pending = pending.slice(end + 2);
+            r.lease.give(end + 2);
             if (data === DONE) return finish(() => resolve(undefined), true);
             if (data !== null) {
               try {
@@ -283,6 +293,7 @@ export function streamPost(agent: http.Agent | https.Agent, r: StreamRequest): P
     };
     const onAbort = () => finish(() => reject(new APIUserAbortError()));
     r.signal.addEventListener('abort', onAbort, { once: true });
+    r.lease.onCut((err) => finish(() => reject(err)));
     // The whole answer must come within the run's timeout, as with a buffered request.
     const timer = setTimeout(() => finish(() => reject(new APIConnectionTimeoutError())), r.timeoutMs);
     send(false);

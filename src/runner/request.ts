@@ -2,6 +2,7 @@ import { APIConnectionError, APIConnectionTimeoutError, APIError, APIUserAbortEr
 import type { ChoiceLogprobs, Usage } from '../domain/output-line.js';
 import { thinkingRequested } from '../domain/params.js';
 import type { SampleError } from '../domain/sample-errors.js';
+import { AnswerRefused } from './answer-budget.js';
 
 // One request to an endpoint: the body sent for a sample, what its answer means, and what its
 // error means. Pure, so that every answer and error shape has a case in a table test.
@@ -53,6 +54,50 @@ export function tokenBudget(body: Record<string, unknown>, contextLength: number
   return typeof asked === 'number' ? asked : (contextLength ?? 0);
 }
 
+/**
+ * The context taken for a server that does not report one (`max_model_len` missing from
+ * /v1/models): the largest max_tokens a run may ask (domain/params.ts), so nothing a run could ask
+ * for is refused.
+ */
+const UNKNOWN_CONTEXT_TOKENS = 10_000_000;
+
+/** What a request allows its answer: the server's context length and the choices asked for. */
+export interface AnswerLimits {
+  contextLength: number | null;
+  /** The request's `n`. */
+  choices: number;
+}
+
+export function answerLimits(body: Record<string, unknown>, contextLength: number | null): AnswerLimits {
+  return { contextLength, choices: typeof body.n === 'number' && body.n >= 1 ? body.n : 1 };
+}
+
+/**
+ * Bytes one generated token may take while its answer is held: a token is a few characters, at
+ * most a few dozen (runs of spaces or dashes); escaped in JSON a character takes up to 6 bytes, and
+ * held as a streamed piece two bytes and a string header (HELD_STRING_OVERHEAD_BYTES). Real answers
+ * average under 8 bytes a token, so only a broken server comes near this.
+ */
+const BYTES_PER_TOKEN = 128;
+/** Each token's entry in `logprobs` (token, logprob, its bytes as numbers), once for itself and once per top_logprobs alternative. */
+const LOGPROB_ENTRY_BYTES = 256;
+/** An answer's envelope around its text: id, model, usage, metadata, and any error body. */
+const ANSWER_ENVELOPE_BYTES = 64 * 1024;
+
+/**
+ * The most bytes an answer to this request can hold: its tokens (max_tokens, capped at the
+ * context) for each choice, at BYTES_PER_TOKEN and their log probabilities when asked, plus the
+ * envelope. An answer past it is not one the request could produce.
+ */
+export function answerByteLimit(body: Record<string, unknown>, limits: AnswerLimits): number {
+  const context = limits.contextLength ?? UNKNOWN_CONTEXT_TOKENS;
+  const asked = body.max_completion_tokens ?? body.max_tokens;
+  const tokens = typeof asked === 'number' && asked > 0 ? Math.min(asked, context) : context;
+  const top = typeof body.top_logprobs === 'number' && body.top_logprobs > 0 ? body.top_logprobs : 0;
+  const perToken = BYTES_PER_TOKEN + (body.logprobs === true ? LOGPROB_ENTRY_BYTES * (1 + top) : 0);
+  return ANSWER_ENVELOPE_BYTES + limits.choices * tokens * perToken;
+}
+
 /** A streamed answer cut by regen because it looped: kept as it stood, with SGLang's word for an aborted request. */
 export const LOOP_FINISH_REASON = 'abort';
 
@@ -92,9 +137,10 @@ const MAX_REASON_CHARS = 40;
 /**
  * Reads a 200 answer. One without a first choice is malformed; one the server aborted
  * (`finish_reason: "abort"`, with partial or no text) is not a completion; a finish reason SGLang
- * does not send is taken for a broken answer, not a success. All are tried again.
+ * does not send, or token counts the request cannot have (usageProblem, against `limits`; without
+ * them no context is known), are taken for a broken answer, not a success. All are tried again.
  */
-export function parseAnswer(res: unknown): ParsedAnswer {
+export function parseAnswer(res: unknown, limits: AnswerLimits = { contextLength: null, choices: 1 }): ParsedAnswer {
   const r = res as ChatResponse | null;
   if (!r || typeof r !== 'object' || !Array.isArray(r.choices) || !r.choices[0]) {
     return { ok: false, error: { code: 'malformed_response', message: 'the endpoint answered 200 without choices', status: null } };
@@ -108,6 +154,15 @@ export function parseAnswer(res: unknown): ParsedAnswer {
   }
   const msg = choice.message ?? {};
   const u = r.usage ?? {};
+  const usage: Usage = {
+    prompt_tokens: u.prompt_tokens ?? 0,
+    completion_tokens: u.completion_tokens ?? 0,
+    // SGLang reports reasoning tokens at the top level of usage; OpenAI under completion_tokens_details.
+    reasoning_tokens: u.reasoning_tokens ?? u.completion_tokens_details?.reasoning_tokens ?? 0,
+    cached_tokens: u.prompt_tokens_details?.cached_tokens ?? 0,
+  };
+  const wrong = usageProblem(usage, limits);
+  if (wrong) return { ok: false, error: { code: 'malformed_response', message: `the endpoint reported ${wrong}`, status: null } };
   return {
     ok: true,
     answer: {
@@ -115,19 +170,38 @@ export function parseAnswer(res: unknown): ParsedAnswer {
       reasoning: typeof msg.reasoning_content === 'string' ? msg.reasoning_content : null,
       finishReason: reason,
       logprobs: typeof choice.logprobs === 'object' && choice.logprobs !== null ? (choice.logprobs as ChoiceLogprobs) : null,
-      usage: {
-        prompt_tokens: u.prompt_tokens ?? 0,
-        completion_tokens: u.completion_tokens ?? 0,
-        // SGLang reports reasoning tokens at the top level of usage; OpenAI under completion_tokens_details.
-        reasoning_tokens: u.reasoning_tokens ?? u.completion_tokens_details?.reasoning_tokens ?? 0,
-        cached_tokens: u.prompt_tokens_details?.cached_tokens ?? 0,
-      },
+      usage,
       model: typeof r.model === 'string' ? r.model : null,
       responseId: r.id,
       created: r.created,
     },
   };
 }
+
+/**
+ * A token count no answer to the request can have, named, or null when all are possible: each a
+ * whole number from 0; the prompt within the context; the generated, reasoning and cached tokens
+ * within the context for each choice (SGLang sums them over the `n` choices). A run's usage and
+ * /metrics add these up, so one absurd count would spoil them for good.
+ */
+function usageProblem(usage: Usage, limits: AnswerLimits): string | null {
+  const context = limits.contextLength ?? UNKNOWN_CONTEXT_TOKENS;
+  const ceilings: Record<keyof Usage, number> = {
+    prompt_tokens: context,
+    completion_tokens: context * limits.choices,
+    reasoning_tokens: context * limits.choices,
+    cached_tokens: context * limits.choices,
+  };
+  for (const [field, ceiling] of Object.entries(ceilings) as [keyof Usage, number][]) {
+    const value: unknown = usage[field];
+    if (typeof value !== 'number' || !Number.isInteger(value) || value < 0) return `usage.${field} ${shownCount(value)}, not a whole number from 0`;
+    if (value > ceiling) return `usage.${field} ${shownCount(value)}, more than the request allows (${ceiling})`;
+  }
+  return null;
+}
+
+const MAX_SHOWN_COUNT_CHARS = 40;
+const shownCount = (value: unknown) => String(JSON.stringify(value)).slice(0, MAX_SHOWN_COUNT_CHARS);
 
 /** What a failed request means for its sample and its endpoint. */
 export type ErrorVerdict =
@@ -144,6 +218,9 @@ const MAX_INTERNAL_MESSAGE_CHARS = 300;
  * abort was cut by its own timeout.
  */
 export function classifyError(err: unknown, timeoutMs: number): ErrorVerdict {
+  // agentFetch's refusals reach here as the cause of the openai client's connection error.
+  const refused = err instanceof AnswerRefused ? err : err instanceof APIConnectionError && err.cause instanceof AnswerRefused ? err.cause : null;
+  if (refused) return { kind: 'error', error: { code: refused.code, message: refused.message, status: null }, transport: false };
   if (err instanceof APIConnectionTimeoutError || err instanceof APIUserAbortError) {
     // Not held against the endpoint: long generations on a busy server time out together, and
     // a server that has really hung fails its health probe.

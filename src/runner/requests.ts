@@ -4,17 +4,26 @@ import type { Claimed } from './claim-buffer.js';
 import type { EndpointPool, LiveEndpoint } from './endpoints.js';
 import { APIError } from 'openai';
 import { LoopWatch, stopsLoops } from '../domain/quality.js';
+import { AnswerBudget, type AnswerLease, AnswerRefused, heldTextBytes } from './answer-budget.js';
+import type { AnswerInit } from './http-fetch.js';
 import { settleAbort, settleAnswer, settleError, type Attempt, type Settled } from './outcomes.js';
-import { type Answer, buildRequest, classifyError, LOOP_FINISH_REASON, parseAnswer, tokenBudget } from './request.js';
+import {
+  type Answer,
+  answerByteLimit,
+  answerLimits,
+  type AnswerLimits,
+  buildRequest,
+  classifyError,
+  LOOP_FINISH_REASON,
+  parseAnswer,
+  tokenBudget,
+} from './request.js';
 import type { ResultWriter } from './results.js';
 import type { RunQuality } from '../domain/run-quality.js';
 import { StreamedAnswer } from './stream-answer.js';
 
 /** Why regen aborted a request: to cancel its run, to give its sample back, or because its answer looped. */
 export type AbortReason = 'cancel' | 'release' | 'loop';
-
-/** An event a broken server streamed that is not JSON: its fault, as a 5xx would be. */
-const BAD_EVENT_STATUS = 502;
 
 export interface Flight {
   sample: Claimed;
@@ -28,6 +37,10 @@ export interface Flight {
   streamed: StreamedAnswer | null;
   /** The most tokens the request may generate (tokenBudget). */
   budget: number;
+  /** What the request allows its answer (its token counts are checked against it). */
+  limits: AnswerLimits;
+  /** The answer's share of the memory of answers in flight. */
+  lease: AnswerLease;
 }
 
 /**
@@ -37,6 +50,7 @@ export interface Flight {
  */
 export class Requests {
   private readonly flights = new Map<number, Flight>();
+  private readonly answers: AnswerBudget;
 
   constructor(
     private readonly deps: RunnerDeps,
@@ -51,7 +65,9 @@ export class Requests {
       /** An answer arrived (whatever its flags): what the forecast measures the fleet's speed from. */
       answered(run: RunRow, endpointId: string, tokens: number, latencyMs: number, now: number): void;
     },
-  ) {}
+  ) {
+    this.answers = new AnswerBudget(deps.config.answerBufferBytes);
+  }
 
   get size(): number {
     return this.flights.size;
@@ -64,6 +80,7 @@ export class Requests {
   send(e: LiveEndpoint, run: RunRow, sample: Claimed): void {
     const { body, thinking } = buildRequest(run, sample);
     const controller = new AbortController();
+    const limits = answerLimits(body, e.row.maxModelLen);
     const flight: Flight = {
       sample,
       run,
@@ -73,6 +90,8 @@ export class Requests {
       abortReason: null,
       streamed: null,
       budget: tokenBudget(body, e.row.maxModelLen),
+      limits,
+      lease: this.answers.lease(answerByteLimit(body, limits)),
     };
     this.flights.set(sample.id, flight);
     e.inFlight.set(sample.id, controller);
@@ -83,7 +102,12 @@ export class Requests {
     const answer =
       stopsLoops(run.quality) && body.logprobs !== true
         ? this.stream(flight, body)
-        : e.client.chat.completions.create(body as never, { signal: controller.signal, timeout: run.requestTimeoutMs });
+        : e.client.chat.completions.create(body as never, {
+            signal: controller.signal,
+            timeout: run.requestTimeoutMs,
+            // The openai client hands its fetchOptions to agentFetch untouched; its type knows only RequestInit's fields.
+            fetchOptions: { answerLease: flight.lease } satisfies AnswerInit as object,
+          });
     answer
       .then(
         (res) => this.onResponse(flight, res, this.deps.clock() - started),
@@ -96,6 +120,7 @@ export class Requests {
         this.guard('recording an answer', () => this.onError(flight, err));
       })
       .finally(() => {
+        flight.lease.release();
         this.flights.delete(sample.id);
         e.inFlight.delete(sample.id);
         this.hooks.settled();
@@ -119,14 +144,17 @@ export class Requests {
           {
             signal: f.controller.signal,
             timeoutMs: f.run.requestTimeoutMs,
+            lease: f.lease,
             onData: (data) => {
               let added: ReturnType<StreamedAnswer['add']>;
               try {
                 added = streamed.add(data);
               } catch {
-                throw APIError.generate(BAD_EVENT_STATUS, { error: { message: 'the endpoint streamed an event that is not JSON' } }, undefined, new Headers());
+                throw new AnswerRefused('malformed_response', 'the endpoint streamed an event that is not JSON');
               }
               if ('status' in added) throw APIError.generate(added.status, { error: added.error }, undefined, new Headers());
+              // The text kept until the answer ends is held under the lease; a cut has already ended the request.
+              if (!f.lease.take(heldTextBytes(added.content) + heldTextBytes(added.reasoning))) return;
               // Both watches see every piece: a loop in the reasoning is cut as one in the answer is.
               const looped = content.add(added.content);
               if (reasoning.add(added.reasoning) || looped) this.abort(f, 'loop');
@@ -166,7 +194,7 @@ export class Requests {
   private onResponse(f: Flight, res: unknown, latencyMs: number): void {
     const e = f.endpoint;
     e.consecutiveFailures = 0;
-    const parsed = parseAnswer(res);
+    const parsed = parseAnswer(res, f.limits);
     if (!parsed.ok) {
       if (f.abortReason) this.onError(f, null);
       else this.settle(settleError(this.attempt(f), this.limits(f.run), parsed.error, this.deps.clock()));
