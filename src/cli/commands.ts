@@ -64,12 +64,15 @@ export function registerClientCommands(program: Command): void {
     .action((file, opts) => run(async () => (await import('./submit.js')).submitCommand(file, opts)));
 
   client(program.command('plan'))
-    .description('dry-run a calibration slice of a file and print the forecast: tokens, wall time, endpoint-hours, endpoints for a deadline')
+    .description(
+      'dry-run a sample of a file (the size of a calibration slice) and print the forecast for the whole file: tokens, wall time, endpoint-hours, endpoints for a deadline',
+    )
     .argument('<file>', 'prompts, as for submit')
     .requiredOption('--model <model>', 'the model the endpoints serve')
     .option('--param <key=value>', 'a generation param, repeatable, as for submit', collect, [])
-    .option('--samples <n>', 'calibration samples to answer (default 200)', positiveInt('--samples'))
+    .option('--samples <n>', 'lines of the file to upload and answer (default 200, the calibration slice)', positiveInt('--samples'))
     .option('--deadline <duration>', 'when the run should be done (72h, 90m, 2d): how many endpoints would meet it', durationArg('--deadline'))
+    .option('--endpoints <n>', 'also give the wall time on this many endpoints like the ones measured', positiveInt('--endpoints'))
     .addOption(new Option('--regenerate <what>', 'drop a trailing assistant turn before sending').choices(['last_assistant']))
     .action((file, opts) => run(async () => (await import('./plan.js')).planCommand(file, opts)));
 
