@@ -113,6 +113,7 @@ export async function submitCommand(file: string, opts: SubmitOptions): Promise<
 async function untilStarted(client: Client, created: Run): Promise<number> {
   const get = () => client.get('/v1/runs/{id}', { params: { path: { id: created.id } } });
   let run = created;
+  if (run.status === 'validating') process.stderr.write('waiting for the server to validate the input (Ctrl-C stops waiting, not the run)\n');
   while (run.status === 'validating') {
     await new Promise((r) => setTimeout(r, POLL_MS));
     run = await get();
