@@ -77,6 +77,19 @@ export interface StartOptions {
   runnerThread?: RunnerThread;
 }
 
+/** The port asked for is taken: `regen serve` says so in one line. */
+export class PortInUseError extends Error {}
+
+function listen(fetch: (request: Request) => Response | Promise<Response>, config: Config): Promise<ServerType> {
+  return new Promise((resolve, reject) => {
+    const s = serve({ fetch, hostname: config.host, port: config.port }, () => resolve(s));
+    s.once('error', (err: NodeJS.ErrnoException) => {
+      if (err.code !== 'EADDRINUSE') return reject(err);
+      reject(new PortInUseError(`port ${config.port} on ${config.host} is in use; choose another with --port or REGEN_PORT`));
+    });
+  });
+}
+
 export async function startServer(config: Config, opts: StartOptions = {}): Promise<Server> {
   const useThread = config.runner && config.runnerThread;
   if (opts.runnerThread && !useThread) opts.runnerThread.discard();
@@ -129,9 +142,18 @@ async function start(config: Config, opts: StartOptions, thread: RunnerThread | 
   const webhooks = new WebhookDeliverer(deps);
   webhooks.start();
   const app = createApp(deps);
-  const server: ServerType = await new Promise((resolve) => {
-    const s = serve({ fetch: app.fetch, hostname: config.host, port: config.port }, () => resolve(s));
-  });
+  let server: ServerType;
+  try {
+    server = await listen(app.fetch, config);
+  } catch (err) {
+    // Nothing was served: what started for it stops at once, with no grace period to wait out.
+    await webhooks.stop();
+    await ingest.stop();
+    if (runner) await runner.stop(0);
+    stores.close();
+    await closeDb(db);
+    throw err;
+  }
   const port = (server.address() as AddressInfo).port;
   const host = config.host.includes(':') ? `[${config.host}]` : config.host;
   const url = `http://${host}:${port}`;

@@ -256,10 +256,52 @@ describe('parseInputLine: bad lines', () => {
           { from: 'foo', value: 'b' },
         ],
       }),
-    ).toBe('unknown ShareGPT role "foo" in conversations[1]');
+    ).toBe('conversations[1].from "foo" is not a ShareGPT role: use one of "system", "human", "user", "gpt", "assistant", "tool", "observation"');
     expect(reasonOf({ id: 's', conversations: [{ value: 'a' }] })).toBe('conversations[0].from must be a string');
     expect(reasonOf({ id: 's', conversations: [{ from: 'human', value: ['a'] }] })).toBe('conversations[0].value must be a string');
     expect(reasonOf({ id: 's', conversations: [null] })).toBe('conversations[0] must be an object');
+  });
+
+  it("refuses roles other than OpenAI's chat roles, naming the message and the role to write", () => {
+    const refused = (role: string) => parse({ custom_id: 'r', messages: [user, { role, content: 'x' }] });
+    expect(refused('human')).toEqual({ ok: false, code: 'invalid_role', reason: 'messages[1].role "human" is not a chat role: write "user"' });
+    expect(refused('gpt')).toMatchObject({ reason: 'messages[1].role "gpt" is not a chat role: write "assistant"' });
+    expect(refused('model')).toMatchObject({ reason: 'messages[1].role "model" is not a chat role: write "assistant"' });
+    expect(refused('narrator')).toMatchObject({
+      code: 'invalid_role',
+      reason: 'messages[1].role "narrator" is not a chat role: use one of "system", "developer", "user", "assistant", "tool"',
+    });
+    expect(reasonOf({ custom_id: 'b', method: 'POST', url: '/v1/chat/completions', body: { messages: [{ role: 'Human', content: 'x' }] } })).toBe(
+      'body.messages[0].role "Human" is not a chat role: write "user"',
+    );
+    for (const role of ['system', 'developer', 'user', 'assistant', 'tool']) expect(refused(role)).toMatchObject({ ok: true });
+  });
+
+  it("maps LLaMA-Factory's ShareGPT observation turns to tool turns", () => {
+    const line = {
+      id: 'o',
+      conversations: [
+        { from: 'human', value: 'weather?' },
+        { from: 'observation', value: '{"t": 20}' },
+      ],
+    };
+    expect(parse(line)).toMatchObject({ ok: true, messages: [{ role: 'user' }, { role: 'tool', content: '{"t": 20}' }] });
+  });
+
+  it('refuses params SGLang would ignore where they stand, saying where they belong', () => {
+    expect(reasonOf({ custom_id: 'p', messages: [user], params: { enable_thinking: false } })).toBe(
+      'params.enable_thinking: belongs in chat_template_kwargs, as {"chat_template_kwargs": {"enable_thinking": false}}: only those reach the chat template, and SGLang ignores it at the top level',
+    );
+    expect(reasonOf({ custom_id: 'p', method: 'POST', url: '/v1/chat/completions', body: { messages: [user], enable_thinking: true } })).toMatch(
+      /^body\.enable_thinking: belongs in chat_template_kwargs, as \{"chat_template_kwargs": \{"enable_thinking": true\}\}/,
+    );
+    expect(reasonOf({ custom_id: 'p', messages: [user], params: { extra_body: { top_k: 20 } } })).toMatch(
+      /^params\.extra_body: .*write its fields in params directly/,
+    );
+    expect(reasonOf({ custom_id: 'p', messages: [user], params: { chat_template_kwargs: { enable_thinking: 'false' } } })).toMatch(
+      /^params\.chat_template_kwargs\.enable_thinking: must be true or false/,
+    );
+    expect(parse({ custom_id: 'p', messages: [user], params: { chat_template_kwargs: { enable_thinking: false } } })).toMatchObject({ ok: true });
   });
 
   it('reports bad prompts', () => {

@@ -42,7 +42,7 @@ function client(cmd: Command): Command {
 /** The commands that talk to a running server: submit, status, endpoints, runs. */
 export function registerClientCommands(program: Command): void {
   client(program.command('submit'))
-    .description('upload a JSONL file of prompts and create a run; prints the run id')
+    .description('check the run, upload a JSONL file of prompts and create the run; prints the run id, then how it stands once its input is validated')
     .argument('<file>', 'prompts, one JSON object a line (native, OpenAI batch, ShareGPT or {"id","prompt"})')
     .requiredOption('--model <model>', 'the model the endpoints serve')
     .option(
@@ -54,16 +54,25 @@ export function registerClientCommands(program: Command): void {
     .option('--name <name>', 'a name for the run')
     .option('--shard-size <n>', 'samples per output shard', positiveInt('--shard-size'))
     .addOption(new Option('--regenerate <what>', 'drop a trailing assistant turn before sending').choices(['last_assistant']))
+    .addOption(
+      new Option(
+        '--on-invalid-line <what>',
+        'fail: an invalid line fails the run (the default); skip: run without the invalid lines, counted and listed',
+      ).choices(['fail', 'skip']),
+    )
     .option('--watch', 'follow the run with a progress bar; exit 0 completed, 1 failed or cancelled, 3 paused by the quality gate')
     .action((file, opts) => run(async () => (await import('./submit.js')).submitCommand(file, opts)));
 
   client(program.command('plan'))
-    .description('dry-run a calibration slice of a file and print the forecast: tokens, wall time, endpoint-hours, endpoints for a deadline')
+    .description(
+      'dry-run a sample of a file (the size of a calibration slice) and print the forecast for the whole file: tokens, wall time, endpoint-hours, endpoints for a deadline',
+    )
     .argument('<file>', 'prompts, as for submit')
     .requiredOption('--model <model>', 'the model the endpoints serve')
     .option('--param <key=value>', 'a generation param, repeatable, as for submit', collect, [])
-    .option('--samples <n>', 'calibration samples to answer (default 200)', positiveInt('--samples'))
+    .option('--samples <n>', 'lines of the file to upload and answer (default 200, the calibration slice)', positiveInt('--samples'))
     .option('--deadline <duration>', 'when the run should be done (72h, 90m, 2d): how many endpoints would meet it', durationArg('--deadline'))
+    .option('--endpoints <n>', 'also give the wall time on this many endpoints like the ones measured', positiveInt('--endpoints'))
     .addOption(new Option('--regenerate <what>', 'drop a trailing assistant turn before sending').choices(['last_assistant']))
     .action((file, opts) => run(async () => (await import('./plan.js')).planCommand(file, opts)));
 

@@ -4,6 +4,13 @@ import { duration as pageDuration } from '../dashboard/format.js';
 
 export const TERMINAL = ['completed', 'failed', 'cancelled'];
 
+/** Statuses in which a run is not answering samples, for a reason worth showing. */
+export const WAITING = ['validating', 'queued', 'paused'];
+
+/** A status, with its reason when the run waits: `queued (waiting for an endpoint: …)`. */
+export const statusWithReason = (run: { status: string; status_reason: string | null }) =>
+  WAITING.includes(run.status) && run.status_reason ? `${run.status} (${run.status_reason})` : run.status;
+
 export const num = (n: number | null | undefined) => (n == null ? '-' : n.toLocaleString('en-US'));
 
 export const pct = (fraction: number, digits = 1) => `${(100 * (fraction || 0)).toFixed(digits)}%`;

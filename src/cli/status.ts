@@ -1,6 +1,6 @@
 import type { components } from '../client/index.js';
 import { Client, type ClientOptions } from './client.js';
-import { duration, num, pct, rate, table, TERMINAL } from './format.js';
+import { duration, num, pct, rate, table, TERMINAL, WAITING } from './format.js';
 import { watchRun } from './watch.js';
 
 type Run = components['schemas']['Run'];
@@ -13,7 +13,8 @@ const done = (r: Run) => r.request_counts.completed + r.request_counts.failed + 
 function runsTable(runs: Run[]): string {
   if (!runs.length) return 'no runs yet; submit one with `regen submit prompts.jsonl --model M`';
   return table(
-    ['RUN', 'NAME', 'STATUS', 'PROGRESS', 'DONE/TOTAL', 'RATE/S', 'ETA', 'FLAGGED', 'CREATED'],
+    // The reason goes last: it is long, and shown only for a run that waits (queued, paused).
+    ['RUN', 'NAME', 'STATUS', 'PROGRESS', 'DONE/TOTAL', 'RATE/S', 'ETA', 'FLAGGED', 'CREATED', 'REASON'],
     runs.map((r) => [
       r.id,
       r.name ?? '-',
@@ -24,6 +25,7 @@ function runsTable(runs: Run[]): string {
       eta(r),
       flagged(r),
       r.created_at.slice(0, 19).replace('T', ' '),
+      WAITING.includes(r.status) ? (r.status_reason ?? '') : '',
     ]),
     [3, 4, 5, 6],
   );

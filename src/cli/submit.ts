@@ -4,7 +4,7 @@ import { basename } from 'node:path';
 import { Readable } from 'node:stream';
 import type { components } from '../client/index.js';
 import { ApiCallError, Client, UsageError, type ClientOptions } from './client.js';
-import { num } from './format.js';
+import { num, statusWithReason, TERMINAL } from './format.js';
 import { parseParams } from './params.js';
 import { watchRun } from './watch.js';
 
@@ -14,10 +14,39 @@ export interface SubmitOptions extends ClientOptions {
   name?: string;
   shardSize?: number;
   regenerate?: 'last_assistant';
+  onInvalidLine?: 'fail' | 'skip';
   watch?: boolean;
 }
 
 type Run = components['schemas']['Run'];
+type RunDraft = components['schemas']['ValidateRun'];
+type RunWarning = components['schemas']['RunWarning'];
+
+/** How often a submitted run is looked at until its input is validated and it starts. */
+const POLL_MS = 500;
+/**
+ * How long a validated run may take to start before it is said to wait: the runner looks at the
+ * queue ten times a second, and says why a run waits (no endpoint serves it) within a tick or two.
+ */
+const START_WAIT_MS = 3000;
+
+/** Prints the warnings not printed yet; the same warning from the check and the create is printed once. */
+function warn(warnings: RunWarning[] | undefined, printed: Set<string>): void {
+  for (const w of warnings ?? []) {
+    if (printed.has(w.message)) continue;
+    printed.add(w.message);
+    process.stderr.write(`warning: ${w.field}: ${w.message}\n`);
+  }
+}
+
+/**
+ * Checks a run's body before its input is uploaded (POST /v1/runs/validate): a refused param costs
+ * a round trip, not the upload of a file of gigabytes. Prints the warnings the run would carry.
+ */
+export async function checkRun(client: Client, draft: RunDraft, printed: Set<string>): Promise<void> {
+  const checked = await client.post('/v1/runs/validate', { body: draft });
+  warn(checked.warnings, printed);
+}
 
 /** Streams the file to POST /v1/files: a file of any size never sits in memory. */
 export function upload(client: Client, file: string) {
@@ -50,18 +79,21 @@ export async function submitCommand(file: string, opts: SubmitOptions): Promise<
   }
   const params = parseParams(opts.param);
   const client = new Client(opts);
+  const draft: RunDraft = {
+    model: opts.model,
+    ...(opts.name !== undefined && { name: opts.name }),
+    ...(Object.keys(params).length > 0 && { params }),
+    ...(opts.shardSize !== undefined && { shard_size: opts.shardSize }),
+    ...(opts.regenerate !== undefined && { regenerate: opts.regenerate }),
+    ...(opts.onInvalidLine !== undefined && { on_invalid_line: opts.onInvalidLine }),
+  };
+  const printed = new Set<string>();
+  await checkRun(client, draft, printed);
   process.stderr.write(`uploading ${file} (${num(size)} bytes)\n`);
   const uploaded = await upload(client, file);
   let run: Run;
   try {
-    run = await createRun(client, {
-      model: opts.model,
-      input: { file_id: uploaded.id },
-      ...(opts.name !== undefined && { name: opts.name }),
-      ...(Object.keys(params).length > 0 && { params }),
-      ...(opts.shardSize !== undefined && { shard_size: opts.shardSize }),
-      ...(opts.regenerate !== undefined && { regenerate: opts.regenerate }),
-    });
+    run = await createRun(client, { ...draft, input: { file_id: uploaded.id } });
   } catch (err) {
     // A refused run leaves nothing behind; after a lost connection the run may exist, so the file stays.
     if (err instanceof ApiCallError && err.status >= 400 && err.status < 500)
@@ -70,5 +102,31 @@ export async function submitCommand(file: string, opts: SubmitOptions): Promise<
   }
   process.stdout.write(`${run.id}\n`);
   process.stderr.write(`created run ${run.id} from ${uploaded.id}; follow it with \`regen status ${run.id}\` or at ${client.base}/#/runs/${run.id}\n`);
-  return opts.watch ? watchRun(client, run.id) : 0;
+  warn(run.warnings, printed);
+  return opts.watch ? watchRun(client, run.id) : await untilStarted(client, run);
+}
+
+/**
+ * Waits for the run's input to be validated and the run to start, and says how it stands: a run
+ * whose input was refused exits 1, and one that waits (queued, paused) says why.
+ */
+async function untilStarted(client: Client, created: Run): Promise<number> {
+  const get = () => client.get('/v1/runs/{id}', { params: { path: { id: created.id } } });
+  let run = created;
+  if (run.status === 'validating') process.stderr.write('waiting for the server to validate the input (Ctrl-C stops waiting, not the run)\n');
+  while (run.status === 'validating') {
+    await new Promise((r) => setTimeout(r, POLL_MS));
+    run = await get();
+  }
+  const startBy = Date.now() + START_WAIT_MS;
+  while (run.status === 'queued' && !run.status_reason && Date.now() < startBy) {
+    await new Promise((r) => setTimeout(r, POLL_MS));
+    run = await get();
+  }
+  if (TERMINAL.includes(run.status)) {
+    process.stderr.write(`run ${run.id} ${run.status}${run.status_reason ? `: ${run.status_reason}` : ''}\n`);
+    return run.status === 'completed' ? 0 : 1;
+  }
+  process.stderr.write(`run ${run.id} is ${statusWithReason(run)}\n`);
+  return 0;
 }

@@ -2,7 +2,7 @@ import cliProgress from 'cli-progress';
 import type { components } from '../client/index.js';
 import type { Client } from './client.js';
 import { followRun, type RunProgress } from './follow.js';
-import { duration, num, pct, rate } from './format.js';
+import { duration, num, pct, rate, statusWithReason } from './format.js';
 
 type Run = components['schemas']['Run'];
 
@@ -23,7 +23,7 @@ function payload(run: RunProgress) {
     rate: rate(p.samples_per_second),
     eta_text: eta,
     flags: `${num(run.quality.flagged)} flagged${c.completed ? ` (${pct(run.quality.flagged / c.completed)})` : ''}, ${num(c.failed)} failed`,
-    status: run.status,
+    status: statusWithReason(run),
   };
 }
 

@@ -187,6 +187,26 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/runs/validate": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Check a run body without creating the run
+         * @description Answers as `POST /v1/runs` would (the same 4xx for a body it would refuse), but stores nothing. Leave `input` out to check the rest before uploading the input file; its lines are read only once the run is created.
+         */
+        post: operations["validateRun"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/runs/{id}": {
         parameters: {
             query?: never;
@@ -797,6 +817,8 @@ export interface components {
             dispatch_order: "input" | "length_aware";
             deadline_seconds: number | null;
             forecast: components["schemas"]["Forecast"];
+            /** @description On the answer to the create request only: what looks wrong in it but did not stop the run (a model no endpoint serves) */
+            warnings?: components["schemas"]["RunWarning"][];
         };
         /** @description Where the run's events go and how their delivery stands; null when they go nowhere */
         RunWebhook: {
@@ -821,6 +843,16 @@ export interface components {
             /** @description What the last failed attempt met; null once an attempt succeeds */
             last_error: string | null;
         } | null;
+        /** @description Something in the request that looks wrong but does not stop the run */
+        RunWarning: {
+            /** @enum {string} */
+            code: "model_not_served";
+            /** @description The request field the warning is about */
+            field: string;
+            message: string;
+            /** @description The served model names closest to the one asked for, best first (whole names and last path segments compared) */
+            suggestions: string[];
+        };
         /**
          * @example {
          *       "name": "regen-qwen3",
@@ -918,6 +950,54 @@ export interface components {
                 max_flag_rate?: number;
             };
             stop_loops?: boolean;
+        };
+        /** @description The body would create a run; nothing was stored */
+        RunValidation: {
+            /** @enum {string} */
+            object: "run.validation";
+            warnings: components["schemas"]["RunWarning"][];
+        };
+        /** @description A run as for `POST /v1/runs`; `input` may be left out, to check the rest before uploading the input file */
+        ValidateRun: {
+            name?: string;
+            model: string;
+            input?: {
+                file_id: string;
+            } | {
+                uri: string;
+            } | {
+                requests: unknown[];
+            };
+            params?: components["schemas"]["GenerationParams"];
+            shard_size?: number;
+            output?: {
+                uri: string;
+            };
+            /** @enum {string|null} */
+            regenerate?: "last_assistant" | null;
+            /** @enum {string} */
+            on_invalid_line?: "fail" | "skip";
+            quality?: components["schemas"]["QualitySettings"];
+            priority?: number;
+            metadata?: {
+                [key: string]: string;
+            };
+            request_timeout_ms?: number;
+            max_attempts?: number;
+            webhook?: components["schemas"]["WebhookTarget"];
+            calibration?: {
+                /** @description Samples spread over the whole input (one at random in each of as many equal strata) answered first, for the forecast; 0 turns the slice off. Default 200, at most the input's size */
+                samples: number;
+            };
+            /**
+             * @description After the calibration slice: `input` order (the default), or `length_aware`: the samples whose old assistant turn is longest go first, within two shards of the oldest open sample, meant to end the run flat (see BENCHMARKS.md for what it saves so far)
+             * @enum {string}
+             */
+            dispatch_order?: "input" | "length_aware";
+            /** @description Answer only the calibration slice, then end (`completed`, the other samples `cancelled`) with the forecast for the whole input on the current fleet */
+            dry_run?: boolean;
+            /** @description When the run should be done, counted from its start: the forecast then says how many endpoints like the current ones would meet it */
+            deadline_seconds?: number;
         };
         RunList: {
             /** @enum {string} */
@@ -1924,13 +2004,91 @@ export interface operations {
             };
         };
         responses: {
-            /** @description The run, in status `validating` (or as first created, for a replayed Idempotency-Key) */
+            /** @description The run, in status `validating` (or as first created, for a replayed Idempotency-Key), with its `warnings` */
             201: {
                 headers: {
                     [name: string]: unknown;
                 };
                 content: {
                     "application/json": components["schemas"]["Run"];
+                };
+            };
+            /** @description Bad Request */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Unauthorized */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Not Found */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Conflict */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Payload Too Large */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Unprocessable Content */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+        };
+    };
+    validateRun: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["ValidateRun"];
+            };
+        };
+        responses: {
+            /** @description The body would create a run; `warnings` says what the run would carry */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["RunValidation"];
                 };
             };
             /** @description Bad Request */

@@ -16,6 +16,7 @@ export const LINE_ERROR_PARAMS = {
   duplicate_custom_id: 'custom_id',
   mismatched_model: 'body.model',
   model_not_found: 'body.model',
+  invalid_role: 'body.messages',
 } as const satisfies Record<string, string | null>;
 export type LineErrorCode = keyof typeof LINE_ERROR_PARAMS;
 
@@ -70,6 +71,28 @@ const MAX_CUSTOM_ID_CHARS = 512;
 const CONTROL_CHARS = /[\u0000-\u001f\u007f-\u009f]/;
 const MAX_JSON_MESSAGE_CHARS = 120;
 
+/**
+ * OpenAI's chat roles, the ones chat templates render. Qwen3's template, for one, silently drops a
+ * turn of any other role, so a "human" turn would vanish from the prompt instead of failing.
+ */
+export const CHAT_ROLES = ['system', 'developer', 'user', 'assistant', 'tool'] as const;
+
+/** Role names other APIs and dataset formats use, and the chat role each stands for: the fix a refusal offers. */
+const ROLE_SYNONYMS: Record<string, string> = {
+  human: 'user',
+  gpt: 'assistant',
+  bot: 'assistant',
+  // Gemini's name for the assistant.
+  model: 'assistant',
+  // OpenAI's deprecated role for a function's result.
+  function: 'tool',
+  observation: 'tool',
+};
+
+/**
+ * ShareGPT's `from` values as chat roles: the format's own human/gpt, the chat roles, and
+ * LLaMA-Factory's ShareGPT variant's `observation` (a tool's result).
+ */
 const SHAREGPT_ROLES: Record<string, string> = {
   system: 'system',
   human: 'user',
@@ -77,6 +100,7 @@ const SHAREGPT_ROLES: Record<string, string> = {
   gpt: 'assistant',
   assistant: 'assistant',
   tool: 'tool',
+  observation: 'tool',
 };
 
 export function parseInputLine(text: string, lineNo: number, opts: ParseOptions): ParsedLine {
@@ -195,6 +219,7 @@ function readMessages(value: unknown, path: string): ChatMessage[] {
 function checkMessage(message: unknown, path: string): void {
   if (!isObject(message)) throw new LineRejected(`${path} must be an object`);
   if (typeof message.role !== 'string') throw new LineRejected(`${path}.role must be a string`);
+  if (!(CHAT_ROLES as readonly string[]).includes(message.role)) throw new LineRejected(unknownRole(message.role, path), 'invalid_role');
   const { content } = message;
   // The OpenAI API allows an assistant turn that only calls tools to have no content.
   if (content === null && message.role === 'assistant' && Array.isArray(message.tool_calls)) return;
@@ -207,6 +232,12 @@ function checkMessage(message: unknown, path: string): void {
   });
 }
 
+function unknownRole(role: string, path: string): string {
+  const synonym = ROLE_SYNONYMS[role.toLowerCase()];
+  const fix = synonym ? `write "${synonym}"` : `use one of ${CHAT_ROLES.map((r) => `"${r}"`).join(', ')}`;
+  return `${path}.role ${JSON.stringify(role.slice(0, 64))} is not a chat role: ${fix}`;
+}
+
 function readConversations(value: unknown): ChatMessage[] {
   if (!Array.isArray(value) || value.length === 0) throw new LineRejected('conversations must be a non-empty array');
   return value.map((turn, i) => {
@@ -214,7 +245,12 @@ function readConversations(value: unknown): ChatMessage[] {
     if (!isObject(turn)) throw new LineRejected(`${path} must be an object`);
     if (typeof turn.from !== 'string') throw new LineRejected(`${path}.from must be a string`);
     const role = SHAREGPT_ROLES[turn.from];
-    if (role === undefined) throw new LineRejected(`unknown ShareGPT role ${JSON.stringify(turn.from)} in ${path}`);
+    if (role === undefined) {
+      const known = Object.keys(SHAREGPT_ROLES)
+        .map((r) => `"${r}"`)
+        .join(', ');
+      throw new LineRejected(`${path}.from ${JSON.stringify(turn.from.slice(0, 64))} is not a ShareGPT role: use one of ${known}`, 'invalid_role');
+    }
     if (typeof turn.value !== 'string') throw new LineRejected(`${path}.value must be a string`);
     return { role, content: turn.value };
   });

@@ -32,7 +32,45 @@ export const Params = z
   })
   .catchall(z.unknown())
   .refine((p) => !('messages' in p) && !('model' in p), 'params must not contain messages or model')
-  .refine((p) => !nestsDeeperThan(p), tooDeepMessage);
+  .refine((p) => !nestsDeeperThan(p), tooDeepMessage)
+  .superRefine(refuseMisplaced);
+
+/**
+ * Params that SGLang would accept and silently ignore where they stand (it ignores unknown fields),
+ * refused with where they belong: the run would otherwise go on as if they had not been asked for.
+ */
+function refuseMisplaced(params: Record<string, unknown>, ctx: z.RefinementCtx): void {
+  const kwargs = params.chat_template_kwargs;
+  if ('enable_thinking' in params) {
+    const value = JSON.stringify(params.enable_thinking) ?? 'false';
+    ctx.addIssue({
+      code: 'custom',
+      path: ['enable_thinking'],
+      message: `belongs in chat_template_kwargs, as {"chat_template_kwargs": {"enable_thinking": ${value}}}: only those reach the chat template, and SGLang ignores it at the top level`,
+    });
+  }
+  if ('extra_body' in params) {
+    ctx.addIssue({
+      code: 'custom',
+      path: ['extra_body'],
+      message:
+        "is the OpenAI SDK's way of adding fields to a request: write its fields in params directly (e.g. params.chat_template_kwargs); SGLang ignores extra_body",
+    });
+  }
+  // Qwen3's template turns thinking off only for `enable_thinking is false`: the string "false" would leave it on.
+  if (
+    typeof kwargs === 'object' &&
+    kwargs !== null &&
+    'enable_thinking' in kwargs &&
+    typeof (kwargs as Record<string, unknown>).enable_thinking !== 'boolean'
+  ) {
+    ctx.addIssue({
+      code: 'custom',
+      path: ['chat_template_kwargs', 'enable_thinking'],
+      message: 'must be true or false (a JSON boolean): the chat template reads anything else, the string "false" included, as thinking on',
+    });
+  }
+}
 
 export const QualitySettings = z.union([
   z.literal(false),

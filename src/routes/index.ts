@@ -20,6 +20,7 @@ import { registerGetSample } from './runs/sample.js';
 import { registerListSamples } from './runs/samples.js';
 import { registerRunQuality } from './runs/quality.js';
 import { registerListShards } from './runs/shards.js';
+import { registerValidateRun } from './runs/validate.js';
 import { registerDashboard } from './service/dashboard.js';
 import { registerHealth } from './service/health.js';
 import { registerMetrics } from './service/metrics.js';
@@ -39,6 +40,7 @@ export function registerRoutes(app: App): void {
   registerDeleteFile(app);
   registerBatchRoutes(app);
   registerCreateRun(app);
+  registerValidateRun(app);
   registerListRuns(app);
   registerGetRun(app);
   registerRunEvents(app);

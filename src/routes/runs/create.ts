@@ -2,6 +2,7 @@ import { createRoute, z } from '@hono/zod-openapi';
 import type { App } from '../../http/app.js';
 import { problemResponses } from '../../errors.js';
 import { createRun } from '../../services/runs/create.js';
+import { modelWarnings } from '../../services/runs/validate.js';
 import { jsonContent } from '../common.js';
 import { renderRun } from './render.js';
 import { CreateRunBody, Run } from './schemas.js';
@@ -18,7 +19,7 @@ const route = createRoute({
     body: { content: { 'application/json': { schema: CreateRunBody } }, required: true },
   },
   responses: {
-    201: jsonContent(Run, 'The run, in status `validating` (or as first created, for a replayed Idempotency-Key)'),
+    201: jsonContent(Run, 'The run, in status `validating` (or as first created, for a replayed Idempotency-Key), with its `warnings`'),
     ...problemResponses(400, 401, 404, 409, 413, 422),
   },
 });
@@ -28,6 +29,8 @@ export function registerCreateRun(app: App) {
     const deps = c.get('deps');
     const { run, replayed } = await createRun(deps, c.req.valid('json'), c.req.valid('header')['idempotency-key']);
     if (replayed) c.header('Idempotent-Replayed', 'true');
-    return c.json(renderRun(run, deps.runner.runProgress(run.id), deps.clock()), 201);
+    const warnings = await modelWarnings(deps.db, run.model);
+    for (const w of warnings) deps.logger.warn({ run_id: run.id, field: w.field }, w.message);
+    return c.json({ ...renderRun(run, deps.runner.runProgress(run.id), deps.clock()), warnings }, 201);
   });
 }

@@ -96,6 +96,28 @@ export const CreateRunBody = z
   });
 export type CreateRunBody = z.infer<typeof CreateRunBody>;
 
+export const ValidateRunBody = CreateRunBody.partial({ input: true }).openapi('ValidateRun', {
+  description: 'A run as for `POST /v1/runs`; `input` may be left out, to check the rest before uploading the input file',
+});
+
+export const RunWarning = z
+  .object({
+    code: z.enum(['model_not_served']),
+    field: z.string().openapi({ description: 'The request field the warning is about' }),
+    message: z.string(),
+    suggestions: z
+      .array(z.string())
+      .openapi({ description: 'The served model names closest to the one asked for, best first (whole names and last path segments compared)' }),
+  })
+  .openapi('RunWarning', { description: 'Something in the request that looks wrong but does not stop the run' });
+
+export const RunValidation = z
+  .object({
+    object: z.literal('run.validation'),
+    warnings: z.array(RunWarning),
+  })
+  .openapi('RunValidation', { description: 'The body would create a run; nothing was stored' });
+
 const counts = (keys: readonly string[]) => z.object(Object.fromEntries(keys.map((k) => [k, z.number().int()])));
 
 export const RunStatus = z.enum(RUN_STATUSES).openapi('RunStatus');
@@ -183,6 +205,10 @@ export const Run = z
     dispatch_order: z.enum(DISPATCH_ORDERS),
     deadline_seconds: z.number().int().nullable(),
     forecast: Forecast.nullable(),
+    warnings: z
+      .array(RunWarning)
+      .optional()
+      .openapi({ description: 'On the answer to the create request only: what looks wrong in it but did not stop the run (a model no endpoint serves)' }),
   })
   .openapi('Run');
 export type Run = z.infer<typeof Run>;

@@ -39,7 +39,7 @@ export interface NewRun {
 /** An S3 object key is at most 1,024 bytes; the output prefix's unique index holds it whole. */
 const MAX_OUTPUT_URI_BYTES = 1024;
 
-async function outputUriFor(deps: Deps, runId: string, requested?: string): Promise<string> {
+export async function outputUriFor(deps: Deps, runId: string, requested?: string): Promise<string> {
   if (!requested) return `${deps.config.outputUri}runs/${runId}/`;
   const uri = requested.endsWith('/') ? requested : requested + '/';
   if (Buffer.byteLength(requested) > MAX_OUTPUT_URI_BYTES) {
@@ -75,6 +75,30 @@ function outputTaken(runId: string | undefined): ApiError {
   return new ApiError('conflict', `output.uri is already the output of ${whose}; give each run its own prefix`, { field: 'output.uri' });
 }
 
+/** The run's calibration slice; a dry run, which answers nothing else, must have one. */
+export function checkCalibration(body: Pick<NewRun, 'calibration' | 'dry_run'>): number {
+  const calibrationSamples = body.calibration?.samples ?? DEFAULT_CALIBRATION_SAMPLES;
+  if (body.dry_run && calibrationSamples === 0) {
+    throw new ApiError('validation_failed', 'calibration.samples: a dry run answers its calibration slice only, so the slice must not be 0', {
+      field: 'calibration.samples',
+    });
+  }
+  return calibrationSamples;
+}
+
+/** Checks that a run's input can be read: a stored file, or a URI inside the allowed roots. */
+export async function checkInput(deps: Deps, input: { file_id: string } | { uri: string }): Promise<RunInput> {
+  if ('file_id' in input) {
+    const file = await getFile(deps.db, input.file_id);
+    if (!file) {
+      throw new ApiError('not_found', `input.file_id: file ${JSON.stringify(input.file_id.slice(0, 100))} does not exist`, { field: 'input.file_id' });
+    }
+    return { file_id: file.id };
+  }
+  resolveInput(input.uri, deps.config);
+  return { uri: input.uri };
+}
+
 /**
  * Creates a run in `validating` and starts its ingestion. With an idempotency key, the same body
  * returns the run made the first time, and a different body is a conflict. `extra` sets columns
@@ -97,12 +121,7 @@ export async function createRun(
       return { run: prior, replayed: true };
     }
   }
-  const calibrationSamples = body.calibration?.samples ?? DEFAULT_CALIBRATION_SAMPLES;
-  if (body.dry_run && calibrationSamples === 0) {
-    throw new ApiError('validation_failed', 'calibration.samples: a dry run answers its calibration slice only, so the slice must not be 0', {
-      field: 'calibration.samples',
-    });
-  }
+  const calibrationSamples = checkCalibration(body);
   const id = newId('run');
   const now = deps.clock();
   // Checked before anything is stored, so a refused request leaves nothing behind.
@@ -120,16 +139,8 @@ export async function createRun(
   }
   let input: RunInput;
   let inlineFile: { id: string; objectKey: string } | undefined;
-  if ('file_id' in body.input) {
-    const file = await getFile(db, body.input.file_id);
-    if (!file) {
-      throw new ApiError('not_found', `input.file_id: file ${JSON.stringify(body.input.file_id.slice(0, 100))} does not exist`, { field: 'input.file_id' });
-    }
-    input = { file_id: file.id };
-  } else if ('uri' in body.input) {
-    resolveInput(body.input.uri, config);
-    input = { uri: body.input.uri };
-  } else {
+  if (!('requests' in body.input)) input = await checkInput(deps, body.input);
+  else {
     // Inline requests are kept as a file so a restart can validate them again.
     const fileId = newId('file');
     const key = `files/${fileId}.jsonl`;

@@ -208,10 +208,12 @@ async function ingestHeld(deps: Deps, runId: string, hold: Hold, signal?: AbortS
     await clearRunSamples(db, runId);
     await setRunValidation(db, runId, listed);
     const first = errors[0];
+    // A batch has no such setting (OpenAI's API has none): only a run's reason offers it.
+    const fix = run.batchId ? '' : `; to run without them, create the run with on_invalid_line: "skip" (regen submit --on-invalid-line skip)`;
     await failValidation(
       deps,
       runId,
-      `input has ${invalid}${errors.length >= MAX_LISTED_ERRORS ? '+' : ''} invalid line(s); first: line ${first.line}: ${first.message}`,
+      `input has ${invalid}${errors.length >= MAX_LISTED_ERRORS ? '+' : ''} invalid line(s); first: line ${first.line}: ${first.message}${fix}`,
       now,
     );
     return;
