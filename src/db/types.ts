@@ -1,5 +1,6 @@
 import type { BetterSQLite3Database } from 'drizzle-orm/better-sqlite3';
 import type * as schema from './schema.js';
+import type { SecretBox } from './secrets.js';
 
 /**
  * The query builder every statement function is written against. It is typed for SQLite's tables;
@@ -56,6 +57,8 @@ export interface Db {
   close(): Promise<void>;
   /** False once closed: work still under way (a validation) stops instead of reporting a fault. */
   readonly open: boolean;
+  /** Seals the secrets written (`secrets.ts`) and opens them again on read. */
+  readonly secrets: SecretBox;
 }
 
 /** A transaction of a Db: the same interface. */
