@@ -1,6 +1,6 @@
 import { createCipheriv, createDecipheriv, randomBytes } from 'node:crypto';
 import { and, eq, isNotNull, like, not } from 'drizzle-orm';
-import type { Db } from './types.js';
+import type { Db, Secrets } from './types.js';
 
 // Endpoint api_keys and webhook secrets are stored sealed with AES-256-GCM under REGEN_SECRET_KEY,
 // so that a copy of the database (a backup, a dump, the file read by mistake) does not hand them
@@ -16,7 +16,7 @@ const TAG_BYTES = 16;
 export class SecretKeyError extends Error {}
 
 /** Seals and opens the stored secrets; without a key it stores them as given (README "Secrets at rest"). */
-export class SecretBox {
+export class SecretBox implements Secrets {
   constructor(private readonly key: Buffer | null) {
     if (key && key.length !== SECRET_KEY_BYTES) throw new SecretKeyError(`the secret key must be ${SECRET_KEY_BYTES} bytes`);
   }
@@ -25,26 +25,22 @@ export class SecretBox {
     return this.key !== null;
   }
 
-  seal(plain: string): string;
-  seal(plain: string | null | undefined): string | null | undefined;
-  seal(plain: string | null | undefined): string | null | undefined {
+  seal<T extends string | null | undefined>(plain: T): T {
     if (!this.key || plain == null || isSealed(plain)) return plain;
     const iv = randomBytes(IV_BYTES);
     const cipher = createCipheriv('aes-256-gcm', this.key, iv);
     const body = Buffer.concat([cipher.update(plain, 'utf8'), cipher.final()]);
-    return SEALED_PREFIX + Buffer.concat([iv, cipher.getAuthTag(), body]).toString('base64');
+    return (SEALED_PREFIX + Buffer.concat([iv, cipher.getAuthTag(), body]).toString('base64')) as T;
   }
 
-  open(stored: string): string;
-  open(stored: string | null): string | null;
-  open(stored: string | null): string | null {
+  open<T extends string | null>(stored: T): T {
     if (stored === null || !isSealed(stored)) return stored;
     if (!this.key) throw new SecretKeyError('a stored secret is sealed, and REGEN_SECRET_KEY is not set');
     const raw = Buffer.from(stored.slice(SEALED_PREFIX.length), 'base64');
     const decipher = createDecipheriv('aes-256-gcm', this.key, raw.subarray(0, IV_BYTES));
     decipher.setAuthTag(raw.subarray(IV_BYTES, IV_BYTES + TAG_BYTES));
     try {
-      return Buffer.concat([decipher.update(raw.subarray(IV_BYTES + TAG_BYTES)), decipher.final()]).toString('utf8');
+      return Buffer.concat([decipher.update(raw.subarray(IV_BYTES + TAG_BYTES)), decipher.final()]).toString('utf8') as T;
     } catch {
       throw new SecretKeyError('REGEN_SECRET_KEY does not open the stored secrets (it is not the key they were sealed with)');
     }

@@ -1,6 +1,5 @@
 import type { BetterSQLite3Database } from 'drizzle-orm/better-sqlite3';
 import type * as schema from './schema.js';
-import type { SecretBox } from './secrets.js';
 
 /**
  * The query builder every statement function is written against. It is typed for SQLite's tables;
@@ -58,7 +57,15 @@ export interface Db {
   /** False once closed: work still under way (a validation) stops instead of reporting a fault. */
   readonly open: boolean;
   /** Seals the secrets written (`secrets.ts`) and opens them again on read. */
-  readonly secrets: SecretBox;
+  readonly secrets: Secrets;
+}
+
+/** What `secrets.ts` SecretBox does: seal a secret to store it, open it when read back. */
+export interface Secrets {
+  /** False without a key: secrets are then stored as given. */
+  readonly sealing: boolean;
+  seal<T extends string | null | undefined>(plain: T): T;
+  open<T extends string | null>(stored: T): T;
 }
 
 /** A transaction of a Db: the same interface. */

@@ -41,7 +41,13 @@ export type ParsedLine =
       /** Characters of the assistant turn `regenerate` dropped (its reasoning too): what predicts the new answer's length. */
       old_answer_chars: number | null;
     }
-  | { ok: false; reason: string; code: LineErrorCode /** The line's own id, when it had a usable one. */; custom_id?: string };
+  | {
+      ok: false;
+      reason: string;
+      code: LineErrorCode;
+      /** The line's own id, when it had a usable one. */
+      custom_id?: string;
+    };
 
 export interface ParseOptions {
   regenerate: RegenerateMode | null;
@@ -169,6 +175,7 @@ function checkId(id: string, field: string): string {
   if (id === '') throw new LineRejected(`${field} must not be empty`);
   if (id.length > MAX_CUSTOM_ID_CHARS) throw new LineRejected(`${field} is longer than ${MAX_CUSTOM_ID_CHARS} characters`);
   if (CONTROL_CHARS.test(id)) throw new LineRejected(`${field} must not contain control characters`);
+  // A line with such an id is refused whole (`checkStorable`); this keeps the id out of its error too.
   const bad = textProblem(id);
   if (bad) throw new LineRejected(`${field} ${bad}`, 'invalid_characters');
   return id;
