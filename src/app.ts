@@ -7,6 +7,8 @@ import { isDbBusy } from './db/client.js';
 import { ApiError } from './errors.js';
 import { createRouter, openaiErrors, type App } from './http/app.js';
 import { requireToken } from './http/auth.js';
+import { allowedMethods } from './http/methods.js';
+import { refuseBadText } from './http/text.js';
 import { problem, validationError } from './http/problems.js';
 import { OPENAI_PATHS, registerRoutes } from './routes/index.js';
 
@@ -28,17 +30,28 @@ export function createApp(deps: Deps): App {
   app.use('/v1/*', requireToken(deps.config.apiTokens));
   app.use('/metrics', requireToken(deps.config.apiTokens));
   // Uploads stream and have no limit of their own; every other body is bounded.
+  const streamsBody = (c: { req: { method: string; path: string } }) => c.req.method === 'POST' && c.req.path === '/v1/files';
   app.use('*', async (c, next) => {
-    if (c.req.method === 'POST' && c.req.path === '/v1/files') return next();
+    if (streamsBody(c)) return next();
     return bodyLimit({
       maxSize: deps.config.maxBodyBytes,
       onError: (c) => problem(c, new ApiError('payload_too_large', `request body is larger than ${deps.config.maxBodyBytes} bytes`)),
     })(c, next);
   });
 
+  app.use('*', refuseBadText(streamsBody));
+
   registerRoutes(app);
 
-  app.notFound((c) => problem(c, new ApiError('not_found', `no route for ${c.req.method} ${c.req.path.slice(0, 200)}`)));
+  const methodsOn = allowedMethods(app);
+  app.notFound((c) => {
+    const allowed = methodsOn(c.req.path);
+    if (allowed.length && !allowed.includes(c.req.method)) {
+      c.header('Allow', allowed.join(', '));
+      return problem(c, new ApiError('method_not_allowed', `${c.req.method} is not allowed on ${c.req.path.slice(0, 200)}; use ${allowed.join(', ')}`));
+    }
+    return problem(c, new ApiError('not_found', `no route for ${c.req.method} ${c.req.path.slice(0, 200)}`));
+  });
   app.onError((err, c) => {
     if (err instanceof ApiError) return problem(c, err);
     if (err instanceof ZodError) return problem(c, validationError(err, 'body'));

@@ -22,6 +22,8 @@ const webhookUrl = z.string().superRefine((v, ctx) => {
   if (problem) ctx.addIssue({ code: 'custom', message: problem });
 });
 const webhookSecret = z.string().refine(isWebhookSecret, SECRET_MESSAGE);
+// AES-256's key, as `openssl rand -base64 32` prints it (src/db/secrets.ts).
+const secretKey = z.string().regex(/^[A-Za-z0-9+/]{43}=$/, 'expected the base64 of 32 random bytes (openssl rand -base64 32)');
 const postgresUrl = z.string().refine((v) => /^postgres(ql)?:\/\/\S+$/.test(v), 'expected postgres://user@host:port/database');
 const uri = z.string().refine((v) => /^(s3:\/\/[^/]+\/|file:\/\/\/)/.test(v), 'expected s3://bucket/prefix/ or file:///absolute/path/');
 
@@ -69,6 +71,7 @@ const settings = {
   webhookTimeoutMs: { env: 'REGEN_WEBHOOK_TIMEOUT_MS', flag: undefined, parse: int(100, 300_000), default: '15000' },
   webhookRetryMs: { env: 'REGEN_WEBHOOK_RETRY_MS', flag: undefined, parse: int(10, 3_600_000), default: '5000' },
   webhookMaxAttempts: { env: 'REGEN_WEBHOOK_MAX_ATTEMPTS', flag: undefined, parse: int(1, 1000), default: '30' },
+  secretKey: { env: 'REGEN_SECRET_KEY', flag: undefined, parse: secretKey, default: undefined, secret: true },
 } as const;
 
 type Settings = typeof settings;

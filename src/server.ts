@@ -5,6 +5,7 @@ import { createApp } from './app.js';
 import type { Config } from './config.js';
 import { closeDb, isDbBusy, openDb } from './db/client.js';
 import { validatingRunIds } from './db/runs.js';
+import { checkStoredSecrets } from './db/secrets.js';
 import type { Deps } from './deps.js';
 import { makeLogger, type Logger } from './logger.js';
 import { RunnerThread } from './runner/thread.js';
@@ -107,7 +108,13 @@ async function start(config: Config, opts: StartOptions, thread: RunnerThread | 
   }
   mkdirSync(config.dataDir, { recursive: true });
   const logger = opts.logger ?? makeLogger(config.logLevel);
-  const db = await openDb(config.store, { busyTimeoutMs: config.dbBusyTimeoutMs });
+  const db = await openDb(config.store, { busyTimeoutMs: config.dbBusyTimeoutMs, secretKey: config.secretKey });
+  try {
+    await checkStoredSecrets(db);
+  } catch (err) {
+    await db.close();
+    throw err;
+  }
   const stores = new Stores({ endpoint: config.s3Endpoint, forcePathStyle: config.s3ForcePathStyle });
   const deps: Deps = {
     config,

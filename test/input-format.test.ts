@@ -169,7 +169,7 @@ describe('parseInputLine: custom_id', () => {
     expect(parse({ custom_id: 'x'.repeat(512), messages: [user] })).toMatchObject({ ok: true });
     expect(reasonOf({ custom_id: 'x'.repeat(513), messages: [user] })).toBe('custom_id is longer than 512 characters');
     expect(reasonOf({ custom_id: 'a\nb', messages: [user] })).toBe('custom_id must not contain control characters');
-    expect(reasonOf({ custom_id: 'a\u0000b', messages: [user] })).toBe('custom_id must not contain control characters');
+    expect(reasonOf({ custom_id: 'a\u0000b', messages: [user] })).toBe('custom_id: must not contain the NUL character (\\u0000)');
     expect(reasonOf({ custom_id: 'a\u007fb', messages: [user] })).toBe('custom_id must not contain control characters');
     expect(reasonOf({ id: 'tab\there', prompt: 'x' })).toBe('id must not contain control characters');
     expect(parse({ custom_id: 'ünïcødé-✓-🙂', messages: [user] })).toMatchObject({ custom_id: 'ünïcødé-✓-🙂' });

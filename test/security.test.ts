@@ -458,7 +458,7 @@ describe('hostile requests', () => {
     { name: 'a 10 KB content-type', method: 'POST', path: '/v1/runs', body: '{}', headers: { 'content-type': `application/${'x'.repeat(10_000)}` } },
     { name: 'an upload of an unknown type', method: 'POST', path: '/v1/files', body: 'x', headers: { 'content-type': 'image/png' }, status: 415 },
     { name: 'a retry of something unknown', method: 'POST', path: `/v1/runs/${ids.run}/retry`, json: { only: 'everything' }, field: 'only' },
-    { name: 'a method no route has', method: 'PUT', path: '/v1/runs', json: {}, status: 404 },
+    { name: 'a method no route has', method: 'PUT', path: '/v1/runs', json: {}, status: 405, detail: /PUT is not allowed/ },
   ];
 
   it('answers each with a 4xx problem+json naming the problem, never a 5xx, a stack or a path', async () => {

@@ -2,6 +2,7 @@ import { ConfigError, loadConfig, type Config } from '../config.js';
 import { PortInUseError, startServer, type Server } from '../server.js';
 import { RunnerLockedError } from '../runner/lock.js';
 import type { RunnerThread } from '../runner/thread.js';
+import { SecretKeyError } from '../db/secrets.js';
 
 export interface ServeFlags {
   port?: string;
@@ -35,7 +36,7 @@ export async function serveCommand(flags: ServeFlags, runnerThread?: RunnerThrea
   try {
     server = await startServer(config, { runnerThread });
   } catch (err) {
-    if (err instanceof RunnerLockedError || err instanceof PortInUseError || /refusing to listen/.test((err as Error).message)) {
+    if (err instanceof RunnerLockedError || err instanceof PortInUseError || err instanceof SecretKeyError || /refusing to listen/.test((err as Error).message)) {
       process.stderr.write(`regen: ${(err as Error).message}\n`);
       process.exit(2);
     }

@@ -238,7 +238,8 @@ export interface paths {
          *     - `status` on each status change (RunStatusEvent), `shard_uploaded` when a shard is in object storage (ShardUploadedEvent),
          *       and `endpoint_quarantined` when the quality gate takes an endpoint out for its answers (EndpointQuarantinedEvent);
          *       their ids are the run's event ids, so a client reconnecting with `Last-Event-ID` receives every one it missed.
-         *     A new connection without `Last-Event-ID` first replays the run's history. The stream ends after the status event of a
+         *     A new connection without `Last-Event-ID` first replays the run's history; a `Last-Event-ID` that is not one of this run's
+         *     event ids is refused (422 naming it), since a replay from the start would repeat events the client has seen. The stream ends after the status event of a
          *     terminal status (completed, failed, cancelled): close the EventSource then, or it reconnects and gets the end again.
          */
         get: operations["followRunEvents"];
@@ -557,7 +558,7 @@ export interface components {
             status: number;
             detail: string;
             /** @enum {string} */
-            code: "invalid_request" | "validation_failed" | "unauthorized" | "not_found" | "conflict" | "payload_too_large" | "unsupported_media_type" | "idempotency_conflict" | "storage_unavailable" | "internal_error";
+            code: "invalid_request" | "validation_failed" | "unauthorized" | "not_found" | "method_not_allowed" | "conflict" | "payload_too_large" | "unsupported_media_type" | "idempotency_conflict" | "storage_unavailable" | "internal_error";
             field?: string;
             line?: number;
             errors?: {
@@ -598,7 +599,7 @@ export interface components {
             /** @description The request field at fault, when one is */
             param: string | null;
             /** @enum {string} */
-            code: "invalid_request" | "validation_failed" | "unauthorized" | "not_found" | "conflict" | "payload_too_large" | "unsupported_media_type" | "idempotency_conflict" | "storage_unavailable" | "internal_error";
+            code: "invalid_request" | "validation_failed" | "unauthorized" | "not_found" | "method_not_allowed" | "conflict" | "payload_too_large" | "unsupported_media_type" | "idempotency_conflict" | "storage_unavailable" | "internal_error";
         };
         FileList: {
             /** @enum {string} */
@@ -2252,6 +2253,7 @@ export interface operations {
         parameters: {
             query?: {
                 limit?: number;
+                /** @description The last_id of the previous page */
                 after?: string;
             };
             header?: never;

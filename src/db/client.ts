@@ -5,6 +5,7 @@ import { migrate } from 'drizzle-orm/better-sqlite3/migrator';
 import { AsyncLocalStorage } from 'node:async_hooks';
 import { fileURLToPath } from 'node:url';
 import * as schema from './schema.js';
+import { SecretBox } from './secrets.js';
 import type { Db, ExecResult, Hold, Query } from './types.js';
 
 export type { Db, DbOrTx, Dialect, ExecResult, Hold, Query, Tables } from './types.js';
@@ -68,6 +69,10 @@ class SqliteHandle implements Db {
     return this.store.open;
   }
 
+  get secrets(): SecretBox {
+    return this.store.secrets;
+  }
+
   get sqlite(): Database.Database {
     return this.store.client;
   }
@@ -120,7 +125,11 @@ class SqliteStore {
   private readonly inTurn = new AsyncLocalStorage<symbol>();
   private current: symbol | null = null;
 
-  constructor(path: string, busyTimeoutMs: number) {
+  constructor(
+    path: string,
+    busyTimeoutMs: number,
+    readonly secrets: SecretBox,
+  ) {
     this.writer = new Database(path);
     this.writer.pragma('journal_mode = WAL');
     tune(this.writer, busyTimeoutMs);
@@ -204,13 +213,15 @@ export function storeName(db: Db): 'sqlite' | 'postgresql' {
  * path, tuned for one writer with many readers. Either way its migrations are applied first.
  * `busyTimeoutMs` is how long a SQLite write waits for another connection's lock before
  * SQLITE_BUSY; better-sqlite3 waits synchronously, so the whole thread stands still for that long.
+ * `secretKey` (REGEN_SECRET_KEY, base64) seals the secrets stored (`secrets.ts`).
  */
-export async function openDb(target: string, opts: { busyTimeoutMs?: number } = {}): Promise<Db> {
+export async function openDb(target: string, opts: { busyTimeoutMs?: number; secretKey?: string } = {}): Promise<Db> {
+  const secrets = new SecretBox(opts.secretKey ? Buffer.from(opts.secretKey, 'base64') : null);
   if (isPostgresUrl(target)) {
     const { openPg } = await import('./pg.js');
-    return openPg(target);
+    return openPg(target, secrets);
   }
-  return new SqliteStore(target, opts.busyTimeoutMs ?? 10_000).root;
+  return new SqliteStore(target, opts.busyTimeoutMs ?? 10_000, secrets).root;
 }
 
 /** The SQLite connection under a Db (its writer), for what only SQLite has; throws on PostgreSQL. */

@@ -4,36 +4,41 @@ import type { EndpointRow } from './schema.js';
 
 type EndpointInsert = Tables['endpoints']['$inferInsert'];
 
+// The api_key is sealed on every write and opened on every read of a whole row (`secrets.ts`).
+const opened = (db: DbOrTx, row: EndpointRow | undefined) => row && { ...row, apiKey: db.secrets.open(row.apiKey) };
+const sealed = <T extends Partial<EndpointInsert>>(db: DbOrTx, set: T): T => ('apiKey' in set ? { ...set, apiKey: db.secrets.seal(set.apiKey) } : set);
+
 export async function getEndpoint(db: Db, id: string): Promise<EndpointRow | undefined> {
   const { endpoints } = db.t;
   const [row] = await db.q.select().from(endpoints).where(eq(endpoints.id, id)).limit(1);
-  return row;
+  return opened(db, row);
 }
 
 export async function listEndpoints(db: Db, opts: { after?: string; limit: number } = { limit: 10_000 }): Promise<EndpointRow[]> {
   const { endpoints } = db.t;
-  return await db.q
+  const rows = await db.q
     .select()
     .from(endpoints)
     .where(opts.after ? gt(endpoints.id, opts.after) : undefined)
     .orderBy(asc(endpoints.id))
     .limit(opts.limit + 1);
+  return rows.map((row) => opened(db, row)!);
 }
 
 export async function getEndpointByUrl(db: DbOrTx, url: string): Promise<EndpointRow | undefined> {
   const { endpoints } = db.t;
   const [row] = await db.q.select().from(endpoints).where(eq(endpoints.url, url)).limit(1);
-  return row;
+  return opened(db, row);
 }
 
 export async function insertEndpoint(db: DbOrTx, row: EndpointInsert): Promise<void> {
   const { endpoints } = db.t;
-  await db.write((w) => w.q.insert(endpoints).values(row));
+  await db.write((w) => w.q.insert(endpoints).values(sealed(db, row)));
 }
 
 export async function updateEndpoint(db: DbOrTx, id: string, set: Partial<EndpointInsert>): Promise<void> {
   const { endpoints } = db.t;
-  await db.write((w) => w.q.update(endpoints).set(set).where(eq(endpoints.id, id)));
+  await db.write((w) => w.q.update(endpoints).set(sealed(db, set)).where(eq(endpoints.id, id)));
 }
 
 export async function deleteEndpoint(db: DbOrTx, id: string): Promise<void> {
@@ -56,7 +61,7 @@ export async function updateEndpointIfState(db: DbOrTx, id: string, expected: st
   const written = await db.write((w) =>
     w.q
       .update(endpoints)
-      .set(set)
+      .set(sealed(db, set))
       .where(and(eq(endpoints.id, id), eq(endpoints.state, expected)))
       .returning({ id: endpoints.id }),
   );

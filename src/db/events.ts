@@ -30,3 +30,13 @@ export async function eventsAfter(db: DbOrTx, runId: string, afterId: number, li
     .orderBy(asc(events.id))
     .limit(limit);
 }
+
+export async function hasEvent(db: DbOrTx, runId: string, id: number): Promise<boolean> {
+  const { events } = db.t;
+  const [row] = await db.q
+    .select({ id: events.id })
+    .from(events)
+    .where(and(eq(events.runId, runId), eq(events.id, id)))
+    .limit(1);
+  return row !== undefined;
+}

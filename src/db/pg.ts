@@ -6,6 +6,7 @@ import { fileURLToPath } from 'node:url';
 import pg from 'pg';
 import type { Db, ExecResult, Hold, Query, Tables } from './types.js';
 import * as schema from './schema-pg.js';
+import { SecretBox } from './secrets.js';
 
 const migrationsFolder = fileURLToPath(new URL('../../migrations/pg', import.meta.url));
 
@@ -64,6 +65,10 @@ class PgHandle implements Db {
     return this.store.open;
   }
 
+  get secrets(): SecretBox {
+    return this.store.secrets;
+  }
+
   tx<T>(fn: (tx: Db) => Promise<T>): Promise<T> {
     if (this.inTx) return fn(this);
     return this.store.transaction(fn);
@@ -96,7 +101,10 @@ class PgStore {
   readonly root: PgHandle;
   private closed = false;
 
-  constructor(private readonly pool: pg.Pool) {
+  constructor(
+    private readonly pool: pg.Pool,
+    readonly secrets: SecretBox,
+  ) {
     this.root = new PgHandle(this, drizzle(pool) as unknown as Query, pool, false);
   }
 
@@ -193,7 +201,7 @@ class PgStore {
 }
 
 /** Connects, applies the PostgreSQL migrations (one process at a time) and returns the store. */
-export async function openPg(url: string): Promise<Db> {
+export async function openPg(url: string, secrets = new SecretBox(null)): Promise<Db> {
   const pool = new pg.Pool({
     connectionString: url,
     max: POOL_SIZE,
@@ -229,5 +237,5 @@ export async function openPg(url: string): Promise<Db> {
     await pool.end().catch(() => {});
     throw err;
   }
-  return new PgStore(pool).root;
+  return new PgStore(pool, secrets).root;
 }

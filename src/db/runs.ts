@@ -88,7 +88,8 @@ export async function setManifestKey(db: DbOrTx, id: string, key: string): Promi
 
 export async function insertRun(db: DbOrTx, row: RunInsert): Promise<void> {
   const { runs } = db.t;
-  await db.write((w) => w.q.insert(runs).values(row));
+  // The webhook secret is sealed (`secrets.ts`); it is read back only to sign (`runWebhookSecret`).
+  await db.write((w) => w.q.insert(runs).values({ ...row, webhookSecret: db.secrets.seal(row.webhookSecret) }));
 }
 
 /** The run that writes its output under this prefix, if any. */

@@ -56,6 +56,16 @@ export interface Db {
   close(): Promise<void>;
   /** False once closed: work still under way (a validation) stops instead of reporting a fault. */
   readonly open: boolean;
+  /** Seals the secrets written (`secrets.ts`) and opens them again on read. */
+  readonly secrets: Secrets;
+}
+
+/** What `secrets.ts` SecretBox does: seal a secret to store it, open it when read back. */
+export interface Secrets {
+  /** False without a key: secrets are then stored as given. */
+  readonly sealing: boolean;
+  seal<T extends string | null | undefined>(plain: T): T;
+  open<T extends string | null>(stored: T): T;
 }
 
 /** A transaction of a Db: the same interface. */

@@ -75,7 +75,7 @@ export async function claimDelivery(db: Db, row: WebhookDeliveryRow, leaseUntil:
 export async function runWebhookSecret(db: Db, runId: string): Promise<string | null> {
   const { runs } = db.t;
   const [row] = await db.q.select({ secret: runs.webhookSecret }).from(runs).where(eq(runs.id, runId)).limit(1);
-  return row?.secret ?? null;
+  return db.secrets.open(row?.secret ?? null);
 }
 
 /** The outbox's events by delivery status. */

@@ -1,5 +1,6 @@
 import { MAX_JSON_DEPTH, nestsDeeperThan } from './json-depth.js';
 import { Params, type RegenerateMode } from './params.js';
+import { fieldPath, findBadText, mayHoldBadText, textProblem } from './text.js';
 
 // One input line → one sample (docs/design.md "Input"). Every reason returned here is shown to
 // users next to the line number, so it names the field path and says what was expected.
@@ -17,6 +18,8 @@ export const LINE_ERROR_PARAMS = {
   mismatched_model: 'body.model',
   model_not_found: 'body.model',
   invalid_role: 'body.messages',
+  /** A NUL or an unpaired surrogate in a string: accepted by JSON.parse, refused by the stores and most readers (`text.ts`). */
+  invalid_characters: null,
 } as const satisfies Record<string, string | null>;
 export type LineErrorCode = keyof typeof LINE_ERROR_PARAMS;
 
@@ -39,7 +42,13 @@ export type ParsedLine =
       /** Characters of the assistant turn `regenerate` dropped (its reasoning too): what predicts the new answer's length. */
       old_answer_chars: number | null;
     }
-  | { ok: false; reason: string; code: LineErrorCode };
+  | {
+      ok: false;
+      reason: string;
+      code: LineErrorCode;
+      /** The line's own id, when it had a usable one. */
+      custom_id?: string;
+    };
 
 export interface ParseOptions {
   regenerate: RegenerateMode | null;
@@ -104,14 +113,28 @@ const SHAREGPT_ROLES: Record<string, string> = {
 };
 
 export function parseInputLine(text: string, lineNo: number, opts: ParseOptions): ParsedLine {
+  let obj: JsonObject | undefined;
   try {
-    const content = readLine(parseJsonObject(text), lineNo);
+    obj = parseJsonObject(text);
+    checkStorable(obj, text);
+    const content = readLine(obj, lineNo);
     const messages = applyRegenerate(content.messages, opts);
     const dropped = messages === content.messages ? null : content.messages[content.messages.length - 1];
     return { ok: true, ...content, messages, old_answer_chars: dropped ? textLength(dropped.content) + textLength(dropped.reasoning_content) : null };
   } catch (err) {
-    if (err instanceof LineRejected) return { ok: false, reason: err.message, code: err.code };
-    throw err;
+    if (!(err instanceof LineRejected)) throw err;
+    const custom_id = obj && ownCustomId(obj, lineNo);
+    return { ok: false, reason: err.message, code: err.code, ...(custom_id ? { custom_id } : {}) };
+  }
+}
+
+/** The id a refused line gave itself, so that its error can be matched to it; none when it is the fault. */
+function ownCustomId(obj: JsonObject, lineNo: number): string | undefined {
+  if ((obj.custom_id ?? obj.id ?? null) === null) return undefined;
+  try {
+    return readCustomId(obj, lineNo);
+  } catch {
+    return undefined;
   }
 }
 
@@ -125,9 +148,15 @@ function parseJsonObject(text: string): JsonObject {
     throw new LineRejected(`not valid JSON: ${jsonErrorMessage(err)}`, 'invalid_json_line');
   }
   if (!isObject(value)) throw new LineRejected('line is not a JSON object', 'invalid_json_line');
-  // Parsed fine, but the sample could never be stored or sent: JSON.stringify would overflow.
-  if (nestsDeeperThan(value)) throw new LineRejected(`line is nested more than ${MAX_JSON_DEPTH} levels deep`);
   return value;
+}
+
+/** Parsed fine, but the sample could never be stored or sent. */
+function checkStorable(obj: JsonObject, text: string): void {
+  // JSON.stringify would overflow.
+  if (nestsDeeperThan(obj)) throw new LineRejected(`line is nested more than ${MAX_JSON_DEPTH} levels deep`);
+  const bad = mayHoldBadText(text) ? findBadText(obj) : null;
+  if (bad) throw new LineRejected(`${fieldPath(bad.path) || 'line'}: ${bad.message}`, 'invalid_characters');
 }
 
 function jsonErrorMessage(err: unknown): string {
@@ -170,6 +199,9 @@ function checkId(id: string, field: string): string {
   if (id === '') throw new LineRejected(`${field} must not be empty`);
   if (id.length > MAX_CUSTOM_ID_CHARS) throw new LineRejected(`${field} is longer than ${MAX_CUSTOM_ID_CHARS} characters`);
   if (CONTROL_CHARS.test(id)) throw new LineRejected(`${field} must not contain control characters`);
+  // A line with such an id is refused whole (`checkStorable`); this keeps the id out of its error too.
+  const bad = textProblem(id);
+  if (bad) throw new LineRejected(`${field} ${bad}`, 'invalid_characters');
   return id;
 }
 

@@ -1,16 +1,17 @@
 import type { Context } from 'hono';
 import type { ZodError } from 'zod';
+import { fieldPath } from '../domain/text.js';
 import { ApiError, openaiProblemBody, openaiStatus, problemBody } from '../errors.js';
 
-/** Turns a zod issue path into the dotted field name users see (`params.temperature`, `input.requests[3]`). */
-function fieldName(path: PropertyKey[]): string {
-  return path.reduce<string>((acc, p) => (typeof p === 'number' ? `${acc}[${p}]` : acc ? `${acc}.${String(p)}` : String(p)), '');
+/** A refused field, in the shape of a validation problem. */
+export function fieldError(field: string, message: string): ApiError {
+  return new ApiError('validation_failed', `${field}: ${message}`, { field, errors: [{ field, message }] });
 }
 
 export function validationError(err: ZodError, where: string): ApiError {
   const errors = err.issues.slice(0, 20).map((i) => ({
     // A strict object refuses keys at its own path; name the first refused key, which is what users look for.
-    field: fieldName(i.code === 'unrecognized_keys' && i.keys.length ? [...i.path, i.keys[0]] : i.path) || where,
+    field: fieldPath(i.code === 'unrecognized_keys' && i.keys.length ? [...i.path, i.keys[0]] : i.path) || where,
     message: i.message,
   }));
   const first = errors[0];

@@ -1,4 +1,5 @@
 import { z } from '@hono/zod-openapi';
+import type { IdPrefix } from '../ids.js';
 import { isWebhookSecret, SECRET_MESSAGE } from '../domain/webhooks.js';
 import { isAllowedHost, isHttpUrlWithoutCredentials, METADATA_HOST_MESSAGE, NOT_HTTP_MESSAGE } from '../domain/endpoint-url.js';
 
@@ -39,10 +40,24 @@ export const RunIdParam = idParam('run', 'run');
 export const EndpointIdParam = idParam('ep', 'endpoint');
 export const FileIdParam = idParam('file', 'file');
 
-export const PageQuery = z.object({
-  limit: z.coerce.number().int().min(1).max(1000).default(100).openapi({ example: 100 }),
-  after: z.string().max(256).optional().openapi({ description: 'The last_id of the previous page' }),
-});
+/** A list's cursor: the `last_id` of one of its pages, an id of the kind it lists (`src/ids.ts` makes them). */
+export const idCursor = (prefix: IdPrefix) =>
+  z
+    .string()
+    .max(64)
+    .regex(new RegExp(`^${prefix}_[0-9a-z]+$`), `must be the last_id of a previous page (a ${prefix}_… id)`);
+
+/**
+ * The query of every list: `limit`, and `after`, a cursor the list can place. A cursor it cannot
+ * place is refused (422 naming `after`) rather than answered with an empty or restarted page, which
+ * a client paging through would take for the end or loop on.
+ */
+export function pageQuery(after: z.ZodString, limit = { default: 100, max: 1000 }) {
+  return z.object({
+    limit: z.coerce.number().int().min(1).max(limit.max).default(limit.default).openapi({ example: limit.default }),
+    after: after.optional().openapi({ description: 'The last_id of the previous page' }),
+  });
+}
 
 export function listOf<T extends z.ZodTypeAny>(item: T, name: string) {
   return z

@@ -70,7 +70,7 @@ process.on('unhandledRejection', (err) => {
   logger.error({ err: { message: (err as Error)?.message, stack: (err as Error)?.stack } }, 'unhandled rejection in the runner thread');
 });
 
-const db = await openDb(config.store, { busyTimeoutMs: config.dbBusyTimeoutMs });
+const db = await openDb(config.store, { busyTimeoutMs: config.dbBusyTimeoutMs, secretKey: config.secretKey });
 const stores = new Stores({ endpoint: config.s3Endpoint, forcePathStyle: config.s3ForcePathStyle });
 let runner: Runner | null = null;
 const sendSnapshot = () => {

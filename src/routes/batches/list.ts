@@ -1,8 +1,8 @@
-import { createRoute, z } from '@hono/zod-openapi';
+import { createRoute } from '@hono/zod-openapi';
 import type { App } from '../../http/app.js';
 import { openaiErrorResponses } from '../../errors.js';
 import { listBatchRuns } from '../../db/batches.js';
-import { jsonContent } from '../common.js';
+import { idCursor, jsonContent, pageQuery } from '../common.js';
 import { renderBatches } from './render.js';
 import { BatchList } from './schemas.js';
 
@@ -14,10 +14,7 @@ const route = createRoute({
   summary: 'List batches, newest first',
   request: {
     // OpenAI's page size: 20 by default, at most 100.
-    query: z.object({
-      limit: z.coerce.number().int().min(1).max(100).default(20).openapi({ example: 20 }),
-      after: z.string().max(256).optional().openapi({ description: 'The last_id of the previous page' }),
-    }),
+    query: pageQuery(idCursor('batch'), { default: 20, max: 100 }),
   },
   responses: { 200: jsonContent(BatchList, 'A page of batches'), ...openaiErrorResponses(400, 401) },
 });

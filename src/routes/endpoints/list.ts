@@ -2,7 +2,7 @@ import { createRoute } from '@hono/zod-openapi';
 import type { App } from '../../http/app.js';
 import { problemResponses } from '../../errors.js';
 import { listEndpoints } from '../../db/endpoints.js';
-import { jsonContent, listOf, page, PageQuery } from '../common.js';
+import { jsonContent, listOf, page, idCursor, pageQuery } from '../common.js';
 import { Endpoint, renderEndpoint } from './schemas.js';
 
 const route = createRoute({
@@ -11,7 +11,7 @@ const route = createRoute({
   operationId: 'listEndpoints',
   tags: ['endpoints'],
   summary: 'List registered endpoints with their state, load and stats',
-  request: { query: PageQuery },
+  request: { query: pageQuery(idCursor('ep')) },
   responses: { 200: jsonContent(listOf(Endpoint, 'EndpointList'), 'A page of endpoints'), ...problemResponses(401, 422) },
 });
 

@@ -3,7 +3,7 @@ import type { App } from '../../http/app.js';
 import { FILE_PURPOSES, fileObject } from '../../domain/files.js';
 import { openaiErrorResponses } from '../../errors.js';
 import { listFiles } from '../../db/files.js';
-import { jsonContent, listOf, page, PageQuery } from '../common.js';
+import { jsonContent, listOf, page, idCursor, pageQuery } from '../common.js';
 import { FileObject } from './schemas.js';
 
 const route = createRoute({
@@ -12,7 +12,7 @@ const route = createRoute({
   operationId: 'listFiles',
   tags: ['files'],
   summary: 'List files, newest first',
-  request: { query: PageQuery.extend({ purpose: z.enum(FILE_PURPOSES).optional() }) },
+  request: { query: pageQuery(idCursor('file')).extend({ purpose: z.enum(FILE_PURPOSES).optional() }) },
   responses: { 200: jsonContent(listOf(FileObject, 'FileList'), 'A page of files'), ...openaiErrorResponses(400, 401) },
 });
 

@@ -4,7 +4,8 @@ import { Readable } from 'node:stream';
 import { pipeline } from 'node:stream/promises';
 import type { ReadableStream as WebReadableStream } from 'node:stream/web';
 import type { App } from '../../http/app.js';
-import { validationError } from '../../http/problems.js';
+import { fieldError, validationError } from '../../http/problems.js';
+import { textProblem } from '../../domain/text.js';
 import type { Deps } from '../../deps.js';
 import type { FileRow } from '../../db/schema.js';
 import { FILE_PURPOSES, fileObject } from '../../domain/files.js';
@@ -53,9 +54,12 @@ function multipart(deps: Deps, req: Request, contentType: string) {
     const fields: Record<string, string> = {};
     let stored: Promise<FileRow> | undefined;
     let failed = false;
+    let refused: ApiError | undefined;
     bb.on('field', (name, value) => (fields[name] = value));
     bb.on('file', (name, stream, info) => {
-      if (name !== 'file' || stored) {
+      const badName = textProblem(info.filename ?? '');
+      if (badName && name === 'file') refused = fieldError('filename', badName);
+      if (name !== 'file' || stored || refused) {
         // A truncated body errors the part being read; unheard, that error would be uncaught.
         stream.on('error', () => {});
         stream.resume();
@@ -75,6 +79,7 @@ function multipart(deps: Deps, req: Request, contentType: string) {
     });
     bb.on('close', async () => {
       if (failed) return;
+      if (refused) return reject(refused);
       if (!stored) return reject(new ApiError('validation_failed', 'file: a multipart part named "file" is required', { field: 'file' }));
       try {
         resolve(fileObject(await keepFile(deps, await stored, fields.purpose ?? 'batch')));

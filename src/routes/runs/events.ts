@@ -2,11 +2,11 @@ import { createRoute, z } from '@hono/zod-openapi';
 import { streamSSE, type SSEStreamingApi } from 'hono/streaming';
 import type { App } from '../../http/app.js';
 import type { Db } from '../../db/client.js';
-import { eventsAfter } from '../../db/events.js';
+import { eventsAfter, hasEvent } from '../../db/events.js';
 import { getRun } from '../../db/runs.js';
 import { TERMINAL_RUN_STATUSES, type RunStatus } from '../../domain/statuses.js';
 import type { Deps } from '../../deps.js';
-import { notFound, problemResponses } from '../../errors.js';
+import { ApiError, notFound, problemResponses } from '../../errors.js';
 import { iso, RunIdParam } from '../common.js';
 import { renderRun } from './render.js';
 import { Run, RunStatus as RunStatusSchema } from './schemas.js';
@@ -52,7 +52,8 @@ const route = createRoute({
     '- `status` on each status change (RunStatusEvent), `shard_uploaded` when a shard is in object storage (ShardUploadedEvent),',
     '  and `endpoint_quarantined` when the quality gate takes an endpoint out for its answers (EndpointQuarantinedEvent);',
     "  their ids are the run's event ids, so a client reconnecting with `Last-Event-ID` receives every one it missed.",
-    "A new connection without `Last-Event-ID` first replays the run's history. The stream ends after the status event of a",
+    "A new connection without `Last-Event-ID` first replays the run's history; a `Last-Event-ID` that is not one of this run's",
+    'event ids is refused (422 naming it), since a replay from the start would repeat events the client has seen. The stream ends after the status event of a',
     'terminal status (completed, failed, cancelled): close the EventSource then, or it reconnects and gets the end again.',
   ].join('\n'),
   request: {
@@ -86,8 +87,14 @@ export function registerRunEvents(app: App) {
   app.openapi(route, async (c) => {
     const deps = c.get('deps');
     const { id } = c.req.valid('param');
-    const after = Number(c.req.valid('header')['last-event-id'] ?? 0);
+    const lastEventId = c.req.valid('header')['last-event-id'];
     if (!(await getRun(deps.db, id))) throw notFound('run', id);
+    // An id this stream never sent (another run's, or a store since reset) cannot be resumed from:
+    // replaying from the start would hand the client events it has already acted on.
+    if (lastEventId !== undefined && !(await hasEvent(deps.db, id, Number(lastEventId)))) {
+      throw new ApiError('validation_failed', `last-event-id: ${lastEventId} is not an event of this run's stream`, { field: 'last-event-id' });
+    }
+    const after = Number(lastEventId ?? 0);
     // A reverse proxy (nginx) would otherwise hold the events back in its buffer.
     c.header('X-Accel-Buffering', 'no');
     return streamSSE(c, (stream) => follow(deps, id, after, stream)) as never;

@@ -2,7 +2,7 @@ import { createRoute } from '@hono/zod-openapi';
 import type { App } from '../../http/app.js';
 import { problemResponses } from '../../errors.js';
 import { listRuns } from '../../db/runs.js';
-import { jsonContent, listOf, page, PageQuery } from '../common.js';
+import { jsonContent, listOf, page, idCursor, pageQuery } from '../common.js';
 import { renderRun } from './render.js';
 import { Run, RunStatus } from './schemas.js';
 
@@ -12,7 +12,7 @@ const route = createRoute({
   operationId: 'listRuns',
   tags: ['runs'],
   summary: 'List runs, newest first',
-  request: { query: PageQuery.extend({ status: RunStatus.optional() }) },
+  request: { query: pageQuery(idCursor('run')).extend({ status: RunStatus.optional() }) },
   responses: { 200: jsonContent(listOf(Run, 'RunList'), 'A page of runs'), ...problemResponses(401, 422) },
 });
 

@@ -3,6 +3,7 @@ import type { App } from '../../http/app.js';
 import { notFound, problemResponses } from '../../errors.js';
 import { getRun } from '../../db/runs.js';
 import { getSample } from '../../db/samples.js';
+import { textProblem } from '../../domain/text.js';
 import { readSampleOutput } from '../../services/samples.js';
 import { jsonContent, RunIdParam } from '../common.js';
 import { renderSample } from './render.js';
@@ -20,6 +21,7 @@ const route = createRoute({
         .string()
         .min(1)
         .max(512)
+        .refine((id) => textProblem(id) === null, 'must not contain the NUL character or an unpaired surrogate')
         .openapi({ param: { name: 'custom_id', in: 'path' } }),
     }),
   },

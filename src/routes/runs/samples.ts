@@ -1,9 +1,9 @@
-import { createRoute } from '@hono/zod-openapi';
+import { createRoute, z } from '@hono/zod-openapi';
 import type { App } from '../../http/app.js';
 import { ApiError, notFound, problemResponses } from '../../errors.js';
 import { getRun } from '../../db/runs.js';
 import { getSample, listSamples } from '../../db/samples.js';
-import { jsonContent, listOf, page, PageQuery, RunIdParam } from '../common.js';
+import { jsonContent, listOf, page, pageQuery, RunIdParam } from '../common.js';
 import { renderSample } from './render.js';
 import { Flag, Sample, SampleStatus } from './schemas.js';
 
@@ -13,7 +13,7 @@ const route = createRoute({
   operationId: 'listRunSamples',
   tags: ['runs'],
   summary: "List a run's samples in input order, filtered by status or quality flag",
-  request: { params: RunIdParam, query: PageQuery.extend({ status: SampleStatus.optional(), flag: Flag.optional() }) },
+  request: { params: RunIdParam, query: pageQuery(z.string().max(256)).extend({ status: SampleStatus.optional(), flag: Flag.optional() }) },
   responses: { 200: jsonContent(listOf(Sample, 'SampleList'), 'A page of samples'), ...problemResponses(401, 404, 422) },
 });
 
@@ -23,7 +23,7 @@ export function registerListSamples(app: App) {
     const { id } = c.req.valid('param');
     if (!(await getRun(db, id))) throw notFound('run', id);
     const q = c.req.valid('query');
-    // An unknown cursor would silently restart the listing, and a client paging through would loop.
+    // A custom_id has no order of its own: the cursor is placed by the sample it names, so it must name one.
     if (q.after !== undefined && !(await getSample(db, id, q.after))) {
       throw new ApiError('validation_failed', `after: no sample ${JSON.stringify(q.after.slice(0, 100))} in this run`, { field: 'after' });
     }

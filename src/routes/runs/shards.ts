@@ -3,7 +3,7 @@ import type { App } from '../../http/app.js';
 import { notFound, problemResponses } from '../../errors.js';
 import { getRun } from '../../db/runs.js';
 import { listShards } from '../../db/samples.js';
-import { jsonContent, listOf, page, RunIdParam } from '../common.js';
+import { jsonContent, listOf, page, pageQuery, RunIdParam } from '../common.js';
 import { renderShard } from './render.js';
 import { Shard } from './schemas.js';
 
@@ -15,10 +15,7 @@ const route = createRoute({
   summary: "List a run's shards with their upload state, sizes and checksums",
   request: {
     params: RunIdParam,
-    query: z.object({
-      limit: z.coerce.number().int().min(1).max(1000).default(100),
-      after: z.string().regex(/^\d+$/, 'expected a shard index').max(12).optional(),
-    }),
+    query: pageQuery(z.string().max(12).regex(/^\d+$/, 'must be the last_id of a previous page (a shard index)')),
   },
   responses: { 200: jsonContent(listOf(Shard, 'ShardList'), 'A page of shards'), ...problemResponses(401, 404, 422) },
 });

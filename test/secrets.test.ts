@@ -1,0 +1,117 @@
+import { existsSync, readFileSync } from 'node:fs';
+import { createServer, type Server as HttpServer } from 'node:http';
+import type { AddressInfo } from 'node:net';
+import { join } from 'node:path';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { openDb } from '../src/db/client.js';
+import { getEndpoint } from '../src/db/endpoints.js';
+import { runWebhookSecret } from '../src/db/webhooks.js';
+import { call, startTestServer, tempDir } from './support/server.js';
+import { onPg, storeEnv } from './support/store.js';
+
+// Endpoint api_keys and webhook secrets at rest: sealed under REGEN_SECRET_KEY on both stores, the
+// ones stored in plain text before the key was set sealed on start, and a missing or wrong key
+// refused at start rather than at each use.
+
+const KEY = Buffer.alloc(32, 7).toString('base64');
+const OTHER_KEY = Buffer.alloc(32, 9).toString('base64');
+const API_KEY = 'sk-endpoint-plaintext-0123456789';
+const NEW_API_KEY = 'sk-endpoint-later-9876543210';
+const WEBHOOK_SECRET = `whsec_${Buffer.alloc(32, 3).toString('base64')}`;
+
+const tmp = tempDir('regen-secrets-');
+let receiver: HttpServer;
+let hookUrl: string;
+
+beforeAll(async () => {
+  // Answers every event 200: only the stored secret matters here.
+  receiver = createServer((_, res) => res.end());
+  await new Promise<void>((resolve) => receiver.listen(0, '127.0.0.1', resolve));
+  hookUrl = `http://127.0.0.1:${(receiver.address() as AddressInfo).port}/hook`;
+});
+afterAll(async () => {
+  await new Promise((resolve) => receiver?.close(resolve));
+  tmp.cleanup();
+});
+
+async function storeTarget(): Promise<string> {
+  return (await storeEnv(tmp.dir)).REGEN_DATABASE_URL ?? join(tmp.dir, 'regen.db');
+}
+
+/** Everything the store holds, as text: the SQLite file and its WAL, or every PostgreSQL table's rows. */
+async function storedText(): Promise<string> {
+  if (!onPg) {
+    const files = ['regen.db', 'regen.db-wal'].map((f) => join(tmp.dir, f)).filter(existsSync);
+    return files.map((f) => readFileSync(f).toString('latin1')).join('');
+  }
+  const db = await openDb(await storeTarget());
+  try {
+    const { rows: tables } = await db.exec<{ name: string }>(`select tablename as name from pg_tables where schemaname = 'public'`);
+    let text = '';
+    for (const { name } of tables) text += (await db.exec<{ t: string | null }>(`select string_agg(x::text, '') as t from "${name}" x`)).rows[0].t ?? '';
+    return text;
+  } finally {
+    await db.close();
+  }
+}
+
+describe('secrets at rest', () => {
+  const answers: string[] = [];
+  let endpointId: string;
+  let runId: string;
+
+  it('are sealed on start once REGEN_SECRET_KEY is set, new ones as they are written, and still open with the key', async () => {
+    const before = await startTestServer({ REGEN_RUNNER: 'false' }, tmp.dir);
+    try {
+      const ep = await call(before.url, '/v1/endpoints', { method: 'POST', json: { url: 'http://127.0.0.1:9', api_key: API_KEY } });
+      expect(ep.status, JSON.stringify(ep.body)).toBe(201);
+      endpointId = ep.body.id;
+      // More rows on the page, so that a rewritten value's old bytes are not swept away by chance.
+      for (let i = 0; i < 20; i++) {
+        const other = await call(before.url, '/v1/endpoints', { method: 'POST', json: { url: `http://127.0.0.1:${20 + i}`, api_key: `${API_KEY}-${i}` } });
+        expect(other.status).toBe(201);
+      }
+      const run = await call(before.url, '/v1/runs', {
+        method: 'POST',
+        json: { model: 'm', input: { requests: [{ prompt: 'hi' }] }, webhook: { url: hookUrl, secret: WEBHOOK_SECRET } },
+      });
+      expect(run.status, JSON.stringify(run.body)).toBe(201);
+      runId = run.body.id;
+      answers.push(JSON.stringify(ep.body), JSON.stringify(run.body));
+    } finally {
+      await before.cleanup();
+    }
+    // Without a key they are kept as given (the README says how to protect the store then).
+    expect(await storedText()).toContain(API_KEY);
+
+    const sealed = await startTestServer({ REGEN_RUNNER: 'false', REGEN_SECRET_KEY: KEY }, tmp.dir);
+    try {
+      const later = await call(sealed.url, '/v1/endpoints', { method: 'POST', json: { url: 'http://127.0.0.1:10', api_key: NEW_API_KEY } });
+      expect(later.status).toBe(201);
+      const got = await call(sealed.url, `/v1/endpoints/${endpointId}`);
+      expect(got.body.has_api_key).toBe(true);
+      answers.push(JSON.stringify(later.body), JSON.stringify(got.body), JSON.stringify((await call(sealed.url, `/v1/runs/${runId}`)).body));
+      answers.push(JSON.stringify((await call(sealed.url, '/v1/endpoints')).body));
+    } finally {
+      await sealed.cleanup();
+    }
+    const text = await storedText();
+    for (const secret of [API_KEY, NEW_API_KEY, WEBHOOK_SECRET]) expect(text.includes(secret), `the store holds ${secret}`).toBe(false);
+    expect(text).toContain('regen-sealed:v1:');
+    for (const answer of answers) for (const secret of [API_KEY, NEW_API_KEY, WEBHOOK_SECRET]) expect(answer).not.toContain(secret);
+
+    // The runner and the deliverer read them through the same functions, with the key.
+    const db = await openDb(await storeTarget(), { secretKey: KEY });
+    try {
+      expect((await getEndpoint(db, endpointId))?.apiKey).toBe(API_KEY);
+      expect(await runWebhookSecret(db, runId)).toBe(WEBHOOK_SECRET);
+    } finally {
+      await db.close();
+    }
+  });
+
+  it('a store with sealed secrets does not start without the key, or with another one, and says which variable', async () => {
+    await expect(startTestServer({ REGEN_RUNNER: 'false' }, tmp.dir)).rejects.toThrow(/REGEN_SECRET_KEY is not set/);
+    await expect(startTestServer({ REGEN_RUNNER: 'false', REGEN_SECRET_KEY: OTHER_KEY }, tmp.dir)).rejects.toThrow(/REGEN_SECRET_KEY does not open/);
+  });
+});
