@@ -4,7 +4,16 @@ import { spawnSimulator, type SimProcess } from '../src/sim/spawn.js';
 import { Stores } from '../src/storage/index.js';
 import { since } from './support/faults.js';
 import { call, spawnServer, tempDir, waitFor, type ServerProcess } from './support/server.js';
-import { checkOutput, createRun, expectCountersMatchRecount, makePrompts, registerEndpoint, uploadFile, waitForStatus } from './support/runner-checks.js';
+import {
+  checkOutput,
+  createRun,
+  DEAD_ENDPOINT_ERROR,
+  expectCountersMatchRecount,
+  makePrompts,
+  registerEndpoint,
+  uploadFile,
+  waitForStatus,
+} from './support/runner-checks.js';
 
 // A pool where everything goes wrong at once: two servers answering 10% 500/503, dropping 5% of
 // connections and hanging 1% of requests (the run's request_timeout_ms must cut those), one server
@@ -104,7 +113,7 @@ describe('endpoint faults during a run', () => {
       30_000,
     );
     const dead = (await call(base, `/v1/endpoints/${epDying}`)).body;
-    expect(dead.last_error).toBeTruthy();
+    expect(dead.last_error).toMatch(DEAD_ENDPOINT_ERROR);
     expect(dead.in_flight).toBe(0);
 
     const stores = new Stores({ forcePathStyle: false });
