@@ -19,7 +19,7 @@ import {
 // connections and hanging 1% of requests (the run's request_timeout_ms must cut those), one server
 // that dies for good mid-run, and one that crashes and comes back on the same port.
 
-const SAMPLES = 3000;
+const SAMPLES = 1500;
 const FLAKY = { 'error-rate': 0.1, 'reset-rate': 0.05, 'hang-rate': 0.01 };
 const LATENCY = { 'ttft-ms': 150, 'tokens-per-second': 1000 };
 const MODEL = 'm-faults';
