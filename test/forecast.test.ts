@@ -240,7 +240,7 @@ describe('the forecast against real runs on simulator processes', () => {
     // from the latencies regen recorded (on a quiet machine the two speeds are the same).
     const samples = await listAllSamples(server.url, run.id);
     const runSpeed = speedOf(samples);
-    const asked = early.forecast.at;
+    const asked = Date.parse(early.forecast.computed_at);
     const beforeEarly = speedOf(samples.filter((x) => Date.parse(x.completed_at) <= asked));
     const afterEarly = speedOf(samples.filter((x) => Date.parse(x.completed_at) > asked));
     const { wall_seconds_estimate: atTen, wall_seconds_remaining: atTenRemaining } = early.forecast;
