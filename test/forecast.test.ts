@@ -141,12 +141,6 @@ const jsonl =
 
 const ROOT = fileURLToPath(new URL('..', import.meta.url));
 
-/** Completion tokens per request-millisecond of completed samples, as regen timed them: one slot's speed. */
-function speedOf(samples: any[]): number {
-  const done = samples.filter((x) => x.status === 'completed');
-  return done.reduce((n, x) => n + x.usage.completion_tokens, 0) / done.reduce((n, x) => n + x.latency_ms, 0);
-}
-
 describe('the forecast against real runs on simulator processes', () => {
   const files = tempDir('regen-plan-');
   let server: Awaited<ReturnType<typeof startTestServer>>;
@@ -179,7 +173,6 @@ describe('the forecast against real runs on simulator processes', () => {
 
   let dryEstimate = 0;
   let dryTokens = 0;
-  let drySpeed = 0;
 
   it('a dry run answers its slice only, and says how many endpoints meet a deadline', async () => {
     const before = await answered();
@@ -196,7 +189,6 @@ describe('the forecast against real runs on simulator processes', () => {
     expect(f.high).toBeGreaterThan(f.wall_seconds_estimate);
     dryEstimate = f.wall_seconds_estimate;
     dryTokens = f.completion_tokens_estimate;
-    drySpeed = speedOf(await listAllSamples(server.url, dry.id));
     const fourSeconds = f.endpoints_for_deadline;
     // The estimate shown is rounded to a tenth; the endpoints were counted from the unrounded one.
     expect([Math.ceil((f.wall_seconds_estimate - 0.05) / 4), Math.ceil((f.wall_seconds_estimate + 0.05) / 4)]).toContain(fourSeconds);
@@ -232,26 +224,15 @@ describe('the forecast against real runs on simulator processes', () => {
     expect((await answered()) - before).toBe(SAMPLES);
     const wall = (Date.parse(done.finished_at) - Date.parse(done.started_at)) / 1000;
     const off = (estimate: number) => Math.abs(estimate - wall) / wall;
-    // A forecast measures how fast answers come, and a loaded machine (this one at a load of 30 on
-    // its two cores) answers its requests later by seconds at one moment and not at the next: the
-    // dry run's answers came at two thirds of the run's speed in one such run. What the forecast is
-    // answerable for is the rest: the tokens ahead, the slots kept full, the end of the run. So each
-    // estimate is compared as it would have been at the speed the run's own answers then came at,
-    // from the latencies regen recorded (on a quiet machine the two speeds are the same).
-    const samples = await listAllSamples(server.url, run.id);
-    const runSpeed = speedOf(samples);
-    const asked = Date.parse(early.forecast.computed_at);
-    const beforeEarly = speedOf(samples.filter((x) => Date.parse(x.completed_at) <= asked));
-    const afterEarly = speedOf(samples.filter((x) => Date.parse(x.completed_at) > asked));
-    const { wall_seconds_estimate: atTen, wall_seconds_remaining: atTenRemaining } = early.forecast;
-    const dryAtRunSpeed = (dryEstimate * drySpeed) / runSpeed;
-    const atTenAtRunSpeed = atTen - atTenRemaining + (atTenRemaining * beforeEarly) / afterEarly;
+    // A forecast takes the slots as kept full. How full regen kept them (request-seconds over cap ×
+    // wall time) is logged: a machine too loaded to dispatch on time shows there, not as a bad forecast.
+    const requestSeconds = (await listAllSamples(server.url, run.id)).reduce((n, x) => n + (x.latency_ms ?? 0), 0) / 1000;
     console.log(
-      `forecast: ${JSON.stringify({ wall_seconds: wall, dry_run_estimate: dryEstimate, dry_run_off: off(dryEstimate), dry_run_speed_against_the_run: drySpeed / runSpeed, dry_run_off_at_the_run_speed: off(dryAtRunSpeed), at_10_percent: atTen, at_10_percent_off: off(atTen), speed_before_against_after: beforeEarly / afterEarly, at_10_percent_off_at_the_run_speed: off(atTenAtRunSpeed), dry_run_tokens: dryTokens, tokens: done.usage.completion_tokens })}`,
+      `forecast: ${JSON.stringify({ wall_seconds: wall, slots_full: requestSeconds / (CAP * wall), dry_run_estimate: dryEstimate, dry_run_off: off(dryEstimate), at_10_percent: early.forecast.wall_seconds_estimate, at_10_percent_off: off(early.forecast.wall_seconds_estimate), dry_run_tokens: dryTokens, tokens: done.usage.completion_tokens })}`,
     );
     expect(Math.abs(dryTokens - done.usage.completion_tokens) / done.usage.completion_tokens).toBeLessThan(0.1);
-    expect(off(dryAtRunSpeed), `dry run ${dryEstimate} s (${dryAtRunSpeed} s at the run's speed) against ${wall} s`).toBeLessThan(0.25);
-    expect(off(atTenAtRunSpeed), `at 10%: ${atTen} s (${atTenAtRunSpeed} s at the speed after) against ${wall} s`).toBeLessThan(0.25);
+    expect(off(dryEstimate), `dry run ${dryEstimate} s against ${wall} s`).toBeLessThan(0.25);
+    expect(off(early.forecast.wall_seconds_estimate), `at 10%: ${early.forecast.wall_seconds_estimate} s against ${wall} s`).toBeLessThan(0.25);
   });
 
   it('`regen plan` uploads, dry-runs, waits and prints tokens, wall time, endpoint-hours and endpoints for the deadline', async () => {
