@@ -216,8 +216,11 @@ describe('the api_key', () => {
 
   it('a failed probe of an endpoint with a key reports no key in last_error', async () => {
     const ep = (await req('/v1/endpoints', { method: 'POST', json: { url: 'http://127.0.0.1:2', api_key: SECRET } })).body;
-    await new Promise((r) => setTimeout(r, 800));
-    const got = await req(`/v1/endpoints/${ep.id}`);
+    const got = await waitFor('the probe to fail', async () => {
+      const r = await req(`/v1/endpoints/${ep.id}`);
+      return r.body.last_error ? r : undefined;
+    });
+    expect(got.body.last_error).toBe('connection refused');
     expect(got.text).not.toContain(SECRET);
   });
 

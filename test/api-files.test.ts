@@ -3,7 +3,7 @@ import { createReadStream, readFileSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import OpenAI from 'openai';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { startTestServer, tempDir } from './support/server.js';
+import { startTestServer, tempDir, waitFor } from './support/server.js';
 
 let server: Awaited<ReturnType<typeof startTestServer>>;
 const tmp = tempDir('regen-files-test-');
@@ -177,8 +177,7 @@ describe('POST /v1/files with multipart/form-data', () => {
       expectProblem(res, 400, 'invalid_request');
     }
     // A discarded upload is removed in the background of the failed request.
-    await new Promise((r) => setTimeout(r, 200));
-    expect(await fileCount()).toBe(before);
+    await waitFor('the discarded uploads removed', async () => ((await fileCount()) === before ? true : undefined), 10_000);
     expect((await req('/healthz')).status).toBe(200);
   });
 
@@ -210,15 +209,13 @@ describe('a client that hangs up mid-upload', () => {
         },
       });
       upload.on('error', () => {});
-      upload.write(head + lines(2000, 'hang'));
-      await new Promise((r) => setTimeout(r, 300));
-      upload.destroy();
-      await new Promise((r) => setTimeout(r, 500));
-      expect(await fileCount()).toBe(before);
       const { readdirSync, existsSync } = await import('node:fs');
       const dir = join(server.config.dataDir, 'objects', 'files');
-      const leftovers = existsSync(dir) ? readdirSync(dir).filter((f) => f.endsWith('.tmp')) : [];
-      expect(leftovers).toEqual([]);
+      const temps = () => (existsSync(dir) ? readdirSync(dir).filter((f) => f.endsWith('.tmp')) : []);
+      upload.write(head + lines(2000, 'hang'));
+      await waitFor('the upload under way', () => (temps().length > 0 ? true : undefined), 30_000, 10);
+      upload.destroy();
+      await waitFor('the cut upload cleaned up', async () => (temps().length === 0 && (await fileCount()) === before ? true : undefined), 30_000);
       expect((await req('/healthz')).status).toBe(200);
     });
   }

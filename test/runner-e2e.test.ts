@@ -11,6 +11,8 @@ const SAMPLES = 3000;
 const SHARD_SIZE = 500;
 // ~40 ms to the first token plus 96 tokens at 1000/s: each request takes ~140 ms.
 const LATENCY = { 'ttft-ms': 40, 'tokens-per-second': 1000, model: MODEL };
+/** Longer than the test: the late server's start-up ends when the test sets it to 0. */
+const LOADING_UNTIL_RELEASED_MS = 3_600_000;
 
 let server: Awaited<ReturnType<typeof startTestServer>>;
 const sims: SimProcess[] = [];
@@ -19,9 +21,9 @@ beforeAll(async () => {
   sims.push(await spawnSimulator({ ...LATENCY, 'max-running': 8, seed: 1 }));
   sims.push(await spawnSimulator({ ...LATENCY, 'max-running': 16, seed: 2 }));
   server = await startTestServer();
-  // Started last, once regen is up (a loaded machine may take seconds to start it), and slow to
-  // load its weights: it must still be `starting` when the run begins.
-  sims.push(await spawnSimulator({ ...LATENCY, 'max-running': 4, 'startup-ms': 6000, seed: 3 }));
+  // Loading its weights until the test lets it finish: it must still be `starting` when the run
+  // begins, however long a loaded machine takes to get there.
+  sims.push(await spawnSimulator({ ...LATENCY, 'max-running': 4, 'startup-ms': LOADING_UNTIL_RELEASED_MS, seed: 3 }));
 });
 
 afterAll(async () => {
@@ -55,6 +57,7 @@ describe('a run across three simulators', () => {
     const lateWhileRunning = (await call(base, `/v1/endpoints/${eps[0].id}`)).body;
     expect(lateWhileRunning.state).toBe('starting');
     expect((await late.stats()).requests).toBe(0);
+    await late.configure({ startupMs: 0 });
 
     const done = await waitForStatus(base, created.id, ['completed', 'failed', 'paused', 'cancelled']);
     expect(done.status, JSON.stringify(done.status_reason)).toBe('completed');

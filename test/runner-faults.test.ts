@@ -5,6 +5,7 @@ import { call, startTestServer, waitFor } from './support/server.js';
 import {
   checkOutput,
   createRun,
+  DEAD_ENDPOINT_ERROR,
   expectCountersMatchRecount,
   getRun,
   makePrompts,
@@ -70,7 +71,7 @@ describe('runner faults', () => {
 
     const dead = (await call(server.url, `/v1/endpoints/${epDying.id}`)).body;
     expect(dead.state).toBe('unhealthy');
-    expect(dead.last_error).toBeTruthy();
+    expect(dead.last_error).toMatch(DEAD_ENDPOINT_ERROR);
     expect(dead.in_flight).toBe(0);
 
     const out = await checkOutput(stores.forUri(done.output_uri), prompts.expected);

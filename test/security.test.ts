@@ -241,8 +241,7 @@ describe('secrets', () => {
     // Errors too: a refused token, a failed probe of an endpoint with a key, a bad body.
     seen.push(JSON.stringify((await call(server.url, '/v1/runs', { headers: auth('tok-wrong') })).body));
     const dead = await api('/v1/endpoints', { method: 'POST', json: { url: 'http://127.0.0.1:9', api_key: API_KEY } });
-    await new Promise((r) => setTimeout(r, 1000));
-    await api(`/v1/endpoints/${dead.body.id}`);
+    await waitFor('the probe to fail', async () => ((await api(`/v1/endpoints/${dead.body.id}`)).body.last_error ? true : undefined));
     await api('/v1/endpoints', { method: 'POST', json: { url: sim.url, api_key: 42 } });
     await api(`/v1/endpoints/${ep.body.id}`, { method: 'PATCH', json: { api_key: `${API_KEY}-rotated`, name: 'rotated' } });
     // A request whose Authorization header, query and body carry the secrets, as a careless client might send them.

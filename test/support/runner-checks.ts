@@ -9,6 +9,13 @@ type Message = { role: string; content: string };
 /** What the simulator puts after `Answer `: the first 16 hex of sha256 over the messages as sent. */
 export const digestOf = (messages: unknown[]): string => createHash('sha256').update(JSON.stringify(messages)).digest('hex').slice(0, 16);
 
+/**
+ * An endpoint whose server died keeps its last error: a request's connection failing
+ * (classifyError in src/runner/request.ts), or a health probe refused since, with or without the
+ * count of probes in a row (src/runner/endpoints.ts).
+ */
+export const DEAD_ENDPOINT_ERROR = /^(the connection to the endpoint failed|connection refused( \(\d+ of \d+ probes in a row\))?)$/;
+
 const sha256 = (b: Buffer) => createHash('sha256').update(b).digest('hex');
 
 export interface Prompts {

@@ -32,6 +32,8 @@ export async function startTestServer(env: Record<string, string> = {}, dataDir?
 }
 
 const MAIN = fileURLToPath(new URL('../../src/cli/main.ts', import.meta.url));
+/** How long `regen serve` may take to listen: tsx compiles it first, which a loaded 2-core machine has taken over 30 s to do. */
+const SERVER_START_MS = 90_000;
 
 export interface ServerProcess {
   url: string;
@@ -55,7 +57,7 @@ export async function spawnServer(dataDir: string, env: Record<string, string> =
     const timer = setTimeout(() => {
       proc.kill('SIGKILL');
       reject(new Error(`server did not start:\n${out}`));
-    }, 30_000);
+    }, SERVER_START_MS);
     lines.on('line', (line) => {
       out += line + '\n';
       try {
