@@ -51,6 +51,7 @@ const settings = {
   shutdownGraceMs: { env: 'REGEN_SHUTDOWN_GRACE_MS', flag: undefined, parse: int(0, 3_600_000), default: '30000' },
   maxBodyBytes: { env: 'REGEN_MAX_BODY_BYTES', flag: undefined, parse: int(1024, 1 << 30), default: String(10 << 20) },
   maxLineBytes: { env: 'REGEN_MAX_LINE_BYTES', flag: undefined, parse: int(1024, 1 << 30), default: String(16 << 20) },
+  storeRetryMs: { env: 'REGEN_STORE_RETRY_MS', flag: undefined, parse: int(10, 600_000), default: '2000' },
   dbBusyTimeoutMs: { env: 'REGEN_DB_BUSY_TIMEOUT_MS', flag: undefined, parse: int(0, 600_000), default: '10000' },
   logLevel: {
     env: 'REGEN_LOG_LEVEL',

@@ -11,6 +11,7 @@ import { RunnerThread } from './runner/thread.js';
 import { idleRunner } from './runner/view.js';
 import { Metrics } from './services/metrics.js';
 import { ingestRun } from './services/runs/ingest.js';
+import { canonicalizeOutputUris, sweepUnfinishedWrites } from './services/runs/output-location.js';
 import { WebhookDeliverer } from './services/webhooks.js';
 import { Stores } from './storage/index.js';
 
@@ -106,6 +107,9 @@ async function start(config: Config, opts: StartOptions, thread: RunnerThread | 
     runner: idleRunner,
     startIngest: () => {},
   };
+  // Before the runner starts writing: old spellings of an output prefix must match the new ones' checks.
+  await canonicalizeOutputUris(deps);
+  await sweepUnfinishedWrites(deps);
   const ingest = ingestQueue(() => deps, logger);
   deps.startIngest = ingest.start;
   let runner: RunnerControl | null = null;
