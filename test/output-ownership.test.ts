@@ -3,7 +3,8 @@ import { join } from 'node:path';
 import { pathToFileURL } from 'node:url';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { expectProblem, request, type Raw } from './support/http.js';
-import { startTestServer } from './support/server.js';
+import { setOutputUri } from '../src/db/runs.js';
+import { startTestServer, tempDir } from './support/server.js';
 
 // One place, one owner: an output prefix is compared by where it points, not how it is spelled,
 // and regen's own store is neither an output nor an input.
@@ -116,5 +117,29 @@ describe('output ownership by location', () => {
       json: { model: 'm', input: { uri: `${dataUri}/objects/files/${up.body.id}.jsonl` } },
     });
     expectProblem(res, 422, { code: 'validation_failed', field: 'input.uri', hidden: [data] });
+  });
+
+  it('brings a run stored under another spelling to the canonical form at the next start', async () => {
+    const tmp = tempDir('regen-respell-');
+    try {
+      let own = await startTestServer({ REGEN_RUNNER: 'false' }, tmp.dir);
+      const ownUri = pathToFileURL(own.config.dataDir).href;
+      const run = (await request(own.url, '/v1/runs', { method: 'POST', json: { model: 'm', input: { requests: [{ prompt: 'x' }] } } })).body;
+      // As a version before canonical spellings could have stored it.
+      const old = `${ownUri}//objects/./r%75ns/${run.id}/`;
+      await setOutputUri(own.deps.db, run.id, old);
+      expect((await request(own.url, `/v1/runs/${run.id}`)).body.output_uri).toBe(old);
+      await own.close(0);
+      own = await startTestServer({ REGEN_RUNNER: 'false' }, tmp.dir);
+      try {
+        expect((await request(own.url, `/v1/runs/${run.id}`)).body.output_uri).toBe(`${ownUri}/objects/runs/${run.id}/`);
+        const res = await request(own.url, '/v1/runs', { method: 'POST', json: { model: 'm', input: { requests: [{ prompt: 'y' }] }, output: { uri: old } } });
+        expect(res.status).toBe(409);
+      } finally {
+        await own.close(0);
+      }
+    } finally {
+      tmp.cleanup();
+    }
   });
 });
