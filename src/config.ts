@@ -55,6 +55,7 @@ const settings = {
   maxLineBytes: { env: 'REGEN_MAX_LINE_BYTES', flag: undefined, parse: int(1024, 1 << 30), default: String(16 << 20) },
   // Far above what healthy answers hold at once (4 KB each, thousands in flight), and low enough that 64 endless answers stay under 1 GiB of RSS.
   answerBufferBytes: { env: 'REGEN_ANSWER_BUFFER_BYTES', flag: undefined, parse: int(1 << 20, 2 ** 40), default: String(256 << 20) },
+  storeRetryMs: { env: 'REGEN_STORE_RETRY_MS', flag: undefined, parse: int(10, 600_000), default: '2000' },
   dbBusyTimeoutMs: { env: 'REGEN_DB_BUSY_TIMEOUT_MS', flag: undefined, parse: int(0, 600_000), default: '10000' },
   logLevel: {
     env: 'REGEN_LOG_LEVEL',

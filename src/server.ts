@@ -3,15 +3,17 @@ import { mkdirSync } from 'node:fs';
 import type { AddressInfo } from 'node:net';
 import { createApp } from './app.js';
 import type { Config } from './config.js';
-import { closeDb, isDbBusy, openDb } from './db/client.js';
-import { validatingRunIds } from './db/runs.js';
+import { closeDb, diskFullCode, isDbBusy, openDb } from './db/client.js';
+import { setStatusReason, validatingRunIds } from './db/runs.js';
 import { checkStoredSecrets } from './db/secrets.js';
+import { backoffMs, storeBackoff } from './domain/backoff.js';
 import type { Deps } from './deps.js';
 import { makeLogger, type Logger } from './logger.js';
 import { RunnerThread } from './runner/thread.js';
 import { idleRunner } from './domain/live-view.js';
 import { Metrics } from './services/metrics.js';
 import { ingestRun } from './services/runs/ingest.js';
+import { canonicalizeOutputUris, sweepUnfinishedWrites } from './services/runs/output-location.js';
 import { WebhookDeliverer } from './services/webhooks.js';
 import { Stores } from './storage/index.js';
 
@@ -39,12 +41,28 @@ function ingestQueue(getDeps: () => Deps, logger: Logger) {
   const queue: string[] = [];
   const stopping = new AbortController();
   let current: Promise<void> | null = null;
+  /** Validations of a run that met a full disk in a row, for its backoff. */
+  const diskFull = new Map<string, number>();
   const next = async () => {
     while (queue.length && !stopping.signal.aborted) {
       const runId = queue.shift()!;
       try {
         await ingestRun(getDeps(), runId, stopping.signal);
+        diskFull.delete(runId);
       } catch (err) {
+        const full = diskFullCode(err);
+        if (full) {
+          const deps = getDeps();
+          const failures = (diskFull.get(runId) ?? 0) + 1;
+          diskFull.set(runId, failures);
+          const delayMs = backoffMs(failures, storeBackoff(deps.config.storeRetryMs));
+          const reason = `validation waits for disk space (${full}); retrying in ${Math.ceil(delayMs / 1000)} s`;
+          logger.warn({ run_id: runId, failures, code: full }, 'validation met a full disk; retrying');
+          // Written where it can be: a database on the full disk may not take even this.
+          await setStatusReason(deps.db, runId, reason, ['validating']).catch(() => {});
+          setTimeout(() => start(runId), delayMs).unref();
+          continue;
+        }
         if (isDbBusy(err)) {
           // Another process held the write lock past busy_timeout: validate the run again, from the start.
           logger.warn({ run_id: runId, err: { message: (err as Error).message } }, 'validation hit a busy database; retrying');
@@ -126,6 +144,9 @@ async function start(config: Config, opts: StartOptions, thread: RunnerThread | 
     runner: idleRunner,
     startIngest: () => {},
   };
+  // Before the runner starts writing: old spellings of an output prefix must match the new ones' checks.
+  await canonicalizeOutputUris(deps);
+  await sweepUnfinishedWrites(deps);
   const ingest = ingestQueue(() => deps, logger);
   deps.startIngest = ingest.start;
   let runner: RunnerControl | null = null;

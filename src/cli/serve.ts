@@ -36,7 +36,12 @@ export async function serveCommand(flags: ServeFlags, runnerThread?: RunnerThrea
   try {
     server = await startServer(config, { runnerThread });
   } catch (err) {
-    if (err instanceof RunnerLockedError || err instanceof PortInUseError || err instanceof SecretKeyError || /refusing to listen/.test((err as Error).message)) {
+    if (
+      err instanceof RunnerLockedError ||
+      err instanceof PortInUseError ||
+      err instanceof SecretKeyError ||
+      /refusing to listen/.test((err as Error).message)
+    ) {
       process.stderr.write(`regen: ${(err as Error).message}\n`);
       process.exit(2);
     }

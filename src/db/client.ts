@@ -266,6 +266,15 @@ export function isDbBusy(err: unknown): boolean {
   return typeof e?.message === 'string' && /^Connection terminated|connection error and is not queryable/.test(e.message);
 }
 
+/** Codes of a disk that is full: SQLite's, the file system's, and PostgreSQL's disk_full (53100). */
+const DISK_FULL = new Set(['SQLITE_FULL', 'ENOSPC', 'EDQUOT', '53100']);
+
+/** A write refused for want of space, in the database or on a disk: worth trying again once space is freed. Returns the code. */
+export function diskFullCode(err: unknown): string | null {
+  const code = driverError(err)?.code ?? (err as { code?: unknown })?.code;
+  return typeof code === 'string' && DISK_FULL.has(code) ? code : null;
+}
+
 /** A write refused by a unique index or constraint on `column` (SQLite names the column, PostgreSQL the constraint). */
 export function isUniqueViolation(err: unknown, column: string): boolean {
   const e = driverError(err);

@@ -92,11 +92,37 @@ export async function insertRun(db: DbOrTx, row: RunInsert): Promise<void> {
   await db.write((w) => w.q.insert(runs).values({ ...row, webhookSecret: db.secrets.seal(row.webhookSecret) }));
 }
 
-/** The run that writes its output under this prefix, if any. */
-export async function getRunByOutputUri(db: DbOrTx, uri: string): Promise<{ id: string } | undefined> {
+/**
+ * A run whose output prefix is `uri`, lies inside it or holds it: two such runs would write into
+ * each other's objects. Prefixes compare as strings, so both must be in canonical form.
+ */
+export async function getRunOverlappingOutput(db: DbOrTx, uri: string): Promise<{ id: string; outputUri: string } | undefined> {
   const { runs } = db.t;
-  const [row] = await db.q.select({ id: runs.id }).from(runs).where(eq(runs.outputUri, uri)).limit(1);
+  const [row] = await db.q
+    .select({ id: runs.id, outputUri: runs.outputUri })
+    .from(runs)
+    .where(
+      or(
+        eq(runs.outputUri, uri),
+        // Cast: PostgreSQL cannot choose between substr's and length's text and bytea forms for a bare parameter.
+        sql`substr(cast(${uri} as text), 1, length(${runs.outputUri})) = ${runs.outputUri}`,
+        sql`substr(${runs.outputUri}, 1, length(cast(${uri} as text))) = cast(${uri} as text)`,
+      ),
+    )
+    .limit(1);
   return row;
+}
+
+/** Every run's output prefix, for bringing old rows to the canonical form. */
+export async function listOutputUris(db: DbOrTx): Promise<{ id: string; outputUri: string }[]> {
+  const { runs } = db.t;
+  return await db.q.select({ id: runs.id, outputUri: runs.outputUri }).from(runs);
+}
+
+/** Moves a run's output prefix to another spelling of the same place. */
+export async function setOutputUri(db: DbOrTx, id: string, uri: string): Promise<void> {
+  const { runs } = db.t;
+  await db.write((w) => w.q.update(runs).set({ outputUri: uri }).where(eq(runs.id, id)));
 }
 
 /** A run still validating this uploaded file: the file cannot go while it is read. */

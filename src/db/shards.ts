@@ -35,6 +35,17 @@ export async function recordUploadFailure(db: Db, runId: string, idx: number, at
   );
 }
 
+/** Gives a run's unwritten shards a fresh upload budget: a retry after the store was fixed. */
+export async function resetUploadAttempts(db: DbOrTx, runId: string): Promise<void> {
+  const { shards } = db.t;
+  await db.write((w) =>
+    w.q
+      .update(shards)
+      .set({ uploadAttempts: 0, lastError: null })
+      .where(and(eq(shards.runId, runId), eq(shards.status, 'open'))),
+  );
+}
+
 // Rows per multi-row insert: a validated run may have thousands of shards, and one statement
 // for all of them could pass SQLite's limit on bound values.
 const SHARDS_PER_INSERT = 500;

@@ -11,8 +11,13 @@ export interface BackoffPolicy {
 
 /** A sample's failed request: 0.5 s, 1 s, 2 s… up to 30 s, jittered. */
 export const REQUEST_BACKOFF: BackoffPolicy = { firstMs: 500, maxMs: 30_000, jitter: true };
-/** A failed shard upload: 2 s, 4 s… up to a minute; an object store that is down gets few writes. */
-export const UPLOAD_BACKOFF: BackoffPolicy = { firstMs: 2000, maxMs: 60_000, jitter: false };
+/**
+ * A failed write to storage (a shard upload, a validation that met a full disk): the first wait
+ * (REGEN_STORE_RETRY_MS, 2 s) doubling up to 30 times it (a minute); a store that is down gets few writes.
+ */
+export function storeBackoff(firstMs: number): BackoffPolicy {
+  return { firstMs, maxMs: firstMs * 30, jitter: false };
+}
 /** A webhook event its receiver did not take: the first wait (REGEN_WEBHOOK_RETRY_MS, 5 s) doubling up to an hour, jittered. */
 export function webhookBackoff(firstMs: number): BackoffPolicy {
   return { firstMs, maxMs: Math.max(firstMs, 3_600_000), jitter: true };

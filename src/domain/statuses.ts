@@ -17,10 +17,11 @@ export type RunStatus = (typeof RUN_STATUSES)[number];
  */
 export const RUN_TRANSITIONS: Readonly<Record<RunStatus, readonly RunStatus[]>> = {
   validating: ['queued', 'failed', 'cancelled'],
-  queued: ['in_progress', 'paused', 'cancelling', 'finalizing'],
-  in_progress: ['paused', 'finalizing', 'cancelling', 'completed'],
-  paused: ['queued', 'cancelling'],
-  finalizing: ['completed', 'cancelling'],
+  // → failed from a running run: its shards could not be written (runner/finishing.ts).
+  queued: ['in_progress', 'paused', 'cancelling', 'finalizing', 'failed'],
+  in_progress: ['paused', 'finalizing', 'cancelling', 'completed', 'failed'],
+  paused: ['queued', 'cancelling', 'failed'],
+  finalizing: ['completed', 'cancelling', 'failed'],
   cancelling: ['cancelled'],
   completed: ['queued'],
   failed: ['queued'],

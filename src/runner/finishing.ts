@@ -1,11 +1,11 @@
 import type { RunnerDeps } from '../deps.js';
-import { getRun, transitionRun } from '../db/runs.js';
+import { getRun, setStatusReason, transitionRun } from '../db/runs.js';
 import { cancelPendingSamples } from '../db/samples.js';
 import type { RunRow, ShardRow } from '../db/schema.js';
-import { closedOpenShards, recordUploadFailure } from '../db/shards.js';
-import type { RunStatus } from '../domain/statuses.js';
+import { closedOpenShards, listRunShards, recordUploadFailure } from '../db/shards.js';
+import { ACTIVE_RUN_STATUSES, type RunStatus } from '../domain/statuses.js';
 import { describeStoreError } from '../storage/index.js';
-import { backoffMs, UPLOAD_BACKOFF } from '../domain/backoff.js';
+import { backoffMs, storeBackoff } from '../domain/backoff.js';
 import { Coalesced } from './coalesced.js';
 import { uploadShard, writeManifest } from './shard-writer.js';
 
@@ -15,6 +15,13 @@ const MAX_CONCURRENT_UPLOADS = 4;
 const SHARDS_PER_PASS = 8;
 /** A failed manifest write waits this long: not on every tick, or a store that is down gets ten writes a second. */
 const MANIFEST_RETRY_MS = 2000;
+/** Failed attempts at one shard after which the run says why it is not done (a store that blinked fails once or twice). */
+const UPLOAD_ATTEMPTS_BEFORE_REASON = 3;
+/** Failed attempts after which the run fails: with the default backoff, about five minutes of a store refusing writes. */
+const UPLOAD_ATTEMPTS_BEFORE_FAILING = 10;
+/** A running run whose shards cannot be written fails; a cancelling one is cancelled all the same (pass()). */
+const FAILABLE: readonly RunStatus[] = ['queued', 'in_progress', 'paused', 'finalizing'];
+const UPLOAD_REASON = 'shard uploads failing';
 
 /**
  * The end of a run's samples: cancels what is left of cancelling runs, uploads each shard once all
@@ -59,7 +66,7 @@ export class Finisher {
       }
       if (fresh.shardsUploaded === fresh.shardsTotal && (fresh.status === 'finalizing' || fresh.status === 'cancelling' || fresh.status === 'in_progress')) {
         await this.finish(run.id);
-      }
+      } else if (fresh.status === 'cancelling') await this.cancelUnwritten(fresh);
     }
   }
 
@@ -77,9 +84,10 @@ export class Finisher {
     const { deps } = this;
     this.uploading.add(key);
     uploadShard(deps, run, shard)
-      .then((done) => {
+      .then(async (done) => {
         this.retryAt.delete(key);
         if (!done) return;
+        if (shard.uploadAttempts >= UPLOAD_ATTEMPTS_BEFORE_REASON) await this.clearUploadReason(run.id);
         // The store answers again: the run's other shards waiting out a backoff need not wait longer.
         for (const k of this.retryAt.keys()) if (k.startsWith(`${run.id}\0`)) this.retryAt.delete(k);
         deps.metrics.shardUploaded();
@@ -89,13 +97,55 @@ export class Finisher {
       .catch((err: Error) => {
         deps.metrics.shardUploadFailed();
         const attempts = shard.uploadAttempts + 1;
-        const delayMs = backoffMs(attempts, UPLOAD_BACKOFF);
+        const delayMs = backoffMs(attempts, storeBackoff(deps.config.storeRetryMs));
         this.retryAt.set(key, deps.clock() + delayMs);
-        const lastError = `upload failed: ${describeStoreError(err)}; retrying in ${Math.round(delayMs / 1000)} s`;
+        const why = describeStoreError(err);
+        const lastError = `upload failed: ${why}; retrying in ${Math.round(delayMs / 1000)} s`;
         deps.logger.warn({ run_id: run.id, shard: shard.idx, attempts, err: { message: err.message } }, 'shard upload failed');
-        return this.guard('recording a failed shard upload', () => recordUploadFailure(deps.db, run.id, shard.idx, attempts, lastError));
+        return this.guard('recording a failed shard upload', async () => {
+          await recordUploadFailure(deps.db, run.id, shard.idx, attempts, lastError);
+          await this.escalate(run.id, shard.idx, attempts, why);
+        });
       })
       .finally(() => this.uploading.delete(key));
+  }
+
+  /**
+   * A shard that keeps failing: the run says so after a few attempts, and fails after more, its
+   * completed samples' rows kept so that a retry writes them once the store is fixed.
+   */
+  private async escalate(runId: string, idx: number, attempts: number, why: string): Promise<void> {
+    const { db, clock, logger } = this.deps;
+    if (attempts >= UPLOAD_ATTEMPTS_BEFORE_FAILING) {
+      const reason = `shard ${idx} could not be written after ${attempts} attempts: ${why}; retry the run once the output location takes writes`;
+      if (await transitionRun(db, runId, FAILABLE, 'failed', clock(), { statusReason: reason })) {
+        logger.error({ run_id: runId, status: 'failed', shard: idx, reason }, 'run status');
+      }
+    } else if (attempts >= UPLOAD_ATTEMPTS_BEFORE_REASON) {
+      await setStatusReason(db, runId, `${UPLOAD_REASON}: shard ${idx} failed ${attempts} times (${why}); retrying`, FAILABLE);
+    }
+  }
+
+  private async clearUploadReason(runId: string): Promise<void> {
+    const run = await getRun(this.deps.db, runId);
+    if (run?.statusReason?.startsWith(UPLOAD_REASON)) await setStatusReason(this.deps.db, runId, null, ACTIVE_RUN_STATUSES);
+  }
+
+  /**
+   * Cancel wins over a store that refuses writes: once every shard left unwritten has been tried
+   * and failed, the run is cancelled with the reason, rather than left cancelling until the store
+   * comes back. A restart tries each such shard once more, then ends the run the same way.
+   */
+  private async cancelUnwritten(run: RunRow): Promise<void> {
+    const unwritten = (await listRunShards(this.deps.db, run.id)).filter((s) => s.status !== 'uploaded');
+    if (unwritten.length === 0 || unwritten.some((s) => s.uploadAttempts === 0 || this.uploading.has(this.key(run.id, s.idx)))) return;
+    const why = (unwritten[0].lastError ?? 'upload failed').replace(/; retrying.*$/, '');
+    // No manifest: it lists what counts, and these shards' samples are in the database only.
+    const reason = `cancelled with ${unwritten.length} of ${run.shardsTotal} shards not written: ${why}`;
+    if (await transitionRun(this.deps.db, run.id, ['cancelling'], 'cancelled', this.deps.clock(), { statusReason: reason })) {
+      this.deps.logger.warn({ run_id: run.id, status: 'cancelled', reason }, 'run status');
+      this.hooks.afterFinish(run.id);
+    }
   }
 
   private async finish(runId: string): Promise<void> {

@@ -22,7 +22,15 @@ import { RateWindow } from './rates.js';
 import { Requests } from './requests.js';
 import { ResultWriter, type FlushReport } from './results.js';
 import { RunSteps } from './run-steps.js';
-import { IDLE_ENDPOINT, IDLE_PROGRESS, type EndpointLive, type RunnerRole, type RunnerSnapshot, type RunnerView, type RunProgress } from '../domain/live-view.js';
+import {
+  IDLE_ENDPOINT,
+  IDLE_PROGRESS,
+  type EndpointLive,
+  type RunnerRole,
+  type RunnerSnapshot,
+  type RunnerView,
+  type RunProgress,
+} from '../domain/live-view.js';
 
 /** The loop's period: expiry, probes, run status and uploads are looked at this often. */
 const TICK_MS = 100;

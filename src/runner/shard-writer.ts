@@ -34,7 +34,7 @@ async function putVerified(deps: RunnerDeps, run: RunRow, key: string, body: Buf
 
 /**
  * Writes one shard whose samples are all terminal: completed samples in input order to
- * shard-NNNNN.jsonl, failed ones to shard-NNNNN.errors.jsonl, each read back and checked; only then
+ * shard-NNNNN.jsonl (none when there are none), failed ones to shard-NNNNN.errors.jsonl, each read back and checked; only then
  * is the shard marked uploaded and its staging rows dropped. The bytes depend only on the database,
  * so writing a shard again produces the same object. Returns false when the shard changed meanwhile.
  */
@@ -63,9 +63,17 @@ export async function uploadShard(deps: RunnerDeps, run: RunRow, listed: ShardRo
     } else if (s.status === 'failed') errors.push(errorLine(s));
     else if (s.status !== 'cancelled') return false;
   }
-  const body = Buffer.from(lines.length ? lines.join('\n') + '\n' : '');
-  const key = shardKey(shard.idx);
-  const digest = await putVerified(deps, run, key, body);
+  const store = deps.stores.forUri(run.outputUri);
+  // A shard with no completed line writes no object (a run cancelled early would leave one empty
+  // file per shard); the manifest lists it as empty, so the shard count still adds up.
+  let shardMeta = { key: null as string | null, bytes: 0, lines: 0, sha256: null as string | null };
+  if (lines.length) {
+    const body = Buffer.from(lines.join('\n') + '\n');
+    const key = shardKey(shard.idx);
+    shardMeta = { key, bytes: body.length, lines: lines.length, sha256: await putVerified(deps, run, key, body) };
+  } else if (shard.key) {
+    await store.delete(shard.key);
+  }
   let errorsMeta = {
     errorsKey: null as string | null,
     errorsBytes: null as number | null,
@@ -77,9 +85,9 @@ export async function uploadShard(deps: RunnerDeps, run: RunRow, listed: ShardRo
     const ek = shardErrorsKey(shard.idx);
     errorsMeta = { errorsKey: ek, errorsBytes: eb.length, errorsLines: errors.length, errorsSha256: await putVerified(deps, run, ek, eb) };
   } else if (shard.errorsKey) {
-    await deps.stores.forUri(run.outputUri).delete(shard.errorsKey);
+    await store.delete(shard.errorsKey);
   }
-  const written = { key, bytes: body.length, lines: lines.length, sha256: digest, ...errorsMeta };
+  const written = { ...shardMeta, ...errorsMeta };
   return await markShardUploaded(deps.db, run.id, shard, { ...written, lineOf, errorCount: errors.length }, deps.clock());
 }
 
@@ -100,6 +108,7 @@ export async function writeManifest(deps: RunnerDeps, run: RunRow, finalStatus: 
     },
     shards: all.map((s) => ({
       index: s.idx,
+      empty: !s.lines,
       key: s.key,
       bytes: s.bytes,
       lines: s.lines,

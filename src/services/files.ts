@@ -1,4 +1,4 @@
-import type { Readable } from 'node:stream';
+import { Transform, type Readable } from 'node:stream';
 import type { Deps } from '../deps.js';
 import { deleteFile, getFile, insertFile, setFilePurpose } from '../db/files.js';
 import { getRunValidatingFile } from '../db/runs.js';
@@ -11,13 +11,43 @@ import { batchFileStream, resolveBatchFile } from './batches/files.js';
 // biome-ignore lint/suspicious/noControlCharactersInRegex: control characters in a file name are replaced
 const cleanName = (name: string) => name.replace(/[\\/\0-\x1f]/g, '_').slice(0, 255) || 'upload.jsonl';
 
+/** gzip's magic number (RFC 1952, section 2.3.1): the first two bytes of every gzip stream. */
+const GZIP_MAGIC = [0x1f, 0x8b];
+
+/**
+ * Passes an upload through, failing at its first bytes when they are gzip's: a compressed file
+ * would otherwise be stored whole and fail validation later as "not valid UTF-8".
+ */
+function refuseCompressed(): Transform {
+  let head = Buffer.alloc(0);
+  return new Transform({
+    transform(chunk: Buffer, _enc, done) {
+      if (head.length < GZIP_MAGIC.length) {
+        head = Buffer.concat([head, chunk]).subarray(0, GZIP_MAGIC.length);
+        if (head.length === GZIP_MAGIC.length && GZIP_MAGIC.every((b, i) => head[i] === b)) {
+          done(new ApiError('invalid_request', 'file: gzip-compressed uploads are not accepted; send the JSONL uncompressed', { field: 'file' }));
+          return;
+        }
+      }
+      done(null, chunk);
+    },
+  });
+}
+
 /** Streams an upload into the object store and records it. */
 export async function storeFile(deps: Deps, filename: string, purpose: string, body: Readable): Promise<FileRow> {
   const id = newId('file');
   const key = `files/${id}.jsonl`;
+  const checked = refuseCompressed();
+  body.on('error', (err) => checked.destroy(err));
+  // A refused body is still read to its end, so that a multipart parser behind it can finish.
+  checked.on('error', () => {
+    body.unpipe(checked);
+    body.resume();
+  });
   let bytes: number;
   try {
-    ({ bytes } = await deps.stores.forUri(deps.config.outputUri).putStream(key, body));
+    ({ bytes } = await deps.stores.forUri(deps.config.outputUri).putStream(key, body.pipe(checked)));
   } catch (err) {
     if (err instanceof ApiError) throw err;
     deps.logger.error({ err: { message: (err as Error).message } }, 'file upload to object storage failed');

@@ -1,18 +1,26 @@
 import { createReadStream, createWriteStream } from 'node:fs';
-import { mkdir, open, readFile, rename, rm, stat, unlink, writeFile } from 'node:fs/promises';
-import { dirname, join } from 'node:path';
+import { mkdir, open, readdir, readFile, rename, rm, stat, unlink, writeFile } from 'node:fs/promises';
+import { basename, dirname, join } from 'node:path';
 import { randomBytes } from 'node:crypto';
 import { pipeline } from 'node:stream/promises';
 import type { Readable } from 'node:stream';
-import { assertKey, byteCounter, type ObjectStore } from './store.js';
+import { TEMP_FOLDER } from './location.js';
+import { assertKey, byteCounter, probeKey, type ObjectStore } from './store.js';
 
-/** A local folder as an object store. Writes go to a temp file and are renamed into place, so a
- * reader never sees half an object and a crash leaves at most a stray temp file. */
+/**
+ * A local folder as an object store. Writes go to a temp file beside the folder (TEMP_FOLDER) and
+ * are renamed into place, so a reader of the folder never sees half an object, and a crash leaves
+ * at most a stray temp file outside it, swept on the next start.
+ */
 export class FileStore implements ObjectStore {
+  private readonly temp: string;
+
   constructor(
     readonly uri: string,
     private readonly dir: string,
-  ) {}
+  ) {
+    this.temp = join(dirname(dir), TEMP_FOLDER);
+  }
 
   private path(key: string): string {
     assertKey(key);
@@ -22,7 +30,8 @@ export class FileStore implements ObjectStore {
   private async atomically(key: string, write: (tmp: string) => Promise<void>): Promise<void> {
     const dest = this.path(key);
     await mkdir(dirname(dest), { recursive: true });
-    const tmp = `${dest}.${randomBytes(6).toString('hex')}.tmp`;
+    await mkdir(this.temp, { recursive: true });
+    const tmp = join(this.temp, `${basename(dest)}.${randomBytes(6).toString('hex')}`);
     try {
       await write(tmp);
       const fh = await open(tmp, 'r');
@@ -74,6 +83,26 @@ export class FileStore implements ObjectStore {
   }
 
   async check(): Promise<void> {
-    await this.atomically('.regen-check', (tmp) => writeFile(tmp, 'ok'));
+    const key = probeKey();
+    await this.atomically(key, (tmp) => writeFile(tmp, 'ok'));
+    await this.delete(key);
+  }
+
+  async sweep(before: number): Promise<number> {
+    let names: string[];
+    try {
+      names = await readdir(this.temp);
+    } catch {
+      return 0;
+    }
+    let swept = 0;
+    for (const name of names) {
+      const p = join(this.temp, name);
+      const s = await stat(p).catch(() => null);
+      if (!s || s.mtimeMs >= before) continue;
+      await rm(p, { force: true, recursive: true });
+      swept++;
+    }
+    return swept;
   }
 }

@@ -1,15 +1,7 @@
-import {
-  DeleteObjectCommand,
-  GetObjectCommand,
-  HeadBucketCommand,
-  HeadObjectCommand,
-  PutObjectCommand,
-  S3Client,
-  S3ServiceException,
-} from '@aws-sdk/client-s3';
+import { DeleteObjectCommand, GetObjectCommand, HeadObjectCommand, PutObjectCommand, S3Client, S3ServiceException } from '@aws-sdk/client-s3';
 import { Upload } from '@aws-sdk/lib-storage';
 import type { Readable } from 'node:stream';
-import { assertKey, byteCounter, type ObjectStore } from './store.js';
+import { assertKey, byteCounter, probeKey, type ObjectStore } from './store.js';
 
 export interface S3Settings {
   endpoint?: string;
@@ -84,6 +76,14 @@ export class S3Store implements ObjectStore {
   }
 
   async check(): Promise<void> {
-    await this.client.send(new HeadBucketCommand({ Bucket: this.bucket }));
+    // A bucket that answers reads may still refuse writes (credentials, policy, a full quota).
+    const key = probeKey();
+    await this.put(key, 'ok');
+    await this.delete(key);
+  }
+
+  /** A single PUT is atomic and an unfinished multipart upload is invisible to readers: nothing to sweep. */
+  async sweep(): Promise<number> {
+    return 0;
   }
 }

@@ -1,3 +1,4 @@
+import { randomBytes } from 'node:crypto';
 import { Transform, type Readable } from 'node:stream';
 import { fileURLToPath } from 'node:url';
 
@@ -12,9 +13,14 @@ export interface ObjectStore {
   getStream(key: string): Promise<Readable>;
   head(key: string): Promise<{ bytes: number } | null>;
   delete(key: string): Promise<void>;
-  /** Throws when the store cannot be reached or written. */
+  /** Throws when the store cannot be reached or written: writes a probe object and deletes it. */
   check(): Promise<void>;
+  /** Removes what writes cut short by a crash left behind, last touched before `before` (epoch ms); returns how many. */
+  sweep(before: number): Promise<number>;
 }
+
+/** A key for a probe object, unique so that checks from several processes never meet. */
+export const probeKey = (): string => `.regen-probe-${randomBytes(6).toString('hex')}`;
 
 export type StoreLocation = { kind: 'file'; dir: string } | { kind: 's3'; bucket: string; prefix: string };
 
@@ -30,8 +36,9 @@ export function parseStoreUri(uri: string): StoreLocation {
     return { kind: 's3', bucket: m[1], prefix };
   }
   if (uri.startsWith('file:///')) {
-    if (/(^|\/)(\.|\.\.|%2e%2e|%2e\.|\.%2e)(\/|$)/i.test(uri.slice('file://'.length))) {
-      throw new StoreUriError('URI must not contain "." or ".." segments');
+    // A "." segment names the same folder and is collapsed; ".." could climb out of a root.
+    if (/(^|\/)(\.\.|%2e%2e|%2e\.|\.%2e)(\/|$)/i.test(uri.slice('file://'.length))) {
+      throw new StoreUriError('URI must not contain ".." segments');
     }
     return { kind: 'file', dir: fileURLToPath(uri) };
   }

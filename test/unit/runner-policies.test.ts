@@ -1,7 +1,7 @@
 import { describe, expect, it } from 'vitest';
 import { APIConnectionError, APIConnectionTimeoutError, APIError, APIUserAbortError } from 'openai';
 import { claimSize, MAX_CLAIM, pickEndpoint, type Slots } from '../../src/runner/endpoint-choice.js';
-import { backoffMs, REQUEST_BACKOFF, UPLOAD_BACKOFF } from '../../src/domain/backoff.js';
+import { backoffMs, REQUEST_BACKOFF, storeBackoff } from '../../src/domain/backoff.js';
 import { decideFailure } from '../../src/runner/failure-policy.js';
 import { buildRequest, classifyError, parseAnswer } from '../../src/runner/request.js';
 
@@ -236,7 +236,7 @@ describe('claimSize', () => {
 
 describe('backoff', () => {
   it('doubles from the first wait up to the cap', () => {
-    const waits = [1, 2, 3, 4, 5, 6, 7, 8].map((n) => backoffMs(n, UPLOAD_BACKOFF));
+    const waits = [1, 2, 3, 4, 5, 6, 7, 8].map((n) => backoffMs(n, storeBackoff(2000)));
     expect(waits).toEqual([2000, 4000, 8000, 16000, 32000, 60000, 60000, 60000]);
   });
 

@@ -2,6 +2,7 @@ import type { Deps } from '../../deps.js';
 import { ApiError, notFound } from '../../errors.js';
 import { requeueRunSamples } from '../../db/requeue.js';
 import { getRun, transitionRun } from '../../db/runs.js';
+import { resetUploadAttempts } from '../../db/shards.js';
 import type { RunRow } from '../../db/schema.js';
 import { CANCELLABLE_RUN_STATUSES, PAUSABLE_RUN_STATUSES, RETRYABLE_RUN_STATUSES, TERMINAL_RUN_STATUSES, type RunStatus } from '../../domain/statuses.js';
 
@@ -49,7 +50,10 @@ export async function retryRun(deps: Deps, id: string, only: 'failed' | 'flagged
   const { db } = deps;
   const now = deps.clock();
   const requeued = await requeueRunSamples(db, id, only, now);
-  if (requeued > 0 && TERMINAL_RUN_STATUSES.includes(run.status as RunStatus)) {
+  // A run failed because its shards could not be written keeps its answers: a retry writes them.
+  const unwritten = run.status === 'failed' && run.shardsUploaded < run.shardsTotal;
+  if (unwritten) await resetUploadAttempts(db, id);
+  if ((requeued > 0 || unwritten) && TERMINAL_RUN_STATUSES.includes(run.status as RunStatus)) {
     if (await transitionRun(db, id, TERMINAL_RUN_STATUSES, 'queued', now, { finishedAt: null })) {
       deps.logger.info({ run_id: id, from: run.status, status: 'queued' }, 'run status');
     }

@@ -1,4 +1,3 @@
-import { fileURLToPath } from 'node:url';
 import { createHash } from 'node:crypto';
 import type { Deps } from '../../deps.js';
 import { isUniqueViolation } from '../../db/client.js';
@@ -6,13 +5,13 @@ import { ApiError } from '../../errors.js';
 import { newId } from '../../ids.js';
 import { appendEvent } from '../../db/events.js';
 import { deleteFile, getFile, insertFile } from '../../db/files.js';
-import { getRun, getRunByIdempotencyKey, getRunByOutputUri, insertRun } from '../../db/runs.js';
+import { getRun, getRunByIdempotencyKey, getRunOverlappingOutput, insertRun } from '../../db/runs.js';
 import type { runs, RunInput, RunRow } from '../../db/schema.js';
 import { DEFAULT_CALIBRATION_SAMPLES } from '../../domain/forecast.js';
 import type { DispatchOrder, OnInvalidLine, RegenerateMode } from '../../domain/params.js';
 import { qualityConfig, type QualityRequest } from '../../domain/quality.js';
-import { parseStoreUri, StoreUriError } from '../../storage/index.js';
-import { inside, resolveInput } from './input-source.js';
+import { resolveInput } from './input-source.js';
+import { isOutputTaken, outputTaken, outputUriFor } from './output-location.js';
 
 /** What a run is made of: the body of POST /v1/runs, as its route has validated it. */
 export interface NewRun {
@@ -34,45 +33,6 @@ export interface NewRun {
   dry_run?: boolean;
   deadline_seconds?: number;
   dispatch_order?: DispatchOrder;
-}
-
-/** An S3 object key is at most 1,024 bytes; the output prefix's unique index holds it whole. */
-const MAX_OUTPUT_URI_BYTES = 1024;
-
-export async function outputUriFor(deps: Deps, runId: string, requested?: string): Promise<string> {
-  if (!requested) return `${deps.config.outputUri}runs/${runId}/`;
-  const uri = requested.endsWith('/') ? requested : requested + '/';
-  if (Buffer.byteLength(requested) > MAX_OUTPUT_URI_BYTES) {
-    throw new ApiError('validation_failed', `output.uri: at most ${MAX_OUTPUT_URI_BYTES} bytes in UTF-8`, { field: 'output.uri' });
-  }
-  try {
-    parseStoreUri(uri);
-  } catch (err) {
-    const why = err instanceof StoreUriError ? err.message : 'not a valid output URI';
-    throw new ApiError('validation_failed', `output.uri: ${why}`, { field: 'output.uri' });
-  }
-  if (uri.startsWith('file:')) {
-    // A local output folder is held to the same roots as local inputs.
-    const path = fileURLToPath(uri);
-    if (![deps.config.dataDir, ...deps.config.inputRoots].some((root) => inside(path, root))) {
-      throw new ApiError('validation_failed', 'output.uri: file:// outputs must lie inside the data folder or REGEN_INPUT_ROOTS', {
-        field: 'output.uri',
-      });
-    }
-  }
-  // Two runs writing shard-00000.jsonl and manifest.json to one prefix would overwrite each other.
-  // Checked here for a clear answer before anything is stored; the unique index decides a race.
-  const owner = await getRunByOutputUri(deps.db, uri);
-  if (owner) throw outputTaken(owner.id);
-  return uri;
-}
-
-const isOutputTaken = (err: unknown): boolean =>
-  isUniqueViolation(err, 'output_uri') || (err instanceof ApiError && err.code === 'conflict' && err.extra.field === 'output.uri');
-
-function outputTaken(runId: string | undefined): ApiError {
-  const whose = runId ? `run ${runId}` : 'another run';
-  return new ApiError('conflict', `output.uri is already the output of ${whose}; give each run its own prefix`, { field: 'output.uri' });
 }
 
 /** The run's calibration slice; a dry run, which answers nothing else, must have one. */
@@ -203,7 +163,7 @@ export async function createRun(
     // Two requests raced with one key: the loser answers with the winner's run.
     if (await replays(err)) return createRun(deps, body, idempotencyKey, extra);
     // Two requests raced for one output prefix: the loser is told whose it is.
-    if (isUniqueViolation(err, 'output_uri')) throw outputTaken((await getRunByOutputUri(db, outputUri))?.id);
+    if (isUniqueViolation(err, 'output_uri')) throw outputTaken(await getRunOverlappingOutput(db, outputUri));
     throw err;
   }
   deps.logger.info({ run_id: id, model: body.model, status: 'validating' }, 'run created');

@@ -3,7 +3,7 @@ import type { Readable } from 'node:stream';
 import { setFlagsFromString } from 'node:v8';
 import { runInNewContext } from 'node:vm';
 import type { Deps } from '../../deps.js';
-import { isDbBusy, type Hold } from '../../db/client.js';
+import { diskFullCode, isDbBusy, type Hold } from '../../db/client.js';
 import { getFile } from '../../db/files.js';
 import { getRun, getRunStatus, lockRun, setRunValidation, transitionRun } from '../../db/runs.js';
 import { clearRunSamples, insertSampleBatch, markCalibration } from '../../db/samples.js';
@@ -191,8 +191,8 @@ async function ingestHeld(deps: Deps, runId: string, hold: Hold, signal?: AbortS
       logger.info({ run_id: runId }, 'validation stopped by shutdown');
       return;
     }
-    // Not the input's fault: the run is validated again once the database takes writes (see server.ts).
-    if (isDbBusy(err)) throw err;
+    // Not the input's fault: the run is validated again once the database takes writes, or the disk has room (see server.ts).
+    if (isDbBusy(err) || diskFullCode(err)) throw err;
     const message = err instanceof IngestError ? err.message : 'the input could not be read';
     logger.warn({ run_id: runId, err: { message: (err as Error).message } }, 'input read failed');
     await clearRunSamples(db, runId);

@@ -1,24 +1,20 @@
 import { realpathSync, statSync } from 'node:fs';
-import { sep } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import type { Config } from '../../config.js';
 import { ApiError } from '../../errors.js';
 import { parseStoreUri, StoreUriError } from '../../storage/index.js';
+import { inside } from '../../storage/location.js';
+import { isOwnFile } from './output-location.js';
 
 type InputSource = { kind: 'path'; path: string } | { kind: 'object'; prefixUri: string; key: string };
 
 const bad = (message: string) => new ApiError('validation_failed', `input.uri: ${message}`, { field: 'input.uri' });
 
-/** Whether a path is a root or lies below it. */
-export function inside(path: string, root: string): boolean {
-  return path === root || path.startsWith(root.endsWith(sep) ? root : root + sep);
-}
-
 /**
  * Checks an input URI and says where to read it: s3:// anywhere the credentials reach, file:// only
  * inside the data folder or REGEN_INPUT_ROOTS (symlinks resolved first, so none can lead outside).
  */
-export function resolveInput(uri: string, config: Pick<Config, 'dataDir' | 'inputRoots'>): InputSource {
+export function resolveInput(uri: string, config: Pick<Config, 'dataDir' | 'inputRoots' | 'dbPath' | 'outputUri'>): InputSource {
   if (uri.startsWith('s3://')) {
     let loc: ReturnType<typeof parseStoreUri>;
     try {
@@ -46,6 +42,8 @@ export function resolveInput(uri: string, config: Pick<Config, 'dataDir' | 'inpu
   if (!roots.some((root) => inside(path, root))) {
     throw bad('file:// inputs must lie inside the data folder or REGEN_INPUT_ROOTS');
   }
+  // Before anything is read: the database holds endpoint keys, and a bad line would be quoted back.
+  if (isOwnFile(path, config)) throw bad("regen's own database and uploaded files are not an input; use input.file_id for an uploaded file");
   if (!statSync(path).isFile()) throw bad('no readable file at that URI inside the allowed input roots');
   return { kind: 'path', path };
 }

@@ -3,7 +3,8 @@ import type { DbOrTx } from '../../db/client.js';
 import { servedModels } from '../../db/endpoints.js';
 import { closestModels, servesModel } from '../../domain/models.js';
 import { newId } from '../../ids.js';
-import { checkCalibration, checkInput, outputUriFor, type NewRun } from './create.js';
+import { checkCalibration, checkInput, type NewRun } from './create.js';
+import { outputUriFor } from './output-location.js';
 
 /** Something in a run's request that looks wrong but does not stop the run. */
 export interface RunWarning {

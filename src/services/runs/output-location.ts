@@ -1,0 +1,136 @@
+import { basename, dirname } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import type { Config } from '../../config.js';
+import type { Deps } from '../../deps.js';
+import { isUniqueViolation } from '../../db/client.js';
+import { getRunOverlappingOutput, listOutputUris, listRunsByStatus, setOutputUri } from '../../db/runs.js';
+import { ACTIVE_RUN_STATUSES } from '../../domain/statuses.js';
+import { ApiError } from '../../errors.js';
+import { canonicalFileUri, folderUri, inside, overlaps, realLocation, TEMP_FOLDER } from '../../storage/location.js';
+import { describeStoreError, parseStoreUri, StoreUriError } from '../../storage/index.js';
+
+/** An S3 object key is at most 1,024 bytes; the output prefix's unique index holds it whole. */
+const MAX_OUTPUT_URI_BYTES = 1024;
+
+const bad = (message: string) => new ApiError('validation_failed', `output.uri: ${message}`, { field: 'output.uri' });
+
+/**
+ * One spelling for each place: a `file://` prefix as the folder it names on disk (percent-encoding
+ * decoded, `//` and `.` collapsed, symlinks resolved); an `s3://` prefix as written, since there
+ * `a//b` and `a/b` are different keys.
+ */
+export function canonicalOutputUri(uri: string): string {
+  return uri.startsWith('file:') ? canonicalFileUri(uri) : uri;
+}
+
+/** Where regen keeps its own data: uploaded files, and on disk the data folder with the database. */
+function ownStore(config: Pick<Config, 'outputUri' | 'dataDir'>): { filesUri: string; dataUri: string } {
+  return { filesUri: `${canonicalOutputUri(config.outputUri)}files/`, dataUri: folderUri(config.dataDir) };
+}
+
+/** Whether a local path is one of regen's own files: the database (and its journal), or an uploaded file. */
+export function isOwnFile(path: string, config: Pick<Config, 'outputUri' | 'dataDir' | 'dbPath'>): boolean {
+  const db = realLocation(config.dbPath);
+  if (dirname(path) === dirname(db) && basename(path).startsWith(basename(db))) return true;
+  if (!config.outputUri.startsWith('file:')) return false;
+  return inside(path, realLocation(`${fileURLToPath(config.outputUri)}files`));
+}
+
+function checkSpelling(requested: string): string {
+  if (Buffer.byteLength(requested) > MAX_OUTPUT_URI_BYTES) throw bad(`at most ${MAX_OUTPUT_URI_BYTES} bytes in UTF-8`);
+  const uri = requested.endsWith('/') ? requested : requested + '/';
+  let loc: ReturnType<typeof parseStoreUri>;
+  try {
+    loc = parseStoreUri(uri);
+  } catch (err) {
+    throw bad(err instanceof StoreUriError ? err.message : 'not a valid output URI');
+  }
+  // Refused rather than rewritten: the caller would look for the output under the spelling it gave.
+  if (loc.kind === 's3' && loc.prefix.split('/').slice(0, -1).includes('')) throw bad('an s3:// prefix must not contain empty segments ("//")');
+  if (loc.kind === 'file' && loc.dir.split('/').includes(TEMP_FOLDER)) throw bad(`${TEMP_FOLDER} holds regen's unfinished writes`);
+  return uri;
+}
+
+export const isOutputTaken = (err: unknown): boolean =>
+  isUniqueViolation(err, 'output_uri') || (err instanceof ApiError && err.code === 'conflict' && err.extra.field === 'output.uri');
+
+export function outputTaken(owner: { id: string; outputUri?: string } | undefined): ApiError {
+  const whose = owner ? `run ${owner.id}` : 'another run';
+  return new ApiError('conflict', `output.uri overlaps the output of ${whose}: a run's prefix may neither be, lie inside nor hold another's`, {
+    field: 'output.uri',
+  });
+}
+
+/**
+ * The canonical output prefix of a new run: the one asked for, or its own folder under the
+ * server's output. Refused (4xx naming output.uri) when it is regen's own store, overlaps another
+ * run's prefix, lies outside the allowed roots, or cannot be written (a probe object is written and
+ * deleted, so missing credentials or a file in the way are found now, not at the first shard).
+ */
+export async function outputUriFor(deps: Deps, runId: string, requested?: string): Promise<string> {
+  const { config } = deps;
+  const uri = canonicalOutputUri(requested ? checkSpelling(requested) : `${config.outputUri}runs/${runId}/`);
+  if (uri.startsWith('file:')) {
+    // A local output folder is held to the same roots as local inputs.
+    const path = fileURLToPath(uri);
+    if (![config.dataDir, ...config.inputRoots].some((root) => inside(path, realLocation(root)))) {
+      throw bad('file:// outputs must lie inside the data folder or REGEN_INPUT_ROOTS');
+    }
+  }
+  const own = ownStore(config);
+  if (overlaps(uri, own.filesUri) || own.dataUri.startsWith(uri)) throw bad("the data folder and its uploaded files are regen's own store, not an output");
+  // Checked here for a clear answer before anything is stored; the unique index decides a race for one prefix.
+  const owner = await getRunOverlappingOutput(deps.db, uri);
+  if (owner) throw outputTaken(owner);
+  try {
+    await deps.stores.forUri(uri).check();
+  } catch (err) {
+    throw bad(`the location cannot be written (${describeStoreError(err)})`);
+  }
+  return uri;
+}
+
+/**
+ * Brings the output prefixes of runs made before canonical spellings to the canonical form. Done at
+ * start-up, not in a migration: resolving symlinks needs the file system. Two runs whose spellings
+ * name one folder cannot both have it; the later keeps its spelling and the log says so.
+ */
+export async function canonicalizeOutputUris(deps: Pick<Deps, 'db' | 'logger'>): Promise<void> {
+  for (const { id, outputUri } of await listOutputUris(deps.db)) {
+    if (!outputUri.startsWith('file:')) continue;
+    let canonical: string;
+    try {
+      canonical = canonicalOutputUri(outputUri);
+    } catch {
+      continue;
+    }
+    if (canonical === outputUri) continue;
+    try {
+      await setOutputUri(deps.db, id, canonical);
+    } catch (err) {
+      if (!isUniqueViolation(err, 'output_uri')) throw err;
+      deps.logger.warn({ run_id: id }, "output prefix is another run's under another spelling; left as it was");
+    }
+  }
+}
+
+/**
+ * How long a temp file must sit untouched before a start-up sweep takes it for a crash's
+ * leftover: another process sharing the store may be writing it, and every write regen makes
+ * touches its temp file at least this often (uploads stream into it, a shard is written at once).
+ */
+export const STALE_TEMP_MS = 60 * 60 * 1000;
+
+/** Removes the temp files of writes a crash cut short: the server's store's and each active run's. */
+export async function sweepUnfinishedWrites(deps: Pick<Deps, 'db' | 'logger' | 'stores' | 'config' | 'clock'>): Promise<void> {
+  const uris = new Set([deps.config.outputUri, ...(await listRunsByStatus(deps.db, ACTIVE_RUN_STATUSES)).map((r) => r.outputUri)]);
+  const before = deps.clock() - STALE_TEMP_MS;
+  for (const uri of uris) {
+    try {
+      const swept = await deps.stores.forUri(uri).sweep(before);
+      if (swept) deps.logger.info({ output_uri: uri, swept }, 'unfinished writes removed');
+    } catch (err) {
+      deps.logger.warn({ output_uri: uri, err: { message: (err as Error).message } }, 'unfinished writes could not be swept');
+    }
+  }
+}

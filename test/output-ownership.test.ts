@@ -1,0 +1,145 @@
+import { mkdirSync, symlinkSync, writeFileSync } from 'node:fs';
+import { join } from 'node:path';
+import { pathToFileURL } from 'node:url';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { expectProblem, request, type Raw } from './support/http.js';
+import { setOutputUri } from '../src/db/runs.js';
+import { startTestServer, tempDir } from './support/server.js';
+
+// One place, one owner: an output prefix is compared by where it points, not how it is spelled,
+// and regen's own store is neither an output nor an input.
+
+let srv: Awaited<ReturnType<typeof startTestServer>>;
+let data: string;
+let dataUri: string;
+
+beforeAll(async () => {
+  srv = await startTestServer({ REGEN_RUNNER: 'false' });
+  data = srv.config.dataDir;
+  dataUri = pathToFileURL(data).href;
+});
+afterAll(() => srv?.cleanup());
+
+const create = (body: Record<string, unknown>): Promise<Raw> =>
+  request(srv.url, '/v1/runs', { method: 'POST', json: { model: 'm', input: { requests: [{ prompt: 'x' }] }, ...body } });
+
+async function createOk(body: Record<string, unknown>): Promise<any> {
+  const res = await create(body);
+  expect(res.status, res.text).toBe(201);
+  return res.body;
+}
+
+function refused(res: Raw, status: number, code: string) {
+  expectProblem(res, status, { code, field: 'output.uri', hidden: [data] });
+}
+
+describe('output ownership by location', () => {
+  it("refuses every other spelling of a run's default prefix, and a prefix inside it or holding it", async () => {
+    const a = await createOk({});
+    const path = a.output_uri.slice(dataUri.length);
+    expect(a.output_uri).toBe(`${dataUri}/objects/runs/${a.id}/`);
+    for (const spelling of [
+      `${dataUri}/${path.replace('/objects/', '//objects/')}`,
+      `${dataUri}${path.replace('/runs/', '/./runs/')}`,
+      `${dataUri}${path.replace('/runs/', '/%72uns/')}`,
+      `${dataUri}${path}/`,
+      `${dataUri}${path.slice(0, -1)}`,
+    ]) {
+      const res = await create({ output: { uri: spelling } });
+      refused(res, 409, 'conflict');
+      expect(res.body.detail, spelling).toContain(a.id);
+    }
+    // Inside it, and holding it (the runs folder holds every run's default prefix).
+    refused(await create({ output: { uri: `${a.output_uri}train/` } }), 409, 'conflict');
+    refused(await create({ output: { uri: `${dataUri}/objects/runs/` } }), 409, 'conflict');
+  });
+
+  it('refuses //, %-encoded and /./ spellings of a chosen prefix, and gives the canonical one back', async () => {
+    const first = await createOk({ output: { uri: `${dataUri}/shared//` } });
+    expect(first.output_uri).toBe(`${dataUri}/shared/`);
+    for (const spelling of [`${dataUri}/shared//`, `${dataUri}//shared/`, `${dataUri}/%73hared/`, `${dataUri}/./shared/`, `${dataUri}/shared/./`]) {
+      const res = await create({ output: { uri: spelling } });
+      refused(res, 409, 'conflict');
+      expect(res.body.detail).toContain(first.id);
+    }
+    // Siblings are free: train/ and eval/ under one parent that no run owns.
+    await createOk({ output: { uri: `${dataUri}/split/train/` } });
+    await createOk({ output: { uri: `${dataUri}/split/eval/` } });
+    refused(await create({ output: { uri: `${dataUri}/split/` } }), 409, 'conflict');
+    refused(await create({ output: { uri: `${dataUri}/split/train/part/` } }), 409, 'conflict');
+  });
+
+  it('refuses a symlinked folder that leads to another run’s prefix', async () => {
+    const real = join(data, 'real-out');
+    mkdirSync(real);
+    const owner = await createOk({ output: { uri: `${pathToFileURL(real).href}/` } });
+    symlinkSync(real, join(data, 'link-out'));
+    const res = await create({ output: { uri: `${dataUri}/link-out/` } });
+    refused(res, 409, 'conflict');
+    expect(res.body.detail).toContain(owner.id);
+    // A link to a parent folder: the prefix below it is the same place too.
+    symlinkSync(data, join(data, 'link-data'));
+    refused(await create({ output: { uri: `${dataUri}/link-data/real-out/` } }), 409, 'conflict');
+  });
+
+  it("refuses regen's own store as an output: the data folder, the objects folder, uploaded files", async () => {
+    for (const uri of [`${dataUri}/`, `${dataUri}/objects/`, `${dataUri}/objects/files/`, `${dataUri}/objects/files/x/`]) {
+      refused(await create({ output: { uri } }), 422, 'validation_failed');
+    }
+  });
+
+  it('refuses an s3:// prefix with empty segments rather than rewriting it', async () => {
+    const res = await create({ output: { uri: 's3://bucket/a//b/' } });
+    refused(res, 422, 'validation_failed');
+    expect(res.body.detail).toMatch(/empty segments/);
+  });
+
+  it("refuses regen's database and its journal as an input, without reading them", async () => {
+    for (const name of ['regen.db', 'regen.db-wal', 'regen.db-shm']) {
+      const path = join(data, name);
+      // The PostgreSQL project has no regen.db; the name alone is refused all the same.
+      writeFileSync(path, '{"messages": "secret-api-key-sk-123"}\n', { flag: 'a' });
+      const res = await request(srv.url, '/v1/runs', { method: 'POST', json: { model: 'm', input: { uri: pathToFileURL(path).href } } });
+      expectProblem(res, 422, { code: 'validation_failed', field: 'input.uri', hidden: [data] });
+      expect(res.text).not.toContain('secret-api-key');
+    }
+  });
+
+  it('refuses an uploaded file read by its path as an input', async () => {
+    const up = await request(srv.url, '/v1/files?filename=a.jsonl', {
+      method: 'POST',
+      headers: { 'content-type': 'application/jsonl' },
+      body: '{"prompt":"x"}\n',
+    });
+    expect(up.status).toBe(201);
+    const res = await request(srv.url, '/v1/runs', {
+      method: 'POST',
+      json: { model: 'm', input: { uri: `${dataUri}/objects/files/${up.body.id}.jsonl` } },
+    });
+    expectProblem(res, 422, { code: 'validation_failed', field: 'input.uri', hidden: [data] });
+  });
+
+  it('brings a run stored under another spelling to the canonical form at the next start', async () => {
+    const tmp = tempDir('regen-respell-');
+    try {
+      let own = await startTestServer({ REGEN_RUNNER: 'false' }, tmp.dir);
+      const ownUri = pathToFileURL(own.config.dataDir).href;
+      const run = (await request(own.url, '/v1/runs', { method: 'POST', json: { model: 'm', input: { requests: [{ prompt: 'x' }] } } })).body;
+      // As a version before canonical spellings could have stored it.
+      const old = `${ownUri}//objects/./r%75ns/${run.id}/`;
+      await setOutputUri(own.deps.db, run.id, old);
+      expect((await request(own.url, `/v1/runs/${run.id}`)).body.output_uri).toBe(old);
+      await own.close(0);
+      own = await startTestServer({ REGEN_RUNNER: 'false' }, tmp.dir);
+      try {
+        expect((await request(own.url, `/v1/runs/${run.id}`)).body.output_uri).toBe(`${ownUri}/objects/runs/${run.id}/`);
+        const res = await request(own.url, '/v1/runs', { method: 'POST', json: { model: 'm', input: { requests: [{ prompt: 'y' }] }, output: { uri: old } } });
+        expect(res.status).toBe(409);
+      } finally {
+        await own.close(0);
+      }
+    } finally {
+      tmp.cleanup();
+    }
+  });
+});
