@@ -264,7 +264,7 @@ describe('parseInputLine: bad lines', () => {
 
   it("refuses roles other than OpenAI's chat roles, naming the message and the role to write", () => {
     const refused = (role: string) => parse({ custom_id: 'r', messages: [user, { role, content: 'x' }] });
-    expect(refused('human')).toEqual({ ok: false, code: 'invalid_role', reason: 'messages[1].role "human" is not a chat role: write "user"' });
+    expect(refused('human')).toEqual({ ok: false, code: 'invalid_role', custom_id: 'r', reason: 'messages[1].role "human" is not a chat role: write "user"' });
     expect(refused('gpt')).toMatchObject({ reason: 'messages[1].role "gpt" is not a chat role: write "assistant"' });
     expect(refused('model')).toMatchObject({ reason: 'messages[1].role "model" is not a chat role: write "assistant"' });
     expect(refused('narrator')).toMatchObject({
