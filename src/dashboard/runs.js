@@ -2,7 +2,7 @@
 // The home page: every run with its progress, rate and ETA, and the endpoint pool; polled.
 import { client, unwrap } from './api.js';
 import { badge, fill, h, progressBar, route, table } from './dom.js';
-import { eta, num, pct, rate, runTitle, when } from './format.js';
+import { answered, eta, num, pct, rate, runTitle, when } from './format.js';
 import { endpointsTable } from './panels.js';
 import { every } from './live.js';
 
@@ -56,12 +56,15 @@ function runsTable(runs) {
       {
         label: 'Progress',
         className: 'progress-cell',
-        cell: (r) => h('div', null, h('div', { className: 'pct' }, pct(r.progress.fraction)), progressBar(r.progress.fraction, r.status)),
+        cell: (r) => {
+          const { fraction, label } = answered(r);
+          return h('div', { title: label }, h('div', { className: 'pct' }, pct(fraction)), progressBar(fraction, r.status));
+        },
       },
       {
         label: 'Done / total',
         className: 'num',
-        cell: (r) => `${num(r.request_counts.completed + r.request_counts.failed + r.request_counts.cancelled)} / ${num(r.request_counts.total)}`,
+        cell: (r) => `${num(answered(r).count)} / ${num(r.request_counts.total)}`,
       },
       { label: 'Rate', className: 'num', cell: (r) => `${rate(r.progress.samples_per_second)}/s` },
       { label: 'ETA', className: 'num', cell: (r) => eta(r) },

@@ -24,6 +24,7 @@ import { EndpointPool } from './endpoints.js';
 import { Coalesced } from './coalesced.js';
 import { Finisher } from './finishing.js';
 import { Forecasts } from './forecasts.js';
+import { HistoryRecorder } from './history.js';
 import { QualityWatch } from './quality-watch.js';
 import { HEARTBEAT_MS, pidAlive, RunnerLock, RunnerLockedError } from './lock.js';
 import { RateWindow } from './rates.js';
@@ -99,6 +100,7 @@ export class Runner implements RunnerView {
   private readonly requests: Requests;
   private readonly quality: QualityWatch;
   private readonly forecasts: Forecasts;
+  private readonly history: HistoryRecorder;
   private readonly runRates = new Map<string, RateWindow>();
   private active: RunRow[] = [];
   private timer: NodeJS.Timeout | null = null;
@@ -163,6 +165,11 @@ export class Runner implements RunnerView {
       () => this.others.flatMap((v) => (v.fleet ? [v.fleet] : [])),
     );
     this.forecasts = new Forecasts(deps, this.pool, () => this.othersFleet());
+    this.history = new HistoryRecorder(
+      deps,
+      () => this.snapshot(),
+      () => ({ ...this.othersFleet().caps, ...this.forecasts.share(deps.clock()).caps }),
+    );
     this.requests = new Requests(deps, this.pool, this.writer, (what, step) => this.guard(what, step), {
       settled: () => {
         this.guard('refilling a slot', () => this.pump());
@@ -532,6 +539,7 @@ export class Runner implements RunnerView {
     await this.forecasts.update(this.active);
     await this.endDryRuns();
     await this.finisher.advance(this.active);
+    await this.history.tick();
   }
 
   /**

@@ -171,10 +171,13 @@ export const Run = z
     shards: counts(['total', 'uploaded']),
     progress: z.object({
       fraction: z.number(),
-      samples_per_second: z.number(),
-      completion_tokens_per_second: z.number(),
+      samples_per_second: z.number().openapi({
+        description:
+          'Samples completed per second: over the last minute while the run is worked on, its average over `elapsed_seconds` once it has finished, 0 while paused',
+      }),
+      completion_tokens_per_second: z.number().openapi({ description: 'Completion tokens per second, over the same time as `samples_per_second`' }),
       eta_seconds: z.number().nullable(),
-      elapsed_seconds: z.number(),
+      elapsed_seconds: z.number().openapi({ description: 'From the start to now, or to the finish once the run has finished' }),
     }),
     manifest_uri: z.string().nullable(),
     webhook: RunWebhook.nullable(),
