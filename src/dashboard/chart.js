@@ -4,6 +4,7 @@
 // last point); and the projected finish over the run, from the server's forecast history.
 
 const PAD = { left: 52, right: 64, top: 12, bottom: 26 };
+const DAY_MS = 86_400_000;
 
 /**
  * The axis maximum: the first of 1, 2, 2.5, 5 and 10 times a power of ten at or above `v`.
@@ -26,7 +27,6 @@ const clock = (t) => new Date(t).toLocaleTimeString([], { hour: '2-digit', minut
  * @param {number} span
  */
 const axisTime = (t, span) => (span > DAY_MS ? `${new Date(t).toLocaleDateString([], { month: 'short', day: 'numeric' })} ${clock(t)}` : clock(t));
-const DAY_MS = 86_400_000;
 
 /**
  * The canvas sized to its box at the screen's pixel density, cleared, in CSS pixels.
@@ -72,6 +72,10 @@ function gridLines(ctx, plotW, plotH, label) {
 export function drawThroughput(canvas, points) {
   const { ctx, width, height } = blankCanvas(canvas);
 
+  // What the chart spans, for a reader of the page (and its tests) that cannot see the pixels.
+  canvas.dataset.points = String(points.length);
+  canvas.dataset.from = points.length ? new Date(points[0].t).toISOString() : '';
+  canvas.dataset.to = points.length ? new Date(points[points.length - 1].t).toISOString() : '';
   if (points.length < 2) {
     ctx.fillStyle = '#6b7385';
     ctx.textAlign = 'center';
