@@ -17,7 +17,7 @@ function runsTable(runs: Run[]): string {
     runs.map((r) => [
       r.id,
       r.name ?? '-',
-      r.status,
+      r.dry_run ? `${r.status} (dry run)` : r.status,
       pct(r.progress.fraction),
       `${num(done(r))}/${num(r.request_counts.total)}`,
       rate(r.progress.samples_per_second),
@@ -36,7 +36,7 @@ function runDetail(r: Run): string {
     .filter(([, n]) => n > 0)
     .map(([f, n]) => `${f} ${num(n)} (${pct(n / completed)})`);
   const rows: [string, string][] = [
-    ['run', `${r.id}${r.name ? ` (${r.name})` : ''}`],
+    ['run', `${r.id}${r.name ? ` (${r.name})` : ''}${r.dry_run ? ', a dry run: its calibration slice only, for the forecast' : ''}`],
     ['model', r.model],
     ['status', r.status + (r.status_reason ? `: ${r.status_reason}` : '')],
     ['progress', `${pct(r.progress.fraction)}, ${num(done(r))} of ${num(c.total)} samples done`],

@@ -111,7 +111,11 @@ export function runView(root, runId) {
     run = next;
     title.textContent = runTitle(run);
     document.title = `${runTitle(run)} · regen`;
-    fill(statusEl, badge(run.status));
+    fill(
+      statusEl,
+      badge(run.status),
+      run.dry_run ? h('span', { className: 'badge dry-run', title: 'A plan: only its calibration slice is answered, for the forecast' }, 'dry run') : null,
+    );
     fill(subtitle, `${run.id} · ${run.model} · created ${when(run.created_at)}`, run.started_at ? ` · started ${when(run.started_at)}` : '');
     const gate = pausedByGate(run);
     banner.hidden = !run.status_reason;

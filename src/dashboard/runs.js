@@ -51,7 +51,13 @@ function runsTable(runs) {
       {
         label: 'Status',
         cell: (r) =>
-          h('div', null, badge(r.status), r.status_reason ? h('div', { className: 'small muted clip', title: r.status_reason }, r.status_reason) : null),
+          h(
+            'div',
+            null,
+            badge(r.status),
+            r.dry_run ? h('span', { className: 'badge dry-run' }, 'dry run') : null,
+            r.status_reason ? h('div', { className: 'small muted clip', title: r.status_reason }, r.status_reason) : null,
+          ),
       },
       {
         label: 'Progress',

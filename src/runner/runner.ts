@@ -14,7 +14,7 @@ import {
 } from '../db/replicas.js';
 import { runnerLockOwner } from '../db/runner-lock.js';
 import { getRun, listRunsByStatus, setStatusReason, transitionRun, validatingRunIds } from '../db/runs.js';
-import { cancelPendingSamples, type ClaimOrder } from '../db/samples.js';
+import { cancelPendingSamples, dropCancelledSamples, type ClaimOrder } from '../db/samples.js';
 import type { RunRow } from '../db/schema.js';
 import { ACTIVE_RUN_STATUSES, DISPATCHABLE_RUN_STATUSES, isDispatchable } from '../domain/statuses.js';
 import { expireBatches } from './batch-expiry.js';
@@ -567,6 +567,7 @@ export class Runner implements RunnerView {
       await this.started(run);
       await this.forecasts.compute(run, this.deps.clock(), true);
       await cancelPendingSamples(this.deps.db, run.id);
+      await dropCancelledSamples(this.deps.db, run.id);
       this.deps.logger.info({ run_id: run.id }, 'dry run: calibration slice answered');
     }
   }

@@ -119,6 +119,8 @@ export async function createRun(
     throw err;
   }
   let input: RunInput;
+  // What a dry run without a name of its own is called after, so a list of runs tells plans apart.
+  let inputName: string;
   let inlineFile: { id: string; objectKey: string } | undefined;
   if ('file_id' in body.input) {
     const file = await getFile(db, body.input.file_id);
@@ -126,9 +128,11 @@ export async function createRun(
       throw new ApiError('not_found', `input.file_id: file ${JSON.stringify(body.input.file_id.slice(0, 100))} does not exist`, { field: 'input.file_id' });
     }
     input = { file_id: file.id };
+    inputName = file.filename;
   } else if ('uri' in body.input) {
     resolveInput(body.input.uri, config);
     input = { uri: body.input.uri };
+    inputName = body.input.uri.slice(body.input.uri.lastIndexOf('/') + 1);
   } else {
     // Inline requests are kept as a file so a restart can validate them again.
     const fileId = newId('file');
@@ -144,11 +148,12 @@ export async function createRun(
       createdAt: now,
     });
     input = { file_id: fileId };
+    inputName = `${body.input.requests.length} inline requests`;
     inlineFile = { id: fileId, objectKey: key };
   }
   const row: typeof runs.$inferInsert = {
     id,
-    name: body.name ?? null,
+    name: body.name ?? (body.dry_run ? `dry run of ${inputName}` : null),
     model: body.model,
     status: 'validating',
     createdAt: now,
