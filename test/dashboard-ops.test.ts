@@ -17,6 +17,12 @@ if (!haveChromium && process.env.CI === 'true') throw new Error(`${CHROMIUM} is 
 type TestServer = Awaited<ReturnType<typeof startTestServer>>;
 let server: TestServer;
 let sim: SimProcess;
+let dead: SimProcess;
+/** A name as long as real fleets' (a host name), which the endpoints table must fit. */
+const DEAD_NAME = 'gpu-node-17.us-east-2.cluster.internal';
+/** The dead server's first reported error, and its last load reading. */
+let firstError: string;
+let lastRead: string;
 let browser: Browser;
 let finished: any;
 let cancelled: any;
@@ -32,22 +38,43 @@ async function createRun(body: Record<string, unknown>) {
 
 const runOf = async (id: string) => (await call(server.url, `/v1/runs/${id}`)).body;
 
-/** Tables wider than the card they sit in: none should be, at any width the page is laid out for. */
+/** Tables wider than the inside of the card they sit in: none should be, at any width the page is laid out for. */
 const overflowing = (page: Page) =>
   page.evaluate(() =>
     [...document.querySelectorAll('.card table')].flatMap((t) => {
       const card = t.closest('.card') as HTMLElement;
-      return t.scrollWidth > card.clientWidth ? [`${card.querySelector('h2')?.textContent ?? 'runs'}: ${t.scrollWidth} > ${card.clientWidth}`] : [];
+      const style = getComputedStyle(card);
+      const inside = card.clientWidth - Number.parseFloat(style.paddingLeft) - Number.parseFloat(style.paddingRight);
+      return t.scrollWidth > inside ? [`${card.querySelector('h2')?.textContent ?? 'runs'}: ${t.scrollWidth} > ${inside}`] : [];
     }),
   );
 
 describe.skipIf(!haveChromium)('the operator’s dashboard', () => {
   beforeAll(async () => {
-    [server, sim] = await Promise.all([
+    [server, sim, dead] = await Promise.all([
       startTestServer(),
       spawnSimulator({ 'max-running': 8, 'ttft-ms': 100, 'tokens-per-second': 200, 'enable-cache-report': 1 }),
+      spawnSimulator({ model: 'other-model' }),
     ]);
     expect((await call(server.url, '/v1/endpoints', { method: 'POST', json: { url: sim.url, name: 'sim-a' } })).status).toBe(201);
+    // A server that answers, is read, then dies: its health must say so from the first failed probe.
+    const ep = (await call(server.url, '/v1/endpoints', { method: 'POST', json: { url: dead.url, name: DEAD_NAME } })).body;
+    await waitFor('the second server to be ready with a load reading', async () => {
+      const e = (await call(server.url, `/v1/endpoints/${ep.id}`)).body;
+      return e.state === 'ready' && e.server.read_at ? e : undefined;
+    });
+    dead.proc.kill('SIGKILL');
+    const failed = await waitFor(
+      'the dead server’s first failed probe',
+      async () => {
+        const e = (await call(server.url, `/v1/endpoints/${ep.id}`)).body;
+        return e.last_error ? e : undefined;
+      },
+      30_000,
+      20,
+    );
+    firstError = failed.last_error;
+    lastRead = failed.server.read_at;
     const done = await createRun({ name: 'finished run', input: { requests: requests(200, 'done') } });
     finished = await waitFor('the first run to complete', async () => {
       const r = await runOf(done);
@@ -72,6 +99,23 @@ describe.skipIf(!haveChromium)('the operator’s dashboard', () => {
     await browser?.close();
     await server?.cleanup();
     await sim?.stop();
+    await dead?.stop();
+  });
+
+  it('shows a dead server as refusing connections from its first failed probe, its last load greyed with its age, alike on every page', async () => {
+    // Refused, or reset when the kill landed in the middle of a probe: never a bare "fetch failed".
+    expect(firstError).toMatch(/^connection (refused|reset)/);
+    expect(Date.parse(lastRead)).toBeGreaterThan(0);
+    const page = await browser.newPage({ viewport: { width: 1440, height: 900 } });
+    for (const path of ['#/', `#/runs/${finished.id}`]) {
+      await page.goto(`${server.url}/${path}`);
+      const row = page.locator('tr', { hasText: DEAD_NAME });
+      await expect.poll(() => row.locator('.error').textContent(), { timeout: 15_000 }).toMatch(/^connection (refused|reset)/);
+      expect(await row.locator('.stale .last-seen').textContent(), path).toMatch(/^last seen \d+[dhms]( \d+[dhms])? ago$/);
+    }
+    // The live server's figures are its load now: not greyed.
+    expect(await page.locator('tr', { hasText: 'sim-a' }).locator('.stale').count()).toBe(0);
+    await page.close();
   });
 
   it('draws the whole of a finished run from the server, with its average rate and duration', async () => {
@@ -107,6 +151,21 @@ describe.skipIf(!haveChromium)('the operator’s dashboard', () => {
     await page.close();
   });
 
+  it('filters the runs list by status and name', async () => {
+    const page = await browser.newPage({ viewport: { width: 1024, height: 900 } });
+    await page.goto(`${server.url}/#/`);
+    const links = page.locator('a.run-link');
+    await expect.poll(() => links.count(), { timeout: 15_000 }).toBe(2);
+    await page.selectOption('select[aria-label=status]', 'cancelled');
+    await expect.poll(() => links.allTextContents(), { timeout: 15_000 }).toEqual(['cancelled run']);
+    await page.selectOption('select[aria-label=status]', '');
+    await page.fill('input[aria-label=name]', 'FINISHED');
+    await expect.poll(() => links.allTextContents(), { timeout: 15_000 }).toEqual(['finished run']);
+    await page.fill('input[aria-label=name]', '100%_');
+    await expect.poll(() => page.locator('.card').first().textContent(), { timeout: 15_000 }).toContain('No run matches these filters.');
+    await page.close();
+  });
+
   it('fits every table in its card at 1024 and 1440 px, and saves the run page at both', async () => {
     mkdirSync(ARTIFACTS, { recursive: true });
     for (const width of WIDTHS) {
@@ -116,7 +175,7 @@ describe.skipIf(!haveChromium)('the operator’s dashboard', () => {
       await expect.poll(() => page.locator('.card', { hasText: 'sim-a' }).count(), { timeout: 15_000 }).toBeGreaterThan(0);
       expect(await overflowing(page), `runs list at ${width}px`).toEqual([]);
       await page.goto(`${server.url}/#/runs/${finished.id}`);
-      await expect.poll(() => page.locator('.card', { hasText: 'Endpoints' }).locator('tbody tr').count(), { timeout: 15_000 }).toBe(1);
+      await expect.poll(() => page.locator('.card', { hasText: 'Endpoints' }).locator('tbody tr').count(), { timeout: 15_000 }).toBe(2);
       await expect.poll(() => page.locator('.card', { hasText: 'Quality' }).locator('table').count(), { timeout: 15_000 }).toBe(1);
       expect(await overflowing(page), `run page at ${width}px`).toEqual([]);
       expect(await page.evaluate(() => document.documentElement.scrollWidth), `the page at ${width}px`).toBeLessThanOrEqual(width);

@@ -42,7 +42,7 @@ function runDetail(r: Run): string {
     ['progress', `${pct(r.progress.fraction)}, ${num(done(r))} of ${num(c.total)} samples done`],
     [
       'samples',
-      `${num(c.completed)} completed, ${num(c.failed)} failed, ${num(c.in_progress)} in flight, ${num(c.pending)} pending${c.cancelled ? `, ${num(c.cancelled)} cancelled` : ''}`,
+      `${num(c.completed)} completed, ${num(c.failed)} failed, ${num(r.progress.in_flight)} in flight (${num(Math.max(0, c.in_progress - r.progress.in_flight))} more claimed ahead), ${num(c.pending)} pending${c.cancelled ? `, ${num(c.cancelled)} cancelled` : ''}`,
     ],
     ['rate', `${rate(r.progress.samples_per_second)} samples/s, ${rate(r.progress.completion_tokens_per_second)} completion tokens/s`],
     ['eta', `${eta(r)} (elapsed ${duration(r.progress.elapsed_seconds)})`],

@@ -526,6 +526,8 @@ export interface components {
                 eta_seconds: number | null;
                 /** @description From the start to now, or to the finish once the run has finished */
                 elapsed_seconds: number;
+                /** @description Requests sent to an endpoint and not yet answered: never more than the caps allow. `request_counts.in_progress` counts these and the samples claimed ahead of dispatch */
+                in_flight: number;
             };
             forecast: components["schemas"]["Forecast"];
         };
@@ -535,7 +537,7 @@ export interface components {
              * @example 2026-12-02T14:00:00.000Z
              */
             computed_at: string;
-            /** @description Calibration answers the remaining mean length rests on (completed samples, when the run has no slice) */
+            /** @description Calibration answers the forecast rests on: every answered sample of the slice, so it never falls as the run goes (the remaining mean length uses those ahead of the dispatch frontier); completed samples when the run has no slice */
             based_on_samples: number;
             /** @description Completion tokens of the whole run: generated so far plus the estimate of the rest */
             completion_tokens_estimate: number;
@@ -858,6 +860,8 @@ export interface components {
                 eta_seconds: number | null;
                 /** @description From the start to now, or to the finish once the run has finished */
                 elapsed_seconds: number;
+                /** @description Requests sent to an endpoint and not yet answered: never more than the caps allow. `request_counts.in_progress` counts these and the samples claimed ahead of dispatch */
+                in_flight: number;
             };
             manifest_uri: string | null;
             webhook: components["schemas"]["RunWebhook"];
@@ -1299,6 +1303,12 @@ export interface components {
                 running: number | null;
                 queued: number | null;
                 token_usage: number | null;
+                /**
+                 * Format: date-time
+                 * @description When these figures were read from the server: they are its last known load, and grow old while the server does not answer
+                 * @example 2026-12-02T14:00:00.000Z
+                 */
+                read_at: string | null;
             };
         };
         /**
@@ -1998,6 +2008,8 @@ export interface operations {
                 /** @description The last_id of the previous page */
                 after?: string;
                 status?: components["schemas"]["RunStatus"];
+                /** @description Only runs whose name contains this, in any case */
+                name?: string;
             };
             header?: never;
             path?: never;

@@ -213,7 +213,8 @@ export function runView(root, runId) {
           : stat('ETA', eta(run), `elapsed ${duration(p.elapsed_seconds)}`),
         stat('Completed', num(c.completed)),
         stat('Failed', num(c.failed)),
-        stat('In flight', num(c.in_progress), `${num(c.pending)} pending`),
+        // Sent and not answered; the samples claimed ahead of dispatch (also in_progress in the API) apart.
+        stat('In flight', num(p.in_flight), `${num(Math.max(0, c.in_progress - p.in_flight))} claimed ahead · ${num(c.pending)} pending`),
         stat('Tokens', num(run.usage.completion_tokens), `${num(run.usage.reasoning_tokens)} reasoning · ${num(run.usage.prompt_tokens)} prompt`),
       ),
       h(

@@ -4,6 +4,8 @@ import type { StoredForecast } from './forecast.js';
 export interface RunProgress {
   samples_per_second: number;
   completion_tokens_per_second: number;
+  /** Requests sent and not yet answered (not the samples claimed ahead); absent from older replicas' views. */
+  in_flight?: number;
   /** The latest forecast, fresher than the one the run's row keeps; null when the runner has none. */
   forecast: StoredForecast | null;
 }
@@ -15,7 +17,8 @@ export interface EndpointLive {
   p50_latency_ms: number | null;
   /** The cap steered from the server's live load; null while no fresh reading backs it. */
   adaptive_cap: number | null;
-  server: { running: number | null; queued: number | null; token_usage: number | null };
+  /** The server's last load reading, and when it was taken (ms; null before the first): it ages while the server is down. */
+  server: { running: number | null; queued: number | null; token_usage: number | null; read_at?: number | null };
 }
 
 /**

@@ -142,6 +142,7 @@ export class LiveEndpoint {
         running: this.load?.running ?? null,
         queued: this.load?.waiting ?? null,
         token_usage: this.load?.tokenUsage == null ? null : Math.round(this.load.tokenUsage * 1000) / 1000,
+        read_at: this.load?.at ?? null,
       },
     };
   }
@@ -461,7 +462,10 @@ export class EndpointPool {
       // Optional: not every OpenAI-compatible server has it.
       info = await serverInfo(url, apiKey).catch(() => null);
     } catch (err) {
-      return this.probeFailed(e, before, (err as Error).message.slice(0, MAX_REASON_CHARS), false);
+      // A server that died between its /health and these reads: said as such, not as fetch's "fetch failed".
+      const code = (err as { cause?: { code?: string } }).cause?.code;
+      const reason = code === 'ECONNREFUSED' ? 'connection refused' : code === 'ECONNRESET' ? 'connection reset' : (err as Error).message;
+      return this.probeFailed(e, before, reason.slice(0, MAX_REASON_CHARS), false);
     }
     if (this.parked(e)) return;
     this.noticeChanges(e, models.model, info?.startupTime ?? null);

@@ -424,11 +424,16 @@ export class Runner implements RunnerView {
   private ownSnapshot(withFleet = false): RunnerSnapshot {
     const now = this.deps.clock();
     const runs: RunnerSnapshot['runs'] = {};
+    const inFlight = new Map<string, number>();
+    for (const f of this.requests.all()) inFlight.set(f.run.id, (inFlight.get(f.run.id) ?? 0) + 1);
     for (const run of this.active) {
       const r = this.runRates.get(run.id)?.rates(now);
       const forecast = this.forecasts.get(run.id);
-      if (!r && !forecast) continue;
-      runs[run.id] = r ? { samples_per_second: r.samples, completion_tokens_per_second: r.tokens, forecast } : { ...IDLE_PROGRESS, forecast };
+      const in_flight = inFlight.get(run.id) ?? 0;
+      if (!r && !forecast && !in_flight) continue;
+      runs[run.id] = r
+        ? { samples_per_second: r.samples, completion_tokens_per_second: r.tokens, forecast, in_flight }
+        : { ...IDLE_PROGRESS, forecast, in_flight };
     }
     const own: RunnerSnapshot = { runs, endpoints: this.pool.snapshot(now), role: this.role() };
     if (withFleet) own.fleet = { ...this.forecasts.share(now), ...this.quality.share() };
@@ -450,6 +455,7 @@ export class Runner implements RunnerView {
           ? {
               samples_per_second: mine.samples_per_second + p.samples_per_second,
               completion_tokens_per_second: mine.completion_tokens_per_second + p.completion_tokens_per_second,
+              in_flight: (mine.in_flight ?? 0) + (p.in_flight ?? 0),
               forecast: mine.forecast ?? p.forecast,
             }
           : p;

@@ -18,7 +18,7 @@ export const IDLE_ENDPOINT: EndpointLive = {
   completion_tokens_per_second: 0,
   p50_latency_ms: null,
   adaptive_cap: null,
-  server: { running: null, queued: null, token_usage: null },
+  server: { running: null, queued: null, token_usage: null, read_at: null },
 };
 
 /** A view that reads from the last snapshot; what a run or endpoint missing from it reports. */
