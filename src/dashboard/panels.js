@@ -190,7 +190,27 @@ export function qualityTable(run, quality) {
   // A flag alone above the gate's limit would trip it: that is the share worth showing in red.
   const rule = quality?.settings && quality.settings.gate;
   const limit = rule ? rule.max_flag_rate : 0.2;
-  return table(
+  // The flags that occurred get rows; the others fold into one line that opens to their meanings.
+  const flags = /** @type {Schemas['QualityFlag'][]} */ (Object.keys(run.quality.by_flag));
+  const seen = flags.filter((f) => run.quality.by_flag[f] > 0);
+  const unseen = flags.filter((f) => run.quality.by_flag[f] === 0);
+  const rest = unseen.length
+    ? h(
+        'details',
+        { className: 'quality-rest small' },
+        h(
+          'summary',
+          { className: 'muted' },
+          `${seen.length ? 'No sample' : 'No completed sample'} has ${unseen.length === flags.length ? 'any of the' : 'the other'} ${unseen.length} flags`,
+        ),
+        h(
+          'ul',
+          null,
+          unseen.map((f) => h('li', null, h('code', null, f), ` ${FLAG_HELP[f]}`)),
+        ),
+      )
+    : null;
+  const rows = table(
     [
       { label: 'Flag', cell: (f) => h('div', null, h('code', null, f), h('div', { className: 'small muted' }, FLAG_HELP[f])) },
       { label: 'Samples', className: 'num', cell: (f) => num(run.quality.by_flag[f]) },
@@ -215,9 +235,10 @@ export function qualityTable(run, quality) {
               ),
       },
     ],
-    /** @type {Schemas['QualityFlag'][]} */ (Object.keys(run.quality.by_flag)),
+    seen,
     '',
   );
+  return h('div', null, rows, rest);
 }
 
 /**

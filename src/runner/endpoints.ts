@@ -438,6 +438,7 @@ export class EndpointPool {
     } catch (err) {
       const code = (err as { cause?: { code?: string } }).cause?.code;
       if (code === 'ECONNREFUSED') return { ok: false, reason: 'connection refused', loading: true };
+      if (code === 'ECONNRESET') return { ok: false, reason: 'connection reset', loading: false };
       const timedOut = (err as Error).name === 'TimeoutError';
       return {
         ok: false,
