@@ -112,6 +112,7 @@ describe('renderProgress', () => {
       // 848 samples left at 5 a second.
       eta_seconds: Math.ceil(848 / 5),
       elapsed_seconds: 30,
+      in_flight: 0,
     });
   });
 
@@ -132,6 +133,7 @@ describe('renderProgress', () => {
       completion_tokens_per_second: 0,
       eta_seconds: null,
       elapsed_seconds: 0,
+      in_flight: 0,
     });
   });
 
@@ -179,6 +181,7 @@ describe('the runner reads time from deps.clock', () => {
       completion_tokens_per_second: 0,
       eta_seconds: 0,
       elapsed_seconds: 0,
+      in_flight: 0,
     });
     expect(done.usage.completion_tokens).toBeGreaterThan(0);
     expect(done.started_at).toBe(new Date(T0).toISOString());

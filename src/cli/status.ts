@@ -18,7 +18,7 @@ function runsTable(runs: Run[]): string {
     runs.map((r) => [
       r.id,
       r.name ?? '-',
-      r.status,
+      r.dry_run ? `${r.status} (dry run)` : r.status,
       pct(r.progress.fraction),
       `${num(done(r))}/${num(r.request_counts.total)}`,
       rate(r.progress.samples_per_second),
@@ -38,13 +38,13 @@ function runDetail(r: Run): string {
     .filter(([, n]) => n > 0)
     .map(([f, n]) => `${f} ${num(n)} (${pct(n / completed)})`);
   const rows: [string, string][] = [
-    ['run', `${r.id}${r.name ? ` (${r.name})` : ''}`],
+    ['run', `${r.id}${r.name ? ` (${r.name})` : ''}${r.dry_run ? ', a dry run: its calibration slice only, for the forecast' : ''}`],
     ['model', r.model],
     ['status', r.status + (r.status_reason ? `: ${r.status_reason}` : '')],
     ['progress', `${pct(r.progress.fraction)}, ${num(done(r))} of ${num(c.total)} samples done`],
     [
       'samples',
-      `${num(c.completed)} completed, ${num(c.failed)} failed, ${num(c.in_progress)} in flight, ${num(c.pending)} pending${c.cancelled ? `, ${num(c.cancelled)} cancelled` : ''}`,
+      `${num(c.completed)} completed, ${num(c.failed)} failed, ${num(r.progress.in_flight)} in flight (${num(Math.max(0, c.in_progress - r.progress.in_flight))} more claimed ahead), ${num(c.pending)} pending${c.cancelled ? `, ${num(c.cancelled)} cancelled` : ''}`,
     ],
     ['rate', `${rate(r.progress.samples_per_second)} samples/s, ${rate(r.progress.completion_tokens_per_second)} completion tokens/s`],
     ['eta', `${eta(r)} (elapsed ${duration(r.progress.elapsed_seconds)})`],

@@ -58,6 +58,23 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/history": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** The fleet's throughput, requests in flight, caps and prefix-cache hit rate over time */
+        get: operations["getFleetHistory"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/files": {
         parameters: {
             query?: never;
@@ -336,6 +353,23 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/runs/{id}/history": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** A run's throughput and prefix-cache hit rate over its whole life */
+        get: operations["getRunHistory"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/runs/{id}/pause": {
         parameters: {
             query?: never;
@@ -506,10 +540,15 @@ export interface components {
             };
             progress: {
                 fraction: number;
+                /** @description Samples completed per second: over the last minute while the run is worked on, its average over `elapsed_seconds` once it has finished, 0 while paused */
                 samples_per_second: number;
+                /** @description Completion tokens per second, over the same time as `samples_per_second` */
                 completion_tokens_per_second: number;
                 eta_seconds: number | null;
+                /** @description From the start to now, or to the finish once the run has finished */
                 elapsed_seconds: number;
+                /** @description Requests sent to an endpoint and not yet answered: never more than the caps allow. `request_counts.in_progress` counts these and the samples claimed ahead of dispatch */
+                in_flight: number;
             };
             forecast: components["schemas"]["Forecast"];
         };
@@ -519,7 +558,7 @@ export interface components {
              * @example 2026-12-02T14:00:00.000Z
              */
             computed_at: string;
-            /** @description Calibration answers the remaining mean length rests on (completed samples, when the run has no slice) */
+            /** @description Calibration answers the forecast rests on: every answered sample of the slice, so it never falls as the run goes (the remaining mean length uses those ahead of the dispatch frontier); completed samples when the run has no slice */
             based_on_samples: number;
             /** @description Completion tokens of the whole run: generated so far plus the estimate of the rest */
             completion_tokens_estimate: number;
@@ -566,6 +605,38 @@ export interface components {
                 message: string;
             }[];
             request_id?: string;
+        };
+        /** @description Oldest first, thinning as it ages; kept across restarts */
+        FleetHistory: {
+            /** @enum {string} */
+            object: "list";
+            data: components["schemas"]["FleetHistoryPoint"][];
+        };
+        FleetHistoryPoint: {
+            /**
+             * Format: date-time
+             * @description Start of the time the point covers
+             * @example 2026-12-02T14:00:00.000Z
+             */
+            at: string;
+            /** @description How long it covers: 5 s for the last hour, 1 min for the last day, 10 min before (less where the server was down) */
+            span_seconds: number;
+            /** @description Samples completed within it */
+            samples: number;
+            /** @description Samples completed per second of the span: the same rate as a run’s `progress.samples_per_second`, averaged */
+            samples_per_second: number;
+            completion_tokens_per_second: number;
+            /** @description Prompt tokens served from the prefix cache ÷ prompt tokens; null where no answer came in */
+            cache_hit_rate: number | null;
+            /** @description Requests sent and not yet answered, averaged over the span */
+            in_flight: number;
+            /** @description The sum of the dispatchable endpoints’ caps, averaged over the span */
+            cap: number;
+            endpoints: {
+                endpoint_id: string;
+                in_flight: number;
+                cap: number;
+            }[];
         };
         File: {
             id: string;
@@ -803,10 +874,15 @@ export interface components {
             };
             progress: {
                 fraction: number;
+                /** @description Samples completed per second: over the last minute while the run is worked on, its average over `elapsed_seconds` once it has finished, 0 while paused */
                 samples_per_second: number;
+                /** @description Completion tokens per second, over the same time as `samples_per_second` */
                 completion_tokens_per_second: number;
                 eta_seconds: number | null;
+                /** @description From the start to now, or to the finish once the run has finished */
                 elapsed_seconds: number;
+                /** @description Requests sent to an endpoint and not yet answered: never more than the caps allow. `request_counts.in_progress` counts these and the samples claimed ahead of dispatch */
+                in_flight: number;
             };
             manifest_uri: string | null;
             webhook: components["schemas"]["RunWebhook"];
@@ -1224,6 +1300,30 @@ export interface components {
             high: string | null;
             completion_tokens_estimate: number;
         };
+        /** @description Oldest first, from the run’s start to its end, thinning as it ages */
+        RunHistory: {
+            /** @enum {string} */
+            object: "list";
+            run_id: string;
+            data: components["schemas"]["RunHistoryPoint"][];
+        };
+        RunHistoryPoint: {
+            /**
+             * Format: date-time
+             * @description Start of the time the point covers
+             * @example 2026-12-02T14:00:00.000Z
+             */
+            at: string;
+            /** @description How long it covers: 5 s for the last hour, 1 min for the last day, 10 min before (less where the server was down) */
+            span_seconds: number;
+            /** @description Samples completed within it */
+            samples: number;
+            /** @description Samples completed per second of the span: the same rate as a run’s `progress.samples_per_second`, averaged */
+            samples_per_second: number;
+            completion_tokens_per_second: number;
+            /** @description Prompt tokens served from the prefix cache ÷ prompt tokens; null where no answer came in */
+            cache_hit_rate: number | null;
+        };
         ResumeRun: {
             override_gate?: boolean;
         };
@@ -1284,6 +1384,12 @@ export interface components {
                 running: number | null;
                 queued: number | null;
                 token_usage: number | null;
+                /**
+                 * Format: date-time
+                 * @description When these figures were read from the server: they are its last known load, and grow old while the server does not answer
+                 * @example 2026-12-02T14:00:00.000Z
+                 */
+                read_at: string | null;
             };
         };
         /**
@@ -1419,6 +1525,35 @@ export interface operations {
                 };
                 content: {
                     "text/plain": string;
+                };
+            };
+            /** @description Unauthorized */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+        };
+    };
+    getFleetHistory: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The fleet history */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["FleetHistory"];
                 };
             };
             /** @description Unauthorized */
@@ -1954,6 +2089,8 @@ export interface operations {
                 /** @description The last_id of the previous page */
                 after?: string;
                 status?: components["schemas"]["RunStatus"];
+                /** @description Only runs whose name contains this, in any case */
+                name?: string;
             };
             header?: never;
             path?: never;
@@ -2483,6 +2620,55 @@ export interface operations {
                 };
                 content: {
                     "application/json": components["schemas"]["ForecastHistory"];
+                };
+            };
+            /** @description Unauthorized */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Not Found */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Unprocessable Content */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+        };
+    };
+    getRunHistory: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The run history */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["RunHistory"];
                 };
             };
             /** @description Unauthorized */

@@ -1,9 +1,10 @@
 // @ts-check
 // The charts of a run page: throughput, samples/s (filled) and completion tokens/s (line, right
-// axis) over the time the page has been watching, one point per progress event; and the projected
-// finish over the run, from the server's forecast history.
+// axis) over the run's whole life, from the server's history (and the progress events since its
+// last point); and the projected finish over the run, from the server's forecast history.
 
 const PAD = { left: 52, right: 64, top: 12, bottom: 26 };
+const DAY_MS = 86_400_000;
 
 /**
  * The axis maximum: the first of 1, 2, 2.5, 5 and 10 times a power of ten at or above `v`.
@@ -20,6 +21,12 @@ const short = (v) =>
   v >= 10_000 ? `${(v / 1000).toFixed(0)}k` : v >= 1000 ? `${(v / 1000).toFixed(1)}k` : v >= 10 ? v.toFixed(0) : String(Number(v.toPrecision(3)));
 /** @param {number} t */
 const clock = (t) => new Date(t).toLocaleTimeString([], { hour: '2-digit', minute: '2-digit', second: '2-digit' });
+/** An axis end: the clock time, with the date when the chart spans more than a day. */
+/**
+ * @param {number} t
+ * @param {number} span
+ */
+const axisTime = (t, span) => (span > DAY_MS ? `${new Date(t).toLocaleDateString([], { month: 'short', day: 'numeric' })} ${clock(t)}` : clock(t));
 
 /**
  * The canvas sized to its box at the screen's pixel density, cleared, in CSS pixels.
@@ -65,10 +72,14 @@ function gridLines(ctx, plotW, plotH, label) {
 export function drawThroughput(canvas, points) {
   const { ctx, width, height } = blankCanvas(canvas);
 
+  // What the chart spans, for a reader of the page (and its tests) that cannot see the pixels.
+  canvas.dataset.points = String(points.length);
+  canvas.dataset.from = points.length ? new Date(points[0].t).toISOString() : '';
+  canvas.dataset.to = points.length ? new Date(points[points.length - 1].t).toISOString() : '';
   if (points.length < 2) {
     ctx.fillStyle = '#6b7385';
     ctx.textAlign = 'center';
-    ctx.fillText('Collecting throughput… (one point per second while this page is open)', width / 2, height / 2);
+    ctx.fillText('No throughput yet (the server records a point every 5 s while the run is worked on)', width / 2, height / 2);
     return;
   }
   const plotW = width - PAD.left - PAD.right;
@@ -94,9 +105,9 @@ export function drawThroughput(canvas, points) {
   });
   ctx.fillStyle = '#6b7385';
   ctx.textAlign = 'left';
-  ctx.fillText(clock(t0), PAD.left, height - 8);
+  ctx.fillText(axisTime(t0, t1 - t0), PAD.left, height - 8);
   ctx.textAlign = 'right';
-  ctx.fillText(clock(t1), PAD.left + plotW, height - 8);
+  ctx.fillText(axisTime(t1, t1 - t0), PAD.left + plotW, height - 8);
 
   ctx.beginPath();
   ctx.moveTo(x(t0), yS(0));

@@ -38,6 +38,22 @@ export function duration(seconds) {
   return `${s}s`;
 }
 
+/**
+ * The share a run's bar shows, and its words: samples done (answered, failed or cancelled), except
+ * for a run being or having been cancelled, whose cancelled samples were never answered: its bar
+ * shows the answered share.
+ * @param {{ status: string, request_counts: { total: number, completed: number, failed: number, cancelled: number } }} run
+ */
+export function answered(run) {
+  const c = run.request_counts;
+  if (run.status === 'cancelled' || run.status === 'cancelling') {
+    const label = `${num(c.completed)} of ${num(c.total)} samples answered · ${num(c.cancelled)} cancelled`;
+    return { count: c.completed, fraction: c.total ? c.completed / c.total : 0, label };
+  }
+  const done = c.completed + c.failed + c.cancelled;
+  return { count: done, fraction: c.total ? done / c.total : 0, label: `${num(done)} of ${num(c.total)} samples done` };
+}
+
 /** @param {{ status: string, progress: { eta_seconds?: number | null } }} run */
 export function eta(run) {
   if (TERMINAL.includes(run.status)) return 'done';

@@ -2,7 +2,7 @@
 // The pieces of the run page (and the endpoints table the runs list shares), each a function from
 // API objects to nodes.
 import { badge, h, progressBar, route, table } from './dom.js';
-import { ms, num, pct, rate, when } from './format.js';
+import { duration, ms, num, pct, rate, when } from './format.js';
 
 /** @typedef {import('../client/schema.js').components['schemas']} Schemas */
 
@@ -28,6 +28,22 @@ const CAP_SOURCES = {
   server: "the server's own running limit",
   default: 'REGEN_DEFAULT_CONCURRENCY: the server says neither its limit nor its load',
 };
+
+/**
+ * How old a load reading may be and still be shown as the server's load now: a few of the runner's
+ * readings (REGEN_LOAD_INTERVAL_MS, 1 s by default), so one slow answer does not grey it.
+ */
+const FRESH_LOAD_MS = 10_000;
+
+/**
+ * Load figures that no longer describe the server: it failed its last probe, is not ready, or has
+ * not been read for a while.
+ * @param {Schemas['Endpoint']} e
+ */
+function staleLoad(e) {
+  const readAt = e.server.read_at ? Date.parse(e.server.read_at) : 0;
+  return e.state !== 'ready' || e.last_error !== null || Date.now() - readAt > FRESH_LOAD_MS;
+}
 
 /**
  * The endpoints; on a run's page, with `quality` (its quality report), each one's flagged share of the run's recent samples.
@@ -71,17 +87,28 @@ export function endpointsTable(endpoints, model, quality = null) {
       { label: 'Tokens/s', className: 'num', cell: (e) => rate(e.stats.completion_tokens_per_second) },
       { label: 'p50', className: 'num', cell: (e) => ms(e.stats.p50_latency_ms) },
       {
-        label: 'Server running / queued',
+        label: 'Server load',
         className: 'num',
-        cell: (e) =>
-          e.server.running == null && e.server.queued == null
-            ? '—'
-            : h(
-                'div',
-                null,
-                `${num(e.server.running)} / ${num(e.server.queued)}`,
-                e.server.token_usage == null ? null : h('div', { className: 'small muted' }, `KV ${Math.round(e.server.token_usage * 100)}%`),
-              ),
+        cell: (e) => {
+          if (e.server.running == null && e.server.queued == null) return '—';
+          const stale = staleLoad(e);
+          return h(
+            'div',
+            {
+              className: stale ? 'stale' : null,
+              title: stale ? 'the server’s last known load (running / queued): it has not answered since' : 'requests running / queued on the server',
+            },
+            `${num(e.server.running)} / ${num(e.server.queued)}`,
+            e.server.token_usage == null ? null : h('div', { className: 'small muted' }, `KV ${Math.round(e.server.token_usage * 100)}%`),
+            stale && e.server.read_at
+              ? h(
+                  'div',
+                  { className: 'small last-seen', title: e.server.read_at },
+                  `last seen ${duration((Date.now() - Date.parse(e.server.read_at)) / 1000)} ago`,
+                )
+              : null,
+          );
+        },
       },
       { label: 'Done / failed', className: 'num', cell: (e) => `${num(e.stats.completed)} / ${num(e.stats.failed)}` },
       ...(quality
@@ -163,7 +190,27 @@ export function qualityTable(run, quality) {
   // A flag alone above the gate's limit would trip it: that is the share worth showing in red.
   const rule = quality?.settings && quality.settings.gate;
   const limit = rule ? rule.max_flag_rate : 0.2;
-  return table(
+  // The flags that occurred get rows; the others fold into one line that opens to their meanings.
+  const flags = /** @type {Schemas['QualityFlag'][]} */ (Object.keys(run.quality.by_flag));
+  const seen = flags.filter((f) => run.quality.by_flag[f] > 0);
+  const unseen = flags.filter((f) => run.quality.by_flag[f] === 0);
+  const rest = unseen.length
+    ? h(
+        'details',
+        { className: 'quality-rest small' },
+        h(
+          'summary',
+          { className: 'muted' },
+          `${seen.length ? 'No sample' : 'No completed sample'} has ${unseen.length === flags.length ? 'any of the' : 'the other'} ${unseen.length} flags`,
+        ),
+        h(
+          'ul',
+          null,
+          unseen.map((f) => h('li', null, h('code', null, f), ` ${FLAG_HELP[f]}`)),
+        ),
+      )
+    : null;
+  const rows = table(
     [
       { label: 'Flag', cell: (f) => h('div', null, h('code', null, f), h('div', { className: 'small muted' }, FLAG_HELP[f])) },
       { label: 'Samples', className: 'num', cell: (f) => num(run.quality.by_flag[f]) },
@@ -188,9 +235,10 @@ export function qualityTable(run, quality) {
               ),
       },
     ],
-    /** @type {Schemas['QualityFlag'][]} */ (Object.keys(run.quality.by_flag)),
+    seen,
     '',
   );
+  return h('div', null, rows, rest);
 }
 
 /**

@@ -4,16 +4,14 @@
 import { client, unwrap } from './api.js';
 import { drawForecast, drawThroughput } from './chart.js';
 import { badge, fill, h, progressBar, route } from './dom.js';
-import { at, duration, eta, num, pausedByGate, pct, rate, runTitle, TERMINAL, when } from './format.js';
+import { answered, at, duration, eta, num, pausedByGate, pct, rate, runTitle, TERMINAL, when } from './format.js';
 import { every, followRun } from './live.js';
 import { endpointsTable, failuresList, gateText, qualityTable, shardGrid } from './panels.js';
 
 /** @typedef {import('../client/schema.js').components['schemas']} Schemas */
 
-// Throughput points per run, kept while the page is open so coming back to a run keeps its chart.
-/** @type {Map<string, { t: number, sps: number, tps: number }[]>} */
-const history = new Map();
-const MAX_POINTS = 1800;
+/** How often the run's throughput history is read again from the server; progress events fill in between. */
+const HISTORY_REFRESH_MS = 10_000;
 
 /**
  * @param {HTMLElement} root
@@ -22,8 +20,13 @@ const MAX_POINTS = 1800;
 export function runView(root, runId) {
   const path = { id: runId };
   const getRun = () => unwrap(client.GET('/v1/runs/{id}', { params: { path } }));
-  const points = history.get(runId) ?? [];
-  history.set(runId, points);
+  // The server's history (the whole run, however long), then the progress events seen since its last point.
+  /** @type {{ t: number, sps: number, tps: number }[]} */
+  let stored = [];
+  /** @type {{ t: number, sps: number, tps: number }[]} */
+  let recent = [];
+  let historyAt = 0;
+  const points = () => [...stored, ...recent];
   // Set by the first update, before anything reads it.
   let run = /** @type {Schemas['Run']} */ (/** @type {unknown} */ (null));
   const seen = { failed: -1, flags: '', shardsUploaded: -1, shardsAt: 0 };
@@ -108,7 +111,11 @@ export function runView(root, runId) {
     run = next;
     title.textContent = runTitle(run);
     document.title = `${runTitle(run)} · regen`;
-    fill(statusEl, badge(run.status));
+    fill(
+      statusEl,
+      badge(run.status),
+      run.dry_run ? h('span', { className: 'badge dry-run', title: 'A plan: only its calibration slice is answered, for the forecast' }, 'dry run') : null,
+    );
     fill(subtitle, `${run.id} · ${run.model} · created ${when(run.created_at)}`, run.started_at ? ` · started ${when(run.started_at)}` : '');
     const gate = pausedByGate(run);
     banner.hidden = !run.status_reason;
@@ -124,7 +131,7 @@ export function runView(root, runId) {
     buttons.cancel.hidden = !['validating', 'queued', 'in_progress', 'paused', 'finalizing'].includes(run.status);
     renderProgress();
     renderForecast();
-    drawThroughput(canvas, points);
+    drawThroughput(canvas, points());
     const failed = run.request_counts.failed;
     fill(failuresHead, failed ? [`${num(failed)} · `, h('a', { href: `${route('runs', run.id, 'samples')}?status=failed` }, 'all →')] : '');
     renderQuality();
@@ -136,14 +143,22 @@ export function runView(root, runId) {
     const row = (/** @type {string} */ label, /** @type {string} */ value) => h('tr', null, h('th', null, label), h('td', null, value));
     const finish = f.finishes_at ? `${at(f.finishes_at)} (in ${duration(f.wall_seconds_remaining)})` : '–';
     const interval = f.low != null && f.high != null ? `${duration(f.low)} to ${duration(f.high)} (90%)` : '–';
+    // A finished run has no time left to forecast: what it took instead.
+    const ended = TERMINAL.includes(run.status);
     fill(
       forecastEl,
       h(
         'table',
         null,
-        row(run.dry_run ? 'Whole input would take' : 'Finishes', run.dry_run ? duration(f.wall_seconds_estimate) : finish),
-        row(run.dry_run ? 'Interval' : 'Time left', interval),
-        row('Completion tokens', `${num(f.completion_tokens_estimate)} in all · ${num(f.completion_tokens_remaining)} to go`),
+        run.dry_run
+          ? [row('Whole input would take', duration(f.wall_seconds_estimate)), row('Interval', interval)]
+          : ended
+            ? row('Finished', `${at(run.finished_at)}, after ${duration(run.progress.elapsed_seconds)}`)
+            : [row('Finishes', finish), row('Time left', interval)],
+        row(
+          'Completion tokens',
+          ended ? num(run.usage.completion_tokens) : `${num(f.completion_tokens_estimate)} in all · ${num(f.completion_tokens_remaining)} to go`,
+        ),
         row('Fleet', `${num(f.fleet.endpoints)} endpoint(s) · ${rate(f.fleet.completion_tokens_per_second)} tokens/s at their caps`),
         run.deadline_seconds != null
           ? row(
@@ -170,6 +185,8 @@ export function runView(root, runId) {
   function renderProgress() {
     const c = run.request_counts;
     const p = run.progress;
+    const shown = answered(run);
+    const finished = TERMINAL.includes(run.status);
     /**
      * @param {string} label
      * @param {import('./dom.js').Child} value
@@ -185,21 +202,19 @@ export function runView(root, runId) {
       );
     fill(
       progressEl,
-      h(
-        'div',
-        { className: 'progress-line' },
-        h('span', { className: 'big-pct' }, pct(p.fraction)),
-        h('span', { className: 'muted' }, `${num(c.completed + c.failed + c.cancelled)} of ${num(c.total)} samples done`),
-      ),
-      progressBar(p.fraction, run.status),
+      h('div', { className: 'progress-line' }, h('span', { className: 'big-pct' }, pct(shown.fraction)), h('span', { className: 'muted' }, shown.label)),
+      progressBar(shown.fraction, run.status),
       h(
         'div',
         { className: 'stats' },
-        stat('Rate', `${rate(p.samples_per_second)} samples/s`, `${rate(p.completion_tokens_per_second)} tokens/s`),
-        stat('ETA', eta(run), `elapsed ${duration(p.elapsed_seconds)}`),
+        stat(finished ? 'Average rate' : 'Rate', `${rate(p.samples_per_second)} samples/s`, `${rate(p.completion_tokens_per_second)} tokens/s`),
+        finished
+          ? stat('Took', duration(p.elapsed_seconds), run.finished_at ? `ended ${at(run.finished_at)}` : '')
+          : stat('ETA', eta(run), `elapsed ${duration(p.elapsed_seconds)}`),
         stat('Completed', num(c.completed)),
         stat('Failed', num(c.failed)),
-        stat('In flight', num(c.in_progress), `${num(c.pending)} pending`),
+        // Sent and not answered; the samples claimed ahead of dispatch (also in_progress in the API) apart.
+        stat('In flight', num(p.in_flight), `${num(Math.max(0, c.in_progress - p.in_flight))} claimed ahead · ${num(c.pending)} pending`),
         stat('Tokens', num(run.usage.completion_tokens), `${num(run.usage.reasoning_tokens)} reasoning · ${num(run.usage.prompt_tokens)} prompt`),
       ),
       h(
@@ -217,8 +232,7 @@ export function runView(root, runId) {
   function onProgress(fields) {
     const next = { ...run, ...fields };
     if (!TERMINAL.includes(next.status) && next.status !== 'validating') {
-      points.push({ t: Date.now(), sps: next.progress.samples_per_second, tps: next.progress.completion_tokens_per_second });
-      if (points.length > MAX_POINTS) points.splice(0, points.length - MAX_POINTS);
+      recent.push({ t: Date.now(), sps: next.progress.samples_per_second, tps: next.progress.completion_tokens_per_second });
     }
     update(next);
   }
@@ -266,6 +280,17 @@ export function runView(root, runId) {
         drawForecast(forecastCanvas, forecastPoints);
       }),
     ];
+    if (!historyAt || (!TERMINAL.includes(run.status) && Date.now() - historyAt > HISTORY_REFRESH_MS)) {
+      historyAt = Date.now();
+      tasks.push(
+        unwrap(client.GET('/v1/runs/{id}/history', { params: { path } })).then((h) => {
+          stored = h.data.map((p) => ({ t: Date.parse(p.at) + p.span_seconds * 1000, sps: p.samples_per_second, tps: p.completion_tokens_per_second }));
+          const last = stored.at(-1)?.t ?? 0;
+          recent = recent.filter((p) => p.t > last);
+          drawThroughput(canvas, points());
+        }),
+      );
+    }
     // A shard list can be a thousand rows: read it when a shard is uploaded, else now and then.
     if (run.shards.uploaded !== seen.shardsUploaded || (!TERMINAL.includes(run.status) && Date.now() - seen.shardsAt > 10_000)) {
       seen.shardsUploaded = run.shards.uploaded;
@@ -314,7 +339,7 @@ export function runView(root, runId) {
   /** @type {(() => unknown)[]} */
   const stops = [() => (closed = true)];
   const onResize = () => {
-    drawThroughput(canvas, points);
+    drawThroughput(canvas, points());
     drawForecast(forecastCanvas, forecastPoints);
   };
   window.addEventListener('resize', onResize);

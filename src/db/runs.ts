@@ -28,10 +28,12 @@ export async function getRunByIdempotencyKey(db: DbOrTx, key: string): Promise<R
   return row;
 }
 
-export async function listRuns(db: DbOrTx, opts: { status?: RunStatus; after?: string; limit: number }): Promise<RunRow[]> {
+export async function listRuns(db: DbOrTx, opts: { status?: RunStatus; name?: string; after?: string; limit: number }): Promise<RunRow[]> {
   const { runs } = db.t;
   const where: SQL[] = [];
   if (opts.status) where.push(eq(runs.status, opts.status));
+  // A part of the name, in any case: the pattern's own wildcards are matched as themselves.
+  if (opts.name) where.push(sql`lower(${runs.name}) like ${`%${opts.name.toLowerCase().replace(/[\\%_]/g, (c) => `\\${c}`)}%`} escape '\\'`);
   if (opts.after) where.push(lt(runs.id, opts.after));
   return await db.q
     .select()

@@ -328,6 +328,28 @@ export async function cancelPendingSamples(db: Db, runId: string): Promise<void>
   });
 }
 
+/** Rows a statement of dropCancelledSamples deletes: small enough that the writer is never held for long. */
+const DROP_BATCH = 5000;
+
+/**
+ * Deletes a run's cancelled samples outside its calibration slice, a batch at a time: a dry run's
+ * unanswered input once its forecast is made (the run's counters still count them as cancelled).
+ */
+export async function dropCancelledSamples(db: Db, runId: string): Promise<number> {
+  const { samples } = db.t;
+  let dropped = 0;
+  for (;;) {
+    const batch = db.q
+      .select({ id: samples.id })
+      .from(samples)
+      .where(and(eq(samples.runId, runId), eq(samples.status, 'cancelled'), eq(samples.calibration, false)))
+      .limit(DROP_BATCH);
+    const gone = await db.write((w) => w.q.delete(samples).where(inArray(samples.id, batch)).returning({ id: samples.id }));
+    dropped += gone.length;
+    if (gone.length < DROP_BATCH) return dropped;
+  }
+}
+
 /** One valid input line, as ingest inserts it. */
 export interface NewSample {
   customId: string;

@@ -5,6 +5,7 @@ import type { InvalidLine } from '../domain/input-line.js';
 import type { StoredForecast } from '../domain/forecast.js';
 import type { QualityConfig } from '../domain/quality.js';
 import type { RunnerSnapshot } from '../domain/live-view.js';
+import type { EndpointLoad } from '../domain/history.js';
 import type { BatchFileBytes, RunInput } from './schema.js';
 
 // The tables of schema.ts for PostgreSQL: the same table, column and index names and the same JS
@@ -267,6 +268,27 @@ export const forecasts = pgTable(
     fraction: doublePrecision('fraction').notNull(),
   },
   (t) => [index('forecasts_run_idx').on(t.runId, t.at)],
+);
+
+// Throughput over time, for the fleet (run_id null) and each run, thinning as it ages
+// (domain/history.ts); written by the runner (runner/history.ts), read by GET /v1/history.
+export const history = pgTable(
+  'history',
+  {
+    id: bigintNumber('id').primaryKey().generatedByDefaultAsIdentity(),
+    runId: text('run_id').references(() => runs.id, { onDelete: 'cascade' }),
+    stepMs: integer('step_ms').notNull(),
+    at: bigintNumber('at').notNull(),
+    spanMs: integer('span_ms').notNull(),
+    samples: bigintNumber('samples').notNull(),
+    completionTokens: bigintNumber('completion_tokens').notNull(),
+    promptTokens: bigintNumber('prompt_tokens').notNull(),
+    cachedTokens: bigintNumber('cached_tokens').notNull(),
+    inFlight: doublePrecision('in_flight'),
+    cap: doublePrecision('cap'),
+    endpoints: jsonb('endpoints').$type<Record<string, EndpointLoad> | null>(),
+  },
+  (t) => [index('history_run_idx').on(t.runId, t.stepMs, t.at)],
 );
 
 export const runnerLock = pgTable('runner_lock', {

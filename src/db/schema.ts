@@ -5,6 +5,7 @@ import type { InvalidLine } from '../domain/input-line.js';
 import type { StoredForecast } from '../domain/forecast.js';
 import type { QualityConfig } from '../domain/quality.js';
 import type { RunnerSnapshot } from '../domain/live-view.js';
+import type { EndpointLoad } from '../domain/history.js';
 
 // Timestamps are integer milliseconds since the epoch; the API renders them as RFC 3339.
 
@@ -291,6 +292,27 @@ export const forecasts = sqliteTable(
     fraction: real('fraction').notNull(),
   },
   (t) => [index('forecasts_run_idx').on(t.runId, t.at)],
+);
+
+// Throughput over time, for the fleet (run_id null) and each run, thinning as it ages
+// (domain/history.ts); written by the runner (runner/history.ts), read by GET /v1/history.
+export const history = sqliteTable(
+  'history',
+  {
+    id: integer('id').primaryKey({ autoIncrement: true }),
+    runId: text('run_id').references(() => runs.id, { onDelete: 'cascade' }),
+    stepMs: integer('step_ms').notNull(),
+    at: integer('at').notNull(),
+    spanMs: integer('span_ms').notNull(),
+    samples: integer('samples').notNull(),
+    completionTokens: integer('completion_tokens').notNull(),
+    promptTokens: integer('prompt_tokens').notNull(),
+    cachedTokens: integer('cached_tokens').notNull(),
+    inFlight: real('in_flight'),
+    cap: real('cap'),
+    endpoints: text('endpoints', { mode: 'json' }).$type<Record<string, EndpointLoad> | null>(),
+  },
+  (t) => [index('history_run_idx').on(t.runId, t.stepMs, t.at)],
 );
 
 // One row: on SQLite the process that runs dispatch on this database, so a restart can tell a

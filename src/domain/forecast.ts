@@ -185,7 +185,9 @@ export function computeForecast(f: ForecastInput, random: () => number): StoredF
   if (ahead.length > 0) {
     meanLength = mean(ahead);
     band = bootstrapMean(ahead, random);
-    basedOn = ahead.length;
+    // Every slice answer counts, not only those ahead: the ones behind are in the tokens done, and
+    // a count that fell as the frontier passed them would read as the forecast losing its basis.
+    basedOn = f.slice.length;
   } else {
     const completed = f.total - f.remaining;
     if (completed <= 0 || f.completionTokens <= 0) return null;

@@ -4,6 +4,8 @@ import type { StoredForecast } from './forecast.js';
 export interface RunProgress {
   samples_per_second: number;
   completion_tokens_per_second: number;
+  /** Requests sent and not yet answered (not the samples claimed ahead); absent from older replicas' views. */
+  in_flight?: number;
   /** The latest forecast, fresher than the one the run's row keeps; null when the runner has none. */
   forecast: StoredForecast | null;
 }
@@ -15,7 +17,8 @@ export interface EndpointLive {
   p50_latency_ms: number | null;
   /** The cap steered from the server's live load; null while no fresh reading backs it. */
   adaptive_cap: number | null;
-  server: { running: number | null; queued: number | null; token_usage: number | null };
+  /** The server's last load reading, and when it was taken (ms; null before the first): it ages while the server is down. */
+  server: { running: number | null; queued: number | null; token_usage: number | null; read_at?: number | null };
 }
 
 /**
@@ -68,7 +71,7 @@ export const IDLE_ENDPOINT: EndpointLive = {
   completion_tokens_per_second: 0,
   p50_latency_ms: null,
   adaptive_cap: null,
-  server: { running: null, queued: null, token_usage: null },
+  server: { running: null, queued: null, token_usage: null, read_at: null },
 };
 
 /** A view that reads from the last snapshot; what a run or endpoint missing from it reports. */

@@ -5,6 +5,8 @@ import { registerGetEndpoint } from './endpoints/get.js';
 import { registerListEndpoints } from './endpoints/list.js';
 import { registerPatchEndpoint } from './endpoints/patch.js';
 import { registerUpsertEndpoint } from './endpoints/upsert.js';
+import { registerFleetHistory } from './history/fleet.js';
+import { registerRunHistory } from './history/run.js';
 import { registerFileContent } from './files/content.js';
 import { registerDeleteFile } from './files/delete.js';
 import { registerGetFile } from './files/get.js';
@@ -32,6 +34,7 @@ export const OPENAI_PATHS = ['/v1/files/*', '/v1/batches/*'];
 export function registerRoutes(app: App): void {
   registerHealth(app);
   registerMetrics(app);
+  registerFleetHistory(app);
   registerOpenApi(app);
   registerUploadFile(app);
   registerListFiles(app);
@@ -49,6 +52,7 @@ export function registerRoutes(app: App): void {
   registerGetSample(app);
   registerRunQuality(app);
   registerRunForecasts(app);
+  registerRunHistory(app);
   registerRunActions(app);
   registerUpsertEndpoint(app);
   registerListEndpoints(app);

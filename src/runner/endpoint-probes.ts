@@ -112,6 +112,7 @@ export class EndpointProbes {
     } catch (err) {
       const code = (err as { cause?: { code?: string } }).cause?.code;
       if (code === 'ECONNREFUSED') return { ok: false, reason: 'connection refused', loading: true };
+      if (code === 'ECONNRESET') return { ok: false, reason: 'connection reset', loading: false };
       const timedOut = (err as Error).name === 'TimeoutError';
       return {
         ok: false,
@@ -136,7 +137,10 @@ export class EndpointProbes {
       // Optional: not every OpenAI-compatible server has it.
       info = await serverInfo(url, apiKey).catch(() => null);
     } catch (err) {
-      return this.probeFailed(e, before, (err as Error).message.slice(0, MAX_REASON_CHARS), false);
+      // A server that died between its /health and these reads: said as such, not as fetch's "fetch failed".
+      const code = (err as { cause?: { code?: string } }).cause?.code;
+      const reason = code === 'ECONNREFUSED' ? 'connection refused' : code === 'ECONNRESET' ? 'connection reset' : (err as Error).message;
+      return this.probeFailed(e, before, reason.slice(0, MAX_REASON_CHARS), false);
     }
     if (this.parked(e)) return;
     this.noticeChanges(e, models.model, info?.startupTime ?? null);

@@ -1,6 +1,6 @@
 import type { RunnerDeps } from '../deps.js';
 import { setStatusReason, transitionRun } from '../db/runs.js';
-import { cancelPendingSamples } from '../db/samples.js';
+import { cancelPendingSamples, dropCancelledSamples } from '../db/samples.js';
 import type { RunRow } from '../db/schema.js';
 import { DISPATCHABLE_RUN_STATUSES } from '../domain/statuses.js';
 import type { EndpointPool } from './endpoints.js';
@@ -31,6 +31,7 @@ export class RunSteps {
       await this.started(run);
       await this.forecasts.compute(run, this.deps.clock(), true);
       await cancelPendingSamples(this.deps.db, run.id);
+      await dropCancelledSamples(this.deps.db, run.id);
       this.deps.logger.info({ run_id: run.id }, 'dry run: calibration slice answered');
     }
   }

@@ -13,6 +13,7 @@ import { Finisher } from './finishing.js';
 import type { Fleet } from './fleet/fleet.js';
 import { createFleet } from './fleet/index.js';
 import { Forecasts } from './forecasts.js';
+import { HistoryRecorder } from './history.js';
 import { guardWith, warnRetrying, type Guard } from './guard.js';
 import { move, type Life } from './life.js';
 import { RunnerLock } from './lock.js';
@@ -59,6 +60,7 @@ export class Runner implements RunnerView {
   private readonly requests: Requests;
   private readonly quality: QualityWatch;
   private readonly forecasts: Forecasts;
+  private readonly history: HistoryRecorder;
   private readonly runSteps: RunSteps;
   private readonly runRates = new Map<string, RateWindow>();
   private readonly guard: Guard;
@@ -119,6 +121,11 @@ export class Runner implements RunnerView {
       () => this.fleet.peerShares(),
     );
     this.forecasts = new Forecasts(deps, this.pool, () => this.fleet.peersShare());
+    this.history = new HistoryRecorder(
+      deps,
+      () => this.snapshot(),
+      () => ({ ...this.fleet.peersShare().caps, ...this.forecasts.share(deps.clock()).caps }),
+    );
     this.runSteps = new RunSteps(deps, this.pool, this.forecasts);
     this.requests = new Requests(deps, this.pool, this.writer, this.guard, {
       settled: () => {
@@ -238,11 +245,16 @@ export class Runner implements RunnerView {
   private ownSnapshot(withFleet = false): RunnerSnapshot {
     const now = this.deps.clock();
     const runs: RunnerSnapshot['runs'] = {};
+    const inFlight = new Map<string, number>();
+    for (const f of this.requests.all()) inFlight.set(f.run.id, (inFlight.get(f.run.id) ?? 0) + 1);
     for (const run of this.active) {
       const r = this.runRates.get(run.id)?.rates(now);
       const forecast = this.forecasts.get(run.id);
-      if (!r && !forecast) continue;
-      runs[run.id] = r ? { samples_per_second: r.samples, completion_tokens_per_second: r.tokens, forecast } : { ...IDLE_PROGRESS, forecast };
+      const in_flight = inFlight.get(run.id) ?? 0;
+      if (!r && !forecast && !in_flight) continue;
+      runs[run.id] = r
+        ? { samples_per_second: r.samples, completion_tokens_per_second: r.tokens, forecast, in_flight }
+        : { ...IDLE_PROGRESS, forecast, in_flight };
     }
     const own: RunnerSnapshot = { runs, endpoints: this.pool.snapshot(now), role: this.role() };
     if (withFleet) own.fleet = { ...this.forecasts.share(now), ...this.quality.share() };
@@ -290,6 +302,7 @@ export class Runner implements RunnerView {
     await this.forecasts.update(this.active);
     await this.runSteps.endDryRuns(this.active);
     await this.finisher.advance(this.active);
+    await this.history.tick();
   }
 
   /** Reads the active runs again; reads never overlap (one asked for meanwhile follows). */

@@ -80,7 +80,14 @@ export const Endpoint = z
       completion_tokens_per_second: z.number(),
       p50_latency_ms: z.number().nullable(),
     }),
-    server: z.object({ running: z.number().nullable(), queued: z.number().nullable(), token_usage: z.number().nullable() }),
+    server: z.object({
+      running: z.number().nullable(),
+      queued: z.number().nullable(),
+      token_usage: z.number().nullable(),
+      read_at: Timestamp.nullable().openapi({
+        description: 'When these figures were read from the server: they are its last known load, and grow old while the server does not answer',
+      }),
+    }),
   })
   .openapi('Endpoint');
 
@@ -111,6 +118,6 @@ export function renderEndpoint(e: EndpointRow, live: EndpointLive, defaultConcur
       completion_tokens_per_second: live.completion_tokens_per_second,
       p50_latency_ms: live.p50_latency_ms,
     },
-    server: live.server,
+    server: { running: live.server.running, queued: live.server.queued, token_usage: live.server.token_usage, read_at: iso(live.server.read_at) },
   };
 }

@@ -1,4 +1,4 @@
-import { createRoute } from '@hono/zod-openapi';
+import { createRoute, z } from '@hono/zod-openapi';
 import type { App } from '../../http/app.js';
 import { problemResponses } from '../../errors.js';
 import { listRuns } from '../../db/runs.js';
@@ -12,7 +12,12 @@ const route = createRoute({
   operationId: 'listRuns',
   tags: ['runs'],
   summary: 'List runs, newest first',
-  request: { query: pageQuery(idCursor('run')).extend({ status: RunStatus.optional() }) },
+  request: {
+    query: pageQuery(idCursor('run')).extend({
+      status: RunStatus.optional(),
+      name: z.string().max(256).optional().openapi({ description: 'Only runs whose name contains this, in any case' }),
+    }),
+  },
   responses: { 200: jsonContent(listOf(Run, 'RunList'), 'A page of runs'), ...problemResponses(401, 422) },
 });
 

@@ -2,31 +2,41 @@ import type { RunRow, SampleRow, ShardRow } from '../../db/schema.js';
 import { joinUri } from '../../storage/index.js';
 import { flagCounts, flagsFromBits } from '../../domain/flags.js';
 import { runUsage, triesOf } from '../../domain/output-line.js';
+import { isTerminalRun } from '../../domain/statuses.js';
 import type { StoredForecast } from '../../domain/forecast.js';
 import type { RunProgress } from '../../domain/live-view.js';
 import { iso } from '../common.js';
 import type { Run } from './schemas.js';
 
 /**
- * How far a run is and how fast it goes. The rates come from the runner's sliding window; the ETA
- * is the forecast's remaining wall time, else (no forecast yet) the samples still to do at the
- * window's rate, and there is none while the run is not being dispatched (paused, validating), the
- * window is empty, or the run is a dry run (its forecast is of the whole input, not of its slice).
+ * How far a run is and how fast it goes. While it is worked on, the rates come from the runner's
+ * sliding window; once it has finished, they are its averages over its actual duration (started to
+ * finished), so a finished run reads what it did, not zero. The ETA is the forecast's remaining
+ * wall time, else (no forecast yet) the samples still to do at the window's rate, and there is none
+ * while the run is not being dispatched (paused, validating), the window is empty, or the run is a
+ * dry run (its forecast is of the whole input, not of its slice).
  */
 export function renderProgress(r: RunRow, live: RunProgress, now: number): Run['progress'] {
   const done = r.completed + r.failed + r.cancelled;
   const remaining = r.pending + r.inProgress;
   const dispatching = r.status === 'queued' || r.status === 'in_progress';
-  // A paused or finished run has no rate, though its window still holds the last minute's completions.
+  // A paused run has no rate, though its window still holds the last minute's completions.
   const moving = dispatching || r.status === 'finalizing' || r.status === 'cancelling';
-  const rate = moving ? live.samples_per_second : 0;
   const end = r.finishedAt ?? now;
+  const elapsedMs = r.startedAt ? Math.max(0, end - r.startedAt) : 0;
+  const finished = isTerminalRun(r.status) && r.finishedAt !== null && elapsedMs > 0;
+  const rates = finished
+    ? { samples: r.completed / (elapsedMs / 1000), tokens: r.completionTokens / (elapsedMs / 1000) }
+    : moving
+      ? { samples: live.samples_per_second, tokens: live.completion_tokens_per_second }
+      : { samples: 0, tokens: 0 };
   return {
     fraction: r.total ? done / r.total : 0,
-    samples_per_second: round(rate),
-    completion_tokens_per_second: moving ? round(live.completion_tokens_per_second) : 0,
-    eta_seconds: r.total > 0 && remaining === 0 ? 0 : dispatching && !r.dryRun ? eta(remaining, rate, live.forecast) : null,
-    elapsed_seconds: r.startedAt ? Math.max(0, Math.round((end - r.startedAt) / 1000)) : 0,
+    samples_per_second: round(rates.samples),
+    completion_tokens_per_second: round(rates.tokens),
+    eta_seconds: r.total > 0 && remaining === 0 ? 0 : dispatching && !r.dryRun ? eta(remaining, rates.samples, live.forecast) : null,
+    elapsed_seconds: Math.round(elapsedMs / 1000),
+    in_flight: live.in_flight ?? 0,
   };
 }
 

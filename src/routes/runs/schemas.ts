@@ -141,10 +141,10 @@ const seconds = (description: string) => z.number().nullable().openapi({ descrip
 export const Forecast = z
   .object({
     computed_at: Timestamp,
-    based_on_samples: z
-      .number()
-      .int()
-      .openapi({ description: 'Calibration answers the remaining mean length rests on (completed samples, when the run has no slice)' }),
+    based_on_samples: z.number().int().openapi({
+      description:
+        'Calibration answers the forecast rests on: every answered sample of the slice, so it never falls as the run goes (the remaining mean length uses those ahead of the dispatch frontier); completed samples when the run has no slice',
+    }),
     completion_tokens_estimate: z.number().int().openapi({ description: 'Completion tokens of the whole run: generated so far plus the estimate of the rest' }),
     completion_tokens_remaining: z.number().int(),
     wall_seconds_estimate: seconds('Wall time of the whole run on the current fleet; null until the fleet has a measured rate'),
@@ -193,10 +193,17 @@ export const Run = z
     shards: counts(['total', 'uploaded']),
     progress: z.object({
       fraction: z.number(),
-      samples_per_second: z.number(),
-      completion_tokens_per_second: z.number(),
+      samples_per_second: z.number().openapi({
+        description:
+          'Samples completed per second: over the last minute while the run is worked on, its average over `elapsed_seconds` once it has finished, 0 while paused',
+      }),
+      completion_tokens_per_second: z.number().openapi({ description: 'Completion tokens per second, over the same time as `samples_per_second`' }),
       eta_seconds: z.number().nullable(),
-      elapsed_seconds: z.number(),
+      elapsed_seconds: z.number().openapi({ description: 'From the start to now, or to the finish once the run has finished' }),
+      in_flight: z.number().int().openapi({
+        description:
+          'Requests sent to an endpoint and not yet answered: never more than the caps allow. `request_counts.in_progress` counts these and the samples claimed ahead of dispatch',
+      }),
     }),
     manifest_uri: z.string().nullable(),
     webhook: RunWebhook.nullable(),

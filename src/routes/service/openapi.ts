@@ -16,7 +16,7 @@ export const OPENAPI_INFO = {
     { name: 'files', description: 'Uploaded JSONL inputs (and batch output files), as OpenAI Files' },
     { name: 'batches', description: "OpenAI's Batch API over runs" },
     { name: 'endpoints', description: 'The SGLang servers regen dispatches to' },
-    { name: 'service', description: 'Liveness, readiness and Prometheus metrics' },
+    { name: 'service', description: "Liveness, readiness, Prometheus metrics and the fleet's history" },
   ],
 };
 

@@ -46,17 +46,17 @@ export function checkCalibration(body: Pick<NewRun, 'calibration' | 'dry_run'>):
   return calibrationSamples;
 }
 
-/** Checks that a run's input can be read: a stored file, or a URI inside the allowed roots. */
-export async function checkInput(deps: Deps, input: { file_id: string } | { uri: string }): Promise<RunInput> {
+/** Checks that a run's input can be read: a stored file, or a URI inside the allowed roots; `name` is what a dry run is called after. */
+export async function checkInput(deps: Deps, input: { file_id: string } | { uri: string }): Promise<{ input: RunInput; name: string }> {
   if ('file_id' in input) {
     const file = await getFile(deps.db, input.file_id);
     if (!file) {
       throw new ApiError('not_found', `input.file_id: file ${JSON.stringify(input.file_id.slice(0, 100))} does not exist`, { field: 'input.file_id' });
     }
-    return { file_id: file.id };
+    return { input: { file_id: file.id }, name: file.filename };
   }
   resolveInput(input.uri, deps.config);
-  return { uri: input.uri };
+  return { input: { uri: input.uri }, name: input.uri.slice(input.uri.lastIndexOf('/') + 1) };
 }
 
 /**
@@ -98,8 +98,10 @@ export async function createRun(
     throw err;
   }
   let input: RunInput;
+  // What a dry run without a name of its own is called after, so a list of runs tells plans apart.
+  let inputName: string;
   let inlineFile: { id: string; objectKey: string } | undefined;
-  if (!('requests' in body.input)) input = await checkInput(deps, body.input);
+  if (!('requests' in body.input)) ({ input, name: inputName } = await checkInput(deps, body.input));
   else {
     // Inline requests are kept as a file so a restart can validate them again.
     const fileId = newId('file');
@@ -115,11 +117,12 @@ export async function createRun(
       createdAt: now,
     });
     input = { file_id: fileId };
+    inputName = `${body.input.requests.length} inline requests`;
     inlineFile = { id: fileId, objectKey: key };
   }
   const row: typeof runs.$inferInsert = {
     id,
-    name: body.name ?? null,
+    name: body.name ?? (body.dry_run ? `dry run of ${inputName}` : null),
     model: body.model,
     status: 'validating',
     createdAt: now,
