@@ -1,3 +1,4 @@
+import type { Context } from 'hono';
 import { bodyLimit } from 'hono/body-limit';
 import { HTTPException } from 'hono/http-exception';
 import { requestId } from 'hono/request-id';
@@ -41,15 +42,24 @@ export function createApp(deps: Deps): App {
 
   app.use('*', refuseBadText(streamsBody));
 
+  const methodsOn = allowedMethods(app);
+  const notAllowed = (c: Context, allowed: string[]) => {
+    c.header('Allow', allowed.join(', '));
+    return problem(c, new ApiError('method_not_allowed', `${c.req.method} is not allowed on ${c.req.path.slice(0, 200)}; use ${allowed.join(', ')}`));
+  };
+  // A path a route names literally (`POST /v1/runs/validate`) is that route's, though a
+  // parameterised one (`GET /v1/runs/{id}`) would match it too: another method there is a 405.
+  app.use('*', async (c, next) => {
+    const literal = methodsOn(c.req.path, true);
+    if (literal.length && !literal.includes(c.req.method)) return notAllowed(c, literal);
+    await next();
+  });
+
   registerRoutes(app);
 
-  const methodsOn = allowedMethods(app);
   app.notFound((c) => {
     const allowed = methodsOn(c.req.path);
-    if (allowed.length && !allowed.includes(c.req.method)) {
-      c.header('Allow', allowed.join(', '));
-      return problem(c, new ApiError('method_not_allowed', `${c.req.method} is not allowed on ${c.req.path.slice(0, 200)}; use ${allowed.join(', ')}`));
-    }
+    if (allowed.length && !allowed.includes(c.req.method)) return notAllowed(c, allowed);
     return problem(c, new ApiError('not_found', `no route for ${c.req.method} ${c.req.path.slice(0, 200)}`));
   });
   app.onError((err, c) => {
