@@ -144,6 +144,38 @@ describe('writing the output', () => {
     expect((await readOutput(done, prompts)).lines.size).toBe(SAMPLES);
   });
 
+  it('a run failed by its uploads while answers are in flight keeps those samples, and a retry writes them', async () => {
+    const SAMPLES = 80;
+    const data = rig.dir('regen-inflight-');
+    // Slow answers, four at a time: the escalation (about 15 s of retries) lands while requests are out.
+    const s = await sim('m-inflight', { 'max-running': 4, 'ttft-ms': 1500 });
+    const server = await rig.serve(data, FAST_RETRY);
+    const base = server.url;
+    await registerEndpoint(base, s.url, { max_concurrency: 4 });
+    const prompts = bigPrompts(SAMPLES, 10);
+    const fileId = await uploadFile(base, prompts.jsonl);
+    const run = await createRun(base, { model: 'm-inflight', input: { file_id: fileId }, shard_size: 4, calibration: { samples: 0 } });
+    const prefix = fileURLToPath(run.output_uri);
+    rmSync(prefix, { recursive: true, force: true });
+    writeFileSync(prefix.replace(/\/$/, ''), 'in the way');
+    const failed = await waitForEnd(base, run.id);
+    expect(failed.status).toBe('failed');
+    expect(failed.request_counts.completed).toBeLessThan(SAMPLES);
+    // The requests out when the run failed come back to the queue, none of them ended as cancelled.
+    const settled = await waitForRun(base, run.id, 'no request in flight', (r) => r.request_counts.in_progress === 0);
+    const counts = settled.request_counts;
+    expect(counts.cancelled).toBe(0);
+    expect(counts.completed + counts.failed + counts.pending).toBe(SAMPLES);
+
+    rmSync(prefix.replace(/\/$/, ''));
+    const retried = await call(base, `/v1/runs/${run.id}/retry`, { method: 'POST', json: { only: 'failed' } });
+    expect(retried.status, JSON.stringify(retried.body)).toBe(200);
+    const done = await waitForEnd(base, run.id, 120_000);
+    expect(done.status).toBe('completed');
+    expect(done.request_counts).toMatchObject({ total: SAMPLES, completed: SAMPLES, cancelled: 0 });
+    expect((await readOutput(done, prompts)).lines.size).toBe(SAMPLES);
+  });
+
   it('cancel ends a run whose shards cannot be written, across a restart too', async () => {
     const SAMPLES = 40;
     const data = rig.dir('regen-cancelblocked-');
