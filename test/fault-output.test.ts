@@ -2,6 +2,7 @@ import { existsSync, mkdirSync, readdirSync, rmSync, utimesSync, watch, writeFil
 import { join } from 'node:path';
 import { fileURLToPath, pathToFileURL } from 'node:url';
 import { describe, expect, it } from 'vitest';
+import { TEMP_FOLDER } from '../src/storage/location.js';
 import { faultRig, readOutput, waitForEnd, waitForRun } from './support/fault-rig.js';
 import { call, waitFor } from './support/server.js';
 import { createRun, registerEndpoint, uploadFile, type Prompts } from './support/runner-checks.js';
@@ -45,14 +46,14 @@ describe('writing the output', () => {
     // One shard of ~30 MB: its write takes long enough for the kill to land inside it.
     const run = await createRun(server.url, { model: 'm-kill', input: { file_id: fileId }, shard_size: SAMPLES });
     const prefix = fileURLToPath(run.output_uri);
-    const temp = join(prefix, '..', '.regen-tmp');
+    const temp = join(prefix, TEMP_FOLDER);
     mkdirSync(prefix, { recursive: true });
     mkdirSync(temp, { recursive: true });
     // The first object that is not a final one (a temp file, wherever it is written) is the moment to kill.
     const killed = new Promise<string>((resolve) => {
       const watchers = [prefix, temp].map((dir) =>
         watch(dir, (_event, name) => {
-          if (!name || FINAL.test(String(name)) || String(name).startsWith('.regen-probe')) return;
+          if (!name || FINAL.test(String(name)) || name === TEMP_FOLDER || String(name).startsWith('.regen-probe')) return;
           server.proc.kill('SIGKILL');
           for (const w of watchers) w.close();
           resolve(String(name));
@@ -61,8 +62,8 @@ describe('writing the output', () => {
     });
     const caught = await killed;
     await waitFor('the server to die', () => (server.proc.exitCode !== null || server.proc.signalCode !== null ? true : undefined));
-    expect(filesIn(prefix).filter((f) => !FINAL.test(f))).toEqual([]);
-    // The kill landed inside the write: its temp file is still there, outside the prefix.
+    expect(filesIn(prefix).filter((f) => !FINAL.test(f) && f !== TEMP_FOLDER)).toEqual([]);
+    // The kill landed inside the write: its temp file is still there, in the prefix's temp folder.
     expect(filesIn(temp)).toContain(caught);
 
     // A leftover older than a write could be is swept at the next start.
@@ -72,7 +73,7 @@ describe('writing the output', () => {
     const done = await waitForEnd(server.url, run.id);
     expect(done.status).toBe('completed');
     expect(done.request_counts).toMatchObject({ total: SAMPLES, completed: SAMPLES });
-    expect(filesIn(prefix).sort()).toEqual(['manifest.json', 'shard-00000.jsonl']);
+    expect(filesIn(prefix).sort()).toEqual([TEMP_FOLDER, 'manifest.json', 'shard-00000.jsonl']);
     expect(filesIn(temp)).toEqual([]);
     const out = await readOutput(done, prompts);
     expect(out.lines.size).toBe(SAMPLES);
