@@ -32,6 +32,13 @@ function bigPrompts(n: number, padBytes: number): Prompts {
   return { jsonl: lines.join('\n') + '\n', expected };
 }
 
+/** A file put in a prefix's place blocks every write to it. */
+function blockPrefix(prefix: string): void {
+  mkdirSync(join(prefix, '..'), { recursive: true });
+  rmSync(prefix, { recursive: true, force: true });
+  writeFileSync(prefix.replace(/\/$/, ''), 'in the way');
+}
+
 const filesIn = (dir: string): string[] => (existsSync(dir) ? readdirSync(dir) : []);
 
 describe('writing the output', () => {
@@ -123,11 +130,9 @@ describe('writing the output', () => {
     await registerEndpoint(base, s.url);
     const prompts = bigPrompts(SAMPLES, 10);
     const fileId = await uploadFile(base, prompts.jsonl);
-    // The prefix exists once the run is created (its probe): a file put in its place blocks every write.
     const run = await createRun(base, { model: 'm-blocked', input: { file_id: fileId }, shard_size: 20 });
     const prefix = fileURLToPath(run.output_uri);
-    rmSync(prefix, { recursive: true, force: true });
-    writeFileSync(prefix.replace(/\/$/, ''), 'in the way');
+    blockPrefix(prefix);
     const reasoned = await waitForRun(base, run.id, 'a status reason from the failing uploads', (r) => /shard uploads failing/.test(r.status_reason ?? ''));
     expect(['in_progress', 'finalizing', 'queued']).toContain(reasoned.status);
     const failed = await waitForEnd(base, run.id);
@@ -157,8 +162,7 @@ describe('writing the output', () => {
     const fileId = await uploadFile(base, prompts.jsonl);
     const run = await createRun(base, { model: 'm-inflight', input: { file_id: fileId }, shard_size: 4, calibration: { samples: 0 } });
     const prefix = fileURLToPath(run.output_uri);
-    rmSync(prefix, { recursive: true, force: true });
-    writeFileSync(prefix.replace(/\/$/, ''), 'in the way');
+    blockPrefix(prefix);
     const failed = await waitForEnd(base, run.id);
     expect(failed.status).toBe('failed');
     expect(failed.request_counts.completed).toBeLessThan(SAMPLES);
@@ -188,8 +192,7 @@ describe('writing the output', () => {
     const fileId = await uploadFile(server.url, prompts.jsonl);
     const run = await createRun(server.url, { model: 'm-cb', input: { file_id: fileId }, shard_size: 10 });
     const prefix = fileURLToPath(run.output_uri);
-    rmSync(prefix, { recursive: true, force: true });
-    writeFileSync(prefix.replace(/\/$/, ''), 'in the way');
+    blockPrefix(prefix);
     await waitFor('a failed upload', async () => {
       const shards = (await call(server.url, `/v1/runs/${run.id}/shards`)).body.data;
       return shards.some((x: any) => x.upload_attempts > 0) ? true : undefined;

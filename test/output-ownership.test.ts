@@ -140,7 +140,8 @@ describe('output ownership by location', () => {
     const own = await startTestServer({ REGEN_RUNNER: 'false' }, tmp.dir);
     try {
       const ownUri = pathToFileURL(own.config.dataDir).href;
-      const post = (body: Record<string, unknown>) => request(own.url, '/v1/runs', { method: 'POST', json: { model: 'm', input: { requests: [{ prompt: 'x' }] }, ...body } });
+      const post = (body: Record<string, unknown>) =>
+        request(own.url, '/v1/runs', { method: 'POST', json: { model: 'm', input: { requests: [{ prompt: 'x' }] }, ...body } });
       for (const uri of [`${ownUri}/objects/runs/`, `${ownUri}/objects/runs/mine/`, `${ownUri}/objects/`]) {
         expectProblem(await post({ output: { uri } }), 422, { code: 'validation_failed', field: 'output.uri', hidden: [own.config.dataDir] });
       }

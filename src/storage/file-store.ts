@@ -101,7 +101,15 @@ export class FileStore implements ObjectStore {
   private async removeEmptyUpTo(top: string): Promise<void> {
     await rmdir(this.temp).catch(() => {});
     for (let d = this.dir; ; d = dirname(d)) {
-      if (!(await rmdir(d).then(() => true, () => false)) || d === top || dirname(d) === d) return;
+      if (
+        !(await rmdir(d).then(
+          () => true,
+          () => false,
+        )) ||
+        d === top ||
+        dirname(d) === d
+      )
+        return;
     }
   }
 
