@@ -101,15 +101,11 @@ export class FileStore implements ObjectStore {
   private async removeEmptyUpTo(top: string): Promise<void> {
     await rmdir(this.temp).catch(() => {});
     for (let d = this.dir; ; d = dirname(d)) {
-      if (
-        !(await rmdir(d).then(
-          () => true,
-          () => false,
-        )) ||
-        d === top ||
-        dirname(d) === d
-      )
-        return;
+      const removed = await rmdir(d).then(
+        () => true,
+        () => false,
+      );
+      if (!removed || d === top || dirname(d) === d) return;
     }
   }
 
