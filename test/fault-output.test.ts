@@ -207,6 +207,34 @@ describe('writing the output', () => {
     expect(done.status_reason).toMatch(/shards not written: upload failed: .*(not a directory|a file is in the way)/);
   });
 
+  it('a run cancelled after all its answers, its shards unwritten, is written by a retry once the store is fixed', async () => {
+    const SAMPLES = 20;
+    const data = rig.dir('regen-cancelretry-');
+    const s = await sim('m-cr');
+    // Retries a minute apart: each shard is tried once before the cancel.
+    const server = await rig.serve(data, { REGEN_STORE_RETRY_MS: '60000' });
+    await registerEndpoint(server.url, s.url);
+    const prompts = bigPrompts(SAMPLES, 10);
+    const fileId = await uploadFile(server.url, prompts.jsonl);
+    const run = await createRun(server.url, { model: 'm-cr', input: { file_id: fileId }, shard_size: 10, calibration: { samples: 0 } });
+    const prefix = fileURLToPath(run.output_uri);
+    blockPrefix(prefix);
+    await waitForRun(server.url, run.id, 'every answer in', (r) => r.request_counts.completed === SAMPLES);
+    await waitFor('every shard tried', async () => {
+      const shards = (await call(server.url, `/v1/runs/${run.id}/shards`)).body.data;
+      return shards.every((x: any) => x.upload_attempts > 0) ? true : undefined;
+    });
+    expect((await call(server.url, `/v1/runs/${run.id}/cancel`, { method: 'POST' })).status).toBe(200);
+    expect((await waitForEnd(server.url, run.id)).status).toBe('cancelled');
+    rmSync(prefix.replace(/\/$/, ''));
+    const retried = await call(server.url, `/v1/runs/${run.id}/retry`, { method: 'POST', json: { only: 'failed' } });
+    expect(retried.status, JSON.stringify(retried.body)).toBe(200);
+    const done = await waitForEnd(server.url, run.id);
+    expect(done.status).toBe('completed');
+    expect(done.shards).toEqual({ total: 2, uploaded: 2 });
+    expect((await readOutput(done, prompts)).lines.size).toBe(SAMPLES);
+  });
+
   it('a run cancelled early writes no empty shard files; the manifest lists the empty shards', async () => {
     const SAMPLES = 400;
     const data = rig.dir('regen-empty-');
