@@ -13,7 +13,7 @@ import { RunnerThread } from './runner/thread.js';
 import { idleRunner } from './domain/live-view.js';
 import { Metrics } from './services/metrics.js';
 import { ingestRun } from './services/runs/ingest.js';
-import { canonicalizeOutputUris, sweepUnfinishedWrites } from './services/runs/output-location.js';
+import { canonicalizeOutputUris, sweepUnfinishedWrites, warnDefaultOutputsHolders } from './services/runs/output-location.js';
 import { WebhookDeliverer } from './services/webhooks.js';
 import { Stores } from './storage/index.js';
 
@@ -43,6 +43,18 @@ function ingestQueue(getDeps: () => Deps, logger: Logger) {
   let current: Promise<void> | null = null;
   /** Validations of a run that met a full disk in a row, for its backoff. */
   const diskFull = new Map<string, number>();
+  /**
+   * Runs whose retry is timed: a start() meanwhile (the coordinator's sweep of runs left validating)
+   * would validate them at once, and each failure would add another timer.
+   */
+  const timed = new Set<string>();
+  const retryLater = (runId: string, delayMs: number) => {
+    timed.add(runId);
+    setTimeout(() => {
+      timed.delete(runId);
+      start(runId);
+    }, delayMs).unref();
+  };
   const next = async () => {
     while (queue.length && !stopping.signal.aborted) {
       const runId = queue.shift()!;
@@ -51,6 +63,7 @@ function ingestQueue(getDeps: () => Deps, logger: Logger) {
         diskFull.delete(runId);
       } catch (err) {
         const full = diskFullCode(err);
+        if (!full) diskFull.delete(runId);
         if (full) {
           const deps = getDeps();
           const failures = (diskFull.get(runId) ?? 0) + 1;
@@ -60,13 +73,13 @@ function ingestQueue(getDeps: () => Deps, logger: Logger) {
           logger.warn({ run_id: runId, failures, code: full }, 'validation met a full disk; retrying');
           // Written where it can be: a database on the full disk may not take even this.
           await setStatusReason(deps.db, runId, reason, ['validating']).catch(() => {});
-          setTimeout(() => start(runId), delayMs).unref();
+          retryLater(runId, delayMs);
           continue;
         }
         if (isDbBusy(err)) {
           // Another process held the write lock past busy_timeout: validate the run again, from the start.
           logger.warn({ run_id: runId, err: { message: (err as Error).message } }, 'validation hit a busy database; retrying');
-          setTimeout(() => start(runId), 1000).unref();
+          retryLater(runId, 1000);
           continue;
         }
         logger.error({ run_id: runId, err: { message: (err as Error).message, stack: (err as Error).stack } }, 'ingest crashed');
@@ -75,7 +88,7 @@ function ingestQueue(getDeps: () => Deps, logger: Logger) {
     current = null;
   };
   const start = (runId: string) => {
-    if (stopping.signal.aborted || queue.includes(runId)) return;
+    if (stopping.signal.aborted || timed.has(runId) || queue.includes(runId)) return;
     queue.push(runId);
     current ??= next();
   };
@@ -146,6 +159,7 @@ async function start(config: Config, opts: StartOptions, thread: RunnerThread | 
   };
   // Before the runner starts writing: old spellings of an output prefix must match the new ones' checks.
   await canonicalizeOutputUris(deps);
+  await warnDefaultOutputsHolders(deps);
   await sweepUnfinishedWrites(deps);
   const ingest = ingestQueue(() => deps, logger);
   deps.startIngest = ingest.start;

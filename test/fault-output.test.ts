@@ -2,6 +2,7 @@ import { existsSync, mkdirSync, readdirSync, rmSync, utimesSync, watch, writeFil
 import { join } from 'node:path';
 import { fileURLToPath, pathToFileURL } from 'node:url';
 import { describe, expect, it } from 'vitest';
+import { TEMP_FOLDER } from '../src/storage/location.js';
 import { faultRig, readOutput, waitForEnd, waitForRun } from './support/fault-rig.js';
 import { call, waitFor } from './support/server.js';
 import { createRun, registerEndpoint, uploadFile, type Prompts } from './support/runner-checks.js';
@@ -31,6 +32,13 @@ function bigPrompts(n: number, padBytes: number): Prompts {
   return { jsonl: lines.join('\n') + '\n', expected };
 }
 
+/** A file put in a prefix's place blocks every write to it. */
+function blockPrefix(prefix: string): void {
+  mkdirSync(join(prefix, '..'), { recursive: true });
+  rmSync(prefix, { recursive: true, force: true });
+  writeFileSync(prefix.replace(/\/$/, ''), 'in the way');
+}
+
 const filesIn = (dir: string): string[] => (existsSync(dir) ? readdirSync(dir) : []);
 
 describe('writing the output', () => {
@@ -45,14 +53,14 @@ describe('writing the output', () => {
     // One shard of ~30 MB: its write takes long enough for the kill to land inside it.
     const run = await createRun(server.url, { model: 'm-kill', input: { file_id: fileId }, shard_size: SAMPLES });
     const prefix = fileURLToPath(run.output_uri);
-    const temp = join(prefix, '..', '.regen-tmp');
+    const temp = join(prefix, TEMP_FOLDER);
     mkdirSync(prefix, { recursive: true });
     mkdirSync(temp, { recursive: true });
     // The first object that is not a final one (a temp file, wherever it is written) is the moment to kill.
     const killed = new Promise<string>((resolve) => {
       const watchers = [prefix, temp].map((dir) =>
         watch(dir, (_event, name) => {
-          if (!name || FINAL.test(String(name)) || String(name).startsWith('.regen-probe')) return;
+          if (!name || FINAL.test(String(name)) || name === TEMP_FOLDER || String(name).startsWith('.regen-probe')) return;
           server.proc.kill('SIGKILL');
           for (const w of watchers) w.close();
           resolve(String(name));
@@ -61,8 +69,8 @@ describe('writing the output', () => {
     });
     const caught = await killed;
     await waitFor('the server to die', () => (server.proc.exitCode !== null || server.proc.signalCode !== null ? true : undefined));
-    expect(filesIn(prefix).filter((f) => !FINAL.test(f))).toEqual([]);
-    // The kill landed inside the write: its temp file is still there, outside the prefix.
+    expect(filesIn(prefix).filter((f) => !FINAL.test(f) && f !== TEMP_FOLDER)).toEqual([]);
+    // The kill landed inside the write: its temp file is still there, in the prefix's temp folder.
     expect(filesIn(temp)).toContain(caught);
 
     // A leftover older than a write could be is swept at the next start.
@@ -72,7 +80,7 @@ describe('writing the output', () => {
     const done = await waitForEnd(server.url, run.id);
     expect(done.status).toBe('completed');
     expect(done.request_counts).toMatchObject({ total: SAMPLES, completed: SAMPLES });
-    expect(filesIn(prefix).sort()).toEqual(['manifest.json', 'shard-00000.jsonl']);
+    expect(filesIn(prefix).sort()).toEqual([TEMP_FOLDER, 'manifest.json', 'shard-00000.jsonl']);
     expect(filesIn(temp)).toEqual([]);
     const out = await readOutput(done, prompts);
     expect(out.lines.size).toBe(SAMPLES);
@@ -122,11 +130,9 @@ describe('writing the output', () => {
     await registerEndpoint(base, s.url);
     const prompts = bigPrompts(SAMPLES, 10);
     const fileId = await uploadFile(base, prompts.jsonl);
-    // The prefix exists once the run is created (its probe): a file put in its place blocks every write.
     const run = await createRun(base, { model: 'm-blocked', input: { file_id: fileId }, shard_size: 20 });
     const prefix = fileURLToPath(run.output_uri);
-    rmSync(prefix, { recursive: true, force: true });
-    writeFileSync(prefix.replace(/\/$/, ''), 'in the way');
+    blockPrefix(prefix);
     const reasoned = await waitForRun(base, run.id, 'a status reason from the failing uploads', (r) => /shard uploads failing/.test(r.status_reason ?? ''));
     expect(['in_progress', 'finalizing', 'queued']).toContain(reasoned.status);
     const failed = await waitForEnd(base, run.id);
@@ -144,6 +150,37 @@ describe('writing the output', () => {
     expect((await readOutput(done, prompts)).lines.size).toBe(SAMPLES);
   });
 
+  it('a run failed by its uploads while answers are in flight keeps those samples, and a retry writes them', async () => {
+    const SAMPLES = 80;
+    const data = rig.dir('regen-inflight-');
+    // Slow answers, four at a time: the escalation (about 15 s of retries) lands while requests are out.
+    const s = await sim('m-inflight', { 'max-running': 4, 'ttft-ms': 1500 });
+    const server = await rig.serve(data, FAST_RETRY);
+    const base = server.url;
+    await registerEndpoint(base, s.url, { max_concurrency: 4 });
+    const prompts = bigPrompts(SAMPLES, 10);
+    const fileId = await uploadFile(base, prompts.jsonl);
+    const run = await createRun(base, { model: 'm-inflight', input: { file_id: fileId }, shard_size: 4, calibration: { samples: 0 } });
+    const prefix = fileURLToPath(run.output_uri);
+    blockPrefix(prefix);
+    const failed = await waitForEnd(base, run.id);
+    expect(failed.status).toBe('failed');
+    expect(failed.request_counts.completed).toBeLessThan(SAMPLES);
+    // The requests out when the run failed come back to the queue, none of them ended as cancelled.
+    const settled = await waitForRun(base, run.id, 'no request in flight', (r) => r.request_counts.in_progress === 0);
+    const counts = settled.request_counts;
+    expect(counts.cancelled).toBe(0);
+    expect(counts.completed + counts.failed + counts.pending).toBe(SAMPLES);
+
+    rmSync(prefix.replace(/\/$/, ''));
+    const retried = await call(base, `/v1/runs/${run.id}/retry`, { method: 'POST', json: { only: 'failed' } });
+    expect(retried.status, JSON.stringify(retried.body)).toBe(200);
+    const done = await waitForEnd(base, run.id, 120_000);
+    expect(done.status).toBe('completed');
+    expect(done.request_counts).toMatchObject({ total: SAMPLES, completed: SAMPLES, cancelled: 0 });
+    expect((await readOutput(done, prompts)).lines.size).toBe(SAMPLES);
+  });
+
   it('cancel ends a run whose shards cannot be written, across a restart too', async () => {
     const SAMPLES = 40;
     const data = rig.dir('regen-cancelblocked-');
@@ -155,8 +192,7 @@ describe('writing the output', () => {
     const fileId = await uploadFile(server.url, prompts.jsonl);
     const run = await createRun(server.url, { model: 'm-cb', input: { file_id: fileId }, shard_size: 10 });
     const prefix = fileURLToPath(run.output_uri);
-    rmSync(prefix, { recursive: true, force: true });
-    writeFileSync(prefix.replace(/\/$/, ''), 'in the way');
+    blockPrefix(prefix);
     await waitFor('a failed upload', async () => {
       const shards = (await call(server.url, `/v1/runs/${run.id}/shards`)).body.data;
       return shards.some((x: any) => x.upload_attempts > 0) ? true : undefined;
@@ -169,6 +205,34 @@ describe('writing the output', () => {
     const done = await waitForEnd(server.url, run.id, 60_000);
     expect(done.status).toBe('cancelled');
     expect(done.status_reason).toMatch(/shards not written: upload failed: .*(not a directory|a file is in the way)/);
+  });
+
+  it('a run cancelled after all its answers, its shards unwritten, is written by a retry once the store is fixed', async () => {
+    const SAMPLES = 20;
+    const data = rig.dir('regen-cancelretry-');
+    const s = await sim('m-cr');
+    // Retries a minute apart: each shard is tried once before the cancel.
+    const server = await rig.serve(data, { REGEN_STORE_RETRY_MS: '60000' });
+    await registerEndpoint(server.url, s.url);
+    const prompts = bigPrompts(SAMPLES, 10);
+    const fileId = await uploadFile(server.url, prompts.jsonl);
+    const run = await createRun(server.url, { model: 'm-cr', input: { file_id: fileId }, shard_size: 10, calibration: { samples: 0 } });
+    const prefix = fileURLToPath(run.output_uri);
+    blockPrefix(prefix);
+    await waitForRun(server.url, run.id, 'every answer in', (r) => r.request_counts.completed === SAMPLES);
+    await waitFor('every shard tried', async () => {
+      const shards = (await call(server.url, `/v1/runs/${run.id}/shards`)).body.data;
+      return shards.every((x: any) => x.upload_attempts > 0) ? true : undefined;
+    });
+    expect((await call(server.url, `/v1/runs/${run.id}/cancel`, { method: 'POST' })).status).toBe(200);
+    expect((await waitForEnd(server.url, run.id)).status).toBe('cancelled');
+    rmSync(prefix.replace(/\/$/, ''));
+    const retried = await call(server.url, `/v1/runs/${run.id}/retry`, { method: 'POST', json: { only: 'failed' } });
+    expect(retried.status, JSON.stringify(retried.body)).toBe(200);
+    const done = await waitForEnd(server.url, run.id);
+    expect(done.status).toBe('completed');
+    expect(done.shards).toEqual({ total: 2, uploaded: 2 });
+    expect((await readOutput(done, prompts)).lines.size).toBe(SAMPLES);
   });
 
   it('a run cancelled early writes no empty shard files; the manifest lists the empty shards', async () => {

@@ -1,4 +1,4 @@
-import { mkdirSync, symlinkSync, writeFileSync } from 'node:fs';
+import { existsSync, mkdirSync, readdirSync, symlinkSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { pathToFileURL } from 'node:url';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
@@ -117,6 +117,43 @@ describe('output ownership by location', () => {
       json: { model: 'm', input: { uri: `${dataUri}/objects/files/${up.body.id}.jsonl` } },
     });
     expectProblem(res, 422, { code: 'validation_failed', field: 'input.uri', hidden: [data] });
+  });
+
+  it('a validation, or a create refused after its probe, leaves no folder behind', async () => {
+    const runs = join(data, 'objects', 'runs');
+    const listRuns = () => (existsSync(runs) ? readdirSync(runs).sort() : []);
+    const before = listRuns();
+    const check = await request(srv.url, '/v1/runs/validate', { method: 'POST', json: { model: 'm', input: { requests: [{ prompt: 'x' }] } } });
+    expect(check.status, check.text).toBe(200);
+    const chosen = await request(srv.url, '/v1/runs/validate', { method: 'POST', json: { model: 'm', output: { uri: `${dataUri}/probed/deep/` } } });
+    expect(chosen.status, chosen.text).toBe(200);
+    const refusedCreate = await create({ input: { file_id: 'file_missing' }, output: { uri: `${dataUri}/never/` } });
+    expect(refusedCreate.status).toBeGreaterThanOrEqual(400);
+    expect(refusedCreate.status).toBeLessThan(500);
+    expect(listRuns()).toEqual(before);
+    expect(existsSync(join(data, 'probed'))).toBe(false);
+    expect(existsSync(join(data, 'never'))).toBe(false);
+  });
+
+  it("keeps the runs' default folder free: no chosen prefix may touch it, and an old row holding it stops no new run", async () => {
+    const tmp = tempDir('regen-reserved-');
+    const own = await startTestServer({ REGEN_RUNNER: 'false' }, tmp.dir);
+    try {
+      const ownUri = pathToFileURL(own.config.dataDir).href;
+      const post = (body: Record<string, unknown>) =>
+        request(own.url, '/v1/runs', { method: 'POST', json: { model: 'm', input: { requests: [{ prompt: 'x' }] }, ...body } });
+      for (const uri of [`${ownUri}/objects/runs/`, `${ownUri}/objects/runs/mine/`, `${ownUri}/objects/`]) {
+        expectProblem(await post({ output: { uri } }), 422, { code: 'validation_failed', field: 'output.uri', hidden: [own.config.dataDir] });
+      }
+      // As a version before the reservation could have stored it: a prefix holding every default one.
+      const old = (await post({ output: { uri: `${ownUri}/legacy/` } })).body;
+      await setOutputUri(own.deps.db, old.id, `${ownUri}/objects/`);
+      const fresh = await post({});
+      expect(fresh.status, fresh.text).toBe(201);
+    } finally {
+      await own.close(0);
+      tmp.cleanup();
+    }
   });
 
   it('brings a run stored under another spelling to the canonical form at the next start', async () => {

@@ -493,7 +493,8 @@ export interface components {
         ShardUploadedEvent: {
             run_id: string;
             shard: number;
-            key: string;
+            /** @description null for an empty shard: no file is written */
+            key: string | null;
             lines: number;
             errors: number;
             at: string;

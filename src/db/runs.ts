@@ -115,6 +115,17 @@ export async function getRunOverlappingOutput(db: DbOrTx, uri: string): Promise<
   return row;
 }
 
+/** A run whose output prefix is `uri` or lies inside it (canonical form, as above). */
+export async function getRunOutputWithin(db: DbOrTx, uri: string): Promise<{ id: string; outputUri: string } | undefined> {
+  const { runs } = db.t;
+  const [row] = await db.q
+    .select({ id: runs.id, outputUri: runs.outputUri })
+    .from(runs)
+    .where(sql`substr(${runs.outputUri}, 1, length(cast(${uri} as text))) = cast(${uri} as text)`)
+    .limit(1);
+  return row;
+}
+
 /** Every run's output prefix, for bringing old rows to the canonical form. */
 export async function listOutputUris(db: DbOrTx): Promise<{ id: string; outputUri: string }[]> {
   const { runs } = db.t;

@@ -38,7 +38,7 @@ export class LiveEndpoint {
   /** Transport failures in a row while dispatching. */
   consecutiveFailures = 0;
   nextProbeAt = 0;
-  /** Probes failed in a row; the wait before the next one grows with it. */
+  /** Probes failed in a row: enough of them judge a ready endpoint unhealthy (endpoint-probes.ts). */
   probeFailures = 0;
   probing = false;
   /**

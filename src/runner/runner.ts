@@ -329,9 +329,12 @@ export class Runner implements RunnerView {
     }
 
     for (const runId of [...this.claims.runs()]) if (!dispatchable.has(runId)) this.claims.release(runId);
+    // Only a cancel ends a sample; a run that left otherwise (failed by its uploads or its quality)
+    // gets its requests back as pending, so that a retry sends them rather than losing them.
     for (const f of this.requests.all()) {
       const run = this.active.find((r) => r.id === f.run.id);
-      if (!run || run.status === 'cancelling') this.requests.abort(f, 'cancel');
+      if (run?.status === 'cancelling') this.requests.abort(f, 'cancel');
+      else if (!run) this.requests.abort(f, 'release');
     }
   }
 

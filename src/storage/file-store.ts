@@ -1,5 +1,5 @@
 import { createReadStream, createWriteStream } from 'node:fs';
-import { mkdir, open, readdir, readFile, rename, rm, stat, unlink, writeFile } from 'node:fs/promises';
+import { mkdir, open, readdir, readFile, rename, rm, rmdir, stat, unlink, writeFile } from 'node:fs/promises';
 import { basename, dirname, join } from 'node:path';
 import { randomBytes } from 'node:crypto';
 import { pipeline } from 'node:stream/promises';
@@ -8,9 +8,11 @@ import { TEMP_FOLDER } from './location.js';
 import { assertKey, byteCounter, probeKey, type ObjectStore } from './store.js';
 
 /**
- * A local folder as an object store. Writes go to a temp file beside the folder (TEMP_FOLDER) and
+ * A local folder as an object store. Writes go to a temp file in the folder's own TEMP_FOLDER and
  * are renamed into place, so a reader of the folder never sees half an object, and a crash leaves
- * at most a stray temp file outside it, swept on the next start.
+ * at most a stray temp file under a dot name no `shard-*` glob matches, swept on the next start.
+ * Inside the folder, not beside it: the rename stays on one file system (the folder may be a mount
+ * point), and nothing is written outside the folder the run was allowed.
  */
 export class FileStore implements ObjectStore {
   private readonly temp: string;
@@ -19,7 +21,7 @@ export class FileStore implements ObjectStore {
     readonly uri: string,
     private readonly dir: string,
   ) {
-    this.temp = join(dirname(dir), TEMP_FOLDER);
+    this.temp = join(dir, TEMP_FOLDER);
   }
 
   private path(key: string): string {
@@ -83,9 +85,28 @@ export class FileStore implements ObjectStore {
   }
 
   async check(): Promise<void> {
+    // The probe leaves the disk as it found it: a validation, or a create refused after its probe,
+    // must not leave an empty folder behind.
+    const made = await mkdir(this.dir, { recursive: true });
     const key = probeKey();
-    await this.atomically(key, (tmp) => writeFile(tmp, 'ok'));
-    await this.delete(key);
+    try {
+      await this.atomically(key, (tmp) => writeFile(tmp, 'ok'));
+      await this.delete(key);
+    } finally {
+      if (made) await this.removeEmptyUpTo(made);
+    }
+  }
+
+  /** Removes the temp folder and the folders from this one up to `top` while they are empty. */
+  private async removeEmptyUpTo(top: string): Promise<void> {
+    await rmdir(this.temp).catch(() => {});
+    for (let d = this.dir; ; d = dirname(d)) {
+      const removed = await rmdir(d).then(
+        () => true,
+        () => false,
+      );
+      if (!removed || d === top || dirname(d) === d) return;
+    }
   }
 
   async sweep(before: number): Promise<number> {

@@ -3,10 +3,9 @@ import { basename, dirname, join, resolve, sep } from 'node:path';
 import { fileURLToPath, pathToFileURL } from 'node:url';
 
 /**
- * The folder where a file store writes its objects before moving them into place: beside the
- * store's folder, never inside it, so a reader listing or syncing the output sees only whole
- * objects. A rename within one file system is atomic, and a sibling is on the same one as
- * long as the output folder is not itself a mount point.
+ * The folder inside a file store's folder where it writes objects before moving them into place
+ * (FileStore): a dot name, so a reader globbing `shard-*` sees only whole objects, and within the
+ * folder, so the atomic rename never crosses a file system.
  */
 export const TEMP_FOLDER = '.regen-tmp';
 

@@ -37,7 +37,14 @@ export const EndpointQuarantinedEvent = z
   .openapi('EndpointQuarantinedEvent');
 
 export const ShardUploadedEvent = z
-  .object({ run_id: z.string(), shard: z.number().int(), key: z.string(), lines: z.number().int(), errors: z.number().int(), at: z.string() })
+  .object({
+    run_id: z.string(),
+    shard: z.number().int(),
+    key: z.string().nullable().openapi({ description: 'null for an empty shard: no file is written' }),
+    lines: z.number().int(),
+    errors: z.number().int(),
+    at: z.string(),
+  })
   .openapi('ShardUploadedEvent');
 
 const route = createRoute({

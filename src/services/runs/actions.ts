@@ -50,8 +50,9 @@ export async function retryRun(deps: Deps, id: string, only: 'failed' | 'flagged
   const { db } = deps;
   const now = deps.clock();
   const requeued = await requeueRunSamples(db, id, only, now);
-  // A run failed because its shards could not be written keeps its answers: a retry writes them.
-  const unwritten = run.status === 'failed' && run.shardsUploaded < run.shardsTotal;
+  // A run failed because its shards could not be written keeps its answers, as does one cancelled
+  // once all its samples had ended: a retry writes them.
+  const unwritten = (run.status === 'failed' || (run.status === 'cancelled' && run.cancelled === 0)) && run.shardsUploaded < run.shardsTotal;
   if (unwritten) await resetUploadAttempts(db, id);
   if ((requeued > 0 || unwritten) && TERMINAL_RUN_STATUSES.includes(run.status as RunStatus)) {
     if (await transitionRun(db, id, TERMINAL_RUN_STATUSES, 'queued', now, { finishedAt: null })) {

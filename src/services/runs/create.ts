@@ -84,12 +84,14 @@ export async function createRun(
   const calibrationSamples = checkCalibration(body);
   const id = newId('run');
   const now = deps.clock();
-  // Checked before anything is stored, so a refused request leaves nothing behind.
+  // The input is checked before the output's probe, and inline requests are stored after it, so
+  // that a refused request stores nothing (the probe removes the folders it made).
   // A request with the same key that raced this one may have taken the prefix first: this one is its replay.
   const replays = async (err: unknown) =>
     idempotencyKey !== undefined &&
     (isUniqueViolation(err, 'idempotency_key') || isOutputTaken(err)) &&
     (await getRunByIdempotencyKey(db, idempotencyKey)) !== undefined;
+  const checked = 'requests' in body.input ? undefined : await checkInput(deps, body.input);
   let outputUri: string;
   try {
     outputUri = await outputUriFor(deps, id, body.output?.uri);
@@ -101,7 +103,7 @@ export async function createRun(
   // What a dry run without a name of its own is called after, so a list of runs tells plans apart.
   let inputName: string;
   let inlineFile: { id: string; objectKey: string } | undefined;
-  if (!('requests' in body.input)) ({ input, name: inputName } = await checkInput(deps, body.input));
+  if (!('requests' in body.input)) ({ input, name: inputName } = checked!);
   else {
     // Inline requests are kept as a file so a restart can validate them again.
     const fileId = newId('file');

@@ -3,7 +3,7 @@ import { fileURLToPath } from 'node:url';
 import type { Config } from '../../config.js';
 import type { Deps } from '../../deps.js';
 import { isUniqueViolation } from '../../db/client.js';
-import { getRunOverlappingOutput, listOutputUris, listRunsByStatus, setOutputUri } from '../../db/runs.js';
+import { getRunOutputWithin, getRunOverlappingOutput, listOutputUris, listRunsByStatus, setOutputUri } from '../../db/runs.js';
 import { ACTIVE_RUN_STATUSES } from '../../domain/statuses.js';
 import { ApiError } from '../../errors.js';
 import { canonicalFileUri, folderUri, inside, overlaps, realLocation, TEMP_FOLDER } from '../../storage/location.js';
@@ -61,11 +61,17 @@ export function outputTaken(owner: { id: string; outputUri?: string } | undefine
   });
 }
 
+/** The folder that holds every run's default prefix (`runs/<id>/`), canonical. */
+function defaultOutputsUri(config: Pick<Config, 'outputUri'>): string {
+  return canonicalOutputUri(`${config.outputUri}runs/`);
+}
+
 /**
  * The canonical output prefix of a new run: the one asked for, or its own folder under the
  * server's output. Refused (4xx naming output.uri) when it is regen's own store, overlaps another
- * run's prefix, lies outside the allowed roots, or cannot be written (a probe object is written and
- * deleted, so missing credentials or a file in the way are found now, not at the first shard).
+ * run's prefix, touches the folder of default prefixes, lies outside the allowed roots, or cannot be
+ * written (a probe object is written and deleted, so missing credentials or a file in the way are
+ * found now, not at the first shard).
  */
 export async function outputUriFor(deps: Deps, runId: string, requested?: string): Promise<string> {
   const { config } = deps;
@@ -79,15 +85,27 @@ export async function outputUriFor(deps: Deps, runId: string, requested?: string
   }
   const own = ownStore(config);
   if (overlaps(uri, own.filesUri) || own.dataUri.startsWith(uri)) throw bad("the data folder and its uploaded files are regen's own store, not an output");
-  // Checked here for a clear answer before anything is stored; the unique index decides a race for one prefix.
-  const owner = await getRunOverlappingOutput(deps.db, uri);
+  // Checked here for a clear answer before anything is stored; the unique index decides a race for one
+  // prefix. A default prefix is new by its id: only a row of an older version can hold it, and that
+  // row must not stop every run without output.uri (start-up logs it, warnDefaultOutputsHolders).
+  const owner = requested ? await getRunOverlappingOutput(deps.db, uri) : await getRunOutputWithin(deps.db, uri);
   if (owner) throw outputTaken(owner);
+  // Reserved, so that no run can hold the prefixes of runs yet to come.
+  if (requested && overlaps(uri, defaultOutputsUri(config))) throw bad("the runs/ folder of the server's output holds the runs' default prefixes");
   try {
     await deps.stores.forUri(uri).check();
   } catch (err) {
     throw bad(`the location cannot be written (${describeStoreError(err)})`);
   }
   return uri;
+}
+
+/** Logs the runs of older versions whose prefix holds the default prefixes: their outputs and new runs' would mix. */
+export async function warnDefaultOutputsHolders(deps: Pick<Deps, 'db' | 'logger' | 'config'>): Promise<void> {
+  const reserved = defaultOutputsUri(deps.config);
+  for (const { id, outputUri } of await listOutputUris(deps.db)) {
+    if (reserved.startsWith(outputUri)) deps.logger.warn({ run_id: id }, "output prefix holds the runs' default prefixes; new runs write inside it");
+  }
 }
 
 /**

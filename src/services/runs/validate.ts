@@ -47,7 +47,7 @@ export type RunDraft = Omit<NewRun, 'input'> & { input?: NewRun['input'] };
  */
 export async function validateRun(deps: Deps, body: RunDraft): Promise<RunWarning[]> {
   checkCalibration(body);
-  await outputUriFor(deps, newId('run'), body.output?.uri);
   if (body.input && !('requests' in body.input)) await checkInput(deps, body.input);
+  await outputUriFor(deps, newId('run'), body.output?.uri);
   return await modelWarnings(deps.db, body.model);
 }
