@@ -114,4 +114,20 @@ describe('secrets at rest', () => {
     await expect(startTestServer({ REGEN_RUNNER: 'false' }, tmp.dir)).rejects.toThrow(/REGEN_SECRET_KEY is not set/);
     await expect(startTestServer({ REGEN_RUNNER: 'false', REGEN_SECRET_KEY: OTHER_KEY }, tmp.dir)).rejects.toThrow(/REGEN_SECRET_KEY does not open/);
   });
+
+  it('a store whose secrets were sealed under two keys (replicas started together) does not start with either', async () => {
+    // What two replicas given different keys would leave if each sealed part of the plain secrets.
+    const db = await openDb(await storeTarget(), { secretKey: OTHER_KEY });
+    try {
+      const { changes } = await db.write((w) =>
+        w.exec('update endpoints set api_key = ? where url = ?', [db.secrets.seal('sk-sealed-elsewhere'), 'http://127.0.0.1:10']),
+      );
+      expect(changes).toBe(1);
+    } finally {
+      await db.close();
+    }
+    for (const key of [KEY, OTHER_KEY]) {
+      await expect(startTestServer({ REGEN_RUNNER: 'false', REGEN_SECRET_KEY: key }, tmp.dir)).rejects.toThrow(/REGEN_SECRET_KEY does not open/);
+    }
+  });
 });
