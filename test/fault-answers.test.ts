@@ -46,12 +46,13 @@ describe('an endpoint that streams without end', () => {
   });
 
   // A context of 65,536 tokens bounds each answer at about 8 MiB (answerByteLimit): 64 of them
-  // would hold twice the default budget of 256 MiB, so the budget cuts some and the bound the rest.
+  // would hold twice the default budget of 256 MiB, so the budget cuts some (their samples are
+  // given back and asked again) and the bound the rest.
   const CONTEXT = 65_536;
   const IN_FLIGHT = 64;
   const RSS_LIMIT_MIB = 1024;
 
-  it('64 requests in flight, buffered and streamed: RSS stays under 1 GiB and every sample fails as answer_too_large', { timeout: 400_000 }, async () => {
+  it('64 requests in flight, buffered and streamed: RSS stays under 1 GiB and every sample fails at its own bound', { timeout: 400_000 }, async () => {
     // Nothing is streamed until all 64 requests have arrived: they are in flight together.
     const server = await broken('endless', CONTEXT, IN_FLIGHT);
     regen = await spawnServer(data.dir, {
@@ -70,15 +71,16 @@ describe('an endpoint that streams without end', () => {
     const peak = peakRssMiB(regen.proc.pid!);
     console.log(`regen's peak RSS with ${IN_FLIGHT} endless answers in flight: ${Math.round(peak)} MiB`);
     expect(peak).toBeLessThan(RSS_LIMIT_MIB);
-    expect(server.completions).toBe(IN_FLIGHT);
-    expect(server.streamed).toBe(IN_FLIGHT / 2);
+    // The budget cut some answers, and gave their samples back unspent: they were asked again.
+    expect(server.completions).toBeGreaterThan(IN_FLIGHT);
+    expect(server.streamed).toBeGreaterThanOrEqual(IN_FLIGHT / 2);
+    expect(server.completions - server.streamed).toBeGreaterThanOrEqual(IN_FLIGHT / 2);
     const samples = (await Promise.all(Object.values(runs).map((id) => listAllSamples(base, id)))).flat();
     expect(samples).toHaveLength(IN_FLIGHT);
     expect(new Set(samples.map((s) => s.error?.code))).toEqual(new Set(['answer_too_large']));
-    // Both limits cut answers: the budget across requests, and each request's own bound.
+    // A sample fails only at its own bound, the server's fault; never at regen's memory budget.
     const messages = samples.map((s) => s.error.message as string);
-    expect(messages.some((m) => m.includes('memory budget'))).toBe(true);
-    expect(messages.some((m) => m.includes('more than its request can produce'))).toBe(true);
+    expect(messages.every((m) => m.includes('more than its request can produce'))).toBe(true);
     // The server answered every time: its connection is not what failed.
     expect((await endpoint()).state).toBe('ready');
   });

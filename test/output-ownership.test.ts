@@ -4,6 +4,7 @@ import { pathToFileURL } from 'node:url';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { expectProblem, request, type Raw } from './support/http.js';
 import { setOutputUri } from '../src/db/runs.js';
+import { resolveInput } from '../src/services/runs/input-source.js';
 import { startTestServer, tempDir } from './support/server.js';
 
 // One place, one owner: an output prefix is compared by where it points, not how it is spelled,
@@ -153,6 +154,23 @@ describe('output ownership by location', () => {
     } finally {
       await own.close(0);
       tmp.cleanup();
+    }
+  });
+
+  it('refuses an uploaded file in an s3:// store read by its URI as an input, before anything is read', () => {
+    const config = { ...srv.config, outputUri: 's3://regen-store/deploy/' };
+    for (const uri of ['s3://regen-store/deploy/files/file_abc.jsonl', 's3://regen-store/deploy/files/x/y.jsonl']) {
+      expect(() => resolveInput(uri, config), uri).toThrow(
+        expect.objectContaining({ code: 'validation_failed', extra: expect.objectContaining({ field: 'input.uri' }) }),
+      );
+    }
+    // The same names elsewhere are anyone's objects.
+    for (const uri of [
+      's3://regen-store/other/files/file_abc.jsonl',
+      's3://other-bucket/deploy/files/file_abc.jsonl',
+      's3://regen-store/deploy/runs/x.jsonl',
+    ]) {
+      expect(resolveInput(uri, config).kind, uri).toBe('object');
     }
   });
 

@@ -5,6 +5,7 @@ import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { openDb } from '../src/db/client.js';
 import { getEndpoint } from '../src/db/endpoints.js';
+import { checkStoredSecrets } from '../src/db/secrets.js';
 import { runWebhookSecret } from '../src/db/webhooks.js';
 import { call, startTestServer, tempDir } from './support/server.js';
 import { onPg, storeEnv } from './support/store.js';
@@ -113,5 +114,48 @@ describe('secrets at rest', () => {
   it('a store with sealed secrets does not start without the key, or with another one, and says which variable', async () => {
     await expect(startTestServer({ REGEN_RUNNER: 'false' }, tmp.dir)).rejects.toThrow(/REGEN_SECRET_KEY is not set/);
     await expect(startTestServer({ REGEN_RUNNER: 'false', REGEN_SECRET_KEY: OTHER_KEY }, tmp.dir)).rejects.toThrow(/REGEN_SECRET_KEY does not open/);
+  });
+
+  it('a store whose secrets were sealed under two keys (replicas started together) does not start with either', async () => {
+    // What two replicas given different keys would leave if each sealed part of the plain secrets.
+    const db = await openDb(await storeTarget(), { secretKey: OTHER_KEY });
+    try {
+      const { changes } = await db.write((w) =>
+        w.exec('update endpoints set api_key = ? where url = ?', [db.secrets.seal('sk-sealed-elsewhere'), 'http://127.0.0.1:10']),
+      );
+      expect(changes).toBe(1);
+    } finally {
+      await db.close();
+    }
+    for (const key of [KEY, OTHER_KEY]) {
+      await expect(startTestServer({ REGEN_RUNNER: 'false', REGEN_SECRET_KEY: key }, tmp.dir)).rejects.toThrow(/REGEN_SECRET_KEY does not open/);
+    }
+  });
+
+  // SQLite serialises the two with its immediate transaction; two handles in one process would only wait out its busy timeout.
+  it.runIf(onPg)('replicas starting together with different keys: one seals every plain secret, the other stops', async () => {
+    const plain = await openDb(await storeTarget());
+    try {
+      await plain.write(async (w) => {
+        await w.exec(`update endpoints set api_key = 'sk-plain-' || id`);
+        await w.exec('update runs set webhook_secret = null');
+      });
+    } finally {
+      await plain.close();
+    }
+    const replicas = await Promise.all([KEY, OTHER_KEY].map(async (secretKey) => openDb(await storeTarget(), { secretKey })));
+    try {
+      const started = await Promise.allSettled(replicas.map((db) => checkStoredSecrets(db)));
+      expect(started.map((s) => s.status).sort()).toEqual(['fulfilled', 'rejected']);
+      const failed = started.find((s) => s.status === 'rejected') as PromiseRejectedResult;
+      expect(String(failed.reason)).toMatch(/REGEN_SECRET_KEY does not open/);
+      // Every secret opens under the key of the one that started.
+      const winner = replicas[started.findIndex((s) => s.status === 'fulfilled')];
+      const { rows } = await winner.exec<{ id: string; api_key: string }>('select id, api_key from endpoints');
+      expect(rows.length).toBeGreaterThan(1);
+      for (const { id, api_key } of rows) expect(winner.secrets.open(api_key)).toBe(`sk-plain-${id}`);
+    } finally {
+      await Promise.all(replicas.map((db) => db.close()));
+    }
   });
 });

@@ -49,56 +49,63 @@ export class SecretBox implements Secrets {
 
 const isSealed = (value: string) => value.startsWith(SEALED_PREFIX);
 
+/** PostgreSQL: the advisory lock replicas starting together check and seal the stored secrets under, one at a time. */
+const SEAL_LOCK_KEY = 7_240_416;
+
 /**
- * On start: with a key, seals the secrets stored in plain text before it was set, and checks that
- * it opens the sealed ones; without one, refuses a store whose secrets are sealed. Either way a
- * wrong setting stops the process with one line instead of failing each probe and delivery.
+ * On start: with a key, checks that it opens every sealed secret and seals the ones stored in plain
+ * text before it was set; without one, refuses a store whose secrets are sealed. Either way a wrong
+ * setting stops the process with one line instead of failing each probe and delivery. Replicas
+ * started together with different keys take turns (one transaction each, under a lock): the first
+ * seals, and the next finds secrets its key does not open and stops, instead of sealing the rest
+ * under its own key and leaving a store no key opens whole.
  */
 export async function checkStoredSecrets(db: Db): Promise<void> {
   const { endpoints, runs } = db.t;
-  const sealedKey = db.q
-    .select({ v: endpoints.apiKey })
-    .from(endpoints)
-    .where(like(endpoints.apiKey, `${SEALED_PREFIX}%`))
-    .limit(1);
-  const sealedHook = db.q
-    .select({ v: runs.webhookSecret })
-    .from(runs)
-    .where(like(runs.webhookSecret, `${SEALED_PREFIX}%`))
-    .limit(1);
-  for (const [row] of [await sealedKey, await sealedHook]) if (row?.v) db.secrets.open(row.v);
-  if (!db.secrets.sealing) return;
-  const plainKeys = await db.q
-    .select({ id: endpoints.id, v: endpoints.apiKey })
-    .from(endpoints)
-    .where(and(isNotNull(endpoints.apiKey), not(like(endpoints.apiKey, `${SEALED_PREFIX}%`))));
-  const plainHooks = await db.q
-    .select({ id: runs.id, v: runs.webhookSecret })
-    .from(runs)
-    .where(and(isNotNull(runs.webhookSecret), not(like(runs.webhookSecret, `${SEALED_PREFIX}%`))));
-  if (plainKeys.length + plainHooks.length === 0) return;
-  // SQLite keeps a rewritten value's old bytes in the page's free space and in the WAL: they are
-  // zeroed as they are freed, and the WAL is emptied, so the plain values leave the disk too.
   const sqlite = db.dialect === 'sqlite';
-  await db.write(async (w) => {
-    if (sqlite) await w.exec('pragma secure_delete = on');
+  const sealedSome = await db.tx(async (tx) => {
+    if (!sqlite) await tx.exec('select pg_advisory_xact_lock(?)', [SEAL_LOCK_KEY]);
+    const sealedKeys = await tx.q
+      .select({ v: endpoints.apiKey })
+      .from(endpoints)
+      .where(like(endpoints.apiKey, `${SEALED_PREFIX}%`));
+    const sealedHooks = await tx.q
+      .select({ v: runs.webhookSecret })
+      .from(runs)
+      .where(like(runs.webhookSecret, `${SEALED_PREFIX}%`));
+    for (const { v } of [...sealedKeys, ...sealedHooks]) db.secrets.open(v);
+    if (!db.secrets.sealing) return false;
+    const plainKeys = await tx.q
+      .select({ id: endpoints.id, v: endpoints.apiKey })
+      .from(endpoints)
+      .where(and(isNotNull(endpoints.apiKey), not(like(endpoints.apiKey, `${SEALED_PREFIX}%`))));
+    const plainHooks = await tx.q
+      .select({ id: runs.id, v: runs.webhookSecret })
+      .from(runs)
+      .where(and(isNotNull(runs.webhookSecret), not(like(runs.webhookSecret, `${SEALED_PREFIX}%`))));
+    if (plainKeys.length + plainHooks.length === 0) return false;
+    // SQLite keeps a rewritten value's old bytes in the page's free space and in the WAL: they are
+    // zeroed as they are freed, and the WAL is emptied below, so the plain values leave the disk too.
+    if (sqlite) await tx.exec('pragma secure_delete = on');
     try {
-      // Only the value read is replaced: a replica that sealed it first, or an operator's new key, wins.
+      // Only the value read is replaced: an operator's new key, written meanwhile, wins.
       for (const { id, v } of plainKeys) {
-        await w.q
+        await tx.q
           .update(endpoints)
           .set({ apiKey: db.secrets.seal(v) })
           .where(and(eq(endpoints.id, id), eq(endpoints.apiKey, v!)));
       }
       for (const { id, v } of plainHooks) {
-        await w.q
+        await tx.q
           .update(runs)
           .set({ webhookSecret: db.secrets.seal(v) })
           .where(and(eq(runs.id, id), eq(runs.webhookSecret, v!)));
       }
     } finally {
-      if (sqlite) await w.exec('pragma secure_delete = off');
+      if (sqlite) await tx.exec('pragma secure_delete = off');
     }
-    if (sqlite) await w.exec('pragma wal_checkpoint(truncate)');
+    return true;
   });
+  // After the commit: a checkpoint cannot empty the WAL while a transaction is open.
+  if (sealedSome && sqlite) await db.write((w) => w.exec('pragma wal_checkpoint(truncate)'));
 }

@@ -24,7 +24,7 @@ export const SAMPLE_ERROR_CODES = {
    * a finish_reason SGLang does not send, or token counts the request cannot have.
    */
   malformed_response: { retryable: true, fault: 'server' },
-  /** 200 with an answer larger than its request can produce (from max_tokens, n, logprobs and the context), or past the memory budget of the answers in flight: cut there. */
+  /** 200 with an answer larger than its request can produce (from max_tokens, n, logprobs and the context): cut there. */
   answer_too_large: { retryable: true, fault: 'server' },
   /** An answer regen could not take (a fault of its own); tried again. */
   internal_error: { retryable: true, fault: 'sample' },

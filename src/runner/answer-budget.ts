@@ -3,10 +3,11 @@
 // (REGEN_ANSWER_BUFFER_BYTES): a server that streams without end, on every request at once, cannot
 // run the process out of memory.
 //
-// Over the budget, the answer holding the most is cut (answer_too_large), not the one whose bytes
-// happened to arrive last, and nothing is throttled. A healthy answer is far below its bound, so
-// the largest one in flight is almost always a broken server's; throttling it would only keep its
-// bytes and its slot until its timeout, while the healthy answers behind it waited.
+// Over the budget, the answer holding the most is cut, not the one whose bytes happened to arrive
+// last, and nothing is throttled: throttling would only keep its bytes and its slot until its
+// timeout, while the answers behind it waited. That cut is regen's own limit, not the server's
+// fault: the largest answer in flight may well be a healthy long one, so its sample is given back
+// unspent (AnswerShed), and only an answer past its own bound is the server's (answer_too_large).
 
 /**
  * An answer regen stopped reading, from a server that answered 200: larger than its request
@@ -21,6 +22,12 @@ export class AnswerRefused extends Error {
     super(message);
   }
 }
+
+/** An answer cut because the answers in flight passed regen's memory budget: its sample is given back, nothing charged. */
+export class AnswerShed extends Error {}
+
+/** Why a lease's answer was cut. */
+export type AnswerCut = AnswerRefused | AnswerShed;
 
 /** A held streamed piece of text costs its V8 string header and its slot in the array that holds it, besides two bytes a character. */
 const HELD_STRING_OVERHEAD_BYTES = 32;
@@ -56,7 +63,9 @@ export class AnswerBudget {
       let largest = lease;
       for (const l of this.leases) if (l.bytes > largest.bytes) largest = l;
       if (largest.bytes === 0) return;
-      largest.refuse(`the answers in flight passed their memory budget of ${this.totalBytes} bytes, this one holding the most (${largest.bytes} bytes)`);
+      largest.cutWith(
+        new AnswerShed(`the answers in flight passed their memory budget of ${this.totalBytes} bytes, this one holding the most (${largest.bytes} bytes)`),
+      );
     }
   }
 
@@ -70,8 +79,8 @@ export class AnswerBudget {
 export class AnswerLease {
   bytes = 0;
   /** Why the answer was cut, once it was. */
-  refused: AnswerRefused | null = null;
-  private cut: ((err: AnswerRefused) => void) | null = null;
+  refused: AnswerCut | null = null;
+  private cut: ((err: AnswerCut) => void) | null = null;
 
   constructor(
     private readonly budget: AnswerBudget,
@@ -79,7 +88,7 @@ export class AnswerLease {
   ) {}
 
   /** Where a cut lands: the reader stops reading and fails its request with the error. */
-  onCut(cut: (err: AnswerRefused) => void): void {
+  onCut(cut: (err: AnswerCut) => void): void {
     this.cut = cut;
   }
 
@@ -87,7 +96,7 @@ export class AnswerLease {
   take(bytes: number): boolean {
     if (this.refused) return false;
     if (this.bytes + bytes > this.limitBytes) {
-      this.refuse(`the answer passed ${this.limitBytes} bytes, more than its request can produce`);
+      this.cutWith(new AnswerRefused('answer_too_large', `the answer passed ${this.limitBytes} bytes, more than its request can produce`));
       return false;
     }
     this.bytes += bytes;
@@ -109,9 +118,9 @@ export class AnswerLease {
   }
 
   /** @internal cuts the answer: its bytes are given back and its reader told. */
-  refuse(message: string): void {
+  cutWith(why: AnswerCut): void {
     if (this.refused) return;
-    this.refused = new AnswerRefused('answer_too_large', message);
+    this.refused = why;
     this.release();
     this.cut?.(this.refused);
   }

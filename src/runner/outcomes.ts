@@ -79,7 +79,7 @@ export function settleError(
   return { retried: error.code, outcome: { ...base(a), ...retry } };
 }
 
-/** Regen aborted the request itself: a cancel ends the sample, anything else gives it back unspent. */
+/** Regen aborted the request itself (or cut its answer to keep its memory budget): a cancel ends the sample, anything else gives it back unspent. */
 export function settleAbort(a: Attempt, reason: 'cancel' | 'release'): Settled {
   return { retried: null, outcome: { ...base(a), kind: reason === 'cancel' ? 'cancelled' : 'release' } };
 }

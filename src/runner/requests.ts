@@ -4,7 +4,7 @@ import type { Claimed } from './claim-buffer.js';
 import type { EndpointPool, LiveEndpoint } from './endpoints.js';
 import { APIError } from 'openai';
 import { LoopWatch, stopsLoops } from '../domain/quality.js';
-import { AnswerBudget, type AnswerLease, AnswerRefused, heldTextBytes } from './answer-budget.js';
+import { AnswerBudget, type AnswerLease, AnswerRefused, AnswerShed, heldTextBytes } from './answer-budget.js';
 import type { AnswerInit } from './http-fetch.js';
 import { settleAbort, settleAnswer, settleError, type Attempt, type Settled } from './outcomes.js';
 import {
@@ -46,7 +46,8 @@ export interface Flight {
 /**
  * The requests in flight: each sample sent to its endpoint, its answer or error turned into an
  * outcome for the result writer, and the endpoint's health and stats moved with it. Regen aborts a
- * request itself only to cancel its run or to give its sample back (shutdown, a dead endpoint).
+ * request itself only to cancel its run or to give its sample back (shutdown, a dead endpoint, an
+ * answer cut to keep the memory budget).
  */
 export class Requests {
   private readonly flights = new Map<number, Flight>();
@@ -259,6 +260,12 @@ export class Requests {
     }
     if (f.abortReason) {
       this.settle(settleAbort(this.attempt(f), f.abortReason === 'cancel' ? 'cancel' : 'release'));
+      return;
+    }
+    // Cut to keep regen's own memory, whatever the server did: the sample is given back unspent.
+    if (f.lease.refused instanceof AnswerShed) {
+      e.consecutiveFailures = 0;
+      this.settle(settleAbort(this.attempt(f), 'release'));
       return;
     }
     const verdict = classifyError(err, f.run.requestTimeoutMs);

@@ -1,18 +1,18 @@
 import { APIConnectionError } from 'openai';
 import { describe, expect, it } from 'vitest';
-import { AnswerBudget, AnswerRefused } from '../../src/runner/answer-budget.js';
+import { AnswerBudget, type AnswerCut, AnswerRefused, AnswerShed } from '../../src/runner/answer-budget.js';
 import { answerByteLimit, answerLimits, type AnswerLimits, classifyError, parseAnswer } from '../../src/runner/request.js';
 
 describe('AnswerBudget', () => {
   it('cuts an answer at its own bound, and gives its bytes back to the budget', () => {
     const budget = new AnswerBudget(1000);
     const lease = budget.lease(100);
-    const cuts: AnswerRefused[] = [];
+    const cuts: AnswerCut[] = [];
     lease.onCut((err) => cuts.push(err));
     expect(lease.take(60)).toBe(true);
     expect(budget.heldBytes).toBe(60);
     expect(lease.take(60)).toBe(false);
-    expect(cuts.map((c) => c.code)).toEqual(['answer_too_large']);
+    expect(cuts.map((c) => c instanceof AnswerRefused && c.code)).toEqual(['answer_too_large']);
     expect(cuts[0].message).toContain('more than its request can produce');
     expect(budget.heldBytes).toBe(0);
     // A cut answer takes nothing more, and its release after the request settled changes nothing.
@@ -33,6 +33,26 @@ describe('AnswerBudget', () => {
     expect(cut).toEqual(['big']);
     expect(big.refused?.message).toContain('memory budget of 100 bytes');
     expect(budget.heldBytes).toBe(40);
+  });
+
+  it("over the budget gives the answer back as regen's own limit, not as the server's answer_too_large", () => {
+    const budget = new AnswerBudget(100);
+    const [long, short] = [budget.lease(1000), budget.lease(1000)];
+    const cuts: AnswerCut[] = [];
+    long.onCut((err) => cuts.push(err));
+    short.onCut((err) => cuts.push(err));
+    expect(long.take(90)).toBe(true);
+    expect(short.take(20)).toBe(true);
+    // The long answer was well within its own bound of 1000 bytes: the overflow is not its server's fault.
+    expect(cuts).toHaveLength(1);
+    expect(cuts[0]).toBeInstanceOf(AnswerShed);
+    expect(cuts[0]).not.toBeInstanceOf(AnswerRefused);
+    expect(long.refused).toBe(cuts[0]);
+    expect(long.take(1)).toBe(false);
+    // Past its own bound an answer is still the server's fault.
+    expect(short.take(990)).toBe(false);
+    expect(short.refused).toBeInstanceOf(AnswerRefused);
+    expect((short.refused as AnswerRefused).code).toBe('answer_too_large');
   });
 
   it('counts what is given back: a stream holds only its unread part', () => {
