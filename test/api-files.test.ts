@@ -4,6 +4,7 @@ import { join } from 'node:path';
 import OpenAI from 'openai';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { startTestServer, tempDir, waitFor } from './support/server.js';
+import { TEMP_FOLDER } from '../src/storage/location.js';
 
 let server: Awaited<ReturnType<typeof startTestServer>>;
 const tmp = tempDir('regen-files-test-');
@@ -210,8 +211,9 @@ describe('a client that hangs up mid-upload', () => {
       });
       upload.on('error', () => {});
       const { readdirSync, existsSync } = await import('node:fs');
-      const dir = join(server.config.dataDir, 'objects', 'files');
-      const temps = () => (existsSync(dir) ? readdirSync(dir).filter((f) => f.endsWith('.tmp')) : []);
+      // Uploads are written under the store's temp folder and moved into objects/files/ once whole.
+      const dir = join(server.config.dataDir, 'objects', TEMP_FOLDER);
+      const temps = () => (existsSync(dir) ? readdirSync(dir).filter((f) => f.startsWith('file_')) : []);
       upload.write(head + lines(2000, 'hang'));
       await waitFor('the upload under way', () => (temps().length > 0 ? true : undefined), 30_000, 10);
       upload.destroy();

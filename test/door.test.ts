@@ -52,7 +52,10 @@ describe('roles', () => {
     const done = await waitForStatus(server.url, run.id, ['failed', 'completed']);
     expect(done.status).toBe('completed');
     expect(done.request_counts).toMatchObject({ total: 2, completed: 2 });
-    expect(done.invalid_lines).toEqual({ count: 1, errors: [{ line: 2, message: 'messages[0].role "human" is not a chat role: write "user"' }] });
+    expect(done.invalid_lines).toEqual({
+      count: 1,
+      errors: [{ line: 2, custom_id: 'b', message: 'messages[0].role "human" is not a chat role: write "user"' }],
+    });
   });
 });
 
