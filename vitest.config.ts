@@ -24,10 +24,10 @@ export default defineConfig({
   test: {
     testTimeout: 120_000,
     hookTimeout: 120_000,
-    // Test files spend most of their time waiting on the simulators' clocks, not on a core: four
-    // files at once keep a 2-core machine busy where two left it half idle (README, Development).
-    // `--maxWorkers=N` on the command line overrides it.
-    maxWorkers: 4,
+    // Two files at once, one a core: with four, regen servers, simulators and PostgreSQL on a 2-core
+    // machine pushed the load past 14 and tests that wait on real answers ran out of time (README,
+    // Development). `--maxWorkers=N` on the command line overrides it.
+    maxWorkers: 2,
     // Tags this run's PostgreSQL databases, and fails the run if any is left behind.
     globalSetup: ['test/support/global-setup.ts'],
     reporters: ['default'],
