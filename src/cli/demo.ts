@@ -1,5 +1,6 @@
 import { mkdirSync } from 'node:fs';
 import { readdir } from 'node:fs/promises';
+import { TEMP_FOLDER } from '../storage/location.js';
 import { resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { loadConfig } from '../config.js';
@@ -87,7 +88,8 @@ export async function demoCommand(flags: { data: string; samples: string; port: 
     if (view.status !== 'completed') throw new Error(`the demo run ended ${view.status}: ${view.status_reason ?? ''}`);
     const outDir = fileURLToPath(view.output_uri);
     console.log(`\nrun ${run.id} completed; output in ${outDir}`);
-    for (const f of (await readdir(outDir)).sort()) console.log(`  ${f}`);
+    // The store's temp folder (TEMP_FOLDER) stays in the prefix; it holds no output.
+    for (const f of (await readdir(outDir)).filter((name) => name !== TEMP_FOLDER).sort()) console.log(`  ${f}`);
     if (flags.keep) {
       console.log(`\nstill serving ${server.url}; Ctrl-C to stop`);
       await new Promise(() => {});
