@@ -1,6 +1,7 @@
 import { countFlags } from '../domain/flags.js';
 import type { Db } from './client.js';
 import { uncountRequeued } from './runs.js';
+import { addToVariantDelta, moveVariantCounters, newVariantDelta, type VariantDelta } from './run-variants.js';
 import { requeueSamples, samplesToRetry } from './samples.js';
 import { reopenShards } from './shards.js';
 import { deleteStagedOutputs } from './staging.js';
@@ -29,6 +30,18 @@ export async function requeueRunSamples(db: Db, runId: string, only: 'failed' | 
     const reopenedUploaded = await reopenShards(tx, runId, perShard);
     const n = picked.length;
     await uncountRequeued(tx, runId, { only, n, byFlag: countFlags(picked.map((s) => s.flags)), reopenedUploaded, now });
+    // Each variant's counters give back what its samples had counted; their usage stays spent.
+    const byVariant = new Map<number, VariantDelta>();
+    for (const s of picked) {
+      if (s.variant === null) continue;
+      let d = byVariant.get(s.variant);
+      if (!d) byVariant.set(s.variant, (d = newVariantDelta()));
+      addToVariantDelta(d, only === 'failed' ? 'failed' : 'completed', s.flags, null);
+    }
+    for (const [idx, d] of byVariant) {
+      const back = { ...d, completed: -d.completed, failed: -d.failed, flagged: -d.flagged, flags: d.flags.map((x) => -x) };
+      await moveVariantCounters(tx, runId, idx, back);
+    }
     return n;
   });
 }

@@ -3,6 +3,7 @@ import type { Usage } from '../domain/output-line.js';
 import { FLAG_COLUMNS, FLAGS, flagBit } from '../domain/flags.js';
 import type { DbOrTx } from './client.js';
 import { RELEASE_LEASE } from './samples.js';
+import { addToVariantDelta, moveVariantCounters, newVariantDelta, type VariantDelta } from './run-variants.js';
 
 // The result writer's statements: one transaction turns a batch of outcomes into sample, staging,
 // run, shard and endpoint updates. Every sample update is guarded by status and lease owner, so an
@@ -16,6 +17,8 @@ interface Base {
   endpointId: string | null;
   /** Set when regen cut the answer because it looped: the tokens that spared (README "The quality gate"). */
   loopTokensSaved?: number;
+  /** The index of the sample's variant, whose counters move with the run's; none when the run has none. */
+  variant?: number | null;
 }
 
 /** What became of one dispatched sample; the writer turns a batch of these into one transaction. */
@@ -34,7 +37,16 @@ export type Outcome =
   | (Base & { kind: 'failed'; error: SampleError; at: number })
   // Back to the queue: a retry after backoff (usage is what the failed or flagged attempt cost). After
   // a server's fault the attempt is refunded and the fault counted instead.
-  | (Base & { kind: 'retry'; availableAt: number; usage: Usage | null; qualityRetry: boolean; serverFault: boolean; error: SampleError | null })
+  | (Base & {
+      kind: 'retry';
+      availableAt: number;
+      usage: Usage | null;
+      qualityRetry: boolean;
+      serverFault: boolean;
+      error: SampleError | null;
+      /** An answer cut by max_tokens under on_length "retry": the larger max_tokens the sample is sent with from now on. */
+      maxTokens?: number;
+    })
   // Back to the queue without spending an attempt: shutdown, pause, a sick endpoint.
   | (Base & { kind: 'release' })
   | (Base & { kind: 'cancelled' });
@@ -92,7 +104,7 @@ const SQL = {
      on conflict (sample_id) do update set run_id = excluded.run_id, shard_idx = excluded.shard_idx, output = excluded.output`,
   fail: `update samples set status = 'failed', endpoint_id = ?, error_code = ?, error_message = ?, error_status = ?, completed_at = ?,
      lease_owner = null, lease_expires_at = null ${GUARD}`,
-  retry: `update samples set status = 'pending', available_at = ?, quality_retries = quality_retries + ?,
+  retry: `update samples set status = 'pending', available_at = ?, quality_retries = quality_retries + ?, max_tokens = coalesce(?, max_tokens),
      attempts = case when attempts > ? then attempts - ? else 0 end,
      server_faults = server_faults + ?, error_code = ?, error_message = ?, error_status = ?, lease_owner = null, lease_expires_at = null ${GUARD}`,
   release: `update samples set ${RELEASE_LEASE} ${GUARD}`,
@@ -110,6 +122,7 @@ export async function applyOutcomes(tx: DbOrTx, owner: string, batch: Outcome[],
   const deltas = new Map<string, RunDelta>();
   const shardDeltas = new Map<string, { runId: string; idx: number; n: number }>();
   const endpointDeltas = new Map<string, { completed: number; failed: number }>();
+  const variantDeltas = new Map<string, { runId: string; idx: number; d: VariantDelta }>();
   const report: FlushReport = { runs: new Map(), closedShards: [], dropped: 0 };
   // Whether each outcome changed its sample; the counters below move only for those.
   const applied =
@@ -143,6 +156,12 @@ export async function applyOutcomes(tx: DbOrTx, owner: string, batch: Outcome[],
       d.completion += usage.completion_tokens;
       d.reasoning += usage.reasoning_tokens;
       d.cached += usage.cached_tokens;
+    }
+    if (o.variant !== undefined && o.variant !== null) {
+      const key = `${o.runId}\0${o.variant}`;
+      let vd = variantDeltas.get(key);
+      if (!vd) variantDeltas.set(key, (vd = { runId: o.runId, idx: o.variant, d: newVariantDelta() }));
+      addToVariantDelta(vd.d, o.kind === 'completed' || o.kind === 'failed' ? o.kind : 'other', o.kind === 'completed' ? o.flags : 0, usage);
     }
     if (o.endpointId && (o.kind === 'completed' || o.kind === 'failed')) {
       const e = endpointDeltas.get(o.endpointId) ?? { completed: 0, failed: 0 };
@@ -188,6 +207,7 @@ export async function applyOutcomes(tx: DbOrTx, owner: string, batch: Outcome[],
     if (row && row.terminal_count === row.sample_count) report.closedShards.push({ runId: sd.runId, idx: sd.idx });
   }
   for (const [id, e] of endpointDeltas) await tx.exec(SQL.endpointStats, [e.completed, e.failed, id]);
+  for (const { runId, idx, d } of variantDeltas.values()) await moveVariantCounters(tx, runId, idx, d);
   return report;
 }
 
@@ -226,6 +246,7 @@ async function updateSamplesEach(tx: DbOrTx, owner: string, batch: Outcome[]): P
         ({ changes: changed } = await tx.exec(SQL.retry, [
           o.availableAt,
           o.qualityRetry ? 1 : 0,
+          o.maxTokens ?? null,
           o.serverFault ? 1 : 0,
           o.serverFault ? 1 : 0,
           o.serverFault ? 1 : 0,
@@ -326,8 +347,9 @@ async function updateSamplesAtOnce(tx: DbOrTx, owner: string, batch: Outcome[]):
     await apply(
       `update samples as s set status = 'pending', available_at = v.available_at, quality_retries = s.quality_retries + v.quality,
          attempts = case when s.attempts > v.fault then s.attempts - v.fault else 0 end, server_faults = s.server_faults + v.fault,
-         error_code = v.code, error_message = v.message, error_status = v.status, ${cleared}
-       from unnest(?::bigint[], ?::bigint[], ?::int[], ?::int[], ?::text[], ?::text[], ?::int[]) as v(id, available_at, quality, fault, code, message, status)
+         error_code = v.code, error_message = v.message, error_status = v.status, max_tokens = coalesce(v.max_tokens, s.max_tokens), ${cleared}
+       from unnest(?::bigint[], ?::bigint[], ?::int[], ?::int[], ?::text[], ?::text[], ?::int[], ?::int[])
+         as v(id, available_at, quality, fault, code, message, status, max_tokens)
        where ${guard} returning s.id`,
       [
         retried.map((o) => o.sampleId),
@@ -337,6 +359,7 @@ async function updateSamplesAtOnce(tx: DbOrTx, owner: string, batch: Outcome[]):
         retried.map((o) => o.error?.code ?? null),
         retried.map((o) => o.error?.message ?? null),
         retried.map((o) => o.error?.status ?? null),
+        retried.map((o) => o.maxTokens ?? null),
         owner,
       ],
     );

@@ -1,5 +1,6 @@
 import { and, asc, desc, eq, gt, inArray, ne, sql, type SQL } from 'drizzle-orm';
 import { type Db, type DbOrTx, locked } from './client.js';
+import { deleteRunVariants } from './run-variants.js';
 import { flagBit, type Flag } from '../domain/flags.js';
 import { isDispatchable } from '../domain/statuses.js';
 
@@ -59,6 +60,10 @@ export interface ClaimedRow {
   attempts: number;
   qualityRetries: number;
   serverFaults: number;
+  /** The index of its run's variant, or null. */
+  variant: number | null;
+  /** The max_tokens an on_length "retry" raised it to, or null. */
+  maxTokens: number | null;
 }
 
 /**
@@ -71,7 +76,8 @@ const SLICE_SHUFFLE = 2654435761;
 const byId = (a: ClaimedRow, b: ClaimedRow) => a.id - b.id;
 const LEASE = `update samples set status = 'in_progress', attempts = attempts + 1, lease_owner = ?, lease_expires_at = ?`;
 // Quoted aliases: PostgreSQL folds unquoted names to lower case.
-const LEASED = `returning id, shard_idx as "shardIdx", request, attempts, quality_retries as "qualityRetries", server_faults as "serverFaults"`;
+const LEASED = `returning id, shard_idx as "shardIdx", request, attempts, quality_retries as "qualityRetries", server_faults as "serverFaults", variant,
+  max_tokens as "maxTokens"`;
 
 /**
  * The order a claim takes a run's samples in, after its calibration slice: `slice_only` (a dry
@@ -162,7 +168,8 @@ export async function claimSamples(
 export async function readClaim(db: Db, c: { runId: string; owner: string; leaseExpiresAt: number }): Promise<ClaimedRow[]> {
   const from = db.dialect === 'pg' ? 'samples' : 'samples indexed by samples_claim_idx';
   const { rows } = await db.exec<ClaimedRow>(
-    `select id, shard_idx as "shardIdx", request, attempts, quality_retries as "qualityRetries", server_faults as "serverFaults" from ${from}
+    `select id, shard_idx as "shardIdx", request, attempts, quality_retries as "qualityRetries", server_faults as "serverFaults", variant,
+       max_tokens as "maxTokens" from ${from}
      where run_id = ? and status = 'in_progress' and lease_owner = ? and lease_expires_at = ? order by calibration desc, seq`,
     [c.runId, c.owner, c.leaseExpiresAt],
   );
@@ -355,6 +362,8 @@ export interface NewSample {
   customId: string;
   request: string;
   predictedTokens: number | null;
+  /** The index of its variant; none when the run has none. */
+  variant?: number | null;
 }
 
 /**
@@ -368,9 +377,9 @@ export async function insertSampleBatch(tx: DbOrTx, runId: string, firstSeq: num
   let seq = firstSeq;
   for (const s of batch) {
     const { changes } = await tx.exec(
-      `insert into samples (run_id, seq, shard_idx, custom_id, status, request, predicted_tokens) values (?, ?, ?, ?, 'pending', ?, ?)
+      `insert into samples (run_id, seq, shard_idx, custom_id, status, request, predicted_tokens, variant) values (?, ?, ?, ?, 'pending', ?, ?, ?)
        on conflict (run_id, custom_id) do nothing`,
-      [runId, seq, Math.floor(seq / shardSize), s.customId, s.request, s.predictedTokens],
+      [runId, seq, Math.floor(seq / shardSize), s.customId, s.request, s.predictedTokens, s.variant ?? null],
     );
     inserted.push(changes > 0);
     if (changes > 0) seq++;
@@ -395,10 +404,19 @@ async function insertSampleBatchPg(tx: DbOrTx, runId: string, firstSeq: number, 
   if (!sent.length) return fresh;
   const seqs = sent.map((_, i) => firstSeq + i);
   const { rows } = await tx.exec<{ custom_id: string }>(
-    `insert into samples (run_id, seq, shard_idx, custom_id, status, request, predicted_tokens)
-     select ?, u.seq, u.shard_idx, u.custom_id, 'pending', u.request, u.predicted from unnest(?::bigint[], ?::int[], ?::text[], ?::text[], ?::int[]) as u(seq, shard_idx, custom_id, request, predicted)
+    `insert into samples (run_id, seq, shard_idx, custom_id, status, request, predicted_tokens, variant)
+     select ?, u.seq, u.shard_idx, u.custom_id, 'pending', u.request, u.predicted, u.variant
+     from unnest(?::bigint[], ?::int[], ?::text[], ?::text[], ?::int[], ?::int[]) as u(seq, shard_idx, custom_id, request, predicted, variant)
      on conflict (run_id, custom_id) do nothing returning custom_id`,
-    [runId, seqs, seqs.map((q) => Math.floor(q / shardSize)), sent.map((s) => s.customId), sent.map((s) => s.request), sent.map((s) => s.predictedTokens)],
+    [
+      runId,
+      seqs,
+      seqs.map((q) => Math.floor(q / shardSize)),
+      sent.map((s) => s.customId),
+      sent.map((s) => s.request),
+      sent.map((s) => s.predictedTokens),
+      sent.map((s) => s.variant ?? null),
+    ],
   );
   const inserted = new Set(rows.map((r) => r.custom_id));
   if (inserted.size < sent.length) {
@@ -431,6 +449,7 @@ export async function clearRunSamples(db: DbOrTx, runId: string): Promise<void> 
   await db.tx(async (tx) => {
     await tx.q.delete(samples).where(eq(samples.runId, runId));
     await tx.q.delete(shards).where(eq(shards.runId, runId));
+    await deleteRunVariants(tx, runId);
   });
 }
 
@@ -440,7 +459,7 @@ export async function samplesToRetry(
   runId: string,
   only: 'failed' | 'flagged',
   endpointId?: string,
-): Promise<{ id: number; shardIdx: number; flags: number }[]> {
+): Promise<{ id: number; shardIdx: number; flags: number; variant: number | null }[]> {
   const { samples } = db.t;
   const which = and(
     eq(samples.runId, runId),
@@ -449,7 +468,7 @@ export async function samplesToRetry(
   );
   // Locked on PostgreSQL: two retries of one run at once (a double click, a quarantine and an
   // operator) would each count the same samples back; the second waits and then finds none.
-  return await locked(db, db.q.select({ id: samples.id, shardIdx: samples.shardIdx, flags: samples.flags }).from(samples).where(which));
+  return await locked(db, db.q.select({ id: samples.id, shardIdx: samples.shardIdx, flags: samples.flags, variant: samples.variant }).from(samples).where(which));
 }
 
 /** Makes samples pending again with a fresh attempt budget, as if never sent. */
@@ -468,6 +487,7 @@ export async function requeueSamples(db: DbOrTx, ids: number[]): Promise<void> {
         errorMessage: null,
         errorStatus: null,
         flags: 0,
+        maxTokens: null,
         leaseOwner: null,
         leaseExpiresAt: null,
       })
@@ -497,4 +517,17 @@ export async function completionLengthCounts(db: Db, runId: string): Promise<[nu
     [runId],
   );
   return rows.map((r) => [r.tokens, Number(r.n)]);
+}
+
+/**
+ * The same per variant: (tokens, samples, variant) triples. It reads the completed rows (the index
+ * holds no variant): once per start of a run with variants.
+ */
+export async function completionLengthCountsByVariant(db: Db, runId: string): Promise<[number, number, number | null][]> {
+  const { rows } = await db.exec<{ tokens: number; n: number | string; variant: number | null }>(
+    `select completion_tokens as tokens, variant, count(*) as n from samples where run_id = ? and status = 'completed' and completion_tokens is not null
+     group by variant, completion_tokens`,
+    [runId],
+  );
+  return rows.map((r) => [r.tokens, Number(r.n), r.variant === null ? null : Number(r.variant)]);
 }

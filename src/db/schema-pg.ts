@@ -4,6 +4,7 @@ import { FLAGS, flagBit } from '../domain/flags.js';
 import type { InvalidLine } from '../domain/input-line.js';
 import type { StoredForecast } from '../domain/forecast.js';
 import type { QualityConfig } from '../domain/quality.js';
+import type { Variant } from '../domain/variants.js';
 import type { RunnerSnapshot } from '../domain/live-view.js';
 import type { EndpointLoad } from '../domain/history.js';
 import type { BatchFileBytes, RunInput } from './schema.js';
@@ -128,6 +129,8 @@ export const runs = pgTable(
     dispatchOrder: text('dispatch_order').notNull().default('input'),
     predictedSamples: bigintNumber('predicted_samples').notNull().default(0),
     forecast: jsonb('forecast').$type<StoredForecast | null>(),
+    variants: jsonb('variants').$type<Variant[] | null>(),
+    onLength: text('on_length').notNull().default('keep'),
   },
   (t) => [index('runs_status_idx').on(t.status, t.priority, t.createdAt)],
 );
@@ -194,6 +197,8 @@ export const samples = pgTable(
     completedAt: bigintNumber('completed_at'),
     calibration: boolean('calibration').notNull().default(false),
     predictedTokens: integer('predicted_tokens'),
+    variant: integer('variant'),
+    maxTokens: integer('max_tokens'),
   },
   (t) => [
     uniqueIndex('samples_run_custom_id').on(t.runId, t.customId),
@@ -210,6 +215,33 @@ export const samples = pgTable(
         .where(sql.raw(`(flags & ${flagBit(f)}) <> 0`)),
     ),
   ],
+);
+
+
+export const runVariants = pgTable(
+  'run_variants',
+  {
+    runId: text('run_id')
+      .notNull()
+      .references(() => runs.id, { onDelete: 'cascade' }),
+    idx: integer('idx').notNull(),
+    total: bigintNumber('total').notNull().default(0),
+    completed: bigintNumber('completed').notNull().default(0),
+    failed: bigintNumber('failed').notNull().default(0),
+    flagged: bigintNumber('flagged').notNull().default(0),
+    flagEmptyContent: bigintNumber('flag_empty_content').notNull().default(0),
+    flagMissingReasoning: bigintNumber('flag_missing_reasoning').notNull().default(0),
+    flagTruncated: bigintNumber('flag_truncated').notNull().default(0),
+    flagRepetitive: bigintNumber('flag_repetitive').notNull().default(0),
+    flagTooShort: bigintNumber('flag_too_short').notNull().default(0),
+    flagDuplicateContent: bigintNumber('flag_duplicate_content').notNull().default(0),
+    flagThinkInContent: bigintNumber('flag_think_in_content').notNull().default(0),
+    flagShortForRun: bigintNumber('flag_short_for_run').notNull().default(0),
+    promptTokens: bigintNumber('prompt_tokens').notNull().default(0),
+    completionTokens: bigintNumber('completion_tokens').notNull().default(0),
+    reasoningTokens: bigintNumber('reasoning_tokens').notNull().default(0),
+  },
+  (t) => [primaryKey({ columns: [t.runId, t.idx] })],
 );
 
 export const staging = pgTable(

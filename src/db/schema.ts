@@ -4,6 +4,7 @@ import { FLAGS, flagBit } from '../domain/flags.js';
 import type { InvalidLine } from '../domain/input-line.js';
 import type { StoredForecast } from '../domain/forecast.js';
 import type { QualityConfig } from '../domain/quality.js';
+import type { Variant } from '../domain/variants.js';
 import type { RunnerSnapshot } from '../domain/live-view.js';
 import type { EndpointLoad } from '../domain/history.js';
 
@@ -133,6 +134,10 @@ export const runs = sqliteTable(
     predictedSamples: integer('predicted_samples').notNull().default(0),
     // The runner's last forecast, kept so a finished run (a dry run above all) still shows it.
     forecast: text('forecast', { mode: 'json' }).$type<StoredForecast | null>(),
+    // Named params each taken by a stable share of the samples (domain/variants.ts); null for none.
+    variants: text('variants', { mode: 'json' }).$type<Variant[] | null>(),
+    // What becomes of an answer cut by max_tokens: 'keep' (flagged truncated), 'retry' (more room), 'fail'.
+    onLength: text('on_length').notNull().default('keep'),
   },
   (t) => [index('runs_status_idx').on(t.status, t.priority, t.createdAt)],
 );
@@ -206,6 +211,10 @@ export const samples = sqliteTable(
     calibration: integer('calibration', { mode: 'boolean' }).notNull().default(false),
     // The new answer's length as the input's old assistant turn predicts it (regeneration only).
     predictedTokens: integer('predicted_tokens'),
+    // The index of the sample's variant in its run's variants, chosen at ingest by custom_id; null when the run has none.
+    variant: integer('variant'),
+    // The max_tokens an on_length "retry" raised the sample to, sent over its params' own; null until then.
+    maxTokens: integer('max_tokens'),
   },
   (t) => [
     uniqueIndex('samples_run_custom_id').on(t.runId, t.customId),
@@ -226,6 +235,35 @@ export const samples = sqliteTable(
         .where(sql.raw(`(flags & ${flagBit(f)}) <> 0`)),
     ),
   ],
+);
+
+
+// A run's counters per variant, moved by the result writer in the transaction that moves the run's
+// (db/results.ts), so the run object shows each variant's counts, usage and flags without a scan.
+export const runVariants = sqliteTable(
+  'run_variants',
+  {
+    runId: text('run_id')
+      .notNull()
+      .references(() => runs.id, { onDelete: 'cascade' }),
+    idx: integer('idx').notNull(),
+    total: integer('total').notNull().default(0),
+    completed: integer('completed').notNull().default(0),
+    failed: integer('failed').notNull().default(0),
+    flagged: integer('flagged').notNull().default(0),
+    flagEmptyContent: integer('flag_empty_content').notNull().default(0),
+    flagMissingReasoning: integer('flag_missing_reasoning').notNull().default(0),
+    flagTruncated: integer('flag_truncated').notNull().default(0),
+    flagRepetitive: integer('flag_repetitive').notNull().default(0),
+    flagTooShort: integer('flag_too_short').notNull().default(0),
+    flagDuplicateContent: integer('flag_duplicate_content').notNull().default(0),
+    flagThinkInContent: integer('flag_think_in_content').notNull().default(0),
+    flagShortForRun: integer('flag_short_for_run').notNull().default(0),
+    promptTokens: integer('prompt_tokens').notNull().default(0),
+    completionTokens: integer('completion_tokens').notNull().default(0),
+    reasoningTokens: integer('reasoning_tokens').notNull().default(0),
+  },
+  (t) => [primaryKey({ columns: [t.runId, t.idx] })],
 );
 
 // Completion text waits here until its shard is uploaded; then the shard object is the copy.

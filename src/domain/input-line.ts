@@ -20,6 +20,8 @@ export const LINE_ERROR_PARAMS = {
   invalid_role: 'body.messages',
   /** A NUL or an unpaired surrogate in a string: accepted by JSON.parse, refused by the stores and most readers (`text.ts`). */
   invalid_characters: null,
+  /** The line's own fields (kept as the output line's `metadata`) are over MAX_METADATA_BYTES. */
+  metadata_too_large: null,
 } as const satisfies Record<string, string | null>;
 export type LineErrorCode = keyof typeof LINE_ERROR_PARAMS;
 
@@ -41,6 +43,8 @@ export type ParsedLine =
       model: string | null;
       /** Characters of the assistant turn `regenerate` dropped (its reasoning too): what predicts the new answer's length. */
       old_answer_chars: number | null;
+      /** The line's fields regen does not read (a `source`, a `meta` object), kept for the output line; null when there are none. */
+      metadata: Record<string, unknown> | null;
     }
   | {
       ok: false;
@@ -120,12 +124,40 @@ export function parseInputLine(text: string, lineNo: number, opts: ParseOptions)
     const content = readLine(obj, lineNo);
     const messages = applyRegenerate(content.messages, opts);
     const dropped = messages === content.messages ? null : content.messages[content.messages.length - 1];
-    return { ok: true, ...content, messages, old_answer_chars: dropped ? textLength(dropped.content) + textLength(dropped.reasoning_content) : null };
+    return {
+      ok: true,
+      ...content,
+      messages,
+      old_answer_chars: dropped ? textLength(dropped.content) + textLength(dropped.reasoning_content) : null,
+      metadata: readMetadata(obj),
+    };
   } catch (err) {
     if (!(err instanceof LineRejected)) throw err;
     const custom_id = obj && ownCustomId(obj, lineNo);
     return { ok: false, reason: err.message, code: err.code, ...(custom_id ? { custom_id } : {}) };
   }
+}
+
+/** The fields of a line that regen reads itself, in any of its formats: the rest are the line's metadata. */
+const CONSUMED_FIELDS = new Set(['custom_id', 'id', 'messages', 'conversations', 'prompt', 'params', 'body', 'method', 'url']);
+/** At most this many bytes of a line's own fields (as JSON) are kept: they ride on every output line. */
+export const MAX_METADATA_BYTES = 64 * 1024;
+
+/** The line's fields regen does not consume, or null when it has none; refused past MAX_METADATA_BYTES. */
+function readMetadata(obj: JsonObject): JsonObject | null {
+  let metadata: JsonObject | null = null;
+  for (const key of Object.keys(obj)) {
+    if (CONSUMED_FIELDS.has(key)) continue;
+    metadata ??= {};
+    metadata[key] = obj[key];
+  }
+  if (metadata && Buffer.byteLength(JSON.stringify(metadata)) > MAX_METADATA_BYTES) {
+    throw new LineRejected(
+      `the line's own fields (${Object.keys(metadata).join(', ').slice(0, 200)}), kept as the output's metadata, are over ${MAX_METADATA_BYTES} bytes as JSON`,
+      'metadata_too_large',
+    );
+  }
+  return metadata;
 }
 
 /** The id a refused line gave itself, so that its error can be matched to it; none when it is the fault. */

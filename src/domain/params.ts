@@ -96,6 +96,9 @@ export const DISPATCH_ORDERS = ['input', 'length_aware'] as const;
 export type DispatchOrder = (typeof DISPATCH_ORDERS)[number];
 export const ON_INVALID_LINE = ['fail', 'skip'] as const;
 export type OnInvalidLine = (typeof ON_INVALID_LINE)[number];
+/** What becomes of an answer cut by max_tokens (finish_reason "length"): kept flagged, asked again with more room, or failed. */
+export const ON_LENGTH = ['keep', 'retry', 'fail'] as const;
+export type OnLength = (typeof ON_LENGTH)[number];
 
 /** Qwen3-family chat templates think unless told not to (docs/sglang.md "Chat completions"). */
 const THINKS_BY_DEFAULT = /qwen3/i;

@@ -5,7 +5,7 @@ import { computeFlags, type GateSettings, percent, type QualityCheckConfig, type
 import { type EndpointCounts, type EndpointQuarantine, endpointVerdict, QUALITY_WINDOW, QualityWindow, windowsOverLimit } from './quality-window.js';
 
 // One run's quality as its answers come in: the checks that need the run so far (duplicate_content,
-// short_for_run) on top of computeFlags, the run's window for the gate, and a window per endpoint
+// short_for_run, each against the answer's own variant) on top of computeFlags, the run's window for the gate, and a window per endpoint
 // to tell one bad server from a bad run. O(1) a sample, memory bounded whatever the run's size.
 
 /** What the gate says of a run now. */
@@ -34,9 +34,18 @@ export interface CompletedRow {
   endpointId: string | null;
 }
 
+/**
+ * What the checks that compare an answer with the run compare it with: its own variant's answers
+ * (a run without variants is one), so a variant of short plain answers is never short for a run of
+ * long thinking ones, and one variant's answers never duplicate another's.
+ */
+interface Peers {
+  contents: ContentCounter;
+  lengths: LengthHistogram;
+}
+
 export class RunQuality {
-  private readonly contents = new ContentCounter();
-  private readonly lengths = new LengthHistogram();
+  private readonly peers = new Map<number | null, Peers>();
   private readonly window: QualityWindow;
   /**
    * This process's own kept answers, never restored: what it publishes for the other replicas'
@@ -58,11 +67,12 @@ export class RunQuality {
    * short_for_run against the run's answers so far. Call it for every answer, one to be asked
    * again included: each is evidence about its endpoint, whose window it enters here.
    */
-  check(input: QualityInput, endpointId: string): number {
+  check(input: QualityInput, endpointId: string, variant: number | null = null): number {
     let flags = computeFlags(input, this.cfg);
-    if (this.contents.observe(input.content).flagged) flags |= flagBit('duplicate_content');
-    if (this.lengths.isShort(input.completion_tokens)) flags |= flagBit('short_for_run');
-    this.lengths.add(input.completion_tokens);
+    const peers = this.peersOf(variant);
+    if (peers.contents.observe(input.content).flagged) flags |= flagBit('duplicate_content');
+    if (peers.lengths.isShort(input.completion_tokens)) flags |= flagBit('short_for_run');
+    peers.lengths.add(input.completion_tokens);
     this.endpointWindow(endpointId).push(flags);
     return flags;
   }
@@ -110,7 +120,11 @@ export class RunQuality {
    * (tokens, samples) pairs. Endpoint windows get those samples' kept answers until new ones come;
    * the content counter starts empty (see ContentCounter).
    */
-  restore(newestFirst: readonly CompletedRow[], completed: number, lengths: Iterable<readonly [tokens: number, samples: number]>): void {
+  restore(
+    newestFirst: readonly CompletedRow[],
+    completed: number,
+    lengths: Iterable<readonly [tokens: number, samples: number, variant?: number | null]>,
+  ): void {
     this.window.restore(
       newestFirst.map((r) => r.flags),
       completed,
@@ -124,7 +138,16 @@ export class RunQuality {
       else byEndpoint.set(r.endpointId, [r.flags]);
     }
     for (const [id, flags] of byEndpoint) this.endpointWindow(id).restore(flags);
-    for (const [tokens, samples] of lengths) this.lengths.add(tokens, samples);
+    for (const [tokens, samples, variant] of lengths) this.peersOf(variant ?? null).lengths.add(tokens, samples);
+  }
+
+  private peersOf(variant: number | null): Peers {
+    let p = this.peers.get(variant);
+    if (!p) {
+      p = { contents: new ContentCounter(), lengths: new LengthHistogram() };
+      this.peers.set(variant, p);
+    }
+    return p;
   }
 
   /** This process's own window of the run in numbers (never restored): its samples and how many were flagged. */
@@ -154,7 +177,9 @@ export class RunQuality {
   }
 
   private facts(window: QualityWindow, gate: GateSettings): VerdictFacts {
-    return { window, gate, topContent: this.contents.top(), medianTokens: this.lengths.median(), model: this.cfg.model };
+    // The words name the largest group's commonest text and median: the run's, when it has no variants.
+    const largest = [...this.peers.values()].sort((a, b) => b.lengths.total - a.lengths.total)[0];
+    return { window, gate, topContent: largest?.contents.top() ?? null, medianTokens: largest?.lengths.median() ?? null, model: this.cfg.model };
   }
 }
 

@@ -30,6 +30,10 @@ export const SAMPLE_ERROR_CODES = {
   internal_error: { retryable: true, fault: 'sample' },
   /** A 4xx other than the above: the request itself is wrong (e.g. longer than the context). */
   invalid_request: { retryable: false, fault: 'sample' },
+  /** The answer was cut by max_tokens (finish_reason "length") and the run's on_length is "fail". */
+  truncated: { retryable: false, fault: 'sample' },
+  /** Under on_length "retry", still cut with max_tokens as large as the context leaves after the prompt. */
+  length_exhausted: { retryable: false, fault: 'sample' },
 } as const satisfies Record<string, { retryable: boolean; fault: 'server' | 'sample' }>;
 export type SampleErrorCode = keyof typeof SAMPLE_ERROR_CODES;
 
@@ -41,9 +45,9 @@ export interface SampleError {
 
 export const RETRYABLE_ERROR_CODES = (Object.keys(SAMPLE_ERROR_CODES) as SampleErrorCode[]).filter((c) => SAMPLE_ERROR_CODES[c].retryable);
 
-/** Why a sample went back to the queue: a retryable error, or a flagged answer asked again. */
-export const RETRY_REASONS = [...RETRYABLE_ERROR_CODES, 'quality'] as const;
-export type RetryReason = SampleErrorCode | 'quality';
+/** Why a sample went back to the queue: a retryable error, a flagged answer asked again, or a cut one asked again with more room (on_length "retry"). */
+export const RETRY_REASONS = [...RETRYABLE_ERROR_CODES, 'quality', 'length'] as const;
+export type RetryReason = SampleErrorCode | 'quality' | 'length';
 
 /** Codes an OpenAI batch error file gives a request that never ran. */
 export const BATCH_UNANSWERED = {

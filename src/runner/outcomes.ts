@@ -1,4 +1,5 @@
 import type { Outcome } from '../db/results.js';
+import type { OnLength } from '../domain/params.js';
 import type { QualityConfig } from '../domain/quality.js';
 import type { StagedOutput } from '../domain/output-line.js';
 import type { RetryReason, SampleError } from '../domain/sample-errors.js';
@@ -24,6 +25,12 @@ export interface Attempt {
   cancelled: boolean;
   /** The endpoint was quarantined while the request ran: a flagged answer from it is asked again elsewhere, whatever the retries left. */
   quarantined: boolean;
+  /** The index of the sample's variant, or null. */
+  variant: number | null;
+  /** The max_tokens the request asked (max_completion_tokens first), or null when it asked none. */
+  maxTokens: number | null;
+  /** The endpoint's context length (max_model_len), when its probes found it. */
+  contextLength: number | null;
 }
 
 export interface Settled {
@@ -31,18 +38,51 @@ export interface Settled {
   retried: RetryReason | null;
 }
 
-const base = (a: Attempt) => ({ sampleId: a.sampleId, runId: a.runId, shardIdx: a.shardIdx, endpointId: a.endpointId });
+const base = (a: Attempt) => ({ sampleId: a.sampleId, runId: a.runId, shardIdx: a.shardIdx, endpointId: a.endpointId, variant: a.variant });
+
+/**
+ * The max_tokens a cut answer is asked again with under on_length "retry": twice what it had, at
+ * most what the context leaves after the prompt; null when no more room is left (a request that
+ * asked no max_tokens already had all of it). Without a known context, only doubled.
+ */
+export function nextMaxTokens(asked: number | null, promptTokens: number, contextLength: number | null): number | null {
+  if (asked === null) return null;
+  const room = contextLength === null ? Number.POSITIVE_INFINITY : contextLength - promptTokens;
+  const next = Math.min(asked * 2, room);
+  return next > asked ? next : null;
+}
+
+/** An answer cut by max_tokens under on_length "retry" or "fail": asked again with more room, or failed with a clear error. */
+function settleCut(a: Attempt, onLength: 'retry' | 'fail', answer: Answer, now: number): Settled {
+  if (onLength === 'fail') {
+    const message = `the answer was cut at max_tokens ${a.maxTokens ?? '(the context)'} (finish_reason length), and the run's on_length is "fail"`;
+    return { retried: null, outcome: { ...base(a), kind: 'failed', error: { code: 'truncated', message, status: null }, at: now } };
+  }
+  const next = nextMaxTokens(a.maxTokens, answer.usage.prompt_tokens, a.contextLength);
+  if (next === null) {
+    const room = a.contextLength === null ? '' : ` (the context of ${a.contextLength} tokens less the prompt's ${answer.usage.prompt_tokens})`;
+    const message = `the answer was still cut at max_tokens ${a.maxTokens ?? '(the context)'}, as much as the context leaves${room}: on_length "retry" has no more room to give`;
+    return { retried: null, outcome: { ...base(a), kind: 'failed', error: { code: 'length_exhausted', message, status: null }, at: now } };
+  }
+  return {
+    retried: 'length',
+    outcome: { ...base(a), kind: 'retry', availableAt: 0, usage: answer.usage, qualityRetry: false, serverFault: false, error: null, maxTokens: next },
+  };
+}
 
 /** A completion with its flags: kept, or asked again with a new seed when flagged and retries are left. */
 export function settleAnswer(
   a: Attempt,
-  run: { model: string; quality: QualityConfig | null },
+  run: { model: string; quality: QualityConfig | null; onLength?: OnLength | string },
   answer: Answer,
   latencyMs: number,
   now: number,
   flags: number,
 ): Settled {
   const { usage } = answer;
+  if (answer.finishReason === 'length' && (run.onLength === 'retry' || run.onLength === 'fail') && !a.cancelled) {
+    return settleCut(a, run.onLength, answer, now);
+  }
   if (flags && run.quality && a.quarantined && !a.cancelled) {
     return { retried: 'quality', outcome: { ...base(a), kind: 'retry', availableAt: 0, usage, qualityRetry: false, serverFault: false, error: null } };
   }

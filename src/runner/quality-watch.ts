@@ -3,7 +3,7 @@ import { appendEvent } from '../db/events.js';
 import { enqueueEvent, runsWithOwnWebhook } from '../db/webhooks.js';
 import { requeueRunSamples } from '../db/requeue.js';
 import { getRun } from '../db/runs.js';
-import { completionLengthCounts, recentCompleted } from '../db/samples.js';
+import { completionLengthCounts, completionLengthCountsByVariant, recentCompleted } from '../db/samples.js';
 import type { RunRow } from '../db/schema.js';
 import { gateSettings } from '../domain/quality.js';
 import { QUALITY_WINDOW } from '../domain/quality-window.js';
@@ -54,7 +54,10 @@ export class QualityWatch {
    */
   async load(run: RunRow): Promise<void> {
     if (!run.quality || this.runs.has(run.id)) return;
-    const [recent, lengths] = await Promise.all([recentCompleted(this.deps.db, run.id, QUALITY_WINDOW), completionLengthCounts(this.deps.db, run.id)]);
+    const [recent, lengths] = await Promise.all([
+      recentCompleted(this.deps.db, run.id, QUALITY_WINDOW),
+      run.variants?.length ? completionLengthCountsByVariant(this.deps.db, run.id) : completionLengthCounts(this.deps.db, run.id),
+    ]);
     if (this.runs.has(run.id)) return;
     const q = new RunQuality({ min_completion_tokens: run.quality.min_completion_tokens, model: run.model });
     q.restore(recent, run.completed, lengths);

@@ -2,6 +2,7 @@ import { APIConnectionError, APIConnectionTimeoutError, APIError, APIUserAbortEr
 import type { ChoiceLogprobs, Usage } from '../domain/output-line.js';
 import { thinkingRequested } from '../domain/params.js';
 import type { SampleError } from '../domain/sample-errors.js';
+import { layeredParams, type Variant } from '../domain/variants.js';
 import { AnswerRefused } from './answer-budget.js';
 
 // One request to an endpoint: the body sent for a sample, what its answer means, and what its
@@ -11,6 +12,8 @@ import { AnswerRefused } from './answer-budget.js';
 export interface StoredRequest {
   messages: unknown[];
   params?: Record<string, unknown>;
+  /** The line's own fields, for the output line only: never sent. */
+  metadata?: Record<string, unknown>;
 }
 
 /**
@@ -27,21 +30,32 @@ export interface BuiltRequest {
   thinking: boolean;
 }
 
-/** The chat completion body for a sample: the run's params, the line's own over them, the run's model. */
+/**
+ * The chat completion body for a sample: the run's params, its variant's over them, the line's own
+ * over both, the run's model; a max_tokens an on_length retry raised over all of them.
+ */
 export function buildRequest(
-  run: { model: string; params: Record<string, unknown> },
-  sample: { request: string; qualityRetries: number },
+  run: { model: string; params: Record<string, unknown>; variants?: readonly Pick<Variant, 'params'>[] | null },
+  sample: { request: string; qualityRetries: number; variant?: number | null; maxTokens?: number | null },
   random: () => number = Math.random,
 ): BuiltRequest {
   const request = JSON.parse(sample.request) as StoredRequest;
-  const params = request.params ? { ...run.params, ...request.params } : run.params;
+  const variant = sample.variant === null || sample.variant === undefined ? null : run.variants?.[sample.variant]?.params;
+  const params = layeredParams(run.params, variant, request.params);
   const body: Record<string, unknown> = { ...params, model: run.model, messages: request.messages };
+  if (typeof sample.maxTokens === 'number') body[body.max_completion_tokens === undefined ? 'max_tokens' : 'max_completion_tokens'] = sample.maxTokens;
   if (sample.qualityRetries > 0) {
     // A flagged answer is asked again with a different seed, else SGLang would repeat it.
     const base = typeof params.seed === 'number' ? params.seed : 0;
     body.seed = base + sample.qualityRetries * RETRY_SEED_STRIDE + Math.floor(random() * RETRY_SEED_JITTER);
   }
   return { body, thinking: thinkingRequested(params, run.model) };
+}
+
+/** The max_tokens a request asked (max_completion_tokens first, as SGLang reads them), or null when it asked none. */
+export function askedMaxTokens(body: Record<string, unknown>): number | null {
+  const asked = body.max_completion_tokens ?? body.max_tokens;
+  return typeof asked === 'number' ? asked : null;
 }
 
 /**

@@ -12,6 +12,7 @@ import {
   answerByteLimit,
   answerLimits,
   type AnswerLimits,
+  askedMaxTokens,
   buildRequest,
   classifyError,
   LOOP_FINISH_REASON,
@@ -37,6 +38,8 @@ export interface Flight {
   streamed: StreamedAnswer | null;
   /** The most tokens the request may generate (tokenBudget). */
   budget: number;
+  /** The max_tokens it asked, or null (an on_length retry doubles it). */
+  maxTokens: number | null;
   /** What the request allows its answer (its token counts are checked against it). */
   limits: AnswerLimits;
   /** The answer's share of the memory of answers in flight. */
@@ -91,6 +94,7 @@ export class Requests {
       abortReason: null,
       streamed: null,
       budget: tokenBudget(body, e.row.maxModelLen),
+      maxTokens: askedMaxTokens(body),
       limits,
       lease: this.answers.lease(answerByteLimit(body, limits)),
     };
@@ -180,6 +184,9 @@ export class Requests {
       thinking: f.thinking,
       cancelled: f.abortReason === 'cancel',
       quarantined: endpoint.state === 'quarantined' || endpoint.quarantining,
+      variant: sample.variant ?? null,
+      maxTokens: f.maxTokens,
+      contextLength: f.limits.contextLength,
     };
   }
 
@@ -215,7 +222,7 @@ export class Requests {
       completion_tokens: tokens,
       thinking_requested: f.thinking,
     };
-    const flags = quality ? quality.check(input, e.row.id) : 0;
+    const flags = quality ? quality.check(input, e.row.id, f.sample.variant ?? null) : 0;
     const settled = settleAnswer(this.attempt(f), f.run, answer, latencyMs, now, flags);
     if (quality && settled.outcome.kind === 'completed') quality.completed(flags);
     this.deps.metrics.answered(e.row.id, latencyMs, tokens, flags);

@@ -11,6 +11,8 @@ import type { RunRow } from '../../db/schema.js';
 import { insertShardLayout } from '../../db/shards.js';
 import { calibrationSeqs, CHARS_PER_TOKEN } from '../../domain/forecast.js';
 import { parseInputLine, readLines, type InvalidLine, type LineErrorCode } from '../../domain/input-line.js';
+import { variantIndex } from '../../domain/variants.js';
+import { insertRunVariants } from '../../db/run-variants.js';
 import { unservedModel } from '../batches/create.js';
 import { resolveInput } from './input-source.js';
 
@@ -104,8 +106,10 @@ async function ingestHeld(deps: Deps, runId: string, hold: Hold, signal?: AbortS
   const errors: InvalidLine[] = [];
   let invalid = 0;
   let seq = 0;
-  let batch: { lineNo: number; customId: string; request: string; predicted: number | null }[] = [];
+  let batch: { lineNo: number; customId: string; request: string; predicted: number | null; variant: number | null }[] = [];
   let predicted = 0;
+  // Each variant's samples, counted as they are inserted (a duplicate is not).
+  const variantTotals = (run.variants ?? []).map(() => 0);
   const failFast = run.onInvalidLine === 'fail';
   // A batch takes its model from its lines, so a model no endpoint serves is an error of each line.
   const unserved = run.batchId ? await unservedModel(db, run.model) : null;
@@ -128,7 +132,7 @@ async function ingestHeld(deps: Deps, runId: string, hold: Hold, signal?: AbortS
         runId,
         seq,
         run.shardSize,
-        rows.map((r) => ({ customId: r.customId, request: r.request, predictedTokens: r.predicted })),
+        rows.map((r) => ({ customId: r.customId, request: r.request, predictedTokens: r.predicted, variant: r.variant })),
       );
     });
     if (!inserted) return false;
@@ -137,6 +141,7 @@ async function ingestHeld(deps: Deps, runId: string, hold: Hold, signal?: AbortS
       else {
         seq++;
         if (row.predicted !== null) predicted++;
+        if (row.variant !== null) variantTotals[row.variant]++;
       }
     }
     return true;
@@ -159,9 +164,19 @@ async function ingestHeld(deps: Deps, runId: string, hold: Hold, signal?: AbortS
         } else if (unserved) {
           noteError(raw.lineNo, 'model_not_found', unserved, parsed.custom_id);
         } else {
-          const request = JSON.stringify(parsed.params ? { messages: parsed.messages, params: parsed.params } : { messages: parsed.messages });
+          const request = JSON.stringify({
+            messages: parsed.messages,
+            ...(parsed.params && { params: parsed.params }),
+            ...(parsed.metadata && { metadata: parsed.metadata }),
+          });
           const old = parsed.old_answer_chars;
-          batch.push({ lineNo: raw.lineNo, customId: parsed.custom_id, request, predicted: old === null ? null : Math.round(old / CHARS_PER_TOKEN) });
+          batch.push({
+            lineNo: raw.lineNo,
+            customId: parsed.custom_id,
+            request,
+            predicted: old === null ? null : Math.round(old / CHARS_PER_TOKEN),
+            variant: variantIndex(parsed.custom_id, run.variants),
+          });
         }
       }
       if (failFast && invalid > 0) {
@@ -231,6 +246,7 @@ async function ingestHeld(deps: Deps, runId: string, hold: Hold, signal?: AbortS
     if (hold.lost) throw holdLost();
     shardCount = await insertShardLayout(tx, runId, run.shardSize, seq);
     await markCalibration(tx, runId, calibrationSeqs(runId, seq, run.calibrationSamples));
+    await insertRunVariants(tx, runId, variantTotals);
     await setRunValidation(tx, runId, { ...listed, total: seq, pending: seq, shardsTotal: shardCount, predictedSamples: predicted });
     return await transitionRun(tx, runId, ['validating'], 'queued', now, {
       statusReason: invalid ? `${invalid} invalid line(s) skipped` : null,
