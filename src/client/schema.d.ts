@@ -895,6 +895,10 @@ export interface components {
             dispatch_order: "input" | "length_aware";
             deadline_seconds: number | null;
             forecast: components["schemas"]["Forecast"];
+            /** @enum {string} */
+            on_length: "keep" | "retry" | "fail";
+            /** @description The run's variants with their counts, usage and quality; null when it has none */
+            variants: components["schemas"]["RunVariant"][] | null;
             /** @description On the answer to the create request only: what looks wrong in it but did not stop the run (a model no endpoint serves) */
             warnings?: components["schemas"]["RunWarning"][];
         };
@@ -921,6 +925,37 @@ export interface components {
             /** @description What the last failed attempt met; null once an attempt succeeds */
             last_error: string | null;
         } | null;
+        /** @description A variant of a run: its samples (chosen by custom_id), how many are done, their flags and usage */
+        RunVariant: {
+            name: string;
+            weight: number;
+            params: {
+                [key: string]: unknown;
+            };
+            request_counts: {
+                total: number;
+                completed: number;
+                failed: number;
+            };
+            quality: {
+                flagged: number;
+                by_flag: {
+                    empty_content: number;
+                    missing_reasoning: number;
+                    truncated: number;
+                    repetitive: number;
+                    too_short: number;
+                    duplicate_content: number;
+                    think_in_content: number;
+                    short_for_run: number;
+                };
+            };
+            usage: {
+                prompt_tokens: number;
+                completion_tokens: number;
+                reasoning_tokens: number;
+            };
+        };
         /** @description Something in the request that looks wrong but does not stop the run */
         RunWarning: {
             /** @enum {string} */
@@ -968,6 +1003,12 @@ export interface components {
             /** @enum {string} */
             on_invalid_line?: "fail" | "skip";
             quality?: components["schemas"]["QualitySettings"];
+            variants?: components["schemas"]["Variants"];
+            /**
+             * @description An answer cut by max_tokens (finish_reason `length`): `keep` (the default: kept, flagged `truncated`), `retry` (asked again with max_tokens doubled, up to what the context leaves after the prompt, then failed `length_exhausted`), or `fail` (failed `truncated` at once). For thinking models, `retry` or `fail`: a cut chain of thought is a bad training sample
+             * @enum {string}
+             */
+            on_length?: "keep" | "retry" | "fail";
             priority?: number;
             metadata?: {
                 [key: string]: string;
@@ -1029,6 +1070,54 @@ export interface components {
             };
             stop_loops?: boolean;
         };
+        /**
+         * @description Named params, each taken by a share of the samples in proportion to its weight, chosen by custom_id alone (the same input gets the same variant in every run). Params are laid run, variant, line; `n` is the run's only. Each output line names its `variant`
+         * @example [
+         *       {
+         *         "name": "think",
+         *         "weight": 3,
+         *         "params": {
+         *           "chat_template_kwargs": {
+         *             "enable_thinking": true
+         *           }
+         *         }
+         *       },
+         *       {
+         *         "name": "plain",
+         *         "weight": 1,
+         *         "params": {
+         *           "chat_template_kwargs": {
+         *             "enable_thinking": false
+         *           }
+         *         }
+         *       }
+         *     ]
+         */
+        Variants: {
+            name: string;
+            weight: number;
+            params?: {
+                temperature?: number;
+                top_p?: number;
+                top_k?: number;
+                min_p?: number;
+                max_tokens?: number;
+                seed?: number;
+                stop?: string | string[];
+                repetition_penalty?: number;
+                frequency_penalty?: number;
+                presence_penalty?: number;
+                chat_template_kwargs?: {
+                    [key: string]: unknown;
+                };
+                /** @enum {boolean} */
+                stream?: false;
+                /** @enum {number} */
+                n?: 1;
+            } & {
+                [key: string]: unknown;
+            };
+        }[];
         /** @description The body would create a run; nothing was stored */
         RunValidation: {
             /** @enum {string} */
@@ -1056,6 +1145,12 @@ export interface components {
             /** @enum {string} */
             on_invalid_line?: "fail" | "skip";
             quality?: components["schemas"]["QualitySettings"];
+            variants?: components["schemas"]["Variants"];
+            /**
+             * @description An answer cut by max_tokens (finish_reason `length`): `keep` (the default: kept, flagged `truncated`), `retry` (asked again with max_tokens doubled, up to what the context leaves after the prompt, then failed `length_exhausted`), or `fail` (failed `truncated` at once). For thinking models, `retry` or `fail`: a cut chain of thought is a bad training sample
+             * @enum {string}
+             */
+            on_length?: "keep" | "retry" | "fail";
             priority?: number;
             metadata?: {
                 [key: string]: string;

@@ -49,6 +49,10 @@ export interface OutputLine {
   latency_ms: number | null;
   attempts: number;
   flags: Flag[];
+  /** The name of the sample's variant; only on the lines of a run with variants. */
+  variant?: string;
+  /** The input line's own fields regen did not consume; only on the lines of an input line that had some. */
+  metadata?: Record<string, unknown>;
 }
 
 export interface ErrorLine {
@@ -72,6 +76,8 @@ export interface CompletedSample {
   attempts: number;
   serverFaults: number;
   flags: number;
+  /** The index of its variant in the run's variants, or null. */
+  variant?: number | null;
 }
 
 export interface FailedSample {
@@ -91,8 +97,10 @@ export function triesOf(s: { attempts: number; serverFaults: number }): number {
   return s.attempts + s.serverFaults;
 }
 
-export function outputLine(s: CompletedSample, out: StagedOutput): string {
-  const request = JSON.parse(s.request) as { messages: unknown[] };
+/** A completed sample's line; `variants` are the run's variant names, by index (null for a run without variants). */
+export function outputLine(s: CompletedSample, out: StagedOutput, variants: readonly string[] | null = null): string {
+  const request = JSON.parse(s.request) as { messages: unknown[]; metadata?: Record<string, unknown> };
+  const variant = variants && s.variant !== null && s.variant !== undefined ? variants[s.variant] : undefined;
   const line: OutputLine = {
     custom_id: s.customId,
     messages: request.messages,
@@ -113,6 +121,8 @@ export function outputLine(s: CompletedSample, out: StagedOutput): string {
     latency_ms: s.latencyMs,
     attempts: triesOf(s),
     flags: flagsFromBits(s.flags),
+    ...(variant !== undefined && { variant }),
+    ...(request.metadata && { metadata: request.metadata }),
   };
   return JSON.stringify(line);
 }

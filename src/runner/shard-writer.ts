@@ -48,10 +48,11 @@ export async function uploadShard(deps: RunnerDeps, run: RunRow, listed: ShardRo
   const lines: string[] = [];
   const lineOf: { id: number; line: number }[] = [];
   const errors: string[] = [];
+  const variants = run.variants?.map((v) => v.name) ?? null;
   for (const { s, output } of rows) {
     if (s.status === 'completed') {
       let line: string;
-      if (output) line = outputLine(s, JSON.parse(output) as StagedOutput);
+      if (output) line = outputLine(s, JSON.parse(output) as StagedOutput, variants);
       else {
         previous ??= await previousLines(deps, run, shard);
         const old = previous.get(s.customId);

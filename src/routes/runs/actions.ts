@@ -1,6 +1,7 @@
 import { createRoute, z } from '@hono/zod-openapi';
 import type { Context } from 'hono';
 import type { App, AppEnv } from '../../http/app.js';
+import { listRunVariants } from '../../db/run-variants.js';
 import type { RunRow } from '../../db/schema.js';
 import { problemResponses } from '../../errors.js';
 import { cancelRun, pauseRun, resumeRun, retryRun } from '../../services/runs/actions.js';
@@ -29,9 +30,10 @@ const action = <B extends z.ZodTypeAny>(name: string, summary: string, body: B) 
 const Empty = z.object({}).strict();
 
 export function registerRunActions(app: App) {
-  const respond = (c: Context<AppEnv>, id: string, run: RunRow) => {
+  const respond = async (c: Context<AppEnv>, id: string, run: RunRow) => {
     const deps = c.get('deps');
-    return c.json(renderRun(run, deps.runner.runProgress(id), deps.clock()), 200);
+    const variants = run.variants?.length ? await listRunVariants(deps.db, id) : [];
+    return c.json(renderRun(run, deps.runner.runProgress(id), deps.clock(), variants), 200);
   };
   app.openapi(action('pause', 'Pause a run: no new dispatch, in-flight requests finish', Empty), async (c) => {
     const { id } = c.req.valid('param');

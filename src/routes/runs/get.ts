@@ -2,6 +2,7 @@ import { createRoute } from '@hono/zod-openapi';
 import type { App } from '../../http/app.js';
 import { notFound, problemResponses } from '../../errors.js';
 import { getRun } from '../../db/runs.js';
+import { listRunVariants } from '../../db/run-variants.js';
 import { jsonContent, RunIdParam } from '../common.js';
 import { renderRun } from './render.js';
 import { Run } from './schemas.js';
@@ -22,6 +23,7 @@ export function registerGetRun(app: App) {
     const { id } = c.req.valid('param');
     const run = await getRun(deps.db, id);
     if (!run) throw notFound('run', id);
-    return c.json(renderRun(run, deps.runner.runProgress(id), deps.clock()), 200);
+    const variants = run.variants?.length ? await listRunVariants(deps.db, id) : [];
+    return c.json(renderRun(run, deps.runner.runProgress(id), deps.clock(), variants), 200);
   });
 }

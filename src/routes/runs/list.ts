@@ -2,6 +2,7 @@ import { createRoute, z } from '@hono/zod-openapi';
 import type { App } from '../../http/app.js';
 import { problemResponses } from '../../errors.js';
 import { listRuns } from '../../db/runs.js';
+import { listRunVariants } from '../../db/run-variants.js';
 import { jsonContent, listOf, page, idCursor, pageQuery } from '../common.js';
 import { renderRun } from './render.js';
 import { Run, RunStatus } from './schemas.js';
@@ -26,13 +27,15 @@ export function registerListRuns(app: App) {
     const deps = c.get('deps');
     const q = c.req.valid('query');
     const rows = await listRuns(deps.db, q);
+    // Only runs with variants have counters of them to read: one indexed read each.
+    const variants = new Map(await Promise.all(rows.filter((r) => r.variants?.length).map(async (r) => [r.id, await listRunVariants(deps.db, r.id)] as const)));
     const now = deps.clock();
     return c.json(
       page(
         rows,
         q.limit,
         (r) => r.id,
-        (r) => renderRun(r, deps.runner.runProgress(r.id), now),
+        (r) => renderRun(r, deps.runner.runProgress(r.id), now, variants.get(r.id)),
       ),
       200,
     );

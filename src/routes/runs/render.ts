@@ -1,6 +1,7 @@
 import type { RunRow, SampleRow, ShardRow } from '../../db/schema.js';
+import type { RunVariantRow } from '../../db/run-variants.js';
 import { joinUri } from '../../storage/index.js';
-import { flagCounts, flagsFromBits } from '../../domain/flags.js';
+import { FLAG_COLUMNS, flagCounts, flagsFromBits } from '../../domain/flags.js';
 import { runUsage, triesOf } from '../../domain/output-line.js';
 import { isTerminalRun } from '../../domain/statuses.js';
 import type { StoredForecast } from '../../domain/forecast.js';
@@ -58,7 +59,26 @@ export function renderForecast(r: RunRow, live: RunProgress): Run['forecast'] {
   return { computed_at: iso(at)!, ...rest, finishes_at: iso(finishes_at) };
 }
 
-export function renderRun(r: RunRow, live: RunProgress, now: number): Run {
+/** A run's variants with their counters (`rows`, by index; a variant without a row yet reads zeros); null when it has none. */
+export function renderVariants(r: RunRow, rows: readonly RunVariantRow[]): Run['variants'] {
+  if (!r.variants?.length) return null;
+  const byIdx = new Map(rows.map((row) => [row.idx, row]));
+  return r.variants.map((v, idx) => {
+    const c = byIdx.get(idx);
+    return {
+      name: v.name,
+      weight: v.weight,
+      params: v.params ?? {},
+      request_counts: { total: c?.total ?? 0, completed: c?.completed ?? 0, failed: c?.failed ?? 0 },
+      quality: { flagged: c?.flagged ?? 0, by_flag: c ? flagCounts(c) : flagCounts(ZERO_FLAGS) },
+      usage: { prompt_tokens: c?.promptTokens ?? 0, completion_tokens: c?.completionTokens ?? 0, reasoning_tokens: c?.reasoningTokens ?? 0 },
+    };
+  });
+}
+
+const ZERO_FLAGS = Object.fromEntries(FLAG_COLUMNS.map(({ key }) => [key, 0])) as Parameters<typeof flagCounts>[0];
+
+export function renderRun(r: RunRow, live: RunProgress, now: number, variantRows: readonly RunVariantRow[] = []): Run {
   return {
     id: r.id,
     object: 'run',
@@ -114,6 +134,8 @@ export function renderRun(r: RunRow, live: RunProgress, now: number): Run {
     dispatch_order: r.dispatchOrder as Run['dispatch_order'],
     deadline_seconds: r.deadlineSeconds,
     forecast: renderForecast(r, live),
+    on_length: r.onLength as Run['on_length'],
+    variants: renderVariants(r, variantRows),
   };
 }
 

@@ -3,7 +3,8 @@ import { FLAGS } from '../../domain/flags.js';
 import { DEFAULT_CALIBRATION_SAMPLES, MAX_CALIBRATION_SAMPLES } from '../../domain/forecast.js';
 import { nestsDeeperThan, tooDeepMessage } from '../../domain/json-depth.js';
 import * as domain from '../../domain/params.js';
-import { DISPATCH_ORDERS, maxLen, ON_INVALID_LINE, REGENERATE_MODES } from '../../domain/params.js';
+import { DISPATCH_ORDERS, maxLen, ON_INVALID_LINE, ON_LENGTH, REGENERATE_MODES } from '../../domain/params.js';
+import * as variants from '../../domain/variants.js';
 import { RUN_STATUSES, SAMPLE_STATUSES, SHARD_STATUSES } from '../../domain/statuses.js';
 import { Timestamp, WebhookTarget } from '../common.js';
 import { DELIVERY_STATUSES } from '../../domain/webhooks.js';
@@ -15,6 +16,15 @@ export const Params = domain.Params.openapi('GenerationParams', {
 });
 
 export const QualitySettings = domain.QualitySettings.openapi('QualitySettings');
+
+export const Variants = variants.Variants.openapi('Variants', {
+  description:
+    "Named params, each taken by a share of the samples in proportion to its weight, chosen by custom_id alone (the same input gets the same variant in every run). Params are laid run, variant, line; `n` is the run's only. Each output line names its `variant`",
+  example: [
+    { name: 'think', weight: 3, params: { chat_template_kwargs: { enable_thinking: true } } },
+    { name: 'plain', weight: 1, params: { chat_template_kwargs: { enable_thinking: false } } },
+  ],
+});
 
 export const CreateRunBody = z
   .object({
@@ -45,6 +55,11 @@ export const CreateRunBody = z
     regenerate: z.enum(REGENERATE_MODES).nullable().optional(),
     on_invalid_line: z.enum(ON_INVALID_LINE).optional(),
     quality: QualitySettings.optional(),
+    variants: Variants.optional(),
+    on_length: z.enum(ON_LENGTH).optional().openapi({
+      description:
+        'An answer cut by max_tokens (finish_reason `length`): `keep` (the default: kept, flagged `truncated`), `retry` (asked again with max_tokens doubled, up to what the context leaves after the prompt, then failed `length_exhausted`), or `fail` (failed `truncated` at once). For thinking models, `retry` or `fail`: a cut chain of thought is a bad training sample',
+    }),
     priority: z.number().int().min(-1000).max(1000).optional(),
     metadata: z
       .record(maxLen(64), maxLen(512))
@@ -161,6 +176,17 @@ export const Forecast = z
   })
   .openapi('Forecast');
 
+export const RunVariant = z
+  .object({
+    name: z.string(),
+    weight: z.number(),
+    params: z.record(z.string(), z.unknown()),
+    request_counts: counts(['total', 'completed', 'failed']),
+    quality: z.object({ flagged: z.number().int(), by_flag: counts(FLAGS) }),
+    usage: counts(['prompt_tokens', 'completion_tokens', 'reasoning_tokens']),
+  })
+  .openapi('RunVariant', { description: 'A variant of a run: its samples (chosen by custom_id), how many are done, their flags and usage' });
+
 export const Run = z
   .object({
     id: z.string(),
@@ -212,6 +238,8 @@ export const Run = z
     dispatch_order: z.enum(DISPATCH_ORDERS),
     deadline_seconds: z.number().int().nullable(),
     forecast: Forecast.nullable(),
+    on_length: z.enum(ON_LENGTH),
+    variants: z.array(RunVariant).nullable().openapi({ description: "The run's variants with their counts, usage and quality; null when it has none" }),
     warnings: z
       .array(RunWarning)
       .optional()

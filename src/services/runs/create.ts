@@ -8,7 +8,8 @@ import { deleteFile, getFile, insertFile } from '../../db/files.js';
 import { getRun, getRunByIdempotencyKey, getRunOverlappingOutput, insertRun } from '../../db/runs.js';
 import type { runs, RunInput, RunRow } from '../../db/schema.js';
 import { DEFAULT_CALIBRATION_SAMPLES } from '../../domain/forecast.js';
-import type { DispatchOrder, OnInvalidLine, RegenerateMode } from '../../domain/params.js';
+import type { DispatchOrder, OnInvalidLine, OnLength, RegenerateMode } from '../../domain/params.js';
+import type { Variant } from '../../domain/variants.js';
 import { qualityConfig, type QualityRequest } from '../../domain/quality.js';
 import { resolveInput } from './input-source.js';
 import { isOutputTaken, outputTaken, outputUriFor } from './output-location.js';
@@ -33,6 +34,8 @@ export interface NewRun {
   dry_run?: boolean;
   deadline_seconds?: number;
   dispatch_order?: DispatchOrder;
+  variants?: Variant[];
+  on_length?: OnLength;
 }
 
 /** The run's calibration slice; a dry run, which answers nothing else, must have one. */
@@ -149,6 +152,8 @@ export async function createRun(
     deadlineSeconds: body.deadline_seconds ?? null,
     // Opt-in: the bench (BENCHMARKS.md) has not shown length-aware order shortening the tail yet.
     dispatchOrder: body.dispatch_order ?? 'input',
+    variants: body.variants ?? null,
+    onLength: body.on_length ?? 'keep',
     updatedAt: now,
     ...extra,
   };
