@@ -42,12 +42,13 @@ const base = (a: Attempt) => ({ sampleId: a.sampleId, runId: a.runId, shardIdx: 
 
 /**
  * The max_tokens a cut answer is asked again with under on_length "retry": twice what it had, at
- * most what the context leaves after the prompt; null when no more room is left (a request that
- * asked no max_tokens already had all of it). Without a known context, only doubled.
+ * most what the context leaves after the prompt (SGLang refuses prompt + max_tokens >= context,
+ * docs/sglang.md); null when no more room is left (a request that asked no max_tokens already had
+ * all of it). Without a known context, only doubled.
  */
 export function nextMaxTokens(asked: number | null, promptTokens: number, contextLength: number | null): number | null {
   if (asked === null) return null;
-  const room = contextLength === null ? Number.POSITIVE_INFINITY : contextLength - promptTokens;
+  const room = contextLength === null ? Number.POSITIVE_INFINITY : contextLength - promptTokens - 1;
   const next = Math.min(asked * 2, room);
   return next > asked ? next : null;
 }
@@ -60,7 +61,7 @@ function settleCut(a: Attempt, onLength: 'retry' | 'fail', answer: Answer, now: 
   }
   const next = nextMaxTokens(a.maxTokens, answer.usage.prompt_tokens, a.contextLength);
   if (next === null) {
-    const room = a.contextLength === null ? '' : ` (the context of ${a.contextLength} tokens less the prompt's ${answer.usage.prompt_tokens})`;
+    const room = a.contextLength === null ? '' : ` (the context of ${a.contextLength} tokens, less the prompt's ${answer.usage.prompt_tokens})`;
     const message = `the answer was still cut at max_tokens ${a.maxTokens ?? '(the context)'}, as much as the context leaves${room}: on_length "retry" has no more room to give`;
     return { retried: null, outcome: { ...base(a), kind: 'failed', error: { code: 'length_exhausted', message, status: null }, at: now } };
   }
