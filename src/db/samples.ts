@@ -220,7 +220,7 @@ export async function markCalibration(db: DbOrTx, runId: string, seqs: readonly 
 }
 
 /** A calibration answer: its input position, completion tokens, latency and the endpoint that gave it. */
-export type SliceAnswer = [seq: number, tokens: number, latencyMs: number, endpointId: string];
+export type SliceAnswer = [seq: number, tokens: number, latencyMs: number, endpointId: string, variant: number | null];
 
 /** The calibration slice's answers in input order, and how many of it are not terminal yet. */
 export async function calibrationAnswers(db: Db, runId: string): Promise<{ answered: SliceAnswer[]; open: number }> {
@@ -229,15 +229,22 @@ export async function calibrationAnswers(db: Db, runId: string): Promise<{ answe
   // every forecast while the slice is open, and at every start).
   const from =
     db.dialect === 'pg' ? 'samples where run_id = ? and calibration' : 'samples indexed by samples_calibration_idx where run_id = ? and calibration = 1';
-  const { rows } = await db.exec<{ seq: number; status: string; completion_tokens: number | null; latency_ms: number | null; endpoint_id: string | null }>(
-    `select seq, status, completion_tokens, latency_ms, endpoint_id from ${from}`,
+  const { rows } = await db.exec<{
+    seq: number;
+    status: string;
+    completion_tokens: number | null;
+    latency_ms: number | null;
+    endpoint_id: string | null;
+    variant: number | null;
+  }>(
+    `select seq, status, completion_tokens, latency_ms, endpoint_id, variant from ${from}`,
     [runId],
   );
   rows.sort((a, b) => a.seq - b.seq);
   const answered: SliceAnswer[] = [];
   let open = 0;
   for (const r of rows) {
-    if (r.status === 'completed' && r.completion_tokens !== null) answered.push([r.seq, r.completion_tokens, r.latency_ms ?? 0, r.endpoint_id ?? '']);
+    if (r.status === 'completed' && r.completion_tokens !== null) answered.push([r.seq, r.completion_tokens, r.latency_ms ?? 0, r.endpoint_id ?? '', r.variant === null ? null : Number(r.variant)]);
     else if (r.status === 'pending' || r.status === 'in_progress') open++;
   }
   return { answered, open };

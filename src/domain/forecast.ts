@@ -80,6 +80,9 @@ export function calibrationSeqs(runId: string, total: number, k: number): number
   return seqs;
 }
 
+/** A slice answer: [input position, completion tokens, its variant's index (absent or null without variants)]. */
+export type SliceLength = readonly [seq: number, tokens: number, variant?: number | null];
+
 /** What the forecast is made from. */
 export interface ForecastInput {
   /** The whole input is forecast as if not started (a dry run); otherwise what is left of it. */
@@ -89,8 +92,10 @@ export interface ForecastInput {
   remaining: number;
   /** Completion tokens generated so far. */
   completionTokens: number;
-  /** The slice's answered samples as [input position, completion tokens], in input order. */
-  slice: readonly (readonly [number, number])[];
+  /** The slice's answered samples as [input position, completion tokens, variant index or null], in input order. */
+  slice: readonly SliceLength[];
+  /** Each variant's share of the samples, by index; null or absent for a run without variants. */
+  variantShares?: readonly number[] | null;
   /** Slice samples not answered yet: until MIN_AHEAD are, there is no forecast. */
   sliceOpen: number;
   /** The furthest input position dispatched outside the slice (-1 before any): what lies beyond is all still to do. */
@@ -124,7 +129,11 @@ export interface StoredForecast {
  * one per stratum there, so a random sample of what is left even when the input is ordered; at
  * least MIN_AHEAD of them, the nearest behind the frontier making up the number.
  */
-export function aheadOf(slice: readonly (readonly [number, number])[], frontier: number): number[] {
+export function aheadOf(slice: readonly SliceLength[], frontier: number): number[] {
+  return aheadEntries(slice, frontier).map(([, tokens]) => tokens);
+}
+
+function aheadEntries(slice: readonly SliceLength[], frontier: number): readonly SliceLength[] {
   let lo = 0;
   let hi = slice.length;
   while (lo < hi) {
@@ -133,7 +142,26 @@ export function aheadOf(slice: readonly (readonly [number, number])[], frontier:
     else hi = mid;
   }
   const from = Math.max(0, Math.min(lo, slice.length - MIN_AHEAD));
-  return slice.slice(from).map(([, tokens]) => tokens);
+  return slice.slice(from);
+}
+
+/**
+ * The mean length of the samples left when they come in variants of different lengths: each
+ * variant's mean over its own slice answers, weighted by its share of the samples (a variant with
+ * none ahead takes the mean of all). The slice is a random sample of custom ids, so its mix of
+ * variants is their shares only on average; this takes out the error of a slice that holds, by
+ * chance, too many of the long variant or too few.
+ */
+export function variantMean(ahead: readonly SliceLength[], shares: readonly number[]): number {
+  const all = mean(ahead.map(([, tokens]) => tokens));
+  const sums = shares.map(() => ({ tokens: 0, n: 0 }));
+  for (const [, tokens, variant] of ahead) {
+    const s = variant === null || variant === undefined ? undefined : sums[variant];
+    if (!s) continue;
+    s.tokens += tokens;
+    s.n++;
+  }
+  return shares.reduce((t, share, v) => t + share * (sums[v]!.n ? sums[v]!.tokens / sums[v]!.n : all), 0);
 }
 
 /** Seconds to a tenth: a test run takes seconds, a real one days. */
@@ -178,13 +206,20 @@ export function computeForecast(f: ForecastInput, random: () => number): StoredF
   if (f.sliceOpen > 0 && f.slice.length < MIN_AHEAD) return null;
   const done = f.whole ? 0 : f.completionTokens;
   const left = f.whole ? f.total : f.remaining;
-  const ahead = aheadOf(f.slice, f.whole ? -1 : f.frontier);
+  const entries = aheadEntries(f.slice, f.whole ? -1 : f.frontier);
+  const ahead = entries.map(([, tokens]) => tokens);
   let meanLength: number;
   let band: { low: number; high: number } | null = null;
   let basedOn: number;
   if (ahead.length > 0) {
     meanLength = mean(ahead);
     band = bootstrapMean(ahead, random);
+    if (f.variantShares?.length) {
+      // Weighted by the variants' shares; the interval keeps its width around the weighted mean.
+      const weighted = variantMean(entries, f.variantShares);
+      band = { low: band.low + weighted - meanLength, high: band.high + weighted - meanLength };
+      meanLength = weighted;
+    }
     // Every slice answer counts, not only those ahead: the ones behind are in the tokens done, and
     // a count that fell as the frontier passed them would read as the forecast losing its basis.
     basedOn = f.slice.length;

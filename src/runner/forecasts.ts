@@ -26,7 +26,7 @@ const MIN_SLICE_ANSWERS = 10;
  */
 interface Slice {
   answered: SliceAnswer[];
-  lengths: [number, number][];
+  lengths: [number, number, number | null][];
   speed: Map<string, number>;
   open: number;
 }
@@ -42,7 +42,14 @@ function readSlice(answered: SliceAnswer[], open: number): Slice {
   }
   const speed = new Map<string, number>();
   for (const [id, s] of sums) if (s.n >= MIN_SLICE_ANSWERS && s.ms > 0) speed.set(id, s.tokens / s.ms);
-  return { answered, lengths: answered.map(([seq, tokens]) => [seq, tokens]), speed, open };
+  return { answered, lengths: answered.map(([seq, tokens, , , variant]) => [seq, tokens, variant]), speed, open };
+}
+
+/** Each variant's share of the run's samples (its weight over their sum: the stable choice draws them so), or null without variants. */
+function variantShares(run: RunRow): number[] | null {
+  if (!run.variants?.length) return null;
+  const sum = run.variants.reduce((t, v) => t + v.weight, 0);
+  return run.variants.map((v) => v.weight / sum);
 }
 
 /**
@@ -162,6 +169,7 @@ export class Forecasts {
         completionTokens: run.completionTokens,
         slice: slice.lengths,
         sliceOpen: slice.open,
+        variantShares: variantShares(run),
         frontier: run.dryRun ? -1 : await dispatchFrontier(this.deps.db, run.id),
         tokensPerSecond,
         endpoints,

@@ -1,6 +1,7 @@
 import { describe, expect, it } from 'vitest';
 import { ASSIGN_SALTS, pickWeighted } from '../../src/domain/assign.js';
 import { flagBit, flagsFromBits } from '../../src/domain/flags.js';
+import { computeForecast, seededRandom, variantMean, type ForecastInput } from '../../src/domain/forecast.js';
 import { MAX_METADATA_BYTES, parseInputLine } from '../../src/domain/input-line.js';
 import { outputLine } from '../../src/domain/output-line.js';
 import { RunQuality } from '../../src/domain/run-quality.js';
@@ -171,5 +172,37 @@ describe('on_length', () => {
     expect(settleAnswer(attempt(256, 4096), run('fail'), cut, 1, 0, 0).outcome).toMatchObject({ kind: 'failed', error: { code: 'truncated' } });
     // An answer that stopped on its own is kept whatever on_length says.
     expect(settleAnswer(attempt(256, 4096), run('fail'), { ...cut, finishReason: 'stop' }, 1, 0, 0).outcome.kind).toBe('completed');
+  });
+});
+
+describe('the forecast of a run with variants', () => {
+  // 70% thinking answers of 1,000 tokens, 30% plain ones of 10: 703 tokens a sample on average.
+  // A slice that by chance holds half of each would say 505.
+  const slice = Array.from({ length: 100 }, (_, i) => [i * 100, i % 2 ? 10 : 1000, i % 2] as const);
+  const input: ForecastInput = {
+    whole: true,
+    total: 10_000,
+    remaining: 10_000,
+    completionTokens: 0,
+    slice,
+    sliceOpen: 0,
+    frontier: -1,
+    tokensPerSecond: 1000,
+    endpoints: 1,
+    elapsedSeconds: 0,
+    deadlineSeconds: null,
+    now: 0,
+  };
+
+  it('weights each variant’s mean length by its share, not by its luck in the slice', () => {
+    expect(variantMean(slice, [0.7, 0.3])).toBeCloseTo(703);
+    const weighted = computeForecast({ ...input, variantShares: [0.7, 0.3] }, seededRandom('v'))!;
+    expect(weighted.completion_tokens_estimate).toBe(7_030_000);
+    expect(weighted.low!).toBeLessThan(weighted.wall_seconds_remaining!);
+    expect(weighted.high!).toBeGreaterThan(weighted.wall_seconds_remaining!);
+    // Without the shares, the slice's own mix.
+    expect(computeForecast(input, seededRandom('v'))!.completion_tokens_estimate).toBe(5_050_000);
+    // A variant with no slice answer ahead takes the mean of all.
+    expect(variantMean([[0, 100, 0]], [0.5, 0.5])).toBe(100);
   });
 });
