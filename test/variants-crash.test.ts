@@ -24,7 +24,15 @@ let server: ServerProcess | null = null;
 
 beforeAll(async () => {
   // 100-token answers, at 2,000 tokens a second: a run of max_tokens 30 needs three tries a sample (30, 60, 120).
-  sim = await spawnSimulator({ model: MODEL, 'ttft-ms': 5, 'tokens-per-second': 2000, 'completion-tokens': 100, 'reasoning-tokens': 0, 'max-running': 8, seed: 4 });
+  sim = await spawnSimulator({
+    model: MODEL,
+    'ttft-ms': 5,
+    'tokens-per-second': 2000,
+    'completion-tokens': 100,
+    'reasoning-tokens': 0,
+    'max-running': 8,
+    seed: 4,
+  });
 });
 
 afterAll(async () => {
@@ -39,7 +47,14 @@ describe('variants and on_length through a SIGKILL', () => {
     server = await spawnServer(data.dir);
     await registerEndpoint(server.url, sim.url);
     const requests = Array.from({ length: SAMPLES }, (_, i) => ({ custom_id: `k-${i}`, prompt: `Question ${i}: name ${i % 7} primes.`, origin: { row: i } }));
-    const { id } = await createRun(server.url, { model: MODEL, input: { requests }, params: { max_tokens: 30 }, variants: VARIANTS, on_length: 'retry', shard_size: 50 });
+    const { id } = await createRun(server.url, {
+      model: MODEL,
+      input: { requests },
+      params: { max_tokens: 30 },
+      variants: VARIANTS,
+      on_length: 'retry',
+      shard_size: 50,
+    });
     const url = server.url;
     const seen = await waitFor(
       'a third of the run done',
@@ -57,8 +72,9 @@ describe('variants and on_length through a SIGKILL', () => {
     const db = await openTestStore(data.dir);
     let raised: { max_tokens: number | null; status: string }[];
     try {
-      raised = (await db.exec<{ max_tokens: number | null; status: string }>(`select max_tokens, status from samples where run_id = ? and max_tokens is not null`, [id]))
-        .rows;
+      raised = (
+        await db.exec<{ max_tokens: number | null; status: string }>(`select max_tokens, status from samples where run_id = ? and max_tokens is not null`, [id])
+      ).rows;
     } finally {
       await db.close();
     }

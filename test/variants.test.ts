@@ -2,8 +2,8 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { ASSIGN_SALTS, pickWeighted } from '../src/domain/assign.js';
 import { spawnSimulator, type SimProcess } from '../src/sim/spawn.js';
 import { Stores } from '../src/storage/index.js';
-import { call, spawnServer, startTestServer, tempDir, waitFor, type ServerProcess } from './support/server.js';
-import { createRun, listAllSamples, registerEndpoint, uploadFile, waitForStatus } from './support/runner-checks.js';
+import { call, startTestServer } from './support/server.js';
+import { createRun, registerEndpoint, uploadFile, waitForStatus } from './support/runner-checks.js';
 
 // Variants, the input's own fields and on_length, end to end: regen as a server, the simulator as
 // its own process, the output read back from the shards. Each simulator serves a model of its own,
@@ -68,7 +68,12 @@ describe('a run mixing a thinking and a plain variant', () => {
   it('sends each sample its variant’s params, names it on every line, keeps the input’s fields, and the gate does not pause the mix', async () => {
     const total = 800;
     const lines = Array.from({ length: total }, (_, i) =>
-      JSON.stringify({ custom_id: `m-${i}`, messages: [{ role: 'user', content: question(i) }], source: 'gsm8k', meta: { row: i, tags: ['a', i % 2 ? 'odd' : 'even'] } }),
+      JSON.stringify({
+        custom_id: `m-${i}`,
+        messages: [{ role: 'user', content: question(i) }],
+        source: 'gsm8k',
+        meta: { row: i, tags: ['a', i % 2 ? 'odd' : 'even'] },
+      }),
     );
     // Line 801: its own fields are over the limit, refused with its line number; the rest go on.
     lines.push(JSON.stringify({ custom_id: 'too-big', prompt: 'hi', meta: 'x'.repeat(MAX_METADATA_BYTES) }));
@@ -86,7 +91,11 @@ describe('a run mixing a thinking and a plain variant', () => {
     const done = await waitForStatus(server.url, created.id, ['completed', 'failed', 'paused', 'cancelled']);
     expect(done.status, done.status_reason).toBe('completed');
     expect(done.invalid_lines.count).toBe(1);
-    expect(done.invalid_lines.errors[0]).toMatchObject({ line: total + 1, custom_id: 'too-big', message: expect.stringContaining(`${MAX_METADATA_BYTES} bytes`) });
+    expect(done.invalid_lines.errors[0]).toMatchObject({
+      line: total + 1,
+      custom_id: 'too-big',
+      message: expect.stringContaining(`${MAX_METADATA_BYTES} bytes`),
+    });
 
     const { lines: out } = await readOutput(done);
     expect(out).toHaveLength(total);

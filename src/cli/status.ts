@@ -58,8 +58,34 @@ function runDetail(r: Run): string {
   if (r.manifest_uri) rows.push(['manifest', r.manifest_uri]);
   if (r.invalid_lines.count)
     rows.push(['invalid lines', `${num(r.invalid_lines.count)}; first: line ${r.invalid_lines.errors[0]?.line}: ${r.invalid_lines.errors[0]?.message}`]);
+  if (r.on_length !== 'keep')
+    rows.push(['on length', `${r.on_length} (an answer cut by max_tokens is ${r.on_length === 'retry' ? 'asked again with more room' : 'failed'})`]);
   const width = Math.max(...rows.map(([k]) => k.length));
-  return rows.map(([k, v]) => `${k.padEnd(width)}  ${v}`).join('\n');
+  const detail = rows.map(([k, v]) => `${k.padEnd(width)}  ${v}`).join('\n');
+  return r.variants ? `${detail}\n\n${variantsTable(r.variants)}` : detail;
+}
+
+/** A run's variants, one row each: its share, how far it is, its flags and its tokens. */
+function variantsTable(variants: NonNullable<Run['variants']>): string {
+  const weights = variants.reduce((t, v) => t + v.weight, 0);
+  return table(
+    ['VARIANT', 'WEIGHT', 'DONE/TOTAL', 'FAILED', 'FLAGGED', 'TOP FLAG', 'COMPLETION TOKENS', 'REASONING'],
+    variants.map((v) => {
+      const c = v.request_counts;
+      const top = Object.entries(v.quality.by_flag).sort((a, b) => b[1] - a[1])[0];
+      return [
+        v.name,
+        `${num(v.weight)} (${pct(v.weight / weights)})`,
+        `${num(c.completed + c.failed)}/${num(c.total)}`,
+        num(c.failed),
+        `${num(v.quality.flagged)}${c.completed ? ` (${pct(v.quality.flagged / c.completed)})` : ''}`,
+        top && top[1] > 0 ? `${top[0]} ${num(top[1])}` : '-',
+        num(v.usage.completion_tokens),
+        num(v.usage.reasoning_tokens),
+      ];
+    }),
+    [1, 2, 3, 4, 6, 7],
+  );
 }
 
 /** `regen status`: a table of runs; `regen status RUN`: one run in detail (and followed, with --watch). */

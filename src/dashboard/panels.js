@@ -261,3 +261,43 @@ export function failuresList(run, failures) {
     'No failed samples.',
   );
 }
+
+/**
+ * A run's variants, one row each: its weight and share, how far it is, its flags (the commonest
+ * named) and its tokens.
+ * @param {NonNullable<Schemas['Run']['variants']>} variants
+ */
+export function variantsTable(variants) {
+  const weights = variants.reduce((t, v) => t + v.weight, 0);
+  /** @param {Schemas['RunVariant']} v */
+  const topFlag = (v) => {
+    const [flag, n] = Object.entries(v.quality.by_flag).sort((a, b) => b[1] - a[1])[0] ?? ['', 0];
+    return n > 0 ? h('span', null, h('code', null, flag), ` ${num(n)}`) : h('span', { className: 'muted' }, '—');
+  };
+  return table(
+    [
+      { label: 'Variant', cell: (v) => h('code', null, v.name) },
+      { label: 'Weight', className: 'num', cell: (v) => `${num(v.weight)} (${pct(v.weight / weights)})` },
+      {
+        label: 'Done',
+        className: 'num',
+        cell: (v) => {
+          const c = v.request_counts;
+          const share = c.total ? (c.completed + c.failed) / c.total : 0;
+          return h('div', null, `${num(c.completed + c.failed)} / ${num(c.total)}`, progressBar(share, 'mini'));
+        },
+      },
+      { label: 'Failed', className: 'num', cell: (v) => num(v.request_counts.failed) },
+      {
+        label: 'Flagged',
+        className: 'num',
+        cell: (v) => `${num(v.quality.flagged)}${v.request_counts.completed ? ` (${pct(v.quality.flagged / v.request_counts.completed)})` : ''}`,
+      },
+      { label: 'Top flag', cell: topFlag },
+      { label: 'Completion tokens', className: 'num', cell: (v) => num(v.usage.completion_tokens) },
+      { label: 'Reasoning', className: 'num', cell: (v) => num(v.usage.reasoning_tokens) },
+    ],
+    variants,
+    '',
+  );
+}

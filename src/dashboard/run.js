@@ -6,7 +6,7 @@ import { drawForecast, drawThroughput } from './chart.js';
 import { badge, fill, h, progressBar, route } from './dom.js';
 import { answered, at, duration, eta, num, pausedByGate, pct, rate, runTitle, TERMINAL, when } from './format.js';
 import { every, followRun } from './live.js';
-import { endpointsTable, failuresList, gateText, qualityTable, shardGrid } from './panels.js';
+import { endpointsTable, failuresList, gateText, qualityTable, shardGrid, variantsTable } from './panels.js';
 
 /** @typedef {import('../client/schema.js').components['schemas']} Schemas */
 
@@ -58,6 +58,8 @@ export function runView(root, runId) {
   const qualityEl = h('div', null);
   const failuresHead = h('span', { className: 'muted small' });
   const failuresEl = h('div', null, h('p', { className: 'muted' }, 'Loading failures…'));
+  const variantsEl = h('div', null);
+  const variantsCard = h('section', { className: 'card', hidden: true }, h('h2', null, 'Variants'), variantsEl);
 
   fill(
     root,
@@ -72,6 +74,7 @@ export function runView(root, runId) {
     actionError,
     panelError,
     progressEl,
+    variantsCard,
     h(
       'div',
       { className: 'grid2' },
@@ -135,6 +138,9 @@ export function runView(root, runId) {
     const failed = run.request_counts.failed;
     fill(failuresHead, failed ? [`${num(failed)} · `, h('a', { href: `${route('runs', run.id, 'samples')}?status=failed` }, 'all →')] : '');
     renderQuality();
+    // Polls carry the variants; a progress event does not, and leaves the table as it was.
+    if (run.variants) fill(variantsEl, variantsTable(run.variants));
+    variantsCard.hidden = !run.variants;
   }
 
   function renderForecast() {

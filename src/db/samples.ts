@@ -236,15 +236,13 @@ export async function calibrationAnswers(db: Db, runId: string): Promise<{ answe
     latency_ms: number | null;
     endpoint_id: string | null;
     variant: number | null;
-  }>(
-    `select seq, status, completion_tokens, latency_ms, endpoint_id, variant from ${from}`,
-    [runId],
-  );
+  }>(`select seq, status, completion_tokens, latency_ms, endpoint_id, variant from ${from}`, [runId]);
   rows.sort((a, b) => a.seq - b.seq);
   const answered: SliceAnswer[] = [];
   let open = 0;
   for (const r of rows) {
-    if (r.status === 'completed' && r.completion_tokens !== null) answered.push([r.seq, r.completion_tokens, r.latency_ms ?? 0, r.endpoint_id ?? '', r.variant === null ? null : Number(r.variant)]);
+    if (r.status === 'completed' && r.completion_tokens !== null)
+      answered.push([r.seq, r.completion_tokens, r.latency_ms ?? 0, r.endpoint_id ?? '', r.variant === null ? null : Number(r.variant)]);
     else if (r.status === 'pending' || r.status === 'in_progress') open++;
   }
   return { answered, open };
@@ -475,7 +473,10 @@ export async function samplesToRetry(
   );
   // Locked on PostgreSQL: two retries of one run at once (a double click, a quarantine and an
   // operator) would each count the same samples back; the second waits and then finds none.
-  return await locked(db, db.q.select({ id: samples.id, shardIdx: samples.shardIdx, flags: samples.flags, variant: samples.variant }).from(samples).where(which));
+  return await locked(
+    db,
+    db.q.select({ id: samples.id, shardIdx: samples.shardIdx, flags: samples.flags, variant: samples.variant }).from(samples).where(which),
+  );
 }
 
 /** Makes samples pending again with a fresh attempt budget, as if never sent. */

@@ -217,7 +217,6 @@ export const samples = pgTable(
   ],
 );
 
-
 export const runVariants = pgTable(
   'run_variants',
   {

@@ -237,7 +237,6 @@ export const samples = sqliteTable(
   ],
 );
 
-
 // A run's counters per variant, moved by the result writer in the transaction that moves the run's
 // (db/results.ts), so the run object shows each variant's counts, usage and flags without a scan.
 export const runVariants = sqliteTable(

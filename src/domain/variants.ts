@@ -27,7 +27,8 @@ export const Variants = z
       if (seen.has(v.name)) ctx.addIssue({ code: 'custom', path: [i, 'name'], message: `${JSON.stringify(v.name)} is used twice: names must be unique` });
       seen.add(v.name);
       // One request a sample per variant: how many answers a prompt gets is the run's to say.
-      if (v.params && 'n' in v.params) ctx.addIssue({ code: 'custom', path: [i, 'params', 'n'], message: 'n is set on the run only (params.n), not per variant' });
+      if (v.params && 'n' in v.params)
+        ctx.addIssue({ code: 'custom', path: [i, 'params', 'n'], message: 'n is set on the run only (params.n), not per variant' });
     }
   });
 

@@ -40,7 +40,12 @@ describe('variants', () => {
     expect(issue([])).toMatchObject({ path: '' });
     expect(issue([{ name: 'a b', weight: 1 }])).toMatchObject({ path: '0.name' });
     expect(issue([{ name: 'a', weight: 0 }])).toMatchObject({ path: '0.weight' });
-    expect(issue([{ name: 'a', weight: 1 }, { name: 'a', weight: 2 }])).toMatchObject({ path: '1.name', message: expect.stringMatching(/unique/) });
+    expect(
+      issue([
+        { name: 'a', weight: 1 },
+        { name: 'a', weight: 2 },
+      ]),
+    ).toMatchObject({ path: '1.name', message: expect.stringMatching(/unique/) });
     expect(issue([{ name: 'a', weight: 1, params: { n: 1 } }])).toMatchObject({ path: '0.params.n', message: expect.stringMatching(/run only/) });
     expect(issue(Array.from({ length: 17 }, (_, i) => ({ name: `v${i}`, weight: 1 })))).toMatchObject({ message: expect.stringMatching(/16/) });
     // Params are checked as a run's are.
@@ -75,7 +80,13 @@ describe('variants', () => {
         const plain = i % 10 < 3;
         const input = plain
           ? { content: `Answer ${i}: ${i * 7}.`, reasoning_content: null, finish_reason: 'stop', completion_tokens: 12, thinking_requested: false }
-          : { content: `Answer ${i}: done.`, reasoning_content: `Thinking about ${i} at length.`, finish_reason: 'stop', completion_tokens: 600, thinking_requested: true };
+          : {
+              content: `Answer ${i}: done.`,
+              reasoning_content: `Thinking about ${i} at length.`,
+              finish_reason: 'stop',
+              completion_tokens: 600,
+              thinking_requested: true,
+            };
         const flags = q.check(input, 'e1', perVariant ? (plain ? 1 : 0) : null);
         expect(flagsFromBits(flags)).not.toContain('missing_reasoning');
         if (flags & flagBit('short_for_run')) short++;
