@@ -42,7 +42,7 @@ afterAll(async () => {
 });
 
 /** Every output line and error line of a finished run, through its manifest. */
-async function readOutput(run: any): Promise<{ lines: any[]; errors: any[] }> {
+async function readOutput(run: any): Promise<{ lines: any[]; errors: any[]; manifest: any }> {
   const store = stores.forUri(run.output_uri);
   const manifest = JSON.parse((await store.get('manifest.json')).toString('utf8'));
   const read = async (key: string | null) =>
@@ -59,7 +59,7 @@ async function readOutput(run: any): Promise<{ lines: any[]; errors: any[] }> {
     lines.push(...(await read(shard.key)));
     errors.push(...(await read(shard.errors_key)));
   }
-  return { lines, errors };
+  return { lines, errors, manifest };
 }
 
 const question = (i: number) => `Question ${i}: what is ${i} times ${i + 3}?`;
@@ -97,7 +97,7 @@ describe('a run mixing a thinking and a plain variant', () => {
       message: expect.stringContaining(`${MAX_METADATA_BYTES} bytes`),
     });
 
-    const { lines: out } = await readOutput(done);
+    const { lines: out, manifest } = await readOutput(done);
     expect(out).toHaveLength(total);
     const perVariant = { think: 0, plain: 0 } as Record<string, number>;
     for (const line of out) {
@@ -123,6 +123,10 @@ describe('a run mixing a thinking and a plain variant', () => {
     expect(sum('prompt_tokens')).toBe(done.usage.prompt_tokens);
     expect(done.variants[1].usage.reasoning_tokens).toBe(0);
     expect(done.variants[0].usage.reasoning_tokens).toBe(300 * perVariant.think!);
+    expect(manifest.variants.map((v: any) => [v.name, v.weight, v.params, v.counts])).toEqual([
+      ['think', 7, THINK, { total: perVariant.think, completed: perVariant.think, failed: 0 }],
+      ['plain', 3, PLAIN, { total: perVariant.plain, completed: perVariant.plain, failed: 0 }],
+    ]);
 
     // A second run of part of the same input: the same custom_ids get the same variants.
     const again = await createRun(server.url, {

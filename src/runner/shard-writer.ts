@@ -4,6 +4,7 @@ import { setManifestKey } from '../db/runs.js';
 import type { RunRow, ShardRow } from '../db/schema.js';
 import { listRunShards, markShardUploaded, openShardNow, shardSamplesWithOutput } from '../db/shards.js';
 import { flagCounts } from '../domain/flags.js';
+import { listRunVariants } from '../db/run-variants.js';
 import { errorLine, MANIFEST_KEY, outputLine, runUsage, shardErrorsKey, shardKey, type StagedOutput } from '../domain/output-line.js';
 
 const sha256 = (b: Buffer) => createHash('sha256').update(b).digest('hex');
@@ -95,6 +96,7 @@ export async function uploadShard(deps: RunnerDeps, run: RunRow, listed: ShardRo
 /** The manifest: everything needed to check the output without the database. */
 export async function writeManifest(deps: RunnerDeps, run: RunRow, finalStatus: 'completed' | 'cancelled'): Promise<void> {
   const all = await listRunShards(deps.db, run.id);
+  const variantRows = run.variants?.length ? await listRunVariants(deps.db, run.id) : [];
   const manifest = {
     run: { id: run.id, name: run.name, model: run.model, status: finalStatus, created_at: new Date(run.createdAt).toISOString(), metadata: run.metadata },
     params: run.params,
@@ -107,6 +109,21 @@ export async function writeManifest(deps: RunnerDeps, run: RunRow, finalStatus: 
       // false, as the API shows it, when the run turned quality checks off.
       settings: run.quality ?? false,
     },
+    on_length: run.onLength,
+    // Each variant with its params and what its samples came to; null for a run without variants.
+    variants: run.variants?.length
+      ? run.variants.map((v, idx) => {
+          const c = variantRows.find((r) => r.idx === idx);
+          return {
+            name: v.name,
+            weight: v.weight,
+            params: v.params ?? {},
+            counts: { total: c?.total ?? 0, completed: c?.completed ?? 0, failed: c?.failed ?? 0 },
+            usage: { prompt_tokens: c?.promptTokens ?? 0, completion_tokens: c?.completionTokens ?? 0, reasoning_tokens: c?.reasoningTokens ?? 0 },
+            quality: { flagged: c?.flagged ?? 0, by_flag: c ? flagCounts(c) : null },
+          };
+        })
+      : null,
     shards: all.map((s) => ({
       index: s.idx,
       empty: !s.lines,
