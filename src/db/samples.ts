@@ -508,10 +508,14 @@ export async function requeueSamples(db: DbOrTx, ids: number[]): Promise<void> {
  * Samples are sent in input order, so the last ones in input order are the latest; the (run_id,
  * seq) index serves that walk, where ordering by completed_at would read the whole run.
  */
-export async function recentCompleted(db: DbOrTx, runId: string, limit: number): Promise<{ flags: number; endpointId: string | null }[]> {
+export async function recentCompleted(
+  db: DbOrTx,
+  runId: string,
+  limit: number,
+): Promise<{ flags: number; endpointId: string | null; variant: number | null }[]> {
   const { samples } = db.t;
   return await db.q
-    .select({ flags: samples.flags, endpointId: samples.endpointId })
+    .select({ flags: samples.flags, endpointId: samples.endpointId, variant: samples.variant })
     .from(samples)
     .where(and(eq(samples.runId, runId), eq(samples.status, 'completed')))
     .orderBy(desc(samples.seq))

@@ -32,6 +32,7 @@ export interface EndpointShare {
 export interface CompletedRow {
   flags: number;
   endpointId: string | null;
+  variant?: number | null;
 }
 
 /**
@@ -42,6 +43,8 @@ export interface CompletedRow {
 interface Peers {
   contents: ContentCounter;
   lengths: LengthHistogram;
+  /** The variant's kept answers, for the gate: a broken variant is caught however small its share. */
+  window: QualityWindow;
 }
 
 export class RunQuality {
@@ -55,7 +58,7 @@ export class RunQuality {
   private readonly endpoints = new Map<string, QualityWindow>();
 
   constructor(
-    private readonly cfg: QualityCheckConfig & { model: string },
+    private readonly cfg: QualityCheckConfig & { model: string; /** The run's variants' names, by index, for the gate's words. */ variants?: readonly string[] },
     private readonly capacity = QUALITY_WINDOW,
   ) {
     this.window = new QualityWindow(capacity);
@@ -88,10 +91,11 @@ export class RunQuality {
     return flags;
   }
 
-  /** A sample kept as completed, with the flags it is stored with: it enters the run's window. */
-  completed(flags: number): void {
+  /** A sample kept as completed, with the flags it is stored with: it enters the run's window, and its variant's. */
+  completed(flags: number, variant: number | null = null): void {
     this.window.push(flags);
     this.own.push(flags);
+    if (variant !== null) this.peersOf(variant).window.push(flags);
   }
 
   /**
@@ -111,7 +115,16 @@ export class RunQuality {
     // Judged against the endpoints that can still take work, so that one always stays among them.
     const judged = inRotation ? new Map([...this.endpoints].filter(([id]) => inRotation.has(id))) : this.endpoints;
     const quarantine = endpointVerdict(judged, gate, peers).map((q) => ({ ...q, reason: explainQuarantine(q, this.facts(this.window, gate)) }));
-    return { overLimit, reason: overLimit ? explainVerdict(this.facts(this.window, gate)) : null, quarantine };
+    if (overLimit) return { overLimit, reason: explainVerdict(this.facts(this.window, gate)), quarantine };
+    // Each variant judged on its own answers (this process's, on PostgreSQL): one broken variant of a
+    // small share would never take the run's window over its limit.
+    for (const [variant, p] of this.peers) {
+      if (variant === null || !p.window.overLimit(gate)) continue;
+      const name = this.cfg.variants?.[variant] ?? String(variant);
+      const words = explainVerdict({ ...this.facts(p.window, gate), topContent: p.contents.top(), medianTokens: p.lengths.median() });
+      return { overLimit: true, reason: `${VERDICT_PREFIX} variant ${name}:${words.slice(VERDICT_PREFIX.length)}`, quarantine };
+    }
+    return { overLimit: false, reason: null, quarantine };
   }
 
   /**
@@ -138,13 +151,22 @@ export class RunQuality {
       else byEndpoint.set(r.endpointId, [r.flags]);
     }
     for (const [id, flags] of byEndpoint) this.endpointWindow(id).restore(flags);
+    // Each variant's window from its share of those samples: judged again once it holds min_samples.
+    const byVariant = new Map<number, number[]>();
+    for (const r of newestFirst) {
+      if (r.variant === null || r.variant === undefined) continue;
+      const flags = byVariant.get(r.variant);
+      if (flags) flags.push(r.flags);
+      else byVariant.set(r.variant, [r.flags]);
+    }
+    for (const [variant, flags] of byVariant) this.peersOf(variant).window.restore(flags);
     for (const [tokens, samples, variant] of lengths) this.peersOf(variant ?? null).lengths.add(tokens, samples);
   }
 
   private peersOf(variant: number | null): Peers {
     let p = this.peers.get(variant);
     if (!p) {
-      p = { contents: new ContentCounter(), lengths: new LengthHistogram() };
+      p = { contents: new ContentCounter(), lengths: new LengthHistogram(), window: new QualityWindow(this.capacity) };
       this.peers.set(variant, p);
     }
     return p;

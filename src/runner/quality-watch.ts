@@ -13,6 +13,13 @@ import type { RunStatus } from '../domain/statuses.js';
 import type { EndpointPool, LiveEndpoint } from './endpoints.js';
 import { checkGate, pauseForGate } from './gate.js';
 
+/** What a run's checks are built with. */
+const checksOf = (run: RunRow, quality: NonNullable<RunRow['quality']>) => ({
+  min_completion_tokens: quality.min_completion_tokens,
+  model: run.model,
+  variants: run.variants?.map((v) => v.name),
+});
+
 /** Runs whose flagged answers a quarantine asks again: the ones still taking work. */
 const REQUEUE_STATUSES: readonly RunStatus[] = ['queued', 'in_progress', 'paused'];
 
@@ -59,7 +66,7 @@ export class QualityWatch {
       run.variants?.length ? completionLengthCountsByVariant(this.deps.db, run.id) : completionLengthCounts(this.deps.db, run.id),
     ]);
     if (this.runs.has(run.id)) return;
-    const q = new RunQuality({ min_completion_tokens: run.quality.min_completion_tokens, model: run.model });
+    const q = new RunQuality(checksOf(run, run.quality));
     q.restore(recent, run.completed, lengths);
     this.runs.set(run.id, q);
   }
@@ -69,7 +76,7 @@ export class QualityWatch {
     let q = this.runs.get(run.id);
     if (!q) {
       // Not loaded (an answer after the run was forgotten): judged from this answer on.
-      q = new RunQuality({ min_completion_tokens: run.quality.min_completion_tokens, model: run.model });
+      q = new RunQuality(checksOf(run, run.quality));
       this.runs.set(run.id, q);
     }
     return q;

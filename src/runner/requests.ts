@@ -224,7 +224,7 @@ export class Requests {
     };
     const flags = quality ? quality.check(input, e.row.id, f.sample.variant ?? null) : 0;
     const settled = settleAnswer(this.attempt(f), f.run, answer, latencyMs, now, flags);
-    if (quality && settled.outcome.kind === 'completed') quality.completed(flags);
+    if (quality && settled.outcome.kind === 'completed') quality.completed(flags, f.sample.variant ?? null);
     this.deps.metrics.answered(e.row.id, latencyMs, tokens, flags);
     this.settle(settled);
   }
@@ -254,7 +254,7 @@ export class Requests {
     const flags = quality ? quality.cut(e.row.id) : 0;
     const settled = settleAnswer(this.attempt(f), f.run, answer, latencyMs, this.deps.clock(), flags);
     settled.outcome.loopTokensSaved = Math.max(0, f.budget - generated);
-    if (quality && settled.outcome.kind === 'completed') quality.completed(flags);
+    if (quality && settled.outcome.kind === 'completed') quality.completed(flags, f.sample.variant ?? null);
     this.deps.metrics.answered(e.row.id, latencyMs, generated, flags);
     this.settle(settled);
   }

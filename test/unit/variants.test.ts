@@ -97,6 +97,28 @@ describe('variants', () => {
     // The same answers judged as one run: the plain ones are far below the run's median.
     expect(mixed(false)).toBeGreaterThan(400);
   });
+
+  it('pause the run when one variant is broken, however small its share; a healthy mix is never paused', () => {
+    const gate = { min_samples: 200, max_flag_rate: 0.2 };
+    const run = (brokenPlain: boolean) => {
+      const q = new RunQuality({ min_completion_tokens: 0, model: 'Qwen/Qwen3-8B', variants: ['think', 'plain'] });
+      for (let i = 0; i < 4000; i++) {
+        const plain = i % 10 === 0;
+        const input = plain
+          ? { content: brokenPlain ? '' : `Answer ${i}: ${i * 7}.`, reasoning_content: null, finish_reason: 'stop', completion_tokens: 12, thinking_requested: false }
+          : { content: `Answer ${i}: done.`, reasoning_content: `Thinking about ${i}.`, finish_reason: 'stop', completion_tokens: 600, thinking_requested: true };
+        const variant = plain ? 1 : 0;
+        q.completed(q.check(input, 'e1', variant), variant);
+        const verdict = q.verdict(gate);
+        if (verdict.overLimit) return { at: i, reason: verdict.reason };
+      }
+      return null;
+    };
+    expect(run(false)).toBeNull();
+    // 10% of the run, all empty: the run's window is at 10%, the variant's at 100%.
+    const broken = run(true);
+    expect(broken?.reason).toMatch(/^quality gate: variant plain: 100% of the last \d+ samples flagged \(limit 20%\): empty_content 100%/);
+  });
 });
 
 describe("the input's own fields", () => {
