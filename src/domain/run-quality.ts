@@ -58,7 +58,10 @@ export class RunQuality {
   private readonly endpoints = new Map<string, QualityWindow>();
 
   constructor(
-    private readonly cfg: QualityCheckConfig & { model: string; /** The run's variants' names, by index, for the gate's words. */ variants?: readonly string[] },
+    private readonly cfg: QualityCheckConfig & {
+      model: string /** The run's variants' names, by index, for the gate's words. */;
+      variants?: readonly string[];
+    },
     private readonly capacity = QUALITY_WINDOW,
   ) {
     this.window = new QualityWindow(capacity);

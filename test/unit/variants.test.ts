@@ -105,8 +105,20 @@ describe('variants', () => {
       for (let i = 0; i < 4000; i++) {
         const plain = i % 10 === 0;
         const input = plain
-          ? { content: brokenPlain ? '' : `Answer ${i}: ${i * 7}.`, reasoning_content: null, finish_reason: 'stop', completion_tokens: 12, thinking_requested: false }
-          : { content: `Answer ${i}: done.`, reasoning_content: `Thinking about ${i}.`, finish_reason: 'stop', completion_tokens: 600, thinking_requested: true };
+          ? {
+              content: brokenPlain ? '' : `Answer ${i}: ${i * 7}.`,
+              reasoning_content: null,
+              finish_reason: 'stop',
+              completion_tokens: 12,
+              thinking_requested: false,
+            }
+          : {
+              content: `Answer ${i}: done.`,
+              reasoning_content: `Thinking about ${i}.`,
+              finish_reason: 'stop',
+              completion_tokens: 600,
+              thinking_requested: true,
+            };
         const variant = plain ? 1 : 0;
         q.completed(q.check(input, 'e1', variant), variant);
         const verdict = q.verdict(gate);
