@@ -128,6 +128,9 @@ describe('a run mixing a thinking and a plain variant', () => {
       ['plain', 3, PLAIN, { total: perVariant.plain, completed: perVariant.plain, failed: 0 }],
     ]);
 
+    const sample = await call(server.url, `/v1/runs/${done.id}/samples/m-5`);
+    expect(sample.body).toMatchObject({ variant: expectedVariant('m-5'), metadata: { source: 'gsm8k', meta: { row: 5, tags: ['a', 'odd'] } }, params: null });
+
     // A second run of part of the same input: the same custom_ids get the same variants.
     const again = await createRun(server.url, {
       model: MIXED,

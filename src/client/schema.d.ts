@@ -1259,7 +1259,14 @@ export interface components {
         QualityFlag: "empty_content" | "missing_reasoning" | "truncated" | "repetitive" | "too_short" | "duplicate_content" | "think_in_content" | "short_for_run";
         SampleDetail: components["schemas"]["Sample"] & {
             messages: components["schemas"]["ChatMessage"][];
+            /** @description The line's own params (the run's and its variant's are on the run) */
             params: {
+                [key: string]: unknown;
+            } | null;
+            /** @description The name of the sample's variant; null when the run has none */
+            variant: string | null;
+            /** @description The input line's own fields, as its output line carries them; null when it had none */
+            metadata: {
                 [key: string]: unknown;
             } | null;
             output: {

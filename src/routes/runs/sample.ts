@@ -1,6 +1,7 @@
 import { createRoute, z } from '@hono/zod-openapi';
 import type { App } from '../../http/app.js';
 import { notFound, problemResponses } from '../../errors.js';
+import { variantName } from '../../domain/variants.js';
 import { getRun } from '../../db/runs.js';
 import { getSample } from '../../db/samples.js';
 import { textProblem } from '../../domain/text.js';
@@ -36,13 +37,15 @@ export function registerGetSample(app: App) {
     if (!run) throw notFound('run', id);
     const sample = await getSample(deps.db, id, custom_id);
     if (!sample) throw notFound('sample', custom_id);
-    const request = JSON.parse(sample.request) as { messages: unknown[]; params?: Record<string, unknown> };
+    const request = JSON.parse(sample.request) as { messages: unknown[]; params?: Record<string, unknown>; metadata?: Record<string, unknown> };
     const output = await readSampleOutput(deps, run, sample);
     return c.json(
       {
         ...renderSample(sample),
         messages: request.messages as { role: string; content: unknown }[],
         params: request.params ?? null,
+        variant: variantName(run.variants, sample.variant),
+        metadata: request.metadata ?? null,
         output,
       },
       200,

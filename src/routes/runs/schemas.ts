@@ -279,7 +279,12 @@ export const Sample = z
 
 export const SampleDetail = Sample.extend({
   messages: z.array(Message),
-  params: z.record(z.string(), z.unknown()).nullable(),
+  params: z.record(z.string(), z.unknown()).nullable().openapi({ description: "The line's own params (the run's and its variant's are on the run)" }),
+  variant: z.string().nullable().openapi({ description: "The name of the sample's variant; null when the run has none" }),
+  metadata: z
+    .record(z.string(), z.unknown())
+    .nullable()
+    .openapi({ description: "The input line's own fields, as its output line carries them; null when it had none" }),
   output: z.object({ reasoning_content: z.string().nullable(), content: z.string().nullable() }).nullable(),
 }).openapi('SampleDetail');
 
