@@ -9,6 +9,7 @@ import { benchScale } from './scale.js';
 import { benchStores } from './stores.js';
 import { machine, SCALE, type Figure } from './support.js';
 import { benchTail } from './tail.js';
+import { benchVariants } from './variants.js';
 
 const PARTS: Record<string, () => Promise<Figure[]>> = {
   ingest: benchIngest,
@@ -21,6 +22,7 @@ const PARTS: Record<string, () => Promise<Figure[]>> = {
   scale: benchScale,
   stores: benchStores,
   endless: benchEndless,
+  variants: benchVariants,
 };
 
 const fmt = (n: number | null, unit = '') =>
@@ -40,7 +42,7 @@ function table(figures: Figure[]): string {
 
 /**
  * `npm run bench [part…]`: runs the parts (all by default), prints regen next to its baseline for
- * every figure, and, for a full-scale run of every part, writes BENCHMARKS.md. Parts: ingest, dispatch, saturation, stream, million, adaptive, tail, scale, stores, endless.
+ * every figure, and, for a full-scale run of every part, writes BENCHMARKS.md. Parts: ingest, dispatch, saturation, stream, million, adaptive, tail, scale, stores, endless, variants.
  */
 async function main(): Promise<void> {
   const asked = process.argv.slice(2);
