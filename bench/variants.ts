@@ -52,11 +52,14 @@ export async function benchVariants(): Promise<Figure[]> {
           insert.run(id, i, Math.floor(i / 1000), `s${i}`, OWNER, variant);
         }
       })();
-      await sqlite.exec(`insert into shards (run_id, idx, first_seq, sample_count) select '${id}', idx, idx * 1000, 1000 from (select distinct shard_idx as idx from samples where run_id = '${id}')`);
+      await sqlite.exec(
+        `insert into shards (run_id, idx, first_seq, sample_count) select '${id}', idx, idx * 1000, 1000 from (select distinct shard_idx as idx from samples where run_id = '${id}')`,
+      );
       if (kind === 'mixed') await db.tx((tx) => insertRunVariants(tx, id, totals));
     }
     const ids = new Map<string, number[]>();
-    for (const id of Object.values(runs)) ids.set(id, (sqlite.prepare('select id from samples where run_id = ? order by seq').pluck().all(id) as number[]).slice());
+    for (const id of Object.values(runs))
+      ids.set(id, (sqlite.prepare('select id from samples where run_id = ? order by seq').pluck().all(id) as number[]).slice());
     const outcome = (runId: string, sampleId: number, seq: number, variant: number | null): Outcome => ({
       kind: 'completed',
       sampleId,

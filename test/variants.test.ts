@@ -1,8 +1,13 @@
+import { execFile } from 'node:child_process';
+import { writeFileSync } from 'node:fs';
+import { join } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { promisify } from 'node:util';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { ASSIGN_SALTS, pickWeighted } from '../src/domain/assign.js';
 import { spawnSimulator, type SimProcess } from '../src/sim/spawn.js';
 import { Stores } from '../src/storage/index.js';
-import { call, startTestServer } from './support/server.js';
+import { call, startTestServer, tempDir } from './support/server.js';
 import { createRun, registerEndpoint, uploadFile, waitForStatus } from './support/runner-checks.js';
 
 // Variants, the input's own fields and on_length, end to end: regen as a server, the simulator as
@@ -27,6 +32,7 @@ const expectedVariant = (customId: string) => VARIANTS[pickWeighted(customId, [7
 let server: Awaited<ReturnType<typeof startTestServer>>;
 const sims: SimProcess[] = [];
 const stores = new Stores({ forcePathStyle: false });
+const files = tempDir('regen-variants-cli-');
 
 beforeAll(async () => {
   sims.push(await spawnSimulator({ ...FAST, model: MIXED, 'reasoning-tokens': 300, 'completion-tokens': 12, seed: 11 }));
@@ -36,6 +42,7 @@ beforeAll(async () => {
 });
 
 afterAll(async () => {
+  files.cleanup();
   await server?.cleanup();
   stores.close();
   await Promise.all(sims.map((s) => s.stop()));
@@ -186,5 +193,26 @@ describe('on_length', () => {
     expect(kept.on_length).toBe('keep');
     expect(kept.request_counts).toMatchObject({ completed: 20 });
     for (const line of (await readOutput(kept)).lines) expect(line).toMatchObject({ finish_reason: 'length', flags: expect.arrayContaining(['truncated']) });
+  });
+});
+
+describe('the CLI', () => {
+  it('submits variants from a file with on_length, and `status RUN` shows a table of the variants', async () => {
+    const root = fileURLToPath(new URL('..', import.meta.url));
+    const regen = (args: string[]) =>
+      promisify(execFile)(process.execPath, ['bin/regen.js', ...args], { cwd: root, env: { ...process.env, REGEN_URL: server.url } });
+    const prompts = join(files.dir, 'prompts.jsonl');
+    writeFileSync(prompts, Array.from({ length: 30 }, (_, i) => JSON.stringify({ id: `c-${i}`, prompt: question(i) })).join('\n') + '\n');
+    const variants = join(files.dir, 'variants.json');
+    writeFileSync(variants, JSON.stringify(VARIANTS));
+    const submitted = await regen(['submit', prompts, '--model', MIXED, '--variants', `@${variants}`, '--on-length', 'retry', '--watch']);
+    const runId = /run_[0-9a-z]+/.exec(submitted.stdout + submitted.stderr)?.[0];
+    expect(runId, submitted.stderr).toBeDefined();
+    const { stdout } = await regen(['status', runId!]);
+    expect(stdout).toMatch(/on length\s+retry/);
+    expect(stdout).toMatch(/VARIANT\s+WEIGHT\s+DONE\/TOTAL/);
+    const run = (await call(server.url, `/v1/runs/${runId}`)).body;
+    for (const v of run.variants)
+      expect(stdout).toMatch(new RegExp(`${v.name}\\s+${v.weight} \\([\\d.]+%\\)\\s+${v.request_counts.total}/${v.request_counts.total}`));
   });
 });

@@ -60,6 +60,13 @@ export function registerClientCommands(program: Command): void {
         'fail: an invalid line fails the run (the default); skip: run without the invalid lines, counted and listed',
       ).choices(['fail', 'skip']),
     )
+    .addOption(
+      new Option(
+        '--on-length <what>',
+        'an answer cut by max_tokens: keep (flagged truncated, the default), retry (with max_tokens doubled, up to the context), fail',
+      ).choices(['keep', 'retry', 'fail']),
+    )
+    .option('--variants <json>', 'the run\'s variants, a JSON array inline or @file: [{"name": "think", "weight": 3, "params": {…}}, …]')
     .option('--watch', 'follow the run with a progress bar; exit 0 completed, 1 failed or cancelled, 3 paused by the quality gate')
     .action((file, opts) => run(async () => (await import('./submit.js')).submitCommand(file, opts)));
 

@@ -1,5 +1,5 @@
 import { randomUUID } from 'node:crypto';
-import { createReadStream, statSync } from 'node:fs';
+import { createReadStream, readFileSync, statSync } from 'node:fs';
 import { basename } from 'node:path';
 import { Readable } from 'node:stream';
 import type { components } from '../client/index.js';
@@ -15,7 +15,27 @@ export interface SubmitOptions extends ClientOptions {
   shardSize?: number;
   regenerate?: 'last_assistant';
   onInvalidLine?: 'fail' | 'skip';
+  onLength?: 'keep' | 'retry' | 'fail';
+  /** The run's variants as JSON, or `@file` holding it. */
+  variants?: string;
   watch?: boolean;
+}
+
+/** `--variants`: a JSON array, inline or `@path`; the server checks its contents. */
+function readVariants(arg: string): RunDraft['variants'] {
+  let text = arg;
+  if (arg.startsWith('@')) {
+    try {
+      text = readFileSync(arg.slice(1), 'utf8');
+    } catch {
+      throw new UsageError(`--variants: cannot read ${arg.slice(1)}`);
+    }
+  }
+  try {
+    return JSON.parse(text) as RunDraft['variants'];
+  } catch {
+    throw new UsageError('--variants: not JSON: expected [{"name": …, "weight": …, "params": {…}}, …], inline or as @file');
+  }
 }
 
 type Run = components['schemas']['Run'];
@@ -86,6 +106,8 @@ export async function submitCommand(file: string, opts: SubmitOptions): Promise<
     ...(opts.shardSize !== undefined && { shard_size: opts.shardSize }),
     ...(opts.regenerate !== undefined && { regenerate: opts.regenerate }),
     ...(opts.onInvalidLine !== undefined && { on_invalid_line: opts.onInvalidLine }),
+    ...(opts.onLength !== undefined && { on_length: opts.onLength }),
+    ...(opts.variants !== undefined && { variants: readVariants(opts.variants) }),
   };
   const printed = new Set<string>();
   await checkRun(client, draft, printed);
