@@ -224,9 +224,11 @@ function splitModel(params: JsonObject | null, path: string): { params: JsonObje
 
 /**
  * A line's params override the run's when sent, so they obey the same rules: a `stream: true` or
- * an `n: 4` would otherwise reach the server and come back as an empty "completed" sample.
+ * an `n: 4` (a run's setting only) would otherwise reach the server and its extra answers be lost.
  */
 function checkParams(params: JsonObject, path: string): JsonObject {
+  // n is the run's: its answers become samples of their own, which a line cannot add.
+  if (params.n !== undefined && params.n !== 1) throw new LineRejected(`${path}.n: n > 1 is a run's setting (params.n on the run), not a line's`);
   const checked = Params.safeParse(params);
   if (checked.success) return checked.data;
   const issue = checked.error.issues[0];

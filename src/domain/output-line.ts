@@ -34,6 +34,8 @@ export interface StagedOutput {
 
 export interface OutputLine {
   custom_id: string;
+  /** Which of its line's params.n answers (0…n−1); 0 when the run asks one. */
+  sample_index: number;
   messages: unknown[];
   reasoning_content: string | null;
   content: string | null;
@@ -53,6 +55,7 @@ export interface OutputLine {
 
 export interface ErrorLine {
   custom_id: string;
+  sample_index: number;
   error: { code: string | null; message: string | null; status: number | null };
   attempts: number;
 }
@@ -60,6 +63,7 @@ export interface ErrorLine {
 /** A completed sample's record, as the shard writer has it from the database. */
 export interface CompletedSample {
   customId: string;
+  sampleIndex: number;
   /** The request as stored: JSON of {messages, params?}. */
   request: string;
   finishReason: string | null;
@@ -76,6 +80,7 @@ export interface CompletedSample {
 
 export interface FailedSample {
   customId: string;
+  sampleIndex: number;
   errorCode: string | null;
   errorMessage: string | null;
   errorStatus: number | null;
@@ -95,6 +100,7 @@ export function outputLine(s: CompletedSample, out: StagedOutput): string {
   const request = JSON.parse(s.request) as { messages: unknown[] };
   const line: OutputLine = {
     custom_id: s.customId,
+    sample_index: s.sampleIndex,
     messages: request.messages,
     reasoning_content: out.reasoning_content,
     content: out.content,
@@ -120,6 +126,7 @@ export function outputLine(s: CompletedSample, out: StagedOutput): string {
 export function errorLine(s: FailedSample): string {
   const line: ErrorLine = {
     custom_id: s.customId,
+    sample_index: s.sampleIndex,
     error: { code: s.errorCode, message: s.errorMessage, status: s.errorStatus },
     attempts: triesOf(s),
   };
@@ -127,6 +134,9 @@ export function errorLine(s: FailedSample): string {
 }
 
 const shardName = (idx: number) => `shard-${String(idx).padStart(5, '0')}`;
+/** A sample's key among a shard's lines: its custom_id and sample_index (lines of old shards, without one, are answer 0). */
+export const lineKey = (customId: string, sampleIndex: number | undefined) => `${sampleIndex ?? 0}\0${customId}`;
+
 export const shardKey = (idx: number) => `${shardName(idx)}.jsonl`;
 export const shardErrorsKey = (idx: number) => `${shardName(idx)}.errors.jsonl`;
 export const MANIFEST_KEY = 'manifest.json';

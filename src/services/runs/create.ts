@@ -8,7 +8,7 @@ import { deleteFile, getFile, insertFile } from '../../db/files.js';
 import { getRun, getRunByIdempotencyKey, getRunOverlappingOutput, insertRun } from '../../db/runs.js';
 import type { runs, RunInput, RunRow } from '../../db/schema.js';
 import { DEFAULT_CALIBRATION_SAMPLES } from '../../domain/forecast.js';
-import type { DispatchOrder, OnInvalidLine, RegenerateMode } from '../../domain/params.js';
+import { samplesPerLineProblem, type DispatchOrder, type OnInvalidLine, type RegenerateMode } from '../../domain/params.js';
 import { qualityConfig, type QualityRequest } from '../../domain/quality.js';
 import { resolveInput } from './input-source.js';
 import { isOutputTaken, outputTaken, outputUriFor } from './output-location.js';
@@ -82,6 +82,9 @@ export async function createRun(
     }
   }
   const calibrationSamples = checkCalibration(body);
+  // Read as a string: the mode is refused whatever the route's enum lets through.
+  const nProblem = samplesPerLineProblem(body.params, body.regenerate as string | null | undefined);
+  if (nProblem) throw new ApiError('validation_failed', nProblem, { field: 'params.n' });
   const id = newId('run');
   const now = deps.clock();
   // The input is checked before the output's probe, and inline requests are stored after it, so

@@ -10,6 +10,7 @@ import { clearRunSamples, insertSampleBatch, markCalibration } from '../../db/sa
 import type { RunRow } from '../../db/schema.js';
 import { insertShardLayout } from '../../db/shards.js';
 import { calibrationSeqs, CHARS_PER_TOKEN } from '../../domain/forecast.js';
+import { samplesPerLine } from '../../domain/params.js';
 import { parseInputLine, readLines, type InvalidLine, type LineErrorCode } from '../../domain/input-line.js';
 import { unservedModel } from '../batches/create.js';
 import { resolveInput } from './input-source.js';
@@ -107,6 +108,8 @@ async function ingestHeld(deps: Deps, runId: string, hold: Hold, signal?: AbortS
   let batch: { lineNo: number; customId: string; request: string; predicted: number | null }[] = [];
   let predicted = 0;
   const failFast = run.onInvalidLine === 'fail';
+  // params.n: each line makes that many samples, at consecutive positions (`seq` counts samples).
+  const perLine = samplesPerLine(run.params);
   // A batch takes its model from its lines, so a model no endpoint serves is an error of each line.
   const unserved = run.batchId ? await unservedModel(db, run.model) : null;
 
@@ -129,14 +132,15 @@ async function ingestHeld(deps: Deps, runId: string, hold: Hold, signal?: AbortS
         seq,
         run.shardSize,
         rows.map((r) => ({ customId: r.customId, request: r.request, predictedTokens: r.predicted })),
+        perLine,
       );
     });
     if (!inserted) return false;
     for (const [i, row] of rows.entries()) {
       if (!inserted[i]) noteError(row.lineNo, 'duplicate_custom_id', `duplicate custom_id ${JSON.stringify(row.customId)}`, row.customId);
       else {
-        seq++;
-        if (row.predicted !== null) predicted++;
+        seq += perLine;
+        if (row.predicted !== null) predicted += perLine;
       }
     }
     return true;
