@@ -27,15 +27,21 @@ export interface BuiltRequest {
   thinking: boolean;
 }
 
-/** The chat completion body for a sample: the run's params, the line's own over them, the run's model. */
+/**
+ * The chat completion body for a sample: the run's params, the line's own over them, the run's
+ * model. `choices` answers of the line are asked at once (`n`; the run's params.n is the most): a
+ * line's pending answers go as one request, and one asked again alone goes with no `n`.
+ */
 export function buildRequest(
   run: { model: string; params: Record<string, unknown> },
   sample: { request: string; qualityRetries: number },
   random: () => number = Math.random,
+  choices = 1,
 ): BuiltRequest {
   const request = JSON.parse(sample.request) as StoredRequest;
   const params = request.params ? { ...run.params, ...request.params } : run.params;
-  const body: Record<string, unknown> = { ...params, model: run.model, messages: request.messages };
+  const { n: _n, ...rest } = params;
+  const body: Record<string, unknown> = { ...rest, ...(choices > 1 && { n: choices }), model: run.model, messages: request.messages };
   if (sample.qualityRetries > 0) {
     // A flagged answer is asked again with a different seed, else SGLang would repeat it.
     const base = typeof params.seed === 'number' ? params.seed : 0;
@@ -106,7 +112,7 @@ export interface ChatResponse {
   id?: string;
   created?: number;
   model?: string;
-  choices?: { message?: { content?: unknown; reasoning_content?: unknown }; logprobs?: unknown; finish_reason?: string | null }[];
+  choices?: { index?: number; message?: { content?: unknown; reasoning_content?: unknown }; logprobs?: unknown; finish_reason?: string | null }[];
   usage?: {
     prompt_tokens?: number;
     completion_tokens?: number;
@@ -141,18 +147,22 @@ const MAX_REASON_CHARS = 40;
  * them no context is known), are taken for a broken answer, not a success. All are tried again.
  */
 export function parseAnswer(res: unknown, limits: AnswerLimits = { contextLength: null, choices: 1 }): ParsedAnswer {
+  return parseAnswers(res, limits, 1)[0];
+}
+
+const malformed = (message: string): ParsedAnswer => ({ ok: false, error: { code: 'malformed_response', message, status: null } });
+
+/**
+ * Reads a 200 answer to a request of `count` choices (`n`): one result per choice, by its
+ * `index` (by position when the server sends none), each read as parseAnswer reads the first. The
+ * request's usage is the same on every one (SGLang reports one for all n; see shareUsage). A
+ * missing or broken choice is that choice's error alone; a body without choices or with
+ * impossible token counts is every choice's.
+ */
+export function parseAnswers(res: unknown, limits: AnswerLimits, count: number): ParsedAnswer[] {
   const r = res as ChatResponse | null;
-  if (!r || typeof r !== 'object' || !Array.isArray(r.choices) || !r.choices[0]) {
-    return { ok: false, error: { code: 'malformed_response', message: 'the endpoint answered 200 without choices', status: null } };
-  }
-  const choice = r.choices[0];
-  const reason = choice.finish_reason;
-  if (reason === 'abort') return { ok: false, error: { code: 'aborted', message: 'the server aborted the request (finish_reason "abort")', status: null } };
-  if (typeof reason !== 'string' || !FINISHED.has(reason)) {
-    const shown = typeof reason === 'string' ? JSON.stringify(reason.slice(0, MAX_REASON_CHARS)) : String(reason);
-    return { ok: false, error: { code: 'malformed_response', message: `the endpoint answered with finish_reason ${shown}`, status: null } };
-  }
-  const msg = choice.message ?? {};
+  const all = (p: ParsedAnswer) => Array.from({ length: count }, () => p);
+  if (!r || typeof r !== 'object' || !Array.isArray(r.choices) || !r.choices[0]) return all(malformed('the endpoint answered 200 without choices'));
   const u = r.usage ?? {};
   const usage: Usage = {
     prompt_tokens: u.prompt_tokens ?? 0,
@@ -161,21 +171,33 @@ export function parseAnswer(res: unknown, limits: AnswerLimits = { contextLength
     reasoning_tokens: u.reasoning_tokens ?? u.completion_tokens_details?.reasoning_tokens ?? 0,
     cached_tokens: u.prompt_tokens_details?.cached_tokens ?? 0,
   };
-  const wrong = usageProblem(usage, limits);
-  if (wrong) return { ok: false, error: { code: 'malformed_response', message: `the endpoint reported ${wrong}`, status: null } };
-  return {
-    ok: true,
-    answer: {
-      content: typeof msg.content === 'string' ? msg.content : null,
-      reasoning: typeof msg.reasoning_content === 'string' ? msg.reasoning_content : null,
-      finishReason: reason,
-      logprobs: typeof choice.logprobs === 'object' && choice.logprobs !== null ? (choice.logprobs as ChoiceLogprobs) : null,
-      usage,
-      model: typeof r.model === 'string' ? r.model : null,
-      responseId: r.id,
-      created: r.created,
-    },
-  };
+  const choices = r.choices;
+  return Array.from({ length: count }, (_, i) => {
+    const choice = choices.find((c) => c?.index === i) ?? (choices[i]?.index === undefined ? choices[i] : undefined);
+    if (!choice) return malformed(`the endpoint answered without choice ${i} of the ${count} asked`);
+    const reason = choice.finish_reason;
+    if (reason === 'abort') return { ok: false, error: { code: 'aborted', message: 'the server aborted the request (finish_reason "abort")', status: null } };
+    if (typeof reason !== 'string' || !FINISHED.has(reason)) {
+      const shown = typeof reason === 'string' ? JSON.stringify(reason.slice(0, MAX_REASON_CHARS)) : String(reason);
+      return malformed(`the endpoint answered with finish_reason ${shown}`);
+    }
+    const wrong = usageProblem(usage, limits);
+    if (wrong) return malformed(`the endpoint reported ${wrong}`);
+    const msg = choice.message ?? {};
+    return {
+      ok: true,
+      answer: {
+        content: typeof msg.content === 'string' ? msg.content : null,
+        reasoning: typeof msg.reasoning_content === 'string' ? msg.reasoning_content : null,
+        finishReason: reason,
+        logprobs: typeof choice.logprobs === 'object' && choice.logprobs !== null ? (choice.logprobs as ChoiceLogprobs) : null,
+        usage,
+        model: typeof r.model === 'string' ? r.model : null,
+        responseId: r.id,
+        created: r.created,
+      },
+    };
+  });
 }
 
 /**

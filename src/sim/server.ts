@@ -510,7 +510,7 @@ class SimServer {
           else timer = setTimeout(() => stream(true), ttftMs);
           return;
         }
-        const delay = this.#latencyMs(reply.completionTokens);
+        const delay = this.#latencyMs(reply.decodeTokens);
         // No timer at zero latency: benchmarks need the fastest possible path.
         if (delay === 0) answer();
         else timer = setTimeout(answer, delay);
@@ -529,7 +529,7 @@ class SimServer {
       clearTimeout(timer);
       this.#counts.aborted++;
       // A streamed reply counts what it sent; a buffered one what its timing says was generated.
-      const generated = request.stream ? sent : this.#generatedSince(startedAt, reply.completionTokens);
+      const generated = request.stream ? sent : this.#generatedSince(startedAt, reply.decodeTokens) * request.n;
       this.#generationTokens += generated;
       this.#maxTokensBeforeHangUp = Math.max(this.#maxTokensBeforeHangUp, generated);
       rank.leave(job);
