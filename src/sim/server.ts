@@ -481,7 +481,8 @@ class SimServer {
       const step = (): void => {
         const due =
           paced && tokensPerSecond > 0
-            ? Math.min(reply.pieces.length, Math.floor(((performance.now() - first) / 1000) * tokensPerSecond))
+            ? // The n choices' pieces are interleaved and decode side by side: n pieces a token's time.
+              Math.min(reply.pieces.length, Math.floor(((performance.now() - first) / 1000) * tokensPerSecond * request.n))
             : reply.pieces.length;
         let events = '';
         while (sent < due) events += streamPiece(reply, reply.pieces[sent++]);
