@@ -249,7 +249,7 @@ function choiceOf(request: ChatRequest, knobs: Knobs, plan: ReplyPlan, index: nu
 /**
  * SGLang's non-streaming chat.completion body for `request`, and its pieces when it is streamed.
  * With `n` > 1 the prompt is prefilled once and n choices decoded: each its own index and
- * finish_reason, one usage summing their tokens (docs/sglang.md "The prefix cache, n").
+ * finish_reason, one usage summing their tokens (docs/sglang.md "The prefix cache, `n` and multi-turn history").
  */
 export function buildReply(request: ChatRequest, knobs: Knobs, plan: ReplyPlan): Reply {
   const parser = knobs.reasoningParser === 1;
