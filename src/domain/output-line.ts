@@ -22,6 +22,19 @@ export interface ChoiceLogprobs {
   refusal?: unknown[] | null;
 }
 
+/**
+ * A choice past the first of an answer that holds several: an OpenAI batch line asking `n` in its
+ * body gets them all in one sample, as OpenAI answers it.
+ */
+export interface OtherChoice {
+  index: number;
+  content: string | null;
+  reasoning_content: string | null;
+  /** null when the server sent this choice broken or not at all. */
+  finish_reason: string | null;
+  logprobs?: ChoiceLogprobs;
+}
+
 /** What the staging table keeps of a completion until its shard is uploaded. */
 export interface StagedOutput {
   reasoning_content: string | null;
@@ -30,6 +43,7 @@ export interface StagedOutput {
   response_id?: string;
   created?: number;
   logprobs?: ChoiceLogprobs;
+  choices?: OtherChoice[];
 }
 
 export interface OutputLine {
@@ -47,6 +61,8 @@ export interface OutputLine {
   created: number | null;
   /** Only on the lines of a request that asked for them, so other shards keep their bytes. */
   logprobs?: ChoiceLogprobs;
+  /** Only on the line of an OpenAI batch request that asked `n` > 1 in its body: choices 1…n−1 (the line's own fields are choice 0). */
+  choices?: OtherChoice[];
   endpoint_id: string | null;
   latency_ms: number | null;
   attempts: number;
@@ -115,6 +131,7 @@ export function outputLine(s: CompletedSample, out: StagedOutput): string {
     response_id: out.response_id ?? null,
     created: out.created ?? null,
     ...(out.logprobs && { logprobs: out.logprobs }),
+    ...(out.choices && { choices: out.choices }),
     endpoint_id: s.endpointId,
     latency_ms: s.latencyMs,
     attempts: triesOf(s),

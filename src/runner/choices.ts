@@ -1,5 +1,5 @@
-import type { Usage } from '../domain/output-line.js';
-import type { Answer } from './request.js';
+import type { OtherChoice, Usage } from '../domain/output-line.js';
+import { type Answer, type AnswerLimits, parseAnswers } from './request.js';
 
 // A request for several answers to one line (params.n > 1): its samples, and how the one usage
 // SGLang reports for all n choices is shared among their lines. Pure.
@@ -48,4 +48,25 @@ export function shareUsage(usage: Usage, answers: readonly (Pick<Answer, 'conten
     // A choice's reasoning is part of its completion: never more than it.
     reasoning_tokens: Math.min(reasoning[i], completion[i]),
   }));
+}
+
+/**
+ * Choices 1…n−1 of an answer kept whole in one sample (an OpenAI batch line asking `n` in its
+ * body: OpenAI's shape, not split or retried per choice), each as parseAnswers reads it; one sent
+ * broken or not at all is kept as a choice with no text and no finish reason.
+ */
+export function otherChoices(res: unknown, limits: AnswerLimits): OtherChoice[] {
+  return parseAnswers(res, limits, limits.choices)
+    .slice(1)
+    .map((p, i) =>
+      p.ok
+        ? {
+            index: i + 1,
+            content: p.answer.content,
+            reasoning_content: p.answer.reasoning,
+            finish_reason: p.answer.finishReason,
+            ...(p.answer.logprobs && { logprobs: p.answer.logprobs }),
+          }
+        : { index: i + 1, content: null, reasoning_content: null, finish_reason: null },
+    );
 }

@@ -1,5 +1,5 @@
 import { APIConnectionError, APIConnectionTimeoutError, APIError, APIUserAbortError } from 'openai';
-import type { ChoiceLogprobs, Usage } from '../domain/output-line.js';
+import type { ChoiceLogprobs, OtherChoice, Usage } from '../domain/output-line.js';
 import { thinkingRequested } from '../domain/params.js';
 import type { SampleError } from '../domain/sample-errors.js';
 import { AnswerRefused } from './answer-budget.js';
@@ -40,8 +40,11 @@ export function buildRequest(
 ): BuiltRequest {
   const request = JSON.parse(sample.request) as StoredRequest;
   const params = request.params ? { ...run.params, ...request.params } : run.params;
+  // A batch's line may ask n choices of its own, kept in one answer (OpenAI's shape).
+  const own = request.params?.n;
+  const n = choices > 1 ? choices : typeof own === 'number' && own > 1 ? own : undefined;
   const { n: _n, ...rest } = params;
-  const body: Record<string, unknown> = { ...rest, ...(choices > 1 && { n: choices }), model: run.model, messages: request.messages };
+  const body: Record<string, unknown> = { ...rest, ...(n !== undefined && { n }), model: run.model, messages: request.messages };
   if (sample.qualityRetries > 0) {
     // A flagged answer is asked again with a different seed, else SGLang would repeat it.
     const base = typeof params.seed === 'number' ? params.seed : 0;
@@ -132,6 +135,8 @@ export interface Answer {
   model: string | null;
   responseId: string | undefined;
   created: number | undefined;
+  /** The other choices of an answer kept whole (choices.ts otherChoices). */
+  others?: OtherChoice[];
 }
 
 export type ParsedAnswer = { ok: true; answer: Answer } | { ok: false; error: SampleError };

@@ -21,7 +21,7 @@ import {
 import type { ResultWriter } from './results.js';
 import type { RunQuality } from '../domain/run-quality.js';
 import type { SampleError } from '../domain/sample-errors.js';
-import { choiceOrder, shareUsage } from './choices.js';
+import { choiceOrder, otherChoices, shareUsage } from './choices.js';
 import { StreamedAnswer } from './stream-answer.js';
 
 /** Why regen aborted a request: to cancel its run, to give its sample back, or because its answer looped. */
@@ -227,7 +227,9 @@ export class Requests {
         this.settle(settleError(this.attempt(f, sample), this.limits(f.run), p.error, now, () => draw));
         continue;
       }
-      const answer = { ...p.answer, usage: usages[i] };
+      // One sample asking several choices of its own (an OpenAI batch line): all kept in its answer.
+      const others = f.group.length === 1 && f.limits.choices > 1 ? otherChoices(res, f.limits) : undefined;
+      const answer = { ...p.answer, usage: usages[i], ...(others && { others }) };
       const tokens = answer.usage.completion_tokens;
       const input = {
         content: answer.content,

@@ -156,7 +156,10 @@ async function ingestHeld(deps: Deps, runId: string, hold: Hold, signal?: AbortS
     for await (const raw of readLines(source, { maxLineBytes: deps.config.maxLineBytes })) {
       if ('error' in raw) noteError(raw.lineNo, 'invalid_json_line', raw.error);
       else if (raw.text.trim() !== '') {
-        const parsed = parseInputLine(raw.text, raw.lineNo, { regenerate: run.regenerate === 'last_assistant' ? 'last_assistant' : null });
+        const parsed = parseInputLine(raw.text, raw.lineNo, {
+          regenerate: run.regenerate === 'last_assistant' ? 'last_assistant' : null,
+          choicesInBody: run.batchId !== null,
+        });
         if (!parsed.ok) noteError(raw.lineNo, parsed.code, parsed.reason, parsed.custom_id);
         else if (parsed.model !== null && parsed.model !== run.model) {
           noteError(raw.lineNo, 'mismatched_model', `model ${JSON.stringify(parsed.model.slice(0, 100))} does not match the run's model`, parsed.custom_id);
