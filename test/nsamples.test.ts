@@ -1,3 +1,4 @@
+import OpenAI, { toFile } from 'openai';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { spawnSimulator, type SimProcess } from '../src/sim/spawn.js';
 import { Stores } from '../src/storage/index.js';
@@ -77,6 +78,8 @@ function expectEveryChoice(lines: Map<string, any>, messages: Map<string, { role
 
 beforeAll(async () => {
   sim = await spawnSimulator({ 'ttft-ms': 20, 'tokens-per-second': 2000, 'max-running': 32, 'completion-tokens': 64, 'reasoning-tokens': 32 });
+  server = await spawnServer(data.dir);
+  await registerEndpoint(server.url, sim.url);
 });
 
 afterAll(async () => {
@@ -87,13 +90,12 @@ afterAll(async () => {
 
 describe('params.n: several answers per prompt', () => {
   it('makes n lines per prompt from one request each, and asks a flagged choice again alone', async () => {
-    server = await spawnServer(data.dir);
-    await registerEndpoint(server.url, sim.url);
+    const base = server!.url;
     const input = prompts('a');
     const before = (await sim.stats()).requests;
-    const fileId = await uploadFile(server.url, input.jsonl);
-    const { id } = await createRun(server.url, { model: 'sim-model', input: { file_id: fileId }, shard_size: SHARD_SIZE, params: PARAMS, quality: QUALITY });
-    const done = await waitForStatus(server.url, id, ['completed', 'failed', 'paused', 'cancelled']);
+    const fileId = await uploadFile(base, input.jsonl);
+    const { id } = await createRun(base, { model: 'sim-model', input: { file_id: fileId }, shard_size: SHARD_SIZE, params: PARAMS, quality: QUALITY });
+    const done = await waitForStatus(base, id, ['completed', 'failed', 'paused', 'cancelled']);
     expect(done.status).toBe('completed');
     expect(done.request_counts).toMatchObject({ total: PROMPTS * N, completed: PROMPTS * N, failed: 0 });
 
@@ -120,23 +122,23 @@ describe('params.n: several answers per prompt', () => {
     }
 
     // The sample route picks an answer by ?sample_index=; pages never end inside a line.
-    const retried = await call(server.url, `/v1/runs/${id}/samples/a-0?sample_index=1`);
+    const retried = await call(base, `/v1/runs/${id}/samples/a-0?sample_index=1`);
     expect(retried.status).toBe(200);
     expect(retried.body).toMatchObject({ custom_id: 'a-0', sample_index: 1, attempts: 2, status: 'completed' });
     expect(retried.body.output.content).toBe(lines.get('a-0#1').content);
-    const first = await call(server.url, `/v1/runs/${id}/samples/a-0`);
+    const first = await call(base, `/v1/runs/${id}/samples/a-0`);
     expect(first.body.sample_index).toBe(0);
-    expect((await call(server.url, `/v1/runs/${id}/samples/a-0?sample_index=${N}`)).status).toBe(404);
+    expect((await call(base, `/v1/runs/${id}/samples/a-0?sample_index=${N}`)).status).toBe(404);
     const seen = new Set<string>();
     let after: string | null = null;
     for (;;) {
-      const page: any = await call(server.url, `/v1/runs/${id}/samples?limit=100${after ? `&after=${after}` : ''}`);
+      const page: any = await call(base, `/v1/runs/${id}/samples?limit=100${after ? `&after=${after}` : ''}`);
       for (const s of page.body.data) seen.add(`${s.custom_id}#${s.sample_index}`);
       if (!page.body.has_more) break;
       after = page.body.last_id;
     }
     expect(seen.size).toBe(PROMPTS * N);
-    await expectCountersMatchRecount(server.url, done);
+    await expectCountersMatchRecount(base, done);
   });
 
   it('keeps each (custom_id, sample_index) once through a kill -9, re-asking at most what was in flight', async () => {
@@ -168,6 +170,44 @@ describe('params.n: several answers per prompt', () => {
     const flagged = Math.ceil(PROMPTS / EMPTY_EVERY);
     expect(requests).toBeGreaterThanOrEqual(PROMPTS);
     expect(requests).toBeLessThanOrEqual(PROMPTS + flagged + left.in_progress);
+  });
+
+  it('keeps an OpenAI batch line that asks n as one sample, its n choices in the one body', async () => {
+    const client = new OpenAI({ baseURL: `${server!.url}/v1`, apiKey: 'unused' });
+    const lines = Array.from({ length: 6 }, (_, i) => ({
+      custom_id: `b-${i}`,
+      method: 'POST',
+      url: '/v1/chat/completions',
+      body: { model: 'sim-model', messages: [{ role: 'user', content: `Batch question ${i}` }], n: N },
+    }));
+    const before = (await sim.stats()).requests;
+    const file = await client.files.create({ file: await toFile(Buffer.from(lines.map((l) => JSON.stringify(l)).join('\n') + '\n'), 'b.jsonl'), purpose: 'batch' });
+    const batch = await client.batches.create({ input_file_id: file.id, endpoint: '/v1/chat/completions', completion_window: '24h' });
+    const done = await waitFor(
+      'the batch to finish',
+      async () => {
+        const b = await client.batches.retrieve(batch.id);
+        return ['completed', 'failed', 'cancelled', 'expired'].includes(b.status) ? b : undefined;
+      },
+      60_000,
+      200,
+    );
+    expect(done.status).toBe('completed');
+    expect(done.request_counts).toEqual({ total: 6, completed: 6, failed: 0 });
+    const out = (await (await client.files.content(done.output_file_id!)).text())
+      .trimEnd()
+      .split('\n')
+      .map((l) => JSON.parse(l));
+    expect(out).toHaveLength(6);
+    for (const record of out) {
+      const { body } = record.response;
+      expect(body.choices.map((c: any) => c.index)).toEqual([0, 1, 2]);
+      const digest = digestOf(lines.find((l) => l.custom_id === record.custom_id)!.body.messages);
+      for (const c of body.choices) expect(c.message.content, JSON.stringify(c)).toMatch(new RegExp(`^Answer ${digest}`));
+      expect(new Set(body.choices.map((c: any) => c.message.content)).size).toBe(N);
+    }
+    // One request a line, not one a choice.
+    expect((await sim.stats()).requests - before).toBe(6);
   });
 
   it('refuses n > 1 on a line, past its bound, and with conversations regenerated turn by turn', async () => {

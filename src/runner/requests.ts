@@ -106,9 +106,9 @@ export class Requests {
     // Streamed only when loops are to be stopped: a buffered answer costs less to read (BENCHMARKS.md).
     // A request that asks for log probabilities stays buffered: the streamed record does not gather
     // them chunk by chunk, and they are kept whole on the output line. So does one of several
-    // choices: the stream's record holds one (a looping choice is flagged when it ends, and retried alone).
+    // choices (`n`): the stream's record holds one (a looping choice is flagged when it ends).
     const answer =
-      stopsLoops(run.quality) && body.logprobs !== true && group.length === 1
+      stopsLoops(run.quality) && body.logprobs !== true && limits.choices === 1
         ? this.stream(flight, body)
         : e.client.chat.completions.create(body as never, {
             signal: controller.signal,
