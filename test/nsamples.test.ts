@@ -181,7 +181,10 @@ describe('params.n: several answers per prompt', () => {
       body: { model: 'sim-model', messages: [{ role: 'user', content: `Batch question ${i}` }], n: N },
     }));
     const before = (await sim.stats()).requests;
-    const file = await client.files.create({ file: await toFile(Buffer.from(lines.map((l) => JSON.stringify(l)).join('\n') + '\n'), 'b.jsonl'), purpose: 'batch' });
+    const file = await client.files.create({
+      file: await toFile(Buffer.from(lines.map((l) => JSON.stringify(l)).join('\n') + '\n'), 'b.jsonl'),
+      purpose: 'batch',
+    });
     const batch = await client.batches.create({ input_file_id: file.id, endpoint: '/v1/chat/completions', completion_window: '24h' });
     const done = await waitFor(
       'the batch to finish',

@@ -233,7 +233,8 @@ function splitModel(params: JsonObject | null, path: string, choicesInBody = fal
  */
 function checkParams(params: JsonObject, path: string, choicesInBody = false): JsonObject {
   // n is the run's: its answers become samples of their own, which a line cannot add (a batch's line keeps them in one answer).
-  if (!choicesInBody && params.n !== undefined && params.n !== 1) throw new LineRejected(`${path}.n: n > 1 is a run's setting (params.n on the run), not a line's`);
+  if (!choicesInBody && params.n !== undefined && params.n !== 1)
+    throw new LineRejected(`${path}.n: n > 1 is a run's setting (params.n on the run), not a line's`);
   const checked = Params.safeParse(params);
   if (checked.success) return checked.data;
   const issue = checked.error.issues[0];

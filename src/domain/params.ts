@@ -35,12 +35,7 @@ export const Params = z
     presence_penalty: z.number().min(-2).max(2).optional(),
     chat_template_kwargs: z.record(z.string(), z.unknown()).optional(),
     stream: z.literal(false, "stream is regen's to set: it streams by itself when quality.stop_loops is on").optional(),
-    n: z
-      .number()
-      .int()
-      .min(1)
-      .max(MAX_SAMPLES_PER_LINE, `must be at most ${MAX_SAMPLES_PER_LINE}`)
-      .optional(),
+    n: z.number().int().min(1).max(MAX_SAMPLES_PER_LINE, `must be at most ${MAX_SAMPLES_PER_LINE}`).optional(),
   })
   .catchall(z.unknown())
   .refine((p) => !('messages' in p) && !('model' in p), 'params must not contain messages or model')

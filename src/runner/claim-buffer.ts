@@ -125,7 +125,8 @@ export class ClaimBuffer {
     const first = b.samples.shift();
     const group = first ? [first] : null;
     if (first && perLine > 1) takeSiblings(b.samples, first.customId, perLine, group!);
-    if (!b.claiming && !b.drained && b.samples.length <= b.lastClaim * REFILL_AT) this.refill(runId, b, claimSize() * perLine, onClaim, order, window, perLine > 1);
+    if (!b.claiming && !b.drained && b.samples.length <= b.lastClaim * REFILL_AT)
+      this.refill(runId, b, claimSize() * perLine, onClaim, order, window, perLine > 1);
     return group;
   }
 

@@ -87,7 +87,17 @@ describe('mapping choices to samples', () => {
   });
 
   it('takes choices by position when the server gives no index', () => {
-    const parsed = parseAnswers({ choices: [{ message: { content: 'x' }, finish_reason: 'stop' }, { message: { content: 'y' }, finish_reason: 'stop' }], usage }, limits, 2);
+    const parsed = parseAnswers(
+      {
+        choices: [
+          { message: { content: 'x' }, finish_reason: 'stop' },
+          { message: { content: 'y' }, finish_reason: 'stop' },
+        ],
+        usage,
+      },
+      limits,
+      2,
+    );
     expect(parsed.map((p) => p.ok && p.answer.content)).toEqual(['x', 'y']);
   });
 });

@@ -18,12 +18,7 @@ const route = createRoute({
   description: 'With params.n > 1 a custom_id names n samples: `sample_index` picks one (0 by default).',
   request: {
     query: z.object({
-      sample_index: z.coerce
-        .number()
-        .int()
-        .min(0)
-        .default(0)
-        .openapi({ description: "Which of the line's answers (params.n > 1), 0…n−1; 0 by default" }),
+      sample_index: z.coerce.number().int().min(0).default(0).openapi({ description: "Which of the line's answers (params.n > 1), 0…n−1; 0 by default" }),
     }),
     params: RunIdParam.extend({
       custom_id: z
