@@ -168,6 +168,7 @@ describe('params.n: several answers per prompt', () => {
     expectEveryChoice(await readOutput(done.output_uri), input.messages);
     const requests = (await sim.stats()).requests - before;
     const flagged = Math.ceil(PROMPTS / EMPTY_EVERY);
+    console.log(`n samples through a kill -9: ${JSON.stringify({ requests, prompts: PROMPTS, flagged, leased_at_kill: left.in_progress })}`);
     expect(requests).toBeGreaterThanOrEqual(PROMPTS);
     expect(requests).toBeLessThanOrEqual(PROMPTS + flagged + left.in_progress);
   });
