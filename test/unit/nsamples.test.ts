@@ -1,4 +1,5 @@
 import { describe, expect, it } from 'vitest';
+import { calibrationLines, calibrationSeqs } from '../../src/domain/forecast.js';
 import { parseInputLine } from '../../src/domain/input-line.js';
 import { MAX_SAMPLES_PER_LINE, Params, samplesPerLine, samplesPerLineProblem } from '../../src/domain/params.js';
 import { takeSiblings, type Claimed } from '../../src/runner/claim-buffer.js';
@@ -60,6 +61,19 @@ describe('grouping a line’s answers', () => {
     expect(buildRequest(run, sample, Math.random, 4).body).toMatchObject({ n: 4, temperature: 0.7 });
     expect(buildRequest(run, sample, Math.random, 2).body.n).toBe(2);
     expect('n' in buildRequest(run, sample, Math.random, 1).body).toBe(false);
+  });
+});
+
+describe('the calibration slice', () => {
+  it('takes whole lines, about k samples of them, spread over the input', () => {
+    const seqs = calibrationLines('run_x', 3000, 200, 3);
+    expect(seqs.length).toBe(201);
+    const lines = new Map<number, number[]>();
+    for (const q of seqs) lines.set(Math.floor(q / 3), [...(lines.get(Math.floor(q / 3)) ?? []), q % 3]);
+    expect(lines.size).toBe(67);
+    for (const answers of lines.values()) expect(answers).toEqual([0, 1, 2]);
+    expect(Math.max(...seqs)).toBeGreaterThan(2700);
+    expect(calibrationLines('run_x', 3000, 200, 1)).toEqual(calibrationSeqs('run_x', 3000, 200));
   });
 });
 

@@ -9,7 +9,7 @@ import { getRun, getRunStatus, lockRun, setRunValidation, transitionRun } from '
 import { clearRunSamples, insertSampleBatch, markCalibration } from '../../db/samples.js';
 import type { RunRow } from '../../db/schema.js';
 import { insertShardLayout } from '../../db/shards.js';
-import { calibrationSeqs, CHARS_PER_TOKEN } from '../../domain/forecast.js';
+import { calibrationLines, CHARS_PER_TOKEN } from '../../domain/forecast.js';
 import { samplesPerLine } from '../../domain/params.js';
 import { parseInputLine, readLines, type InvalidLine, type LineErrorCode } from '../../domain/input-line.js';
 import { unservedModel } from '../batches/create.js';
@@ -237,7 +237,7 @@ async function ingestHeld(deps: Deps, runId: string, hold: Hold, signal?: AbortS
     if ((await lockRun(tx, runId))?.status !== 'validating') return false;
     if (hold.lost) throw holdLost();
     shardCount = await insertShardLayout(tx, runId, run.shardSize, seq);
-    await markCalibration(tx, runId, calibrationSeqs(runId, seq, run.calibrationSamples));
+    await markCalibration(tx, runId, calibrationLines(runId, seq, run.calibrationSamples, perLine));
     await setRunValidation(tx, runId, { ...listed, total: seq, pending: seq, shardsTotal: shardCount, predictedSamples: predicted });
     return await transitionRun(tx, runId, ['validating'], 'queued', now, {
       statusReason: invalid ? `${invalid} invalid line(s) skipped` : null,
