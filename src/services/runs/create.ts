@@ -46,6 +46,12 @@ export function checkCalibration(body: Pick<NewRun, 'calibration' | 'dry_run'>):
   return calibrationSamples;
 }
 
+/** A run's params.n against its regenerate mode (samplesPerLineProblem); the mode is read as a string, whatever the route's enum lets through. */
+export function checkSamplesPerLine(body: Pick<NewRun, 'params' | 'regenerate'>): void {
+  const problem = samplesPerLineProblem(body.params, body.regenerate as string | null | undefined);
+  if (problem) throw new ApiError('validation_failed', problem, { field: 'params.n' });
+}
+
 /** Checks that a run's input can be read: a stored file, or a URI inside the allowed roots; `name` is what a dry run is called after. */
 export async function checkInput(deps: Deps, input: { file_id: string } | { uri: string }): Promise<{ input: RunInput; name: string }> {
   if ('file_id' in input) {
@@ -82,9 +88,7 @@ export async function createRun(
     }
   }
   const calibrationSamples = checkCalibration(body);
-  // Read as a string: the mode is refused whatever the route's enum lets through.
-  const nProblem = samplesPerLineProblem(body.params, body.regenerate as string | null | undefined);
-  if (nProblem) throw new ApiError('validation_failed', nProblem, { field: 'params.n' });
+  checkSamplesPerLine(body);
   const id = newId('run');
   const now = deps.clock();
   // The input is checked before the output's probe, and inline requests are stored after it, so
