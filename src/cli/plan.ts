@@ -2,7 +2,8 @@ import { randomUUID } from 'node:crypto';
 import { createReadStream, statSync } from 'node:fs';
 import { basename } from 'node:path';
 import type { components } from '../client/index.js';
-import { calibrationSeqs, DEFAULT_CALIBRATION_SAMPLES } from '../domain/forecast.js';
+import { calibrationSeqs, DEFAULT_CALIBRATION_SAMPLES, MAX_CALIBRATION_SAMPLES } from '../domain/forecast.js';
+import { samplesPerLine } from '../domain/params.js';
 import { parseInputLine, readLines } from '../domain/input-line.js';
 import { Client, UsageError, type ClientOptions } from './client.js';
 import { duration, num, rate, TERMINAL } from './format.js';
@@ -138,8 +139,9 @@ export async function planCommand(file: string, opts: PlanOptions): Promise<numb
   const { lines, sample } = await sampleFile(file, opts.samples ?? DEFAULT_CALIBRATION_SAMPLES, opts.regenerate ?? null);
   if (lines === 0) throw new UsageError(`${file}: no lines to plan for`);
   const uploaded = await client.upload(`sample-of-${basename(file)}`, `${sample.join('\n')}\n`);
-  // The whole sample is the slice: every line of it is answered, and stands for lines / sample of the file.
-  const created = await createRun(client, { ...draft, input: { file_id: uploaded.id }, calibration: { samples: sample.length } });
+  // The whole sample is the slice: every line of it is answered (each its params.n answers), and stands for lines / sample of the file.
+  const sliceSamples = Math.min(MAX_CALIBRATION_SAMPLES, sample.length * samplesPerLine(params));
+  const created = await createRun(client, { ...draft, input: { file_id: uploaded.id }, calibration: { samples: sliceSamples } });
   process.stderr.write(`dry run ${created.id}: answering ${num(sample.length)} of ${num(lines)} lines\n`);
   let run = created;
   while (!TERMINAL.includes(run.status)) {

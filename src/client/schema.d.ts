@@ -292,7 +292,10 @@ export interface paths {
             path?: never;
             cookie?: never;
         };
-        /** List a run's samples in input order, filtered by status or quality flag */
+        /**
+         * List a run's samples in input order, filtered by status or quality flag
+         * @description With params.n > 1 a line has n samples (sample_index 0…n−1) under one custom_id: a page never ends inside a line (it takes the rest of its samples, past `limit`), so `after` = the last custom_id goes on from the next line.
+         */
         get: operations["listRunSamples"];
         put?: never;
         post?: never;
@@ -309,7 +312,10 @@ export interface paths {
             path?: never;
             cookie?: never;
         };
-        /** A sample's metadata, its request, and its output (from staging or from the uploaded shard) */
+        /**
+         * A sample's metadata, its request, and its output (from staging or from the uploaded shard)
+         * @description With params.n > 1 a custom_id names n samples: `sample_index` picks one (0 by default).
+         */
         get: operations["getRunSample"];
         put?: never;
         post?: never;
@@ -1056,8 +1062,7 @@ export interface components {
             };
             /** @enum {boolean} */
             stream?: false;
-            /** @enum {number} */
-            n?: 1;
+            n?: number;
         } & {
             [key: string]: unknown;
         };
@@ -1112,8 +1117,7 @@ export interface components {
                 };
                 /** @enum {boolean} */
                 stream?: false;
-                /** @enum {number} */
-                n?: 1;
+                n?: number;
             } & {
                 [key: string]: unknown;
             };
@@ -1222,6 +1226,8 @@ export interface components {
             /** @enum {string} */
             object: "sample";
             custom_id: string;
+            /** @description Which of its line's params.n answers (0…n−1); 0 when the run asks one */
+            sample_index: number;
             run_id: string;
             index: number;
             shard: number;
@@ -2599,7 +2605,10 @@ export interface operations {
     };
     getRunSample: {
         parameters: {
-            query?: never;
+            query?: {
+                /** @description Which of the line's answers (params.n > 1), 0…n−1; 0 by default */
+                sample_index?: number | null;
+            };
             header?: never;
             path: {
                 id: string;

@@ -50,7 +50,7 @@ export async function qualityHistograms(db: Db, runId: string): Promise<Record<H
 }
 
 /**
- * The first `limit` flagged samples in input order. The literal bit makes the term match the
+ * The lines (custom_ids) of the first `limit` flagged samples in input order. The literal bit makes the term match the
  * partial index samples_flag_<flag>_idx, which holds only samples with that flag, so the walk
  * stops after `limit` index entries however rare the flag is.
  */
@@ -59,5 +59,6 @@ export async function flagExamples(db: Db, runId: string, flag: Flag, limit: num
     `select custom_id from samples where run_id = ? and (flags & ${flagBit(flag)}) <> 0 order by seq limit ?`,
     [runId, limit],
   );
-  return rows.map((r) => r.custom_id);
+  // With params.n > 1 a line may have several flagged answers: it is named once.
+  return [...new Set(rows.map((r) => r.custom_id))];
 }

@@ -4,17 +4,35 @@ import { deleteRunVariants } from './run-variants.js';
 import { flagBit, type Flag } from '../domain/flags.js';
 import { isDispatchable } from '../domain/statuses.js';
 
-export async function getSample(db: Db, runId: string, customId: string) {
+/** One sample of a run: the answer `sampleIndex` (0 by default, the only one when the run asks one answer a line) to the line `customId`. */
+export async function getSample(db: Db, runId: string, customId: string, sampleIndex = 0) {
   const { samples } = db.t;
   const [row] = await db.q
     .select()
     .from(samples)
-    .where(and(eq(samples.runId, runId), eq(samples.customId, customId)))
+    .where(and(eq(samples.runId, runId), eq(samples.customId, customId), eq(samples.sampleIndex, sampleIndex)))
     .limit(1);
   return row;
 }
 
-/** Samples in input order; `after` is the custom_id that ended the previous page. */
+/** The last input position of a line's samples (its n answers are consecutive), or undefined when the run has no such line. */
+async function lastSeqOf(db: Db, runId: string, customId: string): Promise<number | undefined> {
+  const { samples } = db.t;
+  const [row] = await db.q
+    .select({ seq: samples.seq })
+    .from(samples)
+    .where(and(eq(samples.runId, runId), eq(samples.customId, customId)))
+    .orderBy(desc(samples.sampleIndex))
+    .limit(1);
+  return row?.seq;
+}
+
+/**
+ * Samples in input order; `after` is the custom_id that ended the previous page. Pages hold whole
+ * lines: with params.n > 1, a page that would end inside a line's answers takes the rest of them
+ * too, so a cursor by custom_id never skips one. Returns the rows and the page's length (`limit`,
+ * or more when a line was completed); a row past it says there is more.
+ */
 export async function listSamples(db: Db, runId: string, opts: { status?: string; flag?: Flag; after?: string; limit: number }) {
   const { samples } = db.t;
   const where: SQL[] = [eq(samples.runId, runId)];
@@ -23,15 +41,31 @@ export async function listSamples(db: Db, runId: string, opts: { status?: string
   // PostgreSQL's generic plans too.
   if (opts.flag) where.push(ne(sql`${samples.flags} & ${sql.raw(String(flagBit(opts.flag)))}`, 0));
   if (opts.after) {
-    const cursor = await getSample(db, runId, opts.after);
-    if (cursor) where.push(gt(samples.seq, cursor.seq));
+    const cursor = await lastSeqOf(db, runId, opts.after);
+    if (cursor !== undefined) where.push(gt(samples.seq, cursor));
   }
-  return await db.q
+  const rows = await db.q
     .select()
     .from(samples)
     .where(and(...where))
     .orderBy(asc(samples.seq))
     .limit(opts.limit + 1);
+  const last = rows[opts.limit - 1];
+  if (!last || rows[opts.limit]?.customId !== last.customId) return { rows, limit: opts.limit };
+  // The page ends inside a line: the rest of its answers join it, then one row past them.
+  const rest = await db.q
+    .select()
+    .from(samples)
+    .where(and(...where, eq(samples.customId, last.customId), gt(samples.seq, last.seq)))
+    .orderBy(asc(samples.seq));
+  const limit = opts.limit + rest.length;
+  const next = await db.q
+    .select()
+    .from(samples)
+    .where(and(...where, gt(samples.seq, rest[rest.length - 1].seq)))
+    .orderBy(asc(samples.seq))
+    .limit(1);
+  return { rows: [...rows.slice(0, opts.limit), ...rest, ...next], limit };
 }
 
 export async function listShards(db: Db, runId: string, opts: { after?: number; limit: number }) {
@@ -56,6 +90,9 @@ export const RELEASE_LEASE = `status = 'pending', attempts = case when attempts 
 export interface ClaimedRow {
   id: number;
   shardIdx: number;
+  customId: string;
+  /** Which of its line's params.n answers: the answers of one line left pending are sent as one request. */
+  sampleIndex: number;
   request: string;
   attempts: number;
   qualityRetries: number;
@@ -76,7 +113,7 @@ const SLICE_SHUFFLE = 2654435761;
 const byId = (a: ClaimedRow, b: ClaimedRow) => a.id - b.id;
 const LEASE = `update samples set status = 'in_progress', attempts = attempts + 1, lease_owner = ?, lease_expires_at = ?`;
 // Quoted aliases: PostgreSQL folds unquoted names to lower case.
-const LEASED = `returning id, shard_idx as "shardIdx", request, attempts, quality_retries as "qualityRetries", server_faults as "serverFaults", variant,
+const LEASED = `returning id, shard_idx as "shardIdx", custom_id as "customId", sample_index as "sampleIndex", request, attempts, quality_retries as "qualityRetries", server_faults as "serverFaults", variant,
   max_tokens as "maxTokens"`;
 
 /**
@@ -115,6 +152,9 @@ function claimSql(db: Db) {
     longest: `${LEASE} ${pick}select id from samples where run_id = ? and status = 'pending' and available_at <= ?
        and seq < (select min(seq) from samples where run_id = ? and status = 'pending') + ?
        order by coalesce(predicted_tokens, -1) desc, seq limit ? ${skip}${picked} ${still} ${LEASED}`,
+    // The pending answers of the lines just claimed that the claim left behind (params.n > 1): by the (run_id, custom_id, sample_index) index.
+    siblings: `${LEASE} ${pick}select id from samples where run_id = ? and custom_id ${pg ? '= any(?)' : 'in (select value from json_each(?))'}
+       and status = 'pending' and available_at <= ? ${skip}${picked} ${still} ${LEASED}`,
   };
 }
 
@@ -122,11 +162,22 @@ function claimSql(db: Db) {
  * Leases up to `limit` pending samples of a run that are due, the calibration slice first
  * (samples_calibration_idx), then the rest in the run's `ClaimOrder`, charging each an attempt,
  * and moves the run's counters with them in the same transaction, so a crash between the
- * statements cannot leave the counters off by a batch.
+ * statements cannot leave the counters off by a batch. With `groups`, the due pending answers of
+ * every line claimed join the claim (past `limit`), so a line's answers go out as one request.
  */
 export async function claimSamples(
   db: Db,
-  c: { runId: string; owner: string; now: number; leaseExpiresAt: number; limit: number; order: ClaimOrder; window: number },
+  c: {
+    runId: string;
+    owner: string;
+    now: number;
+    leaseExpiresAt: number;
+    limit: number;
+    order: ClaimOrder;
+    window: number;
+    /** The run asks several answers a line (params.n > 1): a line's pending answers are claimed together. */
+    groups?: boolean;
+  },
   /** PostgreSQL: told the claim's transaction id, for claimStatus should the commit's answer be lost. */
   began?: (xid: string) => void,
 ): Promise<ClaimedRow[]> {
@@ -154,6 +205,11 @@ export async function claimSamples(
       const longest = await tx.exec<ClaimedRow>(q.longest, [c.owner, c.leaseExpiresAt, c.runId, c.now, c.runId, c.window, left]);
       rows.push(...longest.rows.sort(byId));
     }
+    if (c.groups && rows.length) {
+      const lines = [...new Set(rows.map((r) => r.customId))];
+      const more = await tx.exec<ClaimedRow>(q.siblings, [c.owner, c.leaseExpiresAt, c.runId, tx.dialect === 'pg' ? lines : JSON.stringify(lines), c.now]);
+      rows.push(...more.rows.sort(byId));
+    }
     if (rows.length) await tx.exec(`update runs set pending = pending - ?, in_progress = in_progress + ? where id = ?`, [rows.length, rows.length, c.runId]);
     return rows;
   });
@@ -168,7 +224,7 @@ export async function claimSamples(
 export async function readClaim(db: Db, c: { runId: string; owner: string; leaseExpiresAt: number }): Promise<ClaimedRow[]> {
   const from = db.dialect === 'pg' ? 'samples' : 'samples indexed by samples_claim_idx';
   const { rows } = await db.exec<ClaimedRow>(
-    `select id, shard_idx as "shardIdx", request, attempts, quality_retries as "qualityRetries", server_faults as "serverFaults", variant,
+    `select id, shard_idx as "shardIdx", custom_id as "customId", sample_index as "sampleIndex", request, attempts, quality_retries as "qualityRetries", server_faults as "serverFaults", variant,
        max_tokens as "maxTokens" from ${from}
      where run_id = ? and status = 'in_progress' and lease_owner = ? and lease_expires_at = ? order by calibration desc, seq`,
     [c.runId, c.owner, c.leaseExpiresAt],
@@ -372,22 +428,36 @@ export interface NewSample {
 }
 
 /**
- * Inserts a batch of a run's samples at the next input positions, from `firstSeq` on; a sample
- * whose custom_id the run already has (or that repeats one earlier in the batch) is skipped and
- * takes no position. Returns which were inserted, in order. Call it in a transaction.
+ * Inserts a batch of a run's lines at the next input positions, from `firstSeq` on, `perLine`
+ * samples a line (params.n: sample_index 0…perLine−1 at consecutive positions); a line whose
+ * custom_id the run already has (or that repeats one earlier in the batch) is skipped and takes no
+ * position. Returns which lines were inserted, in order. Call it in a transaction.
  */
-export async function insertSampleBatch(tx: DbOrTx, runId: string, firstSeq: number, shardSize: number, batch: readonly NewSample[]): Promise<boolean[]> {
-  if (tx.dialect === 'pg') return insertSampleBatchPg(tx, runId, firstSeq, shardSize, batch);
+export async function insertSampleBatch(
+  tx: DbOrTx,
+  runId: string,
+  firstSeq: number,
+  shardSize: number,
+  batch: readonly NewSample[],
+  perLine = 1,
+): Promise<boolean[]> {
+  if (tx.dialect === 'pg') return insertSampleBatchPg(tx, runId, firstSeq, shardSize, batch, perLine);
   const inserted: boolean[] = [];
   let seq = firstSeq;
   for (const s of batch) {
-    const { changes } = await tx.exec(
-      `insert into samples (run_id, seq, shard_idx, custom_id, status, request, predicted_tokens, variant) values (?, ?, ?, ?, 'pending', ?, ?, ?)
-       on conflict (run_id, custom_id) do nothing`,
-      [runId, seq, Math.floor(seq / shardSize), s.customId, s.request, s.predictedTokens, s.variant ?? null],
-    );
-    inserted.push(changes > 0);
-    if (changes > 0) seq++;
+    let added = false;
+    for (let k = 0; k < perLine; k++) {
+      const { changes } = await tx.exec(
+        `insert into samples (run_id, seq, shard_idx, custom_id, sample_index, status, request, predicted_tokens, variant) values (?, ?, ?, ?, ?, 'pending', ?, ?, ?)
+         on conflict (run_id, custom_id, sample_index) do nothing`,
+        [runId, seq + k, Math.floor((seq + k) / shardSize), s.customId, k, s.request, s.predictedTokens, s.variant ?? null],
+      );
+      // A line is inserted whole or not at all: its first answer decides.
+      if (changes === 0) break;
+      added = true;
+    }
+    inserted.push(added);
+    if (added) seq += perLine;
   }
   return inserted;
 }
@@ -397,7 +467,14 @@ export async function insertSampleBatch(tx: DbOrTx, runId: string, firstSeq: num
  * first; one the run already has is skipped by the unique index, and the positions after it are
  * then closed up, so the run's positions stay contiguous.
  */
-async function insertSampleBatchPg(tx: DbOrTx, runId: string, firstSeq: number, shardSize: number, batch: readonly NewSample[]): Promise<boolean[]> {
+async function insertSampleBatchPg(
+  tx: DbOrTx,
+  runId: string,
+  firstSeq: number,
+  shardSize: number,
+  batch: readonly NewSample[],
+  perLine: number,
+): Promise<boolean[]> {
   const seen = new Set<string>();
   const sent: NewSample[] = [];
   const fresh = batch.map((s) => {
@@ -407,40 +484,46 @@ async function insertSampleBatchPg(tx: DbOrTx, runId: string, firstSeq: number, 
     return true;
   });
   if (!sent.length) return fresh;
-  const seqs = sent.map((_, i) => firstSeq + i);
+  const rowsOf = <T>(f: (s: NewSample, i: number, k: number) => T): T[] => sent.flatMap((s, i) => Array.from({ length: perLine }, (_, k) => f(s, i, k)));
+  const seqs = rowsOf((_, i, k) => firstSeq + i * perLine + k);
   const { rows } = await tx.exec<{ custom_id: string }>(
-    `insert into samples (run_id, seq, shard_idx, custom_id, status, request, predicted_tokens, variant)
-     select ?, u.seq, u.shard_idx, u.custom_id, 'pending', u.request, u.predicted, u.variant
-     from unnest(?::bigint[], ?::int[], ?::text[], ?::text[], ?::int[], ?::int[]) as u(seq, shard_idx, custom_id, request, predicted, variant)
-     on conflict (run_id, custom_id) do nothing returning custom_id`,
+    `insert into samples (run_id, seq, shard_idx, custom_id, sample_index, status, request, predicted_tokens, variant)
+     select ?, u.seq, u.shard_idx, u.custom_id, u.sample_index, 'pending', u.request, u.predicted, u.variant
+     from unnest(?::bigint[], ?::int[], ?::text[], ?::int[], ?::text[], ?::int[], ?::int[]) as u(seq, shard_idx, custom_id, sample_index, request, predicted, variant)
+     on conflict (run_id, custom_id, sample_index) do nothing returning custom_id`,
     [
       runId,
       seqs,
       seqs.map((q) => Math.floor(q / shardSize)),
-      sent.map((s) => s.customId),
-      sent.map((s) => s.request),
-      sent.map((s) => s.predictedTokens),
-      sent.map((s) => s.variant ?? null),
+      rowsOf((s) => s.customId),
+      rowsOf((_, __, k) => k),
+      rowsOf((s) => s.request),
+      rowsOf((s) => s.predictedTokens),
+      rowsOf((s) => s.variant ?? null),
     ],
   );
   const inserted = new Set(rows.map((r) => r.custom_id));
   if (inserted.size < sent.length) {
     // Some were already in the run: the ones after them move up to close the gaps.
-    const moved = { id: [] as string[], seq: [] as number[], shard: [] as number[] };
+    const moved = { id: [] as string[], index: [] as number[], seq: [] as number[], shard: [] as number[] };
     let next = firstSeq;
     for (const [i, s] of sent.entries()) {
       if (!inserted.has(s.customId)) continue;
-      if (firstSeq + i !== next) {
-        moved.id.push(s.customId);
-        moved.seq.push(next);
-        moved.shard.push(Math.floor(next / shardSize));
+      for (let k = 0; k < perLine; k++) {
+        if (firstSeq + i * perLine !== next) {
+          moved.id.push(s.customId);
+          moved.index.push(k);
+          moved.seq.push(next + k);
+          moved.shard.push(Math.floor((next + k) / shardSize));
+        }
       }
-      next++;
+      next += perLine;
     }
     if (moved.id.length) {
       await tx.exec(
-        'update samples as s set seq = v.seq, shard_idx = v.shard from unnest(?::text[], ?::bigint[], ?::int[]) as v(custom_id, seq, shard) where s.run_id = ? and s.custom_id = v.custom_id',
-        [moved.id, moved.seq, moved.shard, runId],
+        `update samples as s set seq = v.seq, shard_idx = v.shard from unnest(?::text[], ?::int[], ?::bigint[], ?::int[]) as v(custom_id, sample_index, seq, shard)
+         where s.run_id = ? and s.custom_id = v.custom_id and s.sample_index = v.sample_index`,
+        [moved.id, moved.index, moved.seq, moved.shard, runId],
       );
     }
   }

@@ -171,6 +171,8 @@ export const samples = pgTable(
     seq: bigintNumber('seq').notNull(),
     shardIdx: integer('shard_idx').notNull(),
     customId: text('custom_id').notNull(),
+    // Which of the params.n answers to its input line this sample is (0 when the run asks one).
+    sampleIndex: integer('sample_index').notNull().default(0),
     status: text('status').notNull().default('pending'),
     request: text('request').notNull(),
     attempts: integer('attempts').notNull().default(0),
@@ -201,7 +203,7 @@ export const samples = pgTable(
     maxTokens: integer('max_tokens'),
   },
   (t) => [
-    uniqueIndex('samples_run_custom_id').on(t.runId, t.customId),
+    uniqueIndex('samples_run_custom_id').on(t.runId, t.customId, t.sampleIndex),
     index('samples_claim_idx').on(t.runId, t.status, t.seq),
     index('samples_run_seq_idx').on(t.runId, t.seq),
     // SQLite's predicate is `calibration = 1`; here the column is a boolean.

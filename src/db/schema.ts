@@ -179,6 +179,8 @@ export const samples = sqliteTable(
     seq: integer('seq').notNull(),
     shardIdx: integer('shard_idx').notNull(),
     customId: text('custom_id').notNull(),
+    // Which of the params.n answers to its input line this sample is (0 when the run asks one).
+    sampleIndex: integer('sample_index').notNull().default(0),
     status: text('status').notNull().default('pending'),
     // The request as sent: {messages, params?} in JSON, kept so a retry or restart can resend it.
     request: text('request').notNull(),
@@ -217,7 +219,7 @@ export const samples = sqliteTable(
     maxTokens: integer('max_tokens'),
   },
   (t) => [
-    uniqueIndex('samples_run_custom_id').on(t.runId, t.customId),
+    uniqueIndex('samples_run_custom_id').on(t.runId, t.customId, t.sampleIndex),
     index('samples_claim_idx').on(t.runId, t.status, t.seq),
     index('samples_run_seq_idx').on(t.runId, t.seq),
     // The slice only (at most a few hundred rows a run): its claim, and its lengths read back after a restart.

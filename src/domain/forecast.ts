@@ -83,6 +83,17 @@ export function calibrationSeqs(runId: string, total: number, k: number): number
 /** A slice answer: [input position, completion tokens, its variant's index (absent or null without variants)]. */
 export type SliceLength = readonly [seq: number, tokens: number, variant?: number | null];
 
+/**
+ * The slice's input positions when each line makes `perLine` samples at consecutive positions
+ * (params.n): whole lines, about `k` samples' worth, drawn as calibrationSeqs draws positions. A
+ * line's answers go out as one request, so a slice of single answers would send the others along
+ * with them, scattered over the input and outside the slice.
+ */
+export function calibrationLines(runId: string, total: number, k: number, perLine: number): number[] {
+  if (perLine === 1) return calibrationSeqs(runId, total, k);
+  return calibrationSeqs(runId, total / perLine, Math.ceil(k / perLine)).flatMap((line) => Array.from({ length: perLine }, (_, i) => line * perLine + i));
+}
+
 /** What the forecast is made from. */
 export interface ForecastInput {
   /** The whole input is forecast as if not started (a dry run); otherwise what is left of it. */

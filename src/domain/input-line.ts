@@ -56,6 +56,11 @@ export type ParsedLine =
 
 export interface ParseOptions {
   regenerate: RegenerateMode | null;
+  /**
+   * An OpenAI batch's lines may ask `n` choices in their body: OpenAI's shape, one sample whose
+   * answer holds the n choices (a run's lines may not: its `params.n` makes samples of them).
+   */
+  choicesInBody?: boolean;
 }
 
 type JsonObject = Record<string, unknown>;
@@ -121,7 +126,7 @@ export function parseInputLine(text: string, lineNo: number, opts: ParseOptions)
   try {
     obj = parseJsonObject(text);
     checkStorable(obj, text);
-    const content = readLine(obj, lineNo);
+    const content = readLine(obj, lineNo, opts.choicesInBody === true);
     const messages = applyRegenerate(content.messages, opts);
     const dropped = messages === content.messages ? null : content.messages[content.messages.length - 1];
     return {
@@ -198,12 +203,12 @@ function jsonErrorMessage(err: unknown): string {
   return message.length > MAX_JSON_MESSAGE_CHARS ? `${message.slice(0, MAX_JSON_MESSAGE_CHARS)}…` : message;
 }
 
-function readLine(obj: JsonObject, lineNo: number): LineContent {
+function readLine(obj: JsonObject, lineNo: number, choicesInBody: boolean): LineContent {
   const custom_id = readCustomId(obj, lineNo);
   if (obj.messages !== undefined) {
     return { custom_id, messages: readMessages(obj.messages, 'messages'), ...splitModel(readParams(obj), 'params') };
   }
-  if (obj.body !== undefined) return { custom_id, ...readBatchRequest(obj) };
+  if (obj.body !== undefined) return { custom_id, ...readBatchRequest(obj, choicesInBody) };
   if (obj.conversations !== undefined) {
     return { custom_id, messages: readConversations(obj.conversations), ...splitModel(readParams(obj), 'params') };
   }
@@ -247,18 +252,21 @@ function readParams(obj: JsonObject): JsonObject | null {
  * The model is a field of its own in every format, so it is never sent twice or overridden
  * blindly; params with nothing else left are null, as if the line had none.
  */
-function splitModel(params: JsonObject | null, path: string): { params: JsonObject | null; model: string | null } {
+function splitModel(params: JsonObject | null, path: string, choicesInBody = false): { params: JsonObject | null; model: string | null } {
   if (params === null) return { params: null, model: null };
   const { model = null, ...rest } = params;
   if (model !== null && typeof model !== 'string') throw new LineRejected(`${path}.model must be a string`);
-  return { params: Object.keys(rest).length > 0 ? checkParams(rest, path) : null, model };
+  return { params: Object.keys(rest).length > 0 ? checkParams(rest, path, choicesInBody) : null, model };
 }
 
 /**
  * A line's params override the run's when sent, so they obey the same rules: a `stream: true` or
- * an `n: 4` would otherwise reach the server and come back as an empty "completed" sample.
+ * an `n: 4` (a run's setting only) would otherwise reach the server and its extra answers be lost.
  */
-function checkParams(params: JsonObject, path: string): JsonObject {
+function checkParams(params: JsonObject, path: string, choicesInBody = false): JsonObject {
+  // n is the run's: its answers become samples of their own, which a line cannot add (a batch's line keeps them in one answer).
+  if (!choicesInBody && params.n !== undefined && params.n !== 1)
+    throw new LineRejected(`${path}.n: n > 1 is a run's setting (params.n on the run), not a line's`);
   const checked = Params.safeParse(params);
   if (checked.success) return checked.data;
   const issue = checked.error.issues[0];
@@ -266,12 +274,12 @@ function checkParams(params: JsonObject, path: string): JsonObject {
   throw new LineRejected(`${path}${where}: ${issue.message}`);
 }
 
-function readBatchRequest(obj: JsonObject): Omit<LineContent, 'custom_id'> {
+function readBatchRequest(obj: JsonObject, choicesInBody: boolean): Omit<LineContent, 'custom_id'> {
   if (obj.method !== 'POST') throw new LineRejected('method must be "POST"');
   if (obj.url !== '/v1/chat/completions') throw new LineRejected('url must be /v1/chat/completions');
   if (!isObject(obj.body)) throw new LineRejected('body must be an object');
   const { messages, ...rest } = obj.body;
-  return { messages: readMessages(messages, 'body.messages'), ...splitModel(rest, 'body') };
+  return { messages: readMessages(messages, 'body.messages'), ...splitModel(rest, 'body', choicesInBody) };
 }
 
 function readMessages(value: unknown, path: string): ChatMessage[] {

@@ -22,6 +22,19 @@ export interface ChoiceLogprobs {
   refusal?: unknown[] | null;
 }
 
+/**
+ * A choice past the first of an answer that holds several: an OpenAI batch line asking `n` in its
+ * body gets them all in one sample, as OpenAI answers it.
+ */
+export interface OtherChoice {
+  index: number;
+  content: string | null;
+  reasoning_content: string | null;
+  /** null when the server sent this choice broken or not at all. */
+  finish_reason: string | null;
+  logprobs?: ChoiceLogprobs;
+}
+
 /** What the staging table keeps of a completion until its shard is uploaded. */
 export interface StagedOutput {
   reasoning_content: string | null;
@@ -30,10 +43,13 @@ export interface StagedOutput {
   response_id?: string;
   created?: number;
   logprobs?: ChoiceLogprobs;
+  choices?: OtherChoice[];
 }
 
 export interface OutputLine {
   custom_id: string;
+  /** Which of its line's params.n answers (0…n−1); 0 when the run asks one. */
+  sample_index: number;
   messages: unknown[];
   reasoning_content: string | null;
   content: string | null;
@@ -45,6 +61,8 @@ export interface OutputLine {
   created: number | null;
   /** Only on the lines of a request that asked for them, so other shards keep their bytes. */
   logprobs?: ChoiceLogprobs;
+  /** Only on the line of an OpenAI batch request that asked `n` > 1 in its body: choices 1…n−1 (the line's own fields are choice 0). */
+  choices?: OtherChoice[];
   endpoint_id: string | null;
   latency_ms: number | null;
   attempts: number;
@@ -57,6 +75,7 @@ export interface OutputLine {
 
 export interface ErrorLine {
   custom_id: string;
+  sample_index: number;
   error: { code: string | null; message: string | null; status: number | null };
   attempts: number;
 }
@@ -64,6 +83,7 @@ export interface ErrorLine {
 /** A completed sample's record, as the shard writer has it from the database. */
 export interface CompletedSample {
   customId: string;
+  sampleIndex: number;
   /** The request as stored: JSON of {messages, params?}. */
   request: string;
   finishReason: string | null;
@@ -82,6 +102,7 @@ export interface CompletedSample {
 
 export interface FailedSample {
   customId: string;
+  sampleIndex: number;
   errorCode: string | null;
   errorMessage: string | null;
   errorStatus: number | null;
@@ -103,6 +124,7 @@ export function outputLine(s: CompletedSample, out: StagedOutput, variants: read
   const variant = variants && s.variant !== null && s.variant !== undefined ? variants[s.variant] : undefined;
   const line: OutputLine = {
     custom_id: s.customId,
+    sample_index: s.sampleIndex,
     messages: request.messages,
     reasoning_content: out.reasoning_content,
     content: out.content,
@@ -117,6 +139,7 @@ export function outputLine(s: CompletedSample, out: StagedOutput, variants: read
     response_id: out.response_id ?? null,
     created: out.created ?? null,
     ...(out.logprobs && { logprobs: out.logprobs }),
+    ...(out.choices && { choices: out.choices }),
     endpoint_id: s.endpointId,
     latency_ms: s.latencyMs,
     attempts: triesOf(s),
@@ -130,6 +153,7 @@ export function outputLine(s: CompletedSample, out: StagedOutput, variants: read
 export function errorLine(s: FailedSample): string {
   const line: ErrorLine = {
     custom_id: s.customId,
+    sample_index: s.sampleIndex,
     error: { code: s.errorCode, message: s.errorMessage, status: s.errorStatus },
     attempts: triesOf(s),
   };
@@ -137,6 +161,9 @@ export function errorLine(s: FailedSample): string {
 }
 
 const shardName = (idx: number) => `shard-${String(idx).padStart(5, '0')}`;
+/** A sample's key among a shard's lines: its custom_id and sample_index (lines of old shards, without one, are answer 0). */
+export const lineKey = (customId: string, sampleIndex: number | undefined) => `${sampleIndex ?? 0}\0${customId}`;
+
 export const shardKey = (idx: number) => `${shardName(idx)}.jsonl`;
 export const shardErrorsKey = (idx: number) => `${shardName(idx)}.errors.jsonl`;
 export const MANIFEST_KEY = 'manifest.json';

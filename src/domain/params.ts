@@ -8,6 +8,13 @@ export const maxLen = (n: number) => z.string().max(n, `must be at most ${n} cha
 
 export const Message = z.object({ role: z.string().min(1).max(64), content: z.unknown() }).catchall(z.unknown());
 
+/**
+ * The most answers a run may ask per input line (`params.n`). SGLang decodes them side by side in
+ * one request, each holding KV for its own answer: past a few dozen, one request would take a
+ * server's whole batch.
+ */
+export const MAX_SAMPLES_PER_LINE = 64;
+
 // Known sampling parameters are checked; anything else is passed through to SGLang untouched.
 export const Params = z
   .object({
@@ -28,7 +35,7 @@ export const Params = z
     presence_penalty: z.number().min(-2).max(2).optional(),
     chat_template_kwargs: z.record(z.string(), z.unknown()).optional(),
     stream: z.literal(false, "stream is regen's to set: it streams by itself when quality.stop_loops is on").optional(),
-    n: z.literal(1, 'only n=1 is supported').optional(),
+    n: z.number().int().min(1).max(MAX_SAMPLES_PER_LINE, `must be at most ${MAX_SAMPLES_PER_LINE}`).optional(),
   })
   .catchall(z.unknown())
   .refine((p) => !('messages' in p) && !('model' in p), 'params must not contain messages or model')
@@ -117,4 +124,25 @@ export function thinkingRequested(params: Record<string, unknown>, model: string
   }
   if (params.reasoning_effort != null || params.reasoning != null) return true;
   return THINKS_BY_DEFAULT.test(model);
+}
+
+/** How many samples (answers) a run makes of each input line: its `params.n`, 1 when not set. */
+export function samplesPerLine(params: Record<string, unknown>): number {
+  const { n } = params;
+  return typeof n === 'number' && Number.isInteger(n) && n > 1 ? n : 1;
+}
+
+/**
+ * Why a run's `params.n` cannot go with its `regenerate` mode, or null when it can. Conversations
+ * regenerated turn by turn (`all_assistant`) are refused with n > 1: each of the n answers of a
+ * turn would start its own branch, and every later turn of each branch its own request over a
+ * prefix no other branch shares, so the cost grows with n × turns and the output is a tree, not
+ * n conversations. Run the conversations n times as n runs (with different seeds) instead.
+ */
+export function samplesPerLineProblem(params: Record<string, unknown> | undefined, regenerate: string | null | undefined): string | null {
+  if (samplesPerLine(params ?? {}) === 1 || regenerate !== 'all_assistant') return null;
+  return (
+    'params.n > 1 cannot go with regenerate: "all_assistant": branching whole conversations would multiply every later ' +
+    "turn's prefix by n and give a tree, not n conversations; run the conversations n times as n runs (with different seeds) instead"
+  );
 }

@@ -44,6 +44,19 @@ interface Unsettled {
 }
 
 /**
+ * Moves into `group` the samples of line `customId` from `samples`: those right after its first
+ * (a claim returns a line's answers together), then any a claim added at its end (claimSamples'
+ * `groups`), until the group holds `perLine`.
+ */
+export function takeSiblings(samples: Claimed[], customId: string, perLine: number, group: Claimed[]): void {
+  while (group.length < perLine && samples[0]?.customId === customId) group.push(samples.shift()!);
+  for (let i = 0; group.length < perLine && i < samples.length; ) {
+    if (samples[i].customId === customId) group.push(...samples.splice(i, 1));
+    else i++;
+  }
+}
+
+/**
  * Samples claimed from the database and not yet sent, per run. A claim leases many samples in one
  * transaction; they wait here, the slice first and then in the run's order, for free slots. Claims
  * run in the background, as graphile-worker's local queue fetches jobs: `take` never waits on the
@@ -102,18 +115,22 @@ export class ClaimBuffer {
   }
 
   /**
-   * The next sample of a run from its buffer, or null when it holds none now. A buffer running low
-   * starts a claim of `claimSize()` samples (the calibration slice first, then in `order`; see
-   * ClaimOrder); `onClaim` runs when a claim lands with samples.
+   * The next sample of a run from its buffer, with the other answers of its line the buffer holds
+   * when the run asks `perLine` > 1 (params.n: sent as one request), or null when it holds none
+   * now. A buffer running low starts a claim of `claimSize()` lines (the calibration slice first,
+   * then in `order`; see ClaimOrder); `onClaim` runs when a claim lands with samples.
    */
-  take(runId: string, claimSize: () => number, onClaim: () => void, order: ClaimOrder, window: number): Claimed | null {
+  take(runId: string, claimSize: () => number, onClaim: () => void, order: ClaimOrder, window: number, perLine = 1): Claimed[] | null {
     const b = this.bufferOf(runId);
-    const sample = b.samples.shift() ?? null;
-    if (!b.claiming && !b.drained && b.samples.length <= b.lastClaim * REFILL_AT) this.refill(runId, b, claimSize(), onClaim, order, window);
-    return sample;
+    const first = b.samples.shift();
+    const group = first ? [first] : null;
+    if (first && perLine > 1) takeSiblings(b.samples, first.customId, perLine, group!);
+    if (!b.claiming && !b.drained && b.samples.length <= b.lastClaim * REFILL_AT)
+      this.refill(runId, b, claimSize() * perLine, onClaim, order, window, perLine > 1);
+    return group;
   }
 
-  private refill(runId: string, b: RunBuffer, limit: number, onClaim: () => void, order: ClaimOrder, window: number): void {
+  private refill(runId: string, b: RunBuffer, limit: number, onClaim: () => void, order: ClaimOrder, window: number, groups: boolean): void {
     if (limit <= 0) return;
     const generation = b.generation;
     const now = this.clock();
@@ -122,7 +139,7 @@ export class ClaimBuffer {
     b.claimedAt = performance.now();
     // The claim is over before its samples land: a pump they start sees no claim under way, and
     // starts the next one when the buffer runs low.
-    b.claiming = claimSamples(this.db, { runId, owner: this.owner, now, leaseExpiresAt, limit, order, window }, (id) => {
+    b.claiming = claimSamples(this.db, { runId, owner: this.owner, now, leaseExpiresAt, limit, order, window, groups }, (id) => {
       xid = id;
     }).then(
       (rows) => {

@@ -3,6 +3,7 @@ import { saveForecast } from '../db/forecasts.js';
 import { calibrationAnswers, dispatchFrontier, type SliceAnswer } from '../db/samples.js';
 import type { RunRow } from '../db/schema.js';
 import { computeForecast, seededRandom, type StoredForecast } from '../domain/forecast.js';
+import { samplesPerLine } from '../domain/params.js';
 import type { FleetShare } from '../domain/live-view.js';
 import type { EndpointPool } from './endpoints.js';
 import { RateWindow } from './rates.js';
@@ -131,6 +132,11 @@ export class Forecasts {
     // On PostgreSQL the endpoints other replicas drive count as they publish them.
     const own = this.share(now);
     const remote = this.pool.live.size > Object.keys(own.caps).length ? this.remote() : { caps: {}, speeds: {} };
+    // With params.n > 1 a slot holds one request for a line's n answers, decoded side by side over
+    // one prefill: a slice answer's latency is its whole request's, its tokens about 1/n of them,
+    // so a slot makes n times its slice answers' speed. (The answers of the last minute are
+    // counted a request at a time, all its tokens over its latency, and need no such factor.)
+    const perSlot = samplesPerLine(run.params);
     let tokensPerSecond = 0;
     let endpoints = 0;
     for (const e of this.pool.live.values()) {
@@ -138,7 +144,8 @@ export class Forecasts {
       const from = e.row.id in own.caps ? own : remote;
       const cap = from.caps[e.row.id];
       if (cap === undefined) continue;
-      const perMs = sliceSpeed.get(e.row.id) ?? from.speeds[run.id]?.[e.row.id];
+      const slice = sliceSpeed.get(e.row.id);
+      const perMs = slice !== undefined ? slice * perSlot : from.speeds[run.id]?.[e.row.id];
       if (perMs === undefined) continue;
       tokensPerSecond += cap * perMs * 1000;
       endpoints++;

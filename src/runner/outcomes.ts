@@ -97,6 +97,7 @@ export function settleAnswer(
     response_id: answer.responseId,
     created: answer.created,
     ...(answer.logprobs && { logprobs: answer.logprobs }),
+    ...(answer.others && { choices: answer.others }),
   };
   const chars = { reasoning: answer.reasoning?.length ?? 0, content: answer.content?.length ?? 0 };
   return {

@@ -1,5 +1,6 @@
 import type { ClaimOrder } from '../db/samples.js';
 import type { RunRow } from '../db/schema.js';
+import { samplesPerLine } from '../domain/params.js';
 import { isDispatchable } from '../domain/statuses.js';
 import type { ClaimBuffer } from './claim-buffer.js';
 import { claimSize, pickEndpoint } from './endpoint-choice.js';
@@ -43,14 +44,15 @@ export function fillSlots(pool: EndpointPool, claims: ClaimBuffer, requests: Req
     let sent = false;
     for (const run of active) {
       if (!isDispatchable(run.status) || !best.serves(run.model) || claims.isDrained(run.id)) continue;
-      const sample = claims.take(
+      const group = claims.take(
         run.id,
         () => claimSizeFor(pool, run.model),
         () => started(run),
         claimOrderOf(run),
         LOOKAHEAD_SHARDS * run.shardSize,
+        samplesPerLine(run.params),
       );
-      if (!sample) {
+      if (!group) {
         // A run ahead in the order whose claim is under way keeps the slot: its claim lands in
         // milliseconds, where a run behind it would hold the slot for a whole request. Each
         // refill of a high-priority run would otherwise hand a lower one the slots that free
@@ -58,7 +60,7 @@ export function fillSlots(pool: EndpointPool, claims: ClaimBuffer, requests: Req
         if (claims.isClaiming(run.id)) break;
         continue;
       }
-      requests.send(best, run, sample);
+      requests.send(best, run, group);
       sent = true;
       break;
     }

@@ -1,5 +1,5 @@
 import { APIConnectionError, APIConnectionTimeoutError, APIError, APIUserAbortError } from 'openai';
-import type { ChoiceLogprobs, Usage } from '../domain/output-line.js';
+import type { ChoiceLogprobs, OtherChoice, Usage } from '../domain/output-line.js';
 import { thinkingRequested } from '../domain/params.js';
 import type { SampleError } from '../domain/sample-errors.js';
 import { layeredParams, type Variant } from '../domain/variants.js';
@@ -32,17 +32,24 @@ export interface BuiltRequest {
 
 /**
  * The chat completion body for a sample: the run's params, its variant's over them, the line's own
- * over both, the run's model; a max_tokens an on_length retry raised over all of them.
+ * over both, the run's model; a max_tokens an on_length retry raised over all of them. `choices`
+ * answers of the line are asked at once (`n`; the run's params.n is the most): a line's pending
+ * answers go as one request, and one asked again alone goes with no `n`.
  */
 export function buildRequest(
   run: { model: string; params: Record<string, unknown>; variants?: readonly Pick<Variant, 'params'>[] | null },
   sample: { request: string; qualityRetries: number; variant?: number | null; maxTokens?: number | null },
   random: () => number = Math.random,
+  choices = 1,
 ): BuiltRequest {
   const request = JSON.parse(sample.request) as StoredRequest;
   const variant = sample.variant === null || sample.variant === undefined ? null : run.variants?.[sample.variant]?.params;
   const params = layeredParams(run.params, variant, request.params);
-  const body: Record<string, unknown> = { ...params, model: run.model, messages: request.messages };
+  // A batch's line may ask n choices of its own, kept in one answer (OpenAI's shape).
+  const own = request.params?.n;
+  const n = choices > 1 ? choices : typeof own === 'number' && own > 1 ? own : undefined;
+  const { n: _n, ...rest } = params;
+  const body: Record<string, unknown> = { ...rest, ...(n !== undefined && { n }), model: run.model, messages: request.messages };
   if (typeof sample.maxTokens === 'number') body[body.max_completion_tokens === undefined ? 'max_tokens' : 'max_completion_tokens'] = sample.maxTokens;
   if (sample.qualityRetries > 0) {
     // A flagged answer is asked again with a different seed, else SGLang would repeat it.
@@ -120,7 +127,7 @@ export interface ChatResponse {
   id?: string;
   created?: number;
   model?: string;
-  choices?: { message?: { content?: unknown; reasoning_content?: unknown }; logprobs?: unknown; finish_reason?: string | null }[];
+  choices?: { index?: number; message?: { content?: unknown; reasoning_content?: unknown }; logprobs?: unknown; finish_reason?: string | null }[];
   usage?: {
     prompt_tokens?: number;
     completion_tokens?: number;
@@ -140,6 +147,8 @@ export interface Answer {
   model: string | null;
   responseId: string | undefined;
   created: number | undefined;
+  /** The other choices of an answer kept whole (choices.ts otherChoices). */
+  others?: OtherChoice[];
 }
 
 export type ParsedAnswer = { ok: true; answer: Answer } | { ok: false; error: SampleError };
@@ -155,18 +164,22 @@ const MAX_REASON_CHARS = 40;
  * them no context is known), are taken for a broken answer, not a success. All are tried again.
  */
 export function parseAnswer(res: unknown, limits: AnswerLimits = { contextLength: null, choices: 1 }): ParsedAnswer {
+  return parseAnswers(res, limits, 1)[0];
+}
+
+const malformed = (message: string): ParsedAnswer => ({ ok: false, error: { code: 'malformed_response', message, status: null } });
+
+/**
+ * Reads a 200 answer to a request of `count` choices (`n`): one result per choice, by its
+ * `index` (by position when the server sends none), each read as parseAnswer reads the first. The
+ * request's usage is the same on every one (SGLang reports one for all n; see shareUsage). A
+ * missing or broken choice is that choice's error alone; a body without choices or with
+ * impossible token counts is every choice's.
+ */
+export function parseAnswers(res: unknown, limits: AnswerLimits, count: number): ParsedAnswer[] {
   const r = res as ChatResponse | null;
-  if (!r || typeof r !== 'object' || !Array.isArray(r.choices) || !r.choices[0]) {
-    return { ok: false, error: { code: 'malformed_response', message: 'the endpoint answered 200 without choices', status: null } };
-  }
-  const choice = r.choices[0];
-  const reason = choice.finish_reason;
-  if (reason === 'abort') return { ok: false, error: { code: 'aborted', message: 'the server aborted the request (finish_reason "abort")', status: null } };
-  if (typeof reason !== 'string' || !FINISHED.has(reason)) {
-    const shown = typeof reason === 'string' ? JSON.stringify(reason.slice(0, MAX_REASON_CHARS)) : String(reason);
-    return { ok: false, error: { code: 'malformed_response', message: `the endpoint answered with finish_reason ${shown}`, status: null } };
-  }
-  const msg = choice.message ?? {};
+  const all = (p: ParsedAnswer) => Array.from({ length: count }, () => p);
+  if (!r || typeof r !== 'object' || !Array.isArray(r.choices) || !r.choices[0]) return all(malformed('the endpoint answered 200 without choices'));
   const u = r.usage ?? {};
   const usage: Usage = {
     prompt_tokens: u.prompt_tokens ?? 0,
@@ -175,21 +188,33 @@ export function parseAnswer(res: unknown, limits: AnswerLimits = { contextLength
     reasoning_tokens: u.reasoning_tokens ?? u.completion_tokens_details?.reasoning_tokens ?? 0,
     cached_tokens: u.prompt_tokens_details?.cached_tokens ?? 0,
   };
-  const wrong = usageProblem(usage, limits);
-  if (wrong) return { ok: false, error: { code: 'malformed_response', message: `the endpoint reported ${wrong}`, status: null } };
-  return {
-    ok: true,
-    answer: {
-      content: typeof msg.content === 'string' ? msg.content : null,
-      reasoning: typeof msg.reasoning_content === 'string' ? msg.reasoning_content : null,
-      finishReason: reason,
-      logprobs: typeof choice.logprobs === 'object' && choice.logprobs !== null ? (choice.logprobs as ChoiceLogprobs) : null,
-      usage,
-      model: typeof r.model === 'string' ? r.model : null,
-      responseId: r.id,
-      created: r.created,
-    },
-  };
+  const choices = r.choices;
+  return Array.from({ length: count }, (_, i) => {
+    const choice = choices.find((c) => c?.index === i) ?? (choices[i]?.index === undefined ? choices[i] : undefined);
+    if (!choice) return malformed(`the endpoint answered without choice ${i} of the ${count} asked`);
+    const reason = choice.finish_reason;
+    if (reason === 'abort') return { ok: false, error: { code: 'aborted', message: 'the server aborted the request (finish_reason "abort")', status: null } };
+    if (typeof reason !== 'string' || !FINISHED.has(reason)) {
+      const shown = typeof reason === 'string' ? JSON.stringify(reason.slice(0, MAX_REASON_CHARS)) : String(reason);
+      return malformed(`the endpoint answered with finish_reason ${shown}`);
+    }
+    const wrong = usageProblem(usage, limits);
+    if (wrong) return malformed(`the endpoint reported ${wrong}`);
+    const msg = choice.message ?? {};
+    return {
+      ok: true,
+      answer: {
+        content: typeof msg.content === 'string' ? msg.content : null,
+        reasoning: typeof msg.reasoning_content === 'string' ? msg.reasoning_content : null,
+        finishReason: reason,
+        logprobs: typeof choice.logprobs === 'object' && choice.logprobs !== null ? (choice.logprobs as ChoiceLogprobs) : null,
+        usage,
+        model: typeof r.model === 'string' ? r.model : null,
+        responseId: r.id,
+        created: r.created,
+      },
+    };
+  });
 }
 
 /**

@@ -16,18 +16,21 @@ import {
   buildRequest,
   classifyError,
   LOOP_FINISH_REASON,
-  parseAnswer,
+  parseAnswers,
   tokenBudget,
 } from './request.js';
 import type { ResultWriter } from './results.js';
 import type { RunQuality } from '../domain/run-quality.js';
+import type { SampleError } from '../domain/sample-errors.js';
+import { choiceOrder, otherChoices, shareUsage } from './choices.js';
 import { StreamedAnswer } from './stream-answer.js';
 
 /** Why regen aborted a request: to cancel its run, to give its sample back, or because its answer looped. */
 export type AbortReason = 'cancel' | 'release' | 'loop';
 
 export interface Flight {
-  sample: Claimed;
+  /** The samples the request answers, in choice order: one, or the pending answers of one line (params.n > 1), asked with `n`. */
+  group: Claimed[];
   run: RunRow;
   endpoint: LiveEndpoint;
   controller: AbortController;
@@ -81,12 +84,14 @@ export class Requests {
     return this.flights.values();
   }
 
-  send(e: LiveEndpoint, run: RunRow, sample: Claimed): void {
-    const { body, thinking } = buildRequest(run, sample);
+  send(e: LiveEndpoint, run: RunRow, claimed: Claimed[]): void {
+    const group = choiceOrder(claimed);
+    const sample = group[0];
+    const { body, thinking } = buildRequest(run, sample, Math.random, group.length);
     const controller = new AbortController();
     const limits = answerLimits(body, e.row.maxModelLen);
     const flight: Flight = {
-      sample,
+      group,
       run,
       endpoint: e,
       controller,
@@ -98,14 +103,16 @@ export class Requests {
       limits,
       lease: this.answers.lease(answerByteLimit(body, limits)),
     };
+    // Keyed by the first sample: one request, one slot, however many answers it asks.
     this.flights.set(sample.id, flight);
     e.inFlight.set(sample.id, controller);
     const started = this.deps.clock();
     // Streamed only when loops are to be stopped: a buffered answer costs less to read (BENCHMARKS.md).
     // A request that asks for log probabilities stays buffered: the streamed record does not gather
-    // them chunk by chunk, and they are kept whole on the output line.
+    // them chunk by chunk, and they are kept whole on the output line. So does one of several
+    // choices (`n`): the stream's record holds one (a looping choice is flagged when it ends).
     const answer =
-      stopsLoops(run.quality) && body.logprobs !== true
+      stopsLoops(run.quality) && body.logprobs !== true && limits.choices === 1
         ? this.stream(flight, body)
         : e.client.chat.completions.create(body as never, {
             signal: controller.signal,
@@ -171,8 +178,8 @@ export class Requests {
     );
   }
 
-  private attempt(f: Flight): Attempt {
-    const { sample, run, endpoint } = f;
+  private attempt(f: Flight, sample: Claimed = f.group[0]): Attempt {
+    const { run, endpoint } = f;
     return {
       sampleId: sample.id,
       runId: run.id,
@@ -202,31 +209,48 @@ export class Requests {
   private onResponse(f: Flight, res: unknown, latencyMs: number): void {
     const e = f.endpoint;
     e.consecutiveFailures = 0;
-    const parsed = parseAnswer(res, f.limits);
-    if (!parsed.ok) {
-      if (f.abortReason) this.onError(f, null);
-      else this.settle(settleError(this.attempt(f), this.limits(f.run), parsed.error, this.deps.clock()));
+    const parsed = parseAnswers(res, f.limits, f.group.length);
+    if (f.abortReason && parsed.some((p) => !p.ok)) {
+      this.onError(f, null);
       return;
     }
     const now = this.deps.clock();
-    const tokens = parsed.answer.usage.completion_tokens;
-    e.latency.add(latencyMs);
-    e.rate.add(now, 1, tokens);
-    this.hooks.answered(f.run, e.row.id, tokens, latencyMs, now);
-    const { answer } = parsed;
+    const answers = parsed.map((p) => (p.ok ? p.answer : null));
+    const answered = answers.find((a) => a !== null);
+    if (answered) {
+      // One request, one usage: the fleet's speed is its tokens over its latency, all choices decoded side by side.
+      const tokens = answered.usage.completion_tokens;
+      e.latency.add(latencyMs);
+      e.rate.add(now, 1, tokens);
+      this.hooks.answered(f.run, e.row.id, tokens, latencyMs, now);
+    }
+    const usages = answered ? shareUsage(answered.usage, answers) : [];
     const quality = this.hooks.qualityOf(f.run);
-    const input = {
-      content: answer.content,
-      reasoning_content: answer.reasoning,
-      finish_reason: answer.finishReason,
-      completion_tokens: tokens,
-      thinking_requested: f.thinking,
-    };
-    const flags = quality ? quality.check(input, e.row.id, f.sample.variant ?? null) : 0;
-    const settled = settleAnswer(this.attempt(f), f.run, answer, latencyMs, now, flags);
-    if (quality && settled.outcome.kind === 'completed') quality.completed(flags, f.sample.variant ?? null);
-    this.deps.metrics.answered(e.row.id, latencyMs, tokens, flags);
-    this.settle(settled);
+    // A failed choice's backoff is its request's: the answers of a line that come back together stay together.
+    const draw = Math.random();
+    for (const [i, sample] of f.group.entries()) {
+      const p = parsed[i];
+      if (!p.ok) {
+        this.settle(settleError(this.attempt(f, sample), this.limits(f.run), p.error, now, () => draw));
+        continue;
+      }
+      // One sample asking several choices of its own (an OpenAI batch line): all kept in its answer.
+      const others = f.group.length === 1 && f.limits.choices > 1 ? otherChoices(res, f.limits) : undefined;
+      const answer = { ...p.answer, usage: usages[i], ...(others && { others }) };
+      const tokens = answer.usage.completion_tokens;
+      const input = {
+        content: answer.content,
+        reasoning_content: answer.reasoning,
+        finish_reason: answer.finishReason,
+        completion_tokens: tokens,
+        thinking_requested: f.thinking,
+      };
+      const flags = quality ? quality.check(input, e.row.id, sample.variant ?? null) : 0;
+      const settled = settleAnswer(this.attempt(f, sample), f.run, answer, latencyMs, now, flags);
+      if (quality && settled.outcome.kind === 'completed') quality.completed(flags, sample.variant ?? null);
+      this.deps.metrics.answered(e.row.id, latencyMs, tokens, flags);
+      this.settle(settled);
+    }
   }
 
   /**
@@ -254,7 +278,7 @@ export class Requests {
     const flags = quality ? quality.cut(e.row.id) : 0;
     const settled = settleAnswer(this.attempt(f), f.run, answer, latencyMs, this.deps.clock(), flags);
     settled.outcome.loopTokensSaved = Math.max(0, f.budget - generated);
-    if (quality && settled.outcome.kind === 'completed') quality.completed(flags, f.sample.variant ?? null);
+    if (quality && settled.outcome.kind === 'completed') quality.completed(flags, f.group[0]?.variant ?? null);
     this.deps.metrics.answered(e.row.id, latencyMs, generated, flags);
     this.settle(settled);
   }
@@ -266,13 +290,13 @@ export class Requests {
       return;
     }
     if (f.abortReason) {
-      this.settle(settleAbort(this.attempt(f), f.abortReason === 'cancel' ? 'cancel' : 'release'));
+      for (const s of f.group) this.settle(settleAbort(this.attempt(f, s), f.abortReason === 'cancel' ? 'cancel' : 'release'));
       return;
     }
-    // Cut to keep regen's own memory, whatever the server did: the sample is given back unspent.
+    // Cut to keep regen's own memory, whatever the server did: the samples are given back unspent.
     if (f.lease.refused instanceof AnswerShed) {
       e.consecutiveFailures = 0;
-      this.settle(settleAbort(this.attempt(f), 'release'));
+      for (const s of f.group) this.settle(settleAbort(this.attempt(f, s), 'release'));
       return;
     }
     const verdict = classifyError(err, f.run.requestTimeoutMs);
@@ -280,7 +304,7 @@ export class Requests {
       e.consecutiveFailures = 0;
       void this.guard('marking an endpoint', () => this.pool.setState(e, 'starting', verdict.reason));
       // Under the server-fault budget: a refusal that only this request meets must not bounce forever.
-      this.settle(settleError(this.attempt(f), this.limits(f.run), verdict.error, this.deps.clock()));
+      this.settleAll(f, verdict.error);
       return;
     }
     if (verdict.transport) {
@@ -291,7 +315,14 @@ export class Requests {
       // The server answered: whatever the status, its connection works.
       e.consecutiveFailures = 0;
     }
-    this.settle(settleError(this.attempt(f), this.limits(f.run), verdict.error, this.deps.clock()));
+    this.settleAll(f, verdict.error);
+  }
+
+  /** A failed request fails (or is asked again) for all its samples alike: one backoff, so a line's answers come back together. */
+  private settleAll(f: Flight, error: SampleError): void {
+    const now = this.deps.clock();
+    const draw = Math.random();
+    for (const s of f.group) this.settle(settleError(this.attempt(f, s), this.limits(f.run), error, now, () => draw));
   }
 
   abort(f: Flight, reason: AbortReason): void {

@@ -246,7 +246,7 @@ export class Runner implements RunnerView {
     const now = this.deps.clock();
     const runs: RunnerSnapshot['runs'] = {};
     const inFlight = new Map<string, number>();
-    for (const f of this.requests.all()) inFlight.set(f.run.id, (inFlight.get(f.run.id) ?? 0) + 1);
+    for (const f of this.requests.all()) inFlight.set(f.run.id, (inFlight.get(f.run.id) ?? 0) + f.group.length);
     for (const run of this.active) {
       const r = this.runRates.get(run.id)?.rates(now);
       const forecast = this.forecasts.get(run.id);

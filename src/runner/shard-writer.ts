@@ -5,11 +5,11 @@ import type { RunRow, ShardRow } from '../db/schema.js';
 import { listRunShards, markShardUploaded, openShardNow, shardSamplesWithOutput } from '../db/shards.js';
 import { flagCounts } from '../domain/flags.js';
 import { listRunVariants } from '../db/run-variants.js';
-import { errorLine, MANIFEST_KEY, outputLine, runUsage, shardErrorsKey, shardKey, type StagedOutput } from '../domain/output-line.js';
+import { errorLine, lineKey, MANIFEST_KEY, outputLine, runUsage, shardErrorsKey, shardKey, type StagedOutput } from '../domain/output-line.js';
 
 const sha256 = (b: Buffer) => createHash('sha256').update(b).digest('hex');
 
-/** Lines of an earlier upload of this shard, by custom_id: the only copy once staging was cleared. */
+/** Lines of an earlier upload of this shard, by custom_id and sample_index (lineKey): the only copy once staging was cleared. */
 async function previousLines(deps: RunnerDeps, run: RunRow, shard: ShardRow): Promise<Map<string, string>> {
   const map = new Map<string, string>();
   if (!shard.key) return map;
@@ -19,7 +19,8 @@ async function previousLines(deps: RunnerDeps, run: RunRow, shard: ShardRow): Pr
   const text = bytes.toString('utf8');
   for (const line of text.split('\n')) {
     if (!line) continue;
-    map.set((JSON.parse(line) as { custom_id: string }).custom_id, line);
+    const parsed = JSON.parse(line) as { custom_id: string; sample_index?: number };
+    map.set(lineKey(parsed.custom_id, parsed.sample_index), line);
   }
   return map;
 }
@@ -56,7 +57,7 @@ export async function uploadShard(deps: RunnerDeps, run: RunRow, listed: ShardRo
       if (output) line = outputLine(s, JSON.parse(output) as StagedOutput, variants);
       else {
         previous ??= await previousLines(deps, run, shard);
-        const old = previous.get(s.customId);
+        const old = previous.get(lineKey(s.customId, s.sampleIndex));
         if (!old) throw new Error(`sample ${s.customId} has no output in staging or in the earlier shard`);
         line = old;
       }

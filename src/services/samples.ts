@@ -26,8 +26,8 @@ export async function readSampleOutput(
   }
   const line = text.split('\n')[s.outputLine - 1];
   if (!line) return null;
-  const o = JSON.parse(line) as { custom_id: string; reasoning_content: string | null; content: string | null };
-  if (o.custom_id !== s.customId) {
+  const o = JSON.parse(line) as { custom_id: string; sample_index?: number; reasoning_content: string | null; content: string | null };
+  if (o.custom_id !== s.customId || (o.sample_index ?? 0) !== s.sampleIndex) {
     deps.logger.warn({ run_id: run.id, key: s.outputKey }, 'shard line does not belong to the sample; the object was replaced');
     throw new ApiError('storage_unavailable', 'the stored shard no longer matches this run; its output cannot be shown');
   }

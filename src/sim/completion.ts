@@ -15,6 +15,11 @@ const ANSWER_LENGTH = /\[len=(\d+)\]/;
 // model caught in a loop does (in its reasoning when it thinks, else in its answer).
 const LOOP_MARKER = '[loop]';
 const LOOP_PHRASE = 'wait, let me check that again. ';
+// Another: "[empty-choice=K]" makes choice K of a request for n > K choices the degenerate answer
+// (an empty think block and a throwaway reply), so a test can see one choice of n flagged.
+const EMPTY_CHOICE = /\[empty-choice=(\d+)\]/;
+// SGLang's cap is the batch; this keeps a broken client from asking the simulator for millions.
+const MAX_CHOICES = 128;
 
 export interface ChatRequest {
   digest: string;
@@ -31,6 +36,10 @@ export interface ChatRequest {
   topLogprobs: number;
   /** The prompt asks for a loop with "[loop]". */
   loop: boolean;
+  /** `n`: choices decoded from the one prefill, each with its own index and finish_reason. */
+  n: number;
+  /** The choice "[empty-choice=K]" asks to be degenerate, or -1. */
+  emptyChoice: number;
   /** `stream: true`: the answer goes out as server-sent events. */
   stream: boolean;
   /** `stream_options.include_usage`: a last chunk with empty choices carries the usage. */
@@ -86,6 +95,9 @@ export function parseChatRequest(body: unknown, knobs: Knobs): ChatRequest {
         'completion to fit within the limit.',
     );
   }
+  const n = body.n ?? 1;
+  if (!(Number.isInteger(n) && (n as number) >= 1 && (n as number) <= MAX_CHOICES)) throw badRequest(`\`n\` must be an integer from 1 to ${MAX_CHOICES}.`);
+  const emptyChoice = EMPTY_CHOICE.exec(lastUserText(messages));
   const topLogprobs = body.top_logprobs ?? 0;
   if (!(Number.isInteger(topLogprobs) && (topLogprobs as number) >= 0 && (topLogprobs as number) <= MAX_TOP_LOGPROBS)) {
     throw badRequest(`\`top_logprobs\` must be an integer from 0 to ${MAX_TOP_LOGPROBS}.`);
@@ -98,6 +110,8 @@ export function parseChatRequest(body: unknown, knobs: Knobs): ChatRequest {
     thinking: wantsThinking(body),
     answerTokens: answerLength(lastUserText(messages), knobs),
     loop: lastUserText(messages).includes(LOOP_MARKER),
+    n: n as number,
+    emptyChoice: emptyChoice ? Number(emptyChoice[1]) : -1,
     stream: body.stream === true,
     includeUsage: body.stream === true && isRecord(body.stream_options) && body.stream_options.include_usage === true,
     logprobs: body.logprobs === true,
@@ -113,14 +127,15 @@ interface Generated {
   finishReason: 'stop' | 'length' | 'abort';
 }
 
-// The reply text depends only on the prompt and the simulator's seed, so a rerun reproduces it.
-function generate(request: ChatRequest, knobs: Knobs, budget: number): Generated {
+// The reply text depends only on the prompt, the simulator's seed and the choice's index, so a
+// rerun reproduces it; choice 0 is the text a request for one choice gets.
+function generate(request: ChatRequest, knobs: Knobs, budget: number, choice = 0): Generated {
   if (request.loop) return looping(request, budget);
   const wantedReasoning = request.thinking ? knobs.reasoningTokens : 0;
   const reasoningTokens = Math.min(wantedReasoning, budget);
   const contentTokens = Math.min(request.answerTokens, budget - reasoningTokens);
   // Separate streams so a cut reasoning leaves the answer's words unchanged.
-  const seed = `${request.digest}:${knobs.seed}`;
+  const seed = choice === 0 ? `${request.digest}:${knobs.seed}` : `${request.digest}:${knobs.seed}:choice${choice}`;
   return {
     reasoning: fillerText(`Reasoning about ${request.digest}. `, reasoningTokens, seededRandom(hashSeed(`${seed}:reasoning`))),
     content: fillerText(`Answer ${request.digest}: `, contentTokens, seededRandom(hashSeed(`${seed}:content`))),
@@ -175,12 +190,17 @@ function tokenLogprobs(text: string, tokens: number, top: number, random: () => 
 
 export interface Reply {
   body: object;
+  /** Generated tokens of all choices (what usage reports). */
   completionTokens: number;
+  /** The longest choice's tokens: the n choices decode side by side, so this times the reply. */
+  decodeTokens: number;
   /** The answer token by token, for a streamed reply: one SSE chunk each (SGLang's default stream_interval of 1). */
   pieces: Piece[];
 }
 
 export interface Piece {
+  /** The choice the piece belongs to. */
+  index: number;
   field: 'content' | 'reasoning_content';
   text: string;
 }
@@ -193,55 +213,89 @@ export interface ReplyPlan {
 }
 
 /** `text` cut into `tokens` pieces of about equal length (some empty when the text is shorter). */
-function cut(field: Piece['field'], text: string, tokens: number): Piece[] {
+function cut(index: number, field: Piece['field'], text: string, tokens: number): Piece[] {
   const pieces: Piece[] = [];
   for (let i = 0; i < tokens; i++) {
-    pieces.push({ field, text: text.slice(Math.floor((i * text.length) / tokens), Math.floor(((i + 1) * text.length) / tokens)) });
+    pieces.push({ index, field, text: text.slice(Math.floor((i * text.length) / tokens), Math.floor(((i + 1) * text.length) / tokens)) });
   }
   return pieces;
 }
 
-/** SGLang's non-streaming chat.completion body for `request`, and its pieces when it is streamed. */
-export function buildReply(request: ChatRequest, knobs: Knobs, plan: ReplyPlan): Reply {
-  let out = plan.degenerate ? degenerate() : generate(request, knobs, request.maxTokens);
+/** The choices' pieces token by token side by side, as their sequences decode together. */
+function interleave(lists: Piece[][]): Piece[] {
+  const out: Piece[] = [];
+  const longest = Math.max(0, ...lists.map((l) => l.length));
+  for (let t = 0; t < longest; t++) for (const l of lists) if (t < l.length) out.push(l[t]);
+  return out;
+}
+
+interface ChoiceOut {
+  out: Generated;
+  content: string;
+  reasoning: string | null;
+}
+
+/** One choice's generation: degenerate, aborted part-way, or the prompt's answer. */
+function choiceOf(request: ChatRequest, knobs: Knobs, plan: ReplyPlan, index: number): ChoiceOut {
+  const degenerateChoice = plan.degenerate || (request.n > 1 && index === request.emptyChoice);
+  let out = degenerateChoice ? degenerate() : generate(request, knobs, request.maxTokens, index);
   if (plan.abortAt !== undefined) {
     const share = Math.floor((out.reasoningTokens + out.contentTokens) * plan.abortAt);
-    out = { ...generate(request, knobs, share), finishReason: 'abort' };
+    out = { ...generate(request, knobs, share, index), finishReason: 'abort' };
   }
+  return { out, ...split(out, request, knobs.reasoningParser === 1) };
+}
+
+/**
+ * SGLang's non-streaming chat.completion body for `request`, and its pieces when it is streamed.
+ * With `n` > 1 the prompt is prefilled once and n choices decoded: each its own index and
+ * finish_reason, one usage summing their tokens (docs/sglang.md "The prefix cache, `n` and multi-turn history").
+ */
+export function buildReply(request: ChatRequest, knobs: Knobs, plan: ReplyPlan): Reply {
   const parser = knobs.reasoningParser === 1;
-  const { content, reasoning } = split(out, request, parser);
-  const completionTokens = out.reasoningTokens + out.contentTokens;
+  const choices = Array.from({ length: request.n }, (_, i) => choiceOf(request, knobs, plan, i));
+  const tokensOf = (c: ChoiceOut) => c.out.reasoningTokens + c.out.contentTokens;
+  const completionTokens = choices.reduce((sum, c) => sum + tokensOf(c), 0);
+  const reasoningTokens = choices.reduce((sum, c) => sum + c.out.reasoningTokens, 0);
   const cached = knobs.enableCacheReport === 1 && plan.cachedTokens > 0;
   // With a parser the think block streams as reasoning_content deltas; without, it is content like the rest.
   const pieces = !request.stream
     ? []
-    : reasoning === null
-      ? cut('content', content, completionTokens)
-      : [...cut('reasoning_content', reasoning, out.reasoningTokens), ...cut('content', content, out.contentTokens)];
+    : interleave(
+        choices.map(({ out, content, reasoning }, i) =>
+          reasoning === null
+            ? cut(i, 'content', content, tokensOf({ out, content, reasoning }))
+            : [...cut(i, 'reasoning_content', reasoning, out.reasoningTokens), ...cut(i, 'content', content, out.contentTokens)],
+        ),
+      );
   return {
     completionTokens,
+    decodeTokens: Math.max(...choices.map(tokensOf)),
     pieces,
     body: {
       id: randomBytes(16).toString('hex'),
       object: 'chat.completion',
       created: Math.floor(Date.now() / 1000),
       model: request.model,
-      choices: [
-        {
-          index: 0,
-          message: { role: 'assistant', content, reasoning_content: reasoning, tool_calls: null },
-          logprobs: request.logprobs
-            ? tokenLogprobs(out.reasoning + out.content, completionTokens, request.topLogprobs, seededRandom(hashSeed(`${request.digest}:logprobs`)))
-            : null,
-          finish_reason: out.finishReason,
-          matched_stop: out.finishReason === 'stop' ? EOS_TOKEN_ID : null,
-        },
-      ],
+      choices: choices.map(({ out, content, reasoning }, index) => ({
+        index,
+        message: { role: 'assistant', content, reasoning_content: reasoning, tool_calls: null },
+        logprobs: request.logprobs
+          ? tokenLogprobs(
+              out.reasoning + out.content,
+              out.reasoningTokens + out.contentTokens,
+              request.topLogprobs,
+              seededRandom(hashSeed(index === 0 ? `${request.digest}:logprobs` : `${request.digest}:logprobs:${index}`)),
+            )
+          : null,
+        finish_reason: out.finishReason,
+        matched_stop: out.finishReason === 'stop' ? EOS_TOKEN_ID : null,
+      })),
       usage: {
         prompt_tokens: request.promptTokens,
         completion_tokens: completionTokens,
         total_tokens: request.promptTokens + completionTokens,
-        reasoning_tokens: parser ? out.reasoningTokens : 0,
+        reasoning_tokens: parser ? reasoningTokens : 0,
         prompt_tokens_details: cached ? { cached_tokens: plan.cachedTokens } : null,
       },
       metadata: { weight_version: WEIGHT_VERSION },
@@ -263,8 +317,8 @@ function chunk(body: ReplyBody, choices: object[], usage: object | null = null):
   return `data: ${JSON.stringify({ id: body.id, object: 'chat.completion.chunk', created: body.created, model: body.model, choices, usage })}\n\n`;
 }
 
-const delta = (d: object, finish: { finish_reason: string; matched_stop: number | null } | null = null) => ({
-  index: 0,
+const delta = (d: object, finish: { finish_reason: string; matched_stop: number | null } | null = null, index = 0) => ({
+  index,
   delta: { role: null, content: null, reasoning_content: null, tool_calls: null, ...d },
   logprobs: null,
   finish_reason: finish?.finish_reason ?? null,
@@ -278,12 +332,12 @@ export function streamHead(reply: Reply): string {
 
 /** One token's event; an empty piece sends nothing, as SGLang skips empty deltas. */
 export function streamPiece(reply: Reply, piece: Piece): string {
-  return piece.text === '' ? '' : chunk(reply.body as ReplyBody, [delta({ [piece.field]: piece.text })]);
+  return piece.text === '' ? '' : chunk(reply.body as ReplyBody, [delta({ [piece.field]: piece.text }, null, piece.index)]);
 }
 
-/** The finish event, the usage event with empty choices when asked for, and `data: [DONE]`. */
+/** The finish event of each choice, the usage event with empty choices when asked for, and `data: [DONE]`. */
 export function streamTail(reply: Reply, includeUsage: boolean): string {
   const body = reply.body as ReplyBody;
-  const finish = chunk(body, [delta({}, body.choices[0])]);
+  const finish = body.choices.map((c, i) => chunk(body, [delta({}, c, i)])).join('');
   return `${finish}${includeUsage ? chunk(body, [], body.usage) : ''}data: [DONE]\n\n`;
 }

@@ -481,7 +481,8 @@ class SimServer {
       const step = (): void => {
         const due =
           paced && tokensPerSecond > 0
-            ? Math.min(reply.pieces.length, Math.floor(((performance.now() - first) / 1000) * tokensPerSecond))
+            ? // The n choices' pieces are interleaved and decode side by side: n pieces a token's time.
+              Math.min(reply.pieces.length, Math.floor(((performance.now() - first) / 1000) * tokensPerSecond * request.n))
             : reply.pieces.length;
         let events = '';
         while (sent < due) events += streamPiece(reply, reply.pieces[sent++]);
@@ -510,7 +511,7 @@ class SimServer {
           else timer = setTimeout(() => stream(true), ttftMs);
           return;
         }
-        const delay = this.#latencyMs(reply.completionTokens);
+        const delay = this.#latencyMs(reply.decodeTokens);
         // No timer at zero latency: benchmarks need the fastest possible path.
         if (delay === 0) answer();
         else timer = setTimeout(answer, delay);
@@ -529,7 +530,7 @@ class SimServer {
       clearTimeout(timer);
       this.#counts.aborted++;
       // A streamed reply counts what it sent; a buffered one what its timing says was generated.
-      const generated = request.stream ? sent : this.#generatedSince(startedAt, reply.completionTokens);
+      const generated = request.stream ? sent : this.#generatedSince(startedAt, reply.decodeTokens) * request.n;
       this.#generationTokens += generated;
       this.#maxTokensBeforeHangUp = Math.max(this.#maxTokensBeforeHangUp, generated);
       rank.leave(job);

@@ -157,6 +157,7 @@ describe("the input's own fields", () => {
       serverFaults: 0,
       flags: 0,
       variant: 1,
+      sampleIndex: 0,
     };
     const line = JSON.parse(outputLine(sample, { reasoning_content: null, content: 'x', model: 'm' }, ['think', 'plain']));
     expect(line).toMatchObject({ variant: 'plain', metadata: { source: 'gsm8k' } });

@@ -145,6 +145,7 @@ export function renderSample(s: SampleRow) {
   return {
     object: 'sample' as const,
     custom_id: s.customId,
+    sample_index: s.sampleIndex,
     run_id: s.runId,
     index: s.seq,
     shard: s.shardIdx,

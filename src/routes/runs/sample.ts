@@ -16,7 +16,11 @@ const route = createRoute({
   operationId: 'getRunSample',
   tags: ['runs'],
   summary: "A sample's metadata, its request, and its output (from staging or from the uploaded shard)",
+  description: 'With params.n > 1 a custom_id names n samples: `sample_index` picks one (0 by default).',
   request: {
+    query: z.object({
+      sample_index: z.coerce.number().int().min(0).default(0).openapi({ description: "Which of the line's answers (params.n > 1), 0…n−1; 0 by default" }),
+    }),
     params: RunIdParam.extend({
       custom_id: z
         .string()
@@ -33,10 +37,11 @@ export function registerGetSample(app: App) {
   app.openapi(route, async (c) => {
     const deps = c.get('deps');
     const { id, custom_id } = c.req.valid('param');
+    const { sample_index } = c.req.valid('query');
     const run = await getRun(deps.db, id);
     if (!run) throw notFound('run', id);
-    const sample = await getSample(deps.db, id, custom_id);
-    if (!sample) throw notFound('sample', custom_id);
+    const sample = await getSample(deps.db, id, custom_id, sample_index);
+    if (!sample) throw notFound('sample', sample_index === 0 ? custom_id : `${custom_id} (sample_index ${sample_index})`);
     const request = JSON.parse(sample.request) as { messages: unknown[]; params?: Record<string, unknown>; metadata?: Record<string, unknown> };
     const output = await readSampleOutput(deps, run, sample);
     return c.json(

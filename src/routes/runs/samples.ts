@@ -13,6 +13,8 @@ const route = createRoute({
   operationId: 'listRunSamples',
   tags: ['runs'],
   summary: "List a run's samples in input order, filtered by status or quality flag",
+  description:
+    'With params.n > 1 a line has n samples (sample_index 0…n−1) under one custom_id: a page never ends inside a line (it takes the rest of its samples, past `limit`), so `after` = the last custom_id goes on from the next line.',
   request: { params: RunIdParam, query: pageQuery(z.string().max(256)).extend({ status: SampleStatus.optional(), flag: Flag.optional() }) },
   responses: { 200: jsonContent(listOf(Sample, 'SampleList'), 'A page of samples'), ...problemResponses(401, 404, 422) },
 });
@@ -27,9 +29,9 @@ export function registerListSamples(app: App) {
     if (q.after !== undefined && !(await getSample(db, id, q.after))) {
       throw new ApiError('validation_failed', `after: no sample ${JSON.stringify(q.after.slice(0, 100))} in this run`, { field: 'after' });
     }
-    const rows = await listSamples(db, id, q);
+    const { rows, limit } = await listSamples(db, id, q);
     return c.json(
-      page(rows, q.limit, (s) => s.customId, renderSample),
+      page(rows, limit, (s) => s.customId, renderSample),
       200,
     );
   });

@@ -255,6 +255,7 @@ export const Sample = z
   .object({
     object: z.literal('sample'),
     custom_id: z.string(),
+    sample_index: z.number().int().openapi({ description: "Which of its line's params.n answers (0…n−1); 0 when the run asks one" }),
     run_id: z.string(),
     index: z.number().int(),
     shard: z.number().int(),

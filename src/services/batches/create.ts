@@ -45,7 +45,7 @@ async function peekModel(deps: Deps, file: FileRow): Promise<string> {
   try {
     for await (const raw of readLines(source, { maxLineBytes: deps.config.maxLineBytes })) {
       if ('text' in raw && raw.text.trim() !== '') {
-        const parsed = parseInputLine(raw.text, raw.lineNo, { regenerate: null });
+        const parsed = parseInputLine(raw.text, raw.lineNo, { regenerate: null, choicesInBody: true });
         if (parsed.ok && parsed.model) model = parsed.model;
       }
       if (model !== null || raw.lineNo >= PEEK_LINES) break;

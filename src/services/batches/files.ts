@@ -67,6 +67,13 @@ function outputRecord(r: RunRow, l: OutputLine): string {
             logprobs: l.logprobs ? { content: l.logprobs.content ?? null, refusal: l.logprobs.refusal ?? null } : null,
             finish_reason: l.finish_reason,
           },
+          // A request that asked `n` in its body: its other choices, as OpenAI gives them in the one body.
+          ...(l.choices ?? []).map((c) => ({
+            index: c.index,
+            message: { role: 'assistant', content: c.content, refusal: null, reasoning_content: c.reasoning_content },
+            logprobs: c.logprobs ? { content: c.logprobs.content ?? null, refusal: c.logprobs.refusal ?? null } : null,
+            finish_reason: c.finish_reason,
+          })),
         ],
         usage: {
           prompt_tokens: u.prompt_tokens,

@@ -8,7 +8,7 @@ import { deleteFile, getFile, insertFile } from '../../db/files.js';
 import { getRun, getRunByIdempotencyKey, getRunOverlappingOutput, insertRun } from '../../db/runs.js';
 import type { runs, RunInput, RunRow } from '../../db/schema.js';
 import { DEFAULT_CALIBRATION_SAMPLES } from '../../domain/forecast.js';
-import type { DispatchOrder, OnInvalidLine, OnLength, RegenerateMode } from '../../domain/params.js';
+import { samplesPerLineProblem, type DispatchOrder, type OnInvalidLine, type OnLength, type RegenerateMode } from '../../domain/params.js';
 import type { Variant } from '../../domain/variants.js';
 import { qualityConfig, type QualityRequest } from '../../domain/quality.js';
 import { resolveInput } from './input-source.js';
@@ -49,6 +49,12 @@ export function checkCalibration(body: Pick<NewRun, 'calibration' | 'dry_run'>):
   return calibrationSamples;
 }
 
+/** A run's params.n against its regenerate mode (samplesPerLineProblem); the mode is read as a string, whatever the route's enum lets through. */
+export function checkSamplesPerLine(body: Pick<NewRun, 'params' | 'regenerate'>): void {
+  const problem = samplesPerLineProblem(body.params, body.regenerate as string | null | undefined);
+  if (problem) throw new ApiError('validation_failed', problem, { field: 'params.n' });
+}
+
 /** Checks that a run's input can be read: a stored file, or a URI inside the allowed roots; `name` is what a dry run is called after. */
 export async function checkInput(deps: Deps, input: { file_id: string } | { uri: string }): Promise<{ input: RunInput; name: string }> {
   if ('file_id' in input) {
@@ -85,6 +91,7 @@ export async function createRun(
     }
   }
   const calibrationSamples = checkCalibration(body);
+  checkSamplesPerLine(body);
   const id = newId('run');
   const now = deps.clock();
   // The input is checked before the output's probe, and inline requests are stored after it, so

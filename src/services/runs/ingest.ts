@@ -9,7 +9,8 @@ import { getRun, getRunStatus, lockRun, setRunValidation, transitionRun } from '
 import { clearRunSamples, insertSampleBatch, markCalibration } from '../../db/samples.js';
 import type { RunRow } from '../../db/schema.js';
 import { insertShardLayout } from '../../db/shards.js';
-import { calibrationSeqs, CHARS_PER_TOKEN } from '../../domain/forecast.js';
+import { calibrationLines, CHARS_PER_TOKEN } from '../../domain/forecast.js';
+import { samplesPerLine } from '../../domain/params.js';
 import { parseInputLine, readLines, type InvalidLine, type LineErrorCode } from '../../domain/input-line.js';
 import { variantIndex } from '../../domain/variants.js';
 import { insertRunVariants } from '../../db/run-variants.js';
@@ -111,6 +112,8 @@ async function ingestHeld(deps: Deps, runId: string, hold: Hold, signal?: AbortS
   // Each variant's samples, counted as they are inserted (a duplicate is not).
   const variantTotals = (run.variants ?? []).map(() => 0);
   const failFast = run.onInvalidLine === 'fail';
+  // params.n: each line makes that many samples, at consecutive positions (`seq` counts samples).
+  const perLine = samplesPerLine(run.params);
   // A batch takes its model from its lines, so a model no endpoint serves is an error of each line.
   const unserved = run.batchId ? await unservedModel(db, run.model) : null;
 
@@ -133,15 +136,16 @@ async function ingestHeld(deps: Deps, runId: string, hold: Hold, signal?: AbortS
         seq,
         run.shardSize,
         rows.map((r) => ({ customId: r.customId, request: r.request, predictedTokens: r.predicted, variant: r.variant })),
+        perLine,
       );
     });
     if (!inserted) return false;
     for (const [i, row] of rows.entries()) {
       if (!inserted[i]) noteError(row.lineNo, 'duplicate_custom_id', `duplicate custom_id ${JSON.stringify(row.customId)}`, row.customId);
       else {
-        seq++;
-        if (row.predicted !== null) predicted++;
-        if (row.variant !== null) variantTotals[row.variant]++;
+        seq += perLine;
+        if (row.predicted !== null) predicted += perLine;
+        if (row.variant !== null) variantTotals[row.variant] += perLine;
       }
     }
     return true;
@@ -157,7 +161,10 @@ async function ingestHeld(deps: Deps, runId: string, hold: Hold, signal?: AbortS
     for await (const raw of readLines(source, { maxLineBytes: deps.config.maxLineBytes })) {
       if ('error' in raw) noteError(raw.lineNo, 'invalid_json_line', raw.error);
       else if (raw.text.trim() !== '') {
-        const parsed = parseInputLine(raw.text, raw.lineNo, { regenerate: run.regenerate === 'last_assistant' ? 'last_assistant' : null });
+        const parsed = parseInputLine(raw.text, raw.lineNo, {
+          regenerate: run.regenerate === 'last_assistant' ? 'last_assistant' : null,
+          choicesInBody: run.batchId !== null,
+        });
         if (!parsed.ok) noteError(raw.lineNo, parsed.code, parsed.reason, parsed.custom_id);
         else if (parsed.model !== null && parsed.model !== run.model) {
           noteError(raw.lineNo, 'mismatched_model', `model ${JSON.stringify(parsed.model.slice(0, 100))} does not match the run's model`, parsed.custom_id);
@@ -245,7 +252,7 @@ async function ingestHeld(deps: Deps, runId: string, hold: Hold, signal?: AbortS
     if ((await lockRun(tx, runId))?.status !== 'validating') return false;
     if (hold.lost) throw holdLost();
     shardCount = await insertShardLayout(tx, runId, run.shardSize, seq);
-    await markCalibration(tx, runId, calibrationSeqs(runId, seq, run.calibrationSamples));
+    await markCalibration(tx, runId, calibrationLines(runId, seq, run.calibrationSamples, perLine));
     await insertRunVariants(tx, runId, variantTotals);
     await setRunValidation(tx, runId, { ...listed, total: seq, pending: seq, shardsTotal: shardCount, predictedSamples: predicted });
     return await transitionRun(tx, runId, ['validating'], 'queued', now, {
