@@ -63,7 +63,7 @@ function metricNames(promql: string): string[] {
 /** Every series name regen's /metrics can carry: its registry's metrics, a histogram's three series. */
 async function exported(): Promise<Set<string>> {
   const metrics = await new Metrics().registry.getMetricsAsJSON();
-  return new Set(metrics.flatMap((m) => (m.type === 'histogram' ? ['_bucket', '_sum', '_count'].map((s) => m.name + s) : [m.name])));
+  return new Set(metrics.flatMap((m) => (String(m.type) === 'histogram' ? ['_bucket', '_sum', '_count'].map((s) => m.name + s) : [m.name])));
 }
 
 describe('the Grafana dashboard (grafana/regen.json)', () => {
