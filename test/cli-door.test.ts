@@ -154,6 +154,41 @@ describe('regen submit at the door', () => {
   });
 });
 
+describe('regen status of a cancelled run', () => {
+  it('shows what was answered, in the table, the detail and --watch, not 100%', async () => {
+    const rows = Array.from({ length: 400 }, (_, i) => ({ custom_id: `c-${i}`, messages: [user(`question ${i}`)] }));
+    const created = await call(server.url, '/v1/runs', { method: 'POST', json: { model: SERVED, quality: false, input: { requests: rows } } });
+    expect(created.status, JSON.stringify(created.body)).toBe(201);
+    const runId = created.body.id as string;
+    await waitFor('the run to answer some samples', async () =>
+      (await call(server.url, `/v1/runs/${runId}`)).body.request_counts.completed >= 10 ? true : undefined,
+    );
+    await call(server.url, `/v1/runs/${runId}/cancel`, { method: 'POST' });
+    const run = await waitFor('the run to be cancelled', async () => {
+      const r = (await call(server.url, `/v1/runs/${runId}`)).body;
+      return r.status === 'cancelled' ? r : undefined;
+    });
+    const { completed, cancelled, total } = run.request_counts;
+    expect(completed).toBeGreaterThan(0);
+    expect(cancelled).toBeGreaterThan(0);
+    const share = `${((100 * completed) / total).toFixed(1)}%`;
+
+    const table = await regen(['status']);
+    expect(table.code, table.stderr).toBe(0);
+    const row = table.stdout.split('\n').find((l) => l.startsWith(runId));
+    expect(row).toMatch(new RegExp(`\\bcancelled\\s+${share.replace('.', '\\.')}\\s+${completed}/${total}\\s`));
+    expect(row).not.toContain('100.0%');
+
+    const detail = await regen(['status', runId]);
+    expect(detail.stdout).toContain(`progress  ${share}, ${completed} of ${total} samples answered · ${cancelled} cancelled`);
+
+    const watched = await regen(['status', runId, '--watch']);
+    expect(watched.code).toBe(1);
+    expect(watched.stderr).toContain(`${share} | ${completed}/${total} samples`);
+    expect(watched.stderr).not.toContain('100.0%');
+  });
+});
+
 describe('regen serve', () => {
   it('on a busy port says so in one line, naming the port and how to choose another, and exits non-zero', async () => {
     const busy = createServer().listen(0, '127.0.0.1');

@@ -10,6 +10,10 @@ const CHROMIUM = '/usr/bin/chromium';
 const ARTIFACTS = fileURLToPath(new URL('../test-artifacts/', import.meta.url));
 /** The narrowest width the page is laid out for, and a common laptop's. */
 const WIDTHS = [1024, 1440];
+/** A card with a heading, a line of counts and a row of cells: about 100 px (it was as tall as the chart beside it, 300 px). */
+const SHARDS_CARD_MAX_PX = 140;
+/** Runs the runs list shows a page (src/dashboard/runs.js). */
+const PAGE_SIZE = 50;
 
 const haveChromium = existsSync(CHROMIUM);
 if (!haveChromium && process.env.CI === 'true') throw new Error(`${CHROMIUM} is missing: the dashboard test needs Debian's chromium on CI`);
@@ -182,10 +186,60 @@ describe.skipIf(!haveChromium)('the operator’s dashboard', () => {
         .poll(() => page.locator('.quality-rest summary').textContent(), { timeout: 15_000 })
         .toMatch(/^No completed sample has any of the \d+ flags$/);
       expect(await page.locator('.card', { hasText: 'Quality' }).locator('table').count()).toBe(0);
+      // The shards take the room they need: a line of counts and a cell each, not a card as tall as a chart.
+      const shards = page.locator('.shards-card');
+      await expect.poll(() => shards.locator('.shard-summary').textContent(), { timeout: 15_000 }).toBe(' 1 uploaded 0 writing 0 in progress 0 waiting');
+      expect(await shards.locator('.shard-grid .shard.uploaded').count()).toBe(1);
+      expect((await shards.boundingBox())!.height, `shards card at ${width}px`).toBeLessThan(SHARDS_CARD_MAX_PX);
       expect(await overflowing(page), `run page at ${width}px`).toEqual([]);
       expect(await page.evaluate(() => document.documentElement.scrollWidth), `the page at ${width}px`).toBeLessThanOrEqual(width);
       await page.screenshot({ path: `${ARTIFACTS}run-${width}.png`, fullPage: true });
       await page.close();
     }
+  });
+
+  it('pages the runs list, newest first, and pages within a filter', async () => {
+    // Runs past a page: waiting for a model no endpoint serves, so they stay queued.
+    const waiting = 55;
+    for (let i = 0; i < waiting; i++) await createRun({ name: `waiting ${i}`, model: 'unserved-model', input: { requests: requests(1, `w${i}`) } });
+    await waitFor('every waiting run to be queued', async () => {
+      const r = await call(server.url, '/v1/runs?status=queued&limit=100');
+      return r.body.data.length === waiting ? true : undefined;
+    });
+    const page = await browser.newPage({ viewport: { width: 1024, height: 900 } });
+    await page.goto(`${server.url}/#/`);
+    const links = page.locator('a.run-link');
+    const newer = page.getByRole('button', { name: '← Newer' });
+    const older = page.getByRole('button', { name: 'Older →' });
+    const pageNo = page.locator('.filters .small.muted');
+    const names = (from: number, to: number) => Array.from({ length: from - to + 1 }, (_, i) => `waiting ${from - i}`);
+
+    await expect.poll(() => links.count(), { timeout: 15_000 }).toBe(PAGE_SIZE);
+    expect(await links.allTextContents()).toEqual(names(waiting - 1, waiting - PAGE_SIZE));
+    expect(await pageNo.textContent()).toBe('page 1');
+    expect(await newer.isHidden()).toBe(true);
+    await older.click();
+    await expect.poll(() => links.allTextContents(), { timeout: 15_000 }).toEqual([...names(waiting - PAGE_SIZE - 1, 0), 'cancelled run', 'finished run']);
+    expect(await pageNo.textContent()).toBe('page 2');
+    expect(await older.isHidden()).toBe(true);
+    await newer.click();
+    await expect.poll(() => links.count(), { timeout: 15_000 }).toBe(PAGE_SIZE);
+    expect(await links.first().textContent()).toBe(`waiting ${waiting - 1}`);
+
+    // A filter starts again from its newest page, and pages on its own.
+    await older.click();
+    await expect.poll(() => pageNo.textContent(), { timeout: 15_000 }).toBe('page 2');
+    await page.selectOption('select[aria-label=status]', 'queued');
+    await expect.poll(() => links.count(), { timeout: 15_000 }).toBe(PAGE_SIZE);
+    expect(await pageNo.textContent()).toBe('page 1');
+    await older.click();
+    await expect.poll(() => links.allTextContents(), { timeout: 15_000 }).toEqual(names(waiting - PAGE_SIZE - 1, 0));
+    await page.fill('input[aria-label=name]', 'waiting 5');
+    await expect
+      .poll(() => links.allTextContents(), { timeout: 15_000 })
+      .toEqual(['waiting 54', 'waiting 53', 'waiting 52', 'waiting 51', 'waiting 50', 'waiting 5']);
+    expect(await pageNo.textContent()).toBe('');
+    expect(await older.isHidden()).toBe(true);
+    await page.close();
   });
 });

@@ -195,6 +195,11 @@ describe('GET /metrics', () => {
     expect(m.value('regen_request_duration_seconds_bucket', { endpoint_id: endpointId, le: '+Inf' })).toBe(answered);
     expect(m.value('regen_request_duration_seconds_sum', { endpoint_id: endpointId }) / answered).toBeGreaterThan(0.1);
     expect(m.value('regen_completion_tokens_total', { endpoint_id: endpointId })).toBe(run.usage.completion_tokens);
+    // The run's own token counters, read from its usage (the Grafana dashboard's per-run tokens/s and cache hit rate).
+    for (const kind of ['prompt', 'completion'] as const)
+      expect(m.value(`regen_run_${kind}_tokens_total`, { run_id: runId, model: MODEL }), kind).toBe(run.usage[`${kind}_tokens`]);
+    expect(run.usage.completion_tokens).toBeGreaterThan(0);
+    expect(m.value('regen_run_cached_tokens_total', { run_id: runId, model: MODEL })).toBeLessThanOrEqual(run.usage.prompt_tokens);
 
     // Injected 500/503s were retried, unless a sample ran out of attempts.
     expect(stats.errors).toBeGreaterThan(0);

@@ -1,4 +1,4 @@
-import { duration as pageDuration } from '../dashboard/format.js';
+import { answered as pageAnswered, duration as pageDuration } from '../dashboard/format.js';
 
 // Plain-text rendering for the client commands: numbers, durations and aligned tables.
 
@@ -19,6 +19,12 @@ export const rate = (perSecond: number) => (perSecond >= 100 ? Math.round(perSec
 
 /** 3725 → "1h 2m", 95 → "1m 35s": the page's formatter, with the terminal's dash for none. */
 export const duration = (seconds: number | null | undefined) => (seconds == null ? '-' : pageDuration(seconds));
+
+/**
+ * The share a run's progress shows and its count, as the page's bar does: samples done, but for a
+ * cancelled (or cancelling) run the samples answered, so a run cancelled early does not read 100%.
+ */
+export const answered = pageAnswered;
 
 export const ms = (n: number | null | undefined) => (n == null ? '-' : n >= 10_000 ? `${(n / 1000).toFixed(1)} s` : `${Math.round(n)} ms`);
 

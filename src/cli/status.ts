@@ -1,6 +1,6 @@
 import type { components } from '../client/index.js';
 import { Client, type ClientOptions } from './client.js';
-import { duration, num, pct, rate, table, TERMINAL, WAITING } from './format.js';
+import { answered, duration, num, pct, rate, table, TERMINAL, WAITING } from './format.js';
 import { watchRun } from './watch.js';
 
 type Run = components['schemas']['Run'];
@@ -8,7 +8,6 @@ type Run = components['schemas']['Run'];
 const eta = (r: Run) =>
   TERMINAL.includes(r.status) ? 'done' : r.status === 'paused' ? 'paused' : r.progress.eta_seconds == null ? '-' : duration(r.progress.eta_seconds);
 const flagged = (r: Run) => `${num(r.quality.flagged)}${r.request_counts.completed ? ` (${pct(r.quality.flagged / r.request_counts.completed)})` : ''}`;
-const done = (r: Run) => r.request_counts.completed + r.request_counts.failed + r.request_counts.cancelled;
 
 function runsTable(runs: Run[]): string {
   if (!runs.length) return 'no runs yet; submit one with `regen submit prompts.jsonl --model M`';
@@ -19,8 +18,8 @@ function runsTable(runs: Run[]): string {
       r.id,
       r.name ?? '-',
       r.dry_run ? `${r.status} (dry run)` : r.status,
-      pct(r.progress.fraction),
-      `${num(done(r))}/${num(r.request_counts.total)}`,
+      pct(answered(r).fraction),
+      `${num(answered(r).count)}/${num(r.request_counts.total)}`,
       rate(r.progress.samples_per_second),
       eta(r),
       flagged(r),
@@ -41,7 +40,7 @@ function runDetail(r: Run): string {
     ['run', `${r.id}${r.name ? ` (${r.name})` : ''}${r.dry_run ? ', a dry run: its calibration slice only, for the forecast' : ''}`],
     ['model', r.model],
     ['status', r.status + (r.status_reason ? `: ${r.status_reason}` : '')],
-    ['progress', `${pct(r.progress.fraction)}, ${num(done(r))} of ${num(c.total)} samples done`],
+    ['progress', `${pct(answered(r).fraction)}, ${answered(r).label}`],
     [
       'samples',
       `${num(c.completed)} completed, ${num(c.failed)} failed, ${num(r.progress.in_flight)} in flight (${num(Math.max(0, c.in_progress - r.progress.in_flight))} more claimed ahead), ${num(c.pending)} pending${c.cancelled ? `, ${num(c.cancelled)} cancelled` : ''}`,

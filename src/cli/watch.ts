@@ -2,7 +2,7 @@ import cliProgress from 'cli-progress';
 import type { components } from '../client/index.js';
 import type { Client } from './client.js';
 import { followRun, type RunProgress } from './follow.js';
-import { duration, num, pct, rate, statusWithReason } from './format.js';
+import { answered, duration, num, pct, rate, statusWithReason } from './format.js';
 
 type Run = components['schemas']['Run'];
 
@@ -17,9 +17,9 @@ function payload(run: RunProgress) {
   const p = run.progress;
   const eta = run.status === 'paused' ? 'paused' : p.eta_seconds == null ? '-' : duration(p.eta_seconds);
   return {
-    done: num(c.completed + c.failed + c.cancelled),
+    done: num(answered(run).count),
     all: num(c.total),
-    pct: pct(p.fraction),
+    pct: pct(answered(run).fraction),
     rate: rate(p.samples_per_second),
     eta_text: eta,
     flags: `${num(run.quality.flagged)} flagged${c.completed ? ` (${pct(run.quality.flagged / c.completed)})` : ''}, ${num(c.failed)} failed`,
@@ -54,7 +54,7 @@ export async function watchRun(client: Client, runId: string): Promise<number> {
       runId,
       (run) => {
         const c = run.request_counts;
-        const done = c.completed + c.failed + c.cancelled;
+        const done = answered(run).count;
         if (!started) bar.start(c.total, done, payload(run));
         else {
           bar.setTotal(c.total);

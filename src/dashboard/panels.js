@@ -136,38 +136,73 @@ export function endpointsTable(endpoints, model, quality = null) {
   );
 }
 
-/** One square per shard: green when uploaded, amber when every sample is done and it is being written. */
+/** A shard's state on the page: written and listed in the manifest, every sample done and being written, some done, none done. */
+const SHARD_STATES = /** @type {const} */ ([
+  ['uploaded', 'uploaded'],
+  ['writing', 'writing'],
+  ['partial', 'in progress'],
+  ['open', 'waiting'],
+]);
+/** Shards listed by name under the grid: enough to act on, not a second copy of it. */
+const SHARDS_LISTED = 10;
+
+/** @param {Schemas['Shard']} s */
+const shardState = (s) => (s.status === 'uploaded' ? 'uploaded' : s.done >= s.samples ? 'writing' : s.done > 0 ? 'partial' : 'open');
+
 /**
+ * The shards in little room: one line counting them by state (its swatches the legend), a grid of
+ * small cells whose titles tell each shard, and by name the shards that need a look: those whose
+ * upload failed, and once the run has ended those never written.
  * @param {Schemas['Shard'][]} shards
  * @param {number} total
+ * @param {boolean} ended
  */
-export function shardGrid(shards, total) {
+export function shardGrid(shards, total, ended) {
+  /** @type {Record<string, number>} */
+  const counts = { uploaded: 0, writing: 0, partial: 0, open: 0 };
   const cells = shards.map((s) => {
-    const state = s.status === 'uploaded' ? 'uploaded' : s.done >= s.samples ? 'writing' : s.done > 0 ? 'partial' : 'open';
+    const state = shardState(s);
+    counts[state]++;
     const cell = h('span', {
-      className: `shard ${state}`,
+      className: `shard ${state}${s.last_error ? ' failing' : ''}`,
       title: `shard ${s.index}: ${s.done}/${s.samples} done${s.status === 'uploaded' ? `, uploaded (${num(s.lines)} lines)` : ''}${s.last_error ? `, last error: ${s.last_error}` : ''}`,
     });
     if (state === 'partial') cell.style.setProperty('--done', `${Math.round((100 * s.done) / s.samples)}%`);
     return cell;
   });
+  const attention = shards.filter((s) => s.last_error || (ended && s.status !== 'uploaded'));
   return h(
     'div',
     null,
-    h('div', { className: `shard-grid ${shards.length <= 60 ? 'few' : shards.length <= 300 ? 'some' : ''}` }, cells),
-    total > shards.length ? h('p', { className: 'small muted' }, `showing the first ${num(shards.length)} of ${num(total)} shards`) : null,
     h(
       'div',
-      { className: 'legend small' },
-      h('span', { className: 'shard uploaded' }),
-      ' uploaded ',
-      h('span', { className: 'shard writing' }),
-      ' writing ',
-      h('span', { className: 'shard partial' }),
-      ' in progress ',
-      h('span', { className: 'shard open' }),
-      ' waiting',
+      { className: 'legend small shard-summary' },
+      SHARD_STATES.map(([state, label]) =>
+        h('span', { className: 'shard-count' }, h('span', { className: `shard ${state}` }), ` ${num(counts[state])} ${label}`),
+      ),
+      total > shards.length ? h('span', { className: 'muted' }, ` · the first ${num(shards.length)} of ${num(total)} shown`) : null,
     ),
+    h('div', { className: 'shard-grid' }, cells),
+    attention.length
+      ? h(
+          'ul',
+          { className: 'shard-attention small' },
+          attention
+            .slice(0, SHARDS_LISTED)
+            .map((s) =>
+              h(
+                'li',
+                null,
+                h('strong', null, `shard ${s.index}`),
+                ` · ${num(s.done)}/${num(s.samples)} done · `,
+                s.last_error
+                  ? h('span', { className: 'error' }, `upload failed ${num(s.upload_attempts)}×: ${s.last_error}`)
+                  : h('span', { className: 'muted' }, 'not written'),
+              ),
+            ),
+          attention.length > SHARDS_LISTED ? h('li', { className: 'muted' }, `and ${num(attention.length - SHARDS_LISTED)} more`) : null,
+        )
+      : null,
   );
 }
 

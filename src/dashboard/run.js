@@ -81,25 +81,22 @@ export function runView(root, runId) {
       h('section', { className: 'card forecast' }, h('h2', null, 'Forecast'), forecastEl),
       h('section', { className: 'card' }, h('h2', null, 'Projected finish over time'), forecastCanvas),
     ),
+    // The chart gets the page's width (a run of days is drawn in it); the shards, a compact card of their own.
     h(
-      'div',
-      { className: 'grid2' },
+      'section',
+      { className: 'card' },
+      h('h2', null, 'Throughput'),
       h(
-        'section',
-        { className: 'card' },
-        h('h2', null, 'Throughput'),
-        h(
-          'div',
-          { className: 'legend small' },
-          h('span', { className: 'swatch samples' }),
-          ' samples/s (left) ',
-          h('span', { className: 'swatch tokens' }),
-          ' completion tokens/s (right)',
-        ),
-        canvas,
+        'div',
+        { className: 'legend small' },
+        h('span', { className: 'swatch samples' }),
+        ' samples/s (left) ',
+        h('span', { className: 'swatch tokens' }),
+        ' completion tokens/s (right)',
       ),
-      h('section', { className: 'card' }, h('h2', null, 'Shards ', shardsHead), shardsEl),
+      canvas,
     ),
+    h('section', { className: 'card shards-card' }, h('h2', null, 'Shards ', shardsHead), shardsEl),
     h('section', { className: 'card' }, h('h2', null, 'Endpoints'), endpointsEl),
     h(
       'div',
@@ -304,7 +301,7 @@ export function runView(root, runId) {
       tasks.push(
         unwrap(client.GET('/v1/runs/{id}/shards', { params: { path, query: { limit: 1000 } } })).then((s) => {
           fill(shardsHead, `${num(run.shards.uploaded)} of ${num(run.shards.total)} uploaded · ${num(run.shard_size)} samples each`);
-          fill(shardsEl, progressBar(run.shards.total ? run.shards.uploaded / run.shards.total : 0, 'shards'), shardGrid(s.data, run.shards.total));
+          fill(shardsEl, shardGrid(s.data, run.shards.total, TERMINAL.includes(run.status)));
         }),
       );
     }

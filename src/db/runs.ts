@@ -213,6 +213,9 @@ export async function recentRunSampleCounts(db: DbOrTx, finishedSince: number) {
       cancelled: runs.cancelled,
       loopsStopped: runs.loopsStopped,
       loopTokensSaved: runs.loopTokensSaved,
+      promptTokens: runs.promptTokens,
+      completionTokens: runs.completionTokens,
+      cachedTokens: runs.cachedTokens,
     })
     .from(runs)
     .where(or(notInArray(runs.status, [...TERMINAL_RUN_STATUSES]), gte(runs.finishedAt, finishedSince)));

@@ -86,7 +86,8 @@ export class Metrics implements ProcessMetrics {
     labelNames: ['run_id', 'status'] as const,
     registers: [this.registry],
   });
-  // Counters read from the run's own columns at scrape time, so they survive a restart.
+  // Counters read from the run's own columns at scrape time, so they survive a restart (and with
+  // several replicas each exports the same figure: take their max, not their sum).
   private readonly loopsStopped = new Counter({
     name: 'regen_loops_stopped_total',
     help: 'Streamed answers cut because they looped (README "The quality gate")',
@@ -99,6 +100,26 @@ export class Metrics implements ProcessMetrics {
     labelNames: ['run_id', 'model'] as const,
     registers: [this.registry],
   });
+  private readonly runTokens = {
+    prompt: new Counter({
+      name: 'regen_run_prompt_tokens_total',
+      help: "Prompt tokens of a run's answered samples (with regen_run_cached_tokens_total, its prefix-cache hit rate)",
+      labelNames: ['run_id', 'model'] as const,
+      registers: [this.registry],
+    }),
+    completion: new Counter({
+      name: 'regen_run_completion_tokens_total',
+      help: "Completion tokens (reasoning included) of a run's answered samples",
+      labelNames: ['run_id', 'model'] as const,
+      registers: [this.registry],
+    }),
+    cached: new Counter({
+      name: 'regen_run_cached_tokens_total',
+      help: "Prompt tokens of a run's answered samples that the server read from its prefix cache",
+      labelNames: ['run_id', 'model'] as const,
+      registers: [this.registry],
+    }),
+  };
   private readonly runCount = new Gauge({
     name: 'regen_runs',
     help: 'Runs by status',
@@ -216,8 +237,7 @@ export class Metrics implements ProcessMetrics {
     ]);
     this.runCount.reset();
     this.runSamples.reset();
-    this.loopsStopped.reset();
-    this.loopTokensSaved.reset();
+    for (const c of [this.loopsStopped, this.loopTokensSaved, this.runTokens.prompt, this.runTokens.completion, this.runTokens.cached]) c.reset();
     for (const status of RUN_STATUSES) this.runCount.set({ status }, byStatus.find((r) => r.status === status)?.n ?? 0);
     for (const status of DELIVERY_STATUSES) this.webhookEvents.set({ status }, outbox.find((r) => r.status === status)?.n ?? 0);
     for (const r of recent) {
@@ -225,6 +245,9 @@ export class Metrics implements ProcessMetrics {
       const labels = { run_id: r.id, model: r.model };
       this.loopsStopped.inc(labels, r.loopsStopped);
       this.loopTokensSaved.inc(labels, r.loopTokensSaved);
+      this.runTokens.prompt.inc(labels, r.promptTokens);
+      this.runTokens.completion.inc(labels, r.completionTokens);
+      this.runTokens.cached.inc(labels, r.cachedTokens);
     }
   }
 
