@@ -355,6 +355,9 @@ export interface NewSample {
   customId: string;
   request: string;
   predictedTokens: number | null;
+  /** In a run with a split: the sample's split and shard (its seq does not place it then). */
+  split?: string | null;
+  shardIdx?: number;
 }
 
 /**
@@ -368,9 +371,9 @@ export async function insertSampleBatch(tx: DbOrTx, runId: string, firstSeq: num
   let seq = firstSeq;
   for (const s of batch) {
     const { changes } = await tx.exec(
-      `insert into samples (run_id, seq, shard_idx, custom_id, status, request, predicted_tokens) values (?, ?, ?, ?, 'pending', ?, ?)
+      `insert into samples (run_id, seq, shard_idx, custom_id, status, request, predicted_tokens, split) values (?, ?, ?, ?, 'pending', ?, ?, ?)
        on conflict (run_id, custom_id) do nothing`,
-      [runId, seq, Math.floor(seq / shardSize), s.customId, s.request, s.predictedTokens],
+      [runId, seq, s.shardIdx ?? Math.floor(seq / shardSize), s.customId, s.request, s.predictedTokens, s.split ?? null],
     );
     inserted.push(changes > 0);
     if (changes > 0) seq++;
@@ -395,10 +398,18 @@ async function insertSampleBatchPg(tx: DbOrTx, runId: string, firstSeq: number, 
   if (!sent.length) return fresh;
   const seqs = sent.map((_, i) => firstSeq + i);
   const { rows } = await tx.exec<{ custom_id: string }>(
-    `insert into samples (run_id, seq, shard_idx, custom_id, status, request, predicted_tokens)
-     select ?, u.seq, u.shard_idx, u.custom_id, 'pending', u.request, u.predicted from unnest(?::bigint[], ?::int[], ?::text[], ?::text[], ?::int[]) as u(seq, shard_idx, custom_id, request, predicted)
+    `insert into samples (run_id, seq, shard_idx, custom_id, status, request, predicted_tokens, split)
+     select ?, u.seq, u.shard_idx, u.custom_id, 'pending', u.request, u.predicted, u.split from unnest(?::bigint[], ?::int[], ?::text[], ?::text[], ?::int[], ?::text[]) as u(seq, shard_idx, custom_id, request, predicted, split)
      on conflict (run_id, custom_id) do nothing returning custom_id`,
-    [runId, seqs, seqs.map((q) => Math.floor(q / shardSize)), sent.map((s) => s.customId), sent.map((s) => s.request), sent.map((s) => s.predictedTokens)],
+    [
+      runId,
+      seqs,
+      sent.map((s, i) => s.shardIdx ?? Math.floor(seqs[i] / shardSize)),
+      sent.map((s) => s.customId),
+      sent.map((s) => s.request),
+      sent.map((s) => s.predictedTokens),
+      sent.map((s) => s.split ?? null),
+    ],
   );
   const inserted = new Set(rows.map((r) => r.custom_id));
   if (inserted.size < sent.length) {
@@ -410,7 +421,7 @@ async function insertSampleBatchPg(tx: DbOrTx, runId: string, firstSeq: number, 
       if (firstSeq + i !== next) {
         moved.id.push(s.customId);
         moved.seq.push(next);
-        moved.shard.push(Math.floor(next / shardSize));
+        moved.shard.push(s.shardIdx ?? Math.floor(next / shardSize));
       }
       next++;
     }

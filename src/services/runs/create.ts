@@ -10,6 +10,7 @@ import type { runs, RunInput, RunRow } from '../../db/schema.js';
 import { DEFAULT_CALIBRATION_SAMPLES } from '../../domain/forecast.js';
 import type { DispatchOrder, OnInvalidLine, RegenerateMode } from '../../domain/params.js';
 import { qualityConfig, type QualityRequest } from '../../domain/quality.js';
+import type { OutputFormat } from '../../domain/output-format.js';
 import { resolveInput } from './input-source.js';
 import { isOutputTaken, outputTaken, outputUriFor } from './output-location.js';
 
@@ -20,7 +21,8 @@ export interface NewRun {
   input: { file_id: string } | { uri: string } | { requests: unknown[] };
   params?: Record<string, unknown>;
   shard_size?: number;
-  output?: { uri: string };
+  output?: { uri?: string; format?: OutputFormat };
+  split?: { eval: number };
   regenerate?: RegenerateMode | null;
   on_invalid_line?: OnInvalidLine;
   quality?: QualityRequest;
@@ -149,6 +151,8 @@ export async function createRun(
     deadlineSeconds: body.deadline_seconds ?? null,
     // Opt-in: the bench (BENCHMARKS.md) has not shown length-aware order shortening the tail yet.
     dispatchOrder: body.dispatch_order ?? 'input',
+    outputFormat: body.output?.format ?? 'jsonl',
+    evalShare: body.split?.eval ?? null,
     updatedAt: now,
     ...extra,
   };

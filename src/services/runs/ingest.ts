@@ -8,7 +8,9 @@ import { getFile } from '../../db/files.js';
 import { getRun, getRunStatus, lockRun, setRunValidation, transitionRun } from '../../db/runs.js';
 import { clearRunSamples, insertSampleBatch, markCalibration } from '../../db/samples.js';
 import type { RunRow } from '../../db/schema.js';
-import { insertShardLayout } from '../../db/shards.js';
+import { insertShardLayout, insertSplitShardLayout, type SplitShard } from '../../db/shards.js';
+import { pickSplit, type SplitName } from '../../domain/assign.js';
+import { splitShardIdx } from '../../domain/output-format.js';
 import { calibrationSeqs, CHARS_PER_TOKEN } from '../../domain/forecast.js';
 import { parseInputLine, readLines, type InvalidLine, type LineErrorCode } from '../../domain/input-line.js';
 import { unservedModel } from '../batches/create.js';
@@ -41,6 +43,38 @@ async function openInput(deps: Deps, run: RunRow): Promise<Readable> {
 }
 
 class IngestError extends Error {}
+
+/**
+ * A split run's shards as ingestion fills them: each split takes its samples `shardSize` at a time,
+ * in input order. A line placed but then refused as a duplicate leaves its shard one short, which
+ * is why each shard's count and seq range come from the samples actually inserted.
+ */
+class SplitLayout {
+  private readonly next = { train: 0, eval: 0 };
+  private readonly byIdx = new Map<number, SplitShard>();
+
+  constructor(
+    private readonly evalShare: number,
+    private readonly shardSize: number,
+  ) {}
+
+  place(customId: string): { split: SplitName; shardIdx: number } {
+    const split = pickSplit(customId, this.evalShare);
+    return { split, shardIdx: splitShardIdx(split, Math.floor(this.next[split]++ / this.shardSize)) };
+  }
+
+  placed(shardIdx: number, seq: number): void {
+    const s = this.byIdx.get(shardIdx);
+    if (s) {
+      s.lastSeq = seq;
+      s.sampleCount++;
+    } else this.byIdx.set(shardIdx, { idx: shardIdx, split: shardIdx % 2 ? 'eval' : 'train', firstSeq: seq, lastSeq: seq, sampleCount: 1 });
+  }
+
+  shards(): SplitShard[] {
+    return [...this.byIdx.values()].sort((a, b) => a.idx - b.idx);
+  }
+}
 
 let fullGc: (() => void) | undefined;
 /**
@@ -104,7 +138,8 @@ async function ingestHeld(deps: Deps, runId: string, hold: Hold, signal?: AbortS
   const errors: InvalidLine[] = [];
   let invalid = 0;
   let seq = 0;
-  let batch: { lineNo: number; customId: string; request: string; predicted: number | null }[] = [];
+  let batch: { lineNo: number; customId: string; request: string; predicted: number | null; split?: SplitName; shardIdx?: number }[] = [];
+  const layout = run.evalShare === null ? null : new SplitLayout(run.evalShare, run.shardSize);
   let predicted = 0;
   const failFast = run.onInvalidLine === 'fail';
   // A batch takes its model from its lines, so a model no endpoint serves is an error of each line.
@@ -128,13 +163,14 @@ async function ingestHeld(deps: Deps, runId: string, hold: Hold, signal?: AbortS
         runId,
         seq,
         run.shardSize,
-        rows.map((r) => ({ customId: r.customId, request: r.request, predictedTokens: r.predicted })),
+        rows.map((r) => ({ customId: r.customId, request: r.request, predictedTokens: r.predicted, split: r.split, shardIdx: r.shardIdx })),
       );
     });
     if (!inserted) return false;
     for (const [i, row] of rows.entries()) {
       if (!inserted[i]) noteError(row.lineNo, 'duplicate_custom_id', `duplicate custom_id ${JSON.stringify(row.customId)}`, row.customId);
       else {
+        if (row.shardIdx !== undefined) layout?.placed(row.shardIdx, seq);
         seq++;
         if (row.predicted !== null) predicted++;
       }
@@ -161,7 +197,13 @@ async function ingestHeld(deps: Deps, runId: string, hold: Hold, signal?: AbortS
         } else {
           const request = JSON.stringify(parsed.params ? { messages: parsed.messages, params: parsed.params } : { messages: parsed.messages });
           const old = parsed.old_answer_chars;
-          batch.push({ lineNo: raw.lineNo, customId: parsed.custom_id, request, predicted: old === null ? null : Math.round(old / CHARS_PER_TOKEN) });
+          batch.push({
+            lineNo: raw.lineNo,
+            customId: parsed.custom_id,
+            request,
+            predicted: old === null ? null : Math.round(old / CHARS_PER_TOKEN),
+            ...layout?.place(parsed.custom_id),
+          });
         }
       }
       if (failFast && invalid > 0) {
@@ -229,7 +271,7 @@ async function ingestHeld(deps: Deps, runId: string, hold: Hold, signal?: AbortS
   const queued = await db.tx(async (tx) => {
     if ((await lockRun(tx, runId))?.status !== 'validating') return false;
     if (hold.lost) throw holdLost();
-    shardCount = await insertShardLayout(tx, runId, run.shardSize, seq);
+    shardCount = layout ? await insertSplitShardLayout(tx, runId, layout.shards()) : await insertShardLayout(tx, runId, run.shardSize, seq);
     await markCalibration(tx, runId, calibrationSeqs(runId, seq, run.calibrationSamples));
     await setRunValidation(tx, runId, { ...listed, total: seq, pending: seq, shardsTotal: shardCount, predictedSamples: predicted });
     return await transitionRun(tx, runId, ['validating'], 'queued', now, {
