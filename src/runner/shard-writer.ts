@@ -23,7 +23,7 @@ import { encodeParquet, parquetRowCount, readParquetRows } from '../storage/parq
 const sha256 = (b: Buffer) => createHash('sha256').update(b).digest('hex');
 
 /** What a shard holds a completed sample as: a line of text, or a Parquet row. */
-type ShardRecord = string | ParquetRow;
+export type ShardRecord = string | ParquetRow;
 
 /** Records of an earlier upload of this shard, by custom_id: the only copy once staging was cleared. */
 async function previousRecords(deps: RunnerDeps, run: RunRow, shard: ShardRow, format: OutputFormat): Promise<Map<string, ShardRecord>> {
@@ -54,14 +54,14 @@ async function putVerified(deps: RunnerDeps, run: RunRow, key: string, body: Buf
 }
 
 /** A completed sample's record in the run's format, made from its output line. */
-function recordOf(format: OutputFormat, line: string, split: string | null): ShardRecord {
+export function recordOf(format: OutputFormat, line: string, split: string | null): ShardRecord {
   if (format === 'jsonl') return line;
   const fields = JSON.parse(line) as LineFields;
   return format === 'parquet' ? parquetRow(fields, split) : JSON.stringify(conversationsLine(fields));
 }
 
 /** A shard's body; a Parquet shard read back must declare the rows it was written with. */
-function encodeShard(format: OutputFormat, records: ShardRecord[], key: string): { body: Buffer; check?: (back: Buffer) => void } {
+export function encodeShard(format: OutputFormat, records: ShardRecord[], key: string): { body: Buffer; check?: (back: Buffer) => void } {
   if (format !== 'parquet') return { body: Buffer.from(records.join('\n') + '\n') };
   const body = encodeParquet(records as ParquetRow[]);
   const check = (back: Buffer) => {
