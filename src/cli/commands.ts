@@ -60,6 +60,18 @@ export function registerClientCommands(program: Command): void {
         'fail: an invalid line fails the run (the default); skip: run without the invalid lines, counted and listed',
       ).choices(['fail', 'skip']),
     )
+    .addOption(
+      new Option('--format <format>', 'how the shards are written: jsonl (the default), conversations (SpecForge) or parquet (with a dataset card)').choices([
+        'jsonl',
+        'conversations',
+        'parquet',
+      ]),
+    )
+    .option(
+      '--eval-share <share>',
+      'put this share of samples (0 < share < 1, by a stable hash of the custom_id) under eval/, the rest under train/',
+      parseFloat,
+    )
     .option('--watch', 'follow the run with a progress bar; exit 0 completed, 1 failed or cancelled, 3 paused by the quality gate')
     .action((file, opts) => run(async () => (await import('./submit.js')).submitCommand(file, opts)));
 

@@ -15,6 +15,8 @@ export interface SubmitOptions extends ClientOptions {
   shardSize?: number;
   regenerate?: 'last_assistant';
   onInvalidLine?: 'fail' | 'skip';
+  format?: 'jsonl' | 'conversations' | 'parquet';
+  evalShare?: number;
   watch?: boolean;
 }
 
@@ -86,6 +88,8 @@ export async function submitCommand(file: string, opts: SubmitOptions): Promise<
     ...(opts.shardSize !== undefined && { shard_size: opts.shardSize }),
     ...(opts.regenerate !== undefined && { regenerate: opts.regenerate }),
     ...(opts.onInvalidLine !== undefined && { on_invalid_line: opts.onInvalidLine }),
+    ...(opts.format !== undefined && { output: { format: opts.format } }),
+    ...(opts.evalShare !== undefined && { split: { eval: opts.evalShare } }),
   };
   const printed = new Set<string>();
   await checkRun(client, draft, printed);
