@@ -19,6 +19,7 @@ export const writesCard = (format: OutputFormat, evalShare: number | null): bool
 // A split run numbers its shards per split; the shard's index in the run interleaves the two, so
 // that either split can add a shard during ingestion without knowing how many the other will have.
 export const splitShardIdx = (split: SplitName, local: number): number => local * 2 + (split === 'eval' ? 1 : 0);
+export const splitOfShardIdx = (idx: number): SplitName => (idx % 2 === 1 ? 'eval' : 'train');
 const localIdx = (idx: number, split: string | null) => (split === null ? idx : Math.floor(idx / 2));
 
 function baseName(shard: { idx: number; split: string | null }): string {

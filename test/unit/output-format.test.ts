@@ -192,6 +192,7 @@ describe('the dataset card', () => {
         model: 'org/model',
         params: { temperature: 0.6 },
         createdAt: 0,
+        status: 'completed',
         regenerate: 'last_assistant',
         format: 'parquet',
         evalShare: 0.05,

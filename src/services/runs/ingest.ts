@@ -10,7 +10,7 @@ import { clearRunSamples, insertSampleBatch, markCalibration } from '../../db/sa
 import type { RunRow } from '../../db/schema.js';
 import { insertShardLayout, insertSplitShardLayout, type SplitShard } from '../../db/shards.js';
 import { pickSplit, type SplitName } from '../../domain/assign.js';
-import { splitShardIdx } from '../../domain/output-format.js';
+import { splitOfShardIdx, splitShardIdx } from '../../domain/output-format.js';
 import { calibrationSeqs, CHARS_PER_TOKEN } from '../../domain/forecast.js';
 import { parseInputLine, readLines, type InvalidLine, type LineErrorCode } from '../../domain/input-line.js';
 import { unservedModel } from '../batches/create.js';
@@ -68,7 +68,7 @@ class SplitLayout {
     if (s) {
       s.lastSeq = seq;
       s.sampleCount++;
-    } else this.byIdx.set(shardIdx, { idx: shardIdx, split: shardIdx % 2 ? 'eval' : 'train', firstSeq: seq, lastSeq: seq, sampleCount: 1 });
+    } else this.byIdx.set(shardIdx, { idx: shardIdx, split: splitOfShardIdx(shardIdx), firstSeq: seq, lastSeq: seq, sampleCount: 1 });
   }
 
   shards(): SplitShard[] {
