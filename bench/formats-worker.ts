@@ -13,8 +13,10 @@ import { Stores } from '../src/storage/index.js';
 // checked (sha256, and for Parquet the row count) as an upload is. `parquet-wasm` writes the same
 // rows through parquet-wasm + apache-arrow (zstd), the writer not chosen, for the comparison.
 
-const [format, samplesArg, shardArg, dir] = process.argv.slice(2) as [string, string, string, string];
+const [format, samplesArg, shardArg, dir, firstArg = '0'] = process.argv.slice(2) as [string, string, string, string, string?];
 const SAMPLES = Number(samplesArg);
+/** The first sample's number: rounds of one bench write different samples. */
+const FIRST = Number(firstArg);
 const SHARD = Number(shardArg);
 
 // Text that does not compress to nothing: words drawn by a seeded generator from a 2,000-word vocabulary.
@@ -96,9 +98,10 @@ const shardFormat = (format === 'parquet-wasm' ? 'parquet' : format) as OutputFo
 let bytes = 0;
 let encodeMs = 0;
 const started = performance.now();
+const cpuStart = process.cpuUsage();
 for (let first = 0, idx = 0; first < SAMPLES; first += SHARD, idx++) {
   const n = Math.min(SHARD, SAMPLES - first);
-  const samples = Array.from({ length: n }, (_, k) => sample(first + k));
+  const samples = Array.from({ length: n }, (_, k) => sample(FIRST + first + k));
   const t = performance.now();
   const records = samples.map(({ s, staged }) => recordOf(shardFormat, outputLine(s, staged), null));
   const key = `shard-${String(idx).padStart(5, '0')}.${shardFormat === 'parquet' ? 'parquet' : 'jsonl'}`;
@@ -111,5 +114,16 @@ for (let first = 0, idx = 0; first < SAMPLES; first += SHARD, idx++) {
   bytes += body.length;
 }
 const wallMs = performance.now() - started;
+const cpu = process.cpuUsage(cpuStart);
 stores.close();
-process.stdout.write(JSON.stringify({ format, samples: SAMPLES, wallMs, encodeMs, bytes, peakRssMiB: process.resourceUsage().maxRSS / 1024 }) + '\n');
+process.stdout.write(
+  JSON.stringify({
+    format,
+    samples: SAMPLES,
+    wallMs,
+    cpuMs: (cpu.user + cpu.system) / 1000,
+    encodeMs,
+    bytes,
+    peakRssMiB: process.resourceUsage().maxRSS / 1024,
+  }) + '\n',
+);

@@ -8,7 +8,9 @@ import { type Figure, scaled } from './support.js';
 // Output formats side by side (`npm run bench formats`): the shard writer's code path on synthetic
 // completed samples, one child process a format (its peak RSS its own), 1,000-sample shards into a
 // local store, each read back and checked. JSONL is the baseline; Parquet is hyparquet-writer
-// (the writer regen uses), and parquet-wasm (zstd) the writer it was chosen over.
+// (the writer regen uses), and parquet-wasm (zstd) the writer it was chosen over. The formats take
+// turns, a tenth of the samples each per round, so a machine whose load changes meanwhile weighs on
+// all of them alike; CPU time, which the load does not stretch, is reported beside wall time.
 
 const WORKER = fileURLToPath(new URL('./formats-worker.ts', import.meta.url));
 const SHARD = 1000;
@@ -19,15 +21,20 @@ interface Result {
   format: string;
   samples: number;
   wallMs: number;
+  cpuMs: number;
   encodeMs: number;
   bytes: number;
   peakRssMiB: number;
 }
 
-async function measure(format: string, samples: number): Promise<Result> {
+const ROUNDS = 10;
+
+async function measureOnce(format: string, samples: number, first: number): Promise<Result> {
   const dir = mkdtempSync(join(tmpdir(), `regen-bench-${format}-`));
   try {
-    const child = spawn(process.execPath, ['--import', 'tsx', WORKER, format, String(samples), String(SHARD), dir], { stdio: ['ignore', 'pipe', 'inherit'] });
+    const child = spawn(process.execPath, ['--import', 'tsx', WORKER, format, String(samples), String(SHARD), dir, String(first)], {
+      stdio: ['ignore', 'pipe', 'inherit'],
+    });
     let out = '';
     child.stdout.on('data', (d) => (out += d));
     const code = await new Promise<number | null>((r) => child.on('exit', r));
@@ -36,6 +43,33 @@ async function measure(format: string, samples: number): Promise<Result> {
   } finally {
     rmSync(dir, { recursive: true, force: true });
   }
+}
+
+/** Each format in turn, round after round; times and bytes summed, the peak RSS the highest. */
+async function measureAll(formats: string[], samples: number): Promise<Map<string, Result>> {
+  const per = Math.max(SHARD, Math.ceil(samples / ROUNDS / SHARD) * SHARD);
+  const total = new Map<string, Result>();
+  for (let first = 0; first < samples; first += per) {
+    for (const format of formats) {
+      const r = await measureOnce(format, Math.min(per, samples - first), first);
+      const t = total.get(format);
+      total.set(
+        format,
+        t
+          ? {
+              ...t,
+              samples: t.samples + r.samples,
+              wallMs: t.wallMs + r.wallMs,
+              cpuMs: t.cpuMs + r.cpuMs,
+              encodeMs: t.encodeMs + r.encodeMs,
+              bytes: t.bytes + r.bytes,
+              peakRssMiB: Math.max(t.peakRssMiB, r.peakRssMiB),
+            }
+          : r,
+      );
+    }
+  }
+  return total;
 }
 
 export async function benchFormats(): Promise<Figure[]> {
@@ -55,13 +89,12 @@ export async function benchFormats(): Promise<Figure[]> {
   console.error(
     `formats: ${samples} samples, ${(free / 2 ** 30).toFixed(1)} GiB free in ${tmpdir()}${note}; df:\n${execFileSync('df', ['-h', tmpdir()]).toString().trim()}`,
   );
-  const jsonl = await measure('jsonl', samples);
-  const parquet = await measure('parquet', samples);
-  const conversations = await measure('conversations', samples);
+  const main = await measureAll(['jsonl', 'parquet', 'conversations'], samples);
+  const [jsonl, parquet, conversations] = (['jsonl', 'parquet', 'conversations'] as const).map((f) => main.get(f)!) as [Result, Result, Result];
   // The writer comparison, on a tenth of the samples: it chose the writer, it is not what runs.
-  const writers = Math.max(SHARD, Math.round(samples / 10 / SHARD) * SHARD);
-  const hyp = await measure('parquet', writers);
-  const wasm = await measure('parquet-wasm', writers);
+  const writers = Math.max(SHARD * 2, Math.round(samples / 10 / SHARD) * SHARD);
+  const compared = await measureAll(['parquet', 'parquet-wasm'], writers);
+  const [hyp, wasm] = [compared.get('parquet')!, compared.get('parquet-wasm')!];
 
   const n = samples.toLocaleString('en');
   const rate = (r: Result) => r.samples / (r.wallMs / 1000);
@@ -83,7 +116,9 @@ export async function benchFormats(): Promise<Figure[]> {
       rate(jsonl),
       'samples/s',
     ),
+    fig(`CPU seconds, Parquet vs JSONL, ${n} samples (load does not stretch CPU time)`, parquet.cpuMs / 1000, jsonl.cpuMs / 1000, 's', true),
     fig(`samples/s written, conversations vs JSONL, ${n} samples`, rate(conversations), rate(jsonl), 'samples/s'),
+    fig(`CPU seconds, conversations vs JSONL, ${n} samples`, conversations.cpuMs / 1000, jsonl.cpuMs / 1000, 's', true),
     fig(`bytes written, Parquet (SNAPPY) vs JSONL, ${n} samples`, mib(parquet.bytes), mib(jsonl.bytes), 'MiB', true),
     fig(`bytes written, conversations vs JSONL, ${n} samples`, mib(conversations.bytes), mib(jsonl.bytes), 'MiB', true),
     fig('writer peak RSS, Parquet vs JSONL', parquet.peakRssMiB, jsonl.peakRssMiB, 'MiB', true),
@@ -94,6 +129,7 @@ export async function benchFormats(): Promise<Figure[]> {
       's',
       true,
     ),
+    fig('CPU seconds, hyparquet-writer vs parquet-wasm (whole write, read-back included)', hyp.cpuMs / 1000, wasm.cpuMs / 1000, 's', true),
     fig('bytes, hyparquet-writer (SNAPPY) vs parquet-wasm (ZSTD)', mib(hyp.bytes), mib(wasm.bytes), 'MiB', true),
     fig('writer peak RSS, hyparquet-writer vs parquet-wasm', hyp.peakRssMiB, wasm.peakRssMiB, 'MiB', true),
   ];
