@@ -213,6 +213,30 @@ describe('output formats and the split', () => {
     expect(sample.body.output).toEqual({ content: jsonl.get(id).content, reasoning_content: jsonl.get(id).reasoning_content });
   });
 
+  it('a split run whose input repeats ids: each split fills its own shards with the samples inserted, and every shard is written', async () => {
+    const requests = Array.from({ length: 60 }, (_, i) => ({ custom_id: `d-${i % 50}`, messages: [{ role: 'user', content: `question ${i % 50}` }] }));
+    const run = await finishedRun({ model: MODEL, input: { requests }, shard_size: 4, on_invalid_line: 'skip', split: { eval: 0.3 } });
+    expect(run.request_counts.total).toBe(50);
+    expect(run.shards.uploaded).toBe(run.shards.total);
+    const { manifest, files } = await readOutput(run);
+    expect(manifest.card).toBe('README.md');
+    const shards = manifest.files.filter((f: any) => f.kind === 'jsonl');
+    const ids = new Map<string, string>();
+    for (const f of shards) {
+      expect(f.key.startsWith(`${f.split}/shard-`)).toBe(true);
+      const lines = linesOf(files.get(f.key)!);
+      expect(lines.length).toBeLessThanOrEqual(4);
+      for (const l of lines) ids.set(l.custom_id, f.split);
+    }
+    expect(ids.size).toBe(50);
+    for (const [id, split] of ids) expect(split).toBe(pickSplit(id, 0.3));
+    // Each split's shards are numbered from 0 without gaps.
+    for (const split of ['train', 'eval']) {
+      const mine = shards.filter((f: any) => f.split === split).map((f: any) => f.key);
+      expect(mine).toEqual(mine.map((_: string, i: number) => `${split}/shard-${String(i).padStart(5, '0')}.jsonl`));
+    }
+  });
+
   it('refuses an unknown format and a split share out of range, naming the field', async () => {
     const bad = await call(server.url, '/v1/runs', {
       method: 'POST',
