@@ -3,6 +3,7 @@ import { fileURLToPath } from 'node:url';
 import { benchAdaptive } from './adaptive.js';
 import { benchDispatch, benchSaturation, benchStream } from './dispatch.js';
 import { benchEndless } from './endless.js';
+import { benchFormats } from './formats.js';
 import { benchIngest } from './ingest.js';
 import { benchMillion } from './million.js';
 import { benchScale } from './scale.js';
@@ -23,6 +24,7 @@ const PARTS: Record<string, () => Promise<Figure[]>> = {
   stores: benchStores,
   endless: benchEndless,
   variants: benchVariants,
+  formats: benchFormats,
 };
 
 const fmt = (n: number | null, unit = '') =>
@@ -42,7 +44,7 @@ function table(figures: Figure[]): string {
 
 /**
  * `npm run bench [part…]`: runs the parts (all by default), prints regen next to its baseline for
- * every figure, and, for a full-scale run of every part, writes BENCHMARKS.md. Parts: ingest, dispatch, saturation, stream, million, adaptive, tail, scale, stores, endless, variants.
+ * every figure, and, for a full-scale run of every part, writes BENCHMARKS.md. Parts: ingest, dispatch, saturation, stream, million, adaptive, tail, scale, stores, endless, variants, formats.
  */
 async function main(): Promise<void> {
   const asked = process.argv.slice(2);

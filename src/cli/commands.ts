@@ -67,6 +67,18 @@ export function registerClientCommands(program: Command): void {
       ).choices(['keep', 'retry', 'fail']),
     )
     .option('--variants <json>', 'the run\'s variants, a JSON array inline or @file: [{"name": "think", "weight": 3, "params": {…}}, …]')
+    .addOption(
+      new Option('--format <format>', 'how the shards are written: jsonl (the default), conversations (SpecForge) or parquet (with a dataset card)').choices([
+        'jsonl',
+        'conversations',
+        'parquet',
+      ]),
+    )
+    .option(
+      '--eval-share <share>',
+      'put this share of samples (0 < share < 1, by a stable hash of the custom_id) under eval/, the rest under train/',
+      parseFloat,
+    )
     .option('--watch', 'follow the run with a progress bar; exit 0 completed, 1 failed or cancelled, 3 paused by the quality gate')
     .action((file, opts) => run(async () => (await import('./submit.js')).submitCommand(file, opts)));
 

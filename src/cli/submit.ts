@@ -18,6 +18,8 @@ export interface SubmitOptions extends ClientOptions {
   onLength?: 'keep' | 'retry' | 'fail';
   /** The run's variants as JSON, or `@file` holding it. */
   variants?: string;
+  format?: 'jsonl' | 'conversations' | 'parquet';
+  evalShare?: number;
   watch?: boolean;
 }
 
@@ -108,6 +110,8 @@ export async function submitCommand(file: string, opts: SubmitOptions): Promise<
     ...(opts.onInvalidLine !== undefined && { on_invalid_line: opts.onInvalidLine }),
     ...(opts.onLength !== undefined && { on_length: opts.onLength }),
     ...(opts.variants !== undefined && { variants: readVariants(opts.variants) }),
+    ...(opts.format !== undefined && { output: { format: opts.format } }),
+    ...(opts.evalShare !== undefined && { split: { eval: opts.evalShare } }),
   };
   const printed = new Set<string>();
   await checkRun(client, draft, printed);

@@ -828,6 +828,11 @@ export interface components {
             };
             shard_size: number;
             output_uri: string;
+            /** @enum {string} */
+            output_format: "jsonl" | "conversations" | "parquet";
+            split: {
+                eval: number;
+            } | null;
             priority: number;
             metadata: {
                 [key: string]: string;
@@ -1002,7 +1007,17 @@ export interface components {
             params?: components["schemas"]["GenerationParams"];
             shard_size?: number;
             output?: {
-                uri: string;
+                uri?: string;
+                /**
+                 * @description How the shards are written: `jsonl` (the default: one output line per sample), `conversations` (SpecForge's regenerated-data shape: the conversation with each answer's reasoning, and `status`), or `parquet` (typed Parquet shards with a `README.md` dataset card for Hugging Face `datasets`)
+                 * @enum {string}
+                 */
+                format?: "jsonl" | "conversations" | "parquet";
+            };
+            /** @description Splits the output into `train/` and `eval/`, each with its own shards; without it the shards sit at the prefix */
+            split?: {
+                /** @description The share of samples written under `eval/`, chosen by a stable hash of the custom_id; the rest go under `train/` */
+                eval: number;
             };
             /** @enum {string|null} */
             regenerate?: "last_assistant" | null;
@@ -1142,7 +1157,17 @@ export interface components {
             params?: components["schemas"]["GenerationParams"];
             shard_size?: number;
             output?: {
-                uri: string;
+                uri?: string;
+                /**
+                 * @description How the shards are written: `jsonl` (the default: one output line per sample), `conversations` (SpecForge's regenerated-data shape: the conversation with each answer's reasoning, and `status`), or `parquet` (typed Parquet shards with a `README.md` dataset card for Hugging Face `datasets`)
+                 * @enum {string}
+                 */
+                format?: "jsonl" | "conversations" | "parquet";
+            };
+            /** @description Splits the output into `train/` and `eval/`, each with its own shards; without it the shards sit at the prefix */
+            split?: {
+                /** @description The share of samples written under `eval/`, chosen by a stable hash of the custom_id; the rest go under `train/` */
+                eval: number;
             };
             /** @enum {string|null} */
             regenerate?: "last_assistant" | null;

@@ -425,6 +425,9 @@ export interface NewSample {
   predictedTokens: number | null;
   /** The index of its variant; none when the run has none. */
   variant?: number | null;
+  /** In a run with a split: the line's split, and each of its samples' shard by sample_index (its seq does not place it then). */
+  split?: string | null;
+  shardIdxs?: readonly number[];
 }
 
 /**
@@ -448,9 +451,19 @@ export async function insertSampleBatch(
     let added = false;
     for (let k = 0; k < perLine; k++) {
       const { changes } = await tx.exec(
-        `insert into samples (run_id, seq, shard_idx, custom_id, sample_index, status, request, predicted_tokens, variant) values (?, ?, ?, ?, ?, 'pending', ?, ?, ?)
+        `insert into samples (run_id, seq, shard_idx, custom_id, sample_index, status, request, predicted_tokens, variant, split) values (?, ?, ?, ?, ?, 'pending', ?, ?, ?, ?)
          on conflict (run_id, custom_id, sample_index) do nothing`,
-        [runId, seq + k, Math.floor((seq + k) / shardSize), s.customId, k, s.request, s.predictedTokens, s.variant ?? null],
+        [
+          runId,
+          seq + k,
+          s.shardIdxs?.[k] ?? Math.floor((seq + k) / shardSize),
+          s.customId,
+          k,
+          s.request,
+          s.predictedTokens,
+          s.variant ?? null,
+          s.split ?? null,
+        ],
       );
       // A line is inserted whole or not at all: its first answer decides.
       if (changes === 0) break;
@@ -487,19 +500,20 @@ async function insertSampleBatchPg(
   const rowsOf = <T>(f: (s: NewSample, i: number, k: number) => T): T[] => sent.flatMap((s, i) => Array.from({ length: perLine }, (_, k) => f(s, i, k)));
   const seqs = rowsOf((_, i, k) => firstSeq + i * perLine + k);
   const { rows } = await tx.exec<{ custom_id: string }>(
-    `insert into samples (run_id, seq, shard_idx, custom_id, sample_index, status, request, predicted_tokens, variant)
-     select ?, u.seq, u.shard_idx, u.custom_id, u.sample_index, 'pending', u.request, u.predicted, u.variant
-     from unnest(?::bigint[], ?::int[], ?::text[], ?::int[], ?::text[], ?::int[], ?::int[]) as u(seq, shard_idx, custom_id, sample_index, request, predicted, variant)
+    `insert into samples (run_id, seq, shard_idx, custom_id, sample_index, status, request, predicted_tokens, variant, split)
+     select ?, u.seq, u.shard_idx, u.custom_id, u.sample_index, 'pending', u.request, u.predicted, u.variant, u.split
+     from unnest(?::bigint[], ?::int[], ?::text[], ?::int[], ?::text[], ?::int[], ?::int[], ?::text[]) as u(seq, shard_idx, custom_id, sample_index, request, predicted, variant, split)
      on conflict (run_id, custom_id, sample_index) do nothing returning custom_id`,
     [
       runId,
       seqs,
-      seqs.map((q) => Math.floor(q / shardSize)),
+      rowsOf((s, i, k) => s.shardIdxs?.[k] ?? Math.floor((firstSeq + i * perLine + k) / shardSize)),
       rowsOf((s) => s.customId),
       rowsOf((_, __, k) => k),
       rowsOf((s) => s.request),
       rowsOf((s) => s.predictedTokens),
       rowsOf((s) => s.variant ?? null),
+      rowsOf((s) => s.split ?? null),
     ],
   );
   const inserted = new Set(rows.map((r) => r.custom_id));
@@ -514,7 +528,7 @@ async function insertSampleBatchPg(
           moved.id.push(s.customId);
           moved.index.push(k);
           moved.seq.push(next + k);
-          moved.shard.push(Math.floor((next + k) / shardSize));
+          moved.shard.push(s.shardIdxs?.[k] ?? Math.floor((next + k) / shardSize));
         }
       }
       next += perLine;

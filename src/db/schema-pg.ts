@@ -127,6 +127,10 @@ export const runs = pgTable(
     dryRun: boolean('dry_run').notNull().default(false),
     deadlineSeconds: integer('deadline_seconds'),
     dispatchOrder: text('dispatch_order').notNull().default('input'),
+    // How the shards are written (domain/output-format.ts): 'jsonl', 'conversations' or 'parquet'.
+    outputFormat: text('output_format').notNull().default('jsonl'),
+    // The share of samples written under eval/ (the rest under train/); null: no split, shards at the prefix's root.
+    evalShare: doublePrecision('eval_share'),
     predictedSamples: bigintNumber('predicted_samples').notNull().default(0),
     forecast: jsonb('forecast').$type<StoredForecast | null>(),
     variants: jsonb('variants').$type<Variant[] | null>(),
@@ -157,6 +161,9 @@ export const shards = pgTable(
     uploadAttempts: integer('upload_attempts').notNull().default(0),
     generation: integer('generation').notNull().default(0),
     lastError: text('last_error'),
+    // A split run's shard: its split, and the last seq of its samples (they are not contiguous then: see db/shards.ts).
+    split: text('split'),
+    lastSeq: bigintNumber('last_seq'),
     uploadedAt: bigintNumber('uploaded_at'),
   },
   (t) => [primaryKey({ columns: [t.runId, t.idx] }), index('shards_run_status_idx').on(t.runId, t.status)],
@@ -201,6 +208,8 @@ export const samples = pgTable(
     predictedTokens: integer('predicted_tokens'),
     variant: integer('variant'),
     maxTokens: integer('max_tokens'),
+    // 'train' or 'eval' in a run with a split (domain/assign.ts pickSplit), else null.
+    split: text('split'),
   },
   (t) => [
     uniqueIndex('samples_run_custom_id').on(t.runId, t.customId, t.sampleIndex),

@@ -130,6 +130,10 @@ export const runs = sqliteTable(
     deadlineSeconds: integer('deadline_seconds'),
     // 'length_aware' pulls the longest predicted samples forward within a look-ahead window (runner/claim-buffer.ts).
     dispatchOrder: text('dispatch_order').notNull().default('input'),
+    // How the shards are written (domain/output-format.ts): 'jsonl', 'conversations' or 'parquet'.
+    outputFormat: text('output_format').notNull().default('jsonl'),
+    // The share of samples written under eval/ (the rest under train/); null: no split, shards at the prefix's root.
+    evalShare: real('eval_share'),
     // Samples with a predicted length: length-aware dispatch needs some.
     predictedSamples: integer('predicted_samples').notNull().default(0),
     // The runner's last forecast, kept so a finished run (a dry run above all) still shows it.
@@ -166,6 +170,9 @@ export const shards = sqliteTable(
     // before can tell it is stale and must not mark the shard uploaded.
     generation: integer('generation').notNull().default(0),
     lastError: text('last_error'),
+    // A split run's shard: its split, and the last seq of its samples (they are not contiguous then: see db/shards.ts).
+    split: text('split'),
+    lastSeq: integer('last_seq'),
     uploadedAt: integer('uploaded_at'),
   },
   (t) => [primaryKey({ columns: [t.runId, t.idx] }), index('shards_run_status_idx').on(t.runId, t.status)],
@@ -217,6 +224,8 @@ export const samples = sqliteTable(
     variant: integer('variant'),
     // The max_tokens an on_length "retry" raised the sample to, sent over its params' own; null until then.
     maxTokens: integer('max_tokens'),
+    // 'train' or 'eval' in a run with a split (domain/assign.ts pickSplit), else null.
+    split: text('split'),
   },
   (t) => [
     uniqueIndex('samples_run_custom_id').on(t.runId, t.customId, t.sampleIndex),

@@ -1,4 +1,4 @@
-import { and, asc, eq, gte, lt, sql } from 'drizzle-orm';
+import { and, asc, eq, gte, lt, lte, sql } from 'drizzle-orm';
 import { type Db, type DbOrTx, locked } from './client.js';
 import { appendEvent } from './events.js';
 import type { ShardRow } from './schema.js';
@@ -66,6 +66,29 @@ export async function insertShardLayout(db: DbOrTx, runId: string, shardSize: nu
   return shardCount;
 }
 
+/** One shard of a split run, as ingestion counted it. */
+export interface SplitShard {
+  idx: number;
+  split: string;
+  firstSeq: number;
+  lastSeq: number;
+  sampleCount: number;
+}
+
+/**
+ * Lays out a split run's shards: each split numbers its own, and a shard's samples are those of its
+ * `shard_idx` between its first and last seq (the other split's samples sit between them).
+ */
+export async function insertSplitShardLayout(db: DbOrTx, runId: string, layout: readonly SplitShard[]): Promise<number> {
+  const { shards } = db.t;
+  await db.tx(async (tx) => {
+    for (let i = 0; i < layout.length; i += SHARDS_PER_INSERT) {
+      await tx.q.insert(shards).values(layout.slice(i, i + SHARDS_PER_INSERT).map((s) => ({ runId, ...s })));
+    }
+  });
+  return layout.length;
+}
+
 /**
  * Reopens the shards whose samples a retry put back (`requeued`: shard index → samples requeued):
  * they count those samples as not done and start a new generation, so an upload already under way
@@ -91,14 +114,19 @@ export async function reopenShards(tx: DbOrTx, runId: string, requeued: Map<numb
 }
 
 /** A shard's samples in input order, each with its staged output while the shard is open. */
-export async function shardSamplesWithOutput(db: DbOrTx, runId: string, shard: Pick<ShardRow, 'firstSeq' | 'sampleCount'>) {
+export async function shardSamplesWithOutput(db: DbOrTx, runId: string, shard: Pick<ShardRow, 'idx' | 'firstSeq' | 'sampleCount' | 'lastSeq'>) {
   const { samples, staging } = db.t;
+  // A seq range is what the (run_id, seq) index serves; filtering on shard_idx alone would read the whole run.
+  // A split run's shard spans the other split's samples too: its range is filtered on shard_idx.
+  const range =
+    shard.lastSeq === null
+      ? and(eq(samples.runId, runId), gte(samples.seq, shard.firstSeq), lt(samples.seq, shard.firstSeq + shard.sampleCount))
+      : and(eq(samples.runId, runId), gte(samples.seq, shard.firstSeq), lte(samples.seq, shard.lastSeq), eq(samples.shardIdx, shard.idx));
   return await db.q
     .select({ s: samples, output: staging.output })
     .from(samples)
     .leftJoin(staging, eq(staging.sampleId, samples.id))
-    // A seq range is what the (run_id, seq) index serves; filtering on shard_idx would read the whole run.
-    .where(and(eq(samples.runId, runId), gte(samples.seq, shard.firstSeq), lt(samples.seq, shard.firstSeq + shard.sampleCount)))
+    .where(range)
     .orderBy(asc(samples.seq));
 }
 

@@ -5,64 +5,105 @@ import type { RunRow, ShardRow } from '../db/schema.js';
 import { listRunShards, markShardUploaded, openShardNow, shardSamplesWithOutput } from '../db/shards.js';
 import { flagCounts } from '../domain/flags.js';
 import { listRunVariants } from '../db/run-variants.js';
-import { errorLine, lineKey, MANIFEST_KEY, outputLine, runUsage, shardErrorsKey, shardKey, type StagedOutput } from '../domain/output-line.js';
+import { errorLine, lineKey, MANIFEST_KEY, outputLine, runUsage, type StagedOutput } from '../domain/output-line.js';
+import { type CardRun, datasetCard } from '../domain/dataset-card.js';
+import {
+  answerOfRecord,
+  CARD_KEY,
+  conversationsLine,
+  type LineFields,
+  type OutputFormat,
+  type ParquetRow,
+  parquetRow,
+  shardErrorsObjectKey,
+  shardObjectKey,
+  writesCard,
+} from '../domain/output-format.js';
+import { encodeParquet, parquetRowCount, readParquetRows } from '../storage/parquet.js';
 
 const sha256 = (b: Buffer) => createHash('sha256').update(b).digest('hex');
 
-/** Lines of an earlier upload of this shard, by custom_id and sample_index (lineKey): the only copy once staging was cleared. */
-async function previousLines(deps: RunnerDeps, run: RunRow, shard: ShardRow): Promise<Map<string, string>> {
-  const map = new Map<string, string>();
+/** What a shard holds a completed sample as: a line of text, or a Parquet row. */
+export type ShardRecord = string | ParquetRow;
+
+/** Records of an earlier upload of this shard, by custom_id and sample_index (lineKey): the only copy once staging was cleared. */
+async function previousRecords(deps: RunnerDeps, run: RunRow, shard: ShardRow, format: OutputFormat): Promise<Map<string, ShardRecord>> {
+  const map = new Map<string, ShardRecord>();
   if (!shard.key) return map;
   const bytes = await deps.stores.forUri(run.outputUri).get(shard.key);
   // Only the object this shard wrote may be trusted, not whatever now sits at its key.
   if (sha256(bytes) !== shard.sha256) throw new Error(`${shard.key} no longer holds the shard uploaded before`);
-  const text = bytes.toString('utf8');
-  for (const line of text.split('\n')) {
+  if (format === 'parquet') {
+    for (const row of await readParquetRows(bytes)) map.set(lineKey(row.custom_id as string, Number(row.sample_index ?? 0)), row as unknown as ParquetRow);
+    return map;
+  }
+  for (const line of bytes.toString('utf8').split('\n')) {
     if (!line) continue;
-    const parsed = JSON.parse(line) as { custom_id: string; sample_index?: number };
-    map.set(lineKey(parsed.custom_id, parsed.sample_index), line);
+    const answer = answerOfRecord(format, JSON.parse(line) as Record<string, unknown>);
+    map.set(lineKey(answer.custom_id, answer.sample_index), line);
   }
   return map;
 }
 
-async function putVerified(deps: RunnerDeps, run: RunRow, key: string, body: Buffer): Promise<string> {
+async function putVerified(deps: RunnerDeps, run: RunRow, key: string, body: Buffer, check?: (back: Buffer) => void): Promise<string> {
   const store = deps.stores.forUri(run.outputUri);
   const digest = sha256(body);
   await store.put(key, body);
   const back = await store.get(key);
   if (back.length !== body.length || sha256(back) !== digest) throw new Error(`verification of ${key} failed: the stored bytes differ`);
+  check?.(back);
   return digest;
 }
 
+/** A completed sample's record in the run's format, made from its output line. */
+export function recordOf(format: OutputFormat, line: string, split: string | null): ShardRecord {
+  if (format === 'jsonl') return line;
+  const fields = JSON.parse(line) as LineFields;
+  return format === 'parquet' ? parquetRow(fields, split) : JSON.stringify(conversationsLine(fields));
+}
+
+/** A shard's body; a Parquet shard read back must declare the rows it was written with. */
+export function encodeShard(format: OutputFormat, records: ShardRecord[], key: string): { body: Buffer; check?: (back: Buffer) => void } {
+  if (format !== 'parquet') return { body: Buffer.from(records.join('\n') + '\n') };
+  const body = encodeParquet(records as ParquetRow[]);
+  const check = (back: Buffer) => {
+    const rows = parquetRowCount(back);
+    if (rows !== records.length) throw new Error(`verification of ${key} failed: ${rows} rows read back, ${records.length} written`);
+  };
+  return { body, check };
+}
+
 /**
- * Writes one shard whose samples are all terminal: completed samples in input order to
- * shard-NNNNN.jsonl (none when there are none), failed ones to shard-NNNNN.errors.jsonl, each read back and checked; only then
- * is the shard marked uploaded and its staging rows dropped. The bytes depend only on the database,
- * so writing a shard again produces the same object. Returns false when the shard changed meanwhile.
+ * Writes one shard whose samples are all terminal: completed samples in input order to the
+ * shard's object in the run's format (none when there are none), failed ones to
+ * shard-NNNNN.errors.jsonl, each read back and checked; only then is the shard marked uploaded and
+ * its staging rows dropped. The bytes depend only on the database, so writing a shard again
+ * produces the same object. Returns false when the shard changed meanwhile.
  */
 export async function uploadShard(deps: RunnerDeps, run: RunRow, listed: ShardRow): Promise<boolean> {
   // The row the caller listed may be stale: an upload of this shard that ended meanwhile marked
   // it uploaded and dropped its staging rows, and its samples would be read without their outputs.
   const shard = await openShardNow(deps.db, run.id, listed);
   if (!shard) return false;
+  const format = run.outputFormat as OutputFormat;
+  const variants = run.variants?.map((v) => v.name) ?? null;
   const rows = await shardSamplesWithOutput(deps.db, run.id, shard);
-  let previous: Map<string, string> | undefined;
-  const lines: string[] = [];
+  let previous: Map<string, ShardRecord> | undefined;
+  const records: ShardRecord[] = [];
   const lineOf: { id: number; line: number }[] = [];
   const errors: string[] = [];
-  const variants = run.variants?.map((v) => v.name) ?? null;
   for (const { s, output } of rows) {
     if (s.status === 'completed') {
-      let line: string;
-      if (output) line = outputLine(s, JSON.parse(output) as StagedOutput, variants);
+      let record: ShardRecord;
+      if (output) record = recordOf(format, outputLine(s, JSON.parse(output) as StagedOutput, variants), shard.split);
       else {
-        previous ??= await previousLines(deps, run, shard);
+        previous ??= await previousRecords(deps, run, shard, format);
         const old = previous.get(lineKey(s.customId, s.sampleIndex));
         if (!old) throw new Error(`sample ${s.customId} has no output in staging or in the earlier shard`);
-        line = old;
+        record = old;
       }
-      lines.push(line);
-      lineOf.push({ id: s.id, line: lines.length });
+      records.push(record);
+      lineOf.push({ id: s.id, line: records.length });
     } else if (s.status === 'failed') errors.push(errorLine(s));
     else if (s.status !== 'cancelled') return false;
   }
@@ -70,10 +111,10 @@ export async function uploadShard(deps: RunnerDeps, run: RunRow, listed: ShardRo
   // A shard with no completed line writes no object (a run cancelled early would leave one empty
   // file per shard); the manifest lists it as empty, so the shard count still adds up.
   let shardMeta = { key: null as string | null, bytes: 0, lines: 0, sha256: null as string | null };
-  if (lines.length) {
-    const body = Buffer.from(lines.join('\n') + '\n');
-    const key = shardKey(shard.idx);
-    shardMeta = { key, bytes: body.length, lines: lines.length, sha256: await putVerified(deps, run, key, body) };
+  if (records.length) {
+    const key = shardObjectKey(shard, format);
+    const { body, check } = encodeShard(format, records, key);
+    shardMeta = { key, bytes: body.length, lines: records.length, sha256: await putVerified(deps, run, key, body, check) };
   } else if (shard.key) {
     await store.delete(shard.key);
   }
@@ -85,7 +126,7 @@ export async function uploadShard(deps: RunnerDeps, run: RunRow, listed: ShardRo
   };
   if (errors.length) {
     const eb = Buffer.from(errors.join('\n') + '\n');
-    const ek = shardErrorsKey(shard.idx);
+    const ek = shardErrorsObjectKey(shard);
     errorsMeta = { errorsKey: ek, errorsBytes: eb.length, errorsLines: errors.length, errorsSha256: await putVerified(deps, run, ek, eb) };
   } else if (shard.errorsKey) {
     await store.delete(shard.errorsKey);
@@ -94,14 +135,38 @@ export async function uploadShard(deps: RunnerDeps, run: RunRow, listed: ShardRo
   return await markShardUploaded(deps.db, run.id, shard, { ...written, lineOf, errorCount: errors.length }, deps.clock());
 }
 
+/** The card beside the shards, written before the manifest that lists it; null for a run that writes none. */
+async function writeCard(deps: RunnerDeps, run: RunRow, shards: readonly ShardRow[], finalStatus: string) {
+  const format = run.outputFormat as OutputFormat;
+  if (!writesCard(format, run.evalShare)) return null;
+  const counts = { total: run.total, completed: run.completed, failed: run.failed, cancelled: run.cancelled };
+  const quality = { flagged: run.flagged, by_flag: flagCounts(run), settings: run.quality ?? false };
+  const variants: CardRun['variants'] = run.variants ?? null;
+  const card = datasetCard({ ...run, name: run.name ?? `${run.id} (${finalStatus})`, format, variants, counts, usage: runUsage(run), quality }, shards);
+  const body = Buffer.from(card);
+  return { key: CARD_KEY, bytes: body.length, sha256: await putVerified(deps, run, CARD_KEY, body) };
+}
+
 /** The manifest: everything needed to check the output without the database. */
 export async function writeManifest(deps: RunnerDeps, run: RunRow, finalStatus: 'completed' | 'cancelled'): Promise<void> {
   const all = await listRunShards(deps.db, run.id);
+  const format = run.outputFormat as OutputFormat;
   const variantRows = run.variants?.length ? await listRunVariants(deps.db, run.id) : [];
+  const card = await writeCard(deps, run, all, finalStatus);
+  // Every object the run wrote, whatever its kind: shards (lines or Parquet rows), error lines, the card.
+  const files = [
+    ...all.flatMap((s) => [
+      ...(s.key ? [{ key: s.key, kind: format === 'parquet' ? 'parquet' : 'jsonl', split: s.split, bytes: s.bytes, count: s.lines, sha256: s.sha256 }] : []),
+      ...(s.errorsKey ? [{ key: s.errorsKey, kind: 'errors', split: s.split, bytes: s.errorsBytes, count: s.errorsLines, sha256: s.errorsSha256 }] : []),
+    ]),
+    ...(card ? [{ key: card.key, kind: 'card', split: null, bytes: card.bytes, count: null, sha256: card.sha256 }] : []),
+  ];
   const manifest = {
     run: { id: run.id, name: run.name, model: run.model, status: finalStatus, created_at: new Date(run.createdAt).toISOString(), metadata: run.metadata },
     params: run.params,
     output_uri: run.outputUri,
+    format,
+    split: run.evalShare === null ? null : { eval: run.evalShare },
     counts: { total: run.total, completed: run.completed, failed: run.failed, cancelled: run.cancelled },
     usage: runUsage(run),
     quality: {
@@ -125,11 +190,15 @@ export async function writeManifest(deps: RunnerDeps, run: RunRow, finalStatus: 
           };
         })
       : null,
+    card: card?.key ?? null,
+    files,
     shards: all.map((s) => ({
       index: s.idx,
+      split: s.split,
       empty: !s.lines,
       key: s.key,
       bytes: s.bytes,
+      // Lines of a JSONL shard, rows of a Parquet one.
       lines: s.lines,
       sha256: s.sha256,
       errors_key: s.errorsKey,

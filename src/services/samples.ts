@@ -2,7 +2,9 @@ import type { Deps } from '../deps.js';
 import type { RunRow, SampleRow } from '../db/schema.js';
 import { getStagedOutput } from '../db/staging.js';
 import type { StagedOutput } from '../domain/output-line.js';
+import { answerOfRecord, type OutputFormat } from '../domain/output-format.js';
 import { ApiError } from '../errors.js';
+import { readParquetRows } from '../storage/parquet.js';
 
 /** A sample's output: from staging while its shard is open, else the line of the uploaded shard. */
 export async function readSampleOutput(
@@ -17,17 +19,29 @@ export async function readSampleOutput(
     return { reasoning_content: o.reasoning_content, content: o.content };
   }
   if (!s.outputKey || !s.outputLine) return null;
-  let text: string;
+  let bytes: Buffer;
   try {
-    text = (await deps.stores.forUri(run.outputUri).get(s.outputKey)).toString('utf8');
+    bytes = await deps.stores.forUri(run.outputUri).get(s.outputKey);
   } catch (err) {
     deps.logger.warn({ run_id: run.id, err: { message: (err as Error).message } }, 'shard read failed');
     throw new ApiError('storage_unavailable', 'the object store could not return this sample; try again');
   }
-  const line = text.split('\n')[s.outputLine - 1];
-  if (!line) return null;
-  const o = JSON.parse(line) as { custom_id: string; sample_index?: number; reasoning_content: string | null; content: string | null };
-  if (o.custom_id !== s.customId || (o.sample_index ?? 0) !== s.sampleIndex) {
+  const format = run.outputFormat as OutputFormat;
+  let record: Record<string, unknown> | undefined;
+  if (format === 'parquet') {
+    // output_line is the sample's row, counted from 1 as lines are.
+    try {
+      [record] = await readParquetRows(bytes, { start: s.outputLine - 1, end: s.outputLine }, ['custom_id', 'sample_index', 'reasoning_content', 'content']);
+    } catch {
+      record = undefined;
+    }
+  } else {
+    const line = bytes.toString('utf8').split('\n')[s.outputLine - 1];
+    record = line ? (JSON.parse(line) as Record<string, unknown>) : undefined;
+  }
+  if (!record) return null;
+  const o = answerOfRecord(format, record);
+  if (o.custom_id !== s.customId || o.sample_index !== s.sampleIndex) {
     deps.logger.warn({ run_id: run.id, key: s.outputKey }, 'shard line does not belong to the sample; the object was replaced');
     throw new ApiError('storage_unavailable', 'the stored shard no longer matches this run; its output cannot be shown');
   }

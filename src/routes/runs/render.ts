@@ -92,6 +92,8 @@ export function renderRun(r: RunRow, live: RunProgress, now: number, variantRows
     params: r.params,
     shard_size: r.shardSize,
     output_uri: r.outputUri,
+    output_format: r.outputFormat as Run['output_format'],
+    split: r.evalShare === null ? null : { eval: r.evalShare },
     priority: r.priority,
     metadata: r.metadata,
     input: r.input as Record<string, unknown>,

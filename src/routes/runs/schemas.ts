@@ -8,6 +8,7 @@ import * as variants from '../../domain/variants.js';
 import { RUN_STATUSES, SAMPLE_STATUSES, SHARD_STATUSES } from '../../domain/statuses.js';
 import { Timestamp, WebhookTarget } from '../common.js';
 import { DELIVERY_STATUSES } from '../../domain/webhooks.js';
+import { OUTPUT_FORMATS } from '../../domain/output-format.js';
 
 export const Message = domain.Message.openapi('ChatMessage');
 
@@ -48,10 +49,25 @@ export const CreateRunBody = z
     params: Params.optional(),
     shard_size: z.number().int().min(1).max(100_000).optional(),
     output: z
-      // An S3 key is at most 1,024 bytes; the unique index on it (PostgreSQL's btree) takes at most 2,704.
-      .object({ uri: z.string().min(1).max(1024) })
+      .object({
+        // An S3 key is at most 1,024 bytes; the unique index on it (PostgreSQL's btree) takes at most 2,704.
+        uri: z.string().min(1).max(1024).optional(),
+        format: z.enum(OUTPUT_FORMATS).optional().openapi({
+          description:
+            "How the shards are written: `jsonl` (the default: one output line per sample), `conversations` (SpecForge's regenerated-data shape: the conversation with each answer's reasoning, and `status`), or `parquet` (typed Parquet shards with a `README.md` dataset card for Hugging Face `datasets`)",
+        }),
+      })
       .strict()
       .optional(),
+    split: z
+      .object({
+        eval: z.number().gt(0, 'must be more than 0').lt(1, 'must be less than 1').openapi({
+          description: 'The share of samples written under `eval/`, chosen by a stable hash of the custom_id; the rest go under `train/`',
+        }),
+      })
+      .strict()
+      .optional()
+      .openapi({ description: 'Splits the output into `train/` and `eval/`, each with its own shards; without it the shards sit at the prefix' }),
     regenerate: z.enum(REGENERATE_MODES).nullable().optional(),
     on_invalid_line: z.enum(ON_INVALID_LINE).optional(),
     quality: QualitySettings.optional(),
@@ -201,6 +217,8 @@ export const Run = z
     params: z.record(z.string(), z.unknown()),
     shard_size: z.number().int(),
     output_uri: z.string(),
+    output_format: z.enum(OUTPUT_FORMATS),
+    split: z.object({ eval: z.number() }).nullable(),
     priority: z.number().int(),
     metadata: z.record(z.string(), z.string()),
     input: z.record(z.string(), z.unknown()),

@@ -11,6 +11,7 @@ import { DEFAULT_CALIBRATION_SAMPLES } from '../../domain/forecast.js';
 import { samplesPerLineProblem, type DispatchOrder, type OnInvalidLine, type OnLength, type RegenerateMode } from '../../domain/params.js';
 import type { Variant } from '../../domain/variants.js';
 import { qualityConfig, type QualityRequest } from '../../domain/quality.js';
+import type { OutputFormat } from '../../domain/output-format.js';
 import { resolveInput } from './input-source.js';
 import { isOutputTaken, outputTaken, outputUriFor } from './output-location.js';
 
@@ -21,7 +22,8 @@ export interface NewRun {
   input: { file_id: string } | { uri: string } | { requests: unknown[] };
   params?: Record<string, unknown>;
   shard_size?: number;
-  output?: { uri: string };
+  output?: { uri?: string; format?: OutputFormat };
+  split?: { eval: number };
   regenerate?: RegenerateMode | null;
   on_invalid_line?: OnInvalidLine;
   quality?: QualityRequest;
@@ -161,6 +163,8 @@ export async function createRun(
     dispatchOrder: body.dispatch_order ?? 'input',
     variants: body.variants ?? null,
     onLength: body.on_length ?? 'keep',
+    outputFormat: body.output?.format ?? 'jsonl',
+    evalShare: body.split?.eval ?? null,
     updatedAt: now,
     ...extra,
   };

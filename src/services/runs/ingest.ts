@@ -8,7 +8,9 @@ import { getFile } from '../../db/files.js';
 import { getRun, getRunStatus, lockRun, setRunValidation, transitionRun } from '../../db/runs.js';
 import { clearRunSamples, insertSampleBatch, markCalibration } from '../../db/samples.js';
 import type { RunRow } from '../../db/schema.js';
-import { insertShardLayout } from '../../db/shards.js';
+import { insertShardLayout, insertSplitShardLayout, type SplitShard } from '../../db/shards.js';
+import { pickSplit, type SplitName } from '../../domain/assign.js';
+import { splitOfShardIdx, splitShardIdx } from '../../domain/output-format.js';
 import { calibrationLines, CHARS_PER_TOKEN } from '../../domain/forecast.js';
 import { samplesPerLine } from '../../domain/params.js';
 import { parseInputLine, readLines, type InvalidLine, type LineErrorCode } from '../../domain/input-line.js';
@@ -44,6 +46,40 @@ async function openInput(deps: Deps, run: RunRow): Promise<Readable> {
 }
 
 class IngestError extends Error {}
+
+/**
+ * A split run's shards as ingestion fills them: each split takes its samples `shardSize` at a time,
+ * in input order. A line placed but then refused as a duplicate leaves its shard one short, which
+ * is why each shard's count and seq range come from the samples actually inserted.
+ */
+class SplitLayout {
+  private readonly next = { train: 0, eval: 0 };
+  private readonly byIdx = new Map<number, SplitShard>();
+
+  constructor(
+    private readonly evalShare: number,
+    private readonly shardSize: number,
+  ) {}
+
+  /** A line's split, and the shard of each of its `perLine` samples (params.n) in that split's order. */
+  place(customId: string, perLine: number): { split: SplitName; shardIdxs: number[] } {
+    const split = pickSplit(customId, this.evalShare);
+    const shardIdxs = Array.from({ length: perLine }, () => splitShardIdx(split, Math.floor(this.next[split]++ / this.shardSize)));
+    return { split, shardIdxs };
+  }
+
+  placed(shardIdx: number, seq: number): void {
+    const s = this.byIdx.get(shardIdx);
+    if (s) {
+      s.lastSeq = seq;
+      s.sampleCount++;
+    } else this.byIdx.set(shardIdx, { idx: shardIdx, split: splitOfShardIdx(shardIdx), firstSeq: seq, lastSeq: seq, sampleCount: 1 });
+  }
+
+  shards(): SplitShard[] {
+    return [...this.byIdx.values()].sort((a, b) => a.idx - b.idx);
+  }
+}
 
 let fullGc: (() => void) | undefined;
 /**
@@ -107,7 +143,16 @@ async function ingestHeld(deps: Deps, runId: string, hold: Hold, signal?: AbortS
   const errors: InvalidLine[] = [];
   let invalid = 0;
   let seq = 0;
-  let batch: { lineNo: number; customId: string; request: string; predicted: number | null; variant: number | null }[] = [];
+  let batch: {
+    lineNo: number;
+    customId: string;
+    request: string;
+    predicted: number | null;
+    variant: number | null;
+    split?: SplitName;
+    shardIdxs?: readonly number[];
+  }[] = [];
+  const layout = run.evalShare === null ? null : new SplitLayout(run.evalShare, run.shardSize);
   let predicted = 0;
   // Each variant's samples, counted as they are inserted (a duplicate is not).
   const variantTotals = (run.variants ?? []).map(() => 0);
@@ -135,7 +180,14 @@ async function ingestHeld(deps: Deps, runId: string, hold: Hold, signal?: AbortS
         runId,
         seq,
         run.shardSize,
-        rows.map((r) => ({ customId: r.customId, request: r.request, predictedTokens: r.predicted, variant: r.variant })),
+        rows.map((r) => ({
+          customId: r.customId,
+          request: r.request,
+          predictedTokens: r.predicted,
+          variant: r.variant,
+          split: r.split,
+          shardIdxs: r.shardIdxs,
+        })),
         perLine,
       );
     });
@@ -143,6 +195,7 @@ async function ingestHeld(deps: Deps, runId: string, hold: Hold, signal?: AbortS
     for (const [i, row] of rows.entries()) {
       if (!inserted[i]) noteError(row.lineNo, 'duplicate_custom_id', `duplicate custom_id ${JSON.stringify(row.customId)}`, row.customId);
       else {
+        if (layout && row.shardIdxs) row.shardIdxs.forEach((idx, k) => layout.placed(idx, seq + k));
         seq += perLine;
         if (row.predicted !== null) predicted += perLine;
         if (row.variant !== null) variantTotals[row.variant] += perLine;
@@ -183,6 +236,7 @@ async function ingestHeld(deps: Deps, runId: string, hold: Hold, signal?: AbortS
             request,
             predicted: old === null ? null : Math.round(old / CHARS_PER_TOKEN),
             variant: variantIndex(parsed.custom_id, run.variants),
+            ...layout?.place(parsed.custom_id, perLine),
           });
         }
       }
@@ -251,7 +305,7 @@ async function ingestHeld(deps: Deps, runId: string, hold: Hold, signal?: AbortS
   const queued = await db.tx(async (tx) => {
     if ((await lockRun(tx, runId))?.status !== 'validating') return false;
     if (hold.lost) throw holdLost();
-    shardCount = await insertShardLayout(tx, runId, run.shardSize, seq);
+    shardCount = layout ? await insertSplitShardLayout(tx, runId, layout.shards()) : await insertShardLayout(tx, runId, run.shardSize, seq);
     await markCalibration(tx, runId, calibrationLines(runId, seq, run.calibrationSamples, perLine));
     await insertRunVariants(tx, runId, variantTotals);
     await setRunValidation(tx, runId, { ...listed, total: seq, pending: seq, shardsTotal: shardCount, predictedSamples: predicted });

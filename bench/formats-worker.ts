@@ -1,0 +1,130 @@
+import { createHash } from 'node:crypto';
+import { pathToFileURL } from 'node:url';
+import * as arrow from 'apache-arrow';
+import * as pq from 'parquet-wasm/node';
+import type { OutputFormat, ParquetRow } from '../src/domain/output-format.js';
+import { type CompletedSample, outputLine } from '../src/domain/output-line.js';
+import { encodeShard, recordOf } from '../src/runner/shard-writer.js';
+import { Stores } from '../src/storage/index.js';
+
+// One format's writing, in a process of its own so that its peak RSS is its own: `samples`
+// synthetic completed samples, `shardSize` at a time, through the shard writer's code path (the
+// output line, the format's record, the shard's bytes) into a local store, each shard read back and
+// checked (sha256, and for Parquet the row count) as an upload is. `parquet-wasm` writes the same
+// rows through parquet-wasm + apache-arrow (zstd), the writer not chosen, for the comparison.
+
+const [format, samplesArg, shardArg, dir, firstArg = '0'] = process.argv.slice(2) as [string, string, string, string, string?];
+const SAMPLES = Number(samplesArg);
+/** The first sample's number: rounds of one bench write different samples. */
+const FIRST = Number(firstArg);
+const SHARD = Number(shardArg);
+
+// Text that does not compress to nothing: words drawn by a seeded generator from a 2,000-word vocabulary.
+let state = 12345;
+const rand = () => {
+  state = (Math.imul(state, 1103515245) + 12345) >>> 0;
+  return state / 2 ** 32;
+};
+const vocab = Array.from({ length: 2000 }, (_, i) => (i * 2654435761).toString(36).slice(0, 3 + (i % 7)));
+const words = (chars: number) => {
+  const out: string[] = [];
+  let n = 0;
+  while (n < chars) {
+    const w = vocab[Math.floor(rand() * vocab.length)]!;
+    out.push(w);
+    n += w.length + 1;
+  }
+  return out.join(' ');
+};
+
+function sample(i: number): { s: CompletedSample; staged: { content: string; reasoning_content: string; model: string } } {
+  const request = JSON.stringify({
+    messages: [
+      { role: 'system', content: 'You are a helpful assistant.' },
+      { role: 'user', content: `Question ${i}: ${words(200)}` },
+    ],
+  });
+  return {
+    s: {
+      customId: `s${i}`,
+      sampleIndex: 0,
+      request,
+      finishReason: 'stop',
+      promptTokens: 80,
+      completionTokens: 600,
+      reasoningTokens: 400,
+      cachedTokens: 0,
+      endpointId: 'ep_bench',
+      latencyMs: 1000 + (i % 5000),
+      attempts: 1,
+      serverFaults: 0,
+      flags: i % 50 === 0 ? 4 : 0,
+    },
+    staged: { content: words(800), reasoning_content: words(1600), model: 'bench-model' },
+  };
+}
+
+function wasmParquet(rows: ParquetRow[]): Buffer {
+  const s = (name: string) => new arrow.Field(name, new arrow.Utf8(), true);
+  const i32 = (name: string) => new arrow.Field(name, new arrow.Int32(), true);
+  const usage = new arrow.Struct(['prompt_tokens', 'completion_tokens', 'reasoning_tokens', 'cached_tokens'].map(i32));
+  const messages = new arrow.List(new arrow.Field('item', new arrow.Struct([s('role'), s('content'), s('reasoning_content')]), true));
+  const v = (name: keyof ParquetRow, t: arrow.DataType) => arrow.vectorFromArray(rows.map((r) => r[name]) as never[], t as never);
+  const table = new arrow.Table({
+    custom_id: v('custom_id', new arrow.Utf8()),
+    messages: v('messages', messages),
+    content: v('content', new arrow.Utf8()),
+    reasoning_content: v('reasoning_content', new arrow.Utf8()),
+    finish_reason: v('finish_reason', new arrow.Utf8()),
+    usage: v('usage', usage),
+    flags: v('flags', new arrow.List(s('item'))),
+    variant: v('variant', new arrow.Utf8()),
+    sample_index: v('sample_index', new arrow.Int32()),
+    split: v('split', new arrow.Utf8()),
+    metadata: v('metadata', new arrow.Utf8()),
+    turns: v('turns', new arrow.Utf8()),
+    endpoint_id: v('endpoint_id', new arrow.Utf8()),
+    latency_ms: v('latency_ms', new arrow.Int32()),
+    attempts: v('attempts', new arrow.Int32()),
+    model: v('model', new arrow.Utf8()),
+  });
+  const props = new pq.WriterPropertiesBuilder().setCompression(pq.Compression.ZSTD).build();
+  return Buffer.from(pq.writeParquet(pq.Table.fromIPCStream(arrow.tableToIPC(table, 'stream')), props));
+}
+
+const sha256 = (b: Buffer) => createHash('sha256').update(b).digest('hex');
+const stores = new Stores({ forcePathStyle: false });
+const store = stores.forUri(`${pathToFileURL(dir).href}/`);
+const shardFormat = (format === 'parquet-wasm' ? 'parquet' : format) as OutputFormat;
+let bytes = 0;
+let encodeMs = 0;
+const started = performance.now();
+const cpuStart = process.cpuUsage();
+for (let first = 0, idx = 0; first < SAMPLES; first += SHARD, idx++) {
+  const n = Math.min(SHARD, SAMPLES - first);
+  const samples = Array.from({ length: n }, (_, k) => sample(FIRST + first + k));
+  const t = performance.now();
+  const records = samples.map(({ s, staged }) => recordOf(shardFormat, outputLine(s, staged), null));
+  const key = `shard-${String(idx).padStart(5, '0')}.${shardFormat === 'parquet' ? 'parquet' : 'jsonl'}`;
+  const { body, check } = format === 'parquet-wasm' ? { body: wasmParquet(records as ParquetRow[]), check: undefined } : encodeShard(shardFormat, records, key);
+  encodeMs += performance.now() - t;
+  await store.put(key, body);
+  const back = await store.get(key);
+  if (sha256(back) !== sha256(body)) throw new Error(`${key} read back differs`);
+  check?.(back);
+  bytes += body.length;
+}
+const wallMs = performance.now() - started;
+const cpu = process.cpuUsage(cpuStart);
+stores.close();
+process.stdout.write(
+  JSON.stringify({
+    format,
+    samples: SAMPLES,
+    wallMs,
+    cpuMs: (cpu.user + cpu.system) / 1000,
+    encodeMs,
+    bytes,
+    peakRssMiB: process.resourceUsage().maxRSS / 1024,
+  }) + '\n',
+);
