@@ -195,7 +195,7 @@ async function ingestHeld(deps: Deps, runId: string, hold: Hold, signal?: AbortS
     for (const [i, row] of rows.entries()) {
       if (!inserted[i]) noteError(row.lineNo, 'duplicate_custom_id', `duplicate custom_id ${JSON.stringify(row.customId)}`, row.customId);
       else {
-        if (layout && row.shardIdxs) row.shardIdxs.forEach((idx, k) => layout.placed(idx, seq + k));
+        if (layout && row.shardIdxs) for (const [k, idx] of row.shardIdxs.entries()) layout.placed(idx, seq + k);
         seq += perLine;
         if (row.predicted !== null) predicted += perLine;
         if (row.variant !== null) variantTotals[row.variant] += perLine;
