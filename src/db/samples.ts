@@ -2,6 +2,8 @@ import { and, asc, desc, eq, gt, inArray, ne, sql, type SQL } from 'drizzle-orm'
 import { type Db, type DbOrTx, locked } from './client.js';
 import { flagBit, type Flag } from '../domain/flags.js';
 import { isDispatchable } from '../domain/statuses.js';
+import type { TurnRecord } from '../domain/conversation.js';
+import { turnsBefore } from './sample-turns.js';
 
 export async function getSample(db: Db, runId: string, customId: string) {
   const { samples } = db.t;
@@ -59,6 +61,12 @@ export interface ClaimedRow {
   attempts: number;
   qualityRetries: number;
   serverFaults: number;
+  /** A conversation's turn to ask (0-based); null for a single request. */
+  turn: number | null;
+  /** The endpoint that answered the conversation's previous turn. */
+  affinityEndpointId: string | null;
+  /** A conversation's answered turns before `turn`: the history it is asked with. */
+  history?: TurnRecord[];
 }
 
 /**
@@ -71,7 +79,9 @@ const SLICE_SHUFFLE = 2654435761;
 const byId = (a: ClaimedRow, b: ClaimedRow) => a.id - b.id;
 const LEASE = `update samples set status = 'in_progress', attempts = attempts + 1, lease_owner = ?, lease_expires_at = ?`;
 // Quoted aliases: PostgreSQL folds unquoted names to lower case.
-const LEASED = `returning id, shard_idx as "shardIdx", request, attempts, quality_retries as "qualityRetries", server_faults as "serverFaults"`;
+const CLAIMED_COLUMNS = `id, shard_idx as "shardIdx", request, attempts, quality_retries as "qualityRetries", server_faults as "serverFaults", turn,
+  affinity_endpoint_id as "affinityEndpointId"`;
+const LEASED = `returning ${CLAIMED_COLUMNS}`;
 
 /**
  * The order a claim takes a run's samples in, after its calibration slice: `slice_only` (a dry
@@ -101,7 +111,11 @@ function claimSql(db: Db) {
   const still = pg ? `and status = 'pending'` : '';
   const slice = pg ? 'samples' : 'samples indexed by samples_calibration_idx';
   const inSlice = pg ? 'calibration' : 'calibration = 1';
+  const underway = pg ? 'samples' : 'samples indexed by samples_underway_idx';
   return {
+    // Conversations waiting for their next turn (samples_underway_idx holds only those).
+    underway: `${LEASE} ${pick}select id from ${underway} where run_id = ? and status = 'pending' and turn > 0 and available_at <= ?
+       order by seq limit ? ${skip}${picked} ${still} ${LEASED}`,
     slice: `${LEASE} ${pick}select id from ${slice} where run_id = ? and ${inSlice} and status = 'pending' and available_at <= ?
        order by (seq * ${SLICE_SHUFFLE}) % 4294967296 limit ? ${skip}${picked} ${still} ${LEASED}`,
     inOrder: `${LEASE} ${pick}select id from samples where run_id = ? and status = 'pending' and available_at <= ? order by seq limit ? ${skip}${picked} ${still} ${LEASED}`,
@@ -113,7 +127,8 @@ function claimSql(db: Db) {
 }
 
 /**
- * Leases up to `limit` pending samples of a run that are due, the calibration slice first
+ * Leases up to `limit` pending samples of a run that are due, the conversations under way first
+ * (so their shards close and their prefixes stay cached), then the calibration slice
  * (samples_calibration_idx), then the rest in the run's `ClaimOrder`, charging each an attempt,
  * and moves the run's counters with them in the same transaction, so a crash between the
  * statements cannot leave the counters off by a batch.
@@ -137,10 +152,12 @@ export async function claimSamples(
     }
     // A run paused or cancelled since the caller read it takes no more: the status is read in the
     // claim's own transaction.
-    const { rows: run } = await tx.exec<{ status: string }>('select status from runs where id = ?', [c.runId]);
+    const { rows: run } = await tx.exec<{ status: string; regenerate: string | null }>('select status, regenerate from runs where id = ?', [c.runId]);
     if (!run.length || !isDispatchable(run[0].status)) return [];
     // `returning` gives no order: each part is put back in input order (ids follow it).
-    const rows = (await tx.exec<ClaimedRow>(q.slice, [c.owner, c.leaseExpiresAt, c.runId, c.now, c.limit])).rows.sort(byId);
+    const rows =
+      run[0].regenerate === 'all_assistant' ? (await tx.exec<ClaimedRow>(q.underway, [c.owner, c.leaseExpiresAt, c.runId, c.now, c.limit])).rows.sort(byId) : [];
+    if (rows.length < c.limit) rows.push(...(await tx.exec<ClaimedRow>(q.slice, [c.owner, c.leaseExpiresAt, c.runId, c.now, c.limit - rows.length])).rows.sort(byId));
     const left = c.limit - rows.length;
     if (left > 0 && c.order === 'input')
       rows.push(...(await tx.exec<ClaimedRow>(q.inOrder, [c.owner, c.leaseExpiresAt, c.runId, c.now, left])).rows.sort(byId));
@@ -149,8 +166,17 @@ export async function claimSamples(
       rows.push(...longest.rows.sort(byId));
     }
     if (rows.length) await tx.exec(`update runs set pending = pending - ?, in_progress = in_progress + ? where id = ?`, [rows.length, rows.length, c.runId]);
-    return rows;
+    return await withHistory(tx, rows);
   });
+}
+
+/** Each conversation under way given the turns it has answered: its next turn is asked with them. */
+async function withHistory(db: DbOrTx, rows: ClaimedRow[]): Promise<ClaimedRow[]> {
+  const underway = rows.filter((r): r is ClaimedRow & { turn: number } => r.turn !== null && r.turn > 0);
+  if (!underway.length) return rows;
+  const turns = await turnsBefore(db, underway);
+  for (const r of underway) r.history = turns.get(r.id) ?? [];
+  return rows;
 }
 
 /**
@@ -162,11 +188,11 @@ export async function claimSamples(
 export async function readClaim(db: Db, c: { runId: string; owner: string; leaseExpiresAt: number }): Promise<ClaimedRow[]> {
   const from = db.dialect === 'pg' ? 'samples' : 'samples indexed by samples_claim_idx';
   const { rows } = await db.exec<ClaimedRow>(
-    `select id, shard_idx as "shardIdx", request, attempts, quality_retries as "qualityRetries", server_faults as "serverFaults" from ${from}
+    `select ${CLAIMED_COLUMNS} from ${from}
      where run_id = ? and status = 'in_progress' and lease_owner = ? and lease_expires_at = ? order by calibration desc, seq`,
     [c.runId, c.owner, c.leaseExpiresAt],
   );
-  return rows;
+  return await withHistory(db, rows);
 }
 
 /**
@@ -355,6 +381,8 @@ export interface NewSample {
   customId: string;
   request: string;
   predictedTokens: number | null;
+  /** 0 for a conversation (its first turn); absent for a single request. */
+  turn?: number | null;
 }
 
 /**
@@ -368,9 +396,9 @@ export async function insertSampleBatch(tx: DbOrTx, runId: string, firstSeq: num
   let seq = firstSeq;
   for (const s of batch) {
     const { changes } = await tx.exec(
-      `insert into samples (run_id, seq, shard_idx, custom_id, status, request, predicted_tokens) values (?, ?, ?, ?, 'pending', ?, ?)
+      `insert into samples (run_id, seq, shard_idx, custom_id, status, request, predicted_tokens, turn) values (?, ?, ?, ?, 'pending', ?, ?, ?)
        on conflict (run_id, custom_id) do nothing`,
-      [runId, seq, Math.floor(seq / shardSize), s.customId, s.request, s.predictedTokens],
+      [runId, seq, Math.floor(seq / shardSize), s.customId, s.request, s.predictedTokens, s.turn ?? null],
     );
     inserted.push(changes > 0);
     if (changes > 0) seq++;
@@ -395,10 +423,19 @@ async function insertSampleBatchPg(tx: DbOrTx, runId: string, firstSeq: number, 
   if (!sent.length) return fresh;
   const seqs = sent.map((_, i) => firstSeq + i);
   const { rows } = await tx.exec<{ custom_id: string }>(
-    `insert into samples (run_id, seq, shard_idx, custom_id, status, request, predicted_tokens)
-     select ?, u.seq, u.shard_idx, u.custom_id, 'pending', u.request, u.predicted from unnest(?::bigint[], ?::int[], ?::text[], ?::text[], ?::int[]) as u(seq, shard_idx, custom_id, request, predicted)
+    `insert into samples (run_id, seq, shard_idx, custom_id, status, request, predicted_tokens, turn)
+     select ?, u.seq, u.shard_idx, u.custom_id, 'pending', u.request, u.predicted, u.turn
+     from unnest(?::bigint[], ?::int[], ?::text[], ?::text[], ?::int[], ?::int[]) as u(seq, shard_idx, custom_id, request, predicted, turn)
      on conflict (run_id, custom_id) do nothing returning custom_id`,
-    [runId, seqs, seqs.map((q) => Math.floor(q / shardSize)), sent.map((s) => s.customId), sent.map((s) => s.request), sent.map((s) => s.predictedTokens)],
+    [
+      runId,
+      seqs,
+      seqs.map((q) => Math.floor(q / shardSize)),
+      sent.map((s) => s.customId),
+      sent.map((s) => s.request),
+      sent.map((s) => s.predictedTokens),
+      sent.map((s) => s.turn ?? null),
+    ],
   );
   const inserted = new Set(rows.map((r) => r.custom_id));
   if (inserted.size < sent.length) {
@@ -427,10 +464,11 @@ async function insertSampleBatchPg(tx: DbOrTx, runId: string, firstSeq: number, 
 
 /** Drops what an attempt at validating a run inserted: its samples and its shards. */
 export async function clearRunSamples(db: DbOrTx, runId: string): Promise<void> {
-  const { samples, shards } = db.t;
+  const { samples, shards, sampleTurns } = db.t;
   await db.tx(async (tx) => {
     await tx.q.delete(samples).where(eq(samples.runId, runId));
     await tx.q.delete(shards).where(eq(shards.runId, runId));
+    await tx.q.delete(sampleTurns).where(eq(sampleTurns.runId, runId));
   });
 }
 

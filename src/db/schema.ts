@@ -133,6 +133,10 @@ export const runs = sqliteTable(
     predictedSamples: integer('predicted_samples').notNull().default(0),
     // The runner's last forecast, kept so a finished run (a dry run above all) still shows it.
     forecast: text('forecast', { mode: 'json' }).$type<StoredForecast | null>(),
+    // A conversation run's turns (one request each): all of them once validated, the answered ones, the ones that failed their conversation.
+    turnsTotal: integer('turns_total').notNull().default(0),
+    turnsCompleted: integer('turns_completed').notNull().default(0),
+    turnsFailed: integer('turns_failed').notNull().default(0),
   },
   (t) => [index('runs_status_idx').on(t.status, t.priority, t.createdAt)],
 );
@@ -206,11 +210,17 @@ export const samples = sqliteTable(
     calibration: integer('calibration', { mode: 'boolean' }).notNull().default(false),
     // The new answer's length as the input's old assistant turn predicts it (regeneration only).
     predictedTokens: integer('predicted_tokens'),
+    // A conversation's (`regenerate: "all_assistant"`): the assistant turn being asked, 0-based; null for a single request.
+    turn: integer('turn'),
+    // The endpoint that answered the conversation's previous turn, which holds its prefix in cache.
+    affinityEndpointId: text('affinity_endpoint_id'),
   },
   (t) => [
     uniqueIndex('samples_run_custom_id').on(t.runId, t.customId),
     index('samples_claim_idx').on(t.runId, t.status, t.seq),
     index('samples_run_seq_idx').on(t.runId, t.seq),
+    // Conversations under way waiting for their next turn: claimed before new ones (db/samples.ts claimSamples).
+    index('samples_underway_idx').on(t.runId, t.seq).where(sql`status = 'pending' and turn > 0`),
     // The slice only (at most a few hundred rows a run): its claim, and its lengths read back after a restart.
     index('samples_calibration_idx').on(t.runId, t.status, t.seq).where(sql`calibration = 1`),
     // The quality histograms count each bucket as a range of one of these, never reading a row
@@ -238,6 +248,29 @@ export const staging = sqliteTable(
     output: text('output').notNull(),
   },
   (t) => [index('staging_shard_idx').on(t.runId, t.shardIdx)],
+);
+
+// A conversation's answered turns (`regenerate: "all_assistant"`), each committed before the next
+// is claimed: the history the next turn is asked with, and the turns its output line reports.
+export const sampleTurns = sqliteTable(
+  'sample_turns',
+  {
+    sampleId: integer('sample_id').notNull(),
+    idx: integer('idx').notNull(),
+    runId: text('run_id').notNull(),
+    content: text('content'),
+    reasoningContent: text('reasoning_content'),
+    finishReason: text('finish_reason'),
+    promptTokens: integer('prompt_tokens').notNull(),
+    completionTokens: integer('completion_tokens').notNull(),
+    reasoningTokens: integer('reasoning_tokens').notNull(),
+    cachedTokens: integer('cached_tokens').notNull(),
+    endpointId: text('endpoint_id'),
+    latencyMs: integer('latency_ms').notNull(),
+    attempts: integer('attempts').notNull(),
+    flags: integer('flags').notNull().default(0),
+  },
+  (t) => [primaryKey({ columns: [t.sampleId, t.idx] }), index('sample_turns_run_idx').on(t.runId)],
 );
 
 export const events = sqliteTable(
@@ -359,4 +392,5 @@ export type FileRow = typeof files.$inferSelect;
 export type RunRow = typeof runs.$inferSelect;
 export type ShardRow = typeof shards.$inferSelect;
 export type SampleRow = typeof samples.$inferSelect;
+export type SampleTurnRow = typeof sampleTurns.$inferSelect;
 export type WebhookDeliveryRow = typeof webhookDeliveries.$inferSelect;

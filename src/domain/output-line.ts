@@ -22,6 +22,27 @@ export interface ChoiceLogprobs {
   refusal?: unknown[] | null;
 }
 
+/** A conversation's turn as its output line's `turns` shows it (domain/conversation.ts). */
+export interface TurnLine {
+  finish_reason: string | null;
+  usage: Usage;
+  endpoint_id: string | null;
+  latency_ms: number;
+  attempts: number;
+  flags: Flag[];
+}
+
+/** What a conversation's line adds to its last turn's answer (`regenerate: "all_assistant"`). */
+export interface StagedConversation {
+  /** The regenerated conversation: each user message followed by its new reply. */
+  messages: unknown[];
+  turns: TurnLine[];
+  /** Every turn's, added up. */
+  usage: Usage;
+  latency_ms: number;
+  attempts: number;
+}
+
 /** What the staging table keeps of a completion until its shard is uploaded. */
 export interface StagedOutput {
   reasoning_content: string | null;
@@ -30,6 +51,7 @@ export interface StagedOutput {
   response_id?: string;
   created?: number;
   logprobs?: ChoiceLogprobs;
+  conversation?: StagedConversation;
 }
 
 export interface OutputLine {
@@ -49,12 +71,16 @@ export interface OutputLine {
   latency_ms: number | null;
   attempts: number;
   flags: Flag[];
+  /** A conversation's turns, in order (`regenerate: "all_assistant"`). */
+  turns?: TurnLine[];
 }
 
 export interface ErrorLine {
   custom_id: string;
   error: { code: string | null; message: string | null; status: number | null };
   attempts: number;
+  /** A conversation's: the assistant turn (0-based) that failed it. */
+  turn?: number;
 }
 
 /** A completed sample's record, as the shard writer has it from the database. */
@@ -81,6 +107,8 @@ export interface FailedSample {
   errorStatus: number | null;
   attempts: number;
   serverFaults: number;
+  /** A conversation's turn being asked; null for a single request. */
+  turn: number | null;
 }
 
 /**
@@ -93,26 +121,30 @@ export function triesOf(s: { attempts: number; serverFaults: number }): number {
 
 export function outputLine(s: CompletedSample, out: StagedOutput): string {
   const request = JSON.parse(s.request) as { messages: unknown[] };
+  const conv = out.conversation;
   const line: OutputLine = {
     custom_id: s.customId,
-    messages: request.messages,
+    messages: conv ? conv.messages : request.messages,
     reasoning_content: out.reasoning_content,
     content: out.content,
     finish_reason: s.finishReason,
-    usage: {
-      prompt_tokens: s.promptTokens ?? 0,
-      completion_tokens: s.completionTokens ?? 0,
-      reasoning_tokens: s.reasoningTokens ?? 0,
-      cached_tokens: s.cachedTokens ?? 0,
-    },
+    usage: conv
+      ? conv.usage
+      : {
+          prompt_tokens: s.promptTokens ?? 0,
+          completion_tokens: s.completionTokens ?? 0,
+          reasoning_tokens: s.reasoningTokens ?? 0,
+          cached_tokens: s.cachedTokens ?? 0,
+        },
     model: out.model,
     response_id: out.response_id ?? null,
     created: out.created ?? null,
     ...(out.logprobs && { logprobs: out.logprobs }),
     endpoint_id: s.endpointId,
-    latency_ms: s.latencyMs,
-    attempts: triesOf(s),
+    latency_ms: conv ? conv.latency_ms : s.latencyMs,
+    attempts: conv ? conv.attempts : triesOf(s),
     flags: flagsFromBits(s.flags),
+    ...(conv && { turns: conv.turns }),
   };
   return JSON.stringify(line);
 }
@@ -122,6 +154,7 @@ export function errorLine(s: FailedSample): string {
     custom_id: s.customId,
     error: { code: s.errorCode, message: s.errorMessage, status: s.errorStatus },
     attempts: triesOf(s),
+    ...(s.turn !== null && { turn: s.turn }),
   };
   return JSON.stringify(line);
 }

@@ -1,4 +1,5 @@
 import type { Outcome } from '../db/results.js';
+import { regeneratedMessages, totalUsage, type TurnRecord, turnLine, unionFlags } from '../domain/conversation.js';
 import type { QualityConfig } from '../domain/quality.js';
 import type { StagedOutput } from '../domain/output-line.js';
 import type { RetryReason, SampleError } from '../domain/sample-errors.js';
@@ -24,6 +25,19 @@ export interface Attempt {
   cancelled: boolean;
   /** The endpoint was quarantined while the request ran: a flagged answer from it is asked again elsewhere, whatever the retries left. */
   quarantined: boolean;
+  /** A conversation's turn (`regenerate: "all_assistant"`); null for a single request. */
+  conversation: ConversationTurn | null;
+}
+
+/** The turn of a conversation an attempt asks. */
+export interface ConversationTurn {
+  turn: number;
+  /** The conversation's stored messages: its system and user messages. */
+  messages: { role: string }[];
+  /** The turns answered before this one. */
+  history: TurnRecord[];
+  /** This is its last turn: its answer completes the sample. */
+  last: boolean;
 }
 
 export interface Settled {
@@ -58,9 +72,49 @@ export function settleAnswer(
     ...(answer.logprobs && { logprobs: answer.logprobs }),
   };
   const chars = { reasoning: answer.reasoning?.length ?? 0, content: answer.content?.length ?? 0 };
+  const c = a.conversation;
+  if (!c) {
+    return {
+      retried: null,
+      outcome: { ...base(a), kind: 'completed', usage, finishReason: answer.finishReason, latencyMs, flags, chars, output: JSON.stringify(output), at: now },
+    };
+  }
+  const turn: TurnRecord = {
+    idx: c.turn,
+    content: answer.content,
+    reasoningContent: answer.reasoning,
+    finishReason: answer.finishReason,
+    usage,
+    endpointId: a.endpointId,
+    latencyMs,
+    attempts: a.attempts + a.serverFaults,
+    flags,
+  };
+  const turns = [...c.history, turn];
+  // The conversation's flags are any turn's: a flagged turn flags its conversation.
+  const union = unionFlags(turns);
+  if (!c.last) return { retried: null, outcome: { ...base(a), kind: 'turn', turn, flags: union } };
+  output.conversation = {
+    messages: regeneratedMessages(c.messages, turns),
+    turns: turns.map(turnLine),
+    usage: totalUsage(turns),
+    latency_ms: turns.reduce((n, t) => n + t.latencyMs, 0),
+    attempts: turns.reduce((n, t) => n + t.attempts, 0),
+  };
   return {
     retried: null,
-    outcome: { ...base(a), kind: 'completed', usage, finishReason: answer.finishReason, latencyMs, flags, chars, output: JSON.stringify(output), at: now },
+    outcome: {
+      ...base(a),
+      kind: 'completed',
+      usage,
+      finishReason: answer.finishReason,
+      latencyMs,
+      flags: union,
+      chars,
+      output: JSON.stringify(output),
+      at: now,
+      turn,
+    },
   };
 }
 
@@ -74,7 +128,9 @@ export function settleError(
 ): Settled {
   const budget = { attempts: a.attempts, maxAttempts: limits.maxAttempts, serverFaults: a.serverFaults, maxServerFaults: limits.maxServerFaults };
   const decision = decideFailure(error, budget, random);
-  if (decision.kind === 'failed') return { retried: null, outcome: { ...base(a), kind: 'failed', error, at: now } };
+  if (decision.kind === 'failed') {
+    return { retried: null, outcome: { ...base(a), kind: 'failed', error, at: now, ...(a.conversation && { turn: a.conversation.turn }) } };
+  }
   const retry = { kind: 'retry' as const, availableAt: now + decision.delayMs, usage: null, qualityRetry: false, serverFault: decision.serverFault, error };
   return { retried: error.code, outcome: { ...base(a), ...retry } };
 }

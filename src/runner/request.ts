@@ -1,5 +1,6 @@
 import { APIConnectionError, APIConnectionTimeoutError, APIError, APIUserAbortError } from 'openai';
 import type { ChoiceLogprobs, Usage } from '../domain/output-line.js';
+import { type TurnRecord, turnMessages } from '../domain/conversation.js';
 import { thinkingRequested } from '../domain/params.js';
 import type { SampleError } from '../domain/sample-errors.js';
 import { AnswerRefused } from './answer-budget.js';
@@ -30,12 +31,15 @@ export interface BuiltRequest {
 /** The chat completion body for a sample: the run's params, the line's own over them, the run's model. */
 export function buildRequest(
   run: { model: string; params: Record<string, unknown> },
-  sample: { request: string; qualityRetries: number },
+  sample: { request: string; qualityRetries: number; turn?: number | null; history?: TurnRecord[] },
   random: () => number = Math.random,
 ): BuiltRequest {
   const request = JSON.parse(sample.request) as StoredRequest;
   const params = request.params ? { ...run.params, ...request.params } : run.params;
-  const body: Record<string, unknown> = { ...params, model: run.model, messages: request.messages };
+  // A conversation's turn is asked with the replies regenerated so far (domain/conversation.ts).
+  const messages =
+    sample.turn == null ? request.messages : turnMessages(request.messages as { role: string }[], sample.history ?? [], sample.turn);
+  const body: Record<string, unknown> = { ...params, model: run.model, messages };
   if (sample.qualityRetries > 0) {
     // A flagged answer is asked again with a different seed, else SGLang would repeat it.
     const base = typeof params.seed === 'number' ? params.seed : 0;

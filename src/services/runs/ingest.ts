@@ -11,6 +11,7 @@ import type { RunRow } from '../../db/schema.js';
 import { insertShardLayout } from '../../db/shards.js';
 import { calibrationSeqs, CHARS_PER_TOKEN } from '../../domain/forecast.js';
 import { parseInputLine, readLines, type InvalidLine, type LineErrorCode } from '../../domain/input-line.js';
+import { regenerateMode } from '../../domain/params.js';
 import { unservedModel } from '../batches/create.js';
 import { resolveInput } from './input-source.js';
 
@@ -104,8 +105,9 @@ async function ingestHeld(deps: Deps, runId: string, hold: Hold, signal?: AbortS
   const errors: InvalidLine[] = [];
   let invalid = 0;
   let seq = 0;
-  let batch: { lineNo: number; customId: string; request: string; predicted: number | null }[] = [];
+  let batch: { lineNo: number; customId: string; request: string; predicted: number | null; turns: number | null }[] = [];
   let predicted = 0;
+  let turnsTotal = 0;
   const failFast = run.onInvalidLine === 'fail';
   // A batch takes its model from its lines, so a model no endpoint serves is an error of each line.
   const unserved = run.batchId ? await unservedModel(db, run.model) : null;
@@ -128,7 +130,7 @@ async function ingestHeld(deps: Deps, runId: string, hold: Hold, signal?: AbortS
         runId,
         seq,
         run.shardSize,
-        rows.map((r) => ({ customId: r.customId, request: r.request, predictedTokens: r.predicted })),
+        rows.map((r) => ({ customId: r.customId, request: r.request, predictedTokens: r.predicted, turn: r.turns === null ? null : 0 })),
       );
     });
     if (!inserted) return false;
@@ -137,6 +139,7 @@ async function ingestHeld(deps: Deps, runId: string, hold: Hold, signal?: AbortS
       else {
         seq++;
         if (row.predicted !== null) predicted++;
+        turnsTotal += row.turns ?? 0;
       }
     }
     return true;
@@ -152,7 +155,7 @@ async function ingestHeld(deps: Deps, runId: string, hold: Hold, signal?: AbortS
     for await (const raw of readLines(source, { maxLineBytes: deps.config.maxLineBytes })) {
       if ('error' in raw) noteError(raw.lineNo, 'invalid_json_line', raw.error);
       else if (raw.text.trim() !== '') {
-        const parsed = parseInputLine(raw.text, raw.lineNo, { regenerate: run.regenerate === 'last_assistant' ? 'last_assistant' : null });
+        const parsed = parseInputLine(raw.text, raw.lineNo, { regenerate: regenerateMode(run.regenerate) });
         if (!parsed.ok) noteError(raw.lineNo, parsed.code, parsed.reason, parsed.custom_id);
         else if (parsed.model !== null && parsed.model !== run.model) {
           noteError(raw.lineNo, 'mismatched_model', `model ${JSON.stringify(parsed.model.slice(0, 100))} does not match the run's model`, parsed.custom_id);
@@ -161,7 +164,13 @@ async function ingestHeld(deps: Deps, runId: string, hold: Hold, signal?: AbortS
         } else {
           const request = JSON.stringify(parsed.params ? { messages: parsed.messages, params: parsed.params } : { messages: parsed.messages });
           const old = parsed.old_answer_chars;
-          batch.push({ lineNo: raw.lineNo, customId: parsed.custom_id, request, predicted: old === null ? null : Math.round(old / CHARS_PER_TOKEN) });
+          batch.push({
+            lineNo: raw.lineNo,
+            customId: parsed.custom_id,
+            request,
+            predicted: old === null ? null : Math.round(old / CHARS_PER_TOKEN),
+            turns: parsed.turns,
+          });
         }
       }
       if (failFast && invalid > 0) {
@@ -231,7 +240,7 @@ async function ingestHeld(deps: Deps, runId: string, hold: Hold, signal?: AbortS
     if (hold.lost) throw holdLost();
     shardCount = await insertShardLayout(tx, runId, run.shardSize, seq);
     await markCalibration(tx, runId, calibrationSeqs(runId, seq, run.calibrationSamples));
-    await setRunValidation(tx, runId, { ...listed, total: seq, pending: seq, shardsTotal: shardCount, predictedSamples: predicted });
+    await setRunValidation(tx, runId, { ...listed, total: seq, pending: seq, shardsTotal: shardCount, predictedSamples: predicted, turnsTotal });
     return await transitionRun(tx, runId, ['validating'], 'queued', now, {
       statusReason: invalid ? `${invalid} invalid line(s) skipped` : null,
     });
