@@ -169,9 +169,18 @@ export async function setRunValidation(
 export async function uncountRequeued(
   db: DbOrTx,
   id: string,
-  r: { only: 'failed' | 'flagged'; n: number; byFlag: Record<Flag, number>; reopenedUploaded: number; now: number },
+  r: {
+    only: 'failed' | 'flagged';
+    n: number;
+    byFlag: Record<Flag, number>;
+    reopenedUploaded: number;
+    now: number;
+    /** Conversations': the answered turns dropped to be asked again, and the failed turns to be asked again. */
+    turns?: { completed: number; failed: number };
+  },
 ): Promise<void> {
   const { runs } = db.t;
+  const turns = r.turns ?? { completed: 0, failed: 0 };
   const counters =
     r.only === 'failed'
       ? { failed: sql`${runs.failed} - ${r.n}` }
@@ -187,6 +196,8 @@ export async function uncountRequeued(
         ...counters,
         pending: sql`${runs.pending} + ${r.n}`,
         shardsUploaded: sql`${runs.shardsUploaded} - ${r.reopenedUploaded}`,
+        turnsCompleted: sql`${runs.turnsCompleted} - ${turns.completed}`,
+        turnsFailed: sql`${runs.turnsFailed} - ${turns.failed}`,
         manifestKey: null,
         updatedAt: r.now,
       })

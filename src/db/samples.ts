@@ -478,7 +478,7 @@ export async function samplesToRetry(
   runId: string,
   only: 'failed' | 'flagged',
   endpointId?: string,
-): Promise<{ id: number; shardIdx: number; flags: number }[]> {
+): Promise<{ id: number; shardIdx: number; flags: number; turn: number | null }[]> {
   const { samples } = db.t;
   const which = and(
     eq(samples.runId, runId),
@@ -487,7 +487,7 @@ export async function samplesToRetry(
   );
   // Locked on PostgreSQL: two retries of one run at once (a double click, a quarantine and an
   // operator) would each count the same samples back; the second waits and then finds none.
-  return await locked(db, db.q.select({ id: samples.id, shardIdx: samples.shardIdx, flags: samples.flags }).from(samples).where(which));
+  return await locked(db, db.q.select({ id: samples.id, shardIdx: samples.shardIdx, flags: samples.flags, turn: samples.turn }).from(samples).where(which));
 }
 
 /** Makes samples pending again with a fresh attempt budget, as if never sent. */
@@ -511,6 +511,12 @@ export async function requeueSamples(db: DbOrTx, ids: number[]): Promise<void> {
       })
       .where(inArray(samples.id, ids)),
   );
+}
+
+/** Sets the turn a conversation is to be asked from (a retry's). */
+export async function setSampleTurn(db: DbOrTx, id: number, turn: number): Promise<void> {
+  const { samples } = db.t;
+  await db.write((w) => w.q.update(samples).set({ turn }).where(eq(samples.id, id)));
 }
 
 /**

@@ -3,10 +3,11 @@ import type { App } from '../../http/app.js';
 import { notFound, problemResponses } from '../../errors.js';
 import { getRun } from '../../db/runs.js';
 import { getSample } from '../../db/samples.js';
+import { listTurns } from '../../db/sample-turns.js';
 import { textProblem } from '../../domain/text.js';
 import { readSampleOutput } from '../../services/samples.js';
 import { jsonContent, RunIdParam } from '../common.js';
-import { renderSample } from './render.js';
+import { renderSample, renderTurn } from './render.js';
 import { SampleDetail } from './schemas.js';
 
 const route = createRoute({
@@ -38,12 +39,14 @@ export function registerGetSample(app: App) {
     if (!sample) throw notFound('sample', custom_id);
     const request = JSON.parse(sample.request) as { messages: unknown[]; params?: Record<string, unknown> };
     const output = await readSampleOutput(deps, run, sample);
+    const turns = sample.turn === null ? null : (await listTurns(deps.db, sample.id)).map(renderTurn);
     return c.json(
       {
         ...renderSample(sample),
         messages: request.messages as { role: string; content: unknown }[],
         params: request.params ?? null,
         output,
+        ...(turns && { turns }),
       },
       200,
     );
