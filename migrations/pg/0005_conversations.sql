@@ -19,6 +19,7 @@ CREATE TABLE "sample_turns" (
 ALTER TABLE "runs" ADD COLUMN "turns_total" bigint DEFAULT 0 NOT NULL;--> statement-breakpoint
 ALTER TABLE "runs" ADD COLUMN "turns_completed" bigint DEFAULT 0 NOT NULL;--> statement-breakpoint
 ALTER TABLE "runs" ADD COLUMN "turns_failed" bigint DEFAULT 0 NOT NULL;--> statement-breakpoint
+ALTER TABLE "runs" ADD COLUMN "turns_max" integer DEFAULT 0 NOT NULL;--> statement-breakpoint
 ALTER TABLE "samples" ADD COLUMN "turn" integer;--> statement-breakpoint
 ALTER TABLE "samples" ADD COLUMN "affinity_endpoint_id" text;--> statement-breakpoint
 CREATE INDEX "sample_turns_run_idx" ON "sample_turns" USING btree ("run_id");--> statement-breakpoint

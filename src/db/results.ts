@@ -31,7 +31,7 @@ export type Outcome =
       chars: { reasoning: number; content: number };
       output: string;
       at: number;
-      /** A conversation's last turn, stored with the others. */
+      /** A conversation's last turn, stored with the others; `usage` and `latencyMs` are then the whole conversation's. */
       turn?: TurnRecord;
     })
   // A conversation's turn answered with more to ask: stored, and the sample back in the queue for
@@ -147,7 +147,8 @@ export async function applyOutcomes(tx: DbOrTx, owner: string, batch: Outcome[],
       report.dropped++;
       continue;
     }
-    const usage = o.kind === 'completed' ? o.usage : o.kind === 'retry' ? o.usage : o.kind === 'turn' ? o.turn.usage : null;
+    // A conversation's last turn carries the conversation's totals for its row: the run adds this turn's only.
+    const usage = o.kind === 'completed' ? (o.turn?.usage ?? o.usage) : o.kind === 'retry' ? o.usage : o.kind === 'turn' ? o.turn.usage : null;
     const terminal = o.kind === 'completed' || o.kind === 'failed' || o.kind === 'cancelled';
     if (o.kind === 'completed') {
       d.completed++;
@@ -187,7 +188,7 @@ export async function applyOutcomes(tx: DbOrTx, owner: string, batch: Outcome[],
     if (o.kind === 'completed') {
       const r = report.runs.get(o.runId) ?? { completed: 0, tokens: 0 };
       r.completed++;
-      r.tokens += o.usage.completion_tokens;
+      r.tokens += (o.turn?.usage ?? o.usage).completion_tokens;
       report.runs.set(o.runId, r);
     }
     if (o.kind === 'turn') {

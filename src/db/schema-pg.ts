@@ -132,6 +132,8 @@ export const runs = pgTable(
     turnsTotal: bigintNumber('turns_total').notNull().default(0),
     turnsCompleted: bigintNumber('turns_completed').notNull().default(0),
     turnsFailed: bigintNumber('turns_failed').notNull().default(0),
+    // The most turns any of its conversations has: the longest chain of requests, the forecast's tail.
+    turnsMax: integer('turns_max').notNull().default(0),
   },
   (t) => [index('runs_status_idx').on(t.status, t.priority, t.createdAt)],
 );

@@ -137,6 +137,8 @@ export const runs = sqliteTable(
     turnsTotal: integer('turns_total').notNull().default(0),
     turnsCompleted: integer('turns_completed').notNull().default(0),
     turnsFailed: integer('turns_failed').notNull().default(0),
+    // The most turns any of its conversations has: the longest chain of requests, the forecast's tail.
+    turnsMax: integer('turns_max').notNull().default(0),
   },
   (t) => [index('runs_status_idx').on(t.status, t.priority, t.createdAt)],
 );

@@ -94,21 +94,25 @@ export function settleAnswer(
   // The conversation's flags are any turn's: a flagged turn flags its conversation.
   const union = unionFlags(turns);
   if (!c.last) return { retried: null, outcome: { ...base(a), kind: 'turn', turn, flags: union } };
+  const total = totalUsage(turns);
+  const latency = turns.reduce((n, t) => n + t.latencyMs, 0);
   output.conversation = {
     messages: regeneratedMessages(c.messages, turns),
     turns: turns.map(turnLine),
-    usage: totalUsage(turns),
-    latency_ms: turns.reduce((n, t) => n + t.latencyMs, 0),
+    usage: total,
+    latency_ms: latency,
     attempts: turns.reduce((n, t) => n + t.attempts, 0),
   };
+  // The sample's row gets the whole conversation's tokens and time: the forecast's slice measures
+  // conversations (every turn's tokens), and the run's counters already hold the earlier turns'.
   return {
     retried: null,
     outcome: {
       ...base(a),
       kind: 'completed',
-      usage,
+      usage: total,
       finishReason: answer.finishReason,
-      latencyMs,
+      latencyMs: latency,
       flags: union,
       chars,
       output: JSON.stringify(output),

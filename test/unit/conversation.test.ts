@@ -1,6 +1,7 @@
 import { describe, expect, it } from 'vitest';
 import { regeneratedMessages, type TurnRecord, turnCount, turnMessages } from '../../src/domain/conversation.js';
 import { flagBit } from '../../src/domain/flags.js';
+import { computeForecast } from '../../src/domain/forecast.js';
 import { parseInputLine } from '../../src/domain/input-line.js';
 import { type Attempt, settleAnswer, settleError } from '../../src/runner/outcomes.js';
 import { buildRequest, type Answer } from '../../src/runner/request.js';
@@ -197,8 +198,32 @@ describe('an answered turn', () => {
   });
 
   it('fails its conversation naming the turn, when the turn fails for good', () => {
-    const error = { code: 'invalid_request', message: 'too long', status: 400 };
+    const error = { code: 'invalid_request' as const, message: 'too long', status: 400 };
     const { outcome } = settleError(attempt(1, [turn(0, 'r0', 0)]), { maxAttempts: 3, maxServerFaults: 3 }, error, 1000);
     expect(outcome).toMatchObject({ kind: 'failed', turn: 1 });
+  });
+});
+
+describe('the forecast of a conversation run', () => {
+  const input = {
+    whole: false,
+    total: 100,
+    remaining: 50,
+    completionTokens: 5000,
+    slice: [] as [number, number][],
+    sliceOpen: 0,
+    frontier: -1,
+    tokensPerSecond: 1000,
+    endpoints: 1,
+    elapsedSeconds: 10,
+    deadlineSeconds: null,
+    now: 0,
+  };
+
+  it('takes no less than its longest chain of turns, however fast the fleet', () => {
+    // 50 conversations left of 100 tokens each: 5 s at the fleet's rate.
+    expect(computeForecast(input, () => 0.5)?.wall_seconds_remaining).toBe(5);
+    expect(computeForecast({ ...input, chainSeconds: 12 }, () => 0.5)).toMatchObject({ wall_seconds_remaining: 12, low: 12, high: 12 });
+    expect(computeForecast({ ...input, chainSeconds: 2 }, () => 0.5)?.wall_seconds_remaining).toBe(5);
   });
 });

@@ -108,6 +108,7 @@ async function ingestHeld(deps: Deps, runId: string, hold: Hold, signal?: AbortS
   let batch: { lineNo: number; customId: string; request: string; predicted: number | null; turns: number | null }[] = [];
   let predicted = 0;
   let turnsTotal = 0;
+  let turnsMax = 0;
   const failFast = run.onInvalidLine === 'fail';
   // A batch takes its model from its lines, so a model no endpoint serves is an error of each line.
   const unserved = run.batchId ? await unservedModel(db, run.model) : null;
@@ -140,6 +141,7 @@ async function ingestHeld(deps: Deps, runId: string, hold: Hold, signal?: AbortS
         seq++;
         if (row.predicted !== null) predicted++;
         turnsTotal += row.turns ?? 0;
+        turnsMax = Math.max(turnsMax, row.turns ?? 0);
       }
     }
     return true;
@@ -240,7 +242,7 @@ async function ingestHeld(deps: Deps, runId: string, hold: Hold, signal?: AbortS
     if (hold.lost) throw holdLost();
     shardCount = await insertShardLayout(tx, runId, run.shardSize, seq);
     await markCalibration(tx, runId, calibrationSeqs(runId, seq, run.calibrationSamples));
-    await setRunValidation(tx, runId, { ...listed, total: seq, pending: seq, shardsTotal: shardCount, predictedSamples: predicted, turnsTotal });
+    await setRunValidation(tx, runId, { ...listed, total: seq, pending: seq, shardsTotal: shardCount, predictedSamples: predicted, turnsTotal, turnsMax });
     return await transitionRun(tx, runId, ['validating'], 'queued', now, {
       statusReason: invalid ? `${invalid} invalid line(s) skipped` : null,
     });
