@@ -49,8 +49,26 @@ function makeConversations(n: number): Conversation[] {
 
 /** Lines regen cannot walk turn by turn, each with the code its refusal must carry. */
 const UNWALKABLE: [string, string][] = [
-  [JSON.stringify({ custom_id: 'bad-tool', messages: [{ role: 'user', content: 'hi' }, { role: 'tool', content: '42', tool_call_id: 'x' }] }), 'unwalkable_conversation'],
-  [JSON.stringify({ custom_id: 'bad-first', messages: [{ role: 'assistant', content: 'hello' }, { role: 'user', content: 'hi' }] }), 'unwalkable_conversation'],
+  [
+    JSON.stringify({
+      custom_id: 'bad-tool',
+      messages: [
+        { role: 'user', content: 'hi' },
+        { role: 'tool', content: '42', tool_call_id: 'x' },
+      ],
+    }),
+    'unwalkable_conversation',
+  ],
+  [
+    JSON.stringify({
+      custom_id: 'bad-first',
+      messages: [
+        { role: 'assistant', content: 'hello' },
+        { role: 'user', content: 'hi' },
+      ],
+    }),
+    'unwalkable_conversation',
+  ],
   [
     JSON.stringify({
       custom_id: 'bad-calls',
@@ -61,7 +79,16 @@ const UNWALKABLE: [string, string][] = [
     }),
     'unwalkable_conversation',
   ],
-  [JSON.stringify({ id: 'bad-observation', conversations: [{ from: 'human', value: 'hi' }, { from: 'observation', value: '{}' }] }), 'unwalkable_conversation'],
+  [
+    JSON.stringify({
+      id: 'bad-observation',
+      conversations: [
+        { from: 'human', value: 'hi' },
+        { from: 'observation', value: '{}' },
+      ],
+    }),
+    'unwalkable_conversation',
+  ],
   [JSON.stringify({ custom_id: 'bad-role', messages: [{ role: 'bot', content: 'hi' }] }), 'invalid_role'],
 ];
 
@@ -158,9 +185,9 @@ describe('conversations regenerated turn by turn through a kill -9', () => {
     // What the killed process left: its leases are the turns that were in flight (or claimed) at the kill.
     const left = await checkDatabase(data.dir, id);
     const db = await openTestStore(data.dir);
-    const [{ committed }] = (
-      await db.exec<{ committed: number }>('select count(*) as committed from sample_turns where run_id = ?', [id])
-    ).rows.map((r) => ({ committed: Number(r.committed) }));
+    const [{ committed }] = (await db.exec<{ committed: number }>('select count(*) as committed from sample_turns where run_id = ?', [id])).rows.map((r) => ({
+      committed: Number(r.committed),
+    }));
     const [{ line_errors }] = (await db.exec<{ line_errors: unknown }>('select line_errors from runs where id = ?', [id])).rows;
     await db.close();
     const lineErrors = (typeof line_errors === 'string' ? JSON.parse(line_errors) : line_errors) as { line: number; code: string; message: string }[];

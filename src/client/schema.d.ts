@@ -517,6 +517,13 @@ export interface components {
                 failed: number;
                 cancelled: number;
             };
+            /** @description A run with `regenerate: "all_assistant"`: its conversations' assistant turns, one request each (`request_counts` counts conversations). `total` once validated; `in_flight`, the conversations with a turn claimed or sent; `failed`, the turns that failed their conversation. Null for other runs */
+            turns: {
+                total: number;
+                completed: number;
+                in_flight: number;
+                failed: number;
+            } | null;
             quality: {
                 flagged: number;
                 by_flag: {

@@ -47,7 +47,13 @@ async function rewindConversations(
   const conversations = picked.filter((s): s is { id: number; turn: number } => s.turn !== null);
   const counted = { completed: 0, failed: 0 };
   if (!conversations.length) return counted;
-  const flagged = only === 'flagged' ? await firstFlaggedTurns(tx, conversations.map((s) => s.id)) : null;
+  const flagged =
+    only === 'flagged'
+      ? await firstFlaggedTurns(
+          tx,
+          conversations.map((s) => s.id),
+        )
+      : null;
   for (const s of conversations) {
     const from = flagged ? (flagged.get(s.id) ?? 0) : s.turn;
     counted.completed += await dropTurnsFrom(tx, s.id, from);

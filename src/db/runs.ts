@@ -156,7 +156,8 @@ export async function validatingRunIds(db: DbOrTx): Promise<string[]> {
 export async function setRunValidation(
   db: DbOrTx,
   id: string,
-  set: Pick<RunRow, 'invalidLines' | 'lineErrors' | 'updatedAt'> & Partial<Pick<RunRow, 'total' | 'pending' | 'shardsTotal' | 'predictedSamples' | 'turnsTotal' | 'turnsMax'>>,
+  set: Pick<RunRow, 'invalidLines' | 'lineErrors' | 'updatedAt'> &
+    Partial<Pick<RunRow, 'total' | 'pending' | 'shardsTotal' | 'predictedSamples' | 'turnsTotal' | 'turnsMax'>>,
 ): Promise<void> {
   const { runs } = db.t;
   await db.write((w) => w.q.update(runs).set(set).where(eq(runs.id, id)));

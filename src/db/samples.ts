@@ -156,8 +156,11 @@ export async function claimSamples(
     if (!run.length || !isDispatchable(run[0].status)) return [];
     // `returning` gives no order: each part is put back in input order (ids follow it).
     const rows =
-      run[0].regenerate === 'all_assistant' ? (await tx.exec<ClaimedRow>(q.underway, [c.owner, c.leaseExpiresAt, c.runId, c.now, c.limit])).rows.sort(byId) : [];
-    if (rows.length < c.limit) rows.push(...(await tx.exec<ClaimedRow>(q.slice, [c.owner, c.leaseExpiresAt, c.runId, c.now, c.limit - rows.length])).rows.sort(byId));
+      run[0].regenerate === 'all_assistant'
+        ? (await tx.exec<ClaimedRow>(q.underway, [c.owner, c.leaseExpiresAt, c.runId, c.now, c.limit])).rows.sort(byId)
+        : [];
+    if (rows.length < c.limit)
+      rows.push(...(await tx.exec<ClaimedRow>(q.slice, [c.owner, c.leaseExpiresAt, c.runId, c.now, c.limit - rows.length])).rows.sort(byId));
     const left = c.limit - rows.length;
     if (left > 0 && c.order === 'input')
       rows.push(...(await tx.exec<ClaimedRow>(q.inOrder, [c.owner, c.leaseExpiresAt, c.runId, c.now, left])).rows.sort(byId));

@@ -324,7 +324,8 @@ const WALKED_ROLES = new Set(['system', 'developer', 'user']);
 function walkConversation(messages: ChatMessage[]): ChatMessage[] {
   const walked: ChatMessage[] = [];
   for (const [i, m] of messages.entries()) {
-    const why = (reason: string) => new LineRejected(`message ${i} (${m.role}) ${reason}: regenerate "all_assistant" cannot walk this conversation`, 'unwalkable_conversation');
+    const why = (reason: string) =>
+      new LineRejected(`message ${i} (${m.role}) ${reason}: regenerate "all_assistant" cannot walk this conversation`, 'unwalkable_conversation');
     if (m.tool_calls !== undefined || m.function_call !== undefined) throw why('calls tools');
     if (m.role === 'tool') throw why('is a tool result');
     if (m.role === 'assistant') {

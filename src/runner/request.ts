@@ -37,8 +37,7 @@ export function buildRequest(
   const request = JSON.parse(sample.request) as StoredRequest;
   const params = request.params ? { ...run.params, ...request.params } : run.params;
   // A conversation's turn is asked with the replies regenerated so far (domain/conversation.ts).
-  const messages =
-    sample.turn == null ? request.messages : turnMessages(request.messages as { role: string }[], sample.history ?? [], sample.turn);
+  const messages = sample.turn == null ? request.messages : turnMessages(request.messages as { role: string }[], sample.history ?? [], sample.turn);
   const body: Record<string, unknown> = { ...params, model: run.model, messages };
   if (sample.qualityRetries > 0) {
     // A flagged answer is asked again with a different seed, else SGLang would repeat it.

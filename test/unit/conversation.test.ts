@@ -62,7 +62,14 @@ describe('parseInputLine with all_assistant', () => {
       expect(parsed.custom_id).toBe('x');
     }
     // A tool result in ShareGPT's shape too.
-    expect(parse({ conversations: [{ from: 'human', value: 'q' }, { from: 'observation', value: '{}' }] })).toMatchObject({
+    expect(
+      parse({
+        conversations: [
+          { from: 'human', value: 'q' },
+          { from: 'observation', value: '{}' },
+        ],
+      }),
+    ).toMatchObject({
       ok: false,
       code: 'unwalkable_conversation',
     });

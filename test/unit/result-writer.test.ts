@@ -111,7 +111,8 @@ function writerTests(store: 'sqlite' | 'pg') {
     const exec = (text: string) => db.write((w) => w.exec(text, []));
     await exec(`update runs set regenerate = 'all_assistant', turns_total = 8`);
     await exec(`update samples set turn = 0, request = '{"messages":[{"role":"user","content":"a"},{"role":"user","content":"b"}]}'`);
-    const claim = (limit: number, at: number) => claimSamples(db, { runId: 'run_a', owner: 'me', now: NOW, leaseExpiresAt: NOW + at, limit, order: 'input', window: 0 });
+    const claim = (limit: number, at: number) =>
+      claimSamples(db, { runId: 'run_a', owner: 'me', now: NOW, leaseExpiresAt: NOW + at, limit, order: 'input', window: 0 });
     const [c0, c1] = await claim(2, 1000);
     expect([c0.turn, c1.turn]).toEqual([0, 0]);
     const { w } = writerOn(db);
@@ -133,12 +134,18 @@ function writerTests(store: 'sqlite' | 'pg') {
     await w.flush();
     w.add({ ...base(c0), kind: 'release' });
     await w.flush();
-    expect(await rows(db, `select custom_id, status, turn, attempts, affinity_endpoint_id as affinity from samples where custom_id in ('c0', 'c1') order by seq`)).toEqual([
+    expect(
+      await rows(db, `select custom_id, status, turn, attempts, affinity_endpoint_id as affinity from samples where custom_id in ('c0', 'c1') order by seq`),
+    ).toEqual([
       { custom_id: 'c0', status: 'pending', turn: 0, attempts: 0, affinity: null },
       { custom_id: 'c1', status: 'pending', turn: 1, attempts: 0, affinity: 'e1' },
     ]);
     expect(await rows(db, `select sample_id, idx, content from sample_turns`)).toEqual([{ sample_id: c1.id, idx: 0, content: 'reply 0' }]);
-    expect((await rows(db, `select turns_completed as n, prompt_tokens as p, dropped_results as d from runs`))[0]).toEqual({ n: 1, p: usage.prompt_tokens, d: 1 });
+    expect((await rows(db, `select turns_completed as n, prompt_tokens as p, dropped_results as d from runs`))[0]).toEqual({
+      n: 1,
+      p: usage.prompt_tokens,
+      d: 1,
+    });
 
     // The conversation under way goes first, ahead of samples earlier in the input, with the turn it answered.
     const [next] = await claim(1, 1001);

@@ -93,10 +93,7 @@ export function renderRun(r: RunRow, live: RunProgress, now: number): Run {
       failed: r.failed,
       cancelled: r.cancelled,
     },
-    turns:
-      r.regenerate === 'all_assistant'
-        ? { total: r.turnsTotal, completed: r.turnsCompleted, in_flight: r.inProgress, failed: r.turnsFailed }
-        : null,
+    turns: r.regenerate === 'all_assistant' ? { total: r.turnsTotal, completed: r.turnsCompleted, in_flight: r.inProgress, failed: r.turnsFailed } : null,
     quality: {
       flagged: r.flagged,
       by_flag: flagCounts(r),
