@@ -23,4 +23,4 @@ ALTER TABLE `runs` ADD `turns_failed` integer DEFAULT 0 NOT NULL;--> statement-b
 ALTER TABLE `runs` ADD `turns_max` integer DEFAULT 0 NOT NULL;--> statement-breakpoint
 ALTER TABLE `samples` ADD `turn` integer;--> statement-breakpoint
 ALTER TABLE `samples` ADD `affinity_endpoint_id` text;--> statement-breakpoint
-CREATE INDEX `samples_underway_idx` ON `samples` (`run_id`,`seq`) WHERE status = 'pending' and turn > 0;
+CREATE INDEX `samples_underway_idx` ON `samples` (`run_id`,`seq`) WHERE status = 'pending' AND turn > 0;

@@ -23,4 +23,4 @@ ALTER TABLE "runs" ADD COLUMN "turns_max" integer DEFAULT 0 NOT NULL;--> stateme
 ALTER TABLE "samples" ADD COLUMN "turn" integer;--> statement-breakpoint
 ALTER TABLE "samples" ADD COLUMN "affinity_endpoint_id" text;--> statement-breakpoint
 CREATE INDEX "sample_turns_run_idx" ON "sample_turns" USING btree ("run_id");--> statement-breakpoint
-CREATE INDEX "samples_underway_idx" ON "samples" USING btree ("run_id","seq") WHERE status = 'pending' and turn > 0;
+CREATE INDEX "samples_underway_idx" ON "samples" USING btree ("run_id","seq") WHERE status = 'pending' AND turn > 0;

@@ -210,7 +210,7 @@ export const samples = pgTable(
     index('samples_claim_idx').on(t.runId, t.status, t.seq),
     index('samples_run_seq_idx').on(t.runId, t.seq),
     // Conversations under way waiting for their next turn: claimed before new ones (db/samples.ts claimSamples).
-    index('samples_underway_idx').on(t.runId, t.seq).where(sql`status = 'pending' and turn > 0`),
+    index('samples_underway_idx').on(t.runId, t.seq).where(sql`status = 'pending' AND turn > 0`),
     // SQLite's predicate is `calibration = 1`; here the column is a boolean.
     index('samples_calibration_idx').on(t.runId, t.status, t.seq).where(sql`calibration`),
     index('samples_completion_tokens_idx').on(t.runId, t.completionTokens).where(sql`status = 'completed'`),

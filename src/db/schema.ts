@@ -222,7 +222,7 @@ export const samples = sqliteTable(
     index('samples_claim_idx').on(t.runId, t.status, t.seq),
     index('samples_run_seq_idx').on(t.runId, t.seq),
     // Conversations under way waiting for their next turn: claimed before new ones (db/samples.ts claimSamples).
-    index('samples_underway_idx').on(t.runId, t.seq).where(sql`status = 'pending' and turn > 0`),
+    index('samples_underway_idx').on(t.runId, t.seq).where(sql`status = 'pending' AND turn > 0`),
     // The slice only (at most a few hundred rows a run): its claim, and its lengths read back after a restart.
     index('samples_calibration_idx').on(t.runId, t.status, t.seq).where(sql`calibration = 1`),
     // The quality histograms count each bucket as a range of one of these, never reading a row

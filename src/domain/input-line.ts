@@ -43,8 +43,8 @@ export type ParsedLine =
       model: string | null;
       /** Characters of the assistant turns `regenerate` dropped (their reasoning too): what predicts the new answers' length. */
       old_answer_chars: number | null;
-      /** `all_assistant`: the assistant turns to ask, one a user turn; null otherwise. */
-      turns: number | null;
+      /** `all_assistant` only: the assistant turns to ask, one a user turn. */
+      turns?: number;
     }
   | {
       ok: false;
@@ -136,7 +136,6 @@ export function parseInputLine(text: string, lineNo: number, opts: ParseOptions)
       ...content,
       messages,
       old_answer_chars: dropped ? textLength(dropped.content) + textLength(dropped.reasoning_content) : null,
-      turns: null,
     };
   } catch (err) {
     if (!(err instanceof LineRejected)) throw err;

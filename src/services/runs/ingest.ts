@@ -171,7 +171,7 @@ async function ingestHeld(deps: Deps, runId: string, hold: Hold, signal?: AbortS
             customId: parsed.custom_id,
             request,
             predicted: old === null ? null : Math.round(old / CHARS_PER_TOKEN),
-            turns: parsed.turns,
+            turns: parsed.turns ?? null,
           });
         }
       }
