@@ -2,6 +2,7 @@ import { afterAll, afterEach, describe, expect, it } from 'vitest';
 import { join } from 'node:path';
 import { closeDb, openDb, type Db } from '../../src/db/client.js';
 import { registerReplica } from '../../src/db/replicas.js';
+import { requeueRunSamples } from '../../src/db/requeue.js';
 import { claimSamples, readClaim, releaseRunLeases } from '../../src/db/samples.js';
 import { flagBit } from '../../src/domain/flags.js';
 import { makeLogger } from '../../src/logger.js';
@@ -171,6 +172,45 @@ function writerTests(store: 'sqlite' | 'pg') {
     ]);
     expect((await rows(db, `select count(*) as n from sample_turns where sample_id = ${next.id}`)).map((r) => Number(r.n))).toEqual([2]);
     expect((await rows(db, `select turns_completed as n, completed from runs`))[0]).toEqual({ n: 2, completed: 1 });
+  });
+
+  it('retries a conversation from its first flagged or failed turn, keeping the turns before it', async () => {
+    db = await open('rewind');
+    await seed(db, 2, 2);
+    const exec = (text: string, params: unknown[] = []) => db.write((w) => w.exec(text, params));
+    const [flagged, failed] = (await rows(db, `select id from samples order by seq`)).map((r) => Number(r.id));
+    // c0 completed with its turn 1 of 3 flagged; c1 failed at its turn 2, its turns 0 and 1 answered.
+    await exec(`update runs set regenerate = 'all_assistant', pending = 0, completed = 1, failed = 1, flagged = 1, flag_truncated = 1,
+      turns_total = 6, turns_completed = 5, turns_failed = 1`);
+    await exec(`update samples set status = 'completed', turn = 2, flags = ? where id = ?`, [flagBit('truncated'), flagged]);
+    await exec(`update samples set status = 'failed', turn = 2, error_code = 'server_error' where id = ?`, [failed]);
+    await exec(`update shards set terminal_count = 2`);
+    for (const [id, idx, flags] of [
+      [flagged, 0, 0],
+      [flagged, 1, flagBit('truncated')],
+      [flagged, 2, 0],
+      [failed, 0, 0],
+      [failed, 1, 0],
+    ]) {
+      await exec(
+        `insert into sample_turns (sample_id, idx, run_id, content, prompt_tokens, completion_tokens, reasoning_tokens, cached_tokens, latency_ms, attempts, flags)
+         values (?, ?, 'run_a', 'r', 1, 1, 0, 0, 1, 1, ?)`,
+        [id, idx, flags],
+      );
+    }
+    expect(await requeueRunSamples(db, 'run_a', 'flagged', NOW)).toBe(1);
+    expect(await requeueRunSamples(db, 'run_a', 'failed', NOW)).toBe(1);
+    expect(await rows(db, `select status, turn, flags from samples order by seq`)).toEqual([
+      { status: 'pending', turn: 1, flags: 0 },
+      { status: 'pending', turn: 2, flags: 0 },
+    ]);
+    const kept = await rows(db, `select sample_id, idx from sample_turns order by sample_id, idx`);
+    expect(kept.map((r) => [Number(r.sample_id), r.idx])).toEqual([
+      [flagged, 0],
+      [failed, 0],
+      [failed, 1],
+    ]);
+    expect((await rows(db, `select pending, turns_completed as done, turns_failed as lost from runs`))[0]).toEqual({ pending: 2, done: 3, lost: 0 });
   });
 
   it('commits a batch of outcomes in one transaction, keeps the counters equal to a recount, and reports closed shards', async () => {
