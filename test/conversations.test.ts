@@ -195,6 +195,8 @@ describe('conversations regenerated turn by turn through a kill -9', () => {
     expect(lineErrors.map((e) => e.line)).toEqual(UNWALKABLE.map((_, i) => CONVERSATIONS + 1 + i));
     expect(committed).toBeGreaterThanOrEqual(seen.turns.completed);
     expect(left.completed).toBeLessThan(CONVERSATIONS);
+    // The kill interrupted turns in flight.
+    expect(left.in_progress).toBeGreaterThan(0);
     const askedBeforeKill = await requestsAtSims();
 
     server = await spawnServer(data.dir);
