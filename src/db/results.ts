@@ -240,8 +240,13 @@ async function nextTurn(tx: DbOrTx, owner: string, o: Extract<Outcome, { kind: '
  * conversation's last turn also leaves its endpoint as the one that holds its prefix.
  */
 async function storeTurns(tx: DbOrTx, batch: Outcome[], applied: boolean[]): Promise<void> {
-  for (const [i, o] of batch.entries()) {
-    if (!applied[i] || (o.kind !== 'turn' && o.kind !== 'completed') || !o.turn) continue;
+  const answered = batch.filter(
+    (o, i): o is Extract<Outcome, { kind: 'turn' | 'completed' }> & { turn: TurnRecord } =>
+      applied[i] && (o.kind === 'turn' || o.kind === 'completed') && o.turn !== undefined,
+  );
+  if (!answered.length) return;
+  if (tx.dialect === 'pg') return storeTurnsAtOnce(tx, answered);
+  for (const o of answered) {
     const t = o.turn;
     await tx.exec(SQL.storeTurn, [
       o.sampleId,
@@ -260,6 +265,44 @@ async function storeTurns(tx: DbOrTx, batch: Outcome[], applied: boolean[]): Pro
       t.flags,
     ]);
     if (o.kind === 'completed') await tx.exec(SQL.affinity, [o.endpointId, o.sampleId]);
+  }
+}
+
+/** PostgreSQL: storeTurns in two statements, whatever the batch's size. */
+async function storeTurnsAtOnce(tx: DbOrTx, answered: (Extract<Outcome, { kind: 'turn' | 'completed' }> & { turn: TurnRecord })[]): Promise<void> {
+  const col = <T>(f: (t: TurnRecord) => T) => answered.map((o) => f(o.turn));
+  await tx.exec(
+    `insert into sample_turns (sample_id, idx, run_id, content, reasoning_content, finish_reason, prompt_tokens, completion_tokens, reasoning_tokens,
+       cached_tokens, endpoint_id, latency_ms, attempts, flags)
+     select * from unnest(?::bigint[], ?::int[], ?::text[], ?::text[], ?::text[], ?::text[], ?::int[], ?::int[], ?::int[], ?::int[], ?::text[], ?::int[],
+       ?::int[], ?::int[])
+     on conflict (sample_id, idx) do update set content = excluded.content, reasoning_content = excluded.reasoning_content,
+       finish_reason = excluded.finish_reason, prompt_tokens = excluded.prompt_tokens, completion_tokens = excluded.completion_tokens,
+       reasoning_tokens = excluded.reasoning_tokens, cached_tokens = excluded.cached_tokens, endpoint_id = excluded.endpoint_id,
+       latency_ms = excluded.latency_ms, attempts = excluded.attempts, flags = excluded.flags`,
+    [
+      answered.map((o) => o.sampleId),
+      col((t) => t.idx),
+      answered.map((o) => o.runId),
+      col((t) => t.content),
+      col((t) => t.reasoningContent),
+      col((t) => t.finishReason),
+      col((t) => t.usage.prompt_tokens),
+      col((t) => t.usage.completion_tokens),
+      col((t) => t.usage.reasoning_tokens),
+      col((t) => t.usage.cached_tokens),
+      col((t) => t.endpointId),
+      col((t) => t.latencyMs),
+      col((t) => t.attempts),
+      col((t) => t.flags),
+    ],
+  );
+  const last = answered.filter((o) => o.kind === 'completed');
+  if (last.length) {
+    await tx.exec(`update samples as s set affinity_endpoint_id = v.endpoint_id from unnest(?::bigint[], ?::text[]) as v(id, endpoint_id) where s.id = v.id`, [
+      last.map((o) => o.sampleId),
+      last.map((o) => o.endpointId),
+    ]);
   }
 }
 
@@ -417,7 +460,18 @@ async function updateSamplesAtOnce(tx: DbOrTx, owner: string, batch: Outcome[]):
     );
   }
 
-  for (const o of batch) if (o.kind === 'turn' && (await nextTurn(tx, owner, o))) changed.add(o.sampleId);
+  const turned = batch.filter((o) => o.kind === 'turn');
+  if (turned.length) {
+    // As SQL.nextTurn.
+    await apply(
+      `update samples as s set status = 'pending', turn = s.turn + 1, attempts = 0, server_faults = 0, quality_retries = 0, available_at = 0,
+         flags = v.flags, endpoint_id = v.endpoint_id, affinity_endpoint_id = v.endpoint_id, error_code = null, error_message = null,
+         error_status = null, ${cleared}
+       from unnest(?::bigint[], ?::int[], ?::text[], ?::int[]) as v(id, flags, endpoint_id, turn)
+       where ${guard} and s.turn = v.turn returning s.id`,
+      [turned.map((o) => o.sampleId), turned.map((o) => o.flags), turned.map((o) => o.endpointId), turned.map((o) => o.turn.idx), owner],
+    );
+  }
 
   for (const [kind, set] of [
     ['release', RELEASE_LEASE],
