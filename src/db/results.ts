@@ -47,8 +47,8 @@ export type Outcome =
   | (Base & { kind: 'cancelled' });
 
 export interface FlushReport {
-  /** Runs whose counters moved, with the completions added. */
-  runs: Map<string, { completed: number; tokens: number }>;
+  /** Runs whose counters moved, with the completions added and the conversations moved on to their next turn. */
+  runs: Map<string, { completed: number; tokens: number; turns?: number }>;
   /** Shards whose last sample just became terminal. */
   closedShards: { runId: string; idx: number }[];
   dropped: number;
@@ -194,6 +194,7 @@ export async function applyOutcomes(tx: DbOrTx, owner: string, batch: Outcome[],
     if (o.kind === 'turn') {
       const r = report.runs.get(o.runId) ?? { completed: 0, tokens: 0 };
       r.tokens += o.turn.usage.completion_tokens;
+      r.turns = (r.turns ?? 0) + 1;
       report.runs.set(o.runId, r);
     }
   }
