@@ -2,6 +2,7 @@ import { describe, expect, it } from 'vitest';
 import { regeneratedMessages, type TurnRecord, turnCount, turnMessages } from '../../src/domain/conversation.js';
 import { flagBit } from '../../src/domain/flags.js';
 import { computeForecast } from '../../src/domain/forecast.js';
+import { errorLine, outputLine } from '../../src/domain/output-line.js';
 import { parseInputLine } from '../../src/domain/input-line.js';
 import { type Attempt, settleAnswer, settleError } from '../../src/runner/outcomes.js';
 import { buildRequest, type Answer } from '../../src/runner/request.js';
@@ -233,5 +234,43 @@ describe('the forecast of a conversation run', () => {
     expect(computeForecast(input, () => 0.5)?.wall_seconds_remaining).toBe(5);
     expect(computeForecast({ ...input, chainSeconds: 12 }, () => 0.5)).toMatchObject({ wall_seconds_remaining: 12, low: 12, high: 12 });
     expect(computeForecast({ ...input, chainSeconds: 2 }, () => 0.5)?.wall_seconds_remaining).toBe(5);
+  });
+});
+
+describe("a conversation's lines", () => {
+  const sample = {
+    customId: 'c',
+    request: JSON.stringify({ messages: [{ role: 'user', content: 'q0' }] }),
+    finishReason: 'stop',
+    promptTokens: 1,
+    completionTokens: 2,
+    reasoningTokens: 0,
+    cachedTokens: 0,
+    endpointId: 'e1',
+    latencyMs: 5,
+    attempts: 1,
+    serverFaults: 0,
+    flags: 0,
+  };
+
+  it('writes the regenerated conversation and its turns, the totals at the top', () => {
+    const usage = { prompt_tokens: 9, completion_tokens: 8, reasoning_tokens: 7, cached_tokens: 6 };
+    const turns = [{ finish_reason: 'stop', usage, endpoint_id: 'e1', latency_ms: 5, attempts: 1, flags: [] }];
+    const messages = [
+      { role: 'user', content: 'q0' },
+      { role: 'assistant', content: 'a', reasoning_content: 'r' },
+    ];
+    const line = JSON.parse(
+      outputLine(sample, { content: 'a', reasoning_content: 'r', model: 'm', conversation: { messages, turns, usage, latency_ms: 50, attempts: 3 } }),
+    );
+    expect(line).toMatchObject({ messages, turns, usage, latency_ms: 50, attempts: 3, content: 'a' });
+    // A single request's line has no turns.
+    expect(JSON.parse(outputLine(sample, { content: 'a', reasoning_content: 'r', model: 'm' }))).not.toHaveProperty('turns');
+  });
+
+  it("names the failed turn on a conversation's error line only", () => {
+    const failed = { customId: 'c', errorCode: 'server_error', errorMessage: 'x', errorStatus: 500, attempts: 3, serverFaults: 0 };
+    expect(JSON.parse(errorLine({ ...failed, turn: 2 })).turn).toBe(2);
+    expect(JSON.parse(errorLine({ ...failed, turn: null }))).not.toHaveProperty('turn');
   });
 });
