@@ -154,6 +154,7 @@ describe('GET /v1/runs/{id}/events', () => {
       status: 'completed',
       status_reason: null,
       request_counts: run.request_counts,
+      turns: null,
       quality: run.quality,
       usage: run.usage,
       shards: { total: 3, uploaded: 3 },

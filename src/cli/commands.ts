@@ -53,7 +53,12 @@ export function registerClientCommands(program: Command): void {
     )
     .option('--name <name>', 'a name for the run')
     .option('--shard-size <n>', 'samples per output shard', positiveInt('--shard-size'))
-    .addOption(new Option('--regenerate <what>', 'drop a trailing assistant turn before sending').choices(['last_assistant']))
+    .addOption(
+      new Option(
+        '--regenerate <what>',
+        'last_assistant: drop a trailing assistant turn and ask it again; all_assistant: ask every assistant turn again, in order',
+      ).choices(['last_assistant', 'all_assistant']),
+    )
     .addOption(
       new Option(
         '--on-invalid-line <what>',
@@ -92,7 +97,12 @@ export function registerClientCommands(program: Command): void {
     .option('--samples <n>', 'lines of the file to upload and answer (default 200, the calibration slice)', positiveInt('--samples'))
     .option('--deadline <duration>', 'when the run should be done (72h, 90m, 2d): how many endpoints would meet it', durationArg('--deadline'))
     .option('--endpoints <n>', 'also give the wall time on this many endpoints like the ones measured', positiveInt('--endpoints'))
-    .addOption(new Option('--regenerate <what>', 'drop a trailing assistant turn before sending').choices(['last_assistant']))
+    .addOption(
+      new Option(
+        '--regenerate <what>',
+        'last_assistant: drop a trailing assistant turn and ask it again; all_assistant: ask every assistant turn again, in order',
+      ).choices(['last_assistant', 'all_assistant']),
+    )
     .action((file, opts) => run(async () => (await import('./plan.js')).planCommand(file, opts)));
 
   client(program.command('status'))

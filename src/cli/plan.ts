@@ -8,6 +8,7 @@ import { parseInputLine, readLines } from '../domain/input-line.js';
 import { Client, UsageError, type ClientOptions } from './client.js';
 import { duration, num, rate, TERMINAL } from './format.js';
 import { parseParams } from './params.js';
+import type { RegenerateMode } from '../domain/params.js';
 import { checkRun, createRun } from './submit.js';
 
 type Run = components['schemas']['Run'];
@@ -18,7 +19,7 @@ export interface PlanOptions extends ClientOptions {
   samples?: number;
   deadline?: number;
   endpoints?: number;
-  regenerate?: 'last_assistant';
+  regenerate?: RegenerateMode;
 }
 
 /** How often the dry run is looked at while it answers its slice. */
@@ -94,7 +95,7 @@ const format = (rows: [string, string][]) => rows.map(([label, value]) => `${lab
  * file, holding only the picked lines. A picked line that is not valid is reported with its line
  * number in the file, not in the sample.
  */
-async function sampleFile(file: string, k: number, regenerate: 'last_assistant' | null): Promise<{ lines: number; sample: string[] }> {
+async function sampleFile(file: string, k: number, regenerate: RegenerateMode | null): Promise<{ lines: number; sample: string[] }> {
   const nonBlank = async function* () {
     for await (const raw of readLines(createReadStream(file), { maxLineBytes: MAX_LINE_BYTES })) {
       if ('error' in raw || raw.text.trim() !== '') yield raw;

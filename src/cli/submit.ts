@@ -6,6 +6,7 @@ import type { components } from '../client/index.js';
 import { ApiCallError, Client, UsageError, type ClientOptions } from './client.js';
 import { num, statusWithReason, TERMINAL } from './format.js';
 import { parseParams } from './params.js';
+import type { RegenerateMode } from '../domain/params.js';
 import { watchRun } from './watch.js';
 
 export interface SubmitOptions extends ClientOptions {
@@ -13,7 +14,7 @@ export interface SubmitOptions extends ClientOptions {
   param: string[];
   name?: string;
   shardSize?: number;
-  regenerate?: 'last_assistant';
+  regenerate?: RegenerateMode;
   onInvalidLine?: 'fail' | 'skip';
   onLength?: 'keep' | 'retry' | 'fail';
   /** The run's variants as JSON, or `@file` holding it. */

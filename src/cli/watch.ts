@@ -21,6 +21,9 @@ function payload(run: RunProgress) {
     all: num(c.total),
     pct: pct(answered(run).fraction),
     rate: rate(p.samples_per_second),
+    // A conversation run counts conversations as its samples; its turns are the requests.
+    unit: run.turns ? `conversations (${num(run.turns.completed)}/${num(run.turns.total)} turns)` : 'samples',
+    rate_unit: run.turns ? 'conversations' : 'samples',
     eta_text: eta,
     flags: `${num(run.quality.flagged)} flagged${c.completed ? ` (${pct(run.quality.flagged / c.completed)})` : ''}, ${num(c.failed)} failed`,
     status: statusWithReason(run),
@@ -33,7 +36,7 @@ function payload(run: RunProgress) {
  */
 export async function watchRun(client: Client, runId: string): Promise<number> {
   const bar = new cliProgress.SingleBar({
-    format: '{bar} {pct} | {done}/{all} samples | {rate} samples/s | ETA {eta_text} | {flags} | {status}',
+    format: '{bar} {pct} | {done}/{all} {unit} | {rate} {rate_unit}/s | ETA {eta_text} | {flags} | {status}',
     barCompleteChar: '█',
     barIncompleteChar: '░',
     barsize: 30,
@@ -89,6 +92,7 @@ function summary(run: Run): string {
   const head = `run ${run.id} ${pausedByGate(run) ? 'paused by the quality gate' : run.status} after ${duration(run.progress.elapsed_seconds)}`;
   const counts = `${num(c.completed)} completed, ${num(c.failed)} failed, ${num(run.quality.flagged)} flagged, shards ${num(run.shards.uploaded)}/${num(run.shards.total)}`;
   const lines = [`${head}: ${counts}`];
+  if (run.turns) lines.push(`  conversations: ${num(run.turns.completed)} of ${num(run.turns.total)} turns answered, ${num(run.turns.failed)} failed`);
   if (run.status_reason) lines.push(`  ${run.status_reason}`);
   if (run.manifest_uri) lines.push(`  manifest: ${run.manifest_uri}`);
   return lines.join('\n');

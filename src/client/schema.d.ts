@@ -523,6 +523,13 @@ export interface components {
                 failed: number;
                 cancelled: number;
             };
+            /** @description A run with `regenerate: "all_assistant"`: its conversations' assistant turns, one request each (`request_counts` counts conversations). `total` once validated; `in_flight`, the conversations with a turn claimed or sent; `failed`, the turns that failed their conversation. Null for other runs */
+            turns: {
+                total: number;
+                completed: number;
+                in_flight: number;
+                failed: number;
+            } | null;
             quality: {
                 flagged: number;
                 by_flag: {
@@ -862,6 +869,13 @@ export interface components {
                 failed: number;
                 cancelled: number;
             };
+            /** @description A run with `regenerate: "all_assistant"`: its conversations' assistant turns, one request each (`request_counts` counts conversations). `total` once validated; `in_flight`, the conversations with a turn claimed or sent; `failed`, the turns that failed their conversation. Null for other runs */
+            turns: {
+                total: number;
+                completed: number;
+                in_flight: number;
+                failed: number;
+            } | null;
             quality: {
                 flagged: number;
                 by_flag: {
@@ -1020,7 +1034,7 @@ export interface components {
                 eval: number;
             };
             /** @enum {string|null} */
-            regenerate?: "last_assistant" | null;
+            regenerate?: "last_assistant" | "all_assistant" | null;
             /** @enum {string} */
             on_invalid_line?: "fail" | "skip";
             quality?: components["schemas"]["QualitySettings"];
@@ -1170,7 +1184,7 @@ export interface components {
                 eval: number;
             };
             /** @enum {string|null} */
-            regenerate?: "last_assistant" | null;
+            regenerate?: "last_assistant" | "all_assistant" | null;
             /** @enum {string} */
             on_invalid_line?: "fail" | "skip";
             quality?: components["schemas"]["QualitySettings"];
@@ -1283,6 +1297,8 @@ export interface components {
              * @example 2026-12-02T14:00:00.000Z
              */
             completed_at: string | null;
+            /** @description A conversation's (`regenerate: "all_assistant"`): the assistant turn being asked, or the one that failed it (0-based); null for other samples */
+            turn: number | null;
         };
         /** @enum {string} */
         SampleStatus: "pending" | "in_progress" | "completed" | "failed" | "cancelled";
@@ -1304,12 +1320,30 @@ export interface components {
                 reasoning_content: string | null;
                 content: string | null;
             } | null;
+            /** @description A conversation's answered turns, in order (the stored messages are its system and user turns) */
+            turns?: components["schemas"]["SampleTurn"][];
         };
         ChatMessage: {
             role: string;
             content?: unknown;
         } & {
             [key: string]: unknown;
+        };
+        SampleTurn: {
+            index: number;
+            content: string | null;
+            reasoning_content: string | null;
+            finish_reason: string | null;
+            usage: {
+                prompt_tokens: number;
+                completion_tokens: number;
+                reasoning_tokens: number;
+                cached_tokens: number;
+            };
+            endpoint_id: string | null;
+            latency_ms: number;
+            attempts: number;
+            flags: components["schemas"]["QualityFlag"][];
         };
         RunQuality: {
             /** @enum {string} */

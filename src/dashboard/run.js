@@ -210,7 +210,12 @@ export function runView(root, runId) {
       h(
         'div',
         { className: 'stats' },
-        stat(finished ? 'Average rate' : 'Rate', `${rate(p.samples_per_second)} samples/s`, `${rate(p.completion_tokens_per_second)} tokens/s`),
+        // A conversation run counts conversations as its samples; its turns are the requests.
+        stat(
+          finished ? 'Average rate' : 'Rate',
+          `${rate(p.samples_per_second)} ${run.turns ? 'conversations' : 'samples'}/s`,
+          `${rate(p.completion_tokens_per_second)} tokens/s`,
+        ),
         finished
           ? stat('Took', duration(p.elapsed_seconds), run.finished_at ? `ended ${at(run.finished_at)}` : '')
           : stat('ETA', eta(run), `elapsed ${duration(p.elapsed_seconds)}`),
@@ -218,6 +223,9 @@ export function runView(root, runId) {
         stat('Failed', num(c.failed)),
         // Sent and not answered; the samples claimed ahead of dispatch (also in_progress in the API) apart.
         stat('In flight', num(p.in_flight), `${num(Math.max(0, c.in_progress - p.in_flight))} claimed ahead · ${num(c.pending)} pending`),
+        run.turns
+          ? stat('Turns', `${num(run.turns.completed)} / ${num(run.turns.total)}`, `${num(run.turns.in_flight)} in flight · ${num(run.turns.failed)} failed`)
+          : null,
         stat('Tokens', num(run.usage.completion_tokens), `${num(run.usage.reasoning_tokens)} reasoning · ${num(run.usage.prompt_tokens)} prompt`),
       ),
       h(

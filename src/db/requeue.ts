@@ -2,7 +2,8 @@ import { countFlags } from '../domain/flags.js';
 import type { Db } from './client.js';
 import { uncountRequeued } from './runs.js';
 import { addToVariantDelta, moveVariantCounters, newVariantDelta, type VariantDelta } from './run-variants.js';
-import { requeueSamples, samplesToRetry } from './samples.js';
+import { dropTurnsFrom, firstFlaggedTurns } from './sample-turns.js';
+import { requeueSamples, samplesToRetry, setSampleTurn } from './samples.js';
 import { reopenShards } from './shards.js';
 import { deleteStagedOutputs } from './staging.js';
 
@@ -27,9 +28,10 @@ export async function requeueRunSamples(db: Db, runId: string, only: 'failed' | 
       await requeueSamples(tx, chunk);
       await deleteStagedOutputs(tx, chunk);
     }
+    const turns = await rewindConversations(tx, picked, only);
     const reopenedUploaded = await reopenShards(tx, runId, perShard);
     const n = picked.length;
-    await uncountRequeued(tx, runId, { only, n, byFlag: countFlags(picked.map((s) => s.flags)), reopenedUploaded, now });
+    await uncountRequeued(tx, runId, { only, n, byFlag: countFlags(picked.map((s) => s.flags)), reopenedUploaded, now, turns });
     // Each variant's counters give back what its samples had counted; their usage stays spent.
     const byVariant = new Map<number, VariantDelta>();
     for (const s of picked) {
@@ -44,4 +46,32 @@ export async function requeueRunSamples(db: Db, runId: string, only: 'failed' | 
     }
     return n;
   });
+}
+
+/**
+ * Conversations go back to their first failed or flagged turn: the turns before it are kept, it
+ * and the ones after are asked again. Returns the turns uncounted: answered ones dropped, failed ones.
+ */
+async function rewindConversations(
+  tx: Db,
+  picked: readonly { id: number; turn: number | null }[],
+  only: 'failed' | 'flagged',
+): Promise<{ completed: number; failed: number }> {
+  const conversations = picked.filter((s): s is { id: number; turn: number } => s.turn !== null);
+  const counted = { completed: 0, failed: 0 };
+  if (!conversations.length) return counted;
+  const flagged =
+    only === 'flagged'
+      ? await firstFlaggedTurns(
+          tx,
+          conversations.map((s) => s.id),
+        )
+      : null;
+  for (const s of conversations) {
+    const from = flagged ? (flagged.get(s.id) ?? 0) : s.turn;
+    counted.completed += await dropTurnsFrom(tx, s.id, from);
+    if (!flagged) counted.failed++;
+    if (from !== s.turn) await setSampleTurn(tx, s.id, from);
+  }
+  return counted;
 }

@@ -1,5 +1,6 @@
 import type { SampleError } from '../domain/sample-errors.js';
 import type { Usage } from '../domain/output-line.js';
+import type { TurnRecord } from '../domain/conversation.js';
 import { FLAG_COLUMNS, FLAGS, flagBit } from '../domain/flags.js';
 import type { DbOrTx } from './client.js';
 import { RELEASE_LEASE } from './samples.js';
@@ -33,8 +34,14 @@ export type Outcome =
       chars: { reasoning: number; content: number };
       output: string;
       at: number;
+      /** A conversation's last turn, stored with the others; `usage` and `latencyMs` are then the whole conversation's. */
+      turn?: TurnRecord;
     })
-  | (Base & { kind: 'failed'; error: SampleError; at: number })
+  // A conversation's turn answered with more to ask: stored, and the sample back in the queue for
+  // its next turn with a fresh attempt budget (the turn's own).
+  | (Base & { kind: 'turn'; turn: TurnRecord; flags: number })
+  // `turn`: a conversation's, the turn that failed it.
+  | (Base & { kind: 'failed'; error: SampleError; at: number; turn?: number })
   // Back to the queue: a retry after backoff (usage is what the failed or flagged attempt cost). After
   // a server's fault the attempt is refunded and the fault counted instead.
   | (Base & {
@@ -52,8 +59,8 @@ export type Outcome =
   | (Base & { kind: 'cancelled' });
 
 export interface FlushReport {
-  /** Runs whose counters moved, with the completions added. */
-  runs: Map<string, { completed: number; tokens: number }>;
+  /** Runs whose counters moved, with the completions added and the conversations moved on to their next turn. */
+  runs: Map<string, { completed: number; tokens: number; turns?: number }>;
   /** Shards whose last sample just became terminal. */
   closedShards: { runId: string; idx: number }[];
   dropped: number;
@@ -74,6 +81,8 @@ interface RunDelta {
   dropped: number;
   loops: number;
   loopTokensSaved: number;
+  turnsCompleted: number;
+  turnsFailed: number;
 }
 
 const newDelta = (): RunDelta => ({
@@ -91,6 +100,8 @@ const newDelta = (): RunDelta => ({
   dropped: 0,
   loops: 0,
   loopTokensSaved: 0,
+  turnsCompleted: 0,
+  turnsFailed: 0,
 });
 
 const GUARD = `where id = ? and status = 'in_progress' and lease_owner = ?`;
@@ -107,12 +118,23 @@ const SQL = {
   retry: `update samples set status = 'pending', available_at = ?, quality_retries = quality_retries + ?, max_tokens = coalesce(?, max_tokens),
      attempts = case when attempts > ? then attempts - ? else 0 end,
      server_faults = server_faults + ?, error_code = ?, error_message = ?, error_status = ?, lease_owner = null, lease_expires_at = null ${GUARD}`,
+  nextTurn: `update samples set status = 'pending', turn = turn + 1, attempts = 0, server_faults = 0, quality_retries = 0, available_at = 0, flags = ?,
+     endpoint_id = ?, affinity_endpoint_id = ?, error_code = null, error_message = null, error_status = null, lease_owner = null, lease_expires_at = null
+     ${GUARD} and turn = ?`,
+  storeTurn: `insert into sample_turns (sample_id, idx, run_id, content, reasoning_content, finish_reason, prompt_tokens, completion_tokens, reasoning_tokens,
+     cached_tokens, endpoint_id, latency_ms, attempts, flags) values (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+     on conflict (sample_id, idx) do update set content = excluded.content, reasoning_content = excluded.reasoning_content,
+     finish_reason = excluded.finish_reason, prompt_tokens = excluded.prompt_tokens, completion_tokens = excluded.completion_tokens,
+     reasoning_tokens = excluded.reasoning_tokens, cached_tokens = excluded.cached_tokens, endpoint_id = excluded.endpoint_id,
+     latency_ms = excluded.latency_ms, attempts = excluded.attempts, flags = excluded.flags`,
+  affinity: `update samples set affinity_endpoint_id = ? where id = ?`,
   release: `update samples set ${RELEASE_LEASE} ${GUARD}`,
   cancel: `update samples set status = 'cancelled', lease_owner = null, lease_expires_at = null ${GUARD}`,
   runCounters: `update runs set pending = pending + ?, in_progress = in_progress + ?, completed = completed + ?, failed = failed + ?,
      cancelled = cancelled + ?, flagged = flagged + ?, ${FLAG_COLUMNS.map(({ column }) => `${column} = ${column} + ?`).join(', ')}, prompt_tokens = prompt_tokens + ?,
      completion_tokens = completion_tokens + ?, reasoning_tokens = reasoning_tokens + ?, cached_tokens = cached_tokens + ?, dropped_results = dropped_results + ?,
-     loops_stopped = loops_stopped + ?, loop_tokens_saved = loop_tokens_saved + ?, updated_at = ? where id = ?`,
+     loops_stopped = loops_stopped + ?, loop_tokens_saved = loop_tokens_saved + ?, turns_completed = turns_completed + ?, turns_failed = turns_failed + ?,
+     updated_at = ? where id = ?`,
   shardTerminal: `update shards set terminal_count = terminal_count + ? where run_id = ? and idx = ? returning terminal_count, sample_count`,
   endpointStats: `update endpoints set completed = completed + ?, failed = failed + ? where id = ?`,
 };
@@ -129,6 +151,7 @@ export async function applyOutcomes(tx: DbOrTx, owner: string, batch: Outcome[],
     tx.dialect === 'pg' && new Set(batch.map((o) => o.sampleId)).size === batch.length
       ? await updateSamplesAtOnce(tx, owner, batch)
       : await updateSamplesEach(tx, owner, batch);
+  await storeTurns(tx, batch, applied);
   for (const [i, o] of batch.entries()) {
     let d = deltas.get(o.runId);
     if (!d) deltas.set(o.runId, (d = newDelta()));
@@ -137,15 +160,22 @@ export async function applyOutcomes(tx: DbOrTx, owner: string, batch: Outcome[],
       report.dropped++;
       continue;
     }
-    const usage = o.kind === 'completed' ? o.usage : o.kind === 'retry' ? o.usage : null;
+    // A conversation's last turn carries the conversation's totals for its row: the run adds this turn's only.
+    const usage = o.kind === 'completed' ? (o.turn?.usage ?? o.usage) : o.kind === 'retry' ? o.usage : o.kind === 'turn' ? o.turn.usage : null;
     const terminal = o.kind === 'completed' || o.kind === 'failed' || o.kind === 'cancelled';
     if (o.kind === 'completed') {
       d.completed++;
       if (o.flags) d.flagged++;
       for (const [f, flag] of FLAGS.entries()) if (o.flags & flagBit(flag)) d.flags[f]++;
-    } else if (o.kind === 'failed') d.failed++;
-    else if (o.kind === 'cancelled') d.cancelled++;
-    else d.pending++;
+      if (o.turn) d.turnsCompleted++;
+    } else if (o.kind === 'failed') {
+      d.failed++;
+      if (o.turn !== undefined) d.turnsFailed++;
+    } else if (o.kind === 'cancelled') d.cancelled++;
+    else {
+      d.pending++;
+      if (o.kind === 'turn') d.turnsCompleted++;
+    }
     d.inProgress--;
     if (o.loopTokensSaved !== undefined) {
       d.loops++;
@@ -163,9 +193,9 @@ export async function applyOutcomes(tx: DbOrTx, owner: string, batch: Outcome[],
       if (!vd) variantDeltas.set(key, (vd = { runId: o.runId, idx: o.variant, d: newVariantDelta() }));
       addToVariantDelta(vd.d, o.kind === 'completed' || o.kind === 'failed' ? o.kind : 'other', o.kind === 'completed' ? o.flags : 0, usage);
     }
-    if (o.endpointId && (o.kind === 'completed' || o.kind === 'failed')) {
+    if (o.endpointId && (o.kind === 'completed' || o.kind === 'failed' || o.kind === 'turn')) {
       const e = endpointDeltas.get(o.endpointId) ?? { completed: 0, failed: 0 };
-      e[o.kind]++;
+      e[o.kind === 'turn' ? 'completed' : o.kind]++;
       endpointDeltas.set(o.endpointId, e);
     }
     if (terminal) {
@@ -177,7 +207,13 @@ export async function applyOutcomes(tx: DbOrTx, owner: string, batch: Outcome[],
     if (o.kind === 'completed') {
       const r = report.runs.get(o.runId) ?? { completed: 0, tokens: 0 };
       r.completed++;
-      r.tokens += o.usage.completion_tokens;
+      r.tokens += (o.turn?.usage ?? o.usage).completion_tokens;
+      report.runs.set(o.runId, r);
+    }
+    if (o.kind === 'turn') {
+      const r = report.runs.get(o.runId) ?? { completed: 0, tokens: 0 };
+      r.tokens += o.turn.usage.completion_tokens;
+      r.turns = (r.turns ?? 0) + 1;
       report.runs.set(o.runId, r);
     }
   }
@@ -197,6 +233,8 @@ export async function applyOutcomes(tx: DbOrTx, owner: string, batch: Outcome[],
       d.dropped,
       d.loops,
       d.loopTokensSaved,
+      d.turnsCompleted,
+      d.turnsFailed,
       now,
       runId,
     ]);
@@ -209,6 +247,84 @@ export async function applyOutcomes(tx: DbOrTx, owner: string, batch: Outcome[],
   for (const [id, e] of endpointDeltas) await tx.exec(SQL.endpointStats, [e.completed, e.failed, id]);
   for (const { runId, idx, d } of variantDeltas.values()) await moveVariantCounters(tx, runId, idx, d);
   return report;
+}
+
+/** A conversation's answered turn moves its sample on to the next one; whether it did. */
+async function nextTurn(tx: DbOrTx, owner: string, o: Extract<Outcome, { kind: 'turn' }>): Promise<boolean> {
+  const { changes } = await tx.exec(SQL.nextTurn, [o.flags, o.endpointId, o.endpointId, o.sampleId, owner, o.turn.idx]);
+  return changes > 0;
+}
+
+/**
+ * The turns the batch answered, stored beside the sample updates that took them (in the same
+ * transaction: a turn is never kept without its sample moving on, nor the reverse); a
+ * conversation's last turn also leaves its endpoint as the one that holds its prefix.
+ */
+async function storeTurns(tx: DbOrTx, batch: Outcome[], applied: boolean[]): Promise<void> {
+  const answered = batch.filter(
+    (o, i): o is Extract<Outcome, { kind: 'turn' | 'completed' }> & { turn: TurnRecord } =>
+      applied[i] && (o.kind === 'turn' || o.kind === 'completed') && o.turn !== undefined,
+  );
+  if (!answered.length) return;
+  if (tx.dialect === 'pg') return storeTurnsAtOnce(tx, answered);
+  for (const o of answered) {
+    const t = o.turn;
+    await tx.exec(SQL.storeTurn, [
+      o.sampleId,
+      t.idx,
+      o.runId,
+      t.content,
+      t.reasoningContent,
+      t.finishReason,
+      t.usage.prompt_tokens,
+      t.usage.completion_tokens,
+      t.usage.reasoning_tokens,
+      t.usage.cached_tokens,
+      t.endpointId,
+      t.latencyMs,
+      t.attempts,
+      t.flags,
+    ]);
+    if (o.kind === 'completed') await tx.exec(SQL.affinity, [o.endpointId, o.sampleId]);
+  }
+}
+
+/** PostgreSQL: storeTurns in two statements, whatever the batch's size. */
+async function storeTurnsAtOnce(tx: DbOrTx, answered: (Extract<Outcome, { kind: 'turn' | 'completed' }> & { turn: TurnRecord })[]): Promise<void> {
+  const col = <T>(f: (t: TurnRecord) => T) => answered.map((o) => f(o.turn));
+  await tx.exec(
+    `insert into sample_turns (sample_id, idx, run_id, content, reasoning_content, finish_reason, prompt_tokens, completion_tokens, reasoning_tokens,
+       cached_tokens, endpoint_id, latency_ms, attempts, flags)
+     select * from unnest(?::bigint[], ?::int[], ?::text[], ?::text[], ?::text[], ?::text[], ?::int[], ?::int[], ?::int[], ?::int[], ?::text[], ?::int[],
+       ?::int[], ?::int[])
+     on conflict (sample_id, idx) do update set content = excluded.content, reasoning_content = excluded.reasoning_content,
+       finish_reason = excluded.finish_reason, prompt_tokens = excluded.prompt_tokens, completion_tokens = excluded.completion_tokens,
+       reasoning_tokens = excluded.reasoning_tokens, cached_tokens = excluded.cached_tokens, endpoint_id = excluded.endpoint_id,
+       latency_ms = excluded.latency_ms, attempts = excluded.attempts, flags = excluded.flags`,
+    [
+      answered.map((o) => o.sampleId),
+      col((t) => t.idx),
+      answered.map((o) => o.runId),
+      col((t) => t.content),
+      col((t) => t.reasoningContent),
+      col((t) => t.finishReason),
+      col((t) => t.usage.prompt_tokens),
+      col((t) => t.usage.completion_tokens),
+      col((t) => t.usage.reasoning_tokens),
+      col((t) => t.usage.cached_tokens),
+      col((t) => t.endpointId),
+      col((t) => t.latencyMs),
+      col((t) => t.attempts),
+      col((t) => t.flags),
+    ],
+  );
+  const last = answered.filter((o) => o.kind === 'completed');
+  if (last.length) {
+    await tx.exec(`update samples as s set affinity_endpoint_id = v.endpoint_id from unnest(?::bigint[], ?::text[]) as v(id, endpoint_id) where s.id = v.id`, [
+      last.map((o) => o.sampleId),
+      last.map((o) => o.endpointId),
+    ]);
+  }
 }
 
 /**
@@ -256,6 +372,9 @@ async function updateSamplesEach(tx: DbOrTx, owner: string, batch: Outcome[]): P
           o.sampleId,
           owner,
         ]));
+        break;
+      case 'turn':
+        changed = (await nextTurn(tx, owner, o)) ? 1 : 0;
         break;
       case 'release':
         ({ changes: changed } = await tx.exec(SQL.release, [o.sampleId, owner]));
@@ -362,6 +481,19 @@ async function updateSamplesAtOnce(tx: DbOrTx, owner: string, batch: Outcome[]):
         retried.map((o) => o.maxTokens ?? null),
         owner,
       ],
+    );
+  }
+
+  const turned = batch.filter((o) => o.kind === 'turn');
+  if (turned.length) {
+    // As SQL.nextTurn.
+    await apply(
+      `update samples as s set status = 'pending', turn = s.turn + 1, attempts = 0, server_faults = 0, quality_retries = 0, available_at = 0,
+         flags = v.flags, endpoint_id = v.endpoint_id, affinity_endpoint_id = v.endpoint_id, error_code = null, error_message = null,
+         error_status = null, ${cleared}
+       from unnest(?::bigint[], ?::int[], ?::text[], ?::int[]) as v(id, flags, endpoint_id, turn)
+       where ${guard} and s.turn = v.turn returning s.id`,
+      [turned.map((o) => o.sampleId), turned.map((o) => o.flags), turned.map((o) => o.endpointId), turned.map((o) => o.turn.idx), owner],
     );
   }
 

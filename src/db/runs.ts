@@ -156,7 +156,8 @@ export async function validatingRunIds(db: DbOrTx): Promise<string[]> {
 export async function setRunValidation(
   db: DbOrTx,
   id: string,
-  set: Pick<RunRow, 'invalidLines' | 'lineErrors' | 'updatedAt'> & Partial<Pick<RunRow, 'total' | 'pending' | 'shardsTotal' | 'predictedSamples'>>,
+  set: Pick<RunRow, 'invalidLines' | 'lineErrors' | 'updatedAt'> &
+    Partial<Pick<RunRow, 'total' | 'pending' | 'shardsTotal' | 'predictedSamples' | 'turnsTotal' | 'turnsMax'>>,
 ): Promise<void> {
   const { runs } = db.t;
   await db.write((w) => w.q.update(runs).set(set).where(eq(runs.id, id)));
@@ -169,9 +170,18 @@ export async function setRunValidation(
 export async function uncountRequeued(
   db: DbOrTx,
   id: string,
-  r: { only: 'failed' | 'flagged'; n: number; byFlag: Record<Flag, number>; reopenedUploaded: number; now: number },
+  r: {
+    only: 'failed' | 'flagged';
+    n: number;
+    byFlag: Record<Flag, number>;
+    reopenedUploaded: number;
+    now: number;
+    /** Conversations': the answered turns dropped to be asked again, and the failed turns to be asked again. */
+    turns?: { completed: number; failed: number };
+  },
 ): Promise<void> {
   const { runs } = db.t;
+  const turns = r.turns ?? { completed: 0, failed: 0 };
   const counters =
     r.only === 'failed'
       ? { failed: sql`${runs.failed} - ${r.n}` }
@@ -187,6 +197,8 @@ export async function uncountRequeued(
         ...counters,
         pending: sql`${runs.pending} + ${r.n}`,
         shardsUploaded: sql`${runs.shardsUploaded} - ${r.reopenedUploaded}`,
+        turnsCompleted: sql`${runs.turnsCompleted} - ${turns.completed}`,
+        turnsFailed: sql`${runs.turnsFailed} - ${turns.failed}`,
         manifestKey: null,
         updatedAt: r.now,
       })

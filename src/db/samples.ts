@@ -3,6 +3,8 @@ import { type Db, type DbOrTx, locked } from './client.js';
 import { deleteRunVariants } from './run-variants.js';
 import { flagBit, type Flag } from '../domain/flags.js';
 import { isDispatchable } from '../domain/statuses.js';
+import type { TurnRecord } from '../domain/conversation.js';
+import { turnsBefore } from './sample-turns.js';
 
 /** One sample of a run: the answer `sampleIndex` (0 by default, the only one when the run asks one answer a line) to the line `customId`. */
 export async function getSample(db: Db, runId: string, customId: string, sampleIndex = 0) {
@@ -101,6 +103,12 @@ export interface ClaimedRow {
   variant: number | null;
   /** The max_tokens an on_length "retry" raised it to, or null. */
   maxTokens: number | null;
+  /** A conversation's turn to ask (0-based); null for a single request. */
+  turn: number | null;
+  /** The endpoint that answered the conversation's previous turn. */
+  affinityEndpointId: string | null;
+  /** A conversation's answered turns before `turn`: the history it is asked with. */
+  history?: TurnRecord[];
 }
 
 /**
@@ -113,8 +121,9 @@ const SLICE_SHUFFLE = 2654435761;
 const byId = (a: ClaimedRow, b: ClaimedRow) => a.id - b.id;
 const LEASE = `update samples set status = 'in_progress', attempts = attempts + 1, lease_owner = ?, lease_expires_at = ?`;
 // Quoted aliases: PostgreSQL folds unquoted names to lower case.
-const LEASED = `returning id, shard_idx as "shardIdx", custom_id as "customId", sample_index as "sampleIndex", request, attempts, quality_retries as "qualityRetries", server_faults as "serverFaults", variant,
-  max_tokens as "maxTokens"`;
+const CLAIMED_COLUMNS = `id, shard_idx as "shardIdx", custom_id as "customId", sample_index as "sampleIndex", request, attempts, quality_retries as "qualityRetries",
+  server_faults as "serverFaults", variant, max_tokens as "maxTokens", turn, affinity_endpoint_id as "affinityEndpointId"`;
+const LEASED = `returning ${CLAIMED_COLUMNS}`;
 
 /**
  * The order a claim takes a run's samples in, after its calibration slice: `slice_only` (a dry
@@ -144,7 +153,11 @@ function claimSql(db: Db) {
   const still = pg ? `and status = 'pending'` : '';
   const slice = pg ? 'samples' : 'samples indexed by samples_calibration_idx';
   const inSlice = pg ? 'calibration' : 'calibration = 1';
+  const underway = pg ? 'samples' : 'samples indexed by samples_underway_idx';
   return {
+    // Conversations waiting for their next turn (samples_underway_idx holds only those).
+    underway: `${LEASE} ${pick}select id from ${underway} where run_id = ? and status = 'pending' and turn > 0 and available_at <= ?
+       order by seq limit ? ${skip}${picked} ${still} ${LEASED}`,
     slice: `${LEASE} ${pick}select id from ${slice} where run_id = ? and ${inSlice} and status = 'pending' and available_at <= ?
        order by (seq * ${SLICE_SHUFFLE}) % 4294967296 limit ? ${skip}${picked} ${still} ${LEASED}`,
     inOrder: `${LEASE} ${pick}select id from samples where run_id = ? and status = 'pending' and available_at <= ? order by seq limit ? ${skip}${picked} ${still} ${LEASED}`,
@@ -159,7 +172,8 @@ function claimSql(db: Db) {
 }
 
 /**
- * Leases up to `limit` pending samples of a run that are due, the calibration slice first
+ * Leases up to `limit` pending samples of a run that are due, the conversations under way first
+ * (so their shards close and their prefixes stay cached), then the calibration slice
  * (samples_calibration_idx), then the rest in the run's `ClaimOrder`, charging each an attempt,
  * and moves the run's counters with them in the same transaction, so a crash between the
  * statements cannot leave the counters off by a batch. With `groups`, the due pending answers of
@@ -194,10 +208,15 @@ export async function claimSamples(
     }
     // A run paused or cancelled since the caller read it takes no more: the status is read in the
     // claim's own transaction.
-    const { rows: run } = await tx.exec<{ status: string }>('select status from runs where id = ?', [c.runId]);
+    const { rows: run } = await tx.exec<{ status: string; regenerate: string | null }>('select status, regenerate from runs where id = ?', [c.runId]);
     if (!run.length || !isDispatchable(run[0].status)) return [];
     // `returning` gives no order: each part is put back in input order (ids follow it).
-    const rows = (await tx.exec<ClaimedRow>(q.slice, [c.owner, c.leaseExpiresAt, c.runId, c.now, c.limit])).rows.sort(byId);
+    const rows =
+      run[0].regenerate === 'all_assistant'
+        ? (await tx.exec<ClaimedRow>(q.underway, [c.owner, c.leaseExpiresAt, c.runId, c.now, c.limit])).rows.sort(byId)
+        : [];
+    if (rows.length < c.limit)
+      rows.push(...(await tx.exec<ClaimedRow>(q.slice, [c.owner, c.leaseExpiresAt, c.runId, c.now, c.limit - rows.length])).rows.sort(byId));
     const left = c.limit - rows.length;
     if (left > 0 && c.order === 'input')
       rows.push(...(await tx.exec<ClaimedRow>(q.inOrder, [c.owner, c.leaseExpiresAt, c.runId, c.now, left])).rows.sort(byId));
@@ -211,8 +230,17 @@ export async function claimSamples(
       rows.push(...more.rows.sort(byId));
     }
     if (rows.length) await tx.exec(`update runs set pending = pending - ?, in_progress = in_progress + ? where id = ?`, [rows.length, rows.length, c.runId]);
-    return rows;
+    return await withHistory(tx, rows);
   });
+}
+
+/** Each conversation under way given the turns it has answered: its next turn is asked with them. */
+async function withHistory(db: DbOrTx, rows: ClaimedRow[]): Promise<ClaimedRow[]> {
+  const underway = rows.filter((r): r is ClaimedRow & { turn: number } => r.turn !== null && r.turn > 0);
+  if (!underway.length) return rows;
+  const turns = await turnsBefore(db, underway);
+  for (const r of underway) r.history = turns.get(r.id) ?? [];
+  return rows;
 }
 
 /**
@@ -224,12 +252,11 @@ export async function claimSamples(
 export async function readClaim(db: Db, c: { runId: string; owner: string; leaseExpiresAt: number }): Promise<ClaimedRow[]> {
   const from = db.dialect === 'pg' ? 'samples' : 'samples indexed by samples_claim_idx';
   const { rows } = await db.exec<ClaimedRow>(
-    `select id, shard_idx as "shardIdx", custom_id as "customId", sample_index as "sampleIndex", request, attempts, quality_retries as "qualityRetries", server_faults as "serverFaults", variant,
-       max_tokens as "maxTokens" from ${from}
+    `select ${CLAIMED_COLUMNS} from ${from}
      where run_id = ? and status = 'in_progress' and lease_owner = ? and lease_expires_at = ? order by calibration desc, seq`,
     [c.runId, c.owner, c.leaseExpiresAt],
   );
-  return rows;
+  return await withHistory(db, rows);
 }
 
 /**
@@ -428,6 +455,8 @@ export interface NewSample {
   /** In a run with a split: the line's split, and each of its samples' shard by sample_index (its seq does not place it then). */
   split?: string | null;
   shardIdxs?: readonly number[];
+  /** 0 for a conversation (its first turn); absent for a single request. */
+  turn?: number | null;
 }
 
 /**
@@ -451,7 +480,8 @@ export async function insertSampleBatch(
     let added = false;
     for (let k = 0; k < perLine; k++) {
       const { changes } = await tx.exec(
-        `insert into samples (run_id, seq, shard_idx, custom_id, sample_index, status, request, predicted_tokens, variant, split) values (?, ?, ?, ?, ?, 'pending', ?, ?, ?, ?)
+        `insert into samples (run_id, seq, shard_idx, custom_id, sample_index, status, request, predicted_tokens, variant, split, turn)
+         values (?, ?, ?, ?, ?, 'pending', ?, ?, ?, ?, ?)
          on conflict (run_id, custom_id, sample_index) do nothing`,
         [
           runId,
@@ -463,6 +493,7 @@ export async function insertSampleBatch(
           s.predictedTokens,
           s.variant ?? null,
           s.split ?? null,
+          s.turn ?? null,
         ],
       );
       // A line is inserted whole or not at all: its first answer decides.
@@ -500,9 +531,10 @@ async function insertSampleBatchPg(
   const rowsOf = <T>(f: (s: NewSample, i: number, k: number) => T): T[] => sent.flatMap((s, i) => Array.from({ length: perLine }, (_, k) => f(s, i, k)));
   const seqs = rowsOf((_, i, k) => firstSeq + i * perLine + k);
   const { rows } = await tx.exec<{ custom_id: string }>(
-    `insert into samples (run_id, seq, shard_idx, custom_id, sample_index, status, request, predicted_tokens, variant, split)
-     select ?, u.seq, u.shard_idx, u.custom_id, u.sample_index, 'pending', u.request, u.predicted, u.variant, u.split
-     from unnest(?::bigint[], ?::int[], ?::text[], ?::int[], ?::text[], ?::int[], ?::int[], ?::text[]) as u(seq, shard_idx, custom_id, sample_index, request, predicted, variant, split)
+    `insert into samples (run_id, seq, shard_idx, custom_id, sample_index, status, request, predicted_tokens, variant, split, turn)
+     select ?, u.seq, u.shard_idx, u.custom_id, u.sample_index, 'pending', u.request, u.predicted, u.variant, u.split, u.turn
+     from unnest(?::bigint[], ?::int[], ?::text[], ?::int[], ?::text[], ?::int[], ?::int[], ?::text[], ?::int[])
+       as u(seq, shard_idx, custom_id, sample_index, request, predicted, variant, split, turn)
      on conflict (run_id, custom_id, sample_index) do nothing returning custom_id`,
     [
       runId,
@@ -514,6 +546,7 @@ async function insertSampleBatchPg(
       rowsOf((s) => s.predictedTokens),
       rowsOf((s) => s.variant ?? null),
       rowsOf((s) => s.split ?? null),
+      rowsOf((s) => s.turn ?? null),
     ],
   );
   const inserted = new Set(rows.map((r) => r.custom_id));
@@ -547,11 +580,12 @@ async function insertSampleBatchPg(
 
 /** Drops what an attempt at validating a run inserted: its samples and its shards. */
 export async function clearRunSamples(db: DbOrTx, runId: string): Promise<void> {
-  const { samples, shards } = db.t;
+  const { samples, shards, sampleTurns } = db.t;
   await db.tx(async (tx) => {
     await tx.q.delete(samples).where(eq(samples.runId, runId));
     await tx.q.delete(shards).where(eq(shards.runId, runId));
     await deleteRunVariants(tx, runId);
+    await tx.q.delete(sampleTurns).where(eq(sampleTurns.runId, runId));
   });
 }
 
@@ -561,7 +595,7 @@ export async function samplesToRetry(
   runId: string,
   only: 'failed' | 'flagged',
   endpointId?: string,
-): Promise<{ id: number; shardIdx: number; flags: number; variant: number | null }[]> {
+): Promise<{ id: number; shardIdx: number; flags: number; variant: number | null; turn: number | null }[]> {
   const { samples } = db.t;
   const which = and(
     eq(samples.runId, runId),
@@ -572,7 +606,7 @@ export async function samplesToRetry(
   // operator) would each count the same samples back; the second waits and then finds none.
   return await locked(
     db,
-    db.q.select({ id: samples.id, shardIdx: samples.shardIdx, flags: samples.flags, variant: samples.variant }).from(samples).where(which),
+    db.q.select({ id: samples.id, shardIdx: samples.shardIdx, flags: samples.flags, variant: samples.variant, turn: samples.turn }).from(samples).where(which),
   );
 }
 
@@ -598,6 +632,12 @@ export async function requeueSamples(db: DbOrTx, ids: number[]): Promise<void> {
       })
       .where(inArray(samples.id, ids)),
   );
+}
+
+/** Sets the turn a conversation is to be asked from (a retry's). */
+export async function setSampleTurn(db: DbOrTx, id: number, turn: number): Promise<void> {
+  const { samples } = db.t;
+  await db.write((w) => w.q.update(samples).set({ turn }).where(eq(samples.id, id)));
 }
 
 /**

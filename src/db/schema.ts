@@ -142,6 +142,12 @@ export const runs = sqliteTable(
     variants: text('variants', { mode: 'json' }).$type<Variant[] | null>(),
     // What becomes of an answer cut by max_tokens: 'keep' (flagged truncated), 'retry' (more room), 'fail'.
     onLength: text('on_length').notNull().default('keep'),
+    // A conversation run's turns (one request each): all of them once validated, the answered ones, the ones that failed their conversation.
+    turnsTotal: integer('turns_total').notNull().default(0),
+    turnsCompleted: integer('turns_completed').notNull().default(0),
+    turnsFailed: integer('turns_failed').notNull().default(0),
+    // The most turns any of its conversations has: the longest chain of requests, the forecast's tail.
+    turnsMax: integer('turns_max').notNull().default(0),
   },
   (t) => [index('runs_status_idx').on(t.status, t.priority, t.createdAt)],
 );
@@ -226,11 +232,17 @@ export const samples = sqliteTable(
     maxTokens: integer('max_tokens'),
     // 'train' or 'eval' in a run with a split (domain/assign.ts pickSplit), else null.
     split: text('split'),
+    // A conversation's (`regenerate: "all_assistant"`): the assistant turn being asked, 0-based; null for a single request.
+    turn: integer('turn'),
+    // The endpoint that answered the conversation's previous turn, which holds its prefix in cache.
+    affinityEndpointId: text('affinity_endpoint_id'),
   },
   (t) => [
     uniqueIndex('samples_run_custom_id').on(t.runId, t.customId, t.sampleIndex),
     index('samples_claim_idx').on(t.runId, t.status, t.seq),
     index('samples_run_seq_idx').on(t.runId, t.seq),
+    // Conversations under way waiting for their next turn: claimed before new ones (db/samples.ts claimSamples).
+    index('samples_underway_idx').on(t.runId, t.seq).where(sql`status = 'pending' AND turn > 0`),
     // The slice only (at most a few hundred rows a run): its claim, and its lengths read back after a restart.
     index('samples_calibration_idx').on(t.runId, t.status, t.seq).where(sql`calibration = 1`),
     // The quality histograms count each bucket as a range of one of these, never reading a row
@@ -286,6 +298,29 @@ export const staging = sqliteTable(
     output: text('output').notNull(),
   },
   (t) => [index('staging_shard_idx').on(t.runId, t.shardIdx)],
+);
+
+// A conversation's answered turns (`regenerate: "all_assistant"`), each committed before the next
+// is claimed: the history the next turn is asked with, and the turns its output line reports.
+export const sampleTurns = sqliteTable(
+  'sample_turns',
+  {
+    sampleId: integer('sample_id').notNull(),
+    idx: integer('idx').notNull(),
+    runId: text('run_id').notNull(),
+    content: text('content'),
+    reasoningContent: text('reasoning_content'),
+    finishReason: text('finish_reason'),
+    promptTokens: integer('prompt_tokens').notNull(),
+    completionTokens: integer('completion_tokens').notNull(),
+    reasoningTokens: integer('reasoning_tokens').notNull(),
+    cachedTokens: integer('cached_tokens').notNull(),
+    endpointId: text('endpoint_id'),
+    latencyMs: integer('latency_ms').notNull(),
+    attempts: integer('attempts').notNull(),
+    flags: integer('flags').notNull().default(0),
+  },
+  (t) => [primaryKey({ columns: [t.sampleId, t.idx] }), index('sample_turns_run_idx').on(t.runId)],
 );
 
 export const events = sqliteTable(
@@ -407,4 +442,5 @@ export type FileRow = typeof files.$inferSelect;
 export type RunRow = typeof runs.$inferSelect;
 export type ShardRow = typeof shards.$inferSelect;
 export type SampleRow = typeof samples.$inferSelect;
+export type SampleTurnRow = typeof sampleTurns.$inferSelect;
 export type WebhookDeliveryRow = typeof webhookDeliveries.$inferSelect;

@@ -118,6 +118,11 @@ export interface ForecastInput {
   elapsedSeconds: number;
   deadlineSeconds: number | null;
   now: number;
+  /**
+   * The longest chain of requests still to run one after another, in seconds (a conversation's
+   * turns, each asked once the one before is answered): the run takes no less, however large the fleet.
+   */
+  chainSeconds?: number;
 }
 
 /** The forecast as the runner stores it (timestamps in ms); the API renders it. */
@@ -243,7 +248,8 @@ export function computeForecast(f: ForecastInput, random: () => number): StoredF
   const tokensLeft = left * meanLength;
   const rate = f.tokensPerSecond;
   // Nothing left takes no time, whatever the fleet: a run settling while no endpoint is up still ends.
-  const wall = (tokens: number) => (tokens === 0 ? 0 : rate > 0 ? tokens / rate : null);
+  const chain = f.chainSeconds ?? 0;
+  const wall = (tokens: number) => (tokens === 0 ? 0 : rate > 0 ? Math.max(tokens / rate, chain) : null);
   const remaining = wall(tokensLeft);
   const elapsed = f.whole ? 0 : f.elapsedSeconds;
   let endpointsForDeadline: number | null = null;

@@ -18,6 +18,8 @@ export const LINE_ERROR_PARAMS = {
   mismatched_model: 'body.model',
   model_not_found: 'body.model',
   invalid_role: 'body.messages',
+  /** `regenerate: "all_assistant"` cannot walk the line turn by turn (tool calls, a tool role, an assistant turn first). */
+  unwalkable_conversation: 'body.messages',
   /** A NUL or an unpaired surrogate in a string: accepted by JSON.parse, refused by the stores and most readers (`text.ts`). */
   invalid_characters: null,
   /** The line's own fields (kept as the output line's `metadata`) are over MAX_METADATA_BYTES. */
@@ -41,10 +43,12 @@ export type ParsedLine =
       messages: ChatMessage[];
       params: Record<string, unknown> | null;
       model: string | null;
-      /** Characters of the assistant turn `regenerate` dropped (its reasoning too): what predicts the new answer's length. */
+      /** Characters of the assistant turns `regenerate` dropped (their reasoning too): what predicts the new answers' length. */
       old_answer_chars: number | null;
       /** The line's fields regen does not read (a `source`, a `meta` object), kept for the output line; null when there are none. */
       metadata: Record<string, unknown> | null;
+      /** `all_assistant` only: the assistant turns to ask, one a user turn. */
+      turns?: number;
     }
   | {
       ok: false;
@@ -127,6 +131,13 @@ export function parseInputLine(text: string, lineNo: number, opts: ParseOptions)
     obj = parseJsonObject(text);
     checkStorable(obj, text);
     const content = readLine(obj, lineNo, opts.choicesInBody === true);
+    if (opts.regenerate === 'all_assistant') {
+      const messages = walkConversation(content.messages);
+      const dropped = content.messages.filter((m) => m.role === 'assistant');
+      const old = dropped.reduce((n, m) => n + textLength(m.content) + textLength(m.reasoning_content), 0);
+      const turns = messages.filter((m) => m.role === 'user').length;
+      return { ok: true, ...content, messages, old_answer_chars: dropped.length ? old : null, metadata: readMetadata(obj), turns };
+    }
     const messages = applyRegenerate(content.messages, opts);
     const dropped = messages === content.messages ? null : content.messages[content.messages.length - 1];
     return {
@@ -310,11 +321,19 @@ function unknownRole(role: string, path: string): string {
   return `${path}.role ${JSON.stringify(role.slice(0, 64))} is not a chat role: ${fix}`;
 }
 
+/**
+ * `conversations` in either shape datasets use: ShareGPT's `from`/`value` (human/gpt/system), or
+ * `role`/`content` as SpecForge reads and writes it (its other fields kept, as in `messages`).
+ */
 function readConversations(value: unknown): ChatMessage[] {
   if (!Array.isArray(value) || value.length === 0) throw new LineRejected('conversations must be a non-empty array');
   return value.map((turn, i) => {
     const path = `conversations[${i}]`;
     if (!isObject(turn)) throw new LineRejected(`${path} must be an object`);
+    if (turn.from === undefined && turn.role !== undefined) {
+      checkMessage(turn, path);
+      return turn as ChatMessage;
+    }
     if (typeof turn.from !== 'string') throw new LineRejected(`${path}.from must be a string`);
     const role = SHAREGPT_ROLES[turn.from];
     if (role === undefined) {
@@ -326,6 +345,32 @@ function readConversations(value: unknown): ChatMessage[] {
     if (typeof turn.value !== 'string') throw new LineRejected(`${path}.value must be a string`);
     return { role, content: turn.value };
   });
+}
+
+/** Roles a conversation may hold when walked turn by turn: the instructions, and the turns themselves. */
+const WALKED_ROLES = new Set(['system', 'developer', 'user']);
+
+/**
+ * `all_assistant`: the conversation without its assistant turns, each user turn to be answered in
+ * order. A line whose turns depend on something regen cannot ask again (a tool's call or result)
+ * or that does not start with the user is refused: its regenerated turns would not follow.
+ */
+function walkConversation(messages: ChatMessage[]): ChatMessage[] {
+  const walked: ChatMessage[] = [];
+  for (const [i, m] of messages.entries()) {
+    const why = (reason: string) =>
+      new LineRejected(`message ${i} (${m.role}) ${reason}: regenerate "all_assistant" cannot walk this conversation`, 'unwalkable_conversation');
+    if (m.tool_calls !== undefined || m.function_call !== undefined) throw why('calls tools');
+    if (m.role === 'tool') throw why('is a tool result');
+    if (m.role === 'assistant') {
+      if (!walked.some((w) => w.role === 'user')) throw why('comes before any user turn');
+      continue;
+    }
+    if (!WALKED_ROLES.has(m.role)) throw why('has a role that is not system, user or assistant');
+    walked.push(m);
+  }
+  if (!walked.some((m) => m.role === 'user')) throw new LineRejected('the conversation has no user turn to answer', 'unwalkable_conversation');
+  return walked;
 }
 
 function readPrompt(value: unknown): ChatMessage {

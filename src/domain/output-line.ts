@@ -35,6 +35,27 @@ export interface OtherChoice {
   logprobs?: ChoiceLogprobs;
 }
 
+/** A conversation's turn as its output line's `turns` shows it (domain/conversation.ts). */
+export interface TurnLine {
+  finish_reason: string | null;
+  usage: Usage;
+  endpoint_id: string | null;
+  latency_ms: number;
+  attempts: number;
+  flags: Flag[];
+}
+
+/** What a conversation's line adds to its last turn's answer (`regenerate: "all_assistant"`). */
+export interface StagedConversation {
+  /** The regenerated conversation: each user message followed by its new reply. */
+  messages: unknown[];
+  turns: TurnLine[];
+  /** Every turn's, added up. */
+  usage: Usage;
+  latency_ms: number;
+  attempts: number;
+}
+
 /** What the staging table keeps of a completion until its shard is uploaded. */
 export interface StagedOutput {
   reasoning_content: string | null;
@@ -44,6 +65,7 @@ export interface StagedOutput {
   created?: number;
   logprobs?: ChoiceLogprobs;
   choices?: OtherChoice[];
+  conversation?: StagedConversation;
 }
 
 export interface OutputLine {
@@ -71,6 +93,8 @@ export interface OutputLine {
   variant?: string;
   /** The input line's own fields regen did not consume; only on the lines of an input line that had some. */
   metadata?: Record<string, unknown>;
+  /** A conversation's turns, in order (`regenerate: "all_assistant"`). */
+  turns?: TurnLine[];
 }
 
 export interface ErrorLine {
@@ -78,6 +102,8 @@ export interface ErrorLine {
   sample_index: number;
   error: { code: string | null; message: string | null; status: number | null };
   attempts: number;
+  /** A conversation's: the assistant turn (0-based) that failed it. */
+  turn?: number;
 }
 
 /** A completed sample's record, as the shard writer has it from the database. */
@@ -108,6 +134,8 @@ export interface FailedSample {
   errorStatus: number | null;
   attempts: number;
   serverFaults: number;
+  /** A conversation's turn being asked; null for a single request. */
+  turn: number | null;
 }
 
 /**
@@ -122,30 +150,34 @@ export function triesOf(s: { attempts: number; serverFaults: number }): number {
 export function outputLine(s: CompletedSample, out: StagedOutput, variants: readonly string[] | null = null): string {
   const request = JSON.parse(s.request) as { messages: unknown[]; metadata?: Record<string, unknown> };
   const variant = variants && s.variant !== null && s.variant !== undefined ? variants[s.variant] : undefined;
+  const conv = out.conversation;
   const line: OutputLine = {
     custom_id: s.customId,
     sample_index: s.sampleIndex,
-    messages: request.messages,
+    messages: conv ? conv.messages : request.messages,
     reasoning_content: out.reasoning_content,
     content: out.content,
     finish_reason: s.finishReason,
-    usage: {
-      prompt_tokens: s.promptTokens ?? 0,
-      completion_tokens: s.completionTokens ?? 0,
-      reasoning_tokens: s.reasoningTokens ?? 0,
-      cached_tokens: s.cachedTokens ?? 0,
-    },
+    usage: conv
+      ? conv.usage
+      : {
+          prompt_tokens: s.promptTokens ?? 0,
+          completion_tokens: s.completionTokens ?? 0,
+          reasoning_tokens: s.reasoningTokens ?? 0,
+          cached_tokens: s.cachedTokens ?? 0,
+        },
     model: out.model,
     response_id: out.response_id ?? null,
     created: out.created ?? null,
     ...(out.logprobs && { logprobs: out.logprobs }),
     ...(out.choices && { choices: out.choices }),
     endpoint_id: s.endpointId,
-    latency_ms: s.latencyMs,
-    attempts: triesOf(s),
+    latency_ms: conv ? conv.latency_ms : s.latencyMs,
+    attempts: conv ? conv.attempts : triesOf(s),
     flags: flagsFromBits(s.flags),
     ...(variant !== undefined && { variant }),
     ...(request.metadata && { metadata: request.metadata }),
+    ...(conv && { turns: conv.turns }),
   };
   return JSON.stringify(line);
 }
@@ -156,6 +188,7 @@ export function errorLine(s: FailedSample): string {
     sample_index: s.sampleIndex,
     error: { code: s.errorCode, message: s.errorMessage, status: s.errorStatus },
     attempts: triesOf(s),
+    ...(s.turn !== null && { turn: s.turn }),
   };
   return JSON.stringify(line);
 }

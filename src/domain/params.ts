@@ -97,8 +97,18 @@ export const QualitySettings = z.union([
   }),
 ]);
 
-export const REGENERATE_MODES = ['last_assistant'] as const;
+/**
+ * `last_assistant` drops a trailing assistant turn and asks for it again; `all_assistant` drops
+ * every assistant turn and asks for each in order, one request a user turn, from the replies
+ * regenerated so far (domain/conversation.ts).
+ */
+export const REGENERATE_MODES = ['last_assistant', 'all_assistant'] as const;
 export type RegenerateMode = (typeof REGENERATE_MODES)[number];
+
+/** A run's stored `regenerate`, as a mode. */
+export function regenerateMode(stored: string | null): RegenerateMode | null {
+  return (REGENERATE_MODES as readonly string[]).includes(stored ?? '') ? (stored as RegenerateMode) : null;
+}
 export const DISPATCH_ORDERS = ['input', 'length_aware'] as const;
 export type DispatchOrder = (typeof DISPATCH_ORDERS)[number];
 export const ON_INVALID_LINE = ['fail', 'skip'] as const;

@@ -100,6 +100,12 @@ export class ClaimBuffer {
     return b !== undefined && b.drained && b.samples.length === 0;
   }
 
+  /** Samples of the run became due (a conversation's next turn): its next take claims again. */
+  due(runId: string): void {
+    const b = this.buffers.get(runId);
+    if (b) b.drained = false;
+  }
+
   /** A new tick: runs found drained may have samples due again (retries whose backoff ended); failed claims are looked for. */
   newTick(): void {
     for (const b of this.buffers.values()) b.drained = false;

@@ -127,7 +127,7 @@ export class Forecasts {
    * ordered input are all short (a request's fixed cost weighs more) or all long. Else its answers
    * of the last minute. Summed over the ready endpoints serving the run that have answered it.
    */
-  async fleetRate(run: RunRow, now: number): Promise<{ tokensPerSecond: number; endpoints: number }> {
+  async fleetRate(run: RunRow, now: number): Promise<{ tokensPerSecond: number; endpoints: number; slotTokensPerSecond: number }> {
     const sliceSpeed = (await this.slice(run.id)).speed;
     // On PostgreSQL the endpoints other replicas drive count as they publish them.
     const own = this.share(now);
@@ -138,6 +138,7 @@ export class Forecasts {
     // counted a request at a time, all its tokens over its latency, and need no such factor.)
     const perSlot = samplesPerLine(run.params);
     let tokensPerSecond = 0;
+    let slotSpeeds = 0;
     let endpoints = 0;
     for (const e of this.pool.live.values()) {
       if (!e.serves(run.model)) continue;
@@ -148,9 +149,10 @@ export class Forecasts {
       const perMs = slice !== undefined ? slice * perSlot : from.speeds[run.id]?.[e.row.id];
       if (perMs === undefined) continue;
       tokensPerSecond += cap * perMs * 1000;
+      slotSpeeds += perMs * 1000;
       endpoints++;
     }
-    return { tokensPerSecond, endpoints };
+    return { tokensPerSecond, endpoints, slotTokensPerSecond: endpoints ? slotSpeeds / endpoints : 0 };
   }
 
   /** Computes the forecast of each run being dispatched, at most once a FORECAST_MS each. */
@@ -166,7 +168,7 @@ export class Forecasts {
   /** Computes a run's forecast now and stores it; `final` writes a point of history whatever the interval. */
   async compute(run: RunRow, now: number, final = false): Promise<StoredForecast | null> {
     this.computedAt.set(run.id, now);
-    const { tokensPerSecond, endpoints } = await this.fleetRate(run, now);
+    const { tokensPerSecond, endpoints, slotTokensPerSecond } = await this.fleetRate(run, now);
     const slice = await this.slice(run.id);
     const forecast = computeForecast(
       {
@@ -183,6 +185,7 @@ export class Forecasts {
         elapsedSeconds: run.startedAt ? (now - run.startedAt) / 1000 : 0,
         deadlineSeconds: run.deadlineSeconds,
         now,
+        chainSeconds: chainSeconds(run, slotTokensPerSecond),
       },
       // Seeded per run and moment: the same figures give the same interval.
       seededRandom(`${run.id}:${now}`),
@@ -199,4 +202,15 @@ export class Forecasts {
     if (due) this.savedAt.set(run.id, now);
     return forecast;
   }
+}
+
+/**
+ * A conversation run's tail: its longest conversation, each turn an answer of the mean turn's
+ * length at one slot's speed, while a conversation may still be waiting to start (an upper bound
+ * of what is left of the longest chain, kept simple).
+ */
+function chainSeconds(run: RunRow, slotTokensPerSecond: number): number {
+  if (run.turnsMax === 0 || run.turnsCompleted === 0 || slotTokensPerSecond <= 0) return 0;
+  if (!run.dryRun && run.pending === 0) return 0;
+  return (run.turnsMax * (run.completionTokens / run.turnsCompleted)) / slotTokensPerSecond;
 }

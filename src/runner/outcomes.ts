@@ -1,5 +1,6 @@
 import type { Outcome } from '../db/results.js';
 import type { OnLength } from '../domain/params.js';
+import { regeneratedMessages, totalUsage, type TurnRecord, turnLine, unionFlags } from '../domain/conversation.js';
 import type { QualityConfig } from '../domain/quality.js';
 import type { StagedOutput } from '../domain/output-line.js';
 import type { RetryReason, SampleError } from '../domain/sample-errors.js';
@@ -31,6 +32,19 @@ export interface Attempt {
   maxTokens: number | null;
   /** The endpoint's context length (max_model_len), when its probes found it. */
   contextLength: number | null;
+  /** A conversation's turn (`regenerate: "all_assistant"`); null for a single request. */
+  conversation: ConversationTurn | null;
+}
+
+/** The turn of a conversation an attempt asks. */
+export interface ConversationTurn {
+  turn: number;
+  /** The conversation's stored messages: its system and user messages. */
+  messages: { role: string }[];
+  /** The turns answered before this one. */
+  history: TurnRecord[];
+  /** This is its last turn: its answer completes the sample. */
+  last: boolean;
 }
 
 export interface Settled {
@@ -100,9 +114,53 @@ export function settleAnswer(
     ...(answer.others && { choices: answer.others }),
   };
   const chars = { reasoning: answer.reasoning?.length ?? 0, content: answer.content?.length ?? 0 };
+  const c = a.conversation;
+  if (!c) {
+    return {
+      retried: null,
+      outcome: { ...base(a), kind: 'completed', usage, finishReason: answer.finishReason, latencyMs, flags, chars, output: JSON.stringify(output), at: now },
+    };
+  }
+  const turn: TurnRecord = {
+    idx: c.turn,
+    content: answer.content,
+    reasoningContent: answer.reasoning,
+    finishReason: answer.finishReason,
+    usage,
+    endpointId: a.endpointId,
+    latencyMs,
+    attempts: a.attempts + a.serverFaults,
+    flags,
+  };
+  const turns = [...c.history, turn];
+  // The conversation's flags are any turn's: a flagged turn flags its conversation.
+  const union = unionFlags(turns);
+  if (!c.last) return { retried: null, outcome: { ...base(a), kind: 'turn', turn, flags: union } };
+  const total = totalUsage(turns);
+  const latency = turns.reduce((n, t) => n + t.latencyMs, 0);
+  output.conversation = {
+    messages: regeneratedMessages(c.messages, turns),
+    turns: turns.map(turnLine),
+    usage: total,
+    latency_ms: latency,
+    attempts: turns.reduce((n, t) => n + t.attempts, 0),
+  };
+  // The sample's row gets the whole conversation's tokens and time: the forecast's slice measures
+  // conversations (every turn's tokens), and the run's counters already hold the earlier turns'.
   return {
     retried: null,
-    outcome: { ...base(a), kind: 'completed', usage, finishReason: answer.finishReason, latencyMs, flags, chars, output: JSON.stringify(output), at: now },
+    outcome: {
+      ...base(a),
+      kind: 'completed',
+      usage: total,
+      finishReason: answer.finishReason,
+      latencyMs: latency,
+      flags: union,
+      chars,
+      output: JSON.stringify(output),
+      at: now,
+      turn,
+    },
   };
 }
 
@@ -116,7 +174,9 @@ export function settleError(
 ): Settled {
   const budget = { attempts: a.attempts, maxAttempts: limits.maxAttempts, serverFaults: a.serverFaults, maxServerFaults: limits.maxServerFaults };
   const decision = decideFailure(error, budget, random);
-  if (decision.kind === 'failed') return { retried: null, outcome: { ...base(a), kind: 'failed', error, at: now } };
+  if (decision.kind === 'failed') {
+    return { retried: null, outcome: { ...base(a), kind: 'failed', error, at: now, ...(a.conversation && { turn: a.conversation.turn }) } };
+  }
   const retry = { kind: 'retry' as const, availableAt: now + decision.delayMs, usage: null, qualityRetry: false, serverFault: decision.serverFault, error };
   return { retried: error.code, outcome: { ...base(a), ...retry } };
 }

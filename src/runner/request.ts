@@ -1,5 +1,6 @@
 import { APIConnectionError, APIConnectionTimeoutError, APIError, APIUserAbortError } from 'openai';
 import type { ChoiceLogprobs, OtherChoice, Usage } from '../domain/output-line.js';
+import { type TurnRecord, turnMessages } from '../domain/conversation.js';
 import { thinkingRequested } from '../domain/params.js';
 import type { SampleError } from '../domain/sample-errors.js';
 import { layeredParams, type Variant } from '../domain/variants.js';
@@ -38,7 +39,7 @@ export interface BuiltRequest {
  */
 export function buildRequest(
   run: { model: string; params: Record<string, unknown>; variants?: readonly Pick<Variant, 'params'>[] | null },
-  sample: { request: string; qualityRetries: number; variant?: number | null; maxTokens?: number | null },
+  sample: { request: string; qualityRetries: number; variant?: number | null; maxTokens?: number | null; turn?: number | null; history?: TurnRecord[] },
   random: () => number = Math.random,
   choices = 1,
 ): BuiltRequest {
@@ -49,7 +50,9 @@ export function buildRequest(
   const own = request.params?.n;
   const n = choices > 1 ? choices : typeof own === 'number' && own > 1 ? own : undefined;
   const { n: _n, ...rest } = params;
-  const body: Record<string, unknown> = { ...rest, ...(n !== undefined && { n }), model: run.model, messages: request.messages };
+  // A conversation's turn is asked with the replies regenerated so far (domain/conversation.ts).
+  const messages = sample.turn == null ? request.messages : turnMessages(request.messages as { role: string }[], sample.history ?? [], sample.turn);
+  const body: Record<string, unknown> = { ...rest, ...(n !== undefined && { n }), model: run.model, messages };
   if (typeof sample.maxTokens === 'number') body[body.max_completion_tokens === undefined ? 'max_tokens' : 'max_completion_tokens'] = sample.maxTokens;
   if (sample.qualityRetries > 0) {
     // A flagged answer is asked again with a different seed, else SGLang would repeat it.

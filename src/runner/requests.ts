@@ -6,7 +6,8 @@ import { APIError } from 'openai';
 import { LoopWatch, stopsLoops } from '../domain/quality.js';
 import { AnswerBudget, type AnswerLease, AnswerRefused, AnswerShed, heldTextBytes } from './answer-budget.js';
 import type { AnswerInit } from './http-fetch.js';
-import { settleAbort, settleAnswer, settleError, type Attempt, type Settled } from './outcomes.js';
+import { turnCount } from '../domain/conversation.js';
+import { type ConversationTurn, settleAbort, settleAnswer, settleError, type Attempt, type Settled } from './outcomes.js';
 import {
   type Answer,
   answerByteLimit,
@@ -194,6 +195,7 @@ export class Requests {
       variant: sample.variant ?? null,
       maxTokens: f.maxTokens,
       contextLength: f.limits.contextLength,
+      conversation: conversationOf(sample),
     };
   }
 
@@ -247,7 +249,8 @@ export class Requests {
       };
       const flags = quality ? quality.check(input, e.row.id, sample.variant ?? null) : 0;
       const settled = settleAnswer(this.attempt(f, sample), f.run, answer, latencyMs, now, flags);
-      if (quality && settled.outcome.kind === 'completed') quality.completed(flags, sample.variant ?? null);
+      // Every turn of a conversation counts in the quality windows, as a single answer does.
+      if (quality && (settled.outcome.kind === 'completed' || settled.outcome.kind === 'turn')) quality.completed(flags, sample.variant ?? null);
       this.deps.metrics.answered(e.row.id, latencyMs, tokens, flags);
       this.settle(settled);
     }
@@ -278,7 +281,7 @@ export class Requests {
     const flags = quality ? quality.cut(e.row.id) : 0;
     const settled = settleAnswer(this.attempt(f), f.run, answer, latencyMs, this.deps.clock(), flags);
     settled.outcome.loopTokensSaved = Math.max(0, f.budget - generated);
-    if (quality && settled.outcome.kind === 'completed') quality.completed(flags, f.group[0]?.variant ?? null);
+    if (quality && (settled.outcome.kind === 'completed' || settled.outcome.kind === 'turn')) quality.completed(flags, f.group[0]?.variant ?? null);
     this.deps.metrics.answered(e.row.id, latencyMs, generated, flags);
     this.settle(settled);
   }
@@ -337,4 +340,11 @@ export class Requests {
       if (f) this.abort(f, reason);
     }
   }
+}
+
+/** The turn a claimed conversation is at, or null for a single request. */
+function conversationOf(sample: Claimed): ConversationTurn | null {
+  if (sample.turn === null) return null;
+  const { messages } = JSON.parse(sample.request) as { messages: { role: string }[] };
+  return { turn: sample.turn, messages, history: sample.history ?? [], last: sample.turn + 1 >= turnCount(messages) };
 }

@@ -373,5 +373,10 @@ export class Runner implements RunnerView {
       }
     }
     if (r.closedShards.length && this.fleet.leads) await this.finisher.advance(this.active);
+    // Conversations moved on to their next turn are due now, not at the next tick.
+    if ([...r.runs.values()].some((d) => d.turns)) {
+      for (const [runId, d] of r.runs) if (d.turns) this.claims.due(runId);
+      this.pump();
+    }
   }
 }

@@ -23,6 +23,8 @@ const claimed = (customId: string, sampleIndex: number, id = 0): Claimed => ({
   serverFaults: 0,
   variant: null,
   maxTokens: null,
+  turn: null,
+  affinityEndpointId: null,
 });
 
 const usage = { prompt_tokens: 100, completion_tokens: 300, reasoning_tokens: 90, cached_tokens: 40 };

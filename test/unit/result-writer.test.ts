@@ -2,6 +2,7 @@ import { afterAll, afterEach, describe, expect, it } from 'vitest';
 import { join } from 'node:path';
 import { closeDb, openDb, type Db } from '../../src/db/client.js';
 import { registerReplica } from '../../src/db/replicas.js';
+import { requeueRunSamples } from '../../src/db/requeue.js';
 import { claimSamples, readClaim, releaseRunLeases } from '../../src/db/samples.js';
 import { flagBit } from '../../src/domain/flags.js';
 import { makeLogger } from '../../src/logger.js';
@@ -103,6 +104,113 @@ function writerTests(store: 'sqlite' | 'pg') {
     expect(await readClaim(db, { runId: 'run_a', owner: 'me', leaseExpiresAt: NOW + 1000 })).toEqual(first.slice(1));
     await releaseRunLeases(db, 'run_a');
     expect(await readClaim(db, { runId: 'run_a', owner: 'me', leaseExpiresAt: NOW + 1001 })).toEqual([]);
+  });
+
+  it("commits a conversation's turn with its sample moved on, claims the conversation before new ones, with its history", async () => {
+    db = await open('turns');
+    await seed(db, 4, 4);
+    const exec = (text: string) => db.write((w) => w.exec(text, []));
+    await exec(`update runs set regenerate = 'all_assistant', turns_total = 8`);
+    await exec(`update samples set turn = 0, request = '{"messages":[{"role":"user","content":"a"},{"role":"user","content":"b"}]}'`);
+    const claim = (limit: number, at: number) =>
+      claimSamples(db, { runId: 'run_a', owner: 'me', now: NOW, leaseExpiresAt: NOW + at, limit, order: 'input', window: 0 });
+    const [c0, c1] = await claim(2, 1000);
+    expect([c0.turn, c1.turn]).toEqual([0, 0]);
+    const { w } = writerOn(db);
+    const base = (c: typeof c0) => ({ sampleId: c.id, runId: 'run_a', shardIdx: c.shardIdx, endpointId: 'e1' });
+    const record = (idx: number) => ({
+      idx,
+      content: `reply ${idx}`,
+      reasoningContent: `thought ${idx}`,
+      finishReason: 'stop',
+      usage,
+      endpointId: 'e1',
+      latencyMs: 9,
+      attempts: 1,
+      flags: 0,
+    });
+    w.add({ ...base(c1), kind: 'turn', turn: record(0), flags: 0 });
+    // A turn the sample is no longer at (answered twice, say) changes nothing.
+    w.add({ ...base(c0), kind: 'turn', turn: record(1), flags: 0 });
+    await w.flush();
+    w.add({ ...base(c0), kind: 'release' });
+    await w.flush();
+    expect(
+      await rows(db, `select custom_id, status, turn, attempts, affinity_endpoint_id as affinity from samples where custom_id in ('c0', 'c1') order by seq`),
+    ).toEqual([
+      { custom_id: 'c0', status: 'pending', turn: 0, attempts: 0, affinity: null },
+      { custom_id: 'c1', status: 'pending', turn: 1, attempts: 0, affinity: 'e1' },
+    ]);
+    expect(await rows(db, `select sample_id, idx, content from sample_turns`)).toEqual([{ sample_id: c1.id, idx: 0, content: 'reply 0' }]);
+    expect((await rows(db, `select turns_completed as n, prompt_tokens as p, dropped_results as d from runs`))[0]).toEqual({
+      n: 1,
+      p: usage.prompt_tokens,
+      d: 1,
+    });
+
+    // The conversation under way goes first, ahead of samples earlier in the input, with the turn it answered.
+    const [next] = await claim(1, 1001);
+    expect(next).toMatchObject({ id: c1.id, turn: 1, attempts: 1, affinityEndpointId: 'e1' });
+    expect(next.history).toEqual([record(0)]);
+    expect(await readClaim(db, { runId: 'run_a', owner: 'me', leaseExpiresAt: NOW + 1001 })).toEqual([next]);
+
+    w.add({
+      ...base(next),
+      kind: 'completed',
+      usage,
+      finishReason: 'stop',
+      latencyMs: 9,
+      flags: 0,
+      chars: { reasoning: 1, content: 1 },
+      output: '{}',
+      at: NOW,
+      turn: record(1),
+    });
+    await w.flush();
+    expect(await rows(db, `select status, turn, affinity_endpoint_id as affinity from samples where id = ${next.id}`)).toEqual([
+      { status: 'completed', turn: 1, affinity: 'e1' },
+    ]);
+    expect((await rows(db, `select count(*) as n from sample_turns where sample_id = ${next.id}`)).map((r) => Number(r.n))).toEqual([2]);
+    expect((await rows(db, `select turns_completed as n, completed from runs`))[0]).toEqual({ n: 2, completed: 1 });
+  });
+
+  it('retries a conversation from its first flagged or failed turn, keeping the turns before it', async () => {
+    db = await open('rewind');
+    await seed(db, 2, 2);
+    const exec = (text: string, params: unknown[] = []) => db.write((w) => w.exec(text, params));
+    const [flagged, failed] = (await rows(db, `select id from samples order by seq`)).map((r) => Number(r.id));
+    // c0 completed with its turn 1 of 3 flagged; c1 failed at its turn 2, its turns 0 and 1 answered.
+    await exec(`update runs set regenerate = 'all_assistant', pending = 0, completed = 1, failed = 1, flagged = 1, flag_truncated = 1,
+      turns_total = 6, turns_completed = 5, turns_failed = 1`);
+    await exec(`update samples set status = 'completed', turn = 2, flags = ? where id = ?`, [flagBit('truncated'), flagged]);
+    await exec(`update samples set status = 'failed', turn = 2, error_code = 'server_error' where id = ?`, [failed]);
+    await exec(`update shards set terminal_count = 2`);
+    for (const [id, idx, flags] of [
+      [flagged, 0, 0],
+      [flagged, 1, flagBit('truncated')],
+      [flagged, 2, 0],
+      [failed, 0, 0],
+      [failed, 1, 0],
+    ]) {
+      await exec(
+        `insert into sample_turns (sample_id, idx, run_id, content, prompt_tokens, completion_tokens, reasoning_tokens, cached_tokens, latency_ms, attempts, flags)
+         values (?, ?, 'run_a', 'r', 1, 1, 0, 0, 1, 1, ?)`,
+        [id, idx, flags],
+      );
+    }
+    expect(await requeueRunSamples(db, 'run_a', 'flagged', NOW)).toBe(1);
+    expect(await requeueRunSamples(db, 'run_a', 'failed', NOW)).toBe(1);
+    expect(await rows(db, `select status, turn, flags from samples order by seq`)).toEqual([
+      { status: 'pending', turn: 1, flags: 0 },
+      { status: 'pending', turn: 2, flags: 0 },
+    ]);
+    const kept = await rows(db, `select sample_id, idx from sample_turns order by sample_id, idx`);
+    expect(kept.map((r) => [Number(r.sample_id), r.idx])).toEqual([
+      [flagged, 0],
+      [failed, 0],
+      [failed, 1],
+    ]);
+    expect((await rows(db, `select pending, turns_completed as done, turns_failed as lost from runs`))[0]).toEqual({ pending: 2, done: 3, lost: 0 });
   });
 
   it('commits a batch of outcomes in one transaction, keeps the counters equal to a recount, and reports closed shards', async () => {

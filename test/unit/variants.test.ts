@@ -188,6 +188,7 @@ describe('on_length', () => {
     variant: null,
     maxTokens,
     contextLength,
+    conversation: null,
   });
   const cut: Answer = {
     content: 'partial',

@@ -21,6 +21,7 @@ export const RunProgressEvent = Run.pick({
   status: true,
   status_reason: true,
   request_counts: true,
+  turns: true,
   quality: true,
   usage: true,
   shards: true,
@@ -127,14 +128,14 @@ async function follow(deps: Deps, runId: string, after: number, stream: SSEStrea
       const terminal = TERMINAL_RUN_STATUSES.includes(run.status as RunStatus);
       if (terminal || performance.now() - progressAt >= PROGRESS_EVERY_MS) {
         progressAt = performance.now();
-        const { id, status, status_reason, request_counts, quality, usage, shards, progress, forecast } = renderRun(
+        const { id, status, status_reason, request_counts, turns, quality, usage, shards, progress, forecast } = renderRun(
           run,
           deps.runner.runProgress(runId),
           deps.clock(),
         );
         await stream.writeSSE({
           event: 'progress',
-          data: JSON.stringify({ id, status, status_reason, request_counts, quality, usage, shards, progress, forecast }),
+          data: JSON.stringify({ id, status, status_reason, request_counts, turns, quality, usage, shards, progress, forecast }),
         });
       }
       cursor = await sendEvents(deps.db, runId, cursor, stream);

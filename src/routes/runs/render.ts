@@ -6,6 +6,7 @@ import { runUsage, triesOf } from '../../domain/output-line.js';
 import { isTerminalRun } from '../../domain/statuses.js';
 import type { StoredForecast } from '../../domain/forecast.js';
 import type { RunProgress } from '../../domain/live-view.js';
+import type { TurnRecord } from '../../domain/conversation.js';
 import { iso } from '../common.js';
 import type { Run } from './schemas.js';
 
@@ -114,6 +115,7 @@ export function renderRun(r: RunRow, live: RunProgress, now: number, variantRows
       failed: r.failed,
       cancelled: r.cancelled,
     },
+    turns: r.regenerate === 'all_assistant' ? { total: r.turnsTotal, completed: r.turnsCompleted, in_flight: r.inProgress, failed: r.turnsFailed } : null,
     quality: {
       flagged: r.flagged,
       by_flag: flagCounts(r),
@@ -171,6 +173,21 @@ export function renderSample(s: SampleRow) {
     output_key: s.outputKey,
     output_line: s.outputLine,
     completed_at: iso(s.completedAt),
+    turn: s.turn,
+  };
+}
+
+export function renderTurn(t: TurnRecord) {
+  return {
+    index: t.idx,
+    content: t.content,
+    reasoning_content: t.reasoningContent,
+    finish_reason: t.finishReason,
+    usage: t.usage,
+    endpoint_id: t.endpointId,
+    latency_ms: t.latencyMs,
+    attempts: t.attempts,
+    flags: flagsFromBits(t.flags),
   };
 }
 

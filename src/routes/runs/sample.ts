@@ -4,10 +4,11 @@ import { notFound, problemResponses } from '../../errors.js';
 import { variantName } from '../../domain/variants.js';
 import { getRun } from '../../db/runs.js';
 import { getSample } from '../../db/samples.js';
+import { listTurns } from '../../db/sample-turns.js';
 import { textProblem } from '../../domain/text.js';
 import { readSampleOutput } from '../../services/samples.js';
 import { jsonContent, RunIdParam } from '../common.js';
-import { renderSample } from './render.js';
+import { renderSample, renderTurn } from './render.js';
 import { SampleDetail } from './schemas.js';
 
 const route = createRoute({
@@ -44,6 +45,7 @@ export function registerGetSample(app: App) {
     if (!sample) throw notFound('sample', sample_index === 0 ? custom_id : `${custom_id} (sample_index ${sample_index})`);
     const request = JSON.parse(sample.request) as { messages: unknown[]; params?: Record<string, unknown>; metadata?: Record<string, unknown> };
     const output = await readSampleOutput(deps, run, sample);
+    const turns = sample.turn === null ? null : (await listTurns(deps.db, sample.id)).map(renderTurn);
     return c.json(
       {
         ...renderSample(sample),
@@ -52,6 +54,7 @@ export function registerGetSample(app: App) {
         variant: variantName(run.variants, sample.variant),
         metadata: request.metadata ?? null,
         output,
+        ...(turns && { turns }),
       },
       200,
     );

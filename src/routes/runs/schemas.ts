@@ -232,6 +232,10 @@ export const Run = z
       errors: z.array(z.object({ line: z.number().int(), message: z.string(), custom_id: z.string().optional() })),
     }),
     request_counts: counts(['total', 'pending', 'in_progress', 'completed', 'failed', 'cancelled']),
+    turns: counts(['total', 'completed', 'in_flight', 'failed']).nullable().openapi({
+      description:
+        'A run with `regenerate: "all_assistant"`: its conversations\' assistant turns, one request each (`request_counts` counts conversations). `total` once validated; `in_flight`, the conversations with a turn claimed or sent; `failed`, the turns that failed their conversation. Null for other runs',
+    }),
     quality: z.object({ flagged: z.number().int(), by_flag: counts(FLAGS) }),
     usage: counts(['prompt_tokens', 'completion_tokens', 'reasoning_tokens']),
     shards: counts(['total', 'uploaded']),
@@ -293,8 +297,31 @@ export const Sample = z
     output_key: z.string().nullable(),
     output_line: z.number().int().nullable(),
     completed_at: Timestamp.nullable(),
+    turn: z.number().int().nullable().openapi({
+      description:
+        'A conversation\'s (`regenerate: "all_assistant"`): the assistant turn being asked, or the one that failed it (0-based); null for other samples',
+    }),
   })
   .openapi('Sample');
+
+export const SampleTurn = z
+  .object({
+    index: z.number().int(),
+    content: z.string().nullable(),
+    reasoning_content: z.string().nullable(),
+    finish_reason: z.string().nullable(),
+    usage: z.object({
+      prompt_tokens: z.number().int(),
+      completion_tokens: z.number().int(),
+      reasoning_tokens: z.number().int(),
+      cached_tokens: z.number().int(),
+    }),
+    endpoint_id: z.string().nullable(),
+    latency_ms: z.number().int(),
+    attempts: z.number().int(),
+    flags: z.array(Flag),
+  })
+  .openapi('SampleTurn');
 
 export const SampleDetail = Sample.extend({
   messages: z.array(Message),
@@ -305,6 +332,10 @@ export const SampleDetail = Sample.extend({
     .nullable()
     .openapi({ description: "The input line's own fields, as its output line carries them; null when it had none" }),
   output: z.object({ reasoning_content: z.string().nullable(), content: z.string().nullable() }).nullable(),
+  turns: z
+    .array(SampleTurn)
+    .optional()
+    .openapi({ description: "A conversation's answered turns, in order (the stored messages are its system and user turns)" }),
 }).openapi('SampleDetail');
 
 export const Shard = z

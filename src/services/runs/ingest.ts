@@ -16,6 +16,7 @@ import { samplesPerLine } from '../../domain/params.js';
 import { parseInputLine, readLines, type InvalidLine, type LineErrorCode } from '../../domain/input-line.js';
 import { variantIndex } from '../../domain/variants.js';
 import { insertRunVariants } from '../../db/run-variants.js';
+import { regenerateMode } from '../../domain/params.js';
 import { unservedModel } from '../batches/create.js';
 import { resolveInput } from './input-source.js';
 
@@ -151,11 +152,14 @@ async function ingestHeld(deps: Deps, runId: string, hold: Hold, signal?: AbortS
     variant: number | null;
     split?: SplitName;
     shardIdxs?: readonly number[];
+    turns: number | null;
   }[] = [];
   const layout = run.evalShare === null ? null : new SplitLayout(run.evalShare, run.shardSize);
   let predicted = 0;
   // Each variant's samples, counted as they are inserted (a duplicate is not).
   const variantTotals = (run.variants ?? []).map(() => 0);
+  let turnsTotal = 0;
+  let turnsMax = 0;
   const failFast = run.onInvalidLine === 'fail';
   // params.n: each line makes that many samples, at consecutive positions (`seq` counts samples).
   const perLine = samplesPerLine(run.params);
@@ -187,6 +191,7 @@ async function ingestHeld(deps: Deps, runId: string, hold: Hold, signal?: AbortS
           variant: r.variant,
           split: r.split,
           shardIdxs: r.shardIdxs,
+          turn: r.turns === null ? null : 0,
         })),
         perLine,
       );
@@ -199,6 +204,8 @@ async function ingestHeld(deps: Deps, runId: string, hold: Hold, signal?: AbortS
         seq += perLine;
         if (row.predicted !== null) predicted += perLine;
         if (row.variant !== null) variantTotals[row.variant] += perLine;
+        turnsTotal += row.turns ?? 0;
+        turnsMax = Math.max(turnsMax, row.turns ?? 0);
       }
     }
     return true;
@@ -214,10 +221,7 @@ async function ingestHeld(deps: Deps, runId: string, hold: Hold, signal?: AbortS
     for await (const raw of readLines(source, { maxLineBytes: deps.config.maxLineBytes })) {
       if ('error' in raw) noteError(raw.lineNo, 'invalid_json_line', raw.error);
       else if (raw.text.trim() !== '') {
-        const parsed = parseInputLine(raw.text, raw.lineNo, {
-          regenerate: run.regenerate === 'last_assistant' ? 'last_assistant' : null,
-          choicesInBody: run.batchId !== null,
-        });
+        const parsed = parseInputLine(raw.text, raw.lineNo, { regenerate: regenerateMode(run.regenerate), choicesInBody: run.batchId !== null });
         if (!parsed.ok) noteError(raw.lineNo, parsed.code, parsed.reason, parsed.custom_id);
         else if (parsed.model !== null && parsed.model !== run.model) {
           noteError(raw.lineNo, 'mismatched_model', `model ${JSON.stringify(parsed.model.slice(0, 100))} does not match the run's model`, parsed.custom_id);
@@ -237,6 +241,7 @@ async function ingestHeld(deps: Deps, runId: string, hold: Hold, signal?: AbortS
             predicted: old === null ? null : Math.round(old / CHARS_PER_TOKEN),
             variant: variantIndex(parsed.custom_id, run.variants),
             ...layout?.place(parsed.custom_id, perLine),
+            turns: parsed.turns ?? null,
           });
         }
       }
@@ -308,7 +313,7 @@ async function ingestHeld(deps: Deps, runId: string, hold: Hold, signal?: AbortS
     shardCount = layout ? await insertSplitShardLayout(tx, runId, layout.shards()) : await insertShardLayout(tx, runId, run.shardSize, seq);
     await markCalibration(tx, runId, calibrationLines(runId, seq, run.calibrationSamples, perLine));
     await insertRunVariants(tx, runId, variantTotals);
-    await setRunValidation(tx, runId, { ...listed, total: seq, pending: seq, shardsTotal: shardCount, predictedSamples: predicted });
+    await setRunValidation(tx, runId, { ...listed, total: seq, pending: seq, shardsTotal: shardCount, predictedSamples: predicted, turnsTotal, turnsMax });
     return await transitionRun(tx, runId, ['validating'], 'queued', now, {
       statusReason: invalid ? `${invalid} invalid line(s) skipped` : null,
     });

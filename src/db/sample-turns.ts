@@ -1,0 +1,81 @@
+import { and, asc, eq, gte, inArray } from 'drizzle-orm';
+import type { TurnRecord } from '../domain/conversation.js';
+import type { DbOrTx } from './client.js';
+import type { SampleTurnRow } from './schema.js';
+
+// A conversation's answered turns (`regenerate: "all_assistant"`). The result writer inserts them
+// (db/results.ts); the claim reads them back as the next turn's history.
+
+function record(r: SampleTurnRow): TurnRecord {
+  return {
+    idx: r.idx,
+    content: r.content,
+    reasoningContent: r.reasoningContent,
+    finishReason: r.finishReason,
+    usage: { prompt_tokens: r.promptTokens, completion_tokens: r.completionTokens, reasoning_tokens: r.reasoningTokens, cached_tokens: r.cachedTokens },
+    endpointId: r.endpointId,
+    latencyMs: r.latencyMs,
+    attempts: r.attempts,
+    flags: r.flags,
+  };
+}
+
+// Ids per statement: an `in (...)` list binds one value per id, and SQLite caps bound values.
+const IDS_PER_STATEMENT = 500;
+
+/** The answered turns of each sample, in order, before the turn each is at. */
+export async function turnsBefore(db: DbOrTx, samples: readonly { id: number; turn: number }[]): Promise<Map<number, TurnRecord[]>> {
+  const { sampleTurns } = db.t;
+  const upTo = new Map(samples.map((s) => [s.id, s.turn]));
+  const out = new Map<number, TurnRecord[]>();
+  const ids = [...upTo.keys()];
+  for (let i = 0; i < ids.length; i += IDS_PER_STATEMENT) {
+    const rows = await db.q
+      .select()
+      .from(sampleTurns)
+      .where(inArray(sampleTurns.sampleId, ids.slice(i, i + IDS_PER_STATEMENT)))
+      .orderBy(asc(sampleTurns.sampleId), asc(sampleTurns.idx));
+    for (const r of rows) {
+      if (r.idx >= (upTo.get(r.sampleId) ?? 0)) continue;
+      let list = out.get(r.sampleId);
+      if (!list) out.set(r.sampleId, (list = []));
+      list.push(record(r));
+    }
+  }
+  return out;
+}
+
+/** A sample's answered turns, in order. */
+export async function listTurns(db: DbOrTx, sampleId: number): Promise<TurnRecord[]> {
+  const { sampleTurns } = db.t;
+  const rows = await db.q.select().from(sampleTurns).where(eq(sampleTurns.sampleId, sampleId)).orderBy(asc(sampleTurns.idx));
+  return rows.map(record);
+}
+
+/** The first flagged turn of each sample that has one. */
+export async function firstFlaggedTurns(db: DbOrTx, sampleIds: readonly number[]): Promise<Map<number, number>> {
+  const out = new Map<number, number>();
+  for (let i = 0; i < sampleIds.length; i += IDS_PER_STATEMENT) {
+    const { rows } = await db.exec<{ sample_id: number | string; idx: number }>(
+      `select sample_id, min(idx) as idx from sample_turns where sample_id in (${sampleIds
+        .slice(i, i + IDS_PER_STATEMENT)
+        .map(() => '?')
+        .join(', ')}) and flags <> 0 group by sample_id`,
+      sampleIds.slice(i, i + IDS_PER_STATEMENT),
+    );
+    for (const r of rows) out.set(Number(r.sample_id), r.idx);
+  }
+  return out;
+}
+
+/** Drops a sample's turns from `from` on: they are to be asked again. Returns how many. */
+export async function dropTurnsFrom(db: DbOrTx, sampleId: number, from: number): Promise<number> {
+  const { sampleTurns } = db.t;
+  const gone = await db.write((w) =>
+    w.q
+      .delete(sampleTurns)
+      .where(and(eq(sampleTurns.sampleId, sampleId), gte(sampleTurns.idx, from)))
+      .returning({ idx: sampleTurns.idx }),
+  );
+  return gone.length;
+}

@@ -1,0 +1,280 @@
+import { describe, expect, it } from 'vitest';
+import { regeneratedMessages, type TurnRecord, turnCount, turnMessages } from '../../src/domain/conversation.js';
+import { flagBit } from '../../src/domain/flags.js';
+import { computeForecast } from '../../src/domain/forecast.js';
+import { errorLine, outputLine } from '../../src/domain/output-line.js';
+import { parseInputLine } from '../../src/domain/input-line.js';
+import { type Attempt, settleAnswer, settleError } from '../../src/runner/outcomes.js';
+import { buildRequest, type Answer } from '../../src/runner/request.js';
+
+// `regenerate: "all_assistant"`: which lines can be walked turn by turn, what each turn is asked
+// with, and what an answered turn makes of its conversation.
+
+const parse = (line: unknown) => parseInputLine(JSON.stringify(line), 1, { regenerate: 'all_assistant' });
+
+describe('parseInputLine with all_assistant', () => {
+  const system = { role: 'system', content: 'Be brief.' };
+  const u = (n: number) => ({ role: 'user', content: `q${n}` });
+  const a = (n: number) => ({ role: 'assistant', content: `old ${n}`, reasoning_content: 'old thoughts' });
+
+  it('drops every assistant turn and counts the user turns, in each shape that carries a conversation', () => {
+    const walked = [system, u(0), u(1)];
+    const shapes = [
+      { custom_id: 'm', messages: [system, u(0), a(0), u(1), a(1)] },
+      {
+        custom_id: 's',
+        conversations: [
+          { from: 'system', value: 'Be brief.' },
+          { from: 'human', value: 'q0' },
+          { from: 'gpt', value: 'old 0' },
+          { from: 'human', value: 'q1' },
+          { from: 'gpt', value: 'old 1' },
+        ],
+      },
+      { custom_id: 'c', conversations: [system, u(0), { role: 'assistant', content: 'old 0' }, u(1), { role: 'assistant', content: 'old 1' }] },
+    ];
+    for (const line of shapes) {
+      const parsed = parse(line);
+      expect(parsed, line.custom_id).toMatchObject({ ok: true, messages: walked, turns: 2 });
+    }
+    // The old answers (reasoning included) predict the new ones' length.
+    expect(parse(shapes[0])).toMatchObject({ old_answer_chars: 2 * ('old 0'.length + 'old thoughts'.length) });
+  });
+
+  it('answers a conversation that ends on a user turn, and one with no old answers at all', () => {
+    expect(parse({ messages: [u(0), a(0), u(1)] })).toMatchObject({ ok: true, messages: [u(0), u(1)], turns: 2 });
+    expect(parse({ messages: [u(0)] })).toMatchObject({ ok: true, messages: [u(0)], turns: 1, old_answer_chars: null });
+  });
+
+  it('refuses, with a code of its own, the lines it cannot walk', () => {
+    const refused = [
+      { messages: [u(0), { role: 'tool', content: '1', tool_call_id: 't' }], why: /is a tool result/ },
+      { messages: [a(0), u(0)], why: /comes before any user turn/ },
+      { messages: [system, a(0), u(0)], why: /comes before any user turn/ },
+      { messages: [u(0), { role: 'assistant', content: null, tool_calls: [{ id: 't', type: 'function' }] }], why: /calls tools/ },
+      { messages: [system], why: /no user turn/ },
+    ];
+    for (const { messages, why } of refused) {
+      const parsed = parse({ custom_id: 'x', messages });
+      expect(parsed.ok).toBe(false);
+      if (parsed.ok) continue;
+      expect(parsed.code).toBe('unwalkable_conversation');
+      expect(parsed.reason).toMatch(why);
+      expect(parsed.custom_id).toBe('x');
+    }
+    // A tool result in ShareGPT's shape too.
+    expect(
+      parse({
+        conversations: [
+          { from: 'human', value: 'q' },
+          { from: 'observation', value: '{}' },
+        ],
+      }),
+    ).toMatchObject({
+      ok: false,
+      code: 'unwalkable_conversation',
+    });
+    // An unknown role is refused as any line's would be.
+    expect(parse({ messages: [{ role: 'bot', content: 'q' }] })).toMatchObject({ ok: false, code: 'invalid_role' });
+    expect(parse({ conversations: [{ role: 'human', content: 'q' }] })).toMatchObject({ ok: false, code: 'invalid_role' });
+  });
+
+  it('leaves last_assistant as it was', () => {
+    const parsed = parseInputLine(JSON.stringify({ messages: [u(0), a(0), u(1), a(1)] }), 1, { regenerate: 'last_assistant' });
+    expect(parsed).toMatchObject({ ok: true, messages: [u(0), a(0), u(1)] });
+    expect(parsed).not.toHaveProperty('turns');
+  });
+});
+
+describe('turn messages', () => {
+  const messages = [
+    { role: 'system', content: 's' },
+    { role: 'user', content: 'q0' },
+    { role: 'user', content: 'q1' },
+    { role: 'user', content: 'q2' },
+  ];
+  const replies = [
+    { content: 'r0', reasoningContent: 't0' },
+    { content: 'r1', reasoningContent: 't1' },
+    { content: 'r2', reasoningContent: null },
+  ];
+
+  it('asks each turn with the replies regenerated before it, their content only', () => {
+    expect(turnCount(messages)).toBe(3);
+    expect(turnMessages(messages, [], 0)).toEqual(messages.slice(0, 2));
+    expect(turnMessages(messages, replies, 2)).toEqual([
+      { role: 'system', content: 's' },
+      { role: 'user', content: 'q0' },
+      { role: 'assistant', content: 'r0' },
+      { role: 'user', content: 'q1' },
+      { role: 'assistant', content: 'r1' },
+      { role: 'user', content: 'q2' },
+    ]);
+  });
+
+  it('writes the regenerated conversation with each reply after its user turn, reasoning included', () => {
+    expect(regeneratedMessages(messages, replies)).toEqual([
+      { role: 'system', content: 's' },
+      { role: 'user', content: 'q0' },
+      { role: 'assistant', content: 'r0', reasoning_content: 't0' },
+      { role: 'user', content: 'q1' },
+      { role: 'assistant', content: 'r1', reasoning_content: 't1' },
+      { role: 'user', content: 'q2' },
+      { role: 'assistant', content: 'r2', reasoning_content: null },
+    ]);
+  });
+
+  it('builds the request body of a turn from the stored conversation and its history', () => {
+    const request = JSON.stringify({ messages: messages.slice(0, 3) });
+    const history: TurnRecord[] = [turn(0, 'r0', 0)];
+    const { body } = buildRequest({ model: 'm', params: {} }, { request, qualityRetries: 0, turn: 1, history });
+    expect(body.messages).toEqual([...messages.slice(0, 2), { role: 'assistant', content: 'r0' }, messages[2]]);
+    // A single request is sent as stored.
+    expect(buildRequest({ model: 'm', params: {} }, { request, qualityRetries: 0, turn: null }).body.messages).toEqual(messages.slice(0, 3));
+  });
+});
+
+function turn(idx: number, content: string, flags: number): TurnRecord {
+  return {
+    idx,
+    content,
+    reasoningContent: `thought ${idx}`,
+    finishReason: 'stop',
+    usage: { prompt_tokens: 10 * (idx + 1), completion_tokens: 5, reasoning_tokens: 2, cached_tokens: idx },
+    endpointId: 'e1',
+    latencyMs: 100,
+    attempts: 1,
+    flags,
+  };
+}
+
+describe('an answered turn', () => {
+  const messages = [
+    { role: 'user', content: 'q0' },
+    { role: 'user', content: 'q1' },
+  ];
+  const attempt = (turnIdx: number, history: TurnRecord[], extra: Partial<Attempt> = {}): Attempt => ({
+    sampleId: 1,
+    runId: 'r',
+    shardIdx: 0,
+    endpointId: 'e2',
+    attempts: 2,
+    qualityRetries: 0,
+    serverFaults: 1,
+    thinking: true,
+    cancelled: false,
+    quarantined: false,
+    variant: null,
+    maxTokens: null,
+    contextLength: null,
+    conversation: { turn: turnIdx, messages, history, last: turnIdx === messages.length - 1 },
+    ...extra,
+  });
+  const answer: Answer = {
+    content: 'new',
+    reasoning: 'thinking',
+    finishReason: 'stop',
+    usage: { prompt_tokens: 30, completion_tokens: 7, reasoning_tokens: 3, cached_tokens: 20 },
+    model: 'm',
+    responseId: 'id',
+    created: 1,
+    logprobs: null,
+  };
+  const run = { model: 'm', quality: null };
+
+  it('moves a conversation with turns left on to its next turn, carrying the turn and the flags so far', () => {
+    const { outcome } = settleAnswer(attempt(0, []), run, answer, 50, 1000, flagBit('too_short'));
+    expect(outcome).toMatchObject({
+      kind: 'turn',
+      flags: flagBit('too_short'),
+      turn: { idx: 0, content: 'new', reasoningContent: 'thinking', endpointId: 'e2', latencyMs: 50, attempts: 3, usage: answer.usage },
+    });
+  });
+
+  it("completes the conversation on its last turn: every turn's usage added up, the flags of any turn", () => {
+    const { outcome } = settleAnswer(attempt(1, [turn(0, 'r0', flagBit('truncated'))]), run, answer, 50, 1000, 0);
+    if (outcome.kind !== 'completed') throw new Error(`expected completed, got ${outcome.kind}`);
+    expect(outcome.flags).toBe(flagBit('truncated'));
+    expect(outcome.turn).toMatchObject({ idx: 1, content: 'new' });
+    const staged = JSON.parse(outcome.output);
+    expect(staged.content).toBe('new');
+    expect(staged.conversation.messages).toEqual([
+      messages[0],
+      { role: 'assistant', content: 'r0', reasoning_content: 'thought 0' },
+      messages[1],
+      { role: 'assistant', content: 'new', reasoning_content: 'thinking' },
+    ]);
+    expect(staged.conversation.usage).toEqual({ prompt_tokens: 40, completion_tokens: 12, reasoning_tokens: 5, cached_tokens: 20 });
+    expect(staged.conversation.turns.map((t: { flags: string[] }) => t.flags)).toEqual([['truncated'], []]);
+    expect(staged.conversation.attempts).toBe(4);
+  });
+
+  it('fails its conversation naming the turn, when the turn fails for good', () => {
+    const error = { code: 'invalid_request' as const, message: 'too long', status: 400 };
+    const { outcome } = settleError(attempt(1, [turn(0, 'r0', 0)]), { maxAttempts: 3, maxServerFaults: 3 }, error, 1000);
+    expect(outcome).toMatchObject({ kind: 'failed', turn: 1 });
+  });
+});
+
+describe('the forecast of a conversation run', () => {
+  const input = {
+    whole: false,
+    total: 100,
+    remaining: 50,
+    completionTokens: 5000,
+    slice: [] as [number, number][],
+    sliceOpen: 0,
+    frontier: -1,
+    tokensPerSecond: 1000,
+    endpoints: 1,
+    elapsedSeconds: 10,
+    deadlineSeconds: null,
+    now: 0,
+  };
+
+  it('takes no less than its longest chain of turns, however fast the fleet', () => {
+    // 50 conversations left of 100 tokens each: 5 s at the fleet's rate.
+    expect(computeForecast(input, () => 0.5)?.wall_seconds_remaining).toBe(5);
+    expect(computeForecast({ ...input, chainSeconds: 12 }, () => 0.5)).toMatchObject({ wall_seconds_remaining: 12, low: 12, high: 12 });
+    expect(computeForecast({ ...input, chainSeconds: 2 }, () => 0.5)?.wall_seconds_remaining).toBe(5);
+  });
+});
+
+describe("a conversation's lines", () => {
+  const sample = {
+    customId: 'c',
+    sampleIndex: 0,
+    request: JSON.stringify({ messages: [{ role: 'user', content: 'q0' }] }),
+    finishReason: 'stop',
+    promptTokens: 1,
+    completionTokens: 2,
+    reasoningTokens: 0,
+    cachedTokens: 0,
+    endpointId: 'e1',
+    latencyMs: 5,
+    attempts: 1,
+    serverFaults: 0,
+    flags: 0,
+  };
+
+  it('writes the regenerated conversation and its turns, the totals at the top', () => {
+    const usage = { prompt_tokens: 9, completion_tokens: 8, reasoning_tokens: 7, cached_tokens: 6 };
+    const turns = [{ finish_reason: 'stop', usage, endpoint_id: 'e1', latency_ms: 5, attempts: 1, flags: [] }];
+    const messages = [
+      { role: 'user', content: 'q0' },
+      { role: 'assistant', content: 'a', reasoning_content: 'r' },
+    ];
+    const line = JSON.parse(
+      outputLine(sample, { content: 'a', reasoning_content: 'r', model: 'm', conversation: { messages, turns, usage, latency_ms: 50, attempts: 3 } }),
+    );
+    expect(line).toMatchObject({ messages, turns, usage, latency_ms: 50, attempts: 3, content: 'a' });
+    // A single request's line has no turns.
+    expect(JSON.parse(outputLine(sample, { content: 'a', reasoning_content: 'r', model: 'm' }))).not.toHaveProperty('turns');
+  });
+
+  it("names the failed turn on a conversation's error line only", () => {
+    const failed = { customId: 'c', sampleIndex: 0, errorCode: 'server_error', errorMessage: 'x', errorStatus: 500, attempts: 3, serverFaults: 0 };
+    expect(JSON.parse(errorLine({ ...failed, turn: 2 })).turn).toBe(2);
+    expect(JSON.parse(errorLine({ ...failed, turn: null }))).not.toHaveProperty('turn');
+  });
+});
