@@ -1,7 +1,7 @@
 import { randomBytes } from 'node:crypto';
 import { SimHttpError } from './http.js';
 import { isRecord, type Knobs } from './options.js';
-import { CHARS_PER_TOKEN, countPromptTokens, digestOf, fillerText, hashSeed, seededRandom } from './text.js';
+import { answerSequence, CHARS_PER_TOKEN, countPromptTokens, digestOf, fillerText, hashSeed, promptSequence, seededRandom } from './text.js';
 
 /** Qwen's <|im_end|>: the token SGLang reports in `matched_stop` when generation stops on its own. */
 const EOS_TOKEN_ID = 151645;
@@ -21,6 +21,8 @@ export interface ChatRequest {
   /** The `model` the client sent, echoed back: SGLang never checks it. */
   model: string;
   promptTokens: number;
+  /** The chat-templated prompt as the prefix cache's tokens. */
+  sequence: number[];
   /** max_tokens, or what is left of the context when the client sent none (SGLang's own cap). */
   maxTokens: number;
   thinking: boolean;
@@ -94,6 +96,7 @@ export function parseChatRequest(body: unknown, knobs: Knobs): ChatRequest {
     digest: digestOf(messages),
     model: typeof body.model === 'string' ? body.model : knobs.model,
     promptTokens,
+    sequence: promptSequence(messages),
     maxTokens: typeof maxTokens === 'number' ? maxTokens : contextLength - promptTokens,
     thinking: wantsThinking(body),
     answerTokens: answerLength(lastUserText(messages), knobs),
@@ -176,6 +179,8 @@ function tokenLogprobs(text: string, tokens: number, top: number, random: () => 
 export interface Reply {
   body: object;
   completionTokens: number;
+  /** What the model generated, as the prefix cache's tokens (its thinking included). */
+  generated: number[];
   /** The answer token by token, for a streamed reply: one SSE chunk each (SGLang's default stream_interval of 1). */
   pieces: Piece[];
 }
@@ -220,6 +225,7 @@ export function buildReply(request: ChatRequest, knobs: Knobs, plan: ReplyPlan):
       : [...cut('reasoning_content', reasoning, out.reasoningTokens), ...cut('content', content, out.contentTokens)];
   return {
     completionTokens,
+    generated: answerSequence(request.thinking && parser ? out.reasoning : null, content),
     pieces,
     body: {
       id: randomBytes(16).toString('hex'),
