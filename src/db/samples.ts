@@ -59,6 +59,8 @@ export interface ClaimedRow {
   attempts: number;
   qualityRetries: number;
   serverFaults: number;
+  /** The endpoint whose prefix cache holds the prompt, or null: dispatch sends it there first. */
+  affinityEndpointId: string | null;
 }
 
 /**
@@ -71,7 +73,7 @@ const SLICE_SHUFFLE = 2654435761;
 const byId = (a: ClaimedRow, b: ClaimedRow) => a.id - b.id;
 const LEASE = `update samples set status = 'in_progress', attempts = attempts + 1, lease_owner = ?, lease_expires_at = ?`;
 // Quoted aliases: PostgreSQL folds unquoted names to lower case.
-const LEASED = `returning id, shard_idx as "shardIdx", request, attempts, quality_retries as "qualityRetries", server_faults as "serverFaults"`;
+const LEASED = `returning id, shard_idx as "shardIdx", request, attempts, quality_retries as "qualityRetries", server_faults as "serverFaults", affinity_endpoint_id as "affinityEndpointId"`;
 
 /**
  * The order a claim takes a run's samples in, after its calibration slice: `slice_only` (a dry
@@ -105,6 +107,9 @@ function claimSql(db: Db) {
     slice: `${LEASE} ${pick}select id from ${slice} where run_id = ? and ${inSlice} and status = 'pending' and available_at <= ?
        order by (seq * ${SLICE_SHUFFLE}) % 4294967296 limit ? ${skip}${picked} ${still} ${LEASED}`,
     inOrder: `${LEASE} ${pick}select id from samples where run_id = ? and status = 'pending' and available_at <= ? order by seq limit ? ${skip}${picked} ${still} ${LEASED}`,
+    // PostgreSQL, a replica of several: the samples whose prefix sits on an endpoint it drives, or on none.
+    ours: `${LEASE} ${pick}select id from samples where run_id = ? and status = 'pending' and available_at <= ?
+       and (affinity_endpoint_id is null or affinity_endpoint_id = any(?)) order by seq limit ? ${skip}${picked} ${still} ${LEASED}`,
     // The window is a range of the claim index (run_id, status, seq): at most `window` rows sorted per claim.
     longest: `${LEASE} ${pick}select id from samples where run_id = ? and status = 'pending' and available_at <= ?
        and seq < (select min(seq) from samples where run_id = ? and status = 'pending') + ?
@@ -120,7 +125,17 @@ function claimSql(db: Db) {
  */
 export async function claimSamples(
   db: Db,
-  c: { runId: string; owner: string; now: number; leaseExpiresAt: number; limit: number; order: ClaimOrder; window: number },
+  c: {
+    runId: string;
+    owner: string;
+    now: number;
+    leaseExpiresAt: number;
+    limit: number;
+    order: ClaimOrder;
+    window: number;
+    /** The endpoints the claimer drives, when it drives only some (a replica of several), else null. */
+    drives?: readonly string[] | null;
+  },
   /** PostgreSQL: told the claim's transaction id, for claimStatus should the commit's answer be lost. */
   began?: (xid: string) => void,
 ): Promise<ClaimedRow[]> {
@@ -142,7 +157,16 @@ export async function claimSamples(
     // `returning` gives no order: each part is put back in input order (ids follow it).
     const rows = (await tx.exec<ClaimedRow>(q.slice, [c.owner, c.leaseExpiresAt, c.runId, c.now, c.limit])).rows.sort(byId);
     const left = c.limit - rows.length;
-    if (left > 0 && c.order === 'input')
+    // A replica that drives some endpoints takes the samples whose prefix is cached on one of
+    // them, or on none, first; the others only when nothing else is due, so none waits for ever
+    // on an endpoint that nobody drives any more.
+    let ours = 0;
+    if (left > 0 && c.order === 'input' && tx.dialect === 'pg' && c.drives) {
+      const got = (await tx.exec<ClaimedRow>(q.ours, [c.owner, c.leaseExpiresAt, c.runId, c.now, [...c.drives], left])).rows.sort(byId);
+      rows.push(...got);
+      ours = got.length;
+    }
+    if (ours === 0 && left > 0 && c.order === 'input')
       rows.push(...(await tx.exec<ClaimedRow>(q.inOrder, [c.owner, c.leaseExpiresAt, c.runId, c.now, left])).rows.sort(byId));
     if (left > 0 && c.order === 'length_aware') {
       const longest = await tx.exec<ClaimedRow>(q.longest, [c.owner, c.leaseExpiresAt, c.runId, c.now, c.runId, c.window, left]);
@@ -162,7 +186,8 @@ export async function claimSamples(
 export async function readClaim(db: Db, c: { runId: string; owner: string; leaseExpiresAt: number }): Promise<ClaimedRow[]> {
   const from = db.dialect === 'pg' ? 'samples' : 'samples indexed by samples_claim_idx';
   const { rows } = await db.exec<ClaimedRow>(
-    `select id, shard_idx as "shardIdx", request, attempts, quality_retries as "qualityRetries", server_faults as "serverFaults" from ${from}
+    `select id, shard_idx as "shardIdx", request, attempts, quality_retries as "qualityRetries", server_faults as "serverFaults",
+     affinity_endpoint_id as "affinityEndpointId" from ${from}
      where run_id = ? and status = 'in_progress' and lease_owner = ? and lease_expires_at = ? order by calibration desc, seq`,
     [c.runId, c.owner, c.leaseExpiresAt],
   );
@@ -497,4 +522,20 @@ export async function completionLengthCounts(db: Db, runId: string): Promise<[nu
     [runId],
   );
   return rows.map((r) => [r.tokens, Number(r.n)]);
+}
+
+/**
+ * Points samples at the endpoint whose prefix cache holds their prompts (by custom_id): dispatch
+ * sends each there first. A conversation's next turn is set by its answer; this sets it directly.
+ */
+export async function setAffinity(db: Db, runId: string, endpoints: ReadonlyMap<string, string>): Promise<void> {
+  const { samples } = db.t;
+  await db.tx(async (tx) => {
+    for (const [customId, endpointId] of endpoints) {
+      await tx.q
+        .update(samples)
+        .set({ affinityEndpointId: endpointId })
+        .where(and(eq(samples.runId, runId), eq(samples.customId, customId)));
+    }
+  });
 }

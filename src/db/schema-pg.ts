@@ -177,6 +177,8 @@ export const samples = pgTable(
     leaseOwner: text('lease_owner'),
     leaseExpiresAt: bigintNumber('lease_expires_at'),
     endpointId: text('endpoint_id'),
+    // The endpoint whose prefix cache holds the sample's prompt: dispatch sends it there first (runner/pump.ts).
+    affinityEndpointId: text('affinity_endpoint_id'),
     finishReason: text('finish_reason'),
     promptTokens: integer('prompt_tokens'),
     completionTokens: integer('completion_tokens'),

@@ -186,6 +186,8 @@ export const samples = sqliteTable(
     leaseOwner: text('lease_owner'),
     leaseExpiresAt: integer('lease_expires_at'),
     endpointId: text('endpoint_id'),
+    // The endpoint whose prefix cache holds the sample's prompt: dispatch sends it there first (runner/pump.ts).
+    affinityEndpointId: text('affinity_endpoint_id'),
     finishReason: text('finish_reason'),
     promptTokens: integer('prompt_tokens'),
     completionTokens: integer('completion_tokens'),

@@ -263,6 +263,11 @@ export class EndpointPool {
     return false;
   }
 
+  /** The ids of the endpoints this process drives when it drives only some (a replica of several), else null. */
+  drivesOnly(): string[] | null {
+    return this.drivenIds ? [...this.drivenIds] : null;
+  }
+
   /** The endpoints this process drives. */
   driven(): LiveEndpoint[] {
     return [...this.live.values()].filter((e) => e.driven);

@@ -1,0 +1,1 @@
+ALTER TABLE `samples` ADD `affinity_endpoint_id` text;
