@@ -1,3 +1,4 @@
+import { addCacheUsage, type CacheUsage } from './cache-usage.js';
 import type { SampleError } from '../domain/sample-errors.js';
 import type { Usage } from '../domain/output-line.js';
 import { FLAG_COLUMNS, FLAGS, flagBit } from '../domain/flags.js';
@@ -110,6 +111,8 @@ export async function applyOutcomes(tx: DbOrTx, owner: string, batch: Outcome[],
   const deltas = new Map<string, RunDelta>();
   const shardDeltas = new Map<string, { runId: string; idx: number; n: number }>();
   const endpointDeltas = new Map<string, { completed: number; failed: number }>();
+  // Per run, per endpoint: the answered prompt and cached tokens (db/cache-usage.ts).
+  const cacheDeltas = new Map<string, Map<string, CacheUsage>>();
   const report: FlushReport = { runs: new Map(), closedShards: [], dropped: 0 };
   // Whether each outcome changed its sample; the counters below move only for those.
   const applied =
@@ -143,6 +146,14 @@ export async function applyOutcomes(tx: DbOrTx, owner: string, batch: Outcome[],
       d.completion += usage.completion_tokens;
       d.reasoning += usage.reasoning_tokens;
       d.cached += usage.cached_tokens;
+    }
+    if (usage && o.endpointId) {
+      let byEndpoint = cacheDeltas.get(o.runId);
+      if (!byEndpoint) cacheDeltas.set(o.runId, (byEndpoint = new Map()));
+      const c = byEndpoint.get(o.endpointId) ?? { endpointId: o.endpointId, promptTokens: 0, cachedTokens: 0 };
+      c.promptTokens += usage.prompt_tokens;
+      c.cachedTokens += usage.cached_tokens;
+      byEndpoint.set(o.endpointId, c);
     }
     if (o.endpointId && (o.kind === 'completed' || o.kind === 'failed')) {
       const e = endpointDeltas.get(o.endpointId) ?? { completed: 0, failed: 0 };
@@ -188,6 +199,7 @@ export async function applyOutcomes(tx: DbOrTx, owner: string, batch: Outcome[],
     if (row && row.terminal_count === row.sample_count) report.closedShards.push({ runId: sd.runId, idx: sd.idx });
   }
   for (const [id, e] of endpointDeltas) await tx.exec(SQL.endpointStats, [e.completed, e.failed, id]);
+  for (const [runId, byEndpoint] of cacheDeltas) await addCacheUsage(tx, runId, [...byEndpoint.values()]);
   return report;
 }
 

@@ -309,6 +309,21 @@ export const replicas = pgTable('replicas', {
   view: jsonb('view').$type<RunnerSnapshot | null>(),
 });
 
+// Prompt and cached prompt tokens of each run's answers by endpoint: the prefix-cache hit rate per
+// run and endpoint (db/cache-usage.ts), added to by the result writer.
+export const runEndpointUsage = pgTable(
+  'run_endpoint_usage',
+  {
+    runId: text('run_id')
+      .notNull()
+      .references(() => runs.id, { onDelete: 'cascade' }),
+    endpointId: text('endpoint_id').notNull(),
+    promptTokens: bigintNumber('prompt_tokens').notNull().default(0),
+    cachedTokens: bigintNumber('cached_tokens').notNull().default(0),
+  },
+  (t) => [primaryKey({ columns: [t.runId, t.endpointId] })],
+);
+
 export const endpointDrivers = pgTable('endpoint_drivers', {
   endpointId: text('endpoint_id')
     .primaryKey()

@@ -349,6 +349,21 @@ export const endpointDrivers = sqliteTable('endpoint_drivers', {
   since: integer('since').notNull(),
 });
 
+// Prompt and cached prompt tokens of each run's answers by endpoint: the prefix-cache hit rate per
+// run and endpoint (db/cache-usage.ts), added to by the result writer.
+export const runEndpointUsage = sqliteTable(
+  'run_endpoint_usage',
+  {
+    runId: text('run_id')
+      .notNull()
+      .references(() => runs.id, { onDelete: 'cascade' }),
+    endpointId: text('endpoint_id').notNull(),
+    promptTokens: integer('prompt_tokens').notNull().default(0),
+    cachedTokens: integer('cached_tokens').notNull().default(0),
+  },
+  (t) => [primaryKey({ columns: [t.runId, t.endpointId] })],
+);
+
 export type RunInput = { file_id: string } | { uri: string } | { requests: number };
 export interface BatchFileBytes {
   at: number;

@@ -138,6 +138,7 @@ export class LiveEndpoint {
         running: this.load?.running ?? null,
         queued: this.load?.waiting ?? null,
         token_usage: this.load?.tokenUsage == null ? null : Math.round(this.load.tokenUsage * 1000) / 1000,
+        cache_hit_rate: this.load?.cacheHitRate == null ? null : Math.round(this.load.cacheHitRate * 10_000) / 10_000,
         read_at: this.load?.at ?? null,
       },
     };

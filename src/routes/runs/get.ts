@@ -3,7 +3,8 @@ import type { App } from '../../http/app.js';
 import { notFound, problemResponses } from '../../errors.js';
 import { getRun } from '../../db/runs.js';
 import { jsonContent, RunIdParam } from '../common.js';
-import { renderRun } from './render.js';
+import { runCacheUsage } from '../../db/cache-usage.js';
+import { renderCacheByEndpoint, renderRun } from './render.js';
 import { Run } from './schemas.js';
 
 const route = createRoute({
@@ -22,6 +23,7 @@ export function registerGetRun(app: App) {
     const { id } = c.req.valid('param');
     const run = await getRun(deps.db, id);
     if (!run) throw notFound('run', id);
-    return c.json(renderRun(run, deps.runner.runProgress(id), deps.clock()), 200);
+    const cacheByEndpoint = renderCacheByEndpoint(await runCacheUsage(deps.db, id));
+    return c.json({ ...renderRun(run, deps.runner.runProgress(id), deps.clock()), cache_by_endpoint: cacheByEndpoint }, 200);
   });
 }

@@ -1,4 +1,5 @@
 import type { RunRow, SampleRow, ShardRow } from '../../db/schema.js';
+import { hitRate, type CacheUsage } from '../../db/cache-usage.js';
 import { joinUri } from '../../storage/index.js';
 import { flagCounts, flagsFromBits } from '../../domain/flags.js';
 import { runUsage, triesOf } from '../../domain/output-line.js';
@@ -97,6 +98,7 @@ export function renderRun(r: RunRow, live: RunProgress, now: number): Run {
       by_flag: flagCounts(r),
     },
     usage: runUsage(r),
+    cache_hit_rate: hitRate(r),
     shards: { total: r.shardsTotal, uploaded: r.shardsUploaded },
     progress: renderProgress(r, live, now),
     manifest_uri: r.manifestKey ? joinUri(r.outputUri, r.manifestKey) : null,
@@ -115,6 +117,11 @@ export function renderRun(r: RunRow, live: RunProgress, now: number): Run {
     deadline_seconds: r.deadlineSeconds,
     forecast: renderForecast(r, live),
   };
+}
+
+/** A run's prefix-cache figures by endpoint, for GET of one run. */
+export function renderCacheByEndpoint(usage: readonly CacheUsage[]): NonNullable<Run['cache_by_endpoint']> {
+  return usage.map((u) => ({ endpoint_id: u.endpointId, prompt_tokens: u.promptTokens, cached_tokens: u.cachedTokens, cache_hit_rate: hitRate(u) }));
 }
 
 const round = (n: number) => Math.round(n * 100) / 100;
