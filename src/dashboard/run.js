@@ -216,6 +216,7 @@ export function runView(root, runId) {
         // Sent and not answered; the samples claimed ahead of dispatch (also in_progress in the API) apart.
         stat('In flight', num(p.in_flight), `${num(Math.max(0, c.in_progress - p.in_flight))} claimed ahead · ${num(c.pending)} pending`),
         stat('Tokens', num(run.usage.completion_tokens), `${num(run.usage.reasoning_tokens)} reasoning · ${num(run.usage.prompt_tokens)} prompt`),
+        stat('Prefix cache', run.cache_hit_rate == null ? '—' : pct(run.cache_hit_rate), cacheByEndpoint(run)),
       ),
       h(
         'div',
@@ -370,4 +371,14 @@ export function runView(root, runId) {
   return () => {
     for (const stop of stops) stop();
   };
+}
+
+/**
+ * The prompt tokens served from the servers' prefix caches, by endpoint (GET of one run only).
+ * @param {Schemas['Run']} run
+ */
+function cacheByEndpoint(run) {
+  const by = run.cache_by_endpoint ?? [];
+  if (!by.length) return 'of prompt tokens (cached_tokens)';
+  return by.map((e) => `${e.endpoint_id.slice(0, 10)} ${e.cache_hit_rate == null ? '—' : pct(e.cache_hit_rate)}`).join(' · ');
 }
