@@ -2,6 +2,7 @@ import { writeFileSync } from 'node:fs';
 import { fileURLToPath } from 'node:url';
 import { benchAdaptive } from './adaptive.js';
 import { benchDispatch, benchSaturation, benchStream } from './dispatch.js';
+import { benchConversations } from './conversations.js';
 import { benchEndless } from './endless.js';
 import { benchIngest } from './ingest.js';
 import { benchMillion } from './million.js';
@@ -21,6 +22,7 @@ const PARTS: Record<string, () => Promise<Figure[]>> = {
   scale: benchScale,
   stores: benchStores,
   endless: benchEndless,
+  conversations: benchConversations,
 };
 
 const fmt = (n: number | null, unit = '') =>
@@ -40,7 +42,7 @@ function table(figures: Figure[]): string {
 
 /**
  * `npm run bench [part…]`: runs the parts (all by default), prints regen next to its baseline for
- * every figure, and, for a full-scale run of every part, writes BENCHMARKS.md. Parts: ingest, dispatch, saturation, stream, million, adaptive, tail, scale, stores, endless.
+ * every figure, and, for a full-scale run of every part, writes BENCHMARKS.md. Parts: ingest, dispatch, saturation, stream, million, adaptive, tail, scale, stores, endless, conversations.
  */
 async function main(): Promise<void> {
   const asked = process.argv.slice(2);

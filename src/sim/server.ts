@@ -40,6 +40,9 @@ export interface SimStats {
   generatedTokens: number;
   /** The most tokens generated for one request before its client hung up: how soon a client cut it. */
   maxTokensBeforeHangUp: number;
+  /** Prompt tokens of the answered requests, and those of them the prefix cache served. */
+  promptTokens: number;
+  cachedTokens: number;
 }
 
 export interface Simulator {
@@ -148,6 +151,8 @@ class SimServer {
       maxKvUsed: Math.max(...this.#ranks.map((rank) => rank.maxUsedTokens)),
       generatedTokens: this.#generationTokens,
       maxTokensBeforeHangUp: this.#maxTokensBeforeHangUp,
+      promptTokens: this.#promptTokens,
+      cachedTokens: this.#cache.reduce((sum, c) => sum + c.cachedTokens, 0),
     };
   }
 
