@@ -203,6 +203,15 @@ function outputLines(outputUri: string): Record<string, any>[] {
   return lines;
 }
 
+async function setStates(base: string, ids: string[], state: 'draining' | 'ready'): Promise<void> {
+  for (const id of ids) {
+    await json(base, `/v1/endpoints/${id}`, { method: 'PATCH', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ state }) });
+  }
+  if (state === 'ready') {
+    await until('endpoints ready again', async () => ((await json(base, '/v1/endpoints')).data.every((e: any) => e.state === 'ready') ? true : undefined), 60_000, 10);
+  }
+}
+
 /** regen, in waves: run k asks turn k of every conversation that has one, with the answers of run k−1 as history. */
 async function regenWaves(
   base: string,
@@ -211,6 +220,7 @@ async function regenWaves(
   convs: Conversation[],
   thinking: boolean,
   affinity: boolean,
+  endpointIds: string[],
 ): Promise<Omit<Tally, 'ideal'> & { prompts: number[][]; answers: number[][] }> {
   const answers: string[][] = convs.map(() => []);
   const homes = new Map<string, string>();
@@ -228,27 +238,23 @@ async function regenWaves(
       if (!due.length) break;
       const body = due.map((c) => JSON.stringify({ custom_id: c.id, messages: history(c, answers[convs.indexOf(c)], k) })).join('\n') + '\n';
       const file = await json<{ id: string }>(base, '/v1/files?filename=wave.jsonl', { method: 'POST', headers: { 'content-type': 'application/jsonl' }, body });
+      if (affinity && homes.size) await setStates(base, endpointIds, 'draining');
       const run = await json<{ id: string }>(base, '/v1/runs', {
         method: 'POST',
         headers: { 'content-type': 'application/json' },
         body: JSON.stringify({ model: MODEL, input: { file_id: file.id }, quality: false, shard_size: 10_000, params: { chat_template_kwargs: { enable_thinking: thinking } } }),
       });
       if (affinity && homes.size) {
-        // Paused while the bench points each turn at the endpoint that answered the conversation's last one.
-        await until(
-          'the wave paused',
-          async () => {
-            const r = await fetch(`${base}/v1/runs/${run.id}/pause`, { method: 'POST' });
-            return r.ok ? true : undefined;
-          },
-          60_000,
-          5,
-        );
-        await until('its claims given back', async () => ((await json(base, `/v1/runs/${run.id}`)).request_counts.in_progress === 0 ? true : undefined), 60_000);
+        // The endpoints are parked while the bench points each turn at the endpoint that answered
+        // the conversation's last one (a conversation run sets it as each answer comes back).
+        await until('the wave queued', async () => ((await json(base, `/v1/runs/${run.id}`)).status === 'queued' ? true : undefined), 60_000, 5);
+        // Paused until every endpoint is ready again: one still starting would count as not ready, and its turns would move.
+        await json(base, `/v1/runs/${run.id}/pause`, { method: 'POST' });
         const set = db.prepare('update samples set affinity_endpoint_id = ? where run_id = ? and custom_id = ?');
         db.transaction(() => {
           for (const [id, endpoint] of homes) set.run(endpoint, run.id, id);
         })();
+        await setStates(base, endpointIds, 'ready');
         await json(base, `/v1/runs/${run.id}/resume`, { method: 'POST' });
       }
       const done = await until(
@@ -327,7 +333,7 @@ export async function benchConversations(): Promise<Figure[]> {
       ),
     );
   const dataDir = join(tmp.dir, 'data');
-  const server = await spawnServer(dataDir, { REGEN_LOG_LEVEL: 'warn', REGEN_ADAPTIVE_CONCURRENCY: 'false' });
+  const server = await spawnServer(dataDir, { REGEN_ADAPTIVE_CONCURRENCY: 'false' });
   try {
     for (const thinking of [true, false]) {
       const results: Record<string, Tally> = {};
@@ -351,7 +357,7 @@ export async function benchConversations(): Promise<Figure[]> {
           else if (mode === 'cache-aware reference') {
             const policy = cacheAware();
             got = await walk(sims, convs, thinking, policy.route, policy.sent);
-          } else got = await regenWaves(server.url, join(dataDir, 'regen.db'), sims, convs, thinking, mode === 'regen, affinity');
+          } else got = await regenWaves(server.url, join(dataDir, 'regen.db'), sims, convs, thinking, mode === 'regen, affinity', ids);
           results[mode] = { ...got, ideal: idealCached(got.prompts, got.answers, thinking) };
           if (thinking && mode === 'regen, least loaded') {
             const few = await sharedPrefix(server.url, sims, scaled(1000, 40));
