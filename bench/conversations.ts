@@ -329,6 +329,8 @@ export async function benchConversations(): Promise<Figure[]> {
           'prefill-tokens-per-second': PREFILL_PER_SECOND,
           'reasoning-tokens': REASONING_TOKENS,
           'enable-cache-report': 1,
+          // Longer than any pause between a dispatcher's requests: a closed keep-alive socket is not what is measured.
+          'keep-alive-ms': 600_000,
         }),
       ),
     );
@@ -359,6 +361,11 @@ export async function benchConversations(): Promise<Figure[]> {
             got = await walk(sims, convs, thinking, policy.route, policy.sent);
           } else got = await regenWaves(server.url, join(dataDir, 'regen.db'), sims, convs, thinking, mode === 'regen, affinity', ids);
           results[mode] = { ...got, ideal: idealCached(got.prompts, got.answers, thinking) };
+          const t = results[mode];
+          console.error(
+            `${thinking ? 'thinking' : 'no thinking'}, ${mode}: wall ${t.wall.toFixed(1)} s, prompt ${t.prompt}, cached ${t.cached}, ideal ${t.ideal}, ` +
+              `share ${((100 * t.cached) / Math.max(1, t.ideal)).toFixed(1)}%, busy ${(100 * t.busy).toFixed(1)}%, p50 ${Math.round(percentile(t.latencies, 50))} ms, p99 ${Math.round(percentile(t.latencies, 99))} ms`,
+          );
           if (thinking && mode === 'regen, least loaded') {
             const few = await sharedPrefix(server.url, sims, scaled(1000, 40));
             figures.push({
