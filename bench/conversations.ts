@@ -208,7 +208,12 @@ async function setStates(base: string, ids: string[], state: 'draining' | 'ready
     await json(base, `/v1/endpoints/${id}`, { method: 'PATCH', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ state }) });
   }
   if (state === 'ready') {
-    await until('endpoints ready again', async () => ((await json(base, '/v1/endpoints')).data.every((e: any) => e.state === 'ready') ? true : undefined), 60_000, 10);
+    await until(
+      'endpoints ready again',
+      async () => ((await json(base, '/v1/endpoints')).data.every((e: any) => e.state === 'ready') ? true : undefined),
+      60_000,
+      10,
+    );
   }
 }
 
@@ -237,12 +242,22 @@ async function regenWaves(
       const due = convs.filter((c) => c.users.length > k);
       if (!due.length) break;
       const body = due.map((c) => JSON.stringify({ custom_id: c.id, messages: history(c, answers[convs.indexOf(c)], k) })).join('\n') + '\n';
-      const file = await json<{ id: string }>(base, '/v1/files?filename=wave.jsonl', { method: 'POST', headers: { 'content-type': 'application/jsonl' }, body });
+      const file = await json<{ id: string }>(base, '/v1/files?filename=wave.jsonl', {
+        method: 'POST',
+        headers: { 'content-type': 'application/jsonl' },
+        body,
+      });
       if (affinity && homes.size) await setStates(base, endpointIds, 'draining');
       const run = await json<{ id: string }>(base, '/v1/runs', {
         method: 'POST',
         headers: { 'content-type': 'application/json' },
-        body: JSON.stringify({ model: MODEL, input: { file_id: file.id }, quality: false, shard_size: 10_000, params: { chat_template_kwargs: { enable_thinking: thinking } } }),
+        body: JSON.stringify({
+          model: MODEL,
+          input: { file_id: file.id },
+          quality: false,
+          shard_size: 10_000,
+          params: { chat_template_kwargs: { enable_thinking: thinking } },
+        }),
       });
       if (affinity && homes.size) {
         // The endpoints are parked while the bench points each turn at the endpoint that answered
@@ -281,7 +296,15 @@ async function regenWaves(
   }
   const wall = (performance.now() - started) / 1000;
   const after = await statsOf(sims);
-  return { wall, prompt: after.prompt - before.prompt, cached: after.cached - before.cached, latencies, busy: busy / 1000 / (wall * SERVERS * SLOTS), prompts, answers: answerTokens };
+  return {
+    wall,
+    prompt: after.prompt - before.prompt,
+    cached: after.cached - before.cached,
+    latencies,
+    busy: busy / 1000 / (wall * SERVERS * SLOTS),
+    prompts,
+    answers: answerTokens,
+  };
 }
 
 /** Single prompts that share a long system prompt (a few-shot block): how much does spreading them over the servers cost the cache? */
@@ -353,7 +376,11 @@ export async function benchConversations(): Promise<Figure[]> {
             });
             ids.push(e.id);
           }
-          await until('endpoints ready', async () => ((await json(server.url, '/v1/endpoints')).data.every((e: any) => e.state === 'ready') ? true : undefined), 60_000);
+          await until(
+            'endpoints ready',
+            async () => ((await json(server.url, '/v1/endpoints')).data.every((e: any) => e.state === 'ready') ? true : undefined),
+            60_000,
+          );
           let got: Omit<Tally, 'ideal'> & { prompts: number[][]; answers: number[][] };
           if (mode === 'round robin') got = await walk(sims, convs, thinking, roundRobin(), () => {});
           else if (mode === 'cache-aware reference') {

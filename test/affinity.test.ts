@@ -8,7 +8,15 @@ import { checkOutput, createRun, listAllSamples, registerEndpoint, uploadFile, w
 
 const MODEL = 'affinity-sim';
 const CONVERSATIONS = 200;
-const SIM = { model: MODEL, 'ttft-ms': 10, 'tokens-per-second': 2000, 'max-running': 8, 'enable-cache-report': 1, 'reasoning-tokens': 0, 'keep-alive-ms': 120_000 };
+const SIM = {
+  model: MODEL,
+  'ttft-ms': 10,
+  'tokens-per-second': 2000,
+  'max-running': 8,
+  'enable-cache-report': 1,
+  'reasoning-tokens': 0,
+  'keep-alive-ms': 120_000,
+};
 const PLAIN = { chat_template_kwargs: { enable_thinking: false } };
 
 type Message = { role: string; content: string };

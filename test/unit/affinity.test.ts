@@ -5,7 +5,7 @@ const at = (affinityEndpointId: string | null, since = 0): Waiting => ({ affinit
 const allReady = (): boolean => true;
 
 describe('the affinity rule (pickForSlot)', () => {
-  it("gives a slot the sample whose prefix is cached on its endpoint, before any other", () => {
+  it('gives a slot the sample whose prefix is cached on its endpoint, before any other', () => {
     const waiting = [at(null), at('b'), at('a'), at('a')];
     expect(pickForSlot(waiting, 'a', allReady, 0, false)).toBe(2);
   });
@@ -42,7 +42,8 @@ describe('the affinity rule (pickForSlot)', () => {
       for (const moveWaited of [false, true]) {
         const now = 2500;
         const due = waiting.some(
-          (w) => w.affinityEndpointId === null || w.affinityEndpointId === 'a' || !ready(w.affinityEndpointId) || (moveWaited && now - w.since >= AFFINITY_WAIT_MS),
+          (w) =>
+            w.affinityEndpointId === null || w.affinityEndpointId === 'a' || !ready(w.affinityEndpointId) || (moveWaited && now - w.since >= AFFINITY_WAIT_MS),
         );
         const i = pickForSlot(waiting, 'a', ready, now, moveWaited);
         expect(i >= 0).toBe(due);

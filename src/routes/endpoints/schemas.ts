@@ -90,7 +90,10 @@ export const Endpoint = z
       running: z.number().nullable(),
       queued: z.number().nullable(),
       token_usage: z.number().nullable(),
-      cache_hit_rate: z.number().nullable().openapi({ description: "The server's own prefix-cache hit rate (`cache_hit_rate` of /v1/loads, `sglang:cache_hit_rate`), when it says" }),
+      cache_hit_rate: z
+        .number()
+        .nullable()
+        .openapi({ description: "The server's own prefix-cache hit rate (`cache_hit_rate` of /v1/loads, `sglang:cache_hit_rate`), when it says" }),
       read_at: Timestamp.nullable().openapi({
         description: 'When these figures were read from the server: they are its last known load, and grow old while the server does not answer',
       }),

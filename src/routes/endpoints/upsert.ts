@@ -24,6 +24,9 @@ export function registerUpsertEndpoint(app: App) {
   app.openapi(route, async (c) => {
     const deps = c.get('deps');
     const { endpoint, created } = await upsertEndpoint(deps, c.req.valid('json'));
-    return c.json(renderEndpoint(endpoint, deps.runner.endpointLive(endpoint.id), deps.config.defaultConcurrency, await endpointCacheUsage(deps.db)), created ? 201 : 200);
+    return c.json(
+      renderEndpoint(endpoint, deps.runner.endpointLive(endpoint.id), deps.config.defaultConcurrency, await endpointCacheUsage(deps.db)),
+      created ? 201 : 200,
+    );
   });
 }
