@@ -43,7 +43,7 @@ export function claimSize(freeSlots: number, totalSlots: number): number {
 
 /**
  * How long a sample held for the endpoint whose prefix cache holds its prompt waits for a slot
- * there before a free slot elsewhere, with nothing else due, takes it (docs/design.md "Affinity").
+ * there before a free slot elsewhere, with nothing else due, takes it (docs/design.md "Runner").
  */
 export const AFFINITY_WAIT_MS = 2000;
 
