@@ -2,6 +2,7 @@ import { writeFileSync } from 'node:fs';
 import { fileURLToPath } from 'node:url';
 import { benchAdaptive } from './adaptive.js';
 import { benchDispatch, benchSaturation, benchStream } from './dispatch.js';
+import { benchConversations } from './conversations.js';
 import { benchEndless } from './endless.js';
 import { benchFormats } from './formats.js';
 import { benchIngest } from './ingest.js';
@@ -25,7 +26,11 @@ const PARTS: Record<string, () => Promise<Figure[]>> = {
   endless: benchEndless,
   variants: benchVariants,
   formats: benchFormats,
+  conversations: benchConversations,
 };
+
+/** Parts run only when named: `conversations` starts 32 simulators and runs for many minutes. */
+const ON_REQUEST = new Set(['conversations']);
 
 const fmt = (n: number | null, unit = '') =>
   n === null ? '' : unit === '%' ? n.toFixed(2) : n >= 100 ? Math.round(n).toLocaleString('en') : n.toFixed(n >= 10 ? 1 : 2);
@@ -44,7 +49,7 @@ function table(figures: Figure[]): string {
 
 /**
  * `npm run bench [part…]`: runs the parts (all by default), prints regen next to its baseline for
- * every figure, and, for a full-scale run of every part, writes BENCHMARKS.md. Parts: ingest, dispatch, saturation, stream, million, adaptive, tail, scale, stores, endless, variants, formats.
+ * every figure, and, for a full-scale run of every part, writes BENCHMARKS.md. Parts: ingest, dispatch, saturation, stream, million, adaptive, tail, scale, stores, endless, variants, formats; conversations only when named.
  */
 async function main(): Promise<void> {
   const asked = process.argv.slice(2);
@@ -54,7 +59,7 @@ async function main(): Promise<void> {
     process.exit(2);
   }
   const figures: Figure[] = [];
-  for (const part of asked.length ? asked : Object.keys(PARTS)) {
+  for (const part of asked.length ? asked : Object.keys(PARTS).filter((p) => !ON_REQUEST.has(p))) {
     console.error(`running ${part}…`);
     const got = await PARTS[part]();
     figures.push(...got);

@@ -894,6 +894,15 @@ export interface components {
                 completion_tokens: number;
                 reasoning_tokens: number;
             };
+            /** @description Prefix-cache hit rate of the run's answers: their `cached_tokens` over their prompt tokens (0 when the servers run without `--enable-cache-report`); null before any answer */
+            cache_hit_rate: number | null;
+            /** @description On GET of one run: the same by the endpoint that answered */
+            cache_by_endpoint?: {
+                endpoint_id: string;
+                prompt_tokens: number;
+                cached_tokens: number;
+                cache_hit_rate: number | null;
+            }[];
             shards: {
                 total: number;
                 uploaded: number;
@@ -1547,11 +1556,19 @@ export interface components {
                 samples_per_second: number;
                 completion_tokens_per_second: number;
                 p50_latency_ms: number | null;
+                /** @description Prompt tokens of the answers it gave, every run */
+                prompt_tokens: number;
+                /** @description Of those, the tokens its prefix cache served (the answers' `cached_tokens`) */
+                cached_tokens: number;
+                /** @description cached_tokens ÷ prompt_tokens: the prefix-cache hit rate regen saw; 0 when the server runs without `--enable-cache-report` */
+                cache_hit_rate: number | null;
             };
             server: {
                 running: number | null;
                 queued: number | null;
                 token_usage: number | null;
+                /** @description The server's own prefix-cache hit rate (`cache_hit_rate` of /v1/loads, `sglang:cache_hit_rate`), when it says */
+                cache_hit_rate: number | null;
                 /**
                  * Format: date-time
                  * @description When these figures were read from the server: they are its last known load, and grow old while the server does not answer

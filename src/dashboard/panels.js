@@ -100,6 +100,7 @@ export function endpointsTable(endpoints, model, quality = null) {
             },
             `${num(e.server.running)} / ${num(e.server.queued)}`,
             e.server.token_usage == null ? null : h('div', { className: 'small muted' }, `KV ${Math.round(e.server.token_usage * 100)}%`),
+            e.server.cache_hit_rate == null ? null : h('div', { className: 'small muted' }, `cache hits ${pct(e.server.cache_hit_rate)}`),
             stale && e.server.read_at
               ? h(
                   'div',

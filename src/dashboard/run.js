@@ -227,6 +227,7 @@ export function runView(root, runId) {
           ? stat('Turns', `${num(run.turns.completed)} / ${num(run.turns.total)}`, `${num(run.turns.in_flight)} in flight · ${num(run.turns.failed)} failed`)
           : null,
         stat('Tokens', num(run.usage.completion_tokens), `${num(run.usage.reasoning_tokens)} reasoning · ${num(run.usage.prompt_tokens)} prompt`),
+        stat('Prefix cache', run.cache_hit_rate == null ? '—' : pct(run.cache_hit_rate), cacheByEndpoint(run)),
       ),
       h(
         'div',
@@ -381,4 +382,14 @@ export function runView(root, runId) {
   return () => {
     for (const stop of stops) stop();
   };
+}
+
+/**
+ * The prompt tokens served from the servers' prefix caches, by endpoint (GET of one run only).
+ * @param {Schemas['Run']} run
+ */
+function cacheByEndpoint(run) {
+  const by = run.cache_by_endpoint ?? [];
+  if (!by.length) return 'of prompt tokens (cached_tokens)';
+  return by.map((e) => `${e.endpoint_id.slice(0, 10)} ${e.cache_hit_rate == null ? '—' : pct(e.cache_hit_rate)}`).join(' · ');
 }

@@ -1,3 +1,4 @@
+import { addCacheUsage, type CacheUsage } from './cache-usage.js';
 import type { SampleError } from '../domain/sample-errors.js';
 import type { Usage } from '../domain/output-line.js';
 import type { TurnRecord } from '../domain/conversation.js';
@@ -145,6 +146,8 @@ export async function applyOutcomes(tx: DbOrTx, owner: string, batch: Outcome[],
   const shardDeltas = new Map<string, { runId: string; idx: number; n: number }>();
   const endpointDeltas = new Map<string, { completed: number; failed: number }>();
   const variantDeltas = new Map<string, { runId: string; idx: number; d: VariantDelta }>();
+  // Per run, per endpoint: the answered prompt and cached tokens (db/cache-usage.ts).
+  const cacheDeltas = new Map<string, Map<string, CacheUsage>>();
   const report: FlushReport = { runs: new Map(), closedShards: [], dropped: 0 };
   // Whether each outcome changed its sample; the counters below move only for those.
   const applied =
@@ -192,6 +195,14 @@ export async function applyOutcomes(tx: DbOrTx, owner: string, batch: Outcome[],
       let vd = variantDeltas.get(key);
       if (!vd) variantDeltas.set(key, (vd = { runId: o.runId, idx: o.variant, d: newVariantDelta() }));
       addToVariantDelta(vd.d, o.kind === 'completed' || o.kind === 'failed' ? o.kind : 'other', o.kind === 'completed' ? o.flags : 0, usage);
+    }
+    if (usage && o.endpointId) {
+      let byEndpoint = cacheDeltas.get(o.runId);
+      if (!byEndpoint) cacheDeltas.set(o.runId, (byEndpoint = new Map()));
+      const c = byEndpoint.get(o.endpointId) ?? { endpointId: o.endpointId, promptTokens: 0, cachedTokens: 0 };
+      c.promptTokens += usage.prompt_tokens;
+      c.cachedTokens += usage.cached_tokens;
+      byEndpoint.set(o.endpointId, c);
     }
     if (o.endpointId && (o.kind === 'completed' || o.kind === 'failed' || o.kind === 'turn')) {
       const e = endpointDeltas.get(o.endpointId) ?? { completed: 0, failed: 0 };
@@ -246,6 +257,7 @@ export async function applyOutcomes(tx: DbOrTx, owner: string, batch: Outcome[],
   }
   for (const [id, e] of endpointDeltas) await tx.exec(SQL.endpointStats, [e.completed, e.failed, id]);
   for (const { runId, idx, d } of variantDeltas.values()) await moveVariantCounters(tx, runId, idx, d);
+  for (const [runId, byEndpoint] of cacheDeltas) await addCacheUsage(tx, runId, [...byEndpoint.values()]);
   return report;
 }
 

@@ -105,7 +105,7 @@ export interface ClaimedRow {
   maxTokens: number | null;
   /** A conversation's turn to ask (0-based); null for a single request. */
   turn: number | null;
-  /** The endpoint that answered the conversation's previous turn. */
+  /** The endpoint whose prefix cache holds the prompt (a conversation's previous turn answered there), or null: dispatch sends it there first. */
   affinityEndpointId: string | null;
   /** A conversation's answered turns before `turn`: the history it is asked with. */
   history?: TurnRecord[];
@@ -161,6 +161,9 @@ function claimSql(db: Db) {
     slice: `${LEASE} ${pick}select id from ${slice} where run_id = ? and ${inSlice} and status = 'pending' and available_at <= ?
        order by (seq * ${SLICE_SHUFFLE}) % 4294967296 limit ? ${skip}${picked} ${still} ${LEASED}`,
     inOrder: `${LEASE} ${pick}select id from samples where run_id = ? and status = 'pending' and available_at <= ? order by seq limit ? ${skip}${picked} ${still} ${LEASED}`,
+    // PostgreSQL, a replica of several: the samples whose prefix sits on an endpoint it drives, or on none.
+    ours: `${LEASE} ${pick}select id from samples where run_id = ? and status = 'pending' and available_at <= ?
+       and (affinity_endpoint_id is null or affinity_endpoint_id = any(?)) order by seq limit ? ${skip}${picked} ${still} ${LEASED}`,
     // The window is a range of the claim index (run_id, status, seq): at most `window` rows sorted per claim.
     longest: `${LEASE} ${pick}select id from samples where run_id = ? and status = 'pending' and available_at <= ?
        and seq < (select min(seq) from samples where run_id = ? and status = 'pending') + ?
@@ -191,6 +194,8 @@ export async function claimSamples(
     window: number;
     /** The run asks several answers a line (params.n > 1): a line's pending answers are claimed together. */
     groups?: boolean;
+    /** The endpoints the claimer drives, when it drives only some (a replica of several), else null. */
+    drives?: readonly string[] | null;
   },
   /** PostgreSQL: told the claim's transaction id, for claimStatus should the commit's answer be lost. */
   began?: (xid: string) => void,
@@ -218,7 +223,16 @@ export async function claimSamples(
     if (rows.length < c.limit)
       rows.push(...(await tx.exec<ClaimedRow>(q.slice, [c.owner, c.leaseExpiresAt, c.runId, c.now, c.limit - rows.length])).rows.sort(byId));
     const left = c.limit - rows.length;
-    if (left > 0 && c.order === 'input')
+    // A replica that drives some endpoints takes the samples whose prefix is cached on one of
+    // them, or on none, first; the others only when nothing else is due, so none waits for ever
+    // on an endpoint that nobody drives any more.
+    let ours = 0;
+    if (left > 0 && c.order === 'input' && tx.dialect === 'pg' && c.drives) {
+      const got = (await tx.exec<ClaimedRow>(q.ours, [c.owner, c.leaseExpiresAt, c.runId, c.now, [...c.drives], left])).rows.sort(byId);
+      rows.push(...got);
+      ours = got.length;
+    }
+    if (ours === 0 && left > 0 && c.order === 'input')
       rows.push(...(await tx.exec<ClaimedRow>(q.inOrder, [c.owner, c.leaseExpiresAt, c.runId, c.now, left])).rows.sort(byId));
     if (left > 0 && c.order === 'length_aware') {
       const longest = await tx.exec<ClaimedRow>(q.longest, [c.owner, c.leaseExpiresAt, c.runId, c.now, c.runId, c.window, left]);
@@ -679,4 +693,20 @@ export async function completionLengthCountsByVariant(db: Db, runId: string): Pr
     [runId],
   );
   return rows.map((r) => [r.tokens, Number(r.n), r.variant === null ? null : Number(r.variant)]);
+}
+
+/**
+ * Points samples at the endpoint whose prefix cache holds their prompts (by custom_id): dispatch
+ * sends each there first. A conversation's next turn is set by its answer; this sets it directly.
+ */
+export async function setAffinity(db: Db, runId: string, endpoints: ReadonlyMap<string, string>): Promise<void> {
+  const { samples } = db.t;
+  await db.tx(async (tx) => {
+    for (const [customId, endpointId] of endpoints) {
+      await tx.q
+        .update(samples)
+        .set({ affinityEndpointId: endpointId })
+        .where(and(eq(samples.runId, runId), eq(samples.customId, customId)));
+    }
+  });
 }

@@ -195,6 +195,8 @@ export const samples = pgTable(
     leaseOwner: text('lease_owner'),
     leaseExpiresAt: bigintNumber('lease_expires_at'),
     endpointId: text('endpoint_id'),
+    // The endpoint whose prefix cache holds the sample's prompt (a conversation's previous turn was answered there): dispatch sends it there first (runner/pump.ts).
+    affinityEndpointId: text('affinity_endpoint_id'),
     finishReason: text('finish_reason'),
     promptTokens: integer('prompt_tokens'),
     completionTokens: integer('completion_tokens'),
@@ -218,8 +220,6 @@ export const samples = pgTable(
     split: text('split'),
     // A conversation's (`regenerate: "all_assistant"`): the assistant turn being asked, 0-based; null for a single request.
     turn: integer('turn'),
-    // The endpoint that answered the conversation's previous turn, which holds its prefix in cache.
-    affinityEndpointId: text('affinity_endpoint_id'),
   },
   (t) => [
     uniqueIndex('samples_run_custom_id').on(t.runId, t.customId, t.sampleIndex),
@@ -383,6 +383,21 @@ export const replicas = pgTable('replicas', {
   heartbeatAt: bigintNumber('heartbeat_at').notNull(),
   view: jsonb('view').$type<RunnerSnapshot | null>(),
 });
+
+// Prompt and cached prompt tokens of each run's answers by endpoint: the prefix-cache hit rate per
+// run and endpoint (db/cache-usage.ts), added to by the result writer.
+export const runEndpointUsage = pgTable(
+  'run_endpoint_usage',
+  {
+    runId: text('run_id')
+      .notNull()
+      .references(() => runs.id, { onDelete: 'cascade' }),
+    endpointId: text('endpoint_id').notNull(),
+    promptTokens: bigintNumber('prompt_tokens').notNull().default(0),
+    cachedTokens: bigintNumber('cached_tokens').notNull().default(0),
+  },
+  (t) => [primaryKey({ columns: [t.runId, t.endpointId] })],
+);
 
 export const endpointDrivers = pgTable('endpoint_drivers', {
   endpointId: text('endpoint_id')

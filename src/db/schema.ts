@@ -206,6 +206,8 @@ export const samples = sqliteTable(
     leaseOwner: text('lease_owner'),
     leaseExpiresAt: integer('lease_expires_at'),
     endpointId: text('endpoint_id'),
+    // The endpoint whose prefix cache holds the sample's prompt (a conversation's previous turn was answered there): dispatch sends it there first (runner/pump.ts).
+    affinityEndpointId: text('affinity_endpoint_id'),
     finishReason: text('finish_reason'),
     promptTokens: integer('prompt_tokens'),
     completionTokens: integer('completion_tokens'),
@@ -234,8 +236,6 @@ export const samples = sqliteTable(
     split: text('split'),
     // A conversation's (`regenerate: "all_assistant"`): the assistant turn being asked, 0-based; null for a single request.
     turn: integer('turn'),
-    // The endpoint that answered the conversation's previous turn, which holds its prefix in cache.
-    affinityEndpointId: text('affinity_endpoint_id'),
   },
   (t) => [
     uniqueIndex('samples_run_custom_id').on(t.runId, t.customId, t.sampleIndex),
@@ -429,6 +429,21 @@ export const endpointDrivers = sqliteTable('endpoint_drivers', {
   owner: text('owner').notNull(),
   since: integer('since').notNull(),
 });
+
+// Prompt and cached prompt tokens of each run's answers by endpoint: the prefix-cache hit rate per
+// run and endpoint (db/cache-usage.ts), added to by the result writer.
+export const runEndpointUsage = sqliteTable(
+  'run_endpoint_usage',
+  {
+    runId: text('run_id')
+      .notNull()
+      .references(() => runs.id, { onDelete: 'cascade' }),
+    endpointId: text('endpoint_id').notNull(),
+    promptTokens: integer('prompt_tokens').notNull().default(0),
+    cachedTokens: integer('cached_tokens').notNull().default(0),
+  },
+  (t) => [primaryKey({ columns: [t.runId, t.endpointId] })],
+);
 
 export type RunInput = { file_id: string } | { uri: string } | { requests: number };
 export interface BatchFileBytes {

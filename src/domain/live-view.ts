@@ -18,7 +18,7 @@ export interface EndpointLive {
   /** The cap steered from the server's live load; null while no fresh reading backs it. */
   adaptive_cap: number | null;
   /** The server's last load reading, and when it was taken (ms; null before the first): it ages while the server is down. */
-  server: { running: number | null; queued: number | null; token_usage: number | null; read_at?: number | null };
+  server: { running: number | null; queued: number | null; token_usage: number | null; cache_hit_rate?: number | null; read_at?: number | null };
 }
 
 /**
@@ -71,7 +71,7 @@ export const IDLE_ENDPOINT: EndpointLive = {
   completion_tokens_per_second: 0,
   p50_latency_ms: null,
   adaptive_cap: null,
-  server: { running: null, queued: null, token_usage: null, read_at: null },
+  server: { running: null, queued: null, token_usage: null, cache_hit_rate: null, read_at: null },
 };
 
 /** A view that reads from the last snapshot; what a run or endpoint missing from it reports. */

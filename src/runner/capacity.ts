@@ -21,6 +21,8 @@ export interface Load {
   retracted: number | null;
   /** Retracted requests waiting to run again now (a gauge), where the server gives no counter. */
   retractedNow?: number | null;
+  /** The server's prefix-cache hit rate (`cache_hit_rate`, mean over its DP ranks), 0 to 1; null or absent when it does not say. */
+  cacheHitRate?: number | null;
 }
 
 /** Where the adaptive cap starts: enough to fill a small server at once, low enough not to flood a KV pool before the first reading. */

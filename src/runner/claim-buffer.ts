@@ -1,10 +1,21 @@
 import type { Db } from '../db/client.js';
 import { claimSamples, rereadClaim, type ClaimedRow, type ClaimOrder } from '../db/samples.js';
+import { MAX_CLAIM, pickForSlot } from './endpoint-choice.js';
 import type { ResultWriter } from './results.js';
 
-/** A sample leased for dispatch, with its run. */
+/** A sample leased for dispatch, with its run, and when it was claimed (performance.now()). */
 export interface Claimed extends ClaimedRow {
   runId: string;
+  since: number;
+}
+
+/** The free slot a sample is taken for: the affinity rule (endpoint-choice.ts pickForSlot) picks which. */
+export interface Slot {
+  endpointId: string;
+  /** Whether an endpoint can take samples now. */
+  ready: (endpointId: string) => boolean;
+  /** Nothing else is due for the slot: a sample that has waited long enough for its own endpoint may move. */
+  moveWaited: boolean;
 }
 
 /**
@@ -19,9 +30,13 @@ const REFILL_AT = 0.25;
  * claim takes milliseconds; one held up by a slow database must not idle the fleet meanwhile.
  */
 const CLAIM_HOLD_MS = 500;
+/** Samples held for busy endpoints do not stop a claim for a free slot elsewhere, up to this many in a buffer. */
+const MAX_BUFFERED = 2 * MAX_CLAIM;
 
 interface RunBuffer {
   samples: Claimed[];
+  /** How many of the samples are held for an endpoint (affinityEndpointId set). */
+  held: number;
   /** The claim under way, if any, and when it began (performance.now()). */
   claiming: Promise<void> | null;
   claimedAt: number;
@@ -80,11 +95,13 @@ export class ClaimBuffer {
     /** A claim landed: the pump can send its samples, or give the slots it held to other runs. */
     private readonly onClaimed: () => void,
     private readonly onError: (err: unknown) => void,
+    /** The endpoints this process drives when only some: a claim takes the samples whose prefix is cached there first. */
+    private readonly drives: () => readonly string[] | null = () => null,
   ) {}
 
   private bufferOf(runId: string): RunBuffer {
     let b = this.buffers.get(runId);
-    if (!b) this.buffers.set(runId, (b = { samples: [], claiming: null, claimedAt: 0, generation: 0, drained: false, lastClaim: 0 }));
+    if (!b) this.buffers.set(runId, (b = { samples: [], held: 0, claiming: null, claimedAt: 0, generation: 0, drained: false, lastClaim: 0 }));
     return b;
   }
 
@@ -126,14 +143,30 @@ export class ClaimBuffer {
    * now. A buffer running low starts a claim of `claimSize()` lines (the calibration slice first,
    * then in `order`; see ClaimOrder); `onClaim` runs when a claim lands with samples.
    */
-  take(runId: string, claimSize: () => number, onClaim: () => void, order: ClaimOrder, window: number, perLine = 1): Claimed[] | null {
+  take(runId: string, claimSize: () => number, onClaim: () => void, order: ClaimOrder, window: number, perLine = 1, slot?: Slot): Claimed[] | null {
     const b = this.bufferOf(runId);
-    const first = b.samples.shift();
+    const first = this.pick(b, slot);
     const group = first ? [first] : null;
-    if (first && perLine > 1) takeSiblings(b.samples, first.customId, perLine, group!);
-    if (!b.claiming && !b.drained && b.samples.length <= b.lastClaim * REFILL_AT)
-      this.refill(runId, b, claimSize() * perLine, onClaim, order, window, perLine > 1);
+    if (first && perLine > 1) {
+      takeSiblings(b.samples, first.customId, perLine, group!);
+      for (const s of group!.slice(1)) if (s.affinityEndpointId !== null) b.held--;
+    }
+    const low = b.samples.length <= b.lastClaim * REFILL_AT || (first === null && b.samples.length < MAX_BUFFERED);
+    if (!b.claiming && !b.drained && low) this.refill(runId, b, claimSize() * perLine, onClaim, order, window, perLine > 1);
     return group;
+  }
+
+  /** The sample the slot takes: the first, unless some are held for an endpoint (pickForSlot). */
+  private pick(b: RunBuffer, slot: Slot | undefined): Claimed | null {
+    if (b.held === 0 || !slot) return this.taken(b, b.samples.length ? 0 : -1);
+    return this.taken(b, pickForSlot(b.samples, slot.endpointId, slot.ready, performance.now(), slot.moveWaited));
+  }
+
+  private taken(b: RunBuffer, i: number): Claimed | null {
+    if (i < 0) return null;
+    const [sample] = i === 0 ? [b.samples.shift()!] : b.samples.splice(i, 1);
+    if (sample.affinityEndpointId !== null) b.held--;
+    return sample;
   }
 
   private refill(runId: string, b: RunBuffer, limit: number, onClaim: () => void, order: ClaimOrder, window: number, groups: boolean): void {
@@ -145,7 +178,7 @@ export class ClaimBuffer {
     b.claimedAt = performance.now();
     // The claim is over before its samples land: a pump they start sees no claim under way, and
     // starts the next one when the buffer runs low.
-    b.claiming = claimSamples(this.db, { runId, owner: this.owner, now, leaseExpiresAt, limit, order, window, groups }, (id) => {
+    b.claiming = claimSamples(this.db, { runId, owner: this.owner, now, leaseExpiresAt, limit, order, window, groups, drives: this.drives() }, (id) => {
       xid = id;
     }).then(
       (rows) => {
@@ -178,7 +211,8 @@ export class ClaimBuffer {
 
   /** Claimed samples reach their buffer, or go back to the queue if it was given back meanwhile. */
   private landed(runId: string, b: RunBuffer, generation: number, rows: ClaimedRow[], onClaim: () => void): void {
-    const claimed = rows.map((r) => ({ ...r, runId }));
+    const since = performance.now();
+    const claimed = rows.map((r) => ({ ...r, runId, since }));
     if (this.buffers.get(runId) !== b || b.generation !== generation) {
       for (const s of claimed) this.giveBack(s);
       this.onClaimed();
@@ -186,6 +220,7 @@ export class ClaimBuffer {
     }
     if (claimed.length) {
       b.samples.push(...claimed);
+      for (const c of claimed) if (c.affinityEndpointId !== null) b.held++;
       onClaim();
     }
     // With nothing due, the slots held for this claim go to the runs behind it now, not at the next tick.
@@ -230,6 +265,7 @@ export class ClaimBuffer {
     b.generation++;
     for (const s of b.samples) this.giveBack(s);
     b.samples = [];
+    b.held = 0;
   }
 
   /**

@@ -40,3 +40,37 @@ export const MAX_CLAIM = 512;
 export function claimSize(freeSlots: number, totalSlots: number): number {
   return Math.min(MAX_CLAIM, Math.max(1, freeSlots, Math.ceil(totalSlots / 2)));
 }
+
+/**
+ * How long a sample held for the endpoint whose prefix cache holds its prompt waits for a slot
+ * there before a free slot elsewhere, with nothing else due, takes it (docs/design.md "Runner").
+ */
+export const AFFINITY_WAIT_MS = 2000;
+
+/** What the affinity rule reads of a claimed sample. */
+export interface Waiting {
+  affinityEndpointId: string | null;
+  /** When it was claimed (ms). */
+  since: number;
+}
+
+/**
+ * Which claimed sample a free slot of `endpointId` takes, by index, or -1 for none. In order: one
+ * whose prefix is cached there; one held for no endpoint, or for one that is not ready (so it
+ * moves); then, when `moveWaited` (nothing else of any run is due for the slot), the one that has
+ * waited longest for its own endpoint, once it has waited AFFINITY_WAIT_MS.
+ */
+export function pickForSlot(waiting: readonly Waiting[], endpointId: string, ready: (id: string) => boolean, now: number, moveWaited: boolean): number {
+  let free = -1;
+  let waited = -1;
+  for (let i = 0; i < waiting.length; i++) {
+    const { affinityEndpointId: home, since } = waiting[i];
+    if (home === endpointId) return i;
+    if (home === null || !ready(home)) {
+      if (free < 0) free = i;
+    } else if (moveWaited && now - since >= AFFINITY_WAIT_MS && (waited < 0 || since < waiting[waited].since)) {
+      waited = i;
+    }
+  }
+  return free >= 0 ? free : waited;
+}

@@ -229,7 +229,7 @@ export class EndpointProbes {
     );
   }
 
-  /** The server's live load: /v1/loads for running, waiting and KV usage, /metrics for retractions. */
+  /** The server's live load: /v1/loads for running, waiting, KV usage and cache hit rate, /metrics for retractions and `sglang:cache_hit_rate`. */
   private async readLoad(e: LiveEndpoint): Promise<void> {
     const { url, apiKey } = e.row;
     e.nextLoadAt = this.clock() + this.settings.loadIntervalMs;
@@ -251,7 +251,7 @@ export class EndpointProbes {
         }
       } else if (res?.status === 200 && typeof res.body === 'string') {
         const m = parseMetrics(res.body, this.clock());
-        if (m && load) load = { ...load, retracted: m.retracted, retractedNow: m.retractedNow };
+        if (m && load) load = { ...load, retracted: m.retracted, retractedNow: m.retractedNow, cacheHitRate: m.cacheHitRate ?? load.cacheHitRate };
         else if (m && e.loadRoute === 'metrics') load = m;
       }
     }

@@ -138,6 +138,7 @@ export class LiveEndpoint {
         running: this.load?.running ?? null,
         queued: this.load?.waiting ?? null,
         token_usage: this.load?.tokenUsage == null ? null : Math.round(this.load.tokenUsage * 1000) / 1000,
+        cache_hit_rate: this.load?.cacheHitRate == null ? null : Math.round(this.load.cacheHitRate * 10_000) / 10_000,
         read_at: this.load?.at ?? null,
       },
     };
@@ -261,6 +262,11 @@ export class EndpointPool {
   servedAnywhere(model: string): boolean {
     for (const e of this.live.values()) if (e.serves(model) && (e.dispatchable || (!e.driven && e.state === 'ready'))) return true;
     return false;
+  }
+
+  /** The ids of the endpoints this process drives when it drives only some (a replica of several), else null. */
+  drivesOnly(): string[] | null {
+    return this.drivenIds ? [...this.drivenIds] : null;
   }
 
   /** The endpoints this process drives. */

@@ -2,9 +2,9 @@ import type { ClaimOrder } from '../db/samples.js';
 import type { RunRow } from '../db/schema.js';
 import { samplesPerLine } from '../domain/params.js';
 import { isDispatchable } from '../domain/statuses.js';
-import type { ClaimBuffer } from './claim-buffer.js';
+import type { ClaimBuffer, Slot } from './claim-buffer.js';
 import { claimSize, pickEndpoint } from './endpoint-choice.js';
-import type { EndpointPool } from './endpoints.js';
+import type { EndpointPool, LiveEndpoint } from './endpoints.js';
 import type { Requests } from './requests.js';
 
 /**
@@ -29,19 +29,27 @@ function claimSizeFor(pool: EndpointPool, model: string): number {
 /**
  * Fills every free slot of the dispatchable endpoints from the active runs, in their order: each
  * slot goes to the endpoint with the most free room (pickEndpoint), with the first run it serves
- * that has a claimed sample waiting. `started` is told of a run's first claim.
+ * that has a claimed sample for it. A sample whose prompt is cached on another endpoint waits for
+ * that one (endpoint-choice.ts pickForSlot): the slot takes other due work of any run first, and
+ * the sample only once it has waited AFFINITY_WAIT_MS. `started` is told of a run's first claim.
  */
 export function fillSlots(pool: EndpointPool, claims: ClaimBuffer, requests: Requests, active: readonly RunRow[], started: (run: RunRow) => void): void {
   // Caps do not move within one pump; endpoints with free slots but no sample for them leave it.
   const caps = new Map<string, number>();
   for (const e of pool.live.values()) if (e.dispatchable) caps.set(e.row.id, pool.capOf(e));
+  const ready = (id: string): boolean => pool.live.get(id)?.dispatchable === true;
   for (;;) {
     const best = pickEndpoint(pool.live.values(), (e) => {
       const cap = caps.get(e.row.id);
       return cap === undefined ? null : { cap, inFlight: e.inFlight.size, weight: e.row.weight };
     });
     if (!best) break;
-    let sent = false;
+    let offered = offer(best, { endpointId: best.row.id, ready, moveWaited: false });
+    if (offered === 'none') offered = offer(best, { endpointId: best.row.id, ready, moveWaited: true });
+    if (offered !== 'sent') caps.delete(best.row.id);
+  }
+
+  function offer(best: LiveEndpoint, slot: Slot): 'sent' | 'held' | 'none' {
     for (const run of active) {
       if (!isDispatchable(run.status) || !best.serves(run.model) || claims.isDrained(run.id)) continue;
       const group = claims.take(
@@ -51,19 +59,19 @@ export function fillSlots(pool: EndpointPool, claims: ClaimBuffer, requests: Req
         claimOrderOf(run),
         LOOKAHEAD_SHARDS * run.shardSize,
         samplesPerLine(run.params),
+        slot,
       );
       if (!group) {
         // A run ahead in the order whose claim is under way keeps the slot: its claim lands in
         // milliseconds, where a run behind it would hold the slot for a whole request. Each
         // refill of a high-priority run would otherwise hand a lower one the slots that free
         // meanwhile (a third of the fleet, measured: test/replicas.test.ts).
-        if (claims.isClaiming(run.id)) break;
+        if (claims.isClaiming(run.id)) return 'held';
         continue;
       }
       requests.send(best, run, group);
-      sent = true;
-      break;
+      return 'sent';
     }
-    if (!sent) caps.delete(best.row.id);
+    return 'none';
   }
 }

@@ -113,6 +113,7 @@ export class Runner implements RunnerView {
       this.writer,
       () => this.guard('refilling slots', () => this.pump()),
       (err) => warnRetrying(logger, 'claiming samples', err),
+      () => this.pool.drivesOnly(),
     );
     this.quality = new QualityWatch(
       deps,

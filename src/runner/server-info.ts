@@ -50,7 +50,10 @@ export function parseLoads(body: unknown, at: number): Load | null {
   let waiting = 0;
   let used = 0;
   let total = 0;
+  const hits: number[] = [];
   for (const l of loads) {
+    const hit = finite(l.cache_hit_rate);
+    if (hit !== null) hits.push(hit);
     const r = finite(l.num_running_reqs);
     const w = finite(l.num_waiting_reqs);
     if (r === null || w === null) return null;
@@ -63,7 +66,8 @@ export function parseLoads(body: unknown, at: number): Load | null {
       total += t;
     }
   }
-  return { at, running, waiting, tokenUsage: total > 0 ? used / total : null, retracted: null };
+  const cacheHitRate = hits.length ? hits.reduce((a, b) => a + b, 0) / hits.length : null;
+  return { at, running, waiting, tokenUsage: total > 0 ? used / total : null, retracted: null, cacheHitRate };
 }
 
 /** Every series of one metric, summed over its label sets (one per DP rank); null when absent. */
@@ -85,8 +89,8 @@ function metricMean(text: string, name: string): number | null {
 }
 
 /**
- * `/metrics` (only with --enable-metrics): the same load, and the retractions, which /v1/loads
- * does not give: the counter `sglang:num_retracted_requests_total` where the server has it, and
+ * `/metrics` (only with --enable-metrics): the same load, the prefix-cache hit rate
+ * (`sglang:cache_hit_rate`, mean over the ranks), and the retractions, which /v1/loads does not give: the counter `sglang:num_retracted_requests_total` where the server has it, and
  * the gauge `sglang:num_retracted_reqs`.
  */
 export function parseMetrics(text: string, at: number): Load | null {
@@ -100,5 +104,6 @@ export function parseMetrics(text: string, at: number): Load | null {
     tokenUsage: metricMean(text, 'sglang:token_usage'),
     retracted: metricSum(text, 'sglang:num_retracted_requests_total'),
     retractedNow: metricSum(text, 'sglang:num_retracted_reqs'),
+    cacheHitRate: metricMean(text, 'sglang:cache_hit_rate'),
   };
 }

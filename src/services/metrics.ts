@@ -1,4 +1,5 @@
 import { hostname } from 'node:os';
+import { endpointCacheUsage } from '../db/cache-usage.js';
 import { collectDefaultMetrics, Counter, Gauge, Histogram, Registry } from 'prom-client';
 import { storeName } from '../db/client.js';
 import { listEndpoints } from '../db/endpoints.js';
@@ -156,6 +157,25 @@ export class Metrics implements ProcessMetrics {
     labelNames: ['endpoint_id'] as const,
     registers: [this.registry],
   });
+  // Read from the answers' counts by endpoint at scrape time (db/cache-usage.ts): rate(cached) / rate(prompt) is the hit rate.
+  private readonly endpointPromptTokens = new Counter({
+    name: 'regen_endpoint_prompt_tokens_total',
+    help: 'Prompt tokens of the answers an endpoint gave',
+    labelNames: ['endpoint_id'] as const,
+    registers: [this.registry],
+  });
+  private readonly endpointCachedTokens = new Counter({
+    name: 'regen_endpoint_cached_tokens_total',
+    help: "Prompt tokens of an endpoint's answers served from its prefix cache (their cached_tokens; 0 without --enable-cache-report)",
+    labelNames: ['endpoint_id'] as const,
+    registers: [this.registry],
+  });
+  private readonly endpointCacheHitRate = new Gauge({
+    name: 'regen_endpoint_server_cache_hit_rate',
+    help: "The server's own prefix-cache hit rate at its last load reading (sglang:cache_hit_rate), 0 to 1, where it says",
+    labelNames: ['endpoint_id'] as const,
+    registers: [this.registry],
+  });
   private readonly replicaInfo = new Gauge({
     name: 'regen_replica_info',
     help:
@@ -253,9 +273,15 @@ export class Metrics implements ProcessMetrics {
 
   private async readEndpoints({ db, runner, defaultConcurrency }: MetricsSource): Promise<void> {
     // Read before any reset, as readRuns does.
-    const endpoints = await listEndpoints(db);
+    const [endpoints, usage] = await Promise.all([listEndpoints(db), endpointCacheUsage(db)]);
     for (const g of [this.endpointInFlight, this.endpointCap, this.endpointCapSource, this.endpointTokenUsage, this.endpointState, this.endpointInfo])
       g.reset();
+    for (const g of [this.endpointPromptTokens, this.endpointCachedTokens, this.endpointCacheHitRate]) g.reset();
+    for (const u of usage) {
+      if (!endpoints.some((e) => e.id === u.endpointId)) continue;
+      this.endpointPromptTokens.inc({ endpoint_id: u.endpointId }, u.promptTokens);
+      this.endpointCachedTokens.inc({ endpoint_id: u.endpointId }, u.cachedTokens);
+    }
     for (const e of endpoints) {
       const endpoint_id = e.id;
       const live = runner.endpointLive(e.id);
@@ -264,6 +290,7 @@ export class Metrics implements ProcessMetrics {
       this.endpointCap.set({ endpoint_id }, cap.cap);
       this.endpointCapSource.set({ endpoint_id, source: cap.source }, 1);
       if (live.server.token_usage !== null) this.endpointTokenUsage.set({ endpoint_id }, live.server.token_usage);
+      if (live.server.cache_hit_rate != null) this.endpointCacheHitRate.set({ endpoint_id }, live.server.cache_hit_rate);
       for (const state of ENDPOINT_STATES) this.endpointState.set({ endpoint_id, state }, e.state === state ? 1 : 0);
       this.endpointInfo.set({ endpoint_id, name: e.name ?? '', model: e.model ?? '' }, 1);
     }

@@ -1,7 +1,7 @@
 import { randomBytes } from 'node:crypto';
 import { SimHttpError } from './http.js';
 import { isRecord, type Knobs } from './options.js';
-import { CHARS_PER_TOKEN, countPromptTokens, digestOf, fillerText, hashSeed, seededRandom } from './text.js';
+import { answerSequence, CHARS_PER_TOKEN, countPromptTokens, digestOf, fillerText, hashSeed, promptSequence, seededRandom } from './text.js';
 
 /** Qwen's <|im_end|>: the token SGLang reports in `matched_stop` when generation stops on its own. */
 const EOS_TOKEN_ID = 151645;
@@ -26,6 +26,8 @@ export interface ChatRequest {
   /** The `model` the client sent, echoed back: SGLang never checks it. */
   model: string;
   promptTokens: number;
+  /** The chat-templated prompt as the prefix cache's tokens. */
+  sequence: number[];
   /** max_tokens, or what is left of the context when the client sent none (SGLang's own cap). */
   maxTokens: number;
   thinking: boolean;
@@ -106,6 +108,7 @@ export function parseChatRequest(body: unknown, knobs: Knobs): ChatRequest {
     digest: digestOf(messages),
     model: typeof body.model === 'string' ? body.model : knobs.model,
     promptTokens,
+    sequence: promptSequence(messages),
     maxTokens: typeof maxTokens === 'number' ? maxTokens : contextLength - promptTokens,
     thinking: wantsThinking(body),
     answerTokens: answerLength(lastUserText(messages), knobs),
@@ -194,6 +197,8 @@ export interface Reply {
   completionTokens: number;
   /** The longest choice's tokens: the n choices decode side by side, so this times the reply. */
   decodeTokens: number;
+  /** What the model generated for choice 0, as the prefix cache's tokens (its thinking included). */
+  generated: number[];
   /** The answer token by token, for a streamed reply: one SSE chunk each (SGLang's default stream_interval of 1). */
   pieces: Piece[];
 }
@@ -271,6 +276,7 @@ export function buildReply(request: ChatRequest, knobs: Knobs, plan: ReplyPlan):
   return {
     completionTokens,
     decodeTokens: Math.max(...choices.map(tokensOf)),
+    generated: answerSequence(request.thinking && parser ? choices[0].out.reasoning : null, choices[0].content),
     pieces,
     body: {
       id: randomBytes(16).toString('hex'),

@@ -50,8 +50,8 @@ const realClock: KvClock = {
 
 /**
  * A rank with a KV pool, stepped like SGLang's scheduler loop. Each step is either a prefill
- * of the requests admitted now, which stalls the whole rank for (prompt + generated) /
- * prefillTokensPerSecond, or a decode step of 1 / tokensPerSecond that gives every running
+ * of the requests admitted now, which stalls the whole rank for (prompt + generated − the
+ * prompt's cached prefix) / prefillTokensPerSecond, or a decode step of 1 / tokensPerSecond that gives every running
  * request one token. Admission is optimistic (only new_token_ratio of max_new_tokens is
  * reserved), so the batch can outgrow the pool; then the request with the fewest generated
  * tokens (longest prompt first on ties) is retracted to the head of the queue, keeping its
@@ -240,7 +240,8 @@ export class KvRank implements Rank {
         this.#running.set(seq.job, seq);
         const held = seq.job.promptTokens + seq.generated;
         this.#usedTokens += held;
-        tokens += held;
+        // The cached prefix stays locked while the request lives, so a retracted one finds it again.
+        tokens += held - (seq.job.cachedTokens ?? 0);
         this.#maxUsedTokens = Math.max(this.#maxUsedTokens, this.#usedTokens);
         this.onStart();
         seq.job.start();

@@ -1,6 +1,8 @@
 /** A chat request as a DP rank's scheduler sees it. */
 export interface Job {
   readonly promptTokens: number;
+  /** Prompt tokens the prefix cache holds: prefill computes only the rest. */
+  readonly cachedTokens?: number;
   /** Tokens the reply will have once generation ends. */
   readonly completionTokens: number;
   /** The request's max_new_tokens: what KV admission reserves a share of. */

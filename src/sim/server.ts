@@ -5,6 +5,7 @@ import { readJson, sendDetail, sendError, sendJson, sendText, SimHttpError } fro
 import { KvRank } from './kv.js';
 import { renderMetrics } from './metrics.js';
 import { checkKnobs, DEFAULTS, SimOptionError, type Knobs, type SimOptions } from './options.js';
+import { PrefixCache } from './prefix-cache.js';
 import type { Job, Rank } from './rank.js';
 import { Slots } from './slots.js';
 import { hashSeed, seededRandom, type Random } from './text.js';
@@ -39,6 +40,9 @@ export interface SimStats {
   generatedTokens: number;
   /** The most tokens generated for one request before its client hung up: how soon a client cut it. */
   maxTokensBeforeHangUp: number;
+  /** Prompt tokens of the answered requests, and those of them the prefix cache served. */
+  promptTokens: number;
+  cachedTokens: number;
 }
 
 export interface Simulator {
@@ -54,8 +58,6 @@ export interface Simulator {
 /** The SGLang release docs/sglang.md was read from. */
 const SGLANG_VERSION = '0.5.17';
 const MAX_BODY_BYTES = 32 * 1024 * 1024;
-// Bounds the prefix-cache bookkeeping during long benchmarks; forgetting everything is what a full cache does.
-const SEEN_DIGESTS_LIMIT = 100_000;
 
 // How often a paced stream sends the tokens due: SGLang sends one event a decode step; the
 // simulator batches the steps of 10 ms into one write, so a timer a token is not needed.
@@ -102,9 +104,10 @@ class SimServer {
   readonly #given: ReadonlySet<string>;
   readonly #ranks: Rank[];
   readonly #cache: RankCache[];
+  /** Each rank's radix cache, in the KV pool its running requests leave free. */
+  readonly #prefixes: PrefixCache[];
   readonly #onDie: () => void;
   readonly #startedAt = Date.now();
-  readonly #seenDigests = new Set<string>();
   #random: Random;
   // Its own stream, so that turning aborts on leaves the other faults' sequence as it was.
   #abortRandom: Random;
@@ -131,6 +134,7 @@ class SimServer {
       knobs.kvTokens > 0 ? new KvRank(knobs, () => this.#share(i), onStart) : new Slots(() => this.#share(i), onStart),
     );
     this.#cache = this.#ranks.map(() => ({ promptTokens: 0, cachedTokens: 0 }));
+    this.#prefixes = this.#ranks.map((rank, i) => new PrefixCache(() => this.#pool(i) - rank.usedTokens));
     this.#onDie = onDie ?? (() => this.#dropEverything());
     this.http = createServer({ keepAliveTimeout: knobs.keepAliveMs }, (req, res) => {
       this.#route(req, res).catch((error: unknown) => this.#fail(res, error));
@@ -147,6 +151,8 @@ class SimServer {
       maxKvUsed: Math.max(...this.#ranks.map((rank) => rank.maxUsedTokens)),
       generatedTokens: this.#generationTokens,
       maxTokensBeforeHangUp: this.#maxTokensBeforeHangUp,
+      promptTokens: this.#promptTokens,
+      cachedTokens: this.#cache.reduce((sum, c) => sum + c.cachedTokens, 0),
     };
   }
 
@@ -449,7 +455,17 @@ class SimServer {
   #schedule(request: ChatRequest, faults: Faults, res: ServerResponse): void {
     const index = this.#pickRank();
     const rank = this.#ranks[index];
-    const cachedTokens = this.#cachedTokens(request);
+    const prefix = this.#prefixes[index];
+    // The matched path is held while the request lives; once it runs, its whole prompt is.
+    const matched = prefix.match(request.sequence);
+    let held = matched.node;
+    prefix.lock(held);
+    const release = (sequence: number[] | null): void => {
+      if (sequence) prefix.insert(sequence);
+      prefix.unlock(held);
+    };
+    // SGLang always computes the prompt's last token again, even on a full match.
+    const cachedTokens = Math.max(0, Math.min(matched.length, request.promptTokens - 1));
     const reply = buildReply(request, this.#knobs, { degenerate: faults.degenerate, cachedTokens, abortAt: faults.abortAt });
     const kv = this.#knobs.kvTokens > 0;
     let settled = false;
@@ -465,6 +481,8 @@ class SimServer {
       this.#generationTokens += reply.completionTokens;
       this.#cache[index].promptTokens += request.promptTokens;
       this.#cache[index].cachedTokens += cachedTokens;
+      // A finished request leaves its prompt and what it generated in the tree.
+      release([...request.sequence, ...reply.generated]);
       if (!kv) rank.leave(job);
       this.#checkDrained();
     };
@@ -498,10 +516,15 @@ class SimServer {
     };
     const job: Job = {
       promptTokens: request.promptTokens,
+      cachedTokens,
       // A hung request in the KV model leaves the batch at once and is never answered.
       completionTokens: faults.hang && kv ? 0 : reply.completionTokens,
       maxNewTokens: request.maxTokens,
       start: () => {
+        const running = prefix.insert(request.sequence);
+        prefix.lock(running);
+        prefix.unlock(held);
+        held = running;
         // A hung request holds its slot until the client gives up, as a stuck server would.
         if (kv || faults.hang) return;
         startedAt = performance.now();
@@ -533,11 +556,13 @@ class SimServer {
       const generated = request.stream ? sent : this.#generatedSince(startedAt, reply.decodeTokens) * request.n;
       this.#generationTokens += generated;
       this.#maxTokensBeforeHangUp = Math.max(this.#maxTokensBeforeHangUp, generated);
+      release(null);
       rank.leave(job);
       this.#checkDrained();
     });
     if (this.#sum((r) => r.queued) >= this.#knobs.maxQueue && !rank.hasRoomFor(job)) {
       settled = true;
+      release(null);
       this.#counts.rejected++;
       sendError(res, 503, 'The request queue is full.');
       return;
@@ -556,14 +581,6 @@ class SimServer {
   #latencyMs(completionTokens: number): number {
     const { ttftMs, tokensPerSecond } = this.#knobs;
     return ttftMs + (tokensPerSecond > 0 ? (completionTokens / tokensPerSecond) * 1000 : 0);
-  }
-
-  // A repeated prompt hits the radix cache except for its last token, which SGLang always recomputes.
-  #cachedTokens({ digest, promptTokens }: ChatRequest): number {
-    if (this.#seenDigests.has(digest)) return Math.max(0, promptTokens - 1);
-    if (this.#seenDigests.size >= SEEN_DIGESTS_LIMIT) this.#seenDigests.clear();
-    this.#seenDigests.add(digest);
-    return 0;
   }
 }
 

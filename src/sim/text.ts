@@ -119,3 +119,43 @@ export function fillerText(prefix: string, tokens: number, random: Random): stri
   }
   return text.slice(0, length);
 }
+
+// The chat template's markers as the prefix cache sees them: <|im_start|>, <|im_end|>, <think>, </think>.
+const IM_START = hashSeed('<|im_start|>');
+const IM_END = hashSeed('<|im_end|>');
+const NEWLINE = hashSeed('\n');
+const THINK = hashSeed('<think>');
+const THINK_END = hashSeed('</think>');
+
+/** Text as the prefix cache's tokens: one a CHARS_PER_TOKEN characters, the same text always the same tokens. */
+export function textTokens(text: string): number[] {
+  const tokens: number[] = [];
+  for (let i = 0; i < text.length; i += CHARS_PER_TOKEN) tokens.push(hashSeed(text.slice(i, i + CHARS_PER_TOKEN)));
+  return tokens;
+}
+
+function contentText(content: unknown): string {
+  if (typeof content === 'string') return content;
+  if (!Array.isArray(content)) return '';
+  return content.map((part) => (typeof part?.text === 'string' ? part.text : '')).join('');
+}
+
+/**
+ * The chat-templated prompt as tokens, ChatML as Qwen's template writes it: each message
+ * `<|im_start|>role\n content <|im_end|>`, then the generation prompt `<|im_start|>assistant\n`.
+ * An earlier assistant turn is its content only (Qwen3's template drops earlier thinking).
+ */
+export function promptSequence(messages: Record<string, unknown>[]): number[] {
+  const tokens: number[] = [];
+  for (const message of messages) {
+    tokens.push(IM_START, hashSeed(String(message.role)), NEWLINE, ...textTokens(contentText(message.content)), IM_END);
+  }
+  tokens.push(IM_START, hashSeed('assistant'), NEWLINE);
+  return tokens;
+}
+
+/** What the model generated, as tokens: a think block first when it thought, then the answer and <|im_end|>. */
+export function answerSequence(reasoning: string | null, content: string): number[] {
+  const answer = [...textTokens(content), IM_END];
+  return reasoning === null ? answer : [THINK, ...textTokens(reasoning), THINK_END, ...answer];
+}

@@ -25,6 +25,7 @@ const claimed = (customId: string, sampleIndex: number, id = 0): Claimed => ({
   maxTokens: null,
   turn: null,
   affinityEndpointId: null,
+  since: 0,
 });
 
 const usage = { prompt_tokens: 100, completion_tokens: 300, reasoning_tokens: 90, cached_tokens: 40 };

@@ -2,6 +2,7 @@ import { createRoute } from '@hono/zod-openapi';
 import type { App } from '../../http/app.js';
 import { notFound, problemResponses } from '../../errors.js';
 import { getEndpoint } from '../../db/endpoints.js';
+import { endpointCacheUsage } from '../../db/cache-usage.js';
 import { EndpointIdParam, jsonContent } from '../common.js';
 import { Endpoint, renderEndpoint } from './schemas.js';
 
@@ -21,6 +22,6 @@ export function registerGetEndpoint(app: App) {
     const { id } = c.req.valid('param');
     const row = await getEndpoint(deps.db, id);
     if (!row) throw notFound('endpoint', id);
-    return c.json(renderEndpoint(row, deps.runner.endpointLive(id), deps.config.defaultConcurrency), 200);
+    return c.json(renderEndpoint(row, deps.runner.endpointLive(id), deps.config.defaultConcurrency, await endpointCacheUsage(deps.db)), 200);
   });
 }

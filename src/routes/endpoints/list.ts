@@ -3,6 +3,7 @@ import type { App } from '../../http/app.js';
 import { problemResponses } from '../../errors.js';
 import { listEndpoints } from '../../db/endpoints.js';
 import { jsonContent, listOf, page, idCursor, pageQuery } from '../common.js';
+import { endpointCacheUsage } from '../../db/cache-usage.js';
 import { Endpoint, renderEndpoint } from './schemas.js';
 
 const route = createRoute({
@@ -20,12 +21,13 @@ export function registerListEndpoints(app: App) {
     const deps = c.get('deps');
     const q = c.req.valid('query');
     const rows = await listEndpoints(deps.db, q);
+    const usage = await endpointCacheUsage(deps.db);
     return c.json(
       page(
         rows,
         q.limit,
         (e) => e.id,
-        (e) => renderEndpoint(e, deps.runner.endpointLive(e.id), deps.config.defaultConcurrency),
+        (e) => renderEndpoint(e, deps.runner.endpointLive(e.id), deps.config.defaultConcurrency, usage),
       ),
       200,
     );

@@ -2,6 +2,7 @@ import { createRoute } from '@hono/zod-openapi';
 import type { App } from '../../http/app.js';
 import { problemResponses } from '../../errors.js';
 import { patchEndpoint } from '../../services/endpoints.js';
+import { endpointCacheUsage } from '../../db/cache-usage.js';
 import { EndpointIdParam, jsonContent } from '../common.js';
 import { Endpoint, PatchEndpointBody, renderEndpoint } from './schemas.js';
 
@@ -21,6 +22,6 @@ export function registerPatchEndpoint(app: App) {
     const deps = c.get('deps');
     const { id } = c.req.valid('param');
     const row = await patchEndpoint(deps, id, c.req.valid('json'));
-    return c.json(renderEndpoint(row, deps.runner.endpointLive(id), deps.config.defaultConcurrency), 200);
+    return c.json(renderEndpoint(row, deps.runner.endpointLive(id), deps.config.defaultConcurrency, await endpointCacheUsage(deps.db)), 200);
   });
 }

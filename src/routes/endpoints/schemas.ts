@@ -1,6 +1,7 @@
 import { z } from '@hono/zod-openapi';
 import { CAP_SOURCES, endpointCap } from '../../domain/concurrency.js';
 import { ENDPOINT_STATES, OPERATOR_ENDPOINT_STATES } from '../../domain/statuses.js';
+import { hitRate, type CacheUsage } from '../../db/cache-usage.js';
 import type { EndpointRow } from '../../db/schema.js';
 import type { EndpointLive } from '../../domain/live-view.js';
 import { HttpUrl, iso, Timestamp } from '../common.js';
@@ -79,11 +80,20 @@ export const Endpoint = z
       samples_per_second: z.number(),
       completion_tokens_per_second: z.number(),
       p50_latency_ms: z.number().nullable(),
+      prompt_tokens: z.number().int().openapi({ description: 'Prompt tokens of the answers it gave, every run' }),
+      cached_tokens: z.number().int().openapi({ description: "Of those, the tokens its prefix cache served (the answers' `cached_tokens`)" }),
+      cache_hit_rate: z.number().nullable().openapi({
+        description: 'cached_tokens ÷ prompt_tokens: the prefix-cache hit rate regen saw; 0 when the server runs without `--enable-cache-report`',
+      }),
     }),
     server: z.object({
       running: z.number().nullable(),
       queued: z.number().nullable(),
       token_usage: z.number().nullable(),
+      cache_hit_rate: z
+        .number()
+        .nullable()
+        .openapi({ description: "The server's own prefix-cache hit rate (`cache_hit_rate` of /v1/loads, `sglang:cache_hit_rate`), when it says" }),
       read_at: Timestamp.nullable().openapi({
         description: 'When these figures were read from the server: they are its last known load, and grow old while the server does not answer',
       }),
@@ -91,7 +101,8 @@ export const Endpoint = z
   })
   .openapi('Endpoint');
 
-export function renderEndpoint(e: EndpointRow, live: EndpointLive, defaultConcurrency: number) {
+export function renderEndpoint(e: EndpointRow, live: EndpointLive, defaultConcurrency: number, usage: readonly CacheUsage[]) {
+  const cache = usage.find((u) => u.endpointId === e.id) ?? { promptTokens: 0, cachedTokens: 0 };
   const cap = endpointCap(e, live, defaultConcurrency);
   return {
     id: e.id,
@@ -117,7 +128,16 @@ export function renderEndpoint(e: EndpointRow, live: EndpointLive, defaultConcur
       samples_per_second: live.samples_per_second,
       completion_tokens_per_second: live.completion_tokens_per_second,
       p50_latency_ms: live.p50_latency_ms,
+      prompt_tokens: cache.promptTokens,
+      cached_tokens: cache.cachedTokens,
+      cache_hit_rate: hitRate(cache),
     },
-    server: { running: live.server.running, queued: live.server.queued, token_usage: live.server.token_usage, read_at: iso(live.server.read_at) },
+    server: {
+      running: live.server.running,
+      queued: live.server.queued,
+      token_usage: live.server.token_usage,
+      cache_hit_rate: live.server.cache_hit_rate ?? null,
+      read_at: iso(live.server.read_at),
+    },
   };
 }

@@ -3,6 +3,7 @@ import type { App } from '../../http/app.js';
 import { problemResponses } from '../../errors.js';
 import { upsertEndpoint } from '../../services/endpoints.js';
 import { jsonContent } from '../common.js';
+import { endpointCacheUsage } from '../../db/cache-usage.js';
 import { CreateEndpointBody, Endpoint, renderEndpoint } from './schemas.js';
 
 const route = createRoute({
@@ -23,6 +24,9 @@ export function registerUpsertEndpoint(app: App) {
   app.openapi(route, async (c) => {
     const deps = c.get('deps');
     const { endpoint, created } = await upsertEndpoint(deps, c.req.valid('json'));
-    return c.json(renderEndpoint(endpoint, deps.runner.endpointLive(endpoint.id), deps.config.defaultConcurrency), created ? 201 : 200);
+    return c.json(
+      renderEndpoint(endpoint, deps.runner.endpointLive(endpoint.id), deps.config.defaultConcurrency, await endpointCacheUsage(deps.db)),
+      created ? 201 : 200,
+    );
   });
 }

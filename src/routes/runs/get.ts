@@ -4,7 +4,8 @@ import { notFound, problemResponses } from '../../errors.js';
 import { getRun } from '../../db/runs.js';
 import { listRunVariants } from '../../db/run-variants.js';
 import { jsonContent, RunIdParam } from '../common.js';
-import { renderRun } from './render.js';
+import { runCacheUsage } from '../../db/cache-usage.js';
+import { renderCacheByEndpoint, renderRun } from './render.js';
 import { Run } from './schemas.js';
 
 const route = createRoute({
@@ -24,6 +25,7 @@ export function registerGetRun(app: App) {
     const run = await getRun(deps.db, id);
     if (!run) throw notFound('run', id);
     const variants = run.variants?.length ? await listRunVariants(deps.db, id) : [];
-    return c.json(renderRun(run, deps.runner.runProgress(id), deps.clock(), variants), 200);
+    const cacheByEndpoint = renderCacheByEndpoint(await runCacheUsage(deps.db, id));
+    return c.json({ ...renderRun(run, deps.runner.runProgress(id), deps.clock(), variants), cache_by_endpoint: cacheByEndpoint }, 200);
   });
 }

@@ -1,5 +1,6 @@
 import type { RunRow, SampleRow, ShardRow } from '../../db/schema.js';
 import type { RunVariantRow } from '../../db/run-variants.js';
+import { hitRate, type CacheUsage } from '../../db/cache-usage.js';
 import { joinUri } from '../../storage/index.js';
 import { FLAG_COLUMNS, flagCounts, flagsFromBits } from '../../domain/flags.js';
 import { runUsage, triesOf } from '../../domain/output-line.js';
@@ -121,6 +122,7 @@ export function renderRun(r: RunRow, live: RunProgress, now: number, variantRows
       by_flag: flagCounts(r),
     },
     usage: runUsage(r),
+    cache_hit_rate: hitRate(r),
     shards: { total: r.shardsTotal, uploaded: r.shardsUploaded },
     progress: renderProgress(r, live, now),
     manifest_uri: r.manifestKey ? joinUri(r.outputUri, r.manifestKey) : null,
@@ -141,6 +143,11 @@ export function renderRun(r: RunRow, live: RunProgress, now: number, variantRows
     on_length: r.onLength as Run['on_length'],
     variants: renderVariants(r, variantRows),
   };
+}
+
+/** A run's prefix-cache figures by endpoint, for GET of one run. */
+export function renderCacheByEndpoint(usage: readonly CacheUsage[]): NonNullable<Run['cache_by_endpoint']> {
+  return usage.map((u) => ({ endpoint_id: u.endpointId, prompt_tokens: u.promptTokens, cached_tokens: u.cachedTokens, cache_hit_rate: hitRate(u) }));
 }
 
 const round = (n: number) => Math.round(n * 100) / 100;

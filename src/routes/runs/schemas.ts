@@ -238,6 +238,14 @@ export const Run = z
     }),
     quality: z.object({ flagged: z.number().int(), by_flag: counts(FLAGS) }),
     usage: counts(['prompt_tokens', 'completion_tokens', 'reasoning_tokens']),
+    cache_hit_rate: z.number().nullable().openapi({
+      description:
+        "Prefix-cache hit rate of the run's answers: their `cached_tokens` over their prompt tokens (0 when the servers run without `--enable-cache-report`); null before any answer",
+    }),
+    cache_by_endpoint: z
+      .array(z.object({ endpoint_id: z.string(), prompt_tokens: z.number().int(), cached_tokens: z.number().int(), cache_hit_rate: z.number().nullable() }))
+      .optional()
+      .openapi({ description: 'On GET of one run: the same by the endpoint that answered' }),
     shards: counts(['total', 'uploaded']),
     progress: z.object({
       fraction: z.number(),

@@ -1,0 +1,450 @@
+import { readdirSync, readFileSync, statSync } from 'node:fs';
+import { join } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { gunzipSync } from 'node:zlib';
+import Database from 'better-sqlite3';
+import { PrefixCache } from '../src/sim/prefix-cache.js';
+import { spawnSimulator, type SimProcess } from '../src/sim/spawn.js';
+import { promptSequence } from '../src/sim/text.js';
+import { spawnServer, tempDir } from '../test/support/server.js';
+import { json, percentile, scaled, sleep, until, type Figure } from './support.js';
+
+// Multi-turn regeneration on 4 simulated servers with prefix caches (SGLang's radix cache, in the
+// KV pool), four ways side by side, thinking on and off:
+//  - regen with affinity (each turn to the endpoint that answered the conversation's last turn),
+//  - regen without it (the least-loaded choice),
+//  - a plain round robin that walks each conversation turn by turn,
+//  - a reference modelled on SGLang's model gateway `cache_aware` policy: a prefix tree per worker
+//    of the prompts sent there, the best match when it covers over half the prompt, else the
+//    least loaded worker.
+// regen walks the conversations in waves (run k holds turn k of every conversation, its history
+// the answers of run k−1, its affinity the endpoint that gave them): `regenerate: "all_assistant"`,
+// which walks them turn by turn inside one run, is measured the same way once it is there.
+// Simulated prefill and decode dwarf regen's own work: the figures measure dispatch.
+const MODEL = 'bench-conv';
+const SERVERS = 4;
+const SLOTS = 32;
+// Each server's KV pool: room for the prefixes of every conversation regen's waves keep open at
+// once (all of them, where a turn-by-turn walk keeps only as many as there are slots). With 160k
+// tokens the waves evict each prefix before its next turn comes (12% of the ideal, measured).
+const KV_TOKENS = 1_000_000;
+// Decode steps a second (each gives every running request one token) and prefill tokens a second, per server.
+const STEPS_PER_SECOND = 400;
+const PREFILL_PER_SECOND = 60_000;
+const REASONING_TOKENS = 48;
+const MAX_TURNS = 8;
+
+interface Conversation {
+  id: string;
+  system: string;
+  users: string[];
+}
+
+function random(seed: number): () => number {
+  let a = seed >>> 0;
+  return () => {
+    a = (a + 0x6d2b79f5) >>> 0;
+    let t = Math.imul(a ^ (a >>> 15), a | 1);
+    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
+    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
+  };
+}
+
+const WORDS = ['data', 'model', 'cache', 'prefix', 'server', 'token', 'answer', 'question', 'turn', 'graph', 'value', 'table'];
+const words = (r: () => number, tokens: number) => {
+  let s = '';
+  while (s.length < tokens * 4) s += `${WORDS[Math.floor(r() * WORDS.length)]} `;
+  return s.slice(0, tokens * 4);
+};
+
+function conversations(n: number): Conversation[] {
+  const r = random(24);
+  return Array.from({ length: n }, (_, i) => {
+    const turns = 1 + Math.floor(r() * MAX_TURNS);
+    return {
+      id: `c${i}`,
+      system: `You are assistant ${i}. ${words(r, 60 + Math.floor(r() * 200))}`,
+      users: Array.from({ length: turns }, (_, k) => `Turn ${k} of ${i}: ${words(r, 40 + Math.floor(r() * 160))} [len=${40 + Math.floor(r() * 120)}]`),
+    };
+  });
+}
+
+type Message = { role: string; content: string };
+const history = (c: Conversation, answers: string[], turn: number): Message[] => {
+  const messages: Message[] = [{ role: 'system', content: c.system }];
+  for (let k = 0; k <= turn; k++) {
+    messages.push({ role: 'user', content: c.users[k] });
+    if (k < turn) messages.push({ role: 'assistant', content: answers[k] });
+  }
+  return messages;
+};
+
+interface Tally {
+  wall: number;
+  prompt: number;
+  cached: number;
+  ideal: number;
+  /** Each request's latency, for the tail. */
+  latencies: number[];
+  /** Sum of request latencies over the wall time of all slots. */
+  busy: number;
+}
+
+/** What the servers could at best serve from cache: each turn's previous prompt (thinking), and its answer too (no thinking). */
+function idealCached(prompts: number[][], answers: number[][], thinking: boolean): number {
+  let ideal = 0;
+  for (const [c, turns] of prompts.entries()) {
+    for (let k = 1; k < turns.length; k++) ideal += Math.min(turns[k] - 1, turns[k - 1] + (thinking ? 0 : answers[c][k - 1]));
+  }
+  return ideal;
+}
+
+async function statsOf(sims: SimProcess[]): Promise<{ prompt: number; cached: number }> {
+  const all = await Promise.all(sims.map((s) => s.stats()));
+  return { prompt: all.reduce((a, s) => a + s.promptTokens, 0), cached: all.reduce((a, s) => a + s.cachedTokens, 0) };
+}
+
+/** A dispatcher of the bench's own: walks every conversation turn by turn, `route` picking each turn's server. */
+async function walk(
+  sims: SimProcess[],
+  convs: Conversation[],
+  thinking: boolean,
+  route: (messages: Message[], load: number[]) => number,
+  sent: (server: number, messages: Message[]) => void,
+): Promise<Omit<Tally, 'ideal'> & { prompts: number[][]; answers: number[][] }> {
+  const load = sims.map(() => 0);
+  const latencies: number[] = [];
+  const prompts: number[][] = convs.map(() => []);
+  const answerTokens: number[][] = convs.map(() => []);
+  const before = await statsOf(sims);
+  const started = performance.now();
+  let next = 0;
+  let busy = 0;
+  const worker = async (): Promise<void> => {
+    while (next < convs.length) {
+      const i = next++;
+      const c = convs[i];
+      const answers: string[] = [];
+      for (let k = 0; k < c.users.length; k++) {
+        const messages = history(c, answers, k);
+        const server = route(messages, load);
+        load[server]++;
+        const t0 = performance.now();
+        const res = await fetch(`${sims[server].url}/v1/chat/completions`, {
+          method: 'POST',
+          headers: { 'content-type': 'application/json' },
+          body: JSON.stringify({ model: MODEL, messages, chat_template_kwargs: { enable_thinking: thinking } }),
+        });
+        const body = (await res.json()) as { choices: { message: { content: string } }[]; usage: { prompt_tokens: number; completion_tokens: number } };
+        const ms = performance.now() - t0;
+        load[server]--;
+        latencies.push(ms);
+        busy += ms;
+        sent(server, [...messages, { role: 'assistant', content: body.choices[0].message.content }]);
+        answers.push(body.choices[0].message.content);
+        prompts[i].push(body.usage.prompt_tokens);
+        answerTokens[i].push(thinking ? 0 : body.usage.completion_tokens + 1);
+      }
+    }
+  };
+  await Promise.all(Array.from({ length: SERVERS * SLOTS }, worker));
+  const wall = (performance.now() - started) / 1000;
+  const after = await statsOf(sims);
+  return {
+    wall,
+    prompt: after.prompt - before.prompt,
+    cached: after.cached - before.cached,
+    latencies,
+    busy: busy / 1000 / (wall * SERVERS * SLOTS),
+    prompts,
+    answers: answerTokens,
+  };
+}
+
+function roundRobin(): (messages: Message[], load: number[]) => number {
+  let i = 0;
+  return (_m, load) => i++ % load.length;
+}
+
+/** SGLang's model gateway cache_aware policy: an approximate tree per worker; the best match over half the prompt, else the least loaded. */
+function cacheAware(): { route: (messages: Message[], load: number[]) => number; sent: (server: number, messages: Message[]) => void } {
+  const trees = Array.from({ length: SERVERS }, () => new PrefixCache(() => KV_TOKENS));
+  return {
+    route: (messages, load) => {
+      const tokens = promptSequence(messages);
+      let best = -1;
+      let bestLength = 0;
+      for (const [i, tree] of trees.entries()) {
+        const { length } = tree.match(tokens);
+        if (length > bestLength) [best, bestLength] = [i, length];
+      }
+      if (best >= 0 && bestLength / tokens.length > 0.5) return best;
+      return load.indexOf(Math.min(...load));
+    },
+    sent: (server, messages) => {
+      trees[server].insert(promptSequence(messages));
+    },
+  };
+}
+
+/** Lines of every output shard a run wrote (its output_uri is a local folder here). */
+function outputLines(outputUri: string): Record<string, any>[] {
+  const root = fileURLToPath(outputUri);
+  const lines: Record<string, any>[] = [];
+  const visit = (dir: string): void => {
+    for (const name of readdirSync(dir)) {
+      const path = join(dir, name);
+      if (statSync(path).isDirectory()) visit(path);
+      else if (/\.jsonl(\.gz)?$/.test(name)) {
+        const raw = readFileSync(path);
+        const text = name.endsWith('.gz') ? gunzipSync(raw).toString() : raw.toString();
+        for (const line of text.split('\n')) if (line.trim()) lines.push(JSON.parse(line));
+      }
+    }
+  };
+  visit(root);
+  return lines;
+}
+
+async function setStates(base: string, ids: string[], state: 'draining' | 'ready'): Promise<void> {
+  for (const id of ids) {
+    await json(base, `/v1/endpoints/${id}`, { method: 'PATCH', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ state }) });
+  }
+  if (state === 'ready') {
+    await until(
+      'endpoints ready again',
+      async () => ((await json(base, '/v1/endpoints')).data.every((e: any) => e.state === 'ready') ? true : undefined),
+      60_000,
+      10,
+    );
+  }
+}
+
+/** regen, in waves: run k asks turn k of every conversation that has one, with the answers of run k−1 as history. */
+async function regenWaves(
+  base: string,
+  dbPath: string,
+  sims: SimProcess[],
+  convs: Conversation[],
+  thinking: boolean,
+  affinity: boolean,
+  endpointIds: string[],
+): Promise<Omit<Tally, 'ideal'> & { prompts: number[][]; answers: number[][] }> {
+  const answers: string[][] = convs.map(() => []);
+  const homes = new Map<string, string>();
+  const prompts: number[][] = convs.map(() => []);
+  const answerTokens: number[][] = convs.map(() => []);
+  const latencies: number[] = [];
+  const before = await statsOf(sims);
+  const started = performance.now();
+  let busy = 0;
+  const db = new Database(dbPath);
+  db.pragma('busy_timeout = 10000');
+  try {
+    for (let k = 0; k < MAX_TURNS; k++) {
+      const due = convs.filter((c) => c.users.length > k);
+      if (!due.length) break;
+      const body = due.map((c) => JSON.stringify({ custom_id: c.id, messages: history(c, answers[convs.indexOf(c)], k) })).join('\n') + '\n';
+      const file = await json<{ id: string }>(base, '/v1/files?filename=wave.jsonl', {
+        method: 'POST',
+        headers: { 'content-type': 'application/jsonl' },
+        body,
+      });
+      if (affinity && homes.size) await setStates(base, endpointIds, 'draining');
+      const run = await json<{ id: string }>(base, '/v1/runs', {
+        method: 'POST',
+        headers: { 'content-type': 'application/json' },
+        body: JSON.stringify({
+          model: MODEL,
+          input: { file_id: file.id },
+          quality: false,
+          shard_size: 10_000,
+          params: { chat_template_kwargs: { enable_thinking: thinking } },
+        }),
+      });
+      if (affinity && homes.size) {
+        // The endpoints are parked while the bench points each turn at the endpoint that answered
+        // the conversation's last one (a conversation run sets it as each answer comes back).
+        await until('the wave queued', async () => ((await json(base, `/v1/runs/${run.id}`)).status === 'queued' ? true : undefined), 60_000, 5);
+        // Paused until every endpoint is ready again: one still starting would count as not ready, and its turns would move.
+        await json(base, `/v1/runs/${run.id}/pause`, { method: 'POST' });
+        const set = db.prepare('update samples set affinity_endpoint_id = ? where run_id = ? and custom_id = ?');
+        db.transaction(() => {
+          for (const [id, endpoint] of homes) set.run(endpoint, run.id, id);
+        })();
+        await setStates(base, endpointIds, 'ready');
+        await json(base, `/v1/runs/${run.id}/resume`, { method: 'POST' });
+      }
+      const done = await until(
+        'the wave to finish',
+        async () => {
+          const r = await json(base, `/v1/runs/${run.id}`);
+          return r.status === 'completed' ? r : undefined;
+        },
+        30 * 60_000,
+        20,
+      );
+      for (const line of outputLines(done.output_uri)) {
+        const i = Number(String(line.custom_id).slice(1));
+        answers[i].push(line.content);
+        prompts[i].push(line.usage.prompt_tokens);
+        answerTokens[i].push(thinking ? 0 : line.usage.completion_tokens + 1);
+        latencies.push(line.latency_ms);
+        busy += line.latency_ms;
+        homes.set(line.custom_id, line.endpoint_id);
+      }
+    }
+  } finally {
+    db.close();
+  }
+  const wall = (performance.now() - started) / 1000;
+  const after = await statsOf(sims);
+  return {
+    wall,
+    prompt: after.prompt - before.prompt,
+    cached: after.cached - before.cached,
+    latencies,
+    busy: busy / 1000 / (wall * SERVERS * SLOTS),
+    prompts,
+    answers: answerTokens,
+  };
+}
+
+/** Single prompts that share a long system prompt (a few-shot block): how much does spreading them over the servers cost the cache? */
+async function sharedPrefix(base: string, sims: SimProcess[], n: number): Promise<{ cached: number; ideal: number }> {
+  const r = random(5);
+  const shared = `Examples: ${words(r, 1500)}`;
+  const body =
+    Array.from({ length: n }, (_, i) =>
+      JSON.stringify({
+        custom_id: `f${i}`,
+        messages: [
+          { role: 'system', content: shared },
+          { role: 'user', content: `Question ${i}: ${words(r, 60)} [len=60]` },
+        ],
+      }),
+    ).join('\n') + '\n';
+  const before = await statsOf(sims);
+  const file = await json<{ id: string }>(base, '/v1/files?filename=fewshot.jsonl', { method: 'POST', headers: { 'content-type': 'application/jsonl' }, body });
+  const run = await json<{ id: string }>(base, '/v1/runs', {
+    method: 'POST',
+    headers: { 'content-type': 'application/json' },
+    body: JSON.stringify({ model: MODEL, input: { file_id: file.id }, quality: false, params: { chat_template_kwargs: { enable_thinking: false } } }),
+  });
+  await until('the few-shot run', async () => ((await json(base, `/v1/runs/${run.id}`)).status === 'completed' ? true : undefined), 10 * 60_000);
+  const after = await statsOf(sims);
+  // At best every prompt but the very first finds the shared block cached: (n − 1) × its tokens.
+  const sharedTokens = promptSequence([{ role: 'system', content: shared }]).length - 3;
+  return { cached: after.cached - before.cached, ideal: (n - 1) * sharedTokens };
+}
+
+export async function benchConversations(): Promise<Figure[]> {
+  const n = scaled(2000, 40);
+  const convs = conversations(n);
+  const tmp = tempDir('regen-bench-conv-');
+  const figures: Figure[] = [];
+  const startSims = () =>
+    Promise.all(
+      Array.from({ length: SERVERS }, (_, i) =>
+        spawnSimulator({
+          model: MODEL,
+          seed: i + 1,
+          'max-running': SLOTS,
+          'kv-tokens': KV_TOKENS,
+          'tokens-per-second': STEPS_PER_SECOND,
+          'prefill-tokens-per-second': PREFILL_PER_SECOND,
+          'reasoning-tokens': REASONING_TOKENS,
+          'enable-cache-report': 1,
+          // Longer than any pause between a dispatcher's requests: a closed keep-alive socket is not what is measured.
+          'keep-alive-ms': 600_000,
+        }),
+      ),
+    );
+  const dataDir = join(tmp.dir, 'data');
+  const server = await spawnServer(dataDir, { REGEN_ADAPTIVE_CONCURRENCY: 'false' });
+  try {
+    for (const thinking of [true, false]) {
+      const results: Record<string, Tally> = {};
+      const modes = ['regen, affinity', 'regen, least loaded', 'round robin', 'cache-aware reference'] as const;
+      for (const mode of modes) {
+        // Fresh servers for each way: every one starts from empty caches.
+        const sims = await startSims();
+        const ids: string[] = [];
+        try {
+          for (const sim of sims) {
+            const e = await json<{ id: string }>(server.url, '/v1/endpoints', {
+              method: 'POST',
+              headers: { 'content-type': 'application/json' },
+              body: JSON.stringify({ url: sim.url, max_concurrency: SLOTS }),
+            });
+            ids.push(e.id);
+          }
+          await until(
+            'endpoints ready',
+            async () => ((await json(server.url, '/v1/endpoints')).data.every((e: any) => e.state === 'ready') ? true : undefined),
+            60_000,
+          );
+          let got: Omit<Tally, 'ideal'> & { prompts: number[][]; answers: number[][] };
+          if (mode === 'round robin') got = await walk(sims, convs, thinking, roundRobin(), () => {});
+          else if (mode === 'cache-aware reference') {
+            const policy = cacheAware();
+            got = await walk(sims, convs, thinking, policy.route, policy.sent);
+          } else got = await regenWaves(server.url, join(dataDir, 'regen.db'), sims, convs, thinking, mode === 'regen, affinity', ids);
+          results[mode] = { ...got, ideal: idealCached(got.prompts, got.answers, thinking) };
+          const t = results[mode];
+          console.error(
+            `${thinking ? 'thinking' : 'no thinking'}, ${mode}: wall ${t.wall.toFixed(1)} s, prompt ${t.prompt}, cached ${t.cached}, ideal ${t.ideal}, ` +
+              `share ${((100 * t.cached) / Math.max(1, t.ideal)).toFixed(1)}%, busy ${(100 * t.busy).toFixed(1)}%, p50 ${Math.round(percentile(t.latencies, 50))} ms, p99 ${Math.round(percentile(t.latencies, 99))} ms`,
+          );
+          if (thinking && mode === 'regen, least loaded') {
+            const few = await sharedPrefix(server.url, sims, scaled(1000, 40));
+            figures.push({
+              part: 'conversations',
+              figure: 'single prompts sharing a 1,500-token block, least loaded over 4 servers: cached share of the ideal',
+              regen: (100 * few.cached) / few.ideal,
+              baseline: null,
+              unit: '%',
+              ratio: null,
+              target: '≥ 95% (no affinity needed)',
+              ok: few.cached / few.ideal >= 0.95,
+            });
+          }
+        } finally {
+          for (const id of ids) await fetch(`${server.url}/v1/endpoints/${id}`, { method: 'DELETE' });
+          await Promise.all(sims.map((s) => s.stop()));
+          await sleep(200);
+        }
+      }
+      const ref = results['cache-aware reference'];
+      const label = thinking ? 'thinking' : 'no thinking';
+      for (const mode of modes) {
+        const t = results[mode];
+        const share = (100 * t.cached) / Math.max(1, t.ideal);
+        figures.push({
+          part: 'conversations',
+          figure: `${label}, ${mode}: cached share of the ideal (prompt tokens computed ${Math.round((t.prompt - t.cached) / 1000)}k)`,
+          regen: share,
+          baseline: (100 * ref.cached) / Math.max(1, ref.ideal),
+          unit: '%',
+          ratio: null,
+          target: mode === 'regen, affinity' ? '≥ 95%' : '',
+          ok: mode === 'regen, affinity' ? share >= 95 : null,
+        });
+        figures.push({
+          part: 'conversations',
+          figure: `${label}, ${mode}: wall time vs the reference (p99 request ${Math.round(percentile(t.latencies, 99))} ms, slots busy ${(100 * t.busy).toFixed(1)}%)`,
+          regen: t.wall,
+          baseline: ref.wall,
+          unit: 's',
+          ratio: ref.wall / t.wall,
+          target: mode === 'regen, affinity' ? '≥ 0.95' : '',
+          ok: mode === 'regen, affinity' ? ref.wall / t.wall >= 0.95 : null,
+        });
+      }
+    }
+  } finally {
+    await server.kill('SIGKILL');
+    tmp.cleanup();
+  }
+  return figures;
+}

@@ -1,0 +1,104 @@
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { setAffinity } from '../src/db/samples.js';
+import { spawnSimulator, type SimProcess } from '../src/sim/spawn.js';
+import { Stores } from '../src/storage/index.js';
+import { call, startTestServer, tempDir } from './support/server.js';
+import { openTestStore } from './support/store.js';
+import { checkOutput, createRun, listAllSamples, registerEndpoint, uploadFile, waitForStatus } from './support/runner-checks.js';
+
+const MODEL = 'affinity-sim';
+const CONVERSATIONS = 200;
+const SIM = {
+  model: MODEL,
+  'ttft-ms': 10,
+  'tokens-per-second': 2000,
+  'max-running': 8,
+  'enable-cache-report': 1,
+  'reasoning-tokens': 0,
+  'keep-alive-ms': 120_000,
+};
+const PLAIN = { chat_template_kwargs: { enable_thinking: false } };
+
+type Message = { role: string; content: string };
+
+let server: Awaited<ReturnType<typeof startTestServer>>;
+const data = tempDir('regen-affinity-');
+const sims: SimProcess[] = [];
+
+beforeAll(async () => {
+  sims.push(await spawnSimulator({ ...SIM, seed: 1 }), await spawnSimulator({ ...SIM, seed: 2 }));
+  server = await startTestServer({}, data.dir);
+});
+
+afterAll(async () => {
+  await server?.cleanup();
+  await Promise.all(sims.map((s) => s.stop()));
+  data.cleanup();
+});
+
+/** Turn one of conversation i, asked of `sim` directly: its prompt and answer are then in that server's prefix cache. */
+async function firstTurn(sim: SimProcess, i: number): Promise<Message[]> {
+  const messages: Message[] = [
+    { role: 'system', content: `You answer conversation ${i} with care. ${'Background. '.repeat(40)}` },
+    { role: 'user', content: `First question of ${i}: ${'context '.repeat(60)}[len=24]` },
+  ];
+  const res = await fetch(`${sim.url}/v1/chat/completions`, {
+    method: 'POST',
+    headers: { 'content-type': 'application/json' },
+    body: JSON.stringify({ model: MODEL, messages, ...PLAIN }),
+  });
+  const answer = (await res.json()).choices[0].message.content as string;
+  return [...messages, { role: 'assistant', content: answer }, { role: 'user', content: `Second question of ${i}. [len=24]` }];
+}
+
+describe('prefix-cache affinity', () => {
+  it('sends each sample to the endpoint that holds its prefix, and reads the run hit rate from real cached_tokens', async () => {
+    const base = server.url;
+    // Each conversation's first turn lives on one server: even ones on the first, odd on the second.
+    const convs = await Promise.all(Array.from({ length: CONVERSATIONS }, (_, i) => firstTurn(sims[i % 2], i)));
+    const before = await Promise.all(sims.map((s) => s.stats()));
+    const jsonl = convs.map((messages, i) => JSON.stringify({ custom_id: `c${i}`, messages })).join('\n') + '\n';
+    // Created before any endpoint exists, so that nothing is claimed before the affinity is set.
+    const run = await createRun(base, { model: MODEL, input: { file_id: await uploadFile(base, jsonl) }, params: PLAIN, quality: false, shard_size: 100 });
+    await waitForStatus(base, run.id, ['queued']);
+
+    const eps: { id: string }[] = [];
+    for (const sim of sims) eps.push(await registerEndpoint(base, sim.url));
+    const db = await openTestStore(data.dir);
+    try {
+      await setAffinity(db, run.id, new Map(convs.map((_, i) => [`c${i}`, eps[i % 2].id])));
+    } finally {
+      await db.close();
+    }
+
+    const done = await waitForStatus(base, run.id, ['completed', 'failed', 'paused', 'cancelled']);
+    expect(done.status).toBe('completed');
+    expect(done.request_counts.completed).toBe(CONVERSATIONS);
+
+    // Where each landed: its own endpoint, but for the odd one moved after waiting 2 s on a loaded machine.
+    const samples = await listAllSamples(base, run.id);
+    const home = samples.filter((s) => s.endpoint_id === eps[Number(s.custom_id.slice(1)) % 2].id).length;
+    expect(home / CONVERSATIONS).toBeGreaterThanOrEqual(0.95);
+
+    // The hit rate is the answers' own cached_tokens over their prompt tokens, as the servers counted them.
+    const out = await checkOutput(new Stores({ forcePathStyle: false }).forUri(done.output_uri), new Map(convs.map((m, i) => [`c${i}`, m])));
+    const lines = [...out.lines.values()];
+    const prompt = lines.reduce((t, l) => t + l.usage.prompt_tokens, 0);
+    const cached = lines.reduce((t, l) => t + l.usage.cached_tokens, 0);
+    const after = await Promise.all(sims.map((s) => s.stats()));
+    const served = after.reduce((t, s, i) => t + s.cachedTokens - before[i].cachedTokens, 0);
+    expect(cached).toBe(served);
+    expect(done.cache_hit_rate).toBeCloseTo(cached / prompt, 3);
+    // Turn one and its answer are cached: most of turn two's prompt.
+    expect(done.cache_hit_rate).toBeGreaterThan(0.8);
+
+    const byEndpoint = (await call(base, `/v1/runs/${run.id}`)).body.cache_by_endpoint;
+    expect(byEndpoint.reduce((t: number, e: any) => t + e.cached_tokens, 0)).toBe(cached);
+    const endpoint = (await call(base, `/v1/endpoints/${eps[0].id}`)).body;
+    expect(endpoint.stats.cache_hit_rate).toBeGreaterThan(0.8);
+    // The server's own figure, read from /v1/loads: priming requests and the run's together.
+    expect(endpoint.server.cache_hit_rate).toBeGreaterThan(0);
+    const metrics = (await call<string>(base, '/metrics')).body;
+    expect(metrics).toMatch(new RegExp(`regen_endpoint_cached_tokens_total\\{endpoint_id="${eps[0].id}"\\} [1-9]`));
+  });
+});
