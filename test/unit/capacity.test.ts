@@ -125,7 +125,7 @@ describe('reading what SGLang says of itself', () => {
       },
       7,
     );
-    expect(l).toEqual({ at: 7, running: 30, waiting: 5, tokenUsage: 0.7, retracted: null });
+    expect(l).toEqual({ at: 7, running: 30, waiting: 5, tokenUsage: 0.7, retracted: null, cacheHitRate: null });
     expect(parseLoads({ loads: [] }, 7)).toBeNull();
   });
 
@@ -141,7 +141,7 @@ describe('reading what SGLang says of itself', () => {
       'sglang:num_retracted_reqs{model_name="m",dp_rank="0"} 0.0',
       'sglang:num_retracted_requests_total{model_name="m"} 42.0',
     ].join('\n');
-    expect(parseMetrics(text, 3)).toEqual({ at: 3, running: 22, waiting: 1, tokenUsage: 0.6, retracted: 42, retractedNow: 0 });
+    expect(parseMetrics(text, 3)).toEqual({ at: 3, running: 22, waiting: 1, tokenUsage: 0.6, retracted: 42, retractedNow: 0, cacheHitRate: null });
     expect(metricSum(text, 'sglang:gen_throughput')).toBeNull();
     expect(parseMetrics('# nothing', 3)).toBeNull();
   });
