@@ -295,3 +295,6 @@ export async function pingDb(db: Db): Promise<void> {
 export function locked<Q>(db: Db, query: Q): Q {
   return db.dialect === 'pg' ? (query as unknown as { for(strength: 'update'): Q }).for('update') : query;
 }
+
+/** Ids per statement: an `in (...)` list binds one value per id, and SQLite caps bound values. */
+export const IDS_PER_STATEMENT = 500;

@@ -1,14 +1,12 @@
 import { countFlags } from '../domain/flags.js';
 import type { Db } from './client.js';
+import { IDS_PER_STATEMENT } from './client.js';
 import { uncountRequeued } from './runs.js';
 import { addToVariantDelta, moveVariantCounters, newVariantDelta, type VariantDelta } from './run-variants.js';
 import { dropTurnsFrom, firstFlaggedTurns } from './sample-turns.js';
 import { requeueSamples, samplesToRetry, setSampleTurn } from './samples.js';
 import { reopenShards } from './shards.js';
 import { deleteStagedOutputs } from './staging.js';
-
-// Ids per statement: an `in (...)` list binds one value per id, and SQLite caps bound values.
-const IDS_PER_STATEMENT = 500;
 
 /**
  * Puts a run's failed (or flagged) samples back in the queue with a fresh attempt budget, drops

@@ -1,6 +1,7 @@
 import { and, asc, eq, gte, inArray } from 'drizzle-orm';
 import type { TurnRecord } from '../domain/conversation.js';
 import type { DbOrTx } from './client.js';
+import { IDS_PER_STATEMENT } from './client.js';
 import type { SampleTurnRow } from './schema.js';
 
 // A conversation's answered turns (`regenerate: "all_assistant"`). The result writer inserts them
@@ -21,7 +22,6 @@ function record(r: SampleTurnRow): TurnRecord {
 }
 
 // Ids per statement: an `in (...)` list binds one value per id, and SQLite caps bound values.
-const IDS_PER_STATEMENT = 500;
 
 /** The answered turns of each sample, in order, before the turn each is at. */
 export async function turnsBefore(db: DbOrTx, samples: readonly { id: number; turn: number }[]): Promise<Map<number, TurnRecord[]>> {

@@ -261,7 +261,8 @@ async function withHistory(db: DbOrTx, rows: ClaimedRow[]): Promise<ClaimedRow[]
  * The samples a claim leased, read again: each claim's lease expiry is unique for its owner and so
  * names the claim. A claim whose commit was made but whose answer was lost (the connection cut at
  * the commit) is found here, where it would otherwise stay leased until a restart; a claim that
- * was not made finds nothing. The slice first, then in input order, as the claim returned them.
+ * was not made finds nothing. The slice first, then in input order (a claim puts conversations
+ * under way first; read again, they come in input order with the rest: only the order differs).
  */
 export async function readClaim(db: Db, c: { runId: string; owner: string; leaseExpiresAt: number }): Promise<ClaimedRow[]> {
   const from = db.dialect === 'pg' ? 'samples' : 'samples indexed by samples_claim_idx';

@@ -72,8 +72,12 @@ function conversation(line: LineFields): Msg[] {
  */
 export function conversationsLine(line: LineFields): Record<string, unknown> {
   const out: Record<string, unknown> = { ...(line.metadata ?? {}), id: line.custom_id };
+  // regen's own keys win over the input's fields of the same name (a line of regen's output fed
+  // back in carries them): `sample_index` is written whenever a field could be taken for it.
   if (line.variant != null) out.variant = line.variant;
-  if (line.sample_index != null && line.sample_index > 0) out.sample_index = line.sample_index;
+  else delete out.variant;
+  const index = line.sample_index ?? 0;
+  if (index > 0 || 'sample_index' in out) out.sample_index = index;
   out.conversations = conversation(line).map((m) => {
     const msg: Msg = { role: m.role, content: m.content };
     if (typeof m.reasoning_content === 'string') msg.reasoning_content = m.reasoning_content;

@@ -193,10 +193,7 @@ export function errorLine(s: FailedSample): string {
   return JSON.stringify(line);
 }
 
-const shardName = (idx: number) => `shard-${String(idx).padStart(5, '0')}`;
 /** A sample's key among a shard's lines: its custom_id and sample_index (lines of old shards, without one, are answer 0). */
 export const lineKey = (customId: string, sampleIndex: number | undefined) => `${sampleIndex ?? 0}\0${customId}`;
 
-export const shardKey = (idx: number) => `${shardName(idx)}.jsonl`;
-export const shardErrorsKey = (idx: number) => `${shardName(idx)}.errors.jsonl`;
 export const MANIFEST_KEY = 'manifest.json';

@@ -41,9 +41,15 @@ export function shareUsage(usage: Usage, answers: readonly (Pick<Answer, 'conten
   const completion = apportion(usage.completion_tokens, weights);
   const reasoningWeights = answers.map((a) => a?.reasoning?.length ?? 0);
   const reasoning = reasoningWeights.some((w) => w > 0) ? apportion(usage.reasoning_tokens, reasoningWeights) : apportion(usage.reasoning_tokens, weights);
+  // The one prefill goes on the first choice that came back: a choice missing from the answer is
+  // failed without usage, and the run would lose the prompt's tokens with it.
+  const first = Math.max(
+    0,
+    answers.findIndex((a) => a !== null),
+  );
   return answers.map((_, i) => ({
-    prompt_tokens: i === 0 ? usage.prompt_tokens : 0,
-    cached_tokens: i === 0 ? usage.cached_tokens : 0,
+    prompt_tokens: i === first ? usage.prompt_tokens : 0,
+    cached_tokens: i === first ? usage.cached_tokens : 0,
     completion_tokens: completion[i],
     // A choice's reasoning is part of its completion: never more than it.
     reasoning_tokens: Math.min(reasoning[i], completion[i]),

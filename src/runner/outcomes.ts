@@ -32,6 +32,8 @@ export interface Attempt {
   maxTokens: number | null;
   /** The endpoint's context length (max_model_len), when its probes found it. */
   contextLength: number | null;
+  /** The request's prompt tokens when its usage went to another choice (params.n: one prefill for all). */
+  requestPromptTokens?: number | null;
   /** A conversation's turn (`regenerate: "all_assistant"`); null for a single request. */
   conversation: ConversationTurn | null;
 }
@@ -73,9 +75,10 @@ function settleCut(a: Attempt, onLength: 'retry' | 'fail', answer: Answer, now: 
     const message = `the answer was cut at max_tokens ${a.maxTokens ?? '(the context)'} (finish_reason length), and the run's on_length is "fail"`;
     return { retried: null, outcome: { ...base(a), kind: 'failed', error: { code: 'truncated', message, status: null }, at: now } };
   }
-  const next = nextMaxTokens(a.maxTokens, answer.usage.prompt_tokens, a.contextLength);
+  const prompt = a.requestPromptTokens ?? answer.usage.prompt_tokens;
+  const next = nextMaxTokens(a.maxTokens, prompt, a.contextLength);
   if (next === null) {
-    const room = a.contextLength === null ? '' : ` (the context of ${a.contextLength} tokens, less the prompt's ${answer.usage.prompt_tokens})`;
+    const room = a.contextLength === null ? '' : ` (the context of ${a.contextLength} tokens, less the prompt's ${prompt})`;
     const message = `the answer was still cut at max_tokens ${a.maxTokens ?? '(the context)'}, as much as the context leaves${room}: on_length "retry" has no more room to give`;
     return { retried: null, outcome: { ...base(a), kind: 'failed', error: { code: 'length_exhausted', message, status: null }, at: now } };
   }

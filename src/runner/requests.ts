@@ -87,7 +87,12 @@ export class Requests {
 
   send(e: LiveEndpoint, run: RunRow, claimed: Claimed[]): void {
     const group = choiceOrder(claimed);
-    const sample = group[0];
+    // A line's answers asked together take the most room any of them was given (on_length) and the
+    // newest seed any was asked with (a quality retry), so none is asked with less than it had.
+    const sample =
+      group.length === 1
+        ? group[0]
+        : { ...group[0], maxTokens: mostOf(group.map((s) => s.maxTokens)), qualityRetries: Math.max(...group.map((s) => s.qualityRetries)) };
     const { body, thinking } = buildRequest(run, sample, Math.random, group.length);
     const controller = new AbortController();
     const limits = answerLimits(body, e.row.maxModelLen);
@@ -248,7 +253,14 @@ export class Requests {
         thinking_requested: f.thinking,
       };
       const flags = quality ? quality.check(input, e.row.id, sample.variant ?? null) : 0;
-      const settled = settleAnswer(this.attempt(f, sample), f.run, answer, latencyMs, now, flags);
+      const settled = settleAnswer(
+        { ...this.attempt(f, sample), requestPromptTokens: answered?.usage.prompt_tokens ?? null },
+        f.run,
+        answer,
+        latencyMs,
+        now,
+        flags,
+      );
       // Every turn of a conversation counts in the quality windows, as a single answer does.
       if (quality && (settled.outcome.kind === 'completed' || settled.outcome.kind === 'turn')) quality.completed(flags, sample.variant ?? null);
       this.deps.metrics.answered(e.row.id, latencyMs, tokens, flags);
@@ -347,4 +359,10 @@ function conversationOf(sample: Claimed): ConversationTurn | null {
   if (sample.turn === null) return null;
   const { messages } = JSON.parse(sample.request) as { messages: { role: string }[] };
   return { turn: sample.turn, messages, history: sample.history ?? [], last: sample.turn + 1 >= turnCount(messages) };
+}
+
+/** The largest of the values given, or null when none is. */
+function mostOf(values: readonly (number | null)[]): number | null {
+  const known = values.filter((v): v is number => v !== null);
+  return known.length ? Math.max(...known) : null;
 }

@@ -152,6 +152,12 @@ describe('sharing one usage among n choices', () => {
     expect(parts[1]).toEqual({ prompt_tokens: 0, cached_tokens: 0, completion_tokens: 0, reasoning_tokens: 0 });
     expect(parts[0].completion_tokens).toBe(300);
   });
+
+  it('puts the prompt on the first choice that came back when choice 0 did not', () => {
+    const parts = shareUsage(usage, [null, { content: 'x', reasoning: null }, { content: 'y', reasoning: null }]);
+    expect(parts.map((p) => p.prompt_tokens)).toEqual([0, 100, 0]);
+    expect(parts.map((p) => p.cached_tokens)).toEqual([0, 40, 0]);
+  });
 });
 
 describe('what is refused', () => {

@@ -64,6 +64,14 @@ describe('the split', () => {
 });
 
 describe('conversations', () => {
+  it("keeps regen's own sample_index and variant over input fields of the same name", () => {
+    const fedBack = conversationsLine(line({ metadata: { sample_index: 2, variant: 'old' }, sample_index: 0, variant: null }));
+    expect(fedBack.sample_index).toBe(0);
+    expect(fedBack).not.toHaveProperty('variant');
+    expect(conversationsLine(line({ metadata: { source: 's' }, sample_index: 0 }))).not.toHaveProperty('sample_index');
+    expect(conversationsLine(line({ metadata: { sample_index: 0 }, sample_index: 3, variant: 'think' }))).toMatchObject({ sample_index: 3, variant: 'think' });
+  });
+
   it("is SpecForge's regenerated line: the input's fields, the conversation with the answer and its reasoning, a status", () => {
     const out = conversationsLine(line({ metadata: { source: 'sharegpt', id: 'not-this' }, variant: 'think' }));
     expect(out).toEqual({

@@ -217,6 +217,12 @@ describe('on_length', () => {
     expect(retried).toMatchObject({ retried: 'length', outcome: { kind: 'retry', maxTokens: 512, usage: cut.usage } });
     expect(settleAnswer(attempt(3995, 4096), run('retry'), cut, 1, 0, 0).outcome).toMatchObject({ kind: 'failed', error: { code: 'length_exhausted' } });
     expect(settleAnswer(attempt(256, 4096), run('fail'), cut, 1, 0, 0).outcome).toMatchObject({ kind: 'failed', error: { code: 'truncated' } });
+    // A choice of a request with n > 1 carries no prompt tokens of its own: the request's are used.
+    const sibling = { ...cut, usage: { ...cut.usage, prompt_tokens: 0 } };
+    expect(settleAnswer({ ...attempt(3000, 4096), requestPromptTokens: 100 }, run('retry'), sibling, 1, 0, 0).outcome).toMatchObject({
+      kind: 'retry',
+      maxTokens: 3995,
+    });
     // An answer that stopped on its own is kept whatever on_length says.
     expect(settleAnswer(attempt(256, 4096), run('fail'), { ...cut, finishReason: 'stop' }, 1, 0, 0).outcome.kind).toBe('completed');
   });

@@ -12,11 +12,10 @@ import { insertShardLayout, insertSplitShardLayout, type SplitShard } from '../.
 import { pickSplit, type SplitName } from '../../domain/assign.js';
 import { splitOfShardIdx, splitShardIdx } from '../../domain/output-format.js';
 import { calibrationLines, CHARS_PER_TOKEN } from '../../domain/forecast.js';
-import { samplesPerLine } from '../../domain/params.js';
+import { regenerateMode, samplesPerLine } from '../../domain/params.js';
 import { parseInputLine, readLines, type InvalidLine, type LineErrorCode } from '../../domain/input-line.js';
 import { variantIndex } from '../../domain/variants.js';
 import { insertRunVariants } from '../../db/run-variants.js';
-import { regenerateMode } from '../../domain/params.js';
 import { unservedModel } from '../batches/create.js';
 import { resolveInput } from './input-source.js';
 
