@@ -158,6 +158,9 @@ function claimSql(db: Db) {
     // Conversations waiting for their next turn (samples_underway_idx holds only those).
     underway: `${LEASE} ${pick}select id from ${underway} where run_id = ? and status = 'pending' and turn > 0 and available_at <= ?
        order by seq limit ? ${skip}${picked} ${still} ${LEASED}`,
+    // PostgreSQL, a replica of several: its own conversations under way (their prefix on an endpoint it drives).
+    underwayOurs: `${LEASE} ${pick}select id from samples where run_id = ? and status = 'pending' and turn > 0 and available_at <= ?
+       and (affinity_endpoint_id is null or affinity_endpoint_id = any(?)) order by seq limit ? ${skip}${picked} ${still} ${LEASED}`,
     slice: `${LEASE} ${pick}select id from ${slice} where run_id = ? and ${inSlice} and status = 'pending' and available_at <= ?
        order by (seq * ${SLICE_SHUFFLE}) % 4294967296 limit ? ${skip}${picked} ${still} ${LEASED}`,
     inOrder: `${LEASE} ${pick}select id from samples where run_id = ? and status = 'pending' and available_at <= ? order by seq limit ? ${skip}${picked} ${still} ${LEASED}`,
@@ -217,9 +220,13 @@ export async function claimSamples(
     if (!run.length || !isDispatchable(run[0].status)) return [];
     // `returning` gives no order: each part is put back in input order (ids follow it).
     const rows =
-      run[0].regenerate === 'all_assistant'
-        ? (await tx.exec<ClaimedRow>(q.underway, [c.owner, c.leaseExpiresAt, c.runId, c.now, c.limit])).rows.sort(byId)
-        : [];
+      run[0].regenerate !== 'all_assistant'
+        ? []
+        : // A replica takes only the conversations whose prefix sits on an endpoint it drives: the
+          // others wait for their driver (or, should it be gone, for the input-order fallback below).
+          tx.dialect === 'pg' && c.drives
+          ? (await tx.exec<ClaimedRow>(q.underwayOurs, [c.owner, c.leaseExpiresAt, c.runId, c.now, [...c.drives], c.limit])).rows.sort(byId)
+          : (await tx.exec<ClaimedRow>(q.underway, [c.owner, c.leaseExpiresAt, c.runId, c.now, c.limit])).rows.sort(byId);
     if (rows.length < c.limit)
       rows.push(...(await tx.exec<ClaimedRow>(q.slice, [c.owner, c.leaseExpiresAt, c.runId, c.now, c.limit - rows.length])).rows.sort(byId));
     const left = c.limit - rows.length;
