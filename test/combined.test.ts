@@ -243,6 +243,42 @@ describe('variants with regenerate: "all_assistant"', () => {
     }
   });
 
+  it('in Parquet with a split: the regenerated messages, turns and variant as in JSONL, each conversation in its split', async () => {
+    const run = await finished({
+      model: MODEL,
+      input: { file_id: fileId },
+      regenerate: 'all_assistant',
+      variants: VARIANTS,
+      shard_size: 20,
+      output: { format: 'parquet' },
+      split: { eval: 0.3 },
+    });
+    const { manifest, files } = await readOutput(run);
+    const shards = manifest.files.filter((f: any) => f.kind === 'parquet');
+    const paths: string[] = shards.map((f: any) => join(scratch.dir, run.id, f.key));
+    for (const [i, f] of shards.entries()) {
+      mkdirSync(dirname(paths[i]!), { recursive: true });
+      writeFileSync(paths[i]!, files.get(f.key)!);
+    }
+    const duck = await (await DuckDBInstance.create(':memory:')).connect();
+    const rows = (
+      await duck.runAndReadAll(`select custom_id, split, variant, messages, turns, metadata, content from read_parquet([${paths.map((p) => `'${p}'`).join(',')}])`)
+    ).getRowObjectsJson() as any[];
+    duck.closeSync();
+    expect(rows).toHaveLength(COUNT);
+    expect(new Set(rows.map((r) => r.split))).toEqual(new Set(['train', 'eval']));
+    for (const r of rows) {
+      const l = jsonl.get(r.custom_id);
+      expect(r.split).toBe(pickSplit(r.custom_id, 0.3));
+      expect(r.variant).toBe(l.variant);
+      expect(r.content).toBe(l.content);
+      expect(r.messages).toEqual(l.messages.map((m: any) => ({ role: m.role, content: m.content, reasoning_content: m.reasoning_content ?? null })));
+      expect(JSON.parse(r.turns).map((t: any) => t.finish_reason)).toEqual(l.turns.map((t: any) => t.finish_reason));
+      expect(JSON.parse(r.turns)).toHaveLength(l.turns.length);
+      expect(JSON.parse(r.metadata)).toEqual(l.metadata);
+    }
+  });
+
   it('refuses n > 1 with all_assistant, at creation and at validation, naming params.n', async () => {
     const body = { model: MODEL, input: { file_id: fileId }, regenerate: 'all_assistant', variants: VARIANTS, params: { n: 2 } };
     for (const path of ['/v1/runs', '/v1/runs/validate']) {
