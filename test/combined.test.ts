@@ -262,7 +262,9 @@ describe('variants with regenerate: "all_assistant"', () => {
     }
     const duck = await (await DuckDBInstance.create(':memory:')).connect();
     const rows = (
-      await duck.runAndReadAll(`select custom_id, split, variant, messages, turns, metadata, content from read_parquet([${paths.map((p) => `'${p}'`).join(',')}])`)
+      await duck.runAndReadAll(
+        `select custom_id, split, variant, messages, turns, metadata, content from read_parquet([${paths.map((p) => `'${p}'`).join(',')}])`,
+      )
     ).getRowObjectsJson() as any[];
     duck.closeSync();
     expect(rows).toHaveLength(COUNT);
@@ -292,7 +294,10 @@ describe('variants with regenerate: "all_assistant"', () => {
 describe('on_length on conversation turns', () => {
   // Turn 0 asks 100 tokens, turn 1 50, turn 2 the simulator's 12, against a first max_tokens of 30.
   const asks = ['[len=100]', '[len=50]', ''];
-  const input = conversations(12, 'l', (i, k) => `Conversation ${i}, turn ${k} ${asks[k % 3]}`).map((c) => ({ ...c, conversations: c.conversations.slice(0, 6) }));
+  const input = conversations(12, 'l', (i, k) => `Conversation ${i}, turn ${k} ${asks[k % 3]}`).map((c) => ({
+    ...c,
+    conversations: c.conversations.slice(0, 6),
+  }));
 
   it('"retry" asks a cut turn again with max_tokens doubled, and the next turn from the params\' own', async () => {
     const run = await finished({ model: LONG, input: { requests: input }, regenerate: 'all_assistant', params: { max_tokens: 30 }, on_length: 'retry' });
@@ -316,7 +321,13 @@ describe('on_length on conversation turns', () => {
     // Turn 1 asks 100 tokens against a max_tokens of 60; a conversation of one turn is not cut.
     const cut = conversations(12, 'f', (i, k) => `Conversation ${i}, turn ${k} ${k === 1 ? '[len=100]' : ''}`);
     const whole = cut.filter((c) => c.conversations.length === 2).length;
-    const run = await createRun(server.url, { model: LONG, input: { requests: cut }, regenerate: 'all_assistant', params: { max_tokens: 60 }, on_length: 'fail' });
+    const run = await createRun(server.url, {
+      model: LONG,
+      input: { requests: cut },
+      regenerate: 'all_assistant',
+      params: { max_tokens: 60 },
+      on_length: 'fail',
+    });
     const done = await waitForStatus(server.url, run.id, FINAL);
     expect(done.request_counts).toMatchObject({ completed: whole, failed: cut.length - whole });
     expect(done.turns).toMatchObject({ failed: cut.length - whole });
@@ -324,6 +335,37 @@ describe('on_length on conversation turns', () => {
     const errors = manifest.files.filter((f: any) => f.kind === 'errors').flatMap((f: any) => linesOf(files.get(f.key)));
     expect(errors).toHaveLength(cut.length - whole);
     for (const e of errors)
-      expect(e).toMatchObject({ turn: 1, attempts: 1, error: { code: 'truncated', message: expect.stringMatching(/^turn 1's answer was cut at max_tokens 60/) } });
+      expect(e).toMatchObject({
+        turn: 1,
+        attempts: 1,
+        error: { code: 'truncated', message: expect.stringMatching(/^turn 1's answer was cut at max_tokens 60/) },
+      });
+  });
+});
+
+describe('on_length with n answers a prompt', () => {
+  it('a cut answer asked again beside a flagged sibling keeps its raised max_tokens', async () => {
+    // Choice 0 comes back degenerate (flagged too_short), choice 1 cut at 30 (it asks 50): both go out again together.
+    const requests = Array.from({ length: 6 }, (_, i) => ({ custom_id: `s-${i}`, prompt: `Prompt ${i} [len=50] [empty-choice=0]` }));
+    const run = await finished({
+      model: LONG,
+      input: { requests },
+      params: { n: 2, max_tokens: 30 },
+      on_length: 'retry',
+      quality: { min_completion_tokens: 10, retry_flagged: 2, gate: false },
+    });
+    const { manifest, files } = await readOutput(run);
+    const lines = manifest.files.filter((f: any) => f.kind === 'jsonl').flatMap((f: any) => linesOf(files.get(f.key)));
+    expect(lines).toHaveLength(12);
+    for (const l of lines) expect([l.finish_reason, l.flags]).toEqual(['stop', []]);
+    // Choice 1: sent at 30 (cut), then at 60 beside its flagged sibling, whole. (Without its raise
+    // kept, it is cut again at 30 beside it.) Choice 0: flagged twice beside it, then asked alone
+    // (n = 1 spoils nothing) at 30, cut, and at 60.
+    expect(lines.map((l: any) => [l.custom_id, l.sample_index, l.attempts])).toEqual(
+      requests.flatMap((r) => [
+        [r.custom_id, 0, 4],
+        [r.custom_id, 1, 2],
+      ]),
+    );
   });
 });

@@ -23,7 +23,7 @@ import {
 import type { ResultWriter } from './results.js';
 import type { RunQuality } from '../domain/run-quality.js';
 import type { SampleError } from '../domain/sample-errors.js';
-import { choiceOrder, otherChoices, shareUsage } from './choices.js';
+import { choiceOrder, otherChoices, requestSample, shareUsage } from './choices.js';
 import { StreamedAnswer } from './stream-answer.js';
 
 /** Why regen aborted a request: to cancel its run, to give its sample back, or because its answer looped. */
@@ -88,7 +88,7 @@ export class Requests {
   send(e: LiveEndpoint, run: RunRow, claimed: Claimed[]): void {
     const group = choiceOrder(claimed);
     const sample = group[0];
-    const { body, thinking } = buildRequest(run, sample, Math.random, group.length);
+    const { body, thinking } = buildRequest(run, requestSample(group as [Claimed, ...Claimed[]]), Math.random, group.length);
     const controller = new AbortController();
     const limits = answerLimits(body, e.row.maxModelLen);
     const flight: Flight = {
