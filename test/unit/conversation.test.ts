@@ -224,7 +224,11 @@ describe('an answered turn', () => {
 
   it('fails the conversation naming the cut turn under on_length "fail", and when "retry" has no room left', () => {
     const failed = settleAnswer(attempt(1, [turn(0, 'r0', 0)], { maxTokens: 256 }), { ...run, onLength: 'fail' }, cut, 50, 1000, 0).outcome;
-    expect(failed).toMatchObject({ kind: 'failed', turn: 1, error: { code: 'truncated', message: expect.stringMatching(/^turn 1's answer was cut at max_tokens 256/) } });
+    expect(failed).toMatchObject({
+      kind: 'failed',
+      turn: 1,
+      error: { code: 'truncated', message: expect.stringMatching(/^turn 1's answer was cut at max_tokens 256/) },
+    });
     const full = { maxTokens: 3995, contextLength: 4096 };
     const exhausted = settleAnswer(attempt(0, [], full), { ...run, onLength: 'retry' }, cut, 50, 1000, 0).outcome;
     expect(exhausted).toMatchObject({ kind: 'failed', turn: 0, error: { code: 'length_exhausted', message: expect.stringContaining("turn 0's answer") } });

@@ -214,7 +214,7 @@ describe('the request for answers of one line asked again together', () => {
   const run = { model: 'm', params: { n: 3, max_tokens: 30, seed: 5 } };
 
   it('takes the largest max_tokens an on_length retry raised and the most quality retries of the group', () => {
-    const flagged = { request, sampleIndex: 0, qualityRetries: 1, maxTokens: null };
+    const flagged = { request, sampleIndex: 0, qualityRetries: 1, maxTokens: null as number | null };
     const cut = { request, sampleIndex: 1, qualityRetries: 0, maxTokens: 60 };
     const sample = requestSample([flagged, cut]);
     expect(sample).toMatchObject({ sampleIndex: 0, qualityRetries: 1, maxTokens: 60 });
