@@ -121,7 +121,7 @@ describe('variants × n × split × Parquet in one run', () => {
     }
     const rows = (
       await duck.runAndReadAll(
-        `select custom_id, sample_index, variant, split, reasoning_content, content, finish_reason, metadata from read_parquet([${paths.map((p) => `'${p}'`).join(',')}])`,
+        `select custom_id, sample_index, variant, split, reasoning_content, content, finish_reason, metadata, usage.prompt_tokens as prompt_tokens, usage.completion_tokens as completion_tokens from read_parquet([${paths.map((p) => `'${p}'`).join(',')}])`,
       )
     ).getRowObjectsJson() as any[];
     duck.closeSync();
@@ -146,6 +146,10 @@ describe('variants × n × split × Parquet in one run', () => {
     }
     for (let i = 0; i < PROMPTS; i++) for (let k = 0; k < N; k++) expect(seen.has(`v-${i}#${k}`)).toBe(true);
     for (const [id, s] of splitsOf) expect(s.size, id).toBe(1);
+    // The request's prompt goes on answer 0 of its n, the completion shared among them: the rows add up to the run.
+    expect(rows.reduce((n, r) => n + r.prompt_tokens, 0)).toBe(run.usage.prompt_tokens);
+    expect(rows.reduce((n, r) => n + r.completion_tokens, 0)).toBe(run.usage.completion_tokens);
+    for (const r of rows) if (r.sample_index > 0) expect(r.prompt_tokens).toBe(0);
     // Both variants and both splits are there, and the variants' counts are the rows'.
     expect(perVariant.think! * perVariant.plain!).toBeGreaterThan(0);
     expect(manifest.variants.map((v: any) => [v.name, v.counts.total])).toEqual([
@@ -153,6 +157,11 @@ describe('variants × n × split × Parquet in one run', () => {
       ['plain', perVariant.plain],
     ]);
     expect(run.variants.map((v: any) => v.request_counts.completed)).toEqual([perVariant.think, perVariant.plain]);
+    for (const k of ['prompt_tokens', 'completion_tokens', 'reasoning_tokens'])
+      expect(
+        run.variants.reduce((n: number, v: any) => n + v.usage[k], 0),
+        k,
+      ).toBe(run.usage[k]);
 
     // The card names every shard under its split, with the splits' row counts.
     expect(manifest.card).toBe('README.md');
@@ -213,6 +222,18 @@ describe('variants with regenerate: "all_assistant"', () => {
     }
     expect(perVariant.think! * perVariant.plain!).toBeGreaterThan(0);
     expect(run.variants.map((v: any) => v.request_counts.completed)).toEqual([perVariant.think, perVariant.plain]);
+    // Every turn's tokens count in its conversation's variant: the variants' usage adds up to the run's and to the lines'.
+    for (const k of ['prompt_tokens', 'completion_tokens', 'reasoning_tokens']) {
+      expect(
+        run.variants.reduce((n: number, v: any) => n + v.usage[k], 0),
+        k,
+      ).toBe(run.usage[k]);
+      expect(
+        lines.reduce((n: number, l: any) => n + l.usage[k], 0),
+        k,
+      ).toBe(run.usage[k]);
+    }
+    expect(run.variants[1].usage.reasoning_tokens).toBe(0);
   });
 
   it("in the conversations format: SpecForge's shape with the regenerated turns", async () => {
