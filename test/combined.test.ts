@@ -173,8 +173,17 @@ describe('variants × n × split × Parquet in one run', () => {
           .map((f: any) => f.key)
           .sort(),
       );
+    const card = files.get('README.md')!.toString('utf8');
+    for (const v of VARIANTS) expect(card).toContain(v.name);
     const bySplit = Object.fromEntries(front.dataset_info.splits.map((s: any) => [s.name, s.num_examples]));
     expect(bySplit).toEqual({ train: rows.filter((r) => r.split === 'train').length, eval: rows.filter((r) => r.split === 'eval').length });
+
+    // The sample route reads any answer of a line back out of its split's Parquet shard.
+    for (const r of rows.filter((x) => x.sample_index === N - 1).slice(0, 5)) {
+      const sample = await call(server.url, `/v1/runs/${run.id}/samples/${r.custom_id}?sample_index=${N - 1}`);
+      expect(sample.status).toBe(200);
+      expect(sample.body).toMatchObject({ variant: r.variant, output: { content: r.content, reasoning_content: r.reasoning_content } });
+    }
   });
 });
 
