@@ -39,7 +39,8 @@ export type Outcome =
       turn?: TurnRecord;
     })
   // A conversation's turn answered with more to ask: stored, and the sample back in the queue for
-  // its next turn with a fresh attempt budget (the turn's own).
+  // its next turn with a fresh attempt budget (the turn's own), and the params' own max_tokens: an
+  // on_length retry's raise is the cut turn's (a later turn's longer prompt may leave less room).
   | (Base & { kind: 'turn'; turn: TurnRecord; flags: number })
   // `turn`: a conversation's, the turn that failed it.
   | (Base & { kind: 'failed'; error: SampleError; at: number; turn?: number })
@@ -119,7 +120,7 @@ const SQL = {
   retry: `update samples set status = 'pending', available_at = ?, quality_retries = quality_retries + ?, max_tokens = coalesce(?, max_tokens),
      attempts = case when attempts > ? then attempts - ? else 0 end,
      server_faults = server_faults + ?, error_code = ?, error_message = ?, error_status = ?, lease_owner = null, lease_expires_at = null ${GUARD}`,
-  nextTurn: `update samples set status = 'pending', turn = turn + 1, attempts = 0, server_faults = 0, quality_retries = 0, available_at = 0, flags = ?,
+  nextTurn: `update samples set status = 'pending', turn = turn + 1, attempts = 0, server_faults = 0, quality_retries = 0, max_tokens = null, available_at = 0, flags = ?,
      endpoint_id = ?, affinity_endpoint_id = ?, error_code = null, error_message = null, error_status = null, lease_owner = null, lease_expires_at = null
      ${GUARD} and turn = ?`,
   storeTurn: `insert into sample_turns (sample_id, idx, run_id, content, reasoning_content, finish_reason, prompt_tokens, completion_tokens, reasoning_tokens,
@@ -500,7 +501,7 @@ async function updateSamplesAtOnce(tx: DbOrTx, owner: string, batch: Outcome[]):
   if (turned.length) {
     // As SQL.nextTurn.
     await apply(
-      `update samples as s set status = 'pending', turn = s.turn + 1, attempts = 0, server_faults = 0, quality_retries = 0, available_at = 0,
+      `update samples as s set status = 'pending', turn = s.turn + 1, attempts = 0, server_faults = 0, quality_retries = 0, max_tokens = null, available_at = 0,
          flags = v.flags, endpoint_id = v.endpoint_id, affinity_endpoint_id = v.endpoint_id, error_code = null, error_message = null,
          error_status = null, ${cleared}
        from unnest(?::bigint[], ?::int[], ?::text[], ?::int[]) as v(id, flags, endpoint_id, turn)

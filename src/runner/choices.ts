@@ -9,6 +9,21 @@ export function choiceOrder<T extends { sampleIndex: number }>(group: readonly T
   return [...group].sort((a, b) => a.sampleIndex - b.sampleIndex);
 }
 
+/**
+ * What one request for a line's answers is built from: the first of them, with the largest
+ * max_tokens an on_length retry raised any of them to (a cut answer asked again beside a flagged
+ * sibling keeps its room) and the most quality retries (a flagged one still gets a new seed).
+ */
+export function requestSample<T extends { maxTokens?: number | null; qualityRetries: number }>(group: readonly [T, ...T[]]): T {
+  const [first] = group;
+  const raised = group.map((s) => s.maxTokens).filter((m): m is number => typeof m === 'number');
+  return {
+    ...first,
+    maxTokens: raised.length ? Math.max(...raised) : (first.maxTokens ?? null),
+    qualityRetries: Math.max(...group.map((s) => s.qualityRetries)),
+  };
+}
+
 /** `total` cut into whole parts in proportion to `weights` (equal parts when all are 0), summing to it exactly (largest remainders). */
 export function apportion(total: number, weights: readonly number[]): number[] {
   if (weights.length === 0) return [];

@@ -71,16 +71,19 @@ export function nextMaxTokens(asked: number | null, promptTokens: number, contex
 
 /** An answer cut by max_tokens under on_length "retry" or "fail": asked again with more room, or failed with a clear error. */
 function settleCut(a: Attempt, onLength: 'retry' | 'fail', answer: Answer, now: number): Settled {
+  // A conversation's cut turn fails the conversation naming that turn, as any turn's failure does.
+  const turn = a.conversation && { turn: a.conversation.turn };
+  const which = a.conversation ? `turn ${a.conversation.turn}'s answer` : 'the answer';
   if (onLength === 'fail') {
-    const message = `the answer was cut at max_tokens ${a.maxTokens ?? '(the context)'} (finish_reason length), and the run's on_length is "fail"`;
-    return { retried: null, outcome: { ...base(a), kind: 'failed', error: { code: 'truncated', message, status: null }, at: now } };
+    const message = `${which} was cut at max_tokens ${a.maxTokens ?? '(the context)'} (finish_reason length), and the run's on_length is "fail"`;
+    return { retried: null, outcome: { ...base(a), kind: 'failed', error: { code: 'truncated', message, status: null }, at: now, ...turn } };
   }
   const prompt = a.requestPromptTokens ?? answer.usage.prompt_tokens;
   const next = nextMaxTokens(a.maxTokens, prompt, a.contextLength);
   if (next === null) {
     const room = a.contextLength === null ? '' : ` (the context of ${a.contextLength} tokens, less the prompt's ${prompt})`;
-    const message = `the answer was still cut at max_tokens ${a.maxTokens ?? '(the context)'}, as much as the context leaves${room}: on_length "retry" has no more room to give`;
-    return { retried: null, outcome: { ...base(a), kind: 'failed', error: { code: 'length_exhausted', message, status: null }, at: now } };
+    const message = `${which} was still cut at max_tokens ${a.maxTokens ?? '(the context)'}, as much as the context leaves${room}: on_length "retry" has no more room to give`;
+    return { retried: null, outcome: { ...base(a), kind: 'failed', error: { code: 'length_exhausted', message, status: null }, at: now, ...turn } };
   }
   return {
     retried: 'length',

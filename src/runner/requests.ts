@@ -23,7 +23,7 @@ import {
 import type { ResultWriter } from './results.js';
 import type { RunQuality } from '../domain/run-quality.js';
 import type { SampleError } from '../domain/sample-errors.js';
-import { choiceOrder, otherChoices, shareUsage } from './choices.js';
+import { choiceOrder, otherChoices, requestSample, shareUsage } from './choices.js';
 import { StreamedAnswer } from './stream-answer.js';
 
 /** Why regen aborted a request: to cancel its run, to give its sample back, or because its answer looped. */
@@ -87,13 +87,8 @@ export class Requests {
 
   send(e: LiveEndpoint, run: RunRow, claimed: Claimed[]): void {
     const group = choiceOrder(claimed);
-    // A line's answers asked together take the most room any of them was given (on_length) and the
-    // newest seed any was asked with (a quality retry), so none is asked with less than it had.
-    const sample =
-      group.length === 1
-        ? group[0]
-        : { ...group[0], maxTokens: mostOf(group.map((s) => s.maxTokens)), qualityRetries: Math.max(...group.map((s) => s.qualityRetries)) };
-    const { body, thinking } = buildRequest(run, sample, Math.random, group.length);
+    const sample = group[0];
+    const { body, thinking } = buildRequest(run, requestSample(group as [Claimed, ...Claimed[]]), Math.random, group.length);
     const controller = new AbortController();
     const limits = answerLimits(body, e.row.maxModelLen);
     const flight: Flight = {
@@ -359,10 +354,4 @@ function conversationOf(sample: Claimed): ConversationTurn | null {
   if (sample.turn === null) return null;
   const { messages } = JSON.parse(sample.request) as { messages: { role: string }[] };
   return { turn: sample.turn, messages, history: sample.history ?? [], last: sample.turn + 1 >= turnCount(messages) };
-}
-
-/** The largest of the values given, or null when none is. */
-function mostOf(values: readonly (number | null)[]): number | null {
-  const known = values.filter((v): v is number => v !== null);
-  return known.length ? Math.max(...known) : null;
 }

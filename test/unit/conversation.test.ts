@@ -214,6 +214,28 @@ describe('an answered turn', () => {
     const { outcome } = settleError(attempt(1, [turn(0, 'r0', 0)]), { maxAttempts: 3, maxServerFaults: 3 }, error, 1000);
     expect(outcome).toMatchObject({ kind: 'failed', turn: 1 });
   });
+
+  const cut: Answer = { ...answer, finishReason: 'length', usage: { ...answer.usage, prompt_tokens: 100 } };
+
+  it('asks a turn cut by max_tokens again with max_tokens doubled under on_length "retry", the turn not moved on', () => {
+    const settled = settleAnswer(attempt(1, [turn(0, 'r0', 0)], { maxTokens: 256, contextLength: 4096 }), { ...run, onLength: 'retry' }, cut, 50, 1000, 0);
+    expect(settled).toMatchObject({ retried: 'length', outcome: { kind: 'retry', maxTokens: 512, qualityRetry: false, serverFault: false } });
+  });
+
+  it('fails the conversation naming the cut turn under on_length "fail", and when "retry" has no room left', () => {
+    const failed = settleAnswer(attempt(1, [turn(0, 'r0', 0)], { maxTokens: 256 }), { ...run, onLength: 'fail' }, cut, 50, 1000, 0).outcome;
+    expect(failed).toMatchObject({
+      kind: 'failed',
+      turn: 1,
+      error: { code: 'truncated', message: expect.stringMatching(/^turn 1's answer was cut at max_tokens 256/) },
+    });
+    const full = { maxTokens: 3995, contextLength: 4096 };
+    const exhausted = settleAnswer(attempt(0, [], full), { ...run, onLength: 'retry' }, cut, 50, 1000, 0).outcome;
+    expect(exhausted).toMatchObject({ kind: 'failed', turn: 0, error: { code: 'length_exhausted', message: expect.stringContaining("turn 0's answer") } });
+    // A single request's failure names no turn.
+    const single = settleAnswer(attempt(0, [], { conversation: null, maxTokens: 256 }), { ...run, onLength: 'fail' }, cut, 50, 1000, 0).outcome;
+    expect(single).not.toHaveProperty('turn');
+  });
 });
 
 describe('the forecast of a conversation run', () => {

@@ -3,7 +3,7 @@ import { calibrationLines, calibrationSeqs } from '../../src/domain/forecast.js'
 import { parseInputLine } from '../../src/domain/input-line.js';
 import { MAX_SAMPLES_PER_LINE, Params, samplesPerLine, samplesPerLineProblem } from '../../src/domain/params.js';
 import { takeSiblings, type Claimed } from '../../src/runner/claim-buffer.js';
-import { apportion, choiceOrder, shareUsage } from '../../src/runner/choices.js';
+import { apportion, choiceOrder, requestSample, shareUsage } from '../../src/runner/choices.js';
 import { buildRequest, parseAnswers } from '../../src/runner/request.js';
 import { buildReply, parseChatRequest } from '../../src/sim/completion.js';
 import { DEFAULTS } from '../../src/sim/options.js';
@@ -212,5 +212,23 @@ describe('the simulator answers n', () => {
 
   it('refuses an n that is not a positive integer', () => {
     expect(() => parseChatRequest({ messages: [{ role: 'user', content: 'x' }], n: 0 }, knobs)).toThrow(/`n` must be/);
+  });
+});
+
+describe('the request for answers of one line asked again together', () => {
+  const request = JSON.stringify({ messages: [{ role: 'user', content: 'q' }] });
+  const run = { model: 'm', params: { n: 3, max_tokens: 30, seed: 5 } };
+
+  it('takes the largest max_tokens an on_length retry raised and the most quality retries of the group', () => {
+    const flagged = { request, sampleIndex: 0, qualityRetries: 1, maxTokens: null as number | null };
+    const cut = { request, sampleIndex: 1, qualityRetries: 0, maxTokens: 60 };
+    const sample = requestSample([flagged, cut]);
+    expect(sample).toMatchObject({ sampleIndex: 0, qualityRetries: 1, maxTokens: 60 });
+    const { body } = buildRequest(run, sample, () => 0, 2);
+    expect(body).toMatchObject({ n: 2, max_tokens: 60 });
+    expect(body.seed).not.toBe(5);
+    // A group of one is its sample as it is.
+    expect(requestSample([flagged])).toEqual(flagged);
+    expect(requestSample([cut, { ...cut, sampleIndex: 2, maxTokens: 120 }]).maxTokens).toBe(120);
   });
 });
