@@ -23,6 +23,7 @@ describe('parseInputLine: formats', () => {
     expect(parse({ custom_id: 'a1', messages: [user], params: { temperature: 0.6, max_tokens: 100 } })).toEqual({
       ok: true,
       old_answer_chars: null,
+      metadata: null,
       custom_id: 'a1',
       messages: [user],
       params: { temperature: 0.6, max_tokens: 100 },
@@ -34,6 +35,7 @@ describe('parseInputLine: formats', () => {
     expect(parse({ custom_id: 'a1', messages: [user] })).toEqual({
       ok: true,
       old_answer_chars: null,
+      metadata: null,
       custom_id: 'a1',
       messages: [user],
       params: null,
@@ -62,6 +64,7 @@ describe('parseInputLine: formats', () => {
     expect(parse(line)).toEqual({
       ok: true,
       old_answer_chars: null,
+      metadata: null,
       custom_id: 'req-1',
       messages: [user],
       params: { max_tokens: 1000, chat_template_kwargs: { enable_thinking: true } },
@@ -89,6 +92,7 @@ describe('parseInputLine: formats', () => {
     expect(parse(line)).toEqual({
       ok: true,
       old_answer_chars: null,
+      metadata: null,
       custom_id: 'sg-1',
       messages: [
         { role: 'system', content: 'You are helpful.' },
@@ -107,6 +111,7 @@ describe('parseInputLine: formats', () => {
     expect(parse({ id: 'p1', prompt: 'Write a haiku.' })).toEqual({
       ok: true,
       old_answer_chars: null,
+      metadata: null,
       custom_id: 'p1',
       messages: [{ role: 'user', content: 'Write a haiku.' }],
       params: null,

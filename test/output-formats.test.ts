@@ -141,7 +141,8 @@ describe('output formats and the split', () => {
       expect(r.messages).toEqual(l.messages.map((m: any) => ({ role: m.role, content: m.content, reasoning_content: null })));
       expect(r.flags).toEqual(l.flags);
       expect(r.model).toBe(l.model);
-      expect([r.variant, r.sample_index, r.metadata, r.turns]).toEqual([null, null, null, null]);
+      // Every line has its sample_index (0 here: one answer a prompt); the rest are absent from these lines.
+      expect([r.variant, r.sample_index, r.metadata, r.turns]).toEqual([null, 0, null, null]);
     }
 
     // The card: YAML front matter that names every shard under its split, with the columns DuckDB saw.
