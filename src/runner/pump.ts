@@ -45,7 +45,7 @@ export function fillSlots(
   // Caps do not move within one pump; endpoints with free slots but no sample for them leave it.
   const caps = new Map<string, number>();
   for (const e of pool.live.values()) if (e.dispatchable) caps.set(e.row.id, pool.capOf(e));
-  const ready = (id: string): boolean => pool.live.get(id)?.dispatchable === true;
+  const ready = (id: string): boolean => pool.live.get(id)?.holdsAffinity === true;
   for (;;) {
     const best = pickEndpoint(pool.live.values(), (e) => {
       const cap = caps.get(e.row.id);
