@@ -208,7 +208,12 @@ function outputLines(outputUri: string): Record<string, any>[] {
  * input's old replies dropped. With affinity (REGEN_AFFINITY=on, the default) each turn goes to the
  * endpoint that answered the one before; without it, wherever a slot is free first.
  */
-async function regenRun(base: string, sims: SimProcess[], convs: Conversation[], thinking: boolean): Promise<Omit<Tally, 'ideal'> & { prompts: number[][]; answers: number[][] }> {
+async function regenRun(
+  base: string,
+  sims: SimProcess[],
+  convs: Conversation[],
+  thinking: boolean,
+): Promise<Omit<Tally, 'ideal'> & { prompts: number[][]; answers: number[][] }> {
   const body =
     convs
       .map((c) => {
@@ -219,7 +224,11 @@ async function regenRun(base: string, sims: SimProcess[], convs: Conversation[],
       .join('\n') + '\n';
   const before = await statsOf(sims);
   const started = performance.now();
-  const file = await json<{ id: string }>(base, '/v1/files?filename=conversations.jsonl', { method: 'POST', headers: { 'content-type': 'application/jsonl' }, body });
+  const file = await json<{ id: string }>(base, '/v1/files?filename=conversations.jsonl', {
+    method: 'POST',
+    headers: { 'content-type': 'application/jsonl' },
+    body,
+  });
   const run = await json<{ id: string }>(base, '/v1/runs', {
     method: 'POST',
     headers: { 'content-type': 'application/json' },

@@ -198,7 +198,9 @@ describe('conversations regenerated turn by turn through a kill -9', () => {
     const [{ line_errors }] = (await db.exec<{ line_errors: unknown }>('select line_errors from runs where id = ?', [id])).rows;
     // The turns each conversation had answered at the kill.
     const answeredAtKill = new Map<string, number>();
-    for (const r of (await db.exec<{ customId: string }>('select s.custom_id as "customId" from sample_turns t join samples s on s.id = t.sample_id where t.run_id = ?', [id])).rows) {
+    for (const r of (
+      await db.exec<{ customId: string }>('select s.custom_id as "customId" from sample_turns t join samples s on s.id = t.sample_id where t.run_id = ?', [id])
+    ).rows) {
       answeredAtKill.set(r.customId, (answeredAtKill.get(r.customId) ?? 0) + 1);
     }
     await db.close();
