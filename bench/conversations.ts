@@ -2,7 +2,6 @@ import { readdirSync, readFileSync, statSync } from 'node:fs';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { gunzipSync } from 'node:zlib';
-import Database from 'better-sqlite3';
 import { PrefixCache } from '../src/sim/prefix-cache.js';
 import { spawnSimulator, type SimProcess } from '../src/sim/spawn.js';
 import { promptSequence } from '../src/sim/text.js';
@@ -17,16 +16,14 @@ import { json, percentile, scaled, sleep, until, type Figure } from './support.j
 //  - a reference modelled on SGLang's model gateway `cache_aware` policy: a prefix tree per worker
 //    of the prompts sent there, the best match when it covers over half the prompt, else the
 //    least loaded worker.
-// regen walks the conversations in waves (run k holds turn k of every conversation, its history
-// the answers of run k−1, its affinity the endpoint that gave them): `regenerate: "all_assistant"`,
-// which walks them turn by turn inside one run, is measured the same way once it is there.
+// regen runs each way as one run with `regenerate: "all_assistant"` (turn by turn, each turn durable);
+// the way without affinity is a regen started with REGEN_AFFINITY=off.
 // Simulated prefill and decode dwarf regen's own work: the figures measure dispatch.
 const MODEL = 'bench-conv';
 const SERVERS = 4;
 const SLOTS = 32;
-// Each server's KV pool: room for the prefixes of every conversation regen's waves keep open at
-// once (all of them, where a turn-by-turn walk keeps only as many as there are slots). With 160k
-// tokens the waves evict each prefix before its next turn comes (12% of the ideal, measured).
+// Each server's KV pool: room for the prefixes of every conversation, as when regen walked them in
+// waves (a run per turn): the ways compare dispatch, not eviction.
 const KV_TOKENS = 1_000_000;
 // Decode steps a second (each gives every running request one token) and prefill tokens a second, per server.
 const STEPS_PER_SECOND = 400;
@@ -206,99 +203,69 @@ function outputLines(outputUri: string): Record<string, any>[] {
   return lines;
 }
 
-async function setStates(base: string, ids: string[], state: 'draining' | 'ready'): Promise<void> {
-  for (const id of ids) {
-    await json(base, `/v1/endpoints/${id}`, { method: 'PATCH', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ state }) });
-  }
-  if (state === 'ready') {
-    await until(
-      'endpoints ready again',
-      async () => ((await json(base, '/v1/endpoints')).data.every((e: any) => e.state === 'ready') ? true : undefined),
-      60_000,
-      10,
-    );
-  }
-}
-
-/** regen, in waves: run k asks turn k of every conversation that has one, with the answers of run k−1 as history. */
-async function regenWaves(
+/**
+ * regen on one run with `regenerate: "all_assistant"`: each conversation walked turn by turn, its
+ * input's old replies dropped. With affinity (REGEN_AFFINITY=on, the default) each turn goes to the
+ * endpoint that answered the one before; without it, wherever a slot is free first.
+ */
+async function regenRun(
   base: string,
-  dbPath: string,
   sims: SimProcess[],
   convs: Conversation[],
   thinking: boolean,
-  affinity: boolean,
-  endpointIds: string[],
 ): Promise<Omit<Tally, 'ideal'> & { prompts: number[][]; answers: number[][] }> {
-  const answers: string[][] = convs.map(() => []);
-  const homes = new Map<string, string>();
+  const body =
+    convs
+      .map((c) => {
+        const messages: Message[] = [{ role: 'system', content: c.system }];
+        for (const [k, user] of c.users.entries()) messages.push({ role: 'user', content: user }, { role: 'assistant', content: `an old reply ${k}` });
+        return JSON.stringify({ id: c.id, messages });
+      })
+      .join('\n') + '\n';
+  const before = await statsOf(sims);
+  const started = performance.now();
+  const file = await json<{ id: string }>(base, '/v1/files?filename=conversations.jsonl', {
+    method: 'POST',
+    headers: { 'content-type': 'application/jsonl' },
+    body,
+  });
+  const run = await json<{ id: string }>(base, '/v1/runs', {
+    method: 'POST',
+    headers: { 'content-type': 'application/json' },
+    body: JSON.stringify({
+      model: MODEL,
+      input: { file_id: file.id },
+      regenerate: 'all_assistant',
+      quality: false,
+      shard_size: 10_000,
+      params: { chat_template_kwargs: { enable_thinking: thinking } },
+    }),
+  });
+  const done = await until(
+    'the run to finish',
+    async () => {
+      const r = await json(base, `/v1/runs/${run.id}`);
+      if (r.status === 'failed' || r.status === 'cancelled') throw new Error(`run ${run.id} ${r.status}: ${r.status_reason}`);
+      return r.status === 'completed' ? r : undefined;
+    },
+    60 * 60_000,
+    20,
+  );
+  const wall = (performance.now() - started) / 1000;
+  const after = await statsOf(sims);
   const prompts: number[][] = convs.map(() => []);
   const answerTokens: number[][] = convs.map(() => []);
   const latencies: number[] = [];
-  const before = await statsOf(sims);
-  const started = performance.now();
   let busy = 0;
-  const db = new Database(dbPath);
-  db.pragma('busy_timeout = 10000');
-  try {
-    for (let k = 0; k < MAX_TURNS; k++) {
-      const due = convs.filter((c) => c.users.length > k);
-      if (!due.length) break;
-      const body = due.map((c) => JSON.stringify({ custom_id: c.id, messages: history(c, answers[convs.indexOf(c)], k) })).join('\n') + '\n';
-      const file = await json<{ id: string }>(base, '/v1/files?filename=wave.jsonl', {
-        method: 'POST',
-        headers: { 'content-type': 'application/jsonl' },
-        body,
-      });
-      if (affinity && homes.size) await setStates(base, endpointIds, 'draining');
-      const run = await json<{ id: string }>(base, '/v1/runs', {
-        method: 'POST',
-        headers: { 'content-type': 'application/json' },
-        body: JSON.stringify({
-          model: MODEL,
-          input: { file_id: file.id },
-          quality: false,
-          shard_size: 10_000,
-          params: { chat_template_kwargs: { enable_thinking: thinking } },
-        }),
-      });
-      if (affinity && homes.size) {
-        // The endpoints are parked while the bench points each turn at the endpoint that answered
-        // the conversation's last one (a conversation run sets it as each answer comes back).
-        await until('the wave queued', async () => ((await json(base, `/v1/runs/${run.id}`)).status === 'queued' ? true : undefined), 60_000, 5);
-        // Paused until every endpoint is ready again: one still starting would count as not ready, and its turns would move.
-        await json(base, `/v1/runs/${run.id}/pause`, { method: 'POST' });
-        const set = db.prepare('update samples set affinity_endpoint_id = ? where run_id = ? and custom_id = ?');
-        db.transaction(() => {
-          for (const [id, endpoint] of homes) set.run(endpoint, run.id, id);
-        })();
-        await setStates(base, endpointIds, 'ready');
-        await json(base, `/v1/runs/${run.id}/resume`, { method: 'POST' });
-      }
-      const done = await until(
-        'the wave to finish',
-        async () => {
-          const r = await json(base, `/v1/runs/${run.id}`);
-          return r.status === 'completed' ? r : undefined;
-        },
-        30 * 60_000,
-        20,
-      );
-      for (const line of outputLines(done.output_uri)) {
-        const i = Number(String(line.custom_id).slice(1));
-        answers[i].push(line.content);
-        prompts[i].push(line.usage.prompt_tokens);
-        answerTokens[i].push(thinking ? 0 : line.usage.completion_tokens + 1);
-        latencies.push(line.latency_ms);
-        busy += line.latency_ms;
-        homes.set(line.custom_id, line.endpoint_id);
-      }
+  for (const line of outputLines(done.output_uri)) {
+    const i = Number(String(line.custom_id).slice(1));
+    for (const t of line.turns) {
+      prompts[i].push(t.usage.prompt_tokens);
+      answerTokens[i].push(thinking ? 0 : t.usage.completion_tokens + 1);
+      latencies.push(t.latency_ms);
+      busy += t.latency_ms;
     }
-  } finally {
-    db.close();
   }
-  const wall = (performance.now() - started) / 1000;
-  const after = await statsOf(sims);
   return {
     wall,
     prompt: after.prompt - before.prompt,
@@ -360,8 +327,11 @@ export async function benchConversations(): Promise<Figure[]> {
         }),
       ),
     );
-  const dataDir = join(tmp.dir, 'data');
-  const server = await spawnServer(dataDir, { REGEN_ADAPTIVE_CONCURRENCY: 'false' });
+  // One regen per way, side by side: with affinity (the default) and without it.
+  const servers = {
+    'regen, affinity': await spawnServer(join(tmp.dir, 'affinity'), { REGEN_ADAPTIVE_CONCURRENCY: 'false' }),
+    'regen, least loaded': await spawnServer(join(tmp.dir, 'least-loaded'), { REGEN_ADAPTIVE_CONCURRENCY: 'false', REGEN_AFFINITY: 'off' }),
+  };
   try {
     for (const thinking of [true, false]) {
       const results: Record<string, Tally> = {};
@@ -369,6 +339,8 @@ export async function benchConversations(): Promise<Figure[]> {
       for (const mode of modes) {
         // Fresh servers for each way: every one starts from empty caches.
         const sims = await startSims();
+        // The bench's own dispatchers need no regen: the endpoints are registered on the affinity one, idle.
+        const server = mode === 'regen, least loaded' ? servers[mode] : servers['regen, affinity'];
         const ids: string[] = [];
         try {
           for (const sim of sims) {
@@ -389,7 +361,7 @@ export async function benchConversations(): Promise<Figure[]> {
           else if (mode === 'cache-aware reference') {
             const policy = cacheAware();
             got = await walk(sims, convs, thinking, policy.route, policy.sent);
-          } else got = await regenWaves(server.url, join(dataDir, 'regen.db'), sims, convs, thinking, mode === 'regen, affinity', ids);
+          } else got = await regenRun(server.url, sims, convs, thinking);
           results[mode] = { ...got, ideal: idealCached(got.prompts, got.answers, thinking) };
           const t = results[mode];
           console.error(
@@ -443,7 +415,7 @@ export async function benchConversations(): Promise<Figure[]> {
       }
     }
   } finally {
-    await server.kill('SIGKILL');
+    for (const server of Object.values(servers)) await server.kill('SIGKILL');
     tmp.cleanup();
   }
   return figures;

@@ -46,6 +46,8 @@ const settings = {
   healthTimeoutMs: { env: 'REGEN_HEALTH_TIMEOUT_MS', flag: undefined, parse: int(100, 600_000), default: '25000' },
   unhealthyAfterProbes: { env: 'REGEN_UNHEALTHY_AFTER_PROBES', flag: undefined, parse: int(1, 100), default: '3' },
   adaptiveConcurrency: { env: 'REGEN_ADAPTIVE_CONCURRENCY', flag: undefined, parse: bool, default: 'true' },
+  // `off` sends a sample whose prompt is cached on one endpoint wherever a slot is free first (the least-loaded choice).
+  affinity: { env: 'REGEN_AFFINITY', flag: undefined, parse: z.enum(['on', 'off']).transform((v) => v === 'on'), default: 'on' },
   loadIntervalMs: { env: 'REGEN_LOAD_INTERVAL_MS', flag: undefined, parse: int(50, 600_000), default: '1000' },
   shardSize: { env: 'REGEN_SHARD_SIZE', flag: undefined, parse: int(1, 1_000_000), default: '1000' },
   defaultConcurrency: { env: 'REGEN_DEFAULT_CONCURRENCY', flag: undefined, parse: int(1, 100_000), default: '32' },

@@ -8,11 +8,13 @@ import { openTestStore } from './support/store.js';
 // `regenerate: "all_assistant"` end to end on simulator processes, with a kill -9 of regen in the
 // middle: every conversation comes out once, each turn answered from its own regenerated history
 // (the simulator's answer starts with a digest of the messages it was sent), and no turn answered
-// before the kill is asked again.
+// before the kill is asked again. The conversations under way at the kill go back, after the
+// restart, to the endpoints whose prefix caches hold them (the stored affinity_endpoint_id), as the
+// turns' endpoint_id and the simulators' cache counters show.
 
 const CONVERSATIONS = 150;
 const SHARD_SIZE = 25;
-const LATENCY = { 'ttft-ms': 30, 'tokens-per-second': 1000, 'completion-tokens': 24, 'reasoning-tokens': 16 };
+const LATENCY = { 'ttft-ms': 30, 'tokens-per-second': 1000, 'completion-tokens': 24, 'reasoning-tokens': 16, 'enable-cache-report': 1 };
 
 type Message = { role: string; content: string };
 
@@ -108,6 +110,11 @@ afterAll(async () => {
 });
 
 const requestsAtSims = async () => (await Promise.all(sims.map((s) => s.stats()))).reduce((n, s) => n + s.requests, 0);
+/** Prompt tokens the simulators were asked, and those of them their prefix caches served. */
+const cacheAtSims = async () => {
+  const all = await Promise.all(sims.map((s) => s.stats()));
+  return { prompt: all.reduce((n, s) => n + s.promptTokens, 0), cached: all.reduce((n, s) => n + s.cachedTokens, 0) };
+};
 
 /**
  * Checks one output line against its input: the regenerated conversation is the input's system
@@ -189,6 +196,13 @@ describe('conversations regenerated turn by turn through a kill -9', () => {
       committed: Number(r.committed),
     }));
     const [{ line_errors }] = (await db.exec<{ line_errors: unknown }>('select line_errors from runs where id = ?', [id])).rows;
+    // The turns each conversation had answered at the kill.
+    const answeredAtKill = new Map<string, number>();
+    for (const r of (
+      await db.exec<{ customId: string }>('select s.custom_id as "customId" from sample_turns t join samples s on s.id = t.sample_id where t.run_id = ?', [id])
+    ).rows) {
+      answeredAtKill.set(r.customId, (answeredAtKill.get(r.customId) ?? 0) + 1);
+    }
     await db.close();
     const lineErrors = (typeof line_errors === 'string' ? JSON.parse(line_errors) : line_errors) as { line: number; code: string; message: string }[];
     expect(lineErrors.map((e) => e.code)).toEqual(UNWALKABLE.map(([, code]) => code));
@@ -198,6 +212,7 @@ describe('conversations regenerated turn by turn through a kill -9', () => {
     // The kill interrupted turns in flight.
     expect(left.in_progress).toBeGreaterThan(0);
     const askedBeforeKill = await requestsAtSims();
+    const cacheBeforeKill = await cacheAtSims();
 
     server = await spawnServer(data.dir);
     const done = await waitForStatus(server.url, id, ['completed', 'failed', 'paused', 'cancelled']);
@@ -214,10 +229,13 @@ describe('conversations regenerated turn by turn through a kill -9', () => {
     // the restart is at most what was left, with the ones in flight.
     expect(asked - askedBeforeKill).toBeLessThanOrEqual(turns - committed + left.in_progress);
 
+    const cacheAfter = await cacheAtSims();
+
     const stores = new Stores({ forcePathStyle: false });
     const store = stores.forUri(done.output_uri);
     const manifest = JSON.parse((await store.get('manifest.json')).toString('utf8'));
     const written = new Set<string>();
+    const lines: any[] = [];
     for (const shard of manifest.shards) {
       if (!shard.key) continue;
       for (const text of (await store.get(shard.key)).toString('utf8').trimEnd().split('\n')) {
@@ -225,11 +243,38 @@ describe('conversations regenerated turn by turn through a kill -9', () => {
         expect(written.has(line.custom_id), `${line.custom_id} written twice`).toBe(false);
         written.add(line.custom_id);
         checkLine(line, byId.get(line.custom_id)!);
+        lines.push(line);
       }
       expect(shard.errors_key).toBeNull();
     }
     stores.close();
     expect(written.size).toBe(CONVERSATIONS);
+
+    // Affinity across the restart. A conversation under way at the kill (some turns answered, not
+    // all) has its next turn asked after the restart: it goes to the endpoint that answered the
+    // turn before, where its prefix is cached. A turn moves only when its endpoint is not ready or
+    // after ~2 s with nothing else due, hence a large share, not all.
+    const resumed = lines.filter((l) => (answeredAtKill.get(l.custom_id) ?? 0) > 0 && answeredAtKill.get(l.custom_id)! < l.turns.length);
+    expect(resumed.length).toBeGreaterThanOrEqual(10);
+    const stayed = resumed.filter((l) => {
+      const k = answeredAtKill.get(l.custom_id)!;
+      return l.turns[k].endpoint_id === l.turns[k - 1].endpoint_id;
+    });
+    expect(stayed.length / resumed.length, `${stayed.length} of ${resumed.length} resumed conversations on their endpoint`).toBeGreaterThanOrEqual(0.9);
+    // Every later turn asked after the restart, likewise.
+    const later: [any, any][] = [];
+    for (const l of lines) for (let k = Math.max(1, answeredAtKill.get(l.custom_id) ?? 0); k < l.turns.length; k++) later.push([l.turns[k], l.turns[k - 1]]);
+    const kept = later.filter(([t, before]) => t.endpoint_id === before.endpoint_id).length;
+    expect(kept / later.length, `${kept} of ${later.length} later turns after the restart on their endpoint`).toBeGreaterThanOrEqual(0.9);
+    // What the simulators' prefix caches served after the restart, against the ideal (thinking on:
+    // each later turn finds its previous turn's prompt cached). The turns in flight at the kill
+    // were asked again, so the ideal counts only the ones asked once after it.
+    let ideal = 0;
+    for (const [t, before] of later) ideal += Math.min(t.usage.prompt_tokens - 1, before.usage.prompt_tokens);
+    const cachedAfter = cacheAfter.cached - cacheBeforeKill.cached;
+    expect(cachedAfter / ideal, `cached ${cachedAfter} of an ideal ${ideal} after the restart`).toBeGreaterThanOrEqual(0.9);
+    // Each later turn's usage says what the cache served (--enable-cache-report).
+    expect(later.every(([t]) => t.usage.cached_tokens > 0)).toBe(true);
 
     // A sample shows its turns.
     const sample = (await call(server.url, `/v1/runs/${id}/samples/conv-5`)).body;

@@ -156,6 +156,7 @@ export class EndpointProbes {
     e.probeFailures = 0;
     if (!(await this.pool.setState(e, 'ready', null, extra, before))) return;
     e.consecutiveFailures = 0;
+    e.unprobed = false;
     if (e.suspect) {
       e.suspect = false;
       this.onChange();
@@ -168,6 +169,7 @@ export class EndpointProbes {
   }
 
   private async probeFailed(e: LiveEndpoint, before: string, reason: string, loading: boolean): Promise<void> {
+    e.unprobed = false;
     const now = this.clock();
     const failures = ++e.probeFailures;
     if (e.state === 'ready') {

@@ -48,6 +48,8 @@ export class LiveEndpoint {
    * error or timeout.
    */
   suspect = true;
+  /** No probe has come back since the endpoint was loaded or came to be driven here. */
+  unprobed = true;
   nextLoadAt = 0;
   loading = false;
   /** Which load route the server has: /v1/loads (v0.5.8+), else /metrics (with --enable-metrics), else none. */
@@ -122,6 +124,15 @@ export class LiveEndpoint {
     return this.state === 'ready' && this.driven && !this.handingOff && !this.suspect && !this.quarantining;
   }
 
+  /**
+   * Worth waiting for as a sample's home (endpoint-choice.ts pickForSlot): dispatchable, or ready
+   * as stored and only waiting for its first probe (regen just started). Without the second, the
+   * endpoint whose probe comes back first after a restart would take every turn held for the others.
+   */
+  get holdsAffinity(): boolean {
+    return this.dispatchable || (this.unprobed && this.state === 'ready' && this.driven && !this.handingOff && !this.quarantining);
+  }
+
   serves(model: string): boolean {
     return servesModel(this.row.model, this.row.aliases, model);
   }
@@ -178,6 +189,7 @@ export class EndpointPool {
     const driven = this.drivenIds?.has(e.row.id) ?? true;
     if (driven && !e.driven) {
       e.suspect = true;
+      e.unprobed = true;
       e.nextProbeAt = 0;
       e.probeFailures = 0;
       this.onChange();

@@ -31,13 +31,21 @@ function claimSizeFor(pool: EndpointPool, model: string): number {
  * slot goes to the endpoint with the most free room (pickEndpoint), with the first run it serves
  * that has a claimed sample for it. A sample whose prompt is cached on another endpoint waits for
  * that one (endpoint-choice.ts pickForSlot): the slot takes other due work of any run first, and
- * the sample only once it has waited AFFINITY_WAIT_MS. `started` is told of a run's first claim.
+ * the sample only once it has waited AFFINITY_WAIT_MS; without `affinity` (REGEN_AFFINITY=off) a
+ * slot takes its run's next claimed sample. `started` is told of a run's first claim.
  */
-export function fillSlots(pool: EndpointPool, claims: ClaimBuffer, requests: Requests, active: readonly RunRow[], started: (run: RunRow) => void): void {
+export function fillSlots(
+  pool: EndpointPool,
+  claims: ClaimBuffer,
+  requests: Requests,
+  active: readonly RunRow[],
+  started: (run: RunRow) => void,
+  affinity = true,
+): void {
   // Caps do not move within one pump; endpoints with free slots but no sample for them leave it.
   const caps = new Map<string, number>();
   for (const e of pool.live.values()) if (e.dispatchable) caps.set(e.row.id, pool.capOf(e));
-  const ready = (id: string): boolean => pool.live.get(id)?.dispatchable === true;
+  const ready = (id: string): boolean => pool.live.get(id)?.holdsAffinity === true;
   for (;;) {
     const best = pickEndpoint(pool.live.values(), (e) => {
       const cap = caps.get(e.row.id);
@@ -59,7 +67,7 @@ export function fillSlots(pool: EndpointPool, claims: ClaimBuffer, requests: Req
         claimOrderOf(run),
         LOOKAHEAD_SHARDS * run.shardSize,
         samplesPerLine(run.params),
-        slot,
+        affinity ? slot : undefined,
       );
       if (!group) {
         // A run ahead in the order whose claim is under way keeps the slot: its claim lands in

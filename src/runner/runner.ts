@@ -351,7 +351,8 @@ export class Runner implements RunnerView {
     if (this.pumping || this.life !== 'running' || !this.fleet.maySend()) return;
     this.pumping = true;
     try {
-      fillSlots(this.pool, this.claims, this.requests, this.active, (run) => void this.guard('starting a run', () => this.runSteps.started(run)));
+      const started = (run: RunRow) => void this.guard('starting a run', () => this.runSteps.started(run));
+      fillSlots(this.pool, this.claims, this.requests, this.active, started, this.deps.config.affinity);
     } finally {
       this.pumping = false;
     }

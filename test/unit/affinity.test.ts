@@ -1,5 +1,7 @@
 import { describe, expect, it } from 'vitest';
+import type { EndpointRow } from '../../src/db/schema.js';
 import { AFFINITY_WAIT_MS, pickEndpoint, pickForSlot, type Waiting } from '../../src/runner/endpoint-choice.js';
+import { LiveEndpoint } from '../../src/runner/endpoints.js';
 
 const at = (affinityEndpointId: string | null, since = 0): Waiting => ({ affinityEndpointId, since });
 const allReady = (): boolean => true;
@@ -61,5 +63,28 @@ describe('the affinity rule (pickForSlot)', () => {
     endpoints[1].inFlight = 2;
     // Samples held for 'a' wait: no endpoint has a slot, whatever the buffer holds.
     expect(pickEndpoint(endpoints, slots)).toBeNull();
+  });
+});
+
+describe('affinity across a restart (LiveEndpoint.holdsAffinity)', () => {
+  const loaded = (state: string) => new LiveEndpoint({ id: 'b', url: 'http://127.0.0.1:9', state, weight: 1 } as unknown as EndpointRow);
+
+  it('keeps the turns of an endpoint stored as ready while its first probe is out', () => {
+    const b = loaded('ready');
+    // Just loaded: nothing is sent there before a probe, but its conversations wait for it.
+    expect(b.dispatchable).toBe(false);
+    expect(b.holdsAffinity).toBe(true);
+    const ready = (id: string) => (id === 'b' ? b.holdsAffinity : true);
+    // Endpoint a's probe came back first: its free slot takes new work, not b's conversation.
+    expect(pickForSlot([at('b'), at(null)], 'a', ready, 0, false)).toBe(1);
+    expect(pickForSlot([at('b')], 'a', ready, 0, false)).toBe(-1);
+  });
+
+  it('lets them move once a probe has failed, or when the endpoint was not ready', () => {
+    const b = loaded('ready');
+    b.unprobed = false;
+    expect(b.holdsAffinity).toBe(false);
+    expect(loaded('draining').holdsAffinity).toBe(false);
+    expect(loaded('unhealthy').holdsAffinity).toBe(false);
   });
 });
