@@ -178,7 +178,9 @@ describe('on_length', () => {
       expect(line.attempts).toBe(3);
     }
     // 30, 60, 120, …, 1920, then what the context of 2,048 leaves after the prompt: still cut.
-    expect(errors).toEqual([{ custom_id: 'huge', sample_index: 0, error: { code: 'length_exhausted', message: expect.stringContaining('2048'), status: null }, attempts: 8 }]);
+    expect(errors).toEqual([
+      { custom_id: 'huge', sample_index: 0, error: { code: 'length_exhausted', message: expect.stringContaining('2048'), status: null }, attempts: 8 },
+    ]);
   });
 
   it('"fail" fails a cut answer at once with a clear error; "keep" keeps it flagged', async () => {
