@@ -113,10 +113,14 @@ export class EndpointProbes {
       const code = (err as { cause?: { code?: string } }).cause?.code;
       if (code === 'ECONNREFUSED') return { ok: false, reason: 'connection refused', loading: true };
       if (code === 'ECONNRESET') return { ok: false, reason: 'connection reset', loading: false };
+      // A kept-alive connection the server dropped (a kill landing between probes): undici's
+      // "other side closed", or a write into the closed socket.
+      if (code === 'UND_ERR_SOCKET' || code === 'EPIPE') return { ok: false, reason: 'connection closed by the server', loading: false };
       const timedOut = (err as Error).name === 'TimeoutError';
+      const cause = (err as { cause?: { message?: string } }).cause?.message;
       return {
         ok: false,
-        reason: timedOut ? `health probe timed out after ${Math.round(timeoutMs / 1000)} s` : 'health probe failed',
+        reason: timedOut ? `health probe timed out after ${Math.round(timeoutMs / 1000)} s` : `health probe failed${cause ? `: ${cause}` : ''}`,
         loading: false,
       };
     }
