@@ -58,9 +58,11 @@ describe('prefix-cache affinity', () => {
     const convs = await Promise.all(Array.from({ length: CONVERSATIONS }, (_, i) => firstTurn(sims[i % 2], i)));
     const before = await Promise.all(sims.map((s) => s.stats()));
     const jsonl = convs.map((messages, i) => JSON.stringify({ custom_id: `c${i}`, messages })).join('\n') + '\n';
-    // Created before any endpoint exists, so that nothing is claimed before the affinity is set.
+    // Created before any endpoint exists and paused until the affinity is set, so that nothing is
+    // claimed before it: endpoints become ready (and would claim) while it is being written.
     const run = await createRun(base, { model: MODEL, input: { file_id: await uploadFile(base, jsonl) }, params: PLAIN, quality: false, shard_size: 100 });
     await waitForStatus(base, run.id, ['queued']);
+    expect((await call(base, `/v1/runs/${run.id}/pause`, { method: 'POST' })).status).toBe(200);
 
     const eps: { id: string }[] = [];
     for (const sim of sims) eps.push(await registerEndpoint(base, sim.url));
@@ -70,6 +72,7 @@ describe('prefix-cache affinity', () => {
     } finally {
       await db.close();
     }
+    expect((await call(base, `/v1/runs/${run.id}/resume`, { method: 'POST' })).status).toBe(200);
 
     const done = await waitForStatus(base, run.id, ['completed', 'failed', 'paused', 'cancelled']);
     expect(done.status).toBe('completed');
