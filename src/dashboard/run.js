@@ -26,7 +26,13 @@ export function runView(root, runId) {
   /** @type {{ t: number, sps: number, tps: number }[]} */
   let recent = [];
   let historyAt = 0;
-  const points = () => [...stored, ...recent];
+  // The chart spans the run from its start: until the first answer is recorded its rate was 0, and a
+  // first answer that took longer than a history step would otherwise start the chart late.
+  const points = () => {
+    const all = [...stored, ...recent];
+    const start = run?.started_at ? Date.parse(run.started_at) : Number.NaN;
+    return all.length && all[0].t > start ? [{ t: start, sps: 0, tps: 0 }, ...all] : all;
+  };
   // Set by the first update, before anything reads it.
   let run = /** @type {Schemas['Run']} */ (/** @type {unknown} */ (null));
   const seen = { failed: -1, flags: '', shardsUploaded: -1, shardsAt: 0 };
