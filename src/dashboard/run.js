@@ -26,12 +26,16 @@ export function runView(root, runId) {
   /** @type {{ t: number, sps: number, tps: number }[]} */
   let recent = [];
   let historyAt = 0;
-  // The chart spans the run from its start: until the first answer is recorded its rate was 0, and a
-  // first answer that took longer than a history step would otherwise start the chart late.
+  // The chart spans the run from its start to its end: until the first answer is recorded its rate
+  // was 0, and after the last recorded point of an ended run nothing more was answered (its shards
+  // and manifest were written). Without these the chart would start late when the first answer took
+  // longer than a history step, and end a few milliseconds before the run.
   const points = () => {
     const all = [...stored, ...recent];
+    if (!all.length) return all;
     const start = run?.started_at ? Date.parse(run.started_at) : Number.NaN;
-    return all.length && all[0].t > start ? [{ t: start, sps: 0, tps: 0 }, ...all] : all;
+    const end = run?.finished_at ? Date.parse(run.finished_at) : Number.NaN;
+    return [...(all[0].t > start ? [{ t: start, sps: 0, tps: 0 }] : []), ...all, ...(all[all.length - 1].t < end ? [{ t: end, sps: 0, tps: 0 }] : [])];
   };
   // Set by the first update, before anything reads it.
   let run = /** @type {Schemas['Run']} */ (/** @type {unknown} */ (null));
