@@ -7,7 +7,7 @@ import { ASSIGN_SALTS, pickSplit, pickWeighted } from '../src/domain/assign.js';
 import { spawnSimulator, type SimProcess } from '../src/sim/spawn.js';
 import { Stores } from '../src/storage/index.js';
 import { call, startTestServer, tempDir } from './support/server.js';
-import { createRun, registerEndpoint, uploadFile, waitForStatus } from './support/runner-checks.js';
+import { completedRun, createRun, readManifestFiles, registerEndpoint, uploadFile, waitForStatus } from './support/runner-checks.js';
 
 // The dataset features together, end to end: variants × n answers × a split × Parquet in one run
 // (DuckDB reads the shards back), variants with conversations regenerated turn by turn (in JSONL
@@ -48,25 +48,10 @@ afterAll(async () => {
   scratch.cleanup();
 });
 
-async function finished(body: Record<string, unknown>): Promise<any> {
-  const created = await createRun(server.url, body);
-  const done = await waitForStatus(server.url, created.id, FINAL);
-  expect(done.status, JSON.stringify(done.status_reason)).toBe('completed');
-  return done;
-}
+const finished = (body: Record<string, unknown>) => completedRun(server.url, body);
 
 /** The run's manifest and every file it lists, by key. */
-async function readOutput(run: any): Promise<{ manifest: any; files: Map<string, Buffer> }> {
-  const store = stores.forUri(run.output_uri);
-  const manifest = JSON.parse((await store.get('manifest.json')).toString('utf8'));
-  const files = new Map<string, Buffer>();
-  for (const f of manifest.files) {
-    const bytes = await store.get(f.key);
-    expect(bytes.length, f.key).toBe(f.bytes);
-    files.set(f.key, bytes);
-  }
-  return { manifest, files };
-}
+const readOutput = (run: any) => readManifestFiles(stores.forUri(run.output_uri));
 
 const linesOf = (b: Buffer | undefined) =>
   (b ?? Buffer.alloc(0))

@@ -1,4 +1,3 @@
-import { createHash } from 'node:crypto';
 import { mkdirSync, mkdtempSync, readdirSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { dirname, join, relative } from 'node:path';
@@ -10,7 +9,7 @@ import { pickSplit } from '../src/domain/assign.js';
 import { spawnSimulator, type SimProcess } from '../src/sim/spawn.js';
 import { Stores } from '../src/storage/index.js';
 import { call, startTestServer } from './support/server.js';
-import { createRun, makePrompts, registerEndpoint, uploadFile, waitForStatus } from './support/runner-checks.js';
+import { completedRun, makePrompts, readManifestFiles, registerEndpoint, uploadFile } from './support/runner-checks.js';
 
 // The same input written as JSONL, as Parquet with a split, and as SpecForge's conversations with
 // the same split: an independent reader (DuckDB) loads the Parquet, and every format must hold the
@@ -37,26 +36,11 @@ afterAll(async () => {
   rmSync(scratch, { recursive: true, force: true });
 });
 
-const sha256 = (b: Buffer) => createHash('sha256').update(b).digest('hex');
-
-async function finishedRun(body: Record<string, unknown>): Promise<any> {
-  const created = await createRun(server.url, body);
-  const done = await waitForStatus(server.url, created.id, ['completed', 'failed', 'paused', 'cancelled']);
-  expect(done.status, JSON.stringify(done.status_reason)).toBe('completed');
-  return done;
-}
+const finishedRun = (body: Record<string, unknown>) => completedRun(server.url, body);
 
 /** The run's manifest, each file it lists checked against its stored bytes; the files' bytes by key. */
 async function readOutput(run: any): Promise<{ manifest: any; files: Map<string, Buffer> }> {
-  const store = stores.forUri(run.output_uri);
-  const manifest = JSON.parse((await store.get('manifest.json')).toString('utf8'));
-  const files = new Map<string, Buffer>();
-  for (const f of manifest.files) {
-    const bytes = await store.get(f.key);
-    expect(bytes.length, f.key).toBe(f.bytes);
-    expect(sha256(bytes), f.key).toBe(f.sha256);
-    files.set(f.key, bytes);
-  }
+  const { manifest, files } = await readManifestFiles(stores.forUri(run.output_uri));
   // Every object in the output folder is listed (the folder is local in this test).
   if (run.output_uri.startsWith('file://')) {
     const dir = fileURLToPath(run.output_uri);

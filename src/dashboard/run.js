@@ -26,6 +26,8 @@ export function runView(root, runId) {
   /** @type {{ t: number, sps: number, tps: number }[]} */
   let recent = [];
   let historyAt = 0;
+  /** Endpoint names by id, from the endpoints panel's last read: the cache figures name their endpoint. */
+  const endpointNames = new Map();
   // The chart spans the run from its start to its end: until the first answer is recorded its rate
   // was 0, and after the last recorded point of an ended run nothing more was answered (its shards
   // and manifest were written). Without these the chart would start late when the first answer took
@@ -237,7 +239,7 @@ export function runView(root, runId) {
           ? stat('Turns', `${num(run.turns.completed)} / ${num(run.turns.total)}`, `${num(run.turns.in_flight)} in flight · ${num(run.turns.failed)} failed`)
           : null,
         stat('Tokens', num(run.usage.completion_tokens), `${num(run.usage.reasoning_tokens)} reasoning · ${num(run.usage.prompt_tokens)} prompt`),
-        stat('Prefix cache', run.cache_hit_rate == null ? '—' : pct(run.cache_hit_rate), cacheByEndpoint(run)),
+        stat('Prefix cache', run.cache_hit_rate == null ? '—' : pct(run.cache_hit_rate), cacheByEndpoint(run, endpointNames)),
       ),
       h(
         'div',
@@ -295,7 +297,10 @@ export function runView(root, runId) {
     if (!run) return;
     /** @type {Promise<unknown>[]} */
     const tasks = [
-      unwrap(client.GET('/v1/endpoints', { params: { query: { limit: 100 } } })).then((eps) => fill(endpointsEl, endpointsTable(eps.data, run.model, quality))),
+      unwrap(client.GET('/v1/endpoints', { params: { query: { limit: 100 } } })).then((eps) => {
+        for (const e of eps.data) endpointNames.set(e.id, e.name);
+        fill(endpointsEl, endpointsTable(eps.data, run.model, quality));
+      }),
       // The history comes from the server, so a page opened mid-run shows the whole story.
       unwrap(client.GET('/v1/runs/{id}/forecasts', { params: { path: { id: run.id } } })).then((history) => {
         forecastPoints = history.data;
@@ -397,9 +402,10 @@ export function runView(root, runId) {
 /**
  * The prompt tokens served from the servers' prefix caches, by endpoint (GET of one run only).
  * @param {Schemas['Run']} run
+ * @param {Map<string, string>} names endpoint names by id; an endpoint not (yet) read shows its id
  */
-function cacheByEndpoint(run) {
+function cacheByEndpoint(run, names) {
   const by = run.cache_by_endpoint ?? [];
   if (!by.length) return 'of prompt tokens (cached_tokens)';
-  return by.map((e) => `${e.endpoint_id.slice(0, 10)} ${e.cache_hit_rate == null ? '—' : pct(e.cache_hit_rate)}`).join(' · ');
+  return by.map((e) => `${names.get(e.endpoint_id) ?? e.endpoint_id.slice(0, 10)} ${e.cache_hit_rate == null ? '—' : pct(e.cache_hit_rate)}`).join(' · ');
 }

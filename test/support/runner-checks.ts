@@ -112,6 +112,27 @@ export async function waitForStatus(base: string, id: string, statuses: string[]
   }
 }
 
+/** Creates a run and waits for it to end; the test fails unless it completed. */
+export async function completedRun(base: string, body: Record<string, unknown>): Promise<any> {
+  const created = await createRun(base, body);
+  const done = await waitForStatus(base, created.id, ['completed', 'failed', 'paused', 'cancelled']);
+  expect(done.status, JSON.stringify(done.status_reason)).toBe('completed');
+  return done;
+}
+
+/** A run's manifest and every file it lists, by key, each checked against the size and sha256 the manifest gives. */
+export async function readManifestFiles(store: ObjectStore): Promise<{ manifest: any; files: Map<string, Buffer> }> {
+  const manifest = JSON.parse((await store.get('manifest.json')).toString('utf8'));
+  const files = new Map<string, Buffer>();
+  for (const f of manifest.files) {
+    const bytes = await store.get(f.key);
+    expect(bytes.length, f.key).toBe(f.bytes);
+    expect(createHash('sha256').update(bytes).digest('hex'), f.key).toBe(f.sha256);
+    files.set(f.key, bytes);
+  }
+  return { manifest, files };
+}
+
 /** Every sample of a run through the API, page by page. */
 export async function listAllSamples(base: string, id: string): Promise<any[]> {
   const all: any[] = [];
