@@ -3,6 +3,7 @@ import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { gunzipSync } from 'node:zlib';
 import { PrefixCache } from '../src/sim/prefix-cache.js';
+import { mulberry32 } from '../src/domain/forecast.js';
 import { spawnSimulator, type SimProcess } from '../src/sim/spawn.js';
 import { promptSequence } from '../src/sim/text.js';
 import { spawnServer, tempDir } from '../test/support/server.js';
@@ -37,15 +38,8 @@ interface Conversation {
   users: string[];
 }
 
-function random(seed: number): () => number {
-  let a = seed >>> 0;
-  return () => {
-    a = (a + 0x6d2b79f5) >>> 0;
-    let t = Math.imul(a ^ (a >>> 15), a | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
-}
+/** A seeded generator (mulberry32), so each bench run measures the same input. */
+const random = mulberry32;
 
 const WORDS = ['data', 'model', 'cache', 'prefix', 'server', 'token', 'answer', 'question', 'turn', 'graph', 'value', 'table'];
 const words = (r: () => number, tokens: number) => {

@@ -1,4 +1,5 @@
 import { join } from 'node:path';
+import { mulberry32 } from '../src/domain/forecast.js';
 import { spawnSimulator } from '../src/sim/spawn.js';
 import { spawnServer, tempDir } from '../test/support/server.js';
 import { json, scaled, until, type Figure } from './support.js';
@@ -18,16 +19,8 @@ const PREDICTION_NOISE = 0.3;
 const ORDERINGS = ['input', 'random', 'short_first', 'long_first'] as const;
 type Ordering = (typeof ORDERINGS)[number];
 
-/** A seeded generator, so each bench run measures the same input. */
-function random(seed: number): () => number {
-  let a = seed >>> 0;
-  return () => {
-    a = (a + 0x6d2b79f5) >>> 0;
-    let t = Math.imul(a ^ (a >>> 15), a | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
-}
+/** A seeded generator (mulberry32), so each bench run measures the same input. */
+const random = mulberry32;
 
 function lengths(n: number): number[] {
   const r = random(42);
