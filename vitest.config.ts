@@ -1,4 +1,6 @@
 import { defineConfig } from 'vitest/config';
+import DurationsReporter from './test/support/durations-reporter.js';
+import { LongestFirst } from './test/support/sequencer.js';
 
 // The soak runs (test/soak, minutes each) run only under `npm run soak`, which sets REGEN_SOAK.
 const soak = process.env.REGEN_SOAK === '1';
@@ -31,7 +33,10 @@ export default defineConfig({
     maxWorkers: 2,
     // Tags this run's PostgreSQL databases, and fails the run if any is left behind.
     globalSetup: ['test/support/global-setup.ts'],
-    reporters: ['default'],
+    // `npm run test:durations` also records each file's time (test/durations.json), which orders the next runs.
+    reporters: process.env.REGEN_TEST_DURATIONS === '1' ? ['default', new DurationsReporter()] : ['default'],
+    // The longest files first, both projects mixed: the suite ends when its last file does.
+    sequence: { sequencer: LongestFirst },
     // The same suite on both stores (test/support/store.ts): SQLite files, and a PostgreSQL database
     // of its own for each server a test starts.
     projects: [
