@@ -1,5 +1,6 @@
 import { expectProblem as shared, request, type Raw } from './support/http.js';
-import { createReadStream, readFileSync, writeFileSync } from 'node:fs';
+import { createReadStream, existsSync, readdirSync, readFileSync, writeFileSync } from 'node:fs';
+import { request as httpRequest } from 'node:http';
 import { join } from 'node:path';
 import OpenAI from 'openai';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
@@ -35,6 +36,17 @@ function expectProblem(res: Raw, status: number, code?: string) {
 
 async function fileCount(): Promise<number> {
   return (await req('/v1/files?limit=1000')).body.data.length;
+}
+
+/** Uploads are written under the store's temp folder and moved into objects/files/ once whole. */
+function tempUploads(): string[] {
+  const dir = join(server.config.dataDir, 'objects', TEMP_FOLDER);
+  return existsSync(dir) ? readdirSync(dir).filter((f) => f.startsWith('file_')) : [];
+}
+
+function storedObjects(): string[] {
+  const dir = join(server.config.dataDir, 'objects', 'files');
+  return existsSync(dir) ? readdirSync(dir) : [];
 }
 
 const lines = (n: number, tag: string) =>
@@ -173,12 +185,16 @@ describe('POST /v1/files with multipart/form-data', () => {
       `--${boundary}\r\nContent-Disposition: form-data; name="other"; filename="o.bin"\r\n\r\nxx`, // cut inside another part
     ];
     const before = await fileCount();
+    const objects = storedObjects();
     for (const body of bodies) {
       const res = await req('/v1/files', { method: 'POST', headers: { 'content-type': `multipart/form-data; boundary=${boundary}` }, body });
       expectProblem(res, 400, 'invalid_request');
+      // The answer comes once the upload is dropped: a file part that ended before the form broke
+      // was being stored, and is gone by the time the client hears of the failure.
+      expect(await fileCount()).toBe(before);
+      expect(storedObjects()).toEqual(objects);
+      expect(tempUploads()).toEqual([]);
     }
-    // A discarded upload is removed in the background of the failed request.
-    await waitFor('the discarded uploads removed', async () => ((await fileCount()) === before ? true : undefined), 10_000);
     expect((await req('/healthz')).status).toBe(200);
   });
 
@@ -197,9 +213,8 @@ describe('a client that hangs up mid-upload', () => {
       const boundary = 'HangUp42';
       const head =
         kind === 'raw' ? '' : `--${boundary}\r\nContent-Disposition: form-data; name="file"; filename="h.jsonl"\r\nContent-Type: application/jsonl\r\n\r\n`;
-      const { request } = await import('node:http');
       const url = new URL(`${server.url}/v1/files`);
-      const upload = request({
+      const upload = httpRequest({
         host: url.hostname,
         port: url.port,
         path: url.pathname,
@@ -210,14 +225,35 @@ describe('a client that hangs up mid-upload', () => {
         },
       });
       upload.on('error', () => {});
-      const { readdirSync, existsSync } = await import('node:fs');
-      // Uploads are written under the store's temp folder and moved into objects/files/ once whole.
-      const dir = join(server.config.dataDir, 'objects', TEMP_FOLDER);
-      const temps = () => (existsSync(dir) ? readdirSync(dir).filter((f) => f.startsWith('file_')) : []);
       upload.write(head + lines(2000, 'hang'));
-      await waitFor('the upload under way', () => (temps().length > 0 ? true : undefined), 30_000, 10);
+      // A temp upload is named after its file id, so the cut upload's row and object can be asked for.
+      const [temp] = await waitFor(
+        'the upload under way',
+        () => {
+          const found = tempUploads();
+          return found.length > 0 ? found : undefined;
+        },
+        30_000,
+        10,
+      );
+      const id = temp.split('.')[0];
       upload.destroy();
-      await waitFor('the cut upload cleaned up', async () => (temps().length === 0 && (await fileCount()) === before ? true : undefined), 30_000);
+      // Nobody is left to answer, so the cleanup is watched for; the state is in the error if it never comes.
+      await waitFor(
+        'the cut upload cleaned up',
+        async () => {
+          const state = {
+            temps: tempUploads(),
+            files: await fileCount(),
+            before,
+            row: (await req(`/v1/files/${id}`)).status,
+            object: storedObjects().includes(`${id}.jsonl`),
+          };
+          if (state.temps.length === 0 && state.files === before && state.row === 404 && !state.object) return true;
+          throw new Error(JSON.stringify(state));
+        },
+        30_000,
+      );
       expect((await req('/healthz')).status).toBe(200);
     });
   }

@@ -69,13 +69,18 @@ function multipart(deps: Deps, req: Request, contentType: string) {
       stored.catch(() => {});
     });
     // busboy emits `close` after `error` too; the upload is then dropped, not kept half-described.
-    bb.on('error', () => {
+    // The answer waits for the drop: a file part that ended before the form broke is still being
+    // stored, and a client told its upload failed must not find it listed afterwards, nor a
+    // shutdown that waits for open requests leave its row behind.
+    bb.on('error', async () => {
       failed = true;
+      const row = await stored?.catch(() => undefined);
+      if (row) {
+        await discardFile(deps, row).catch((err: Error) => {
+          deps.logger.error({ file_id: row.id, err: { message: err.message } }, 'dropping a broken multipart upload failed');
+        });
+      }
       reject(new ApiError('invalid_request', 'malformed multipart/form-data body', { field: 'file' }));
-      stored?.then(
-        (row) => discardFile(deps, row),
-        () => {},
-      );
     });
     bb.on('close', async () => {
       if (failed) return;
