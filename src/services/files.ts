@@ -39,7 +39,12 @@ export async function storeFile(deps: Deps, filename: string, purpose: string, b
   const id = newId('file');
   const key = `files/${id}.jsonl`;
   const checked = refuseCompressed();
-  body.on('error', (err) => checked.destroy(err));
+  // A body that fails is the client's doing (it hung up mid-upload), not the store's.
+  let cut = false;
+  body.on('error', (err) => {
+    cut = true;
+    checked.destroy(err);
+  });
   // A refused body is still read to its end, so that a multipart parser behind it can finish.
   checked.on('error', () => {
     body.unpipe(checked);
@@ -50,6 +55,10 @@ export async function storeFile(deps: Deps, filename: string, purpose: string, b
     ({ bytes } = await deps.stores.forUri(deps.config.outputUri).putStream(key, body.pipe(checked)));
   } catch (err) {
     if (err instanceof ApiError) throw err;
+    if (cut) {
+      deps.logger.info({ file_id: id }, 'upload cut off by the client; nothing kept');
+      throw new ApiError('invalid_request', 'the upload ended before its body did', { field: 'file' });
+    }
     deps.logger.error({ err: { message: (err as Error).message } }, 'file upload to object storage failed');
     throw new ApiError('storage_unavailable', 'the object store could not take the file; try again');
   }
