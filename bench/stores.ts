@@ -88,8 +88,8 @@ async function dispatchRate(dirs: string[], env: Record<string, string>, sims: S
 }
 
 export async function benchStores(): Promise<Figure[]> {
-  const lines = scaled(1_000_000, 1000);
-  const n = scaled(20_000, 200);
+  const lines = scaled(1_000_000, 200);
+  const n = scaled(20_000, 100);
   const tmp = tempDir('regen-bench-stores-');
   const databases: TestDatabase[] = [];
   const database = async () => {
