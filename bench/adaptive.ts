@@ -62,8 +62,8 @@ async function throughput(server: ServerProcess, runId: string, warmMs: number, 
 }
 
 export async function benchAdaptive(): Promise<Figure[]> {
-  const warmMs = scaled(6000, 500);
-  const ms = scaled(15_000, 1000);
+  const warmMs = scaled(6000, 100);
+  const ms = scaled(15_000, 250);
   const fixed = new Map<number, number>();
   const swept = await setup({ REGEN_ADAPTIVE_CONCURRENCY: 'false' });
   try {

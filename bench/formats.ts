@@ -73,7 +73,7 @@ async function measureAll(formats: string[], samples: number): Promise<Map<strin
 }
 
 export async function benchFormats(): Promise<Figure[]> {
-  let samples = scaled(1_000_000, 2000);
+  let samples = scaled(1_000_000, SHARD);
   // One format's files at a time are on disk; the JSONL ones are the largest. Keep twice that free.
   const free = (() => {
     const s = statfsSync(tmpdir());
@@ -92,7 +92,7 @@ export async function benchFormats(): Promise<Figure[]> {
   const main = await measureAll(['jsonl', 'parquet', 'conversations'], samples);
   const [jsonl, parquet, conversations] = (['jsonl', 'parquet', 'conversations'] as const).map((f) => main.get(f)!) as [Result, Result, Result];
   // The writer comparison, on a tenth of the samples: it chose the writer, it is not what runs.
-  const writers = Math.max(SHARD * 2, Math.round(samples / 10 / SHARD) * SHARD);
+  const writers = Math.max(SHARD, Math.round(samples / 10 / SHARD) * SHARD);
   const compared = await measureAll(['parquet', 'parquet-wasm'], writers);
   const [hyp, wasm] = [compared.get('parquet')!, compared.get('parquet-wasm')!];
 

@@ -98,7 +98,7 @@ async function measure(samples: number, sims: SimProcess[]): Promise<Measured> {
  * must stay near 1.
  */
 export async function benchScale(): Promise<Figure[]> {
-  const small = scaled(1_000_000, 1_000);
+  const small = scaled(1_000_000, 300);
   const sims = await Promise.all([0, 1].map(() => spawnSimulator({ model: MODEL, 'max-running': 64, 'max-queue': 100_000 })));
   try {
     const a = await measure(small, sims);

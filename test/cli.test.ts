@@ -197,38 +197,42 @@ describe('regen CLI', () => {
   });
 
   it('explains usage errors in one line with exit code 2, and server refusals with exit code 1', async () => {
-    const missing = await regen(['submit', join(files.dir, 'nope.jsonl'), '--model', 'm']);
+    const filesBefore = (await call(server.url, '/v1/files?limit=1000', { headers: auth })).body.data.length;
+    const closed = await closedPort();
+    // Independent commands, each its own process: run side by side. Only the refused run uploads a
+    // file, so the count of files before and after is its alone.
+    const [missing, noModel, badParam, refused, badCap, noToken, unknownRun, down] = await Promise.all([
+      regen(['submit', join(files.dir, 'nope.jsonl'), '--model', 'm']),
+      regen(['submit', prompts('x', 1)]),
+      regen(['submit', prompts('y', 1), '--model', 'm', '--param', 'temperature']),
+      regen(['submit', prompts('z', 1), '--model', 'm', '--param', 'temperature=9']),
+      regen(['endpoints', 'add', 'http://10.0.0.9:30000', '--max-concurrency', 'lots']),
+      regen(['status'], { REGEN_TOKEN: '' }),
+      regen(['status', 'run_nope']),
+      regen(['status', '--server', `http://127.0.0.1:${closed}`]),
+    ]);
     expect(missing.code).toBe(2);
     expect(missing.stderr.trim()).toBe(`regen: cannot read ${join(files.dir, 'nope.jsonl')}: no such file`);
 
-    const noModel = await regen(['submit', prompts('x', 1)]);
     expect(noModel.code).toBe(2);
     expect(noModel.stderr).toContain("required option '--model <model>' not specified");
 
-    const badParam = await regen(['submit', prompts('y', 1), '--model', 'm', '--param', 'temperature']);
     expect(badParam.code).toBe(2);
     expect(badParam.stderr).toContain('--param: expected key=value');
 
-    const filesBefore = (await call(server.url, '/v1/files?limit=1000', { headers: auth })).body.data.length;
-    const refused = await regen(['submit', prompts('z', 1), '--model', 'm', '--param', 'temperature=9']);
     expect(refused.code).toBe(2);
     expect(refused.stderr).toMatch(/^regen: params\.temperature: /m);
     // The upload of a refused run is removed again.
     expect((await call(server.url, '/v1/files?limit=1000', { headers: auth })).body.data.length).toBe(filesBefore);
 
-    const badCap = await regen(['endpoints', 'add', 'http://10.0.0.9:30000', '--max-concurrency', 'lots']);
     expect(badCap.code).toBe(2);
 
-    const noToken = await regen(['status'], { REGEN_TOKEN: '' });
     expect(noToken.code).toBe(1);
     expect(noToken.stderr.trim()).toMatch(/^regen: .*Bearer.*\(set REGEN_TOKEN\)$/);
 
-    const unknownRun = await regen(['status', 'run_nope']);
     expect(unknownRun.code).toBe(1);
     expect(unknownRun.stderr.trim()).toBe('regen: run "run_nope" does not exist');
 
-    const closed = await closedPort();
-    const down = await regen(['status', '--server', `http://127.0.0.1:${closed}`]);
     expect(down.code).toBe(1);
     expect(down.stderr.trim()).toMatch(new RegExp(`^regen: cannot reach http://127\\.0\\.0\\.1:${closed} \\(ECONNREFUSED\\); is \`regen serve\` running\\?`));
   });

@@ -79,7 +79,9 @@ describe.skipIf(!haveChromium)('the operator’s dashboard', () => {
     );
     firstError = failed.last_error;
     lastRead = failed.server.read_at;
-    const done = await createRun({ name: 'finished run', input: { requests: requests(200, 'done') } });
+    // 16 waves of the simulator's 8 slots at about 0.4 s each: longer than a history point, so the
+    // finished run is drawn from at least two of them.
+    const done = await createRun({ name: 'finished run', input: { requests: requests(128, 'done') } });
     finished = await waitFor('the first run to complete', async () => {
       const r = await runOf(done);
       return r.status === 'completed' ? r : undefined;

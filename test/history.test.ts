@@ -6,7 +6,9 @@ import { call, startTestServer, tempDir, waitFor } from './support/server.js';
 import { openTestStore } from './support/store.js';
 
 type TestServer = Awaited<ReturnType<typeof startTestServer>>;
-const SAMPLES = 240;
+// 16 waves of the simulator's 8 slots at about 0.4 s each: longer than a history point, so the run
+// spans at least two of them.
+const SAMPLES = 128;
 // Each prompt comes four times: the simulator's prefix cache finds the repeats.
 const DISTINCT_PROMPTS = SAMPLES / 4;
 
@@ -21,7 +23,7 @@ describe('history on the server', () => {
   beforeAll(async () => {
     [server, sim] = await Promise.all([
       startTestServer({}, data.dir),
-      // Slow enough that the run spans several of the recorder's 5 s points.
+      // Slow enough that the run spans more than one of the recorder's 5 s points.
       spawnSimulator({ 'max-running': 8, 'ttft-ms': 100, 'tokens-per-second': 200, 'enable-cache-report': 1 }),
     ]);
     expect((await call(server.url, '/v1/endpoints', { method: 'POST', json: { url: sim.url, name: 'sim-a' } })).status).toBe(201);

@@ -16,6 +16,8 @@ import {
 } from './support/runner-checks.js';
 
 const TERMINAL = ['completed', 'failed', 'cancelled', 'paused'];
+/** Samples of the drained run: ten waves of its simulator's 16 slots, the signal landing in the third. */
+const DRAINED = 160;
 const sims: SimProcess[] = [];
 const stores = new Stores({ forcePathStyle: false });
 
@@ -51,9 +53,9 @@ describe('signals with requests in flight', () => {
     const s = await sim({ model: 'm-drain', 'max-running': 16, 'ttft-ms': 300 });
     proc = await spawnServer(data.dir, { REGEN_SHUTDOWN_GRACE_MS: '15000' });
     await registerEndpoint(proc.url, s.url);
-    const prompts = makePrompts(400, 'drain');
+    const prompts = makePrompts(DRAINED, 'drain');
     const fileId = await uploadFile(proc.url, prompts.jsonl);
-    const { id } = await createRun(proc.url, { model: 'm-drain', input: { file_id: fileId }, regenerate: 'last_assistant', shard_size: 100 });
+    const { id } = await createRun(proc.url, { model: 'm-drain', input: { file_id: fileId }, regenerate: 'last_assistant', shard_size: DRAINED / 4 });
     const url = proc.url;
     await waitFor('requests in flight', async () => {
       const run = await getRun(url, id);
@@ -76,9 +78,9 @@ describe('signals with requests in flight', () => {
     const done = await waitForStatus(proc.url, id, TERMINAL);
     expect(done.status).toBe('completed');
     const out = await checkOutput(stores.forUri(done.output_uri), prompts.expected);
-    expect(out.lines.size).toBe(400);
+    expect(out.lines.size).toBe(DRAINED);
     // Each prompt was sent exactly once across both processes.
-    expect((await s.stats()).requests).toBe(400);
+    expect((await s.stats()).requests).toBe(DRAINED);
     expect([...out.lines.values()].every((l) => l.attempts === 1)).toBe(true);
     await expectCountersMatchRecount(proc.url, done);
     await proc.kill('SIGTERM');
