@@ -9,6 +9,7 @@ const storeless = [
   'test/unit/**',
   'test/bench.test.ts',
   'test/grafana.test.ts',
+  'test/ingest-memory.test.ts',
   'test/input-format.test.ts',
   'test/layout.test.ts',
   'test/openapi-lint.test.ts',

@@ -94,7 +94,9 @@ describe('answers that are not answers', () => {
 
   async function start(fault: AnswerFault): Promise<{ base: string; server: BrokenServer; unhealthySeen: () => boolean; stop: () => void }> {
     const server = await broken(fault);
-    regen = await startTestServer({ REGEN_MAX_SERVER_FAULTS: '4' });
+    // Four tries a sample, the first wait between them 50 ms (0.5 s by default): the malformed answers are
+    // the point, not the wait between them.
+    regen = await startTestServer({ REGEN_MAX_SERVER_FAULTS: '4', REGEN_REQUEST_RETRY_MS: '50' });
     const base = regen.url;
     const ep = await registerEndpoint(base, server.url);
     const state = async () => (await call(base, `/v1/endpoints/${ep.id}`)).body.state as string;
