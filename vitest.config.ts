@@ -17,6 +17,7 @@ const storeless = [
   'test/pg-schema.test.ts',
   'test/replicas.test.ts',
   'test/sample-batches.test.ts',
+  'test/security-bind.test.ts',
   'test/quality.test.ts',
   'test/sim-sglang.test.ts',
   'test/sim.test.ts',
