@@ -38,7 +38,8 @@ afterAll(async () => {
 const doneOf = (run: any) => run.request_counts.completed + run.request_counts.failed + run.request_counts.cancelled;
 
 describe('a run through repeated SIGKILLs of the server', () => {
-  it('finishes with every prompt answered exactly once and the manifest matching the shards', async () => {
+  // Four starts of `regen serve`: each a few seconds on a quiet machine, past ten on a loaded one.
+  it('finishes with every prompt answered exactly once and the manifest matching the shards', { timeout: 300_000 }, async () => {
     server = await spawnServer(data.dir);
     for (const s of sims) await registerEndpoint(server.url, s.url);
     const prompts = makePrompts(SAMPLES, 'c');
