@@ -10,7 +10,9 @@ const soak = process.env.REGEN_SOAK === '1';
 const storeless = [
   'test/unit/**',
   'test/bench.test.ts',
+  'test/fault-answers-memory.test.ts',
   'test/grafana.test.ts',
+  'test/ingest-memory.test.ts',
   'test/input-format.test.ts',
   'test/layout.test.ts',
   'test/openapi-lint.test.ts',
@@ -18,6 +20,7 @@ const storeless = [
   'test/pg-schema.test.ts',
   'test/replicas.test.ts',
   'test/sample-batches.test.ts',
+  'test/security-bind.test.ts',
   'test/quality.test.ts',
   'test/sim-sglang.test.ts',
   'test/sim.test.ts',

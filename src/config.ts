@@ -43,6 +43,7 @@ const settings = {
   requestTimeoutMs: { env: 'REGEN_REQUEST_TIMEOUT_MS', flag: undefined, parse: int(100, 86_400_000), default: '600000' },
   maxAttempts: { env: 'REGEN_MAX_ATTEMPTS', flag: undefined, parse: int(1, 100), default: '5' },
   maxServerFaults: { env: 'REGEN_MAX_SERVER_FAULTS', flag: undefined, parse: int(1, 1000), default: '20' },
+  requestRetryMs: { env: 'REGEN_REQUEST_RETRY_MS', flag: undefined, parse: int(10, 600_000), default: '500' },
   healthTimeoutMs: { env: 'REGEN_HEALTH_TIMEOUT_MS', flag: undefined, parse: int(100, 600_000), default: '25000' },
   unhealthyAfterProbes: { env: 'REGEN_UNHEALTHY_AFTER_PROBES', flag: undefined, parse: int(1, 100), default: '3' },
   adaptiveConcurrency: { env: 'REGEN_ADAPTIVE_CONCURRENCY', flag: undefined, parse: bool, default: 'true' },

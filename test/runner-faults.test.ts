@@ -16,8 +16,13 @@ import {
 } from './support/runner-checks.js';
 
 // Each scenario has its own model name, so its runs only ever reach its own simulators.
-const LATENCY = { 'ttft-ms': 40, 'tokens-per-second': 1000 };
+// ~60 ms an answer (40 ms to the first token, ~100 tokens at 4,000 a second): every scenario has
+// requests in flight at its fault, and none waits on the simulator for long.
+const LATENCY = { 'ttft-ms': 40, 'tokens-per-second': 4000 };
 const TERMINAL = ['completed', 'failed', 'cancelled', 'paused'];
+// A failed request's first wait before its sample is sent again (0.5 s by default): the retries
+// here are the point, not how long they wait, and the wait still doubles after each failure.
+const RETRY = { REGEN_REQUEST_RETRY_MS: '50' };
 
 let server: Awaited<ReturnType<typeof startTestServer>>;
 const sims: SimProcess[] = [];
@@ -48,7 +53,7 @@ async function waitForDone(base: string, id: string, n: number): Promise<any> {
 }
 
 beforeAll(async () => {
-  server = await startTestServer();
+  server = await startTestServer(RETRY);
 });
 
 afterAll(async () => {
@@ -203,7 +208,7 @@ describe('runner faults', () => {
 
   it("fails a sample with its last error once its budget for the server's faults is spent, whatever max_attempts says", async () => {
     // A budget of two server faults: on a server that always fails, each sample is sent twice.
-    const strict = await startTestServer({ REGEN_MAX_SERVER_FAULTS: '2' });
+    const strict = await startTestServer({ ...RETRY, REGEN_MAX_SERVER_FAULTS: '2' });
     try {
       const broken = await sim({ model: 'm-broken', 'max-running': 4, 'error-rate': 1 });
       await registerEndpoint(strict.url, broken.url);

@@ -1,5 +1,3 @@
-import { spawn } from 'node:child_process';
-import { once } from 'node:events';
 import { readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { Readable } from 'node:stream';
@@ -29,7 +27,6 @@ async function storedText(data: string): Promise<string> {
 // a corpus of hostile requests that must each be a 4xx problem (never a 500, a stack or a path),
 // and hostile input files that must become per-line errors with memory staying bounded.
 
-const MAIN = fileURLToPath(new URL('../src/cli/main.ts', import.meta.url));
 const sims: SimProcess[] = [];
 const servers: ServerProcess[] = [];
 const dirs: { cleanup(): void }[] = [];
@@ -127,33 +124,6 @@ describe('bearer tokens', () => {
     expect(check).toMatch(/const given = digest\(/);
     expect(check).toMatch(/timingSafeEqual\(d, given\) \|\| ok/);
     expect(check).not.toMatch(/===\s*given|given\s*===|\.includes\(|\.some\(/);
-  });
-
-  it('refuses to listen on 0.0.0.0 without tokens, with a clear message, unless REGEN_ALLOW_PUBLIC_BIND=true', async () => {
-    const data = dir('regen-bind-');
-    const env = { ...process.env };
-    delete env.REGEN_API_TOKENS;
-    delete env.REGEN_ALLOW_PUBLIC_BIND;
-    const proc = spawn(process.execPath, ['--import', 'tsx', MAIN, 'serve', '--port', '0', '--host', '0.0.0.0', '--data', data], {
-      env,
-      stdio: ['ignore', 'pipe', 'pipe'],
-    });
-    let err = '';
-    proc.stderr!.on('data', (d: Buffer) => (err += d.toString()));
-    const [code] = await once(proc, 'exit');
-    expect(code).toBe(2);
-    expect(err).toContain('refusing to listen on 0.0.0.0 without REGEN_API_TOKENS');
-    expect(err).toContain('REGEN_ALLOW_PUBLIC_BIND=true');
-    expect(err).not.toMatch(/\n\s+at /);
-
-    const open = await spawnServer(data, { REGEN_HOST: '0.0.0.0', REGEN_ALLOW_PUBLIC_BIND: 'true' });
-    servers.push(open);
-    expect((await call(open.url.replace('0.0.0.0', '127.0.0.1'), '/healthz')).status).toBe(200);
-    await open.kill('SIGTERM');
-    const tokened = await spawnServer(data, { REGEN_HOST: '0.0.0.0', REGEN_API_TOKENS: 'tok-x' });
-    servers.push(tokened);
-    expect((await call(tokened.url.replace('0.0.0.0', '127.0.0.1'), '/v1/runs')).status).toBe(401);
-    await tokened.kill('SIGTERM');
   });
 });
 

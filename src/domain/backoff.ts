@@ -9,8 +9,10 @@ export interface BackoffPolicy {
   jitter: boolean;
 }
 
-/** A sample's failed request: 0.5 s, 1 s, 2 s… up to 30 s, jittered. */
-export const REQUEST_BACKOFF: BackoffPolicy = { firstMs: 500, maxMs: 30_000, jitter: true };
+/** A sample's failed request: the first wait (REGEN_REQUEST_RETRY_MS, 0.5 s) doubling up to 60 times it (30 s), jittered. */
+export function requestBackoff(firstMs: number): BackoffPolicy {
+  return { firstMs, maxMs: firstMs * 60, jitter: true };
+}
 /**
  * A failed write to storage (a shard upload, a validation that met a full disk): the first wait
  * (REGEN_STORE_RETRY_MS, 2 s) doubling up to 30 times it (a minute); a store that is down gets few writes.

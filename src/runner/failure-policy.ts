@@ -1,4 +1,4 @@
-import { backoffMs, REQUEST_BACKOFF } from '../domain/backoff.js';
+import { backoffMs, requestBackoff } from '../domain/backoff.js';
 import { SAMPLE_ERROR_CODES, type SampleError } from '../domain/sample-errors.js';
 
 /**
@@ -15,6 +15,8 @@ export interface FailureBudget {
   /** The server's faults so far, this one not included. */
   serverFaults: number;
   maxServerFaults: number;
+  /** The wait after the first failure (REGEN_REQUEST_RETRY_MS); each further one doubles it. */
+  retryMs: number;
 }
 
 /**
@@ -28,8 +30,8 @@ export function decideFailure(error: SampleError, budget: FailureBudget, random:
   if (fault === 'server') {
     const faults = budget.serverFaults + 1;
     if (faults >= budget.maxServerFaults) return { kind: 'failed' };
-    return { kind: 'retry', delayMs: backoffMs(faults, REQUEST_BACKOFF, random), serverFault: true };
+    return { kind: 'retry', delayMs: backoffMs(faults, requestBackoff(budget.retryMs), random), serverFault: true };
   }
   if (budget.attempts >= budget.maxAttempts) return { kind: 'failed' };
-  return { kind: 'retry', delayMs: backoffMs(budget.attempts, REQUEST_BACKOFF, random), serverFault: false };
+  return { kind: 'retry', delayMs: backoffMs(budget.attempts, requestBackoff(budget.retryMs), random), serverFault: false };
 }

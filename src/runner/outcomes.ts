@@ -173,12 +173,12 @@ export function settleAnswer(
 /** A failed attempt: failed for good, or back in the queue after a backoff. */
 export function settleError(
   a: Attempt,
-  limits: { maxAttempts: number; maxServerFaults: number },
+  limits: { maxAttempts: number; maxServerFaults: number; retryMs: number },
   error: SampleError,
   now: number,
   random: () => number = Math.random,
 ): Settled {
-  const budget = { attempts: a.attempts, maxAttempts: limits.maxAttempts, serverFaults: a.serverFaults, maxServerFaults: limits.maxServerFaults };
+  const budget = { ...limits, attempts: a.attempts, serverFaults: a.serverFaults };
   const decision = decideFailure(error, budget, random);
   if (decision.kind === 'failed') {
     return { retried: null, outcome: { ...base(a), kind: 'failed', error, at: now, ...(a.conversation && { turn: a.conversation.turn }) } };

@@ -199,8 +199,8 @@ export class Requests {
     };
   }
 
-  private limits(run: RunRow): { maxAttempts: number; maxServerFaults: number } {
-    return { maxAttempts: run.maxAttempts, maxServerFaults: this.deps.config.maxServerFaults };
+  private limits(run: RunRow): { maxAttempts: number; maxServerFaults: number; retryMs: number } {
+    return { maxAttempts: run.maxAttempts, maxServerFaults: this.deps.config.maxServerFaults, retryMs: this.deps.config.requestRetryMs };
   }
 
   private settle({ outcome, retried }: Settled): void {

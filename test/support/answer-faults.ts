@@ -1,6 +1,7 @@
 import { once } from 'node:events';
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
 import type { AddressInfo } from 'node:net';
+import { createRun } from './runner-checks.js';
 
 // A server that passes regen's probes (/health, /v1/models) and answers every chat completion
 // with HTTP 200 and a body that is not a proper answer, buffered or streamed as the request asks.
@@ -166,4 +167,19 @@ export async function startBrokenServer(opts: { fault: AnswerFault; contextLengt
       await closed;
     },
   };
+}
+
+/** The model the broken servers serve. */
+export const BROKEN_MODEL = 'broken-model';
+
+/** `n` inline requests whose custom ids start with `tag`. */
+export function brokenRequests(n: number, tag: string) {
+  return Array.from({ length: n }, (_, i) => ({ custom_id: `${tag}${i}`, messages: [{ role: 'user', content: `question ${i}` }] }));
+}
+
+/** Two runs on one endpoint: one read buffered (quality checks off), one streamed (loops stopped). */
+export async function bufferedAndStreamed(base: string, perRun: number): Promise<{ buffered: string; streamed: string }> {
+  const buffered = await createRun(base, { model: BROKEN_MODEL, input: { requests: brokenRequests(perRun, 'b') }, quality: false });
+  const streamed = await createRun(base, { model: BROKEN_MODEL, input: { requests: brokenRequests(perRun, 's') }, quality: { stop_loops: true } });
+  return { buffered: buffered.id, streamed: streamed.id };
 }

@@ -211,7 +211,7 @@ describe('an answered turn', () => {
 
   it('fails its conversation naming the turn, when the turn fails for good', () => {
     const error = { code: 'invalid_request' as const, message: 'too long', status: 400 };
-    const { outcome } = settleError(attempt(1, [turn(0, 'r0', 0)]), { maxAttempts: 3, maxServerFaults: 3 }, error, 1000);
+    const { outcome } = settleError(attempt(1, [turn(0, 'r0', 0)]), { maxAttempts: 3, maxServerFaults: 3, retryMs: 500 }, error, 1000);
     expect(outcome).toMatchObject({ kind: 'failed', turn: 1 });
   });
 

@@ -1,7 +1,7 @@
 import { describe, expect, it } from 'vitest';
 import { APIConnectionError, APIConnectionTimeoutError, APIError, APIUserAbortError } from 'openai';
 import { claimSize, MAX_CLAIM, pickEndpoint, type Slots } from '../../src/runner/endpoint-choice.js';
-import { backoffMs, REQUEST_BACKOFF, storeBackoff } from '../../src/domain/backoff.js';
+import { backoffMs, requestBackoff, storeBackoff } from '../../src/domain/backoff.js';
 import { decideFailure } from '../../src/runner/failure-policy.js';
 import { buildRequest, classifyError, parseAnswer } from '../../src/runner/request.js';
 
@@ -241,15 +241,15 @@ describe('backoff', () => {
   });
 
   it('jitters request retries over the upper half of the wait', () => {
-    expect(backoffMs(1, REQUEST_BACKOFF, () => 0)).toBe(250);
-    expect(backoffMs(1, REQUEST_BACKOFF, () => 1)).toBe(500);
-    expect(backoffMs(20, REQUEST_BACKOFF, () => 1)).toBe(30_000);
+    expect(backoffMs(1, requestBackoff(500), () => 0)).toBe(250);
+    expect(backoffMs(1, requestBackoff(500), () => 1)).toBe(500);
+    expect(backoffMs(20, requestBackoff(500), () => 1)).toBe(30_000);
   });
 });
 
 describe('decideFailure', () => {
   const e = (code: 'server_error' | 'invalid_request' | 'aborted' | 'internal_error') => ({ code, message: 'x', status: null });
-  const budget = (attempts: number, serverFaults: number) => ({ attempts, maxAttempts: 5, serverFaults, maxServerFaults: 20 });
+  const budget = (attempts: number, serverFaults: number) => ({ attempts, maxAttempts: 5, serverFaults, maxServerFaults: 20, retryMs: 500 });
 
   it("fails the request's own error at once", () => {
     expect(decideFailure(e('invalid_request'), budget(1, 0))).toEqual({ kind: 'failed' });
