@@ -14,6 +14,7 @@ const storeless = [
   'test/openapi-lint.test.ts',
   'test/pg-connections.test.ts',
   'test/pg-schema.test.ts',
+  'test/replica-staleness.test.ts',
   'test/replicas.test.ts',
   'test/sample-batches.test.ts',
   'test/quality.test.ts',
