@@ -18,6 +18,7 @@ const storeless = [
   'test/openapi-lint.test.ts',
   'test/pg-connections.test.ts',
   'test/pg-schema.test.ts',
+  'test/replica-staleness.test.ts',
   'test/replicas.test.ts',
   'test/sample-batches.test.ts',
   'test/security-bind.test.ts',

@@ -60,6 +60,10 @@ const settings = {
   answerBufferBytes: { env: 'REGEN_ANSWER_BUFFER_BYTES', flag: undefined, parse: int(1 << 20, 2 ** 40), default: String(256 << 20) },
   storeRetryMs: { env: 'REGEN_STORE_RETRY_MS', flag: undefined, parse: int(10, 600_000), default: '2000' },
   dbBusyTimeoutMs: { env: 'REGEN_DB_BUSY_TIMEOUT_MS', flag: undefined, parse: int(0, 600_000), default: '10000' },
+  // How long a replica's heartbeat, or the runner lock's, may be silent before another process takes
+  // it for dead; the heartbeats, the send fence and the idle-transaction limit scale with it
+  // (src/runner/lock.ts). At least 6 s: the fence, a third of it, then spans two replica beats (1 s each).
+  replicaStaleMs: { env: 'REGEN_REPLICA_STALE_MS', flag: undefined, parse: int(6000, 3_600_000), default: '15000' },
   logLevel: {
     env: 'REGEN_LOG_LEVEL',
     flag: 'log-level',

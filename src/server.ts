@@ -9,6 +9,7 @@ import { checkStoredSecrets } from './db/secrets.js';
 import { backoffMs, storeBackoff } from './domain/backoff.js';
 import type { Deps } from './deps.js';
 import { makeLogger, type Logger } from './logger.js';
+import { idleInTransactionMs } from './runner/lock.js';
 import { RunnerThread } from './runner/thread.js';
 import { idleRunner } from './domain/live-view.js';
 import { Metrics } from './services/metrics.js';
@@ -139,7 +140,11 @@ async function start(config: Config, opts: StartOptions, thread: RunnerThread | 
   }
   mkdirSync(config.dataDir, { recursive: true });
   const logger = opts.logger ?? makeLogger(config.logLevel);
-  const db = await openDb(config.store, { busyTimeoutMs: config.dbBusyTimeoutMs, secretKey: config.secretKey });
+  const db = await openDb(config.store, {
+    busyTimeoutMs: config.dbBusyTimeoutMs,
+    secretKey: config.secretKey,
+    idleInTransactionMs: idleInTransactionMs(config.replicaStaleMs),
+  });
   try {
     await checkStoredSecrets(db);
   } catch (err) {

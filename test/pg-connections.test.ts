@@ -12,6 +12,8 @@ import { call, type ServerProcess } from './support/server.js';
 // The PostgreSQL store under what a stalled or cut-off process does to it: a connection the server
 // ends while regen holds it, and a lock row another process keeps locked.
 
+/** The runner lock's staleness (REGEN_REPLICA_STALE_MS's default): the takeover here is the same process's, taken at once whatever it is. */
+const STALE_MS = 15_000;
 const rig = faultRig();
 const databases: TestDatabase[] = [];
 const opened: Db[] = [];
@@ -143,7 +145,7 @@ await describePg('the PostgreSQL store under stalled and cut-off connections', (
 
   it('a takeover that waited on the lock row writes a heartbeat as of the take, not as of its wait', async () => {
     const { db, url } = await store('pgconn_lock');
-    const first = new RunnerLock(db, 'owner-a', Date.now);
+    const first = new RunnerLock(db, 'owner-a', Date.now, STALE_MS);
     await first.take();
     // A stalled transaction of the holder: the lock row held shared, left open.
     const staller = await client(url);
@@ -151,7 +153,7 @@ await describePg('the PostgreSQL store under stalled and cut-off connections', (
     await staller.query('select owner from runner_lock where id = 1 for share');
     const admin = await client(url);
     // The same process takes its own lock over at once (a restarted runner thread), whatever the heartbeat.
-    const second = new RunnerLock(db, 'owner-b', Date.now);
+    const second = new RunnerLock(db, 'owner-b', Date.now, STALE_MS);
     const taking = second.take();
     const WAIT_MS = 1500;
     await new Promise((r) => setTimeout(r, WAIT_MS));

@@ -214,12 +214,13 @@ export function storeName(db: Db): 'sqlite' | 'postgresql' {
  * `busyTimeoutMs` is how long a SQLite write waits for another connection's lock before
  * SQLITE_BUSY; better-sqlite3 waits synchronously, so the whole thread stands still for that long.
  * `secretKey` (REGEN_SECRET_KEY, base64) seals the secrets stored (`secrets.ts`).
+ * `idleInTransactionMs` is how long a PostgreSQL transaction may stay idle before the server ends it.
  */
-export async function openDb(target: string, opts: { busyTimeoutMs?: number; secretKey?: string } = {}): Promise<Db> {
+export async function openDb(target: string, opts: { busyTimeoutMs?: number; secretKey?: string; idleInTransactionMs?: number } = {}): Promise<Db> {
   const secrets = new SecretBox(opts.secretKey ? Buffer.from(opts.secretKey, 'base64') : null);
   if (isPostgresUrl(target)) {
     const { openPg } = await import('./pg.js');
-    return openPg(target, secrets);
+    return openPg(target, secrets, opts.idleInTransactionMs);
   }
   return new SqliteStore(target, opts.busyTimeoutMs ?? 10_000, secrets).root;
 }

@@ -17,9 +17,8 @@ const CONNECT_TIMEOUT_MS = 10_000;
 const STATEMENT_TIMEOUT_MS = 60_000;
 /**
  * A transaction left open this long between statements is ended by the server: its process is
- * stalled (stopped, swapping, cut off). It must be below the runner lock's staleness (15 s,
- * runner/lock.ts), so that a stalled dispatcher's claim, which holds the lock row shared, is gone
- * by the time a standby may take the lock over.
+ * stalled (stopped, swapping, cut off). `regen serve` sets it from its staleness
+ * (idleInTransactionMs in runner/lock.ts); this is its value at the default 15 s.
  */
 const IDLE_IN_TRANSACTION_MS = 10_000;
 /** Any constant: the key of the advisory lock that lets one process at a time apply migrations. */
@@ -201,7 +200,7 @@ class PgStore {
 }
 
 /** Connects, applies the PostgreSQL migrations (one process at a time) and returns the store. */
-export async function openPg(url: string, secrets = new SecretBox(null)): Promise<Db> {
+export async function openPg(url: string, secrets = new SecretBox(null), idleInTransactionMs = IDLE_IN_TRANSACTION_MS): Promise<Db> {
   const pool = new pg.Pool({
     connectionString: url,
     max: POOL_SIZE,
@@ -214,7 +213,7 @@ export async function openPg(url: string, secrets = new SecretBox(null)): Promis
     connectionTimeoutMillis: CONNECT_TIMEOUT_MS,
     query_timeout: STATEMENT_TIMEOUT_MS,
     statement_timeout: STATEMENT_TIMEOUT_MS,
-    idle_in_transaction_session_timeout: IDLE_IN_TRANSACTION_MS,
+    idle_in_transaction_session_timeout: idleInTransactionMs,
   });
   // A connection that breaks while idle is dropped by the pool; without a listener its error would end the process.
   pool.on('error', () => {});

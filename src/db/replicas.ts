@@ -5,8 +5,6 @@ import type { Db } from './client.js';
 // endpoint. Every replica dispatches; an endpoint is driven by one replica at a time, so its cap
 // holds across them all.
 
-/** A replica whose heartbeat is this old, by the database's clock, is taken for dead. */
-export const REPLICA_STALE_MS = 15_000;
 /** The database's clock in milliseconds: replicas' own clocks may disagree. */
 const NOW = '(extract(epoch from clock_timestamp()) * 1000)::bigint';
 /** The advisory lock balancing runs under, so each replica's sees the others' last one whole. */

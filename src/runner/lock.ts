@@ -8,10 +8,13 @@ import { beatRunnerLock, releaseRunnerLock, takeRunnerLock } from '../db/runner-
  */
 export class RunnerLockedError extends Error {}
 
-/** A holder whose heartbeat is older than this is taken for dead. */
-export const LOCK_STALE_MS = 15_000;
-/** How often the holder renews its heartbeat: a third of the staleness limit, so two missed beats are survived. */
-export const HEARTBEAT_MS = 5000;
+/**
+ * How long a transaction may stay open between statements before the server ends it: its process
+ * is stalled (stopped, swapping, cut off). Two thirds of the staleness (REGEN_REPLICA_STALE_MS), so
+ * that a stalled dispatcher's claim, which holds the lock row shared, is gone by the time a
+ * standby may take the lock over.
+ */
+export const idleInTransactionMs = (staleMs: number): number => Math.round((staleMs * 2) / 3);
 
 export function pidAlive(pid: number): boolean {
   try {
@@ -25,16 +28,21 @@ export function pidAlive(pid: number): boolean {
 /**
  * The single-dispatcher lock of a database: one row naming the process that dispatches, so that a
  * restart can tell a dead owner's leases from a live one's. On PostgreSQL the other replicas stand
- * by and take the lock over once its holder's heartbeat is LOCK_STALE_MS old.
+ * by and take the lock over once its holder's heartbeat is `staleMs` old (REGEN_REPLICA_STALE_MS).
  */
 export class RunnerLock {
   private readonly host = hostname();
+  /** How often the holder renews its heartbeat: a third of the staleness, so two missed beats are survived. */
+  readonly beatMs: number;
 
   constructor(
     private readonly db: Db,
     readonly owner: string,
     private readonly clock: () => number,
-  ) {}
+    private readonly staleMs: number,
+  ) {
+    this.beatMs = Math.round(staleMs / 3);
+  }
 
   /**
    * Takes the lock, or throws RunnerLockedError while another live process holds it. Heartbeats are
@@ -46,7 +54,7 @@ export class RunnerLock {
       const sameProcess = h.hostname === this.host && h.pid === process.pid;
       // Another host's pid cannot be checked: only its heartbeat tells.
       const alive = h.hostname !== this.host || pidAlive(h.pid);
-      return h.owner !== this.owner && !sameProcess && alive && now - h.heartbeatAt < LOCK_STALE_MS;
+      return h.owner !== this.owner && !sameProcess && alive && now - h.heartbeatAt < this.staleMs;
     });
     if (held) throw new RunnerLockedError(`another regen process (pid ${held.pid} on ${held.hostname}) is running dispatch on this database`);
   }

@@ -98,7 +98,7 @@ export class Runner implements RunnerView {
       (e) => this.requests.abortEndpoint(e, 'release'),
     );
     this.probes = new EndpointProbes(this.pool, logger, clock, config, () => this.wake());
-    this.fleet = createFleet(deps, this.owner, new RunnerLock(db, this.owner, clock), this.pool, {
+    this.fleet = createFleet(deps, this.owner, new RunnerLock(db, this.owner, clock, config.replicaStaleMs), this.pool, {
       publish: () => this.ownSnapshot(true),
       deposed: (why) => this.deposed(why),
       guard: async (what, step) => {

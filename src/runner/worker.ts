@@ -3,7 +3,7 @@ import { closeDb, openDb } from '../db/client.js';
 import type { RunnerDeps } from '../deps.js';
 import { makeLogger } from '../logger.js';
 import { Stores } from '../storage/index.js';
-import { RunnerLockedError } from './lock.js';
+import { idleInTransactionMs, RunnerLockedError } from './lock.js';
 import { Runner } from './runner.js';
 import type { RetryReason } from '../domain/sample-errors.js';
 import type { RunnerMetrics } from '../domain/metrics.js';
@@ -70,7 +70,11 @@ process.on('unhandledRejection', (err) => {
   logger.error({ err: { message: (err as Error)?.message, stack: (err as Error)?.stack } }, 'unhandled rejection in the runner thread');
 });
 
-const db = await openDb(config.store, { busyTimeoutMs: config.dbBusyTimeoutMs, secretKey: config.secretKey });
+const db = await openDb(config.store, {
+  busyTimeoutMs: config.dbBusyTimeoutMs,
+  secretKey: config.secretKey,
+  idleInTransactionMs: idleInTransactionMs(config.replicaStaleMs),
+});
 const stores = new Stores({ endpoint: config.s3Endpoint, forcePathStyle: config.s3ForcePathStyle });
 let runner: Runner | null = null;
 const sendSnapshot = () => {

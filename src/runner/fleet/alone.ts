@@ -59,7 +59,7 @@ export class AloneFleet implements Fleet {
   drain(): void {}
 
   async leave(): Promise<void> {
-    // Left behind, the lock goes stale within LOCK_STALE_MS: not worth failing a clean shutdown for.
+    // Left behind, the lock goes stale within REGEN_REPLICA_STALE_MS: not worth failing a clean shutdown for.
     await this.hooks.guard('releasing the runner lock', () => this.lead.drop());
   }
 }

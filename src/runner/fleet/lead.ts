@@ -1,5 +1,5 @@
 import type { RunnerDeps } from '../../deps.js';
-import { HEARTBEAT_MS, type RunnerLock } from '../lock.js';
+import type { RunnerLock } from '../lock.js';
 import type { FleetHooks } from './fleet.js';
 import { recover, type LeaseRelease } from './recovery.js';
 
@@ -28,7 +28,7 @@ export class Lead {
   async take(before: () => Promise<void> = async () => {}): Promise<void> {
     await this.lock.take();
     // Beating from the start: a long recovery must not let the lock go stale under it.
-    this.heartbeat = setInterval(() => void this.hooks.guard('runner heartbeat', () => this.beat()), HEARTBEAT_MS);
+    this.heartbeat = setInterval(() => void this.hooks.guard('runner heartbeat', () => this.beat()), this.lock.beatMs);
     try {
       await before();
       await recover(this.deps.db, this.deps.logger, this.deps.startIngest, this.release);

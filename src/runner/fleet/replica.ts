@@ -8,7 +8,6 @@ import {
   registerReplica,
   releaseDriver,
   removeReplicas,
-  REPLICA_STALE_MS,
   type ReplicaRow,
 } from '../../db/replicas.js';
 import { runnerLockOwner } from '../../db/runner-lock.js';
@@ -34,15 +33,16 @@ const ORPHAN_SWEEP_MS = 30_000;
 /** How often runs left validating by a replica that died are looked for. */
 const VALIDATION_SWEEP_MS = 10_000;
 /**
- * Samples are sent only while this replica's row was last confirmed this recently (each
- * heartbeat, every second, confirms it). A process that was stalled (stopped, swapping, cut off
- * from the database) wakes with answers to handle before its next heartbeat; until one confirms
- * its row is still there, it sends nothing, even from samples it had claimed before the stall.
- * The coordinating replica removes a replica, and gives its leases and endpoints to others, only
- * after 15 s without a heartbeat (REPLICA_STALE_MS): any stall that lost the row lasted 14 s or
- * more, past this fence, which slow heartbeats under load stay well within.
+ * Samples are sent only while this replica's row was last confirmed within a third of the
+ * staleness (5 s of the default 15 s); each heartbeat, every second, confirms it. A process that
+ * was stalled (stopped, swapping, cut off from the database) wakes with answers to handle before
+ * its next heartbeat; until one confirms its row is still there, it sends nothing, even from
+ * samples it had claimed before the stall. The coordinating replica removes a replica, and gives
+ * its leases and endpoints to others, only after REGEN_REPLICA_STALE_MS without a heartbeat: any
+ * stall that lost the row lasted that less a beat or more, past this fence, which slow heartbeats
+ * under load stay well within.
  */
-const LOCK_FENCE_MS = 5000;
+const fenceMs = (staleMs: number): number => Math.round(staleMs / 3);
 
 /**
  * The replica's part in the fleet. Moves, in order: `joining` (registered, endpoints read, the lock
@@ -107,7 +107,7 @@ export class ReplicaFleet implements Fleet {
   }
 
   maySend(): boolean {
-    return performance.now() - this.confirmedAt <= LOCK_FENCE_MS;
+    return performance.now() - this.confirmedAt <= fenceMs(this.deps.config.replicaStaleMs);
   }
 
   async tick(): Promise<void> {
@@ -143,8 +143,8 @@ export class ReplicaFleet implements Fleet {
   async leave(): Promise<void> {
     this.phase = 'left';
     if (this.viewTimer) clearInterval(this.viewTimer);
-    // Left behind, a replica's row goes stale within REPLICA_STALE_MS, the lock within
-    // LOCK_STALE_MS: not worth failing a clean shutdown for.
+    // Left behind, a replica's row and the lock go stale within REGEN_REPLICA_STALE_MS: not worth
+    // failing a clean shutdown for.
     await this.hooks.guard('leaving the replicas', () => leaveReplica(this.deps.db, this.owner));
     await this.hooks.guard('releasing the runner lock', () => this.lead.drop());
   }
@@ -196,14 +196,16 @@ export class ReplicaFleet implements Fleet {
   }
 
   /**
-   * Coordinating: removes the replicas that died (a heartbeat REPLICA_STALE_MS old, or a pid gone
+   * Coordinating: removes the replicas that died (a heartbeat REGEN_REPLICA_STALE_MS old, or a pid gone
    * on this machine), which frees their endpoints, and returns to the queue the leases no live
    * replica holds: at once when a replica died or left, and every ORPHAN_SWEEP_MS whatever happened
    * (a claim of a replica that stopped, its commit landing after it left).
    */
   private async sweepReplicas({ rows, now }: { rows: ReplicaRow[]; now: number }): Promise<void> {
     const host = hostname();
-    const dead = rows.filter((r) => r.owner !== this.owner && (now - r.heartbeatAt >= REPLICA_STALE_MS || (r.hostname === host && !pidAlive(r.pid))));
+    const dead = rows.filter(
+      (r) => r.owner !== this.owner && (now - r.heartbeatAt >= this.deps.config.replicaStaleMs || (r.hostname === host && !pidAlive(r.pid))),
+    );
     const removed = await removeReplicas(this.deps.db, dead);
     for (const owner of removed) this.deps.logger.warn({ replica: owner }, 'a replica stopped beating: its endpoints and leases go to the others');
     const present = new Set(rows.map((r) => r.owner).filter((o) => !removed.includes(o)));
