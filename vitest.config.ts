@@ -14,9 +14,12 @@ const storeless = [
   'test/openapi-lint.test.ts',
   'test/pg-connections.test.ts',
   'test/pg-schema.test.ts',
+  'test/plan.test.ts',
+  'test/quality-gate2.test.ts',
   'test/replicas.test.ts',
   'test/sample-batches.test.ts',
   'test/quality.test.ts',
+  'test/sglang.test.ts',
   'test/sim-sglang.test.ts',
   'test/sim.test.ts',
 ];
