@@ -80,8 +80,10 @@ describe('quality gate 2 across a crash', () => {
   });
 
   it('still pauses within 400 samples of the turn when the server is killed -9 in between', async () => {
-    // Answered at once until the turn, so the 2,000 healthy samples take only regen's own time.
-    [s, proc] = await Promise.all([spawnSimulator({ model: 'g-crash', 'ttft-ms': 0, 'tokens-per-second': 0, 'max-running': 16, seed: 12 }), spawnServer(data.dir)]);
+    [s, proc] = await Promise.all([
+      spawnSimulator({ model: 'g-crash', 'ttft-ms': 20, 'tokens-per-second': 4000, 'max-running': 16, seed: 12 }),
+      spawnServer(data.dir),
+    ]);
     await registerEndpoint(proc.url, s.url);
     const prompts = makePrompts(6000, 'crash');
     const fileId = await uploadFile(proc.url, prompts.jsonl);
@@ -90,7 +92,7 @@ describe('quality gate 2 across a crash', () => {
     const first = proc.url;
     await waitFor('2,000 healthy samples', async () => ((await completed(first)) >= 2000 ? true : undefined), 90_000, 20);
     // Slower now, so that the process dies with some bad answers in and the decision still to come.
-    await s.configure({ degenerateRate: 0.87, ttftMs: 150, tokensPerSecond: 4000 });
+    await s.configure({ degenerateRate: 0.87, ttftMs: 150 });
     const turnedAt = await completed(first);
     const atKill = await waitFor(
       'the first bad answers',

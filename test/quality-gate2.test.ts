@@ -83,12 +83,13 @@ describe('quality gate 2', () => {
   });
 
   it('flags nothing on healthy runs: long reasoning, and short distinct answers', async () => {
-    // Wider than the others: 2,000 answers of 700 tokens are its length, not how many run at once.
-    const long = await sim({ model: 'g-long', 'completion-tokens': 400, 'reasoning-tokens': 300, seed: 7, 'max-running': 48 });
+    const long = await sim({ model: 'g-long', 'completion-tokens': 400, 'reasoning-tokens': 300, seed: 7, 'max-running': 32 });
     const short = await sim({ model: 'g-short', 'completion-tokens': 6, 'reasoning-tokens': 0, seed: 8 });
     await registerEndpoint(server.url, long.url);
     await registerEndpoint(server.url, short.url);
-    const a = await run('g-long', 2000, 'long', { params: THINKING });
+    // 1,200 long answers: past every window the gate judges a run by (1,024 answers for duplicates,
+    // 400 for the flagged share), at a fraction of the streaming that 2,000 of 700 tokens cost.
+    const a = await run('g-long', 1200, 'long', { params: THINKING });
     const b = await run('g-short', 2000, 'short', { params: { chat_template_kwargs: { enable_thinking: false } } });
     for (const r of [a, b]) {
       const done = await waitForStatus(server.url, r.id, TERMINAL, 120_000);

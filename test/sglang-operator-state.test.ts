@@ -33,7 +33,12 @@ describe('regen against real SGLang behaviour', () => {
       // Until the /health in flight at the change is answered, then 750 ms for the rest of that probe
       // (/v1/models, /server_info, its conditional write): the least a fixed 1.8 s wait left it.
       const at = await sim.stats();
-      await waitFor('the probe in flight to be answered', async () => ((await sim.stats()).healthChecks >= at.healthChecks + at.healthRunning ? true : undefined), 15_000, 50);
+      await waitFor(
+        'the probe in flight to be answered',
+        async () => ((await sim.stats()).healthChecks >= at.healthChecks + at.healthRunning ? true : undefined),
+        15_000,
+        50,
+      );
       await new Promise((r) => setTimeout(r, 750));
       expect(await stateOf()).toBe('draining');
     }
