@@ -1,18 +1,18 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { spawnSimulator, type SimProcess } from '../src/sim/spawn.js';
-import { Stores } from '../src/storage/index.js';
-import { call, spawnServer, startTestServer, tempDir, waitFor, type ServerProcess } from './support/server.js';
-import { checkOutput, createRun, getRun, makePrompts, registerEndpoint, uploadFile, waitForStatus } from './support/runner-checks.js';
+import { call, startTestServer, waitFor } from './support/server.js';
+import { createRun, getRun, makePrompts, registerEndpoint, uploadFile, waitForStatus } from './support/runner-checks.js';
 
-// Quality gate 2 against simulator processes: the "OK." disaster without thinking asked for, one
-// broken server among good ones, a late turn, and a server without a reasoning parser. Each
-// scenario has its own model name, so its runs reach only its own simulators.
+// Quality gate 2 against simulator processes: the "OK." disaster without thinking asked for, a late
+// turn, a server without a reasoning parser, and healthy runs. Each scenario has its own model
+// name, so its runs reach only its own simulators. These verdicts are made in the runner's memory
+// as answers come in (RunQuality, the content counter, the quality window), so they run on one
+// store; what the gate keeps in the store is in quality-gate2-persisted.test.ts.
 
 const TERMINAL = ['completed', 'failed', 'cancelled', 'paused'];
 const THINKING = { chat_template_kwargs: { enable_thinking: true } };
 let server: Awaited<ReturnType<typeof startTestServer>>;
 const sims: SimProcess[] = [];
-const stores = new Stores({ forcePathStyle: false });
 
 async function sim(flags: Record<string, string | number>): Promise<SimProcess> {
   const s = await spawnSimulator({ 'ttft-ms': 20, 'tokens-per-second': 4000, 'max-running': 16, ...flags });
@@ -34,7 +34,6 @@ beforeAll(async () => {
 afterAll(async () => {
   await server?.cleanup();
   await Promise.all(sims.map((s) => s.stop()));
-  stores.close();
 });
 
 describe('quality gate 2', () => {
@@ -53,41 +52,14 @@ describe('quality gate 2', () => {
     expect((await call(server.url, `/v1/runs/${id}/cancel`, { method: 'POST' })).status).toBe(200);
   });
 
-  it('quarantines the one broken server of five, asks its flagged answers again elsewhere, and completes clean', async () => {
-    const good = await Promise.all([1, 2, 3, 4].map((seed) => sim({ model: 'g-five', seed })));
-    const bad = await sim({ model: 'g-five', 'degenerate-rate': 0.87, seed: 9 });
-    for (const s of good) await registerEndpoint(server.url, s.url);
-    const badEp = await registerEndpoint(server.url, bad.url);
-    const { id, prompts } = await run('g-five', 4000, 'five', { params: THINKING });
-    const done = await waitForStatus(server.url, id, TERMINAL, 120_000);
-    expect(done.status, done.status_reason).toBe('completed');
-    const ep = (await call(server.url, `/v1/endpoints/${badEp.id}`)).body;
-    expect(ep.state).toBe('quarantined');
-    expect(ep.last_error).toMatch(/^quality gate: endpoint /);
-    expect(ep.last_error).toMatch(/missing_reasoning|duplicate_content|empty_content/);
-    const answeredByBad = (await bad.stats()).completed;
-    expect(answeredByBad).toBeLessThan(400);
-    const out = await checkOutput(stores.forUri(done.output_uri), prompts.expected);
-    expect(out.lines.size).toBe(4000);
-    const flagged = [...out.lines.values()].filter((l) => l.flags.length > 0).length;
-    expect(flagged / out.lines.size).toBeLessThan(0.01);
-    const metrics = (await call(server.url, '/metrics')).body as unknown as string;
-    expect(metrics).toContain(`regen_endpoint_state{endpoint_id="${badEp.id}",state="quarantined"} 1`);
-    console.log(`gate five endpoints: ${JSON.stringify({ answers_from_the_broken_one: answeredByBad, flagged_in_output: flagged, total: out.lines.size })}`);
-
-    // Put back by an operator: probed, and it takes work again, under watch.
-    expect((await call(server.url, `/v1/endpoints/${badEp.id}`, { method: 'PATCH', json: { state: 'ready' } })).status).toBe(200);
-    await waitFor('the endpoint back in rotation', async () =>
-      (await call(server.url, `/v1/endpoints/${badEp.id}`)).body.state === 'ready' ? true : undefined,
-    );
-  });
-
   it('pauses a run that turns bad after 2,000 healthy samples within 400 samples of the turn', async () => {
-    const s = await sim({ model: 'g-turn', seed: 4 });
+    // Answered at once until the turn, so the 2,000 healthy samples take only regen's own time; from
+    // the turn on at the pace of the other scenarios, which is what the bound is counted at.
+    const s = await sim({ model: 'g-turn', seed: 4, 'ttft-ms': 0, 'tokens-per-second': 0 });
     await registerEndpoint(server.url, s.url);
     const { id } = await run('g-turn', 6000, 'turn', { params: THINKING });
     await waitFor('2,000 healthy samples', async () => ((await getRun(server.url, id)).request_counts.completed >= 2000 ? true : undefined), 90_000, 20);
-    await s.configure({ degenerateRate: 0.87 });
+    await s.configure({ degenerateRate: 0.87, ttftMs: 20, tokensPerSecond: 4000 });
     // Counted once the server has turned: what finished meanwhile is healthy and not held against the bound.
     const turnedAt = (await getRun(server.url, id)).request_counts.completed;
     const paused = await waitForStatus(server.url, id, TERMINAL, 90_000);
@@ -111,61 +83,18 @@ describe('quality gate 2', () => {
   });
 
   it('flags nothing on healthy runs: long reasoning, and short distinct answers', async () => {
-    const long = await sim({ model: 'g-long', 'completion-tokens': 400, 'reasoning-tokens': 300, seed: 7 });
+    const long = await sim({ model: 'g-long', 'completion-tokens': 400, 'reasoning-tokens': 300, seed: 7, 'max-running': 32 });
     const short = await sim({ model: 'g-short', 'completion-tokens': 6, 'reasoning-tokens': 0, seed: 8 });
     await registerEndpoint(server.url, long.url);
     await registerEndpoint(server.url, short.url);
-    const a = await run('g-long', 2000, 'long', { params: THINKING });
+    // 1,200 long answers: past every window the gate judges a run by (1,024 answers for duplicates,
+    // 400 for the flagged share), at a fraction of the streaming that 2,000 of 700 tokens cost.
+    const a = await run('g-long', 1200, 'long', { params: THINKING });
     const b = await run('g-short', 2000, 'short', { params: { chat_template_kwargs: { enable_thinking: false } } });
     for (const r of [a, b]) {
       const done = await waitForStatus(server.url, r.id, TERMINAL, 120_000);
       expect(done.status, done.status_reason).toBe('completed');
       expect(done.quality.flagged).toBe(0);
     }
-  });
-});
-
-describe('quality gate 2 across a crash', () => {
-  const data = tempDir('regen-gate-crash-');
-  let proc: ServerProcess | null = null;
-  let s: SimProcess;
-
-  afterAll(async () => {
-    await proc?.kill('SIGKILL');
-    await s?.stop();
-    data.cleanup();
-  });
-
-  it('still pauses within 400 samples of the turn when the server is killed -9 in between', async () => {
-    s = await spawnSimulator({ model: 'g-crash', 'ttft-ms': 20, 'tokens-per-second': 4000, 'max-running': 16, seed: 12 });
-    proc = await spawnServer(data.dir);
-    await registerEndpoint(proc.url, s.url);
-    const prompts = makePrompts(6000, 'crash');
-    const fileId = await uploadFile(proc.url, prompts.jsonl);
-    const { id } = await createRun(proc.url, { model: 'g-crash', input: { file_id: fileId }, regenerate: 'last_assistant', params: THINKING });
-    const completed = async (url: string) => (await getRun(url, id)).request_counts.completed as number;
-    const first = proc.url;
-    await waitFor('2,000 healthy samples', async () => ((await completed(first)) >= 2000 ? true : undefined), 90_000, 20);
-    // Slower now, so that the process dies with some bad answers in and the decision still to come.
-    await s.configure({ degenerateRate: 0.87, ttftMs: 150 });
-    const turnedAt = await completed(first);
-    const atKill = await waitFor(
-      'the first bad answers',
-      async () => {
-        const r = await getRun(first, id);
-        return r.request_counts.completed >= turnedAt + 40 ? r : undefined;
-      },
-      60_000,
-      10,
-    );
-    await proc.kill('SIGKILL');
-    expect(atKill.status).toBe('in_progress');
-    proc = await spawnServer(data.dir);
-    const paused = await waitForStatus(proc.url, id, TERMINAL, 90_000);
-    expect(paused.status).toBe('paused');
-    expect(paused.status_reason).toMatch(/^quality gate: /);
-    const after = paused.request_counts.completed - turnedAt;
-    expect(after).toBeLessThanOrEqual(400);
-    console.log(`gate late turn across kill -9: ${JSON.stringify({ healthy: turnedAt, samples_after_the_turn: after })}`);
   });
 });

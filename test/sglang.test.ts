@@ -8,7 +8,9 @@ import { checkOutput, createRun, getRun, listAllSamples, makePrompts, registerEn
 // regen against simulator processes configured as real SGLang servers are launched
 // (docs/sglang.md): no --max-running-requests, a slow /health, aborted answers, a drain on
 // SIGTERM, a 5 s keep-alive, a served name that is a local path, a restart with another model.
-// Each scenario has its own model name, so its runs reach only its own simulators.
+// Each scenario has its own model name, so its runs reach only its own simulators. What is proven
+// here is regen's dispatch and probing (the runner's own memory), not the store: these run on one
+// store; the probe's conditional write against an operator is in sglang-operator-state.test.ts.
 
 const TERMINAL = ['completed', 'failed', 'cancelled', 'paused'];
 let server: Awaited<ReturnType<typeof startTestServer>>;
@@ -56,8 +58,16 @@ async function retries(reason: string): Promise<number> {
   return m ? Number(m[1]) : 0;
 }
 
+// The slow-health server's first probe takes its 6.5 s while the scenarios before it run.
+let slowHealth: { sim: SimProcess; endpointId: string };
+
 beforeAll(async () => {
-  server = await startTestServer({ REGEN_LOAD_INTERVAL_MS: '200' });
+  let s: SimProcess;
+  [server, s] = await Promise.all([
+    startTestServer({ REGEN_LOAD_INTERVAL_MS: '200' }),
+    sim({ model: 'm-slowhealth', 'health-ms': 6500, 'max-running': 32, 'ttft-ms': 200, 'tokens-per-second': 500 }),
+  ]);
+  slowHealth = { sim: s, endpointId: (await registerEndpoint(server.url, s.url)).id };
 });
 
 afterAll(async () => {
@@ -74,7 +84,8 @@ describe('regen against real SGLang behaviour', () => {
     expect(info.max_running_requests).toBeNull();
     const ep = await registerEndpoint(server.url, s.url);
     const watch = watchEndpoint(ep.id);
-    const { id, prompts } = await run('m-cap', 4000, 'cap');
+    // Past the adaptive cap's climb from 64 to the server's 256 plus its queue within the first few hundred.
+    const { id, prompts } = await run('m-cap', 2000, 'cap');
     const done = await waitForStatus(server.url, id, TERMINAL, 120_000);
     await watch.stop();
     expect(done.status).toBe('completed');
@@ -87,21 +98,20 @@ describe('regen against real SGLang behaviour', () => {
     const endpoint = (await call(server.url, `/v1/endpoints/${ep.id}`)).body;
     expect(endpoint.capacity.max_running).toBe(256);
     const out = await checkOutput(stores.forUri(done.output_uri), prompts.expected);
-    expect(out.lines.size).toBe(4000);
+    expect(out.lines.size).toBe(2000);
     console.log(
       `sglang capacity: ${JSON.stringify({ server_runs: 256, peak_in_flight: watch.seen.maxInFlight, peak_running_at_server: stats.maxRunningSeen, cap: endpoint.max_concurrency })}`,
     );
   });
 
   it('admits a server whose /health takes 6.5 s, keeps it ready, and aborts none of its requests', async () => {
-    const s = await sim({ model: 'm-slowhealth', 'health-ms': 6500, 'max-running': 32, 'ttft-ms': 200, 'tokens-per-second': 500 });
-    const ep = await registerEndpoint(server.url, s.url);
+    const { sim: s, endpointId } = slowHealth;
     await waitFor(
       'the endpoint to be ready',
-      async () => ((await call(server.url, `/v1/endpoints/${ep.id}`)).body.state === 'ready' ? true : undefined),
+      async () => ((await call(server.url, `/v1/endpoints/${endpointId}`)).body.state === 'ready' ? true : undefined),
       30_000,
     );
-    const watch = watchEndpoint(ep.id);
+    const watch = watchEndpoint(endpointId);
     const { id, prompts } = await run('m-slowhealth', 600, 'slowhealth');
     const done = await waitForStatus(server.url, id, TERMINAL, 120_000);
     await watch.stop();
@@ -190,7 +200,8 @@ describe('regen against real SGLang behaviour', () => {
 
   it('never records a restarted server with another model under the old one', async () => {
     const a = await sim({ model: 'm-swap', 'max-running': 16, 'ttft-ms': 300, 'tokens-per-second': 1000 });
-    const b = await sim({ model: 'm-swap', 'max-running': 16, 'ttft-ms': 300, 'tokens-per-second': 1000 });
+    // Twice as wide: it answers what is left once the first is gone, still for seconds after the other model is up.
+    const b = await sim({ model: 'm-swap', 'max-running': 32, 'ttft-ms': 300, 'tokens-per-second': 1000 });
     const epA = await registerEndpoint(server.url, a.url);
     await registerEndpoint(server.url, b.url);
     const { id, prompts } = await run('m-swap', 600, 'swap');
@@ -224,21 +235,6 @@ describe('regen against real SGLang behaviour', () => {
       expect(sample.attempts).toBe(1);
       expect(sample.error.code).toBe('invalid_request');
       expect(sample.error.message).toMatch(/maximum context length of 4096/);
-    }
-  });
-
-  it("keeps an operator's state over a probe that was in flight", async () => {
-    const s = await sim({ model: 'm-patch', 'health-ms': 1200 });
-    const ep = await registerEndpoint(server.url, s.url);
-    const stateOf = async () => (await call(server.url, `/v1/endpoints/${ep.id}`)).body.state;
-    for (let i = 0; i < 4; i++) {
-      expect((await call(server.url, `/v1/endpoints/${ep.id}`, { method: 'PATCH', json: { state: 'ready' } })).status).toBe(200);
-      await waitFor('the endpoint to be probed ready', async () => ((await stateOf()) === 'ready' ? true : undefined), 15_000);
-      // Probes run back to back (each /health takes 1.2 s, the interval is 0.2 s): one is in flight now.
-      await new Promise((r) => setTimeout(r, 300 + i * 250));
-      expect((await call(server.url, `/v1/endpoints/${ep.id}`, { method: 'PATCH', json: { state: 'draining' } })).status).toBe(200);
-      await new Promise((r) => setTimeout(r, 1800));
-      expect(await stateOf()).toBe('draining');
     }
   });
 });

@@ -43,6 +43,9 @@ export interface SimStats {
   /** Prompt tokens of the answered requests, and those of them the prefix cache served. */
   promptTokens: number;
   cachedTokens: number;
+  /** `/health` answers sent, and `/health` requests being answered now: whether a client's probe is still in flight. */
+  healthChecks: number;
+  healthRunning: number;
 }
 
 export interface Simulator {
@@ -111,7 +114,8 @@ class SimServer {
   #random: Random;
   // Its own stream, so that turning aborts on leaves the other faults' sequence as it was.
   #abortRandom: Random;
-  readonly #counts = { requests: 0, completed: 0, errors: 0, resets: 0, hangs: 0, rejected: 0, aborted: 0, aborts: 0, streamed: 0 };
+  readonly #counts = { requests: 0, completed: 0, errors: 0, resets: 0, hangs: 0, rejected: 0, aborted: 0, aborts: 0, streamed: 0, healthChecks: 0 };
+  #healthRunning = 0;
   #maxRunningSeen = 0;
   #promptTokens = 0;
   #generationTokens = 0;
@@ -144,6 +148,7 @@ class SimServer {
   stats(): SimStats {
     return {
       ...this.#counts,
+      healthRunning: this.#healthRunning,
       running: this.#sum((rank) => rank.running),
       queued: this.#sum((rank) => rank.queued),
       maxRunningSeen: this.#maxRunningSeen,
@@ -271,9 +276,12 @@ class SimServer {
 
   // Real SGLang generates one token for a healthy answer, so even an idle server takes about a second.
   async #health(res: ServerResponse): Promise<void> {
+    this.#healthRunning++;
     if (!this.#starting() && this.#knobs.healthMs > 0) await sleep(this.#knobs.healthMs);
     const healthy = !this.#starting() && !this.#draining;
     res.writeHead(healthy ? 200 : 503, { 'content-length': 0 }).end();
+    this.#healthRunning--;
+    this.#counts.healthChecks++;
   }
 
   #models(): object {
