@@ -16,23 +16,20 @@ const MODEL = 'sim-plan';
 // The sample is one line in each of SAMPLE equal stretches of BLOCK lines, and every line of a
 // stretch asks for the same length: the sample's mean is the file's, so what is checked is how the
 // forecast scales to the file and to four endpoints, not the luck of the draw. Lengths are skewed
-// across stretches, as reasoning lengths are (from 74 tokens down to 2, a mean of about 20 and a
-// spread as wide): the interval made of them is about ±30%, room for a loaded machine's noise. They
+// across stretches, as reasoning lengths are (from 302 tokens down to 2, a mean of about 77 and a
+// spread as wide): the interval made of them is about ±22%, room for a loaded machine's noise. They
 // go from long to short, so the real run does not end on a long answer alone on the fleet.
-const SAMPLE = 32;
-const BLOCK = 3;
+const SAMPLE = 64;
+const BLOCK = 4;
 const LINES = SAMPLE * BLOCK;
-const lengthOf = (line: number) => 2 + Math.round(72 * (1 - Math.floor(line / BLOCK) / (SAMPLE - 1)) ** 3);
-// 8 tokens a second per request: answers of two and a half seconds on average, long next to
-// regen's own work per request (milliseconds, many more on a loaded machine), and few tokens to
-// stream; 4 at once per simulator. Each endpoint is sent as many again as its simulator's waiting
-// queue (SGLang's shortest, capacity.ts), so a freed slot takes the next request from that queue
-// at once: the simulator's clock paces both runs, not how soon a loaded regen sends the next one.
-// The real run is 6 waves of 16 (about 16 s); the dry run answers its 32 lines on two simulators
-// (about 10 s).
-const MAX_RUNNING = 4;
-const SIM = { model: MODEL, 'tokens-per-second': 8, 'ttft-ms': 20, 'max-running': MAX_RUNNING, 'reasoning-tokens': 0 };
-const CAP = MAX_RUNNING + 4;
+const lengthOf = (line: number) => 2 + Math.round(300 * (1 - Math.floor(line / BLOCK) / (SAMPLE - 1)) ** 3);
+// 25 tokens a second per request: answers of three seconds on average, long next to regen's own
+// work per request (milliseconds, many more on a loaded machine), and few tokens to stream, so
+// the CPU the simulators and regen share with other work does not set the pace; 8 at once per
+// simulator. The real run is 8 waves of 32 (about 25 s); the dry run answers its 64 lines on two
+// simulators (about 12 s).
+const SIM = { model: MODEL, 'tokens-per-second': 25, 'ttft-ms': 20, 'max-running': 8, 'reasoning-tokens': 0 };
+const CAP = 8;
 
 const jsonl =
   Array.from({ length: LINES }, (_, i) =>
