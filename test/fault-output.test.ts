@@ -11,8 +11,11 @@ import { createRun, registerEndpoint, uploadFile, type Prompts } from './support
 // look, a run that cannot be written says why and ends, and cancel always wins.
 
 const rig = faultRig();
-/** Short store retries: the escalation from a reason to a failed run takes seconds, not minutes. */
-const FAST_RETRY = { REGEN_STORE_RETRY_MS: '100' };
+/**
+ * Short store retries: the ten attempts before a run fails take about 3 s (20 ms doubling to its
+ * cap of 600 ms, each attempt on a runner tick), not minutes.
+ */
+const FAST_RETRY = { REGEN_STORE_RETRY_MS: '20' };
 const FINAL = /^(shard-\d{5}(\.errors)?\.jsonl|manifest\.json)$/;
 
 const sim = (model: string, extra: Record<string, number> = {}) => rig.sim({ model, 'max-running': 64, 'ttft-ms': 5, 'tokens-per-second': 100_000, ...extra });
@@ -153,8 +156,8 @@ describe('writing the output', () => {
   it('a run failed by its uploads while answers are in flight keeps those samples, and a retry writes them', async () => {
     const SAMPLES = 80;
     const data = rig.dir('regen-inflight-');
-    // Slow answers, four at a time: the escalation (about 15 s of retries) lands while requests are out.
-    const s = await sim('m-inflight', { 'max-running': 4, 'ttft-ms': 1500 });
+    // Slow answers, four at a time (12 s for all of them): the escalation (about 3 s of retries) lands while requests are out.
+    const s = await sim('m-inflight', { 'max-running': 4, 'ttft-ms': 600 });
     const server = await rig.serve(data, FAST_RETRY);
     const base = server.url;
     await registerEndpoint(base, s.url, { max_concurrency: 4 });
@@ -229,7 +232,8 @@ describe('writing the output', () => {
     rmSync(prefix.replace(/\/$/, ''));
     const retried = await call(server.url, `/v1/runs/${run.id}/retry`, { method: 'POST', json: { only: 'failed' } });
     expect(retried.status, JSON.stringify(retried.body)).toBe(200);
-    const done = await waitForEnd(server.url, run.id);
+    // Well within the minute of backoff the failed attempts left: the retry's fresh budget does not wait it out.
+    const done = await waitForEnd(server.url, run.id, 30_000);
     expect(done.status).toBe('completed');
     expect(done.shards).toEqual({ total: 2, uploaded: 2 });
     expect((await readOutput(done, prompts)).lines.size).toBe(SAMPLES);

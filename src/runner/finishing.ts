@@ -70,6 +70,14 @@ export class Finisher {
     }
   }
 
+  /**
+   * Drops the run's backoffs: once the store answers again, and once the run has ended, since a
+   * retry gives its shards a fresh upload budget and must not wait out the attempts before it.
+   */
+  forget(runId: string): void {
+    for (const k of this.retryAt.keys()) if (k.startsWith(`${runId}\0`)) this.retryAt.delete(k);
+  }
+
   private key(runId: string, what: number | 'manifest'): string {
     return `${runId}\0${what}`;
   }
@@ -89,7 +97,7 @@ export class Finisher {
         if (!done) return;
         if (shard.uploadAttempts >= UPLOAD_ATTEMPTS_BEFORE_REASON) await this.clearUploadReason(run.id);
         // The store answers again: the run's other shards waiting out a backoff need not wait longer.
-        for (const k of this.retryAt.keys()) if (k.startsWith(`${run.id}\0`)) this.retryAt.delete(k);
+        this.forget(run.id);
         deps.metrics.shardUploaded();
         // Outside the upload's own error path: a fault here must not be taken for a failed upload.
         setImmediate(() => void this.guard('advancing runs', () => this.hooks.afterUpload()));
@@ -119,6 +127,8 @@ export class Finisher {
     if (attempts >= UPLOAD_ATTEMPTS_BEFORE_FAILING) {
       const reason = `shard ${idx} could not be written after ${attempts} attempts: ${why}; retry the run once the output location takes writes`;
       if (await transitionRun(db, runId, FAILABLE, 'failed', clock(), { statusReason: reason })) {
+        // At once, not when the runner next sees the run gone: a retry may come first.
+        this.forget(runId);
         logger.error({ run_id: runId, status: 'failed', shard: idx, reason }, 'run status');
       }
     } else if (attempts >= UPLOAD_ATTEMPTS_BEFORE_REASON) {

@@ -344,6 +344,7 @@ export class Runner implements RunnerView {
     this.quality.forget(runId);
     this.forecasts.forget(runId);
     this.runRates.delete(runId);
+    this.finisher.forget(runId);
   }
 
   /** Fills every free slot now. Called after each outcome, on wake and on every tick. */
