@@ -5,14 +5,16 @@ import { LongestFirst } from './test/support/sequencer.js';
 // The soak runs (test/soak, minutes each) run only under `npm run soak`, which sets REGEN_SOAK.
 const soak = process.env.REGEN_SOAK === '1';
 
-// The tests that need no store (pure functions, the simulator, the document's lint, the bench's own
-// smoke run): they run once, in the sqlite project.
+// The tests that run once, in the sqlite project: those that need no store (pure functions, the
+// simulator, the document's lint, the bench's own smoke run, the PostgreSQL tests that make their
+// own databases), and those whose store holds nothing what they prove depends on (each file says
+// why in its header: probing SGLang, the quality verdicts made in memory, the plan's arithmetic,
+// an answer's memory bound, the bind refusal before any store opens).
 const storeless = [
   'test/unit/**',
   'test/bench.test.ts',
   'test/fault-answers-memory.test.ts',
   'test/grafana.test.ts',
-  'test/ingest-memory.test.ts',
   'test/input-format.test.ts',
   'test/layout.test.ts',
   'test/openapi-lint.test.ts',

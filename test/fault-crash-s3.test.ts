@@ -13,17 +13,14 @@ import { createRun, expectCountersMatchRecount, getRun } from './support/runner-
 // exactly, not by luck.
 
 const BUCKET = 'regen-crash';
-// Enough shards that some are still to be written after the kill in flight (steps 3 and 4), and
-// no more: each step is hit by a held request, not by the size of the input.
-const SAMPLES = 1000;
-const SHARD_SIZE = 100;
+const SAMPLES = 3000;
+const SHARD_SIZE = 200;
 const LATENCY = { 'ttft-ms': 30, 'tokens-per-second': 1000 };
 
 const rig = faultRig();
 
 describe('SIGKILL of a server writing to S3', () => {
-  // Seven starts of `regen serve`: each a few seconds on a quiet machine, past fifteen on a loaded one.
-  it('at every step of a run, and the output still has each prompt exactly once', { timeout: 300_000 }, async () => {
+  it('at every step of a run, and the output still has each prompt exactly once', async () => {
     const { s3, proxy } = await rig.startHeldS3(BUCKET);
     await rig.sim({ ...LATENCY, 'max-running': 16, seed: 1 });
     await rig.sim({ ...LATENCY, 'max-running': 8, seed: 2 });

@@ -2,11 +2,10 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { ingestInFreshServer, MB, type Ingested } from './support/ingest.js';
 import { tempDir, type ServerProcess } from './support/server.js';
 
-// The memory bound of ingestion, on one store (vitest.config.ts, storeless): what it proves is
-// that the input is read as a stream, a line at a time, and inserted one awaited batch of a fixed
-// size after another. That reading path is the same for SQLite and PostgreSQL; what the store
-// does with its rows happens one batch at a time on both, so it cannot make the peak grow with
-// the file. How each store holds the samples is ingest.test.ts, on both.
+// The memory bound of ingestion, on both stores: the input is read as a stream, a line at a time,
+// and inserted one awaited batch of a fixed size after another, and each store's insert of a batch
+// (SQLite's statements, PostgreSQL's one statement of arrays with its returned rows) must hold only
+// that batch. How each store holds the samples is ingest.test.ts.
 
 const tmp = tempDir('regen-ingest-memory-');
 const servers: ServerProcess[] = [];

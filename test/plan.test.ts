@@ -1,5 +1,7 @@
 // `regen plan --endpoints 4` against a real run on four simulator processes: the wall time it
-// prints for four endpoints, measured on two, is met within the forecast's own interval.
+// prints for four endpoints, measured on two, is met within the forecast's own interval. On one
+// store (vitest.config.ts, storeless): the forecast is arithmetic over the answers' timings
+// (src/domain/forecast.ts), which the store only keeps.
 import { spawn } from 'node:child_process';
 import { once } from 'node:events';
 import { statSync, writeFileSync } from 'node:fs';

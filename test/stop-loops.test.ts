@@ -63,7 +63,8 @@ describe('stopping loops while they run', () => {
     // A decode speed near a real server's, so that what a cut costs in tokens is the watch's doing, not the test machine's load.
     const s = await sim({ model: 'l-loop', 'completion-tokens': 200, 'reasoning-tokens': 300, 'tokens-per-second': 1000, 'max-running': 32, seed: 21 });
     const ep = await registerEndpoint(server.url, s.url);
-    const n = 200;
+    // Past the quality window (400), so the endpoints' figures show it cut to the window.
+    const n = 480;
     const { id, loops } = await run('l-loop', n, 'loop', { params: { ...THINKING, max_tokens: MAX_TOKENS } });
     const done = await waitForStatus(server.url, id, TERMINAL, 120_000);
     expect(done.status, done.status_reason).toBe('completed');

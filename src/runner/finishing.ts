@@ -30,7 +30,13 @@ const UPLOAD_REASON = 'shard uploads failing';
  */
 export class Finisher {
   private readonly uploading = new Set<string>();
-  private readonly retryAt = new Map<string, number>();
+  /**
+   * When a shard (or a run's manifest) may be tried again, and after how many failed uploads. A
+   * backoff two or more attempts ahead of the shard's row is from before a retry reset them, and
+   * no longer holds (an upload under way when its run failed can leave one behind); one ahead is
+   * a row read before the failure was recorded.
+   */
+  private readonly retryAt = new Map<string, { at: number; attempts: number }>();
   private readonly finishing = new Set<string>();
 
   constructor(
@@ -82,13 +88,14 @@ export class Finisher {
     return `${runId}\0${what}`;
   }
 
-  private waiting(key: string): boolean {
-    return (this.retryAt.get(key) ?? 0) > this.deps.clock();
+  private waiting(key: string, attempts = 0): boolean {
+    const backoff = this.retryAt.get(key);
+    return backoff !== undefined && backoff.attempts <= attempts + 1 && backoff.at > this.deps.clock();
   }
 
   private upload(run: RunRow, shard: ShardRow): void {
     const key = this.key(run.id, shard.idx);
-    if (this.uploading.has(key) || this.waiting(key) || this.uploading.size >= MAX_CONCURRENT_UPLOADS) return;
+    if (this.uploading.has(key) || this.waiting(key, shard.uploadAttempts) || this.uploading.size >= MAX_CONCURRENT_UPLOADS) return;
     const { deps } = this;
     this.uploading.add(key);
     uploadShard(deps, run, shard)
@@ -106,7 +113,7 @@ export class Finisher {
         deps.metrics.shardUploadFailed();
         const attempts = shard.uploadAttempts + 1;
         const delayMs = backoffMs(attempts, storeBackoff(deps.config.storeRetryMs));
-        this.retryAt.set(key, deps.clock() + delayMs);
+        this.retryAt.set(key, { at: deps.clock() + delayMs, attempts });
         const why = describeStoreError(err);
         const lastError = `upload failed: ${why}; retrying in ${Math.round(delayMs / 1000)} s`;
         deps.logger.warn({ run_id: run.id, shard: shard.idx, attempts, err: { message: err.message } }, 'shard upload failed');
@@ -177,7 +184,7 @@ export class Finisher {
         this.hooks.afterFinish(runId);
       })
       .catch((err: Error) => {
-        this.retryAt.set(retryKey, deps.clock() + MANIFEST_RETRY_MS);
+        this.retryAt.set(retryKey, { at: deps.clock() + MANIFEST_RETRY_MS, attempts: 0 });
         deps.logger.warn({ run_id: runId, err: { message: err.message } }, 'manifest write failed; retrying');
       })
       .finally(() => this.finishing.delete(runId));

@@ -14,8 +14,9 @@ export default class DurationsReporter implements Reporter {
     this.root = ctx.config.root;
   }
 
-  onTestRunEnd(modules: ReadonlyArray<TestModule>): void {
-    if (process.env.REGEN_TEST_DURATIONS !== '1') return;
+  onTestRunEnd(modules: ReadonlyArray<TestModule>, _errors: unknown, reason: string): void {
+    // Only a whole run that passed: an interrupted one's files did not take their usual time.
+    if (process.env.REGEN_TEST_DURATIONS !== '1' || reason !== 'passed') return;
     const known: Record<string, number> = existsSync(DURATIONS_FILE) ? JSON.parse(readFileSync(DURATIONS_FILE, 'utf8')) : {};
     for (const m of modules) {
       if (m.state() === 'skipped') continue;
