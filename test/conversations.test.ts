@@ -188,6 +188,8 @@ describe('conversations regenerated turn by turn through a kill -9', () => {
     );
     expect(seen.status).toBe('in_progress');
     expect(seen.turns.total).toBe(turns);
+    // Conversations start longest first unless the run says otherwise: the run's tail is its longest chain of turns.
+    expect(seen.dispatch_order).toBe('length_aware');
     await server.kill('SIGKILL');
     // What the killed process left: its leases are the turns that were in flight (or claimed) at the kill.
     const left = await checkDatabase(data.dir, id);

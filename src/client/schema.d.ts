@@ -1065,7 +1065,7 @@ export interface components {
                 samples: number;
             };
             /**
-             * @description After the calibration slice: `input` order (the default), or `length_aware`: the samples whose old assistant turn is longest go first, within two shards of the oldest open sample, meant to end the run flat (see BENCHMARKS.md for what it saves so far)
+             * @description After the calibration slice: `input` order, or `length_aware`: the samples whose old assistant turn is longest (a conversation: its old assistant turns together) go first, within two shards of the oldest open sample, meant to end the run flat. Default: `length_aware` for `regenerate: "all_assistant"` (the longest chains of turns start first, so the run does not end on a few long conversations), `input` otherwise
              * @enum {string}
              */
             dispatch_order?: "input" | "length_aware";
@@ -1215,7 +1215,7 @@ export interface components {
                 samples: number;
             };
             /**
-             * @description After the calibration slice: `input` order (the default), or `length_aware`: the samples whose old assistant turn is longest go first, within two shards of the oldest open sample, meant to end the run flat (see BENCHMARKS.md for what it saves so far)
+             * @description After the calibration slice: `input` order, or `length_aware`: the samples whose old assistant turn is longest (a conversation: its old assistant turns together) go first, within two shards of the oldest open sample, meant to end the run flat. Default: `length_aware` for `regenerate: "all_assistant"` (the longest chains of turns start first, so the run does not end on a few long conversations), `input` otherwise
              * @enum {string}
              */
             dispatch_order?: "input" | "length_aware";

@@ -99,7 +99,7 @@ export const CreateRunBody = z
       .optional(),
     dispatch_order: z.enum(DISPATCH_ORDERS).optional().openapi({
       description:
-        'After the calibration slice: `input` order (the default), or `length_aware`: the samples whose old assistant turn is longest go first, within two shards of the oldest open sample, meant to end the run flat (see BENCHMARKS.md for what it saves so far)',
+        'After the calibration slice: `input` order, or `length_aware`: the samples whose old assistant turn is longest (a conversation: its old assistant turns together) go first, within two shards of the oldest open sample, meant to end the run flat. Default: `length_aware` for `regenerate: "all_assistant"` (the longest chains of turns start first, so the run does not end on a few long conversations), `input` otherwise',
     }),
     dry_run: z.boolean().optional().openapi({
       description:

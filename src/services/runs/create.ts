@@ -159,8 +159,10 @@ export async function createRun(
     calibrationSamples,
     dryRun: body.dry_run ?? false,
     deadlineSeconds: body.deadline_seconds ?? null,
-    // Opt-in: the bench (BENCHMARKS.md) has not shown length-aware order shortening the tail yet.
-    dispatchOrder: body.dispatch_order ?? 'input',
+    // Length-aware by default for conversations only: their tail is the longest chain of turns, which
+    // starting the longest conversations first shortens (`npm run bench conversations`, BENCHMARKS.md);
+    // for single prompts the bench has not shown it shortening the tail.
+    dispatchOrder: body.dispatch_order ?? (body.regenerate === 'all_assistant' ? 'length_aware' : 'input'),
     variants: body.variants ?? null,
     onLength: body.on_length ?? 'keep',
     outputFormat: body.output?.format ?? 'jsonl',
