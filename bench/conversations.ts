@@ -19,7 +19,13 @@ import { json, percentile, scaled, sleep, until, type Figure } from './support.j
 //    least loaded worker.
 // regen runs each way as one run with `regenerate: "all_assistant"` (turn by turn, each turn durable);
 // the way without affinity is a regen started with REGEN_AFFINITY=off.
-// Simulated prefill and decode dwarf regen's own work: the figures measure dispatch.
+// Simulated prefill and decode dwarf regen's own work (a turn takes 1–3 s, as a short answer does on a
+// real server), so the figures measure dispatch, not the 2-core machine: at a quarter of these
+// times regen's own work per request, on the cores the simulators share, cost it 14% of the
+// reference's speed without thinking.
+// For a focused rerun: BENCH_CONV_THINKING=true|false runs one of the two, BENCH_CONV_MODES a
+// comma-separated list of words of the ways' names (`affinity,reference`), BENCH_CONV_ORDER gives
+// regen's runs a dispatch_order, BENCH_CONV_TIMELINE a file for regen's slots in use over time.
 const MODEL = 'bench-conv';
 const SERVERS = 4;
 const SLOTS = 32;
@@ -27,8 +33,8 @@ const SLOTS = 32;
 // waves (a run per turn): the ways compare dispatch, not eviction.
 const KV_TOKENS = 1_000_000;
 // Decode steps a second (each gives every running request one token) and prefill tokens a second, per server.
-const STEPS_PER_SECOND = Number(process.env.BENCH_CONV_STEPS ?? 100);
-const PREFILL_PER_SECOND = Number(process.env.BENCH_CONV_PREFILL ?? 15_000);
+const STEPS_PER_SECOND = 100;
+const PREFILL_PER_SECOND = 15_000;
 const REASONING_TOKENS = 48;
 const MAX_TURNS = 8;
 /** How often the bench samples regen's slots in use. */
