@@ -22,7 +22,7 @@ import { call, waitFor } from './support/server.js';
 // lock also coordinates. The others take a dead one's endpoints, leases and coordination over: here
 // at once, the dead ones' pids being gone (test/replica-staleness.test.ts: by stale heartbeats).
 
-const SAMPLES = 1500;
+const SAMPLES = 3000;
 const SHARD_SIZE = 200;
 /** Below the simulator's own running limit: a second driver of an endpoint at any moment would show as more running at once. */
 const CAP = 6;
