@@ -12,7 +12,10 @@ import { type Figure, scaled } from './support.js';
 // turns, a tenth of the samples each per round, so a machine whose load changes meanwhile weighs on
 // all of them alike; CPU time, which the load does not stretch, is reported beside wall time.
 
-const WORKER = fileURLToPath(new URL('./formats-worker.ts', import.meta.url));
+// The worker runs as this module was loaded: through tsx, or compiled (the tests' build).
+const compiled = import.meta.url.endsWith('.js');
+const WORKER = fileURLToPath(new URL(compiled ? './formats-worker.js' : './formats-worker.ts', import.meta.url));
+const NODE_ARGS = compiled ? [WORKER] : ['--import', 'tsx', WORKER];
 const SHARD = 1000;
 /** Bytes a synthetic sample's JSONL line takes (measured: ~3 KB): what the free-disk check budgets for. */
 const LINE_BYTES = 3100;
@@ -32,7 +35,7 @@ const ROUNDS = 10;
 async function measureOnce(format: string, samples: number, first: number): Promise<Result> {
   const dir = mkdtempSync(join(tmpdir(), `regen-bench-${format}-`));
   try {
-    const child = spawn(process.execPath, ['--import', 'tsx', WORKER, format, String(samples), String(SHARD), dir, String(first)], {
+    const child = spawn(process.execPath, [...NODE_ARGS, format, String(samples), String(SHARD), dir, String(first)], {
       stdio: ['ignore', 'pipe', 'inherit'],
     });
     let out = '';

@@ -3,7 +3,7 @@ import { createHash } from 'node:crypto';
 import { eq } from 'drizzle-orm';
 import OpenAI, { APIError, AuthenticationError, BadRequestError, NotFoundError, toFile } from 'openai';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { spawnSimulator, type SimProcess } from '../src/sim/spawn.js';
+import { spawnSimulator, type SimProcess } from './support/sim.js';
 import { call, startTestServer, waitFor } from './support/server.js';
 
 const MODEL = 'qwen3-sim';

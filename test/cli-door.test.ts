@@ -8,7 +8,7 @@ import { createServer, type AddressInfo } from 'node:net';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { spawnSimulator, type SimProcess } from '../src/sim/spawn.js';
+import { spawnSimulator, type SimProcess } from './support/sim.js';
 import { registerEndpoint } from './support/runner-checks.js';
 import { call, startTestServer, tempDir, waitFor } from './support/server.js';
 

@@ -5,8 +5,8 @@ import { createServer, type AddressInfo } from 'node:net';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { spawnSimulator, type SimProcess } from '../src/sim/spawn.js';
-import { call, startTestServer, tempDir, waitFor } from './support/server.js';
+import { spawnSimulator, type SimProcess } from './support/sim.js';
+import { call, MAIN, startTestServer, tempDir, waitFor } from './support/server.js';
 
 const ROOT = fileURLToPath(new URL('..', import.meta.url));
 const TOKEN = 'cli-test-token';
@@ -23,9 +23,9 @@ interface Result {
   stderr: string;
 }
 
-/** `node bin/regen.js ...args` as a user would run it, against the test server. */
+/** `regen ...args` as a user would run it, against the test server: compiled (bin/regen.js itself is cli-door.test.ts's). */
 async function regen(args: string[], env: Record<string, string> = {}): Promise<Result> {
-  const child = spawn(process.execPath, ['bin/regen.js', ...args], {
+  const child = spawn(process.execPath, [MAIN, ...args], {
     cwd: ROOT,
     env: { ...process.env, REGEN_URL: server.url, REGEN_TOKEN: TOKEN, ...env },
     stdio: ['ignore', 'pipe', 'pipe'],

@@ -4,7 +4,7 @@ import { DuckDBInstance } from '@duckdb/node-api';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { parse as parseYaml } from 'yaml';
 import { ASSIGN_SALTS, pickSplit, pickWeighted } from '../src/domain/assign.js';
-import { spawnSimulator, type SimProcess } from '../src/sim/spawn.js';
+import { spawnSimulator, type SimProcess } from './support/sim.js';
 import { Stores } from '../src/storage/index.js';
 import { call, startTestServer, tempDir } from './support/server.js';
 import { completedRun, createRun, readManifestFiles, registerEndpoint, uploadFile, waitForStatus } from './support/runner-checks.js';

@@ -1,5 +1,5 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { spawnSimulator, type SimProcess } from '../src/sim/spawn.js';
+import { spawnSimulator, type SimProcess } from './support/sim.js';
 import { Stores } from '../src/storage/index.js';
 import { call, spawnServer, tempDir, waitFor, type ServerProcess } from './support/server.js';
 import { checkDatabase, createRun, digestOf, registerEndpoint, uploadFile, waitForStatus } from './support/runner-checks.js';

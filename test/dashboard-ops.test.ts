@@ -3,7 +3,7 @@ import { fileURLToPath } from 'node:url';
 import { chromium, type Browser, type Page } from 'playwright-core';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { HISTORY_STEP_MS } from '../src/domain/history.js';
-import { spawnSimulator, type SimProcess } from '../src/sim/spawn.js';
+import { spawnSimulator, type SimProcess } from './support/sim.js';
 import { call, startTestServer, waitFor } from './support/server.js';
 
 const CHROMIUM = '/usr/bin/chromium';

@@ -1,7 +1,7 @@
 // Mistakes caught at the door: each refusal names the field or line at fault and says the fix;
 // a model no endpoint serves is created with a warning naming the closest served names.
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { spawnSimulator, type SimProcess } from '../src/sim/spawn.js';
+import { spawnSimulator, type SimProcess } from './support/sim.js';
 import { expectProblem, request } from './support/http.js';
 import { createRun, registerEndpoint, uploadFile, waitForStatus } from './support/runner-checks.js';
 import { startTestServer, waitFor } from './support/server.js';

@@ -1,6 +1,6 @@
 import { afterAll, beforeAll, describe, expect, it, vi } from 'vitest';
 import { statusCommand } from '../src/cli/status.js';
-import { spawnSimulator, type SimProcess } from '../src/sim/spawn.js';
+import { spawnSimulator, type SimProcess } from './support/sim.js';
 import { call, startTestServer, waitFor } from './support/server.js';
 
 type TestServer = Awaited<ReturnType<typeof startTestServer>>;

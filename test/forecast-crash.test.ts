@@ -1,6 +1,6 @@
 import { and, count, eq } from 'drizzle-orm';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { spawnSimulator, type SimProcess } from '../src/sim/spawn.js';
+import { spawnSimulator, type SimProcess } from './support/sim.js';
 import { Stores } from '../src/storage/index.js';
 import { call, spawnServer, tempDir, waitFor, type ServerProcess } from './support/server.js';
 import { openTestStore } from './support/store.js';

@@ -5,8 +5,8 @@ import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { aheadOf, bootstrapMean, calibrationSeqs, computeForecast, seededRandom, type ForecastInput } from '../src/domain/forecast.js';
-import { spawnSimulator, type SimProcess } from '../src/sim/spawn.js';
-import { call, startTestServer, tempDir, waitFor } from './support/server.js';
+import { spawnSimulator, type SimProcess } from './support/sim.js';
+import { call, MAIN, startTestServer, tempDir, waitFor } from './support/server.js';
 import { createRun, listAllSamples, registerEndpoint, uploadFile, waitForStatus } from './support/runner-checks.js';
 
 describe('the calibration slice', () => {
@@ -241,7 +241,7 @@ describe('the forecast against real runs on simulator processes', () => {
     const before = await answered();
     const child = spawn(
       process.execPath,
-      ['bin/regen.js', 'plan', path, '--model', 'sim-forecast', '--samples', String(SLICE), '--deadline', `${PLAN_DEADLINE_S}s`, '--param', 'temperature=0.6'],
+      [MAIN, 'plan', path, '--model', 'sim-forecast', '--samples', String(SLICE), '--deadline', `${PLAN_DEADLINE_S}s`, '--param', 'temperature=0.6'],
       {
         cwd: ROOT,
         env: { ...process.env, REGEN_URL: server.url },

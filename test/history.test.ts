@@ -1,7 +1,7 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { addHistory, compactHistory, readHistory } from '../src/db/history.js';
 import { HISTORY_STEP_MS } from '../src/domain/history.js';
-import { spawnSimulator, type SimProcess } from '../src/sim/spawn.js';
+import { spawnSimulator, type SimProcess } from './support/sim.js';
 import { call, startTestServer, tempDir, waitFor } from './support/server.js';
 import { openTestStore } from './support/store.js';
 

@@ -7,7 +7,7 @@ import { CAP_SOURCES } from '../src/domain/concurrency.js';
 import { FLAGS } from '../src/domain/flags.js';
 import { serverCeiling } from '../src/runner/capacity.js';
 import { startServer, type Server } from '../src/server.js';
-import { spawnSimulator, type SimProcess } from '../src/sim/spawn.js';
+import { spawnSimulator, type SimProcess } from './support/sim.js';
 import { call, startTestServer, tempDir, waitFor } from './support/server.js';
 import { onPg, storeEnv } from './support/store.js';
 

@@ -1,7 +1,7 @@
 // Every body of regen's OpenAI layer (Files and Batch routes, the batch output and error lines),
 // checked against OpenAI's own published schemas (test/fixtures/openai-openapi).
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { spawnSimulator, type SimProcess } from '../src/sim/spawn.js';
+import { spawnSimulator, type SimProcess } from './support/sim.js';
 import { missingProperties, openaiViolations } from './support/openai-schemas.js';
 import { call, startTestServer, waitFor } from './support/server.js';
 

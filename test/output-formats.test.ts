@@ -6,7 +6,7 @@ import { DuckDBInstance } from '@duckdb/node-api';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { parse as parseYaml } from 'yaml';
 import { pickSplit } from '../src/domain/assign.js';
-import { spawnSimulator, type SimProcess } from '../src/sim/spawn.js';
+import { spawnSimulator, type SimProcess } from './support/sim.js';
 import { Stores } from '../src/storage/index.js';
 import { call, startTestServer } from './support/server.js';
 import { completedRun, makePrompts, readManifestFiles, registerEndpoint, uploadFile } from './support/runner-checks.js';

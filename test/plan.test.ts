@@ -8,8 +8,8 @@ import { statSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { spawnSimulator, type SimProcess } from '../src/sim/spawn.js';
-import { call, startTestServer, tempDir, waitFor } from './support/server.js';
+import { spawnSimulator, type SimProcess } from './support/sim.js';
+import { call, MAIN, startTestServer, tempDir, waitFor } from './support/server.js';
 import { createRun, listAllSamples, registerEndpoint, uploadFile, waitForStatus } from './support/runner-checks.js';
 
 const ROOT = fileURLToPath(new URL('..', import.meta.url));
@@ -72,7 +72,7 @@ describe('regen plan --endpoints', () => {
     const path = join(files.dir, 'prompts.jsonl');
     writeFileSync(path, jsonl);
 
-    const child = spawn(process.execPath, ['bin/regen.js', 'plan', path, '--model', MODEL, '--samples', String(SAMPLE), '--endpoints', '4'], {
+    const child = spawn(process.execPath, [MAIN, 'plan', path, '--model', MODEL, '--samples', String(SAMPLE), '--endpoints', '4'], {
       cwd: ROOT,
       env: { ...process.env, REGEN_URL: server.url },
       stdio: ['ignore', 'pipe', 'pipe'],

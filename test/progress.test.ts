@@ -4,7 +4,7 @@ import type { RunRow } from '../src/db/schema.js';
 import { makeLogger } from '../src/logger.js';
 import { renderProgress } from '../src/routes/runs/render.js';
 import { LatencyRing, RateWindow } from '../src/runner/rates.js';
-import { spawnSimulator, type SimProcess } from '../src/sim/spawn.js';
+import { spawnSimulator, type SimProcess } from './support/sim.js';
 import { startServer, type Server } from '../src/server.js';
 import { call, tempDir } from './support/server.js';
 import { createRun, registerEndpoint, waitForStatus } from './support/runner-checks.js';

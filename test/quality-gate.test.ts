@@ -3,7 +3,7 @@ import { FLAGS } from '../src/domain/flags.js';
 import { gateVerdict } from '../src/domain/quality.js';
 import { sqliteClient } from '../src/db/client.js';
 import type { RunRow } from '../src/db/schema.js';
-import { spawnSimulator, type SimProcess } from '../src/sim/spawn.js';
+import { spawnSimulator, type SimProcess } from './support/sim.js';
 import { Stores } from '../src/storage/index.js';
 import { call, startTestServer, waitFor } from './support/server.js';
 import { onPg } from './support/store.js';

@@ -1,6 +1,6 @@
 import { fileURLToPath } from 'node:url';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { spawnSimulator, type SimProcess } from '../src/sim/spawn.js';
+import { spawnSimulator, type SimProcess } from './support/sim.js';
 import { serverCeiling } from '../src/runner/capacity.js';
 import { Stores } from '../src/storage/index.js';
 import { call, startTestServer } from './support/server.js';

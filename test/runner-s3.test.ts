@@ -2,7 +2,7 @@ import { ListObjectsV2Command } from '@aws-sdk/client-s3';
 import { createRequire } from 'node:module';
 import type { AddressInfo } from 'node:net';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { spawnSimulator, type SimProcess } from '../src/sim/spawn.js';
+import { spawnSimulator, type SimProcess } from './support/sim.js';
 import { makeS3Client } from '../src/storage/s3-store.js';
 import { Stores } from '../src/storage/index.js';
 import { call, spawnServer, tempDir, type ServerProcess } from './support/server.js';

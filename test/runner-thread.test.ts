@@ -1,9 +1,8 @@
 import { spawn } from 'node:child_process';
 import { once } from 'node:events';
-import { fileURLToPath } from 'node:url';
 import type { Worker } from 'node:worker_threads';
 import { afterAll, describe, expect, it } from 'vitest';
-import { spawnSimulator, type SimProcess } from '../src/sim/spawn.js';
+import { spawnSimulator, type SimProcess } from './support/sim.js';
 import type { RunnerThread } from '../src/runner/thread.js';
 import { Stores } from '../src/storage/index.js';
 import {
@@ -16,10 +15,9 @@ import {
   uploadFile,
   waitForStatus,
 } from './support/runner-checks.js';
-import { call, spawnServer, startTestServer, tempDir, waitFor } from './support/server.js';
+import { call, MAIN, spawnServer, startTestServer, tempDir, waitFor } from './support/server.js';
 import { onPg, storeEnv } from './support/store.js';
 
-const MAIN = fileURLToPath(new URL('../src/cli/main.ts', import.meta.url));
 const TERMINAL = ['completed', 'failed', 'cancelled', 'paused'];
 const sims: SimProcess[] = [];
 const stores = new Stores({ forcePathStyle: false });
@@ -72,7 +70,7 @@ describe('the runner thread', () => {
     const data = tempDir('regen-locked-');
     const first = await spawnServer(data.dir);
     try {
-      const second = spawn(process.execPath, ['--import', 'tsx', MAIN, 'serve', '--port', '0', '--data', data.dir], {
+      const second = spawn(process.execPath, [MAIN, 'serve', '--port', '0', '--data', data.dir], {
         env: { ...process.env, REGEN_LOG_LEVEL: 'info' },
         stdio: ['ignore', 'pipe', 'pipe'],
       });

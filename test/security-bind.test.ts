@@ -1,14 +1,12 @@
 import { spawn } from 'node:child_process';
 import { once } from 'node:events';
-import { fileURLToPath } from 'node:url';
 import { afterAll, describe, expect, it } from 'vitest';
-import { call, spawnServer, tempDir, type ServerProcess } from './support/server.js';
+import { call, MAIN, spawnServer, tempDir, type ServerProcess } from './support/server.js';
 
 // Where `regen serve` agrees to listen, on one store (vitest.config.ts, storeless): the refusal
 // is the configuration's, checked before any store is opened, and the token check that makes a
 // public address safe reads no table. The tokens on every route, on both stores, are security.test.ts.
 
-const MAIN = fileURLToPath(new URL('../src/cli/main.ts', import.meta.url));
 const servers: ServerProcess[] = [];
 const dirs: { cleanup(): void }[] = [];
 
@@ -29,7 +27,7 @@ describe('bearer tokens', () => {
     const env = { ...process.env };
     delete env.REGEN_API_TOKENS;
     delete env.REGEN_ALLOW_PUBLIC_BIND;
-    const proc = spawn(process.execPath, ['--import', 'tsx', MAIN, 'serve', '--port', '0', '--host', '0.0.0.0', '--data', data], {
+    const proc = spawn(process.execPath, [MAIN, 'serve', '--port', '0', '--host', '0.0.0.0', '--data', data], {
       env,
       stdio: ['ignore', 'pipe', 'pipe'],
     });

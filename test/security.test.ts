@@ -3,7 +3,7 @@ import { join } from 'node:path';
 import { Readable } from 'node:stream';
 import { fileURLToPath } from 'node:url';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { spawnSimulator, type SimProcess } from '../src/sim/spawn.js';
+import { spawnSimulator, type SimProcess } from './support/sim.js';
 import { peakRssMiB, startS3, type S3Server } from './support/faults.js';
 import { call, spawnServer, startTestServer, tempDir, waitFor, type ServerProcess } from './support/server.js';
 import { makePrompts, waitForStatus } from './support/runner-checks.js';

@@ -1,6 +1,6 @@
 import { once } from 'node:events';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { spawnSimulator, type SimProcess } from '../src/sim/spawn.js';
+import { spawnSimulator, type SimProcess } from './support/sim.js';
 import { Stores } from '../src/storage/index.js';
 import { call, startTestServer, waitFor } from './support/server.js';
 import { checkOutput, createRun, getRun, listAllSamples, makePrompts, registerEndpoint, uploadFile, waitForStatus } from './support/runner-checks.js';

@@ -1,6 +1,6 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { QUALITY_WINDOW } from '../src/domain/quality-window.js';
-import { spawnSimulator, type SimProcess } from '../src/sim/spawn.js';
+import { spawnSimulator, type SimProcess } from './support/sim.js';
 import { call, startTestServer } from './support/server.js';
 import { createRun, listAllSamples, registerEndpoint, uploadFile, waitForStatus } from './support/runner-checks.js';
 

@@ -1,6 +1,6 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { ASSIGN_SALTS, pickWeighted } from '../src/domain/assign.js';
-import { spawnSimulator, type SimProcess } from '../src/sim/spawn.js';
+import { spawnSimulator, type SimProcess } from './support/sim.js';
 import { Stores } from '../src/storage/index.js';
 import { call, spawnServer, tempDir, waitFor, type ServerProcess } from './support/server.js';
 import { checkDatabase, createRun, registerEndpoint, waitForStatus } from './support/runner-checks.js';

@@ -6,7 +6,7 @@ import { createServer, type IncomingMessage, type Server, type ServerResponse } 
 import type { AddressInfo } from 'node:net';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { loadConfig } from '../src/config.js';
-import { spawnSimulator, type SimProcess } from '../src/sim/spawn.js';
+import { spawnSimulator, type SimProcess } from './support/sim.js';
 import { expectProblem, request } from './support/http.js';
 import { createRun, getRun, makePrompts, registerEndpoint, uploadFile, waitForStatus } from './support/runner-checks.js';
 import { call, spawnServer, tempDir, waitFor, type ServerProcess } from './support/server.js';

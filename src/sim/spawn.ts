@@ -3,7 +3,11 @@ import { once } from 'node:events';
 import { createInterface } from 'node:readline';
 import { fileURLToPath } from 'node:url';
 
-const MAIN = fileURLToPath(new URL('./main.ts', import.meta.url));
+// The simulator runs as this module was loaded: from the TypeScript sources through tsx, or compiled
+// (the tests' build, test/support/build.ts) as JavaScript, which starts in a third of the time.
+const compiled = import.meta.url.endsWith('.js');
+const MAIN = fileURLToPath(new URL(compiled ? './main.js' : './main.ts', import.meta.url));
+const NODE_ARGS = compiled ? [MAIN] : ['--import', 'tsx', MAIN];
 
 export interface SimProcess {
   url: string;
@@ -21,7 +25,7 @@ export interface SimProcess {
 /** Starts `regen sim` as its own process and resolves once it prints its listening line. */
 export async function spawnSimulator(flags: Record<string, string | number> = {}): Promise<SimProcess> {
   const args = Object.entries({ port: 0, ...flags }).flatMap(([k, v]) => [`--${k}`, String(v)]);
-  const proc = spawn(process.execPath, ['--import', 'tsx', MAIN, ...args], { stdio: ['ignore', 'pipe', 'pipe'] });
+  const proc = spawn(process.execPath, [...NODE_ARGS, ...args], { stdio: ['ignore', 'pipe', 'pipe'] });
   let stderr = '';
   proc.stderr!.on('data', (d: Buffer) => (stderr = (stderr + d.toString()).slice(-2000)));
   const lines = createInterface({ input: proc.stdout! });

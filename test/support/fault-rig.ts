@@ -1,5 +1,5 @@
 import { afterAll } from 'vitest';
-import { spawnSimulator, type SimProcess } from '../../src/sim/spawn.js';
+import { spawnSimulator, type SimProcess } from './sim.js';
 import { Stores } from '../../src/storage/index.js';
 import { HoldingProxy, S3RVER_AWS, startS3, type S3Server } from './faults.js';
 import { call, spawnServer, tempDir, waitFor, type ServerProcess } from './server.js';

@@ -1,11 +1,16 @@
+import { BUILD_ENV, buildSources, removeBuild } from './build.js';
 import { tagTestRun } from './pg.js';
 
-// The suite's global setup (vitest.config.ts): every PostgreSQL database a test creates carries
+// The suite's global setup (vitest.config.ts): the sources compiled once for the servers, simulators
+// and CLIs the tests start (test/support/build.ts); every PostgreSQL database a test creates carries
 // this run's tag, and at the end of the run any still on the server fails the run (and is dropped),
 // so a test that forgets to drop what it created cannot go unnoticed.
 export default function setup(): () => Promise<void> {
+  const build = buildSources();
+  process.env[BUILD_ENV] = build;
   const leftovers = tagTestRun();
   return async () => {
+    removeBuild(build);
     const left = await leftovers();
     if (!left.length) return;
     console.error(`\n*** ${left.length} test database(s) were left behind by this run (now dropped): ${left.join(', ')} ***\n`);

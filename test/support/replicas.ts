@@ -1,5 +1,5 @@
 import pg from 'pg';
-import type { SimProcess } from '../../src/sim/spawn.js';
+import type { SimProcess } from './sim.js';
 import type { FaultRig } from './fault-rig.js';
 import { s3ServerEnv } from './fault-rig.js';
 import { createTestDatabase, type TestDatabase } from './pg.js';

@@ -4,11 +4,19 @@ import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { createInterface } from 'node:readline';
-import { fileURLToPath } from 'node:url';
-import { loadConfig, type Config } from '../../src/config.js';
-import { makeLogger } from '../../src/logger.js';
-import { startServer, type Server } from '../../src/server.js';
+import type { Config } from '../../src/config.js';
+import type * as ConfigModule from '../../src/config.js';
+import type * as LoggerModule from '../../src/logger.js';
+import type * as ServerModule from '../../src/server.js';
+import type { Server } from '../../src/server.js';
+import { built, importBuilt } from './build.js';
 import { storeEnv } from './store.js';
+
+// The server as this run compiled it (test/support/build.ts): loaded as Node loads it, with the
+// runner thread it starts.
+const { loadConfig } = await importBuilt<typeof ConfigModule>('src/config.ts');
+const { makeLogger } = await importBuilt<typeof LoggerModule>('src/logger.ts');
+const { startServer } = await importBuilt<typeof ServerModule>('src/server.ts');
 
 export function tempDir(prefix = 'regen-test-'): { dir: string; cleanup(): void } {
   const dir = mkdtempSync(join(tmpdir(), prefix));
@@ -31,8 +39,9 @@ export async function startTestServer(env: Record<string, string> = {}, dataDir?
   };
 }
 
-const MAIN = fileURLToPath(new URL('../../src/cli/main.ts', import.meta.url));
-/** How long `regen serve` may take to listen: tsx compiles it first, which a loaded 2-core machine has taken over 30 s to do. */
+/** `regen` compiled: what bin/regen.js runs through tsx. */
+export const MAIN = built('src/cli/main.ts');
+/** How long `regen serve` may take to listen: a loaded 2-core machine has taken over 30 s to load it. */
 const SERVER_START_MS = 90_000;
 
 export interface ServerProcess {
@@ -45,7 +54,7 @@ export interface ServerProcess {
 
 /** `regen serve` as its own process, for crash and signal tests. Resolves once it listens. */
 export async function spawnServer(dataDir: string, env: Record<string, string> = {}): Promise<ServerProcess> {
-  const proc = spawn(process.execPath, ['--import', 'tsx', MAIN, 'serve', '--port', '0', '--data', dataDir], {
+  const proc = spawn(process.execPath, [MAIN, 'serve', '--port', '0', '--data', dataDir], {
     env: { ...process.env, REGEN_LOG_LEVEL: 'info', REGEN_PROBE_INTERVAL_MS: '200', ...(await storeEnv(dataDir)), ...env },
     stdio: ['ignore', 'pipe', 'pipe'],
   });

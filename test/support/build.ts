@@ -1,0 +1,83 @@
+import { existsSync, mkdirSync, readdirSync, readFileSync, rmSync, statSync, symlinkSync, writeFileSync, copyFileSync } from 'node:fs';
+import { join, relative } from 'node:path';
+import { fileURLToPath, pathToFileURL } from 'node:url';
+import { transformSync } from 'esbuild';
+
+/**
+ * The sources compiled once per test run, file by file, as tsx compiles them (the same esbuild):
+ * the servers, simulators and CLIs the tests start load JavaScript, not TypeScript through tsx's
+ * loader, which took each of them 1–2 s of CPU before it listened (README, Development).
+ *
+ * The tree lives under node_modules/.cache so vitest loads it as Node does (it transforms only
+ * files outside node_modules), and its packages resolve from the project's node_modules.
+ */
+
+const ROOT = fileURLToPath(new URL('../../', import.meta.url));
+const BUILDS = join(ROOT, 'node_modules', '.cache', 'regen-test-build');
+/** Set by the suite's global setup for every test file and every process a test starts. */
+export const BUILD_ENV = 'REGEN_TEST_BUILD';
+
+/** Compiles src/ and bench/ into a fresh folder of its own and returns it; folders of runs no longer alive are removed. */
+export function buildSources(): string {
+  mkdirSync(BUILDS, { recursive: true });
+  for (const name of readdirSync(BUILDS)) {
+    const pid = Number(name.split('-')[0]);
+    if (!pidAlive(pid)) rmSync(join(BUILDS, name), { recursive: true, force: true });
+  }
+  const out = join(BUILDS, `${process.pid}-${Date.now()}`);
+  for (const tree of ['src', 'bench']) compileTree(join(ROOT, tree), join(out, tree));
+  // Paths the sources resolve from their own place: ../../migrations (the stores), src/dashboard (copied above).
+  symlinkSync(join(ROOT, 'migrations'), join(out, 'migrations'));
+  // The runner thread's entry registers tsx to load worker.ts; compiled, it loads worker.js.
+  writeFileSync(join(out, 'src', 'runner', 'worker-boot.mjs'), "await import('./worker.js');\n");
+  return out;
+}
+
+function compileTree(from: string, to: string): void {
+  mkdirSync(to, { recursive: true });
+  for (const entry of readdirSync(from, { withFileTypes: true })) {
+    const source = join(from, entry.name);
+    if (entry.isDirectory()) {
+      compileTree(source, join(to, entry.name));
+    } else if (entry.name.endsWith('.d.ts')) {
+    } else if (entry.name.endsWith('.ts')) {
+      const { code } = transformSync(readFileSync(source, 'utf8'), { loader: 'ts', format: 'esm', target: 'node20', sourcefile: relative(ROOT, source) });
+      writeFileSync(join(to, entry.name.replace(/\.ts$/, '.js')), code);
+    } else {
+      copyFileSync(source, join(to, entry.name));
+    }
+  }
+}
+
+function pidAlive(pid: number): boolean {
+  if (!Number.isInteger(pid) || pid <= 0) return false;
+  try {
+    process.kill(pid, 0);
+    return true;
+  } catch (err) {
+    return (err as NodeJS.ErrnoException).code === 'EPERM';
+  }
+}
+
+/** This run's compiled tree (the global setup built it). */
+export function buildDir(): string {
+  const dir = process.env[BUILD_ENV];
+  if (!dir || !existsSync(dir) || !statSync(dir).isDirectory())
+    throw new Error(`${BUILD_ENV} is not set to a compiled tree: run the tests through vitest (its global setup compiles src/)`);
+  return dir;
+}
+
+/** The compiled form of a source file, e.g. built('src/cli/main.ts') → …/src/cli/main.js. */
+export function built(sourcePath: string): string {
+  return join(buildDir(), sourcePath.replace(/\.ts$/, '.js'));
+}
+
+/** Imports a source module's compiled form, as Node loads it. */
+export function importBuilt<T>(sourcePath: string): Promise<T> {
+  return import(pathToFileURL(built(sourcePath)).href) as Promise<T>;
+}
+
+/** For the teardown: the tree goes with its run. */
+export function removeBuild(dir: string): void {
+  rmSync(dir, { recursive: true, force: true });
+}
