@@ -1,7 +1,10 @@
 import { expectProblem as shared, request, type Raw } from './support/http.js';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { upsertEndpoint } from '../src/services/endpoints.js';
+import { loadSource } from './support/build.js';
 import { call, spawnServer, startTestServer, tempDir, waitFor } from './support/server.js';
+
+// As the server under test has it (its deps are the compiled tree's, test/support/build.ts).
+const { upsertEndpoint } = await loadSource<typeof import('../src/services/endpoints.js')>('src/services/endpoints.ts');
 
 type TestServer = Awaited<ReturnType<typeof startTestServer>>;
 

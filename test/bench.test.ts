@@ -1,6 +1,6 @@
 import { spawn } from 'node:child_process';
 import { describe, expect, it } from 'vitest';
-import { built } from './support/build.js';
+import { nodeEntry } from './support/build.js';
 
 /**
  * Every part a default `npm run bench` runs, as the command names it, and the part names its rows
@@ -53,7 +53,7 @@ async function inLane<T>(fn: () => Promise<T>): Promise<T> {
  */
 function runPart(part: string): Promise<string> {
   return new Promise((resolve, reject) => {
-    const child = spawn(process.execPath, [built('bench/index.ts'), part], {
+    const child = spawn(process.execPath, [...nodeEntry('bench/index.ts'), part], {
       env: { ...process.env, BENCH_SCALE: '0.002' },
       stdio: ['ignore', 'pipe', 'pipe'],
       detached: true,

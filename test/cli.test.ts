@@ -6,7 +6,7 @@ import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { spawnSimulator, type SimProcess } from './support/sim.js';
-import { call, MAIN, startTestServer, tempDir, waitFor } from './support/server.js';
+import { call, REGEN, startTestServer, tempDir, waitFor } from './support/server.js';
 
 const ROOT = fileURLToPath(new URL('..', import.meta.url));
 const TOKEN = 'cli-test-token';
@@ -25,7 +25,7 @@ interface Result {
 
 /** `regen ...args` as a user would run it, against the test server: compiled (bin/regen.js itself is cli-door.test.ts's). */
 async function regen(args: string[], env: Record<string, string> = {}): Promise<Result> {
-  const child = spawn(process.execPath, [MAIN, ...args], {
+  const child = spawn(process.execPath, [...REGEN, ...args], {
     cwd: ROOT,
     env: { ...process.env, REGEN_URL: server.url, REGEN_TOKEN: TOKEN, ...env },
     stdio: ['ignore', 'pipe', 'pipe'],

@@ -6,7 +6,7 @@ import { fileURLToPath } from 'node:url';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { aheadOf, bootstrapMean, calibrationSeqs, computeForecast, seededRandom, type ForecastInput } from '../src/domain/forecast.js';
 import { spawnSimulator, type SimProcess } from './support/sim.js';
-import { call, MAIN, startTestServer, tempDir, waitFor } from './support/server.js';
+import { call, REGEN, startTestServer, tempDir, waitFor } from './support/server.js';
 import { createRun, listAllSamples, registerEndpoint, uploadFile, waitForStatus } from './support/runner-checks.js';
 
 describe('the calibration slice', () => {
@@ -241,7 +241,7 @@ describe('the forecast against real runs on simulator processes', () => {
     const before = await answered();
     const child = spawn(
       process.execPath,
-      [MAIN, 'plan', path, '--model', 'sim-forecast', '--samples', String(SLICE), '--deadline', `${PLAN_DEADLINE_S}s`, '--param', 'temperature=0.6'],
+      [...REGEN, 'plan', path, '--model', 'sim-forecast', '--samples', String(SLICE), '--deadline', `${PLAN_DEADLINE_S}s`, '--param', 'temperature=0.6'],
       {
         cwd: ROOT,
         env: { ...process.env, REGEN_URL: server.url },

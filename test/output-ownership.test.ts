@@ -3,9 +3,12 @@ import { join } from 'node:path';
 import { pathToFileURL } from 'node:url';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { expectProblem, request, type Raw } from './support/http.js';
-import { setOutputUri } from '../src/db/runs.js';
+import { loadSource } from './support/build.js';
 import { resolveInput } from '../src/services/runs/input-source.js';
 import { startTestServer, tempDir } from './support/server.js';
+
+// As the server under test has it (its deps are the compiled tree's, test/support/build.ts).
+const { setOutputUri } = await loadSource<typeof import('../src/db/runs.js')>('src/db/runs.ts');
 
 // One place, one owner: an output prefix is compared by where it points, not how it is spelled,
 // and regen's own store is neither an output nor an input.

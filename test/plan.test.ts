@@ -9,7 +9,7 @@ import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { spawnSimulator, type SimProcess } from './support/sim.js';
-import { call, MAIN, startTestServer, tempDir, waitFor } from './support/server.js';
+import { call, REGEN, startTestServer, tempDir, waitFor } from './support/server.js';
 import { createRun, listAllSamples, registerEndpoint, uploadFile, waitForStatus } from './support/runner-checks.js';
 
 const ROOT = fileURLToPath(new URL('..', import.meta.url));
@@ -72,7 +72,7 @@ describe('regen plan --endpoints', () => {
     const path = join(files.dir, 'prompts.jsonl');
     writeFileSync(path, jsonl);
 
-    const child = spawn(process.execPath, [MAIN, 'plan', path, '--model', MODEL, '--samples', String(SAMPLE), '--endpoints', '4'], {
+    const child = spawn(process.execPath, [...REGEN, 'plan', path, '--model', MODEL, '--samples', String(SAMPLE), '--endpoints', '4'], {
       cwd: ROOT,
       env: { ...process.env, REGEN_URL: server.url },
       stdio: ['ignore', 'pipe', 'pipe'],

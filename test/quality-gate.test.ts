@@ -1,13 +1,16 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { FLAGS } from '../src/domain/flags.js';
 import { gateVerdict } from '../src/domain/quality.js';
-import { sqliteClient } from '../src/db/client.js';
+import { loadSource } from './support/build.js';
 import type { RunRow } from '../src/db/schema.js';
 import { spawnSimulator, type SimProcess } from './support/sim.js';
 import { Stores } from '../src/storage/index.js';
 import { call, startTestServer, waitFor } from './support/server.js';
 import { onPg } from './support/store.js';
 import { createRun, getRun, listAllSamples, registerEndpoint, waitForStatus } from './support/runner-checks.js';
+
+// As the server under test has it: its store is the compiled tree's (test/support/build.ts).
+const { sqliteClient } = await loadSource<typeof import('../src/db/client.js')>('src/db/client.ts');
 
 // One simulator per behaviour, each serving its own model so every run reaches only its own.
 const BROKEN = 'broken-sim';

@@ -15,7 +15,7 @@ import {
   uploadFile,
   waitForStatus,
 } from './support/runner-checks.js';
-import { call, MAIN, spawnServer, startTestServer, tempDir, waitFor } from './support/server.js';
+import { call, REGEN, spawnServer, startTestServer, tempDir, waitFor } from './support/server.js';
 import { onPg, storeEnv } from './support/store.js';
 
 const TERMINAL = ['completed', 'failed', 'cancelled', 'paused'];
@@ -70,7 +70,7 @@ describe('the runner thread', () => {
     const data = tempDir('regen-locked-');
     const first = await spawnServer(data.dir);
     try {
-      const second = spawn(process.execPath, [MAIN, 'serve', '--port', '0', '--data', data.dir], {
+      const second = spawn(process.execPath, [...REGEN, 'serve', '--port', '0', '--data', data.dir], {
         env: { ...process.env, REGEN_LOG_LEVEL: 'info' },
         stdio: ['ignore', 'pipe', 'pipe'],
       });

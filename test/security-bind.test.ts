@@ -1,7 +1,7 @@
 import { spawn } from 'node:child_process';
 import { once } from 'node:events';
 import { afterAll, describe, expect, it } from 'vitest';
-import { call, MAIN, spawnServer, tempDir, type ServerProcess } from './support/server.js';
+import { call, REGEN, spawnServer, tempDir, type ServerProcess } from './support/server.js';
 
 // Where `regen serve` agrees to listen, on one store (vitest.config.ts, storeless): the refusal
 // is the configuration's, checked before any store is opened, and the token check that makes a
@@ -27,7 +27,7 @@ describe('bearer tokens', () => {
     const env = { ...process.env };
     delete env.REGEN_API_TOKENS;
     delete env.REGEN_ALLOW_PUBLIC_BIND;
-    const proc = spawn(process.execPath, [MAIN, 'serve', '--port', '0', '--host', '0.0.0.0', '--data', data], {
+    const proc = spawn(process.execPath, [...REGEN, 'serve', '--port', '0', '--host', '0.0.0.0', '--data', data], {
       env,
       stdio: ['ignore', 'pipe', 'pipe'],
     });

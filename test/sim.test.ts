@@ -6,10 +6,10 @@ import { fileURLToPath } from 'node:url';
 import OpenAI from 'openai';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { startSimulator } from '../src/sim/server.js';
-import { built } from './support/build.js';
+import { nodeEntry } from './support/build.js';
 
 // The simulator's CLI as this run compiled it (test/support/build.ts).
-const MAIN = built('src/sim/main.ts');
+const SIM = nodeEntry('src/sim/main.ts');
 const ROOT = fileURLToPath(new URL('..', import.meta.url));
 
 interface SimProcess {
@@ -22,7 +22,7 @@ interface SimProcess {
 const started: SimProcess[] = [];
 
 function spawnCli(args: string[]): { child: ChildProcess; exited: Promise<number | null>; stderr: () => string } {
-  const child = spawn(process.execPath, [MAIN, ...args], { cwd: ROOT, stdio: 'pipe' });
+  const child = spawn(process.execPath, [...SIM, ...args], { cwd: ROOT, stdio: 'pipe' });
   let stderr = '';
   child.stderr!.on('data', (chunk: Buffer) => (stderr += chunk.toString()));
   const exited = once(child, 'exit').then(([code]) => code as number | null);

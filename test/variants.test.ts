@@ -7,7 +7,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { ASSIGN_SALTS, pickWeighted } from '../src/domain/assign.js';
 import { spawnSimulator, type SimProcess } from './support/sim.js';
 import { Stores } from '../src/storage/index.js';
-import { call, MAIN, startTestServer, tempDir } from './support/server.js';
+import { call, REGEN, startTestServer, tempDir } from './support/server.js';
 import { createRun, registerEndpoint, uploadFile, waitForStatus } from './support/runner-checks.js';
 
 // Variants, the input's own fields and on_length, end to end: regen as a server, the simulator as
@@ -201,7 +201,7 @@ describe('on_length', () => {
 describe('the CLI', () => {
   it('submits variants from a file with on_length, and `status RUN` shows a table of the variants', async () => {
     const root = fileURLToPath(new URL('..', import.meta.url));
-    const regen = (args: string[]) => promisify(execFile)(process.execPath, [MAIN, ...args], { cwd: root, env: { ...process.env, REGEN_URL: server.url } });
+    const regen = (args: string[]) => promisify(execFile)(process.execPath, [...REGEN, ...args], { cwd: root, env: { ...process.env, REGEN_URL: server.url } });
     const prompts = join(files.dir, 'prompts.jsonl');
     writeFileSync(prompts, Array.from({ length: 30 }, (_, i) => JSON.stringify({ id: `c-${i}`, prompt: question(i) })).join('\n') + '\n');
     const variants = join(files.dir, 'variants.json');

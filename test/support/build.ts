@@ -17,7 +17,10 @@ const BUILDS = join(ROOT, 'node_modules', '.cache', 'regen-test-build');
 /** Set by the suite's global setup for every test file and every process a test starts. */
 export const BUILD_ENV = 'REGEN_TEST_BUILD';
 
-/** Compiles src/ and bench/ into a fresh folder of its own and returns it; folders of runs no longer alive are removed. */
+/**
+ * Compiles src/, bench/ and test/support/ (the bench's servers come from there) into a fresh folder
+ * of its own and returns it; folders of runs no longer alive are removed.
+ */
 export function buildSources(): string {
   mkdirSync(BUILDS, { recursive: true });
   for (const name of readdirSync(BUILDS)) {
@@ -25,7 +28,7 @@ export function buildSources(): string {
     if (!pidAlive(pid)) rmSync(join(BUILDS, name), { recursive: true, force: true });
   }
   const out = join(BUILDS, `${process.pid}-${Date.now()}`);
-  for (const tree of ['src', 'bench']) compileTree(join(ROOT, tree), join(out, tree));
+  for (const tree of ['src', 'bench', 'test/support']) compileTree(join(ROOT, tree), join(out, tree));
   // Paths the sources resolve from their own place: ../../migrations (the stores), src/dashboard (copied above).
   symlinkSync(join(ROOT, 'migrations'), join(out, 'migrations'));
   // The runner thread's entry registers tsx to load worker.ts; compiled, it loads worker.js.
@@ -59,22 +62,26 @@ function pidAlive(pid: number): boolean {
   }
 }
 
-/** This run's compiled tree (the global setup built it). */
-export function buildDir(): string {
+/** This run's compiled tree, or null outside the suite (`npm run bench` runs the sources through tsx). */
+export function compiledTree(): string | null {
   const dir = process.env[BUILD_ENV];
-  if (!dir || !existsSync(dir) || !statSync(dir).isDirectory())
-    throw new Error(`${BUILD_ENV} is not set to a compiled tree: run the tests through vitest (its global setup compiles src/)`);
-  return dir;
+  return dir && existsSync(dir) && statSync(dir).isDirectory() ? dir : null;
 }
 
-/** The compiled form of a source file, e.g. built('src/cli/main.ts') → …/src/cli/main.js. */
-export function built(sourcePath: string): string {
-  return join(buildDir(), sourcePath.replace(/\.ts$/, '.js'));
+/** Where a source file is loaded from: its compiled form in this run's tree, else the file itself. */
+function located(sourcePath: string): string {
+  const tree = compiledTree();
+  return tree ? join(tree, sourcePath.replace(/\.ts$/, '.js')) : join(ROOT, sourcePath);
 }
 
-/** Imports a source module's compiled form, as Node loads it. */
-export function importBuilt<T>(sourcePath: string): Promise<T> {
-  return import(pathToFileURL(built(sourcePath)).href) as Promise<T>;
+/** Imports a source module (a path from the project's root): compiled in the suite, else through tsx. */
+export function loadSource<T>(sourcePath: string): Promise<T> {
+  return import(pathToFileURL(located(sourcePath)).href) as Promise<T>;
+}
+
+/** The arguments that make `node` run a source entry point: its compiled form, or the TypeScript through tsx. */
+export function nodeEntry(sourcePath: string): string[] {
+  return compiledTree() ? [located(sourcePath)] : ['--import', 'tsx', located(sourcePath)];
 }
 
 /** For the teardown: the tree goes with its run. */

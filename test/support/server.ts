@@ -9,14 +9,15 @@ import type * as ConfigModule from '../../src/config.js';
 import type * as LoggerModule from '../../src/logger.js';
 import type * as ServerModule from '../../src/server.js';
 import type { Server } from '../../src/server.js';
-import { built, importBuilt } from './build.js';
+import { loadSource, nodeEntry } from './build.js';
 import { storeEnv } from './store.js';
 
-// The server as this run compiled it (test/support/build.ts): loaded as Node loads it, with the
-// runner thread it starts.
-const { loadConfig } = await importBuilt<typeof ConfigModule>('src/config.ts');
-const { makeLogger } = await importBuilt<typeof LoggerModule>('src/logger.ts');
-const { startServer } = await importBuilt<typeof ServerModule>('src/server.ts');
+// The server as this run compiled it (test/support/build.ts), loaded as Node loads it, with the
+// runner thread it starts; under `npm run bench`, the sources through tsx. The server first, as
+// `regen serve` loads it: the routes' schemas extend zod before the domain's schemas are made.
+const { startServer } = await loadSource<typeof ServerModule>('src/server.ts');
+const { loadConfig } = await loadSource<typeof ConfigModule>('src/config.ts');
+const { makeLogger } = await loadSource<typeof LoggerModule>('src/logger.ts');
 
 export function tempDir(prefix = 'regen-test-'): { dir: string; cleanup(): void } {
   const dir = mkdtempSync(join(tmpdir(), prefix));
@@ -39,8 +40,8 @@ export async function startTestServer(env: Record<string, string> = {}, dataDir?
   };
 }
 
-/** `regen` compiled: what bin/regen.js runs through tsx. */
-export const MAIN = built('src/cli/main.ts');
+/** `node ...REGEN, ...args` runs `regen`: compiled in the suite (bin/regen.js runs it through tsx). */
+export const REGEN = nodeEntry('src/cli/main.ts');
 /** How long `regen serve` may take to listen: a loaded 2-core machine has taken over 30 s to load it. */
 const SERVER_START_MS = 90_000;
 
@@ -54,7 +55,7 @@ export interface ServerProcess {
 
 /** `regen serve` as its own process, for crash and signal tests. Resolves once it listens. */
 export async function spawnServer(dataDir: string, env: Record<string, string> = {}): Promise<ServerProcess> {
-  const proc = spawn(process.execPath, [MAIN, 'serve', '--port', '0', '--data', dataDir], {
+  const proc = spawn(process.execPath, [...REGEN, 'serve', '--port', '0', '--data', dataDir], {
     env: { ...process.env, REGEN_LOG_LEVEL: 'info', REGEN_PROBE_INTERVAL_MS: '200', ...(await storeEnv(dataDir)), ...env },
     stdio: ['ignore', 'pipe', 'pipe'],
   });

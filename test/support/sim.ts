@@ -1,7 +1,7 @@
 import type * as SpawnModule from '../../src/sim/spawn.js';
-import { importBuilt } from './build.js';
+import { loadSource } from './build.js';
 
 export type { SimProcess } from '../../src/sim/spawn.js';
 
 /** `regen sim` as its own process, compiled (test/support/build.ts): it listens in a third of the time tsx takes. */
-export const { spawnSimulator } = await importBuilt<typeof SpawnModule>('src/sim/spawn.ts');
+export const { spawnSimulator } = await loadSource<typeof SpawnModule>('src/sim/spawn.ts');

@@ -1,7 +1,5 @@
 import { resolve } from 'node:path';
-import type * as DbModule from '../../src/db/client.js';
-import type { Db } from '../../src/db/client.js';
-import { importBuilt } from './build.js';
+import { openDb, type Db } from '../../src/db/client.js';
 import { createTestDatabase, type TestDatabase } from './pg.js';
 
 /**
@@ -9,9 +7,6 @@ import { createTestDatabase, type TestDatabase } from './pg.js';
  * PostgreSQL database of its own for each data folder a test starts a server on. The vitest
  * project `pg` (vitest.config.ts) sets it, so the same tests run on both.
  */
-// The store's module as the servers under test load it (test/support/build.ts).
-const { openDb } = await importBuilt<typeof DbModule>('src/db/client.ts');
-
 export const TEST_STORE: 'sqlite' | 'pg' = process.env.REGEN_TEST_STORE === 'pg' ? 'pg' : 'sqlite';
 
 const databases = new Map<string, Promise<TestDatabase>>();

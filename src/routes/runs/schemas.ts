@@ -10,15 +10,24 @@ import { Timestamp, WebhookTarget } from '../common.js';
 import { DELIVERY_STATUSES } from '../../domain/webhooks.js';
 import { OUTPUT_FORMATS } from '../../domain/output-format.js';
 
-export const Message = domain.Message.openapi('ChatMessage');
+/**
+ * Names a schema src/domain made for the document. zod copies its methods onto each schema as it
+ * makes it, so one made before @hono/zod-openapi extended zod (its module loaded first: the store's,
+ * a bench's) has no `.openapi` of its own; the extension's method is taken from the prototype.
+ */
+function named<T extends z.ZodType>(schema: T, ...args: Parameters<T['openapi']>): T {
+  return (z.ZodType.prototype.openapi as (...a: unknown[]) => T).apply(schema, args);
+}
 
-export const Params = domain.Params.openapi('GenerationParams', {
+export const Message = named(domain.Message, 'ChatMessage');
+
+export const Params = named(domain.Params, 'GenerationParams', {
   example: { temperature: 0.6, top_p: 0.95, max_tokens: 8192, chat_template_kwargs: { enable_thinking: true } },
 });
 
-export const QualitySettings = domain.QualitySettings.openapi('QualitySettings');
+export const QualitySettings = named(domain.QualitySettings, 'QualitySettings');
 
-export const Variants = variants.Variants.openapi('Variants', {
+export const Variants = named(variants.Variants, 'Variants', {
   description:
     "Named params, each taken by a share of the samples in proportion to its weight, chosen by custom_id alone (the same input gets the same variant in every run). Params are laid run, variant, line; `n` is the run's only. Each output line names its `variant`",
   example: [
