@@ -40,6 +40,11 @@ export default defineConfig({
     // machine pushed the load past 14 and tests that wait on real answers ran out of time (README,
     // Development). `--maxWorkers=N` on the command line overrides it.
     maxWorkers: 2,
+    // A worker runs file after file of its project in one process: a new process and its imports
+    // for each file cost about a second of CPU, which the two cores are short of. Each file still
+    // starts and stops its own servers, simulators and databases, and sets no process-wide state
+    // it does not restore (the S3 variables, test/support/fault-rig.ts).
+    isolate: false,
     // Tags this run's PostgreSQL databases, and fails the run if any is left behind.
     globalSetup: ['test/support/global-setup.ts'],
     // `npm run test:durations` also records each file's time (test/durations.json), which orders the next runs.

@@ -7,19 +7,25 @@ export const DURATIONS_FILE = new URL('../durations.json', import.meta.url);
 
 export const durationKey = (project: string, root: string, moduleId: string) => `${project}:${relative(root, moduleId)}`;
 
+/** Files shorter than this run after the long ones, one project's after the other's (below). */
+const SHORT_S = 15;
+
 /**
  * Starts the longest files first, whatever their project: with two workers, a three-minute file
  * started last would run alone for minutes at the end of the suite. Files the list does not know
  * (new ones) go first of all, as vitest's own sequencer does with files it has no results for.
+ * The short files follow grouped by project, longest first within each: a worker goes on to the
+ * next file in the same process only when that file is of its own project (vitest.config.ts,
+ * isolate), and for a file of a few seconds the new process is a good part of its cost.
  * A fresh clone has no vitest cache, so the order comes from the checked-in list.
  */
 export class LongestFirst extends BaseSequencer {
   async sort(files: TestSpecification[]): Promise<TestSpecification[]> {
     const known: Record<string, number> = existsSync(DURATIONS_FILE) ? JSON.parse(readFileSync(DURATIONS_FILE, 'utf8')) : {};
     const root = this.ctx.config.root;
-    const seconds = (spec: TestSpecification) => known[durationKey(spec.project.name, root, spec.moduleId)] ?? Number.POSITIVE_INFINITY;
-    return [...files].sort(
-      (a, b) => seconds(b) - seconds(a) || durationKey(a.project.name, root, a.moduleId).localeCompare(durationKey(b.project.name, root, b.moduleId)),
-    );
+    const key = (spec: TestSpecification) => durationKey(spec.project.name, root, spec.moduleId);
+    const seconds = (spec: TestSpecification) => known[key(spec)] ?? Number.POSITIVE_INFINITY;
+    const group = (spec: TestSpecification) => (seconds(spec) >= SHORT_S ? '' : spec.project.name);
+    return [...files].sort((a, b) => group(a).localeCompare(group(b)) || seconds(b) - seconds(a) || key(a).localeCompare(key(b)));
   }
 }
