@@ -29,6 +29,9 @@ const PARTS: Record<string, string[]> = {
  * overlap; more would only queue on a 2-core machine's CPU.
  */
 const LANES = 3;
+
+/** The part run from the TypeScript through tsx, exactly as `npm run bench` runs it (servers and simulators too); the rest run compiled. */
+const THROUGH_TSX = 'dispatch';
 /** Generous: a part at a tiny scale takes seconds, but a loaded machine has stretched a server's start past 10 s. */
 const PART_MS = 480_000;
 
@@ -47,13 +50,15 @@ async function inLane<T>(fn: () => Promise<T>): Promise<T> {
 }
 
 /**
- * `npm run bench PART` at a tiny scale; resolves with what it printed on stdout. The part leads a
+ * The bench's PART at a tiny scale, as `npm run bench PART` runs it but compiled (test/support/build.ts);
+ * resolves with what it printed on stdout. The part leads a
  * process group of its own, which its servers and simulators join: once it exits, or runs out of
  * time, whatever of it is left goes with it.
  */
 function runPart(part: string): Promise<string> {
+  const entry = part === THROUGH_TSX ? ['--import', 'tsx', 'bench/index.ts'] : nodeEntry('bench/index.ts');
   return new Promise((resolve, reject) => {
-    const child = spawn(process.execPath, [...nodeEntry('bench/index.ts'), part], {
+    const child = spawn(process.execPath, [...entry, part], {
       env: { ...process.env, BENCH_SCALE: '0.002' },
       stdio: ['ignore', 'pipe', 'pipe'],
       detached: true,

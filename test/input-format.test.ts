@@ -560,5 +560,8 @@ async function* probeEvery(source: AsyncIterable<Uint8Array>, every: number, pro
 /** The engine's collector, so a memory test measures what is kept rather than what is not yet swept. */
 function exposeGc(): () => void {
   setFlagsFromString('--expose-gc');
-  return runInNewContext('gc') as () => void;
+  const gc = runInNewContext('gc') as () => void;
+  // The flag is the process's: files that run after this one in it get it unset again.
+  setFlagsFromString('--no-expose-gc');
+  return gc;
 }

@@ -256,10 +256,15 @@ describe('GET /metrics', () => {
     }
   });
 
-  it('belongs to one server: another in the same process starts from zero', async () => {
+  it("belongs to one server: another in the same process starts from zero, and the process's own metrics show once", async () => {
     const other = await startTestServer({ REGEN_RUNNER: 'false' });
     try {
-      const m = parseMetrics(await (await fetch(`${other.url}/metrics`)).text());
+      const text = await (await fetch(`${other.url}/metrics`)).text();
+      const m = parseMetrics(text);
+      // CPU, memory and the event loop, collected once per process for every server in it.
+      expect(m.value('process_cpu_user_seconds_total')).toBeGreaterThan(0);
+      expect(m.value('nodejs_eventloop_lag_seconds')).toBeGreaterThanOrEqual(0);
+      expect(text.split('\n').filter((l) => l.startsWith('# TYPE process_cpu_user_seconds_total '))).toHaveLength(1);
       expect(m.value('regen_shard_uploads_total')).toBe(0);
       expect(m.value('regen_retries_total')).toBe(0);
       expect(m.value('regen_replica_info', { role: 'none' })).toBe(1);

@@ -5,6 +5,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { spawnSimulator, type SimProcess } from './support/sim.js';
 import { makeS3Client } from '../src/storage/s3-store.js';
 import { Stores } from '../src/storage/index.js';
+import { setEnv } from './support/env.js';
 import { call, spawnServer, tempDir, type ServerProcess } from './support/server.js';
 import { checkOutput, createRun, expectCountersMatchRecount, makePrompts, registerEndpoint, uploadFile, waitForStatus } from './support/runner-checks.js';
 
@@ -23,14 +24,14 @@ let s3: any;
 let endpoint: string;
 const sims: SimProcess[] = [];
 let server: ServerProcess | null = null;
-const savedEnv = { ...process.env };
+let restoreEnv = () => {};
 
 beforeAll(async () => {
   s3 = new S3rver({ address: '127.0.0.1', port: 0, silent: true, directory: s3dir.dir, configureBuckets: [{ name: BUCKET, configs: [] }] });
   const addr = (await s3.run()) as AddressInfo;
   endpoint = `http://127.0.0.1:${addr.port}`;
   // The test reads the bucket with the same SDK and the same standard variables as the server.
-  Object.assign(process.env, AWS);
+  restoreEnv = setEnv(AWS);
   sims.push(await spawnSimulator({ 'ttft-ms': 20, 'tokens-per-second': 2000, 'max-running': 16 }));
   sims.push(await spawnSimulator({ 'ttft-ms': 20, 'tokens-per-second': 2000, 'max-running': 8, seed: 2 }));
 });
@@ -39,7 +40,7 @@ afterAll(async () => {
   await server?.kill('SIGKILL');
   await Promise.all(sims.map((s) => s.stop()));
   await s3?.close();
-  process.env = savedEnv;
+  restoreEnv();
   s3dir.cleanup();
   data.cleanup();
 });

@@ -21,6 +21,21 @@ const WEBHOOK_ATTEMPT_RESULTS = ['delivered', 'retry', 'failed'] as const;
 /** A finished run keeps its sample gauges this long, so a scrape after the end still sees its final counts. */
 const FINISHED_RUN_VISIBLE_MS = 3600_000;
 
+let processMetrics: Registry | null = null;
+
+/**
+ * The process's own metrics (CPU, memory, event loop, garbage collection), collected once per
+ * process: prom-client's collectors run as long as the process does, so a second server in it
+ * (tests run many) shares them instead of starting more.
+ */
+function processRegistry(): Registry {
+  if (!processMetrics) {
+    processMetrics = new Registry();
+    collectDefaultMetrics({ register: processMetrics });
+  }
+  return processMetrics;
+}
+
 /**
  * The Prometheus metrics of one regen process, in a registry of its own (several servers can share
  * a process in tests). Counters move as the runner works; gauges are read from the run counters
@@ -193,7 +208,7 @@ export class Metrics implements ProcessMetrics {
   });
 
   constructor() {
-    collectDefaultMetrics({ register: this.registry });
+    processRegistry();
     for (const reason of RETRY_REASONS) this.retries.inc({ reason }, 0);
     for (const flag of FLAGS) this.flags.inc({ flag }, 0);
     this.shardUploads.inc(0);
@@ -240,7 +255,7 @@ export class Metrics implements ProcessMetrics {
     await this.readEndpoints(src);
     this.replicaInfo.reset();
     this.replicaInfo.set({ replica: REPLICA, store: storeName(src.db), role: src.runner.role() ?? 'none' }, 1);
-    return this.registry.metrics();
+    return Registry.merge([processRegistry(), this.registry]).metrics();
   }
 
   get contentType(): string {

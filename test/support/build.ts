@@ -4,7 +4,8 @@ import { fileURLToPath, pathToFileURL } from 'node:url';
 import { transformSync } from 'esbuild';
 
 /**
- * The sources compiled once per test run, file by file, as tsx compiles them (the same esbuild):
+ * The sources compiled once per test run, file by file, by the esbuild tsx itself compiles with
+ * (names kept, as tsx keeps them; no source maps: a stack trace points into the compiled file):
  * the servers, simulators and CLIs the tests start load JavaScript, not TypeScript through tsx's
  * loader, which took each of them 1–2 s of CPU before it listened (README, Development).
  *
@@ -44,7 +45,13 @@ function compileTree(from: string, to: string): void {
       compileTree(source, join(to, entry.name));
     } else if (entry.name.endsWith('.d.ts')) {
     } else if (entry.name.endsWith('.ts')) {
-      const { code } = transformSync(readFileSync(source, 'utf8'), { loader: 'ts', format: 'esm', target: 'node20', sourcefile: relative(ROOT, source) });
+      const { code } = transformSync(readFileSync(source, 'utf8'), {
+        loader: 'ts',
+        format: 'esm',
+        target: 'node20',
+        keepNames: true,
+        sourcefile: relative(ROOT, source),
+      });
       writeFileSync(join(to, entry.name.replace(/\.ts$/, '.js')), code);
     } else {
       copyFileSync(source, join(to, entry.name));

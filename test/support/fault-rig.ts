@@ -2,6 +2,7 @@ import { afterAll } from 'vitest';
 import { spawnSimulator, type SimProcess } from './sim.js';
 import { Stores } from '../../src/storage/index.js';
 import { HoldingProxy, S3RVER_AWS, startS3, type S3Server } from './faults.js';
+import { setEnv } from './env.js';
 import { call, spawnServer, tempDir, waitFor, type ServerProcess } from './server.js';
 import { checkOutput, makePrompts, registerEndpoint, uploadFile, waitForStatus, type OutputCheck, type Prompts } from './runner-checks.js';
 
@@ -103,7 +104,7 @@ export class FaultRig {
   private readonly servers: ServerProcess[] = [];
   private readonly dirs: { cleanup(): void }[] = [];
   private s3dir = '';
-  private readonly savedEnv = { ...process.env };
+  private readonly restoreEnv: (() => void)[] = [];
 
   /** A temp folder, removed at the end. */
   dir(prefix: string): string {
@@ -132,7 +133,7 @@ export class FaultRig {
   async startS3(bucket: string, port = 0): Promise<S3Server> {
     this.s3dir ||= this.dir(`regen-s3rver-${bucket}-`);
     this.s3 = await startS3(this.s3dir, bucket, port);
-    Object.assign(process.env, S3RVER_AWS);
+    this.restoreEnv.push(setEnv(S3RVER_AWS));
     return this.s3;
   }
 
@@ -149,7 +150,7 @@ export class FaultRig {
     await this.proxy?.close();
     // An outage test may end with the store already stopped.
     await this.s3?.stop().catch(() => {});
-    process.env = this.savedEnv;
+    for (const restore of this.restoreEnv.reverse()) restore();
     for (const d of this.dirs) d.cleanup();
   }
 }

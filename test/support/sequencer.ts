@@ -15,8 +15,8 @@ const SHORT_S = 15;
  * started last would run alone for minutes at the end of the suite. Files the list does not know
  * (new ones) go first of all, as vitest's own sequencer does with files it has no results for.
  * The short files follow grouped by project, longest first within each: a worker goes on to the
- * next file in the same process only when that file is of its own project (vitest.config.ts,
- * isolate), and for a file of a few seconds the new process is a good part of its cost.
+ * next file in the same process only when the next file queued is of its own project
+ * (vitest.config.ts, isolate), and for a file of a few seconds a new process is a good part of its cost.
  * A fresh clone has no vitest cache, so the order comes from the checked-in list.
  */
 export class LongestFirst extends BaseSequencer {

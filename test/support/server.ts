@@ -13,8 +13,7 @@ import { loadSource, nodeEntry } from './build.js';
 import { storeEnv } from './store.js';
 
 // The server as this run compiled it (test/support/build.ts), loaded as Node loads it, with the
-// runner thread it starts; under `npm run bench`, the sources through tsx. The server first, as
-// `regen serve` loads it: the routes' schemas extend zod before the domain's schemas are made.
+// runner thread it starts; under `npm run bench`, the sources through tsx.
 const { startServer } = await loadSource<typeof ServerModule>('src/server.ts');
 const { loadConfig } = await loadSource<typeof ConfigModule>('src/config.ts');
 const { makeLogger } = await loadSource<typeof LoggerModule>('src/logger.ts');
