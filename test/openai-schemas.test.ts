@@ -224,11 +224,19 @@ describe('the Batch routes', () => {
 
   it('answer cancel in OpenAI shapes, with the unanswered requests in the error file', async () => {
     const file = await uploadBatchFile([line('c-1', 'one'), line('c-2', 'two')]);
-    const created = await createBatch(file.id);
-    const cancelled = await api(`/v1/batches/${created.body.id}/cancel`, { method: 'POST' });
-    expect(cancelled.status).toBe(200);
-    expectComplete('Batch', cancelled.body);
-    const done = await settle(created.body.id);
+    // Answers slower than the cancel, so that it finds the batch under way (at the file's 5 ms, two
+    // answers could be in before the cancel reached the server, which then refused it: 409).
+    await sim.configure({ ttftMs: 60_000 });
+    let done: any;
+    try {
+      const created = await createBatch(file.id);
+      const cancelled = await api(`/v1/batches/${created.body.id}/cancel`, { method: 'POST' });
+      expect(cancelled.status).toBe(200);
+      expectComplete('Batch', cancelled.body);
+      done = await settle(created.body.id);
+    } finally {
+      await sim.configure({ ttftMs: 5 });
+    }
     expectComplete('Batch', done);
     expect(done.status).toBe('cancelled');
     for (const id of [done.output_file_id, done.error_file_id].filter(Boolean)) {
