@@ -60,8 +60,10 @@ afterAll(async () => {
 
 describe('stopping loops while they run', () => {
   it('cuts each loop within a bounded number of tokens, flags it repetitive and asks it again', async () => {
-    // A decode speed near a real server's, so that what a cut costs in tokens is the watch's doing, not the test machine's load.
-    const s = await sim({ model: 'l-loop', 'completion-tokens': 200, 'reasoning-tokens': 300, 'tokens-per-second': 1000, 'max-running': 32, seed: 21 });
+    // A decode speed near a real server's, so that what a cut costs in tokens is the watch's doing, not
+    // the test machine's load: at 400 tokens/s the bound leaves the watch 2 s to hang up once it has
+    // seen the loop (at 1,000, a machine at load 13 overran it by 600 tokens).
+    const s = await sim({ model: 'l-loop', 'completion-tokens': 200, 'reasoning-tokens': 300, 'tokens-per-second': 400, 'max-running': 64, seed: 21 });
     const ep = await registerEndpoint(server.url, s.url);
     // Past the quality window (400), so the endpoints' figures show it cut to the window.
     const n = 480;
