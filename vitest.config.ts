@@ -13,6 +13,7 @@ const soak = process.env.REGEN_SOAK === '1';
 const storeless = [
   'test/unit/**',
   'test/bench.test.ts',
+  'test/cache-usage.test.ts',
   'test/fault-answers-memory.test.ts',
   'test/grafana.test.ts',
   'test/input-format.test.ts',

@@ -171,7 +171,8 @@ describe('regen status of a cancelled run', () => {
     const { completed, cancelled, total } = run.request_counts;
     expect(completed).toBeGreaterThan(0);
     expect(cancelled).toBeGreaterThan(0);
-    const share = `${((100 * completed) / total).toFixed(1)}%`;
+    // As a share is printed: 100 × (203/400) is 50.7499…, which prints as 50.7% (not 50.8%, as 100 × 203 / 400 would).
+    const share = `${(100 * (completed / total)).toFixed(1)}%`;
 
     const table = await regen(['status']);
     expect(table.code, table.stderr).toBe(0);

@@ -1,4 +1,6 @@
+import { eq, sql } from 'drizzle-orm';
 import type { DbOrTx } from './client.js';
+import type { RunRow } from './schema.js';
 
 /** Prompt and cached prompt tokens of answers from one endpoint: what a prefix-cache hit rate is read from. */
 export interface CacheUsage {
@@ -7,22 +9,51 @@ export interface CacheUsage {
   cachedTokens: number;
 }
 
-const ADD = `insert into run_endpoint_usage (run_id, endpoint_id, prompt_tokens, cached_tokens) values (?, ?, ?, ?)
-  on conflict (run_id, endpoint_id) do update set prompt_tokens = run_endpoint_usage.prompt_tokens + excluded.prompt_tokens,
-  cached_tokens = run_endpoint_usage.cached_tokens + excluded.cached_tokens`;
+/** Rows added at once: 4 parameters each, well inside SQLite's 32,766 and PostgreSQL's 65,535. */
+const ROWS_A_STATEMENT = 1000;
 
-/** Adds a batch's answered tokens to each run's counts by endpoint; call inside the batch's transaction. */
-export async function addCacheUsage(tx: DbOrTx, runId: string, usage: readonly CacheUsage[]): Promise<void> {
-  for (const u of usage) await tx.exec(ADD, [runId, u.endpointId, u.promptTokens, u.cachedTokens]);
+/**
+ * Adds a batch's answered tokens to each run's counts by endpoint; call inside the batch's
+ * transaction. All runs' rows go in one statement, so a commit costs one round trip on PostgreSQL
+ * whatever the runs and endpoints it answered for, and in key order, so two writers lock the rows
+ * they share in the same order.
+ */
+export async function addCacheUsage(tx: DbOrTx, usage: ReadonlyMap<string, ReadonlyMap<string, CacheUsage>>): Promise<void> {
+  const rows = [...usage]
+    .flatMap(([runId, byEndpoint]) => [...byEndpoint.values()].map((u) => ({ runId, ...u })))
+    .sort((a, b) => (a.runId === b.runId ? compare(a.endpointId, b.endpointId) : compare(a.runId, b.runId)));
+  for (let i = 0; i < rows.length; i += ROWS_A_STATEMENT) {
+    const part = rows.slice(i, i + ROWS_A_STATEMENT);
+    await tx.exec(
+      `insert into run_endpoint_usage (run_id, endpoint_id, prompt_tokens, cached_tokens) values ${part.map(() => '(?, ?, ?, ?)').join(', ')}
+        on conflict (run_id, endpoint_id) do update set prompt_tokens = run_endpoint_usage.prompt_tokens + excluded.prompt_tokens,
+        cached_tokens = run_endpoint_usage.cached_tokens + excluded.cached_tokens`,
+      part.flatMap((u) => [u.runId, u.endpointId, u.promptTokens, u.cachedTokens]),
+    );
+  }
 }
 
-/** A run's answered prompt and cached tokens by endpoint. */
-export async function runCacheUsage(db: DbOrTx, runId: string): Promise<CacheUsage[]> {
-  const { rows } = await db.exec<{ endpoint_id: string; prompt_tokens: number | string; cached_tokens: number | string }>(
-    'select endpoint_id, prompt_tokens, cached_tokens from run_endpoint_usage where run_id = ? order by endpoint_id',
-    [runId],
-  );
-  return rows.map((r) => ({ endpointId: r.endpoint_id, promptTokens: Number(r.prompt_tokens), cachedTokens: Number(r.cached_tokens) }));
+const compare = (a: string, b: string) => (a < b ? -1 : a > b ? 1 : 0);
+
+/**
+ * A run's row and its answered prompt and cached tokens by endpoint (in endpoint order), read in
+ * one statement: a client polling a run costs one round trip a read on PostgreSQL.
+ */
+export async function getRunWithCacheUsage(db: DbOrTx, id: string): Promise<{ run: RunRow; cacheUsage: CacheUsage[] } | undefined> {
+  const { runs } = db.t;
+  // Each endpoint's row as [endpoint_id, prompt_tokens, cached_tokens], aggregated into one JSON array.
+  const usage =
+    db.dialect === 'pg'
+      ? sql<unknown>`(select json_agg(json_build_array(u.endpoint_id, u.prompt_tokens, u.cached_tokens)) from run_endpoint_usage u where u.run_id = ${runs.id})`
+      : sql<unknown>`(select json_group_array(json_array(u.endpoint_id, u.prompt_tokens, u.cached_tokens)) from run_endpoint_usage u where u.run_id = ${runs.id})`;
+  const [row] = await db.q.select({ run: runs, usage }).from(runs).where(eq(runs.id, id)).limit(1);
+  if (!row) return undefined;
+  // node-postgres parses json itself; SQLite hands the text over; PostgreSQL's aggregate of no rows is null.
+  const parsed = (typeof row.usage === 'string' ? JSON.parse(row.usage) : (row.usage ?? [])) as [string, number | string, number | string][];
+  const cacheUsage = parsed
+    .map(([endpointId, prompt, cached]) => ({ endpointId, promptTokens: Number(prompt), cachedTokens: Number(cached) }))
+    .sort((a, b) => compare(a.endpointId, b.endpointId));
+  return { run: row.run as RunRow, cacheUsage };
 }
 
 /** Every endpoint's answered prompt and cached tokens, over all runs. */

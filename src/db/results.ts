@@ -258,7 +258,7 @@ export async function applyOutcomes(tx: DbOrTx, owner: string, batch: Outcome[],
   }
   for (const [id, e] of endpointDeltas) await tx.exec(SQL.endpointStats, [e.completed, e.failed, id]);
   for (const { runId, idx, d } of variantDeltas.values()) await moveVariantCounters(tx, runId, idx, d);
-  for (const [runId, byEndpoint] of cacheDeltas) await addCacheUsage(tx, runId, [...byEndpoint.values()]);
+  await addCacheUsage(tx, cacheDeltas);
   return report;
 }
 

@@ -1,10 +1,9 @@
 import { createRoute } from '@hono/zod-openapi';
 import type { App } from '../../http/app.js';
 import { notFound, problemResponses } from '../../errors.js';
-import { getRun } from '../../db/runs.js';
 import { listRunVariants } from '../../db/run-variants.js';
 import { jsonContent, RunIdParam } from '../common.js';
-import { runCacheUsage } from '../../db/cache-usage.js';
+import { getRunWithCacheUsage } from '../../db/cache-usage.js';
 import { renderCacheByEndpoint, renderRun } from './render.js';
 import { Run } from './schemas.js';
 
@@ -22,10 +21,11 @@ export function registerGetRun(app: App) {
   app.openapi(route, async (c) => {
     const deps = c.get('deps');
     const { id } = c.req.valid('param');
-    const run = await getRun(deps.db, id);
-    if (!run) throw notFound('run', id);
+    const found = await getRunWithCacheUsage(deps.db, id);
+    if (!found) throw notFound('run', id);
+    const { run } = found;
     const variants = run.variants?.length ? await listRunVariants(deps.db, id) : [];
-    const cacheByEndpoint = renderCacheByEndpoint(await runCacheUsage(deps.db, id));
+    const cacheByEndpoint = renderCacheByEndpoint(found.cacheUsage);
     return c.json({ ...renderRun(run, deps.runner.runProgress(id), deps.clock(), variants), cache_by_endpoint: cacheByEndpoint }, 200);
   });
 }
