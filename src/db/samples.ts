@@ -550,7 +550,13 @@ async function insertSampleBatchPg(
     return true;
   });
   if (!sent.length) return fresh;
-  const rowsOf = <T>(f: (s: NewSample, i: number, k: number) => T): T[] => sent.flatMap((s, i) => Array.from({ length: perLine }, (_, k) => f(s, i, k)));
+  // One column of the statement: a value for each of each line's perLine rows (a loop: ten columns of a
+  // 1,000-line batch through flatMap and Array.from cost ingest a quarter of its CPU).
+  const rowsOf = <T>(f: (s: NewSample, i: number, k: number) => T): T[] => {
+    const column = new Array<T>(sent.length * perLine);
+    for (let i = 0, j = 0; i < sent.length; i++) for (let k = 0; k < perLine; k++) column[j++] = f(sent[i], i, k);
+    return column;
+  };
   const seqs = rowsOf((_, i, k) => firstSeq + i * perLine + k);
   const { rows } = await tx.exec<{ custom_id: string }>(
     `insert into samples (run_id, seq, shard_idx, custom_id, sample_index, status, request, predicted_tokens, variant, split, turn)
