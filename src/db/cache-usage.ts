@@ -9,27 +9,33 @@ export interface CacheUsage {
   cachedTokens: number;
 }
 
-/** Rows added at once: 4 parameters each, well inside SQLite's 32,766 and PostgreSQL's 65,535. */
+/** Rows added by one statement: 4 parameters each, well inside SQLite's 32,766 and PostgreSQL's 65,535. */
 const ROWS_A_STATEMENT = 1000;
 
+const compareRows = (a: { runId: string; endpointId: string }, b: { runId: string; endpointId: string }) =>
+  a.runId === b.runId ? compare(a.endpointId, b.endpointId) : compare(a.runId, b.runId);
+
 /**
- * Adds a batch's answered tokens to each run's counts by endpoint; call inside the batch's
- * transaction. All runs' rows go in one statement, so a commit costs one round trip on PostgreSQL
- * whatever the runs and endpoints it answered for, and in key order, so two writers lock the rows
- * they share in the same order.
+ * The statement that adds these rows of answered tokens to their runs' counts by endpoint, rows in
+ * key order so that two writers lock the rows they share in the same order. On PostgreSQL the
+ * result writer runs it inside its run-counters update (db/results.ts), not as a round trip of its own.
  */
+export function cacheUsageUpsert(rows: readonly (CacheUsage & { runId: string })[]): { sql: string; params: unknown[] } {
+  const sorted = [...rows].sort(compareRows);
+  return {
+    sql: `insert into run_endpoint_usage (run_id, endpoint_id, prompt_tokens, cached_tokens) values ${sorted.map(() => '(?, ?, ?, ?)').join(', ')}
+      on conflict (run_id, endpoint_id) do update set prompt_tokens = run_endpoint_usage.prompt_tokens + excluded.prompt_tokens,
+      cached_tokens = run_endpoint_usage.cached_tokens + excluded.cached_tokens`,
+    params: sorted.flatMap((u) => [u.runId, u.endpointId, u.promptTokens, u.cachedTokens]),
+  };
+}
+
+/** Adds a batch's answered tokens to each run's counts by endpoint, all runs' in one statement; call inside the batch's transaction. */
 export async function addCacheUsage(tx: DbOrTx, usage: ReadonlyMap<string, ReadonlyMap<string, CacheUsage>>): Promise<void> {
-  const rows = [...usage]
-    .flatMap(([runId, byEndpoint]) => [...byEndpoint.values()].map((u) => ({ runId, ...u })))
-    .sort((a, b) => (a.runId === b.runId ? compare(a.endpointId, b.endpointId) : compare(a.runId, b.runId)));
+  const rows = [...usage].flatMap(([runId, byEndpoint]) => [...byEndpoint.values()].map((u) => ({ runId, ...u }))).sort(compareRows);
   for (let i = 0; i < rows.length; i += ROWS_A_STATEMENT) {
-    const part = rows.slice(i, i + ROWS_A_STATEMENT);
-    await tx.exec(
-      `insert into run_endpoint_usage (run_id, endpoint_id, prompt_tokens, cached_tokens) values ${part.map(() => '(?, ?, ?, ?)').join(', ')}
-        on conflict (run_id, endpoint_id) do update set prompt_tokens = run_endpoint_usage.prompt_tokens + excluded.prompt_tokens,
-        cached_tokens = run_endpoint_usage.cached_tokens + excluded.cached_tokens`,
-      part.flatMap((u) => [u.runId, u.endpointId, u.promptTokens, u.cachedTokens]),
-    );
+    const { sql: text, params } = cacheUsageUpsert(rows.slice(i, i + ROWS_A_STATEMENT));
+    await tx.exec(text, params);
   }
 }
 

@@ -1,4 +1,4 @@
-import { addCacheUsage, type CacheUsage } from './cache-usage.js';
+import { addCacheUsage, cacheUsageUpsert, type CacheUsage } from './cache-usage.js';
 import type { SampleError } from '../domain/sample-errors.js';
 import type { Usage } from '../domain/output-line.js';
 import type { TurnRecord } from '../domain/conversation.js';
@@ -230,7 +230,12 @@ export async function applyOutcomes(tx: DbOrTx, owner: string, batch: Outcome[],
     }
   }
   for (const [runId, d] of deltas) {
-    await tx.exec(SQL.runCounters, [
+    // On PostgreSQL the run's answered tokens by endpoint go in with its counters: no round trip of their own.
+    const usage = tx.dialect === 'pg' ? cacheDeltas.get(runId) : undefined;
+    if (usage) cacheDeltas.delete(runId);
+    const upsert = usage ? cacheUsageUpsert([...usage.values()].map((u) => ({ runId, ...u }))) : null;
+    await tx.exec(upsert ? `with usage as (${upsert.sql}) ${SQL.runCounters}` : SQL.runCounters, [
+      ...(upsert?.params ?? []),
       d.pending,
       d.inProgress,
       d.completed,
@@ -258,6 +263,7 @@ export async function applyOutcomes(tx: DbOrTx, owner: string, batch: Outcome[],
   }
   for (const [id, e] of endpointDeltas) await tx.exec(SQL.endpointStats, [e.completed, e.failed, id]);
   for (const { runId, idx, d } of variantDeltas.values()) await moveVariantCounters(tx, runId, idx, d);
+  // SQLite's (a statement there is no round trip), and any a run's counters did not carry.
   await addCacheUsage(tx, cacheDeltas);
   return report;
 }
