@@ -13,8 +13,8 @@ import { createRun, expectCountersMatchRecount, getRun } from './support/runner-
 // exactly, not by luck.
 
 const BUCKET = 'regen-crash';
-const SAMPLES = 3000;
-const SHARD_SIZE = 200;
+const SAMPLES = 1500;
+const SHARD_SIZE = 100;
 const LATENCY = { 'ttft-ms': 30, 'tokens-per-second': 1000 };
 
 const rig = faultRig();

@@ -81,7 +81,8 @@ describe('quality gate 2 across a crash', () => {
 
   it('still pauses within 400 samples of the turn when the server is killed -9 in between', async () => {
     [s, proc] = await Promise.all([
-      spawnSimulator({ model: 'g-crash', 'ttft-ms': 20, 'tokens-per-second': 4000, 'max-running': 16, seed: 12 }),
+      // The healthy samples come fast; from the turn on, answers slow down so the kill lands among the first bad ones.
+      spawnSimulator({ model: 'g-crash', 'ttft-ms': 5, 'tokens-per-second': 40_000, 'max-running': 16, seed: 12 }),
       spawnServer(data.dir),
     ]);
     await registerEndpoint(proc.url, s.url);
@@ -92,7 +93,7 @@ describe('quality gate 2 across a crash', () => {
     const first = proc.url;
     await waitFor('2,000 healthy samples', async () => ((await completed(first)) >= 2000 ? true : undefined), 90_000, 20);
     // Slower now, so that the process dies with some bad answers in and the decision still to come.
-    await s.configure({ degenerateRate: 0.87, ttftMs: 150 });
+    await s.configure({ degenerateRate: 0.87, ttftMs: 150, tokensPerSecond: 4000 });
     const turnedAt = await completed(first);
     const atKill = await waitFor(
       'the first bad answers',

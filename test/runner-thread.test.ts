@@ -45,6 +45,8 @@ describe('the runner thread', () => {
       const thread = server.runner as RunnerThread;
       await (thread as unknown as { worker: Worker }).worker.terminate();
       const atDeath = await sim.stats();
+      // The rest need not be slow: what follows proves who answers them and that each is answered once.
+      await sim.configure({ ttftMs: 5, tokensPerSecond: 100_000 });
 
       // The API thread keeps answering while no runner exists.
       expect((await call(server.url, `/v1/runs/${id}`)).status).toBe(200);
