@@ -69,7 +69,7 @@ export function endpointsTable(endpoints, model, quality = null) {
       { label: 'Model', cell: (e) => e.model ?? '—' },
       {
         label: 'State',
-        cell: (e) => h('div', null, badge(e.state), e.last_error ? h('div', { className: 'small error clip', title: e.last_error }, e.last_error) : null),
+        cell: (e) => h('div', null, badge(e.state), e.last_error ? h('div', { className: 'small error clip narrow', title: e.last_error }, e.last_error) : null),
       },
       {
         label: 'In flight / cap',
@@ -79,7 +79,8 @@ export function endpointsTable(endpoints, model, quality = null) {
             'div',
             null,
             `${num(e.in_flight)} / ${num(e.max_concurrency)}`,
-            h('span', { className: 'small muted', title: CAP_SOURCES[e.max_concurrency_source] ?? '' }, ` ${e.max_concurrency_source}`),
+            // Under the figures, as the server load's details are: on their line they widened the table past a 1024 px card.
+            h('div', { className: 'small muted', title: CAP_SOURCES[e.max_concurrency_source] ?? '' }, e.max_concurrency_source),
             progressBar(e.max_concurrency ? e.in_flight / e.max_concurrency : 0, 'mini'),
           ),
       },
