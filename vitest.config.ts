@@ -37,11 +37,11 @@ export default defineConfig({
   test: {
     testTimeout: 120_000,
     hookTimeout: 120_000,
-    // Three files at once on a 2-core machine: a file spends much of its time waiting on simulated
-    // answers, so with two the cores were idle a third of the run (12 min against 17 on the same
-    // tree); with four, regen servers, simulators and PostgreSQL pushed the load past 14 and tests
-    // that wait on real answers ran out of time (README, Development). `--maxWorkers=N` overrides it.
-    maxWorkers: 3,
+    // Two files at once, one a core: three were no faster on the same tree (9 min 53 s against
+    // 9 min 35 s) and loaded the machine more; with four, regen servers, simulators and PostgreSQL on
+    // a 2-core machine pushed the load past 14 and tests that wait on real answers ran out of time
+    // (README, Development). `--maxWorkers=N` on the command line overrides it.
+    maxWorkers: 2,
     // A worker runs file after file of its project in one process: a new process and its imports
     // for each file cost about a second of CPU, which the two cores are short of. Each file still
     // starts and stops its own servers, simulators and databases, and sets no process-wide state

@@ -192,6 +192,8 @@ describe.skipIf(!haveChromium)('the operator’s dashboard', () => {
       expect(await overflowing(page), `runs list at ${width}px`).toEqual([]);
       await page.goto(`${server.url}/#/runs/${finished.id}`);
       await expect.poll(() => page.locator('.card', { hasText: 'Endpoints' }).locator('tbody tr').count(), { timeout: 15_000 }).toBe(2);
+      // At its widest: the run's flagged share by endpoint joins the table once the page has read the run's quality.
+      await expect.poll(() => page.locator('table.endpoints th', { hasText: 'Flagged (run)' }).count(), { timeout: 15_000 }).toBe(1);
       // No flag occurred: the quality panel folds all of them into one line.
       await expect
         .poll(() => page.locator('.quality-rest summary').textContent(), { timeout: 15_000 })

@@ -54,7 +54,7 @@ function staleLoad(e) {
 export function endpointsTable(endpoints, model, quality = null) {
   const shares = new Map((quality?.endpoints ?? []).map((q) => [q.endpoint_id, q]));
   const rows = [...endpoints].sort((a, b) => Number(b.model === model) - Number(a.model === model));
-  return table(
+  const el = table(
     [
       {
         label: 'Endpoint',
@@ -136,6 +136,8 @@ export function endpointsTable(endpoints, model, quality = null) {
     rows,
     'No endpoints registered. Add one with `regen endpoints add URL` or POST /v1/endpoints.',
   );
+  el.classList.add('endpoints');
+  return el;
 }
 
 /** A shard's state on the page: written and listed in the manifest, every sample done and being written, some done, none done. */
