@@ -69,7 +69,8 @@ export function endpointsTable(endpoints, model, quality = null) {
       { label: 'Model', cell: (e) => e.model ?? '—' },
       {
         label: 'State',
-        cell: (e) => h('div', null, badge(e.state), e.last_error ? h('div', { className: 'small error clip narrow', title: e.last_error }, e.last_error) : null),
+        cell: (e) =>
+          h('div', null, badge(e.state), e.last_error ? h('div', { className: 'small error clip narrow', title: e.last_error }, e.last_error) : null),
       },
       {
         label: 'In flight / cap',
