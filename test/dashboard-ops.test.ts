@@ -51,12 +51,14 @@ const overflowing = (page: Page) =>
       const inside = card.clientWidth - Number.parseFloat(style.paddingLeft) - Number.parseFloat(style.paddingRight);
       if (t.scrollWidth <= inside) return [];
       // What each column holds at its widest, so a failure names what pushed the table out.
-      const widest = [...t.querySelectorAll('tr')].flatMap((tr) => [...tr.children]).reduce((w: Record<number, string>, cell) => {
-        const i = (cell as HTMLTableCellElement).cellIndex;
-        const width = (cell as HTMLElement).offsetWidth;
-        if (!w[i] || width > Number(w[i].split(' ')[0])) w[i] = `${width} ${JSON.stringify(cell.textContent)}`;
-        return w;
-      }, {});
+      const widest = [...t.querySelectorAll('tr')]
+        .flatMap((tr) => [...tr.children])
+        .reduce((w: Record<number, string>, cell) => {
+          const i = (cell as HTMLTableCellElement).cellIndex;
+          const width = (cell as HTMLElement).offsetWidth;
+          if (!w[i] || width > Number(w[i].split(' ')[0])) w[i] = `${width} ${JSON.stringify(cell.textContent)}`;
+          return w;
+        }, {});
       return [`${card.querySelector('h2')?.textContent ?? 'runs'}: ${t.scrollWidth} > ${inside}; widest cells: ${Object.values(widest).join(' | ')}`];
     }),
   );
