@@ -94,12 +94,14 @@ describe('quality gate 2 across a crash', () => {
     await waitFor('2,000 healthy samples', async () => ((await completed(first)) >= 2000 ? true : undefined), 90_000, 20);
     // Slower now, so that the process dies with some bad answers in and the decision still to come.
     await s.configure({ degenerateRate: 0.87, ttftMs: 150, tokensPerSecond: 4000 });
-    const turnedAt = await completed(first);
+    const atTurn = await getRun(first, id);
+    const turnedAt = atTurn.request_counts.completed as number;
+    // Bad answers committed, not only healthy ones that were still in flight or in the writer's buffer at the turn.
     const atKill = await waitFor(
       'the first bad answers',
       async () => {
         const r = await getRun(first, id);
-        return r.request_counts.completed >= turnedAt + 40 ? r : undefined;
+        return r.request_counts.completed >= turnedAt + 40 && r.quality.flagged > atTurn.quality.flagged ? r : undefined;
       },
       60_000,
       10,

@@ -16,9 +16,10 @@ const compareRows = (a: { runId: string; endpointId: string }, b: { runId: strin
   a.runId === b.runId ? compare(a.endpointId, b.endpointId) : compare(a.runId, b.runId);
 
 /**
- * The statement that adds these rows of answered tokens to their runs' counts by endpoint, rows in
- * key order so that two writers lock the rows they share in the same order. On PostgreSQL the
- * result writer runs it inside its run-counters update (db/results.ts), not as a round trip of its own.
+ * The statement that adds these rows of answered tokens to their runs' counts by endpoint, its rows
+ * in key order (within a statement, two writers lock the rows they share in the same order). On
+ * PostgreSQL the result writer runs it inside a run's counters update (db/results.ts), not as a
+ * round trip of its own.
  */
 export function cacheUsageUpsert(rows: readonly (CacheUsage & { runId: string })[]): { sql: string; params: unknown[] } {
   const sorted = [...rows].sort(compareRows);
@@ -32,7 +33,7 @@ export function cacheUsageUpsert(rows: readonly (CacheUsage & { runId: string })
 
 /** Adds a batch's answered tokens to each run's counts by endpoint, all runs' in one statement; call inside the batch's transaction. */
 export async function addCacheUsage(tx: DbOrTx, usage: ReadonlyMap<string, ReadonlyMap<string, CacheUsage>>): Promise<void> {
-  const rows = [...usage].flatMap(([runId, byEndpoint]) => [...byEndpoint.values()].map((u) => ({ runId, ...u }))).sort(compareRows);
+  const rows = [...usage].flatMap(([runId, byEndpoint]) => [...byEndpoint.values()].map((u) => ({ runId, ...u })));
   for (let i = 0; i < rows.length; i += ROWS_A_STATEMENT) {
     const { sql: text, params } = cacheUsageUpsert(rows.slice(i, i + ROWS_A_STATEMENT));
     await tx.exec(text, params);

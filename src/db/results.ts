@@ -263,7 +263,7 @@ export async function applyOutcomes(tx: DbOrTx, owner: string, batch: Outcome[],
   }
   for (const [id, e] of endpointDeltas) await tx.exec(SQL.endpointStats, [e.completed, e.failed, id]);
   for (const { runId, idx, d } of variantDeltas.values()) await moveVariantCounters(tx, runId, idx, d);
-  // SQLite's (a statement there is no round trip), and any a run's counters did not carry.
+  // SQLite's (a statement there is no round trip); on PostgreSQL every run's went in with its counters above.
   await addCacheUsage(tx, cacheDeltas);
   return report;
 }

@@ -550,7 +550,7 @@ async function insertSampleBatchPg(
     return true;
   });
   if (!sent.length) return fresh;
-  // One column of the statement: a value for each of each line's perLine rows (a loop: ten columns of a
+  // One column of the statement: a value for each of each line's perLine rows (a loop: nine columns of a
   // 1,000-line batch through flatMap and Array.from cost ingest a quarter of its CPU).
   const rowsOf = <T>(f: (s: NewSample, i: number, k: number) => T): T[] => {
     const column = new Array<T>(sent.length * perLine);
