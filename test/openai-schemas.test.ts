@@ -230,6 +230,8 @@ describe('the Batch routes', () => {
     let done: any;
     try {
       const created = await createBatch(file.id);
+      // regen refuses to cancel a run whose input is still validating (409), so the cancel waits for it to be under way.
+      await waitFor('the batch under way', async () => ((await api(`/v1/batches/${created.body.id}`)).body.status === 'in_progress' ? true : undefined));
       const cancelled = await api(`/v1/batches/${created.body.id}/cancel`, { method: 'POST' });
       expect(cancelled.status).toBe(200);
       expectComplete('Batch', cancelled.body);
