@@ -1,4 +1,4 @@
-import { randomBytes } from 'node:crypto';
+import { randomUUID } from 'node:crypto';
 import { SimHttpError } from './http.js';
 import { isRecord, type Knobs } from './options.js';
 import { answerSequence, CHARS_PER_TOKEN, countPromptTokens, digestOf, fillerText, hashSeed, promptSequence, seededRandom } from './text.js';
@@ -279,7 +279,8 @@ export function buildReply(request: ChatRequest, knobs: Knobs, plan: ReplyPlan):
     generated: answerSequence(request.thinking && parser ? choices[0].out.reasoning : null, choices[0].content),
     pieces,
     body: {
-      id: randomBytes(16).toString('hex'),
+      // SGLang's uuid.uuid4().hex; randomUUID draws from a cached pool, not a system call an id.
+      id: randomUUID().replaceAll('-', ''),
       object: 'chat.completion',
       created: Math.floor(Date.now() / 1000),
       model: request.model,

@@ -490,7 +490,7 @@ class SimServer {
       this.#cache[index].promptTokens += request.promptTokens;
       this.#cache[index].cachedTokens += cachedTokens;
       // A finished request leaves its prompt and what it generated in the tree.
-      release([...request.sequence, ...reply.generated]);
+      release(request.sequence.concat(reply.generated));
       if (!kv) rank.leave(job);
       this.#checkDrained();
     };

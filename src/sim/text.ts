@@ -76,8 +76,13 @@ export function seededRandom(seed: number): Random {
 
 /** 32-bit FNV-1a, to turn a string into a PRNG seed. */
 export function hashSeed(text: string): number {
+  return hashRange(text, 0, text.length);
+}
+
+/** hashSeed of `text.slice(start, end)`, without making the slice. */
+function hashRange(text: string, start: number, end: number): number {
   let hash = 0x811c9dc5;
-  for (let i = 0; i < text.length; i++) {
+  for (let i = start; i < end; i++) {
     hash ^= text.charCodeAt(i);
     hash = Math.imul(hash, 0x01000193);
   }
@@ -128,9 +133,8 @@ const THINK = hashSeed('<think>');
 const THINK_END = hashSeed('</think>');
 
 /** Text as the prefix cache's tokens: one a CHARS_PER_TOKEN characters, the same text always the same tokens. */
-export function textTokens(text: string): number[] {
-  const tokens: number[] = [];
-  for (let i = 0; i < text.length; i += CHARS_PER_TOKEN) tokens.push(hashSeed(text.slice(i, i + CHARS_PER_TOKEN)));
+export function textTokens(text: string, tokens: number[] = []): number[] {
+  for (let i = 0; i < text.length; i += CHARS_PER_TOKEN) tokens.push(hashRange(text, i, Math.min(i + CHARS_PER_TOKEN, text.length)));
   return tokens;
 }
 
@@ -148,7 +152,9 @@ function contentText(content: unknown): string {
 export function promptSequence(messages: Record<string, unknown>[]): number[] {
   const tokens: number[] = [];
   for (const message of messages) {
-    tokens.push(IM_START, hashSeed(String(message.role)), NEWLINE, ...textTokens(contentText(message.content)), IM_END);
+    tokens.push(IM_START, hashSeed(String(message.role)), NEWLINE);
+    textTokens(contentText(message.content), tokens);
+    tokens.push(IM_END);
   }
   tokens.push(IM_START, hashSeed('assistant'), NEWLINE);
   return tokens;
@@ -156,6 +162,13 @@ export function promptSequence(messages: Record<string, unknown>[]): number[] {
 
 /** What the model generated, as tokens: a think block first when it thought, then the answer and <|im_end|>. */
 export function answerSequence(reasoning: string | null, content: string): number[] {
-  const answer = [...textTokens(content), IM_END];
-  return reasoning === null ? answer : [THINK, ...textTokens(reasoning), THINK_END, ...answer];
+  const tokens: number[] = [];
+  if (reasoning !== null) {
+    tokens.push(THINK);
+    textTokens(reasoning, tokens);
+    tokens.push(THINK_END);
+  }
+  textTokens(content, tokens);
+  tokens.push(IM_END);
+  return tokens;
 }
