@@ -3,6 +3,10 @@ import { mkdirSync, symlinkSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { pathToFileURL } from 'node:url';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { eventsAfter } from '../src/db/events.js';
+import { transitionRun } from '../src/db/runs.js';
+import type { Db } from '../src/db/types.js';
+import { cancelRun } from '../src/services/runs/actions.js';
 import { startTestServer, tempDir, waitFor } from './support/server.js';
 
 type TestServer = Awaited<ReturnType<typeof startTestServer>>;
@@ -516,7 +520,9 @@ describe('pause, resume, cancel', () => {
   it('cancels a run that is still validating, and it never queues', async () => {
     const created = await createOk(api, { input: { file_id: await upload(api, nativeLines(50_000, 'long')) } });
     const res = await req(api, `/v1/runs/${created.id}/cancel`, { method: 'POST' });
-    if (res.status === 200) {
+    // Refused never: a run whose input is accepted while the cancel is on its way is cancelled as a queued one.
+    expect(res.status, res.text).toBe(200);
+    if (res.body.status !== 'cancelling') {
       expect(res.body.status).toBe('cancelled');
       // The ingestion notices within a batch of lines and clears what it had inserted.
       await waitFor('the cancelled validation to clear its samples', async () =>
@@ -529,9 +535,36 @@ describe('pause, resume, cancel', () => {
       expect((await req(api, `/v1/runs/${created.id}/shards`)).body.data).toEqual([]);
       await expectCountsMatchSamples(api, created.id);
     } else {
-      // Validation won the race: the run was already queued, so cancelling asks the runner.
-      expectProblem(res, 409, 'conflict');
+      // Validation won the race: the run was queued, so cancelling asks the runner (none runs here).
+      expect((await req(api, `/v1/runs/${created.id}`)).body.status).toBe('cancelling');
     }
+  });
+
+  it('a cancel that meets the input being accepted cancels the queued run instead of refusing it', async () => {
+    const created = await createOk(api, { input: { file_id: await upload(api, nativeLines(50_000, 'accepted')) } });
+    const { deps } = api;
+    // The input is accepted (validating → queued, as the ingest does) after the cancel read the
+    // run as validating and before its own move: the moment a fast validation can meet a cancel.
+    let accept = true;
+    const db = new Proxy(deps.db, {
+      get(target, key) {
+        if (key === 'tx' && accept) {
+          accept = false;
+          return async <T>(fn: (tx: Db) => Promise<T>) => {
+            expect(await transitionRun(target, created.id, ['validating'], 'queued', deps.clock())).toBe(true);
+            return target.tx(fn);
+          };
+        }
+        const value = Reflect.get(target, key, target);
+        return typeof value === 'function' ? value.bind(target) : value;
+      },
+    });
+    const run = await cancelRun({ ...deps, db }, created.id);
+    expect(accept).toBe(false);
+    expect(run.status).toBe('cancelling');
+    const moves = (await eventsAfter(deps.db, created.id, 0)).filter((e) => e.type === 'status').map((e) => e.data.status);
+    expect(moves).toEqual(['validating', 'queued', 'cancelling']);
+    expect((await req(api, `/v1/runs/${created.id}`)).body.status).toBe('cancelling');
   });
 
   it('action bodies are validated: unknown keys 422, malformed JSON 400', async () => {

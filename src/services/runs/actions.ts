@@ -12,13 +12,19 @@ async function mustGet(deps: Deps, id: string): Promise<RunRow> {
   return run;
 }
 
+/** Moves the run from one of `from` to `to` if it is still in one; false when it has moved on. */
+async function moved(deps: Deps, run: RunRow, from: readonly RunStatus[], to: RunStatus, extra = {}): Promise<boolean> {
+  if (!from.includes(run.status as RunStatus) || !(await transitionRun(deps.db, run.id, from, to, deps.clock(), extra))) return false;
+  deps.logger.info({ run_id: run.id, from: run.status, status: to }, 'run status');
+  deps.runner.wake();
+  return true;
+}
+
 async function move(deps: Deps, run: RunRow, from: readonly RunStatus[], to: RunStatus, verb: string, extra = {}): Promise<RunRow> {
-  if (!from.includes(run.status as RunStatus) || !(await transitionRun(deps.db, run.id, from, to, deps.clock(), extra))) {
+  if (!(await moved(deps, run, from, to, extra))) {
     const now = (await getRun(deps.db, run.id))!;
     throw new ApiError('conflict', `cannot ${verb} a run that is ${now.status}`);
   }
-  deps.logger.info({ run_id: run.id, from: run.status, status: to }, 'run status');
-  deps.runner.wake();
   return (await getRun(deps.db, run.id))!;
 }
 
@@ -35,8 +41,12 @@ export async function resumeRun(deps: Deps, id: string, overrideGate: boolean): 
 /** In-flight requests are aborted by the runner, which then writes what completed and the manifest. */
 export async function cancelRun(deps: Deps, id: string): Promise<RunRow> {
   const run = await mustGet(deps, id);
-  if (run.status === 'validating') return move(deps, run, ['validating'], 'cancelled', 'cancel');
-  return move(deps, run, CANCELLABLE_RUN_STATUSES, 'cancelling', 'cancel');
+  if (run.status !== 'validating') return move(deps, run, CANCELLABLE_RUN_STATUSES, 'cancelling', 'cancel');
+  // A run whose input is still being read ends at once (the ingest sees it and clears what it
+  // inserted). Its input can be accepted between the read above and this move: the run is then
+  // cancelled as a queued one is, not refused.
+  if (await moved(deps, run, ['validating'], 'cancelled')) return (await getRun(deps.db, id))!;
+  return move(deps, await mustGet(deps, id), CANCELLABLE_RUN_STATUSES, 'cancelling', 'cancel');
 }
 
 /**
