@@ -6,7 +6,7 @@ import { type Answer, type AnswerLimits, parseAnswers } from './request.js';
 
 /** The samples of one request in choice order: choice i answers the i-th by sample_index. */
 export function choiceOrder<T extends { sampleIndex: number }>(group: readonly T[]): T[] {
-  return [...group].sort((a, b) => a.sampleIndex - b.sampleIndex);
+  return group.length === 1 ? [group[0]] : [...group].sort((a, b) => a.sampleIndex - b.sampleIndex);
 }
 
 /**
@@ -16,6 +16,8 @@ export function choiceOrder<T extends { sampleIndex: number }>(group: readonly T
  */
 export function requestSample<T extends { maxTokens?: number | null; qualityRetries: number }>(group: readonly [T, ...T[]]): T {
   const [first] = group;
+  // A request for one answer (the usual case) is built from that sample as it is.
+  if (group.length === 1) return first;
   const raised = group.map((s) => s.maxTokens).filter((m): m is number => typeof m === 'number');
   return {
     ...first,
