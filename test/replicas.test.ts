@@ -91,7 +91,10 @@ await describePg('three replicas on one PostgreSQL', () => {
     };
     await kill(0.3, 'dispatching');
     const [last] = await kill(0.65, 'coordinating');
-    expect(await roleOf(last.url)).toBe('coordinating');
+    // The role reaches /metrics with the runner thread's next view, a moment after the database has it.
+    await waitFor('the last replica to coordinate', async () => ((await roleOf(last.url)) === 'coordinating' ? true : undefined), 30_000, 50);
+    // The rest of the run proves nothing by its pace: answered quickly from here.
+    await Promise.all(sims.map((sim) => sim.configure({ ttftMs: 5, tokensPerSecond: 20_000 })));
 
     const done = await waitForEnd(last.url, id, 180_000);
     expect(done.status, done.status_reason).toBe('completed');
@@ -219,23 +222,45 @@ await describePg('three replicas on one PostgreSQL', () => {
       shard_size: SHARD_SIZE,
       regenerate: 'last_assistant',
       params: { chat_template_kwargs: { enable_thinking: true } },
-      // Half the answers come from the broken server until it is out: a run-wide limit above that
-      // share leaves the verdict to the quarantine, which is what this test is about.
-      quality: { gate: { max_flag_rate: 0.5 } },
+      // The verdict is left to the quarantine, which is what this test is about: the run's own gate
+      // judges no window of this run (its minimum is above the run's size). Its 50% limit was not
+      // enough: the broken server's short answers come faster than the good one's, and 70% of the
+      // first 200 were flagged in one run, which paused it before the peers' counts had arrived.
+      quality: { gate: { min_samples: 10_000_000, max_flag_rate: 0.5 } },
     });
+    const ep = await waitFor(
+      'the broken endpoint to be quarantined',
+      async () => {
+        const e = (await call(b.url, `/v1/endpoints/${badEp.id}`)).body;
+        if (e.state === 'quarantined') return e;
+        const r = await getRun(a.url, id);
+        if (r.status !== 'in_progress') throw new Error(`the run is ${r.status}, the endpoint ${e.state}: ${r.status_reason ?? ''}`);
+        return undefined;
+      },
+      60_000,
+      50,
+    );
+    expect(ep.last_error).toMatch(/^quality gate: endpoint /);
+    const answeredAtQuarantine = (await bad.stats()).completed;
+    // The good endpoint's answers from here prove nothing by their pace.
+    await good.configure({ ttftMs: 5, tokensPerSecond: 40_000 });
     const done = await waitForEnd(a.url, id, 180_000);
     expect(done.status, done.status_reason).toBe('completed');
-    const ep = (await call(b.url, `/v1/endpoints/${badEp.id}`)).body;
-    expect(ep.state).toBe('quarantined');
-    expect(ep.last_error).toMatch(/^quality gate: endpoint /);
+    expect((await call(b.url, `/v1/endpoints/${badEp.id}`)).body.state).toBe('quarantined');
     // Out within seconds: the peers' counts reach it with the views, once a second. Left in, it
-    // would answer about half of the 2,000 and more (its flagged answers asked again).
+    // would answer about half of the 2,000 and more (its flagged answers asked again). How many it
+    // answers before that is the machine's pace (its answers are two tokens); once it is out it
+    // gets nothing new (its driver is the replica that judged it): at most what it had in flight
+    // then, its cap, finishes.
     const answeredByBad = (await bad.stats()).completed;
-    expect(answeredByBad).toBeLessThan(600);
+    expect(answeredByBad).toBeLessThan(1000);
+    expect(answeredByBad - answeredAtQuarantine).toBeLessThanOrEqual(ep.max_concurrency);
     const out = await readOutput(done, prompts, s3Endpoint());
     expect(out.lines.size).toBe(2000);
     const flagged = [...out.lines.values()].filter((l) => l.flags.length > 0).length;
     expect(flagged / out.lines.size).toBeLessThan(0.01);
-    console.log(`replica quality: ${JSON.stringify({ answers_from_the_broken_one: answeredByBad, flagged_in_output: flagged })}`);
+    console.log(
+      `replica quality: ${JSON.stringify({ answers_from_the_broken_one: answeredByBad, after_its_quarantine: answeredByBad - answeredAtQuarantine, flagged_in_output: flagged })}`,
+    );
   }, 300_000);
 });
