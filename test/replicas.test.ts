@@ -234,6 +234,7 @@ await describePg('three replicas on one PostgreSQL', () => {
         const e = (await call(b.url, `/v1/endpoints/${badEp.id}`)).body;
         if (e.state === 'quarantined') return e;
         const r = await getRun(a.url, id);
+        // Kept as the reason the wait failed, should the run stop instead.
         if (r.status !== 'in_progress') throw new Error(`the run is ${r.status}, the endpoint ${e.state}: ${r.status_reason ?? ''}`);
         return undefined;
       },

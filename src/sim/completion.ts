@@ -279,7 +279,7 @@ export function buildReply(request: ChatRequest, knobs: Knobs, plan: ReplyPlan):
     generated: answerSequence(request.thinking && parser ? choices[0].out.reasoning : null, choices[0].content),
     pieces,
     body: {
-      // SGLang's uuid.uuid4().hex; randomUUID draws from a cached pool, not a system call an id.
+      // 32 hex digits, as SGLang's uuid4().hex; randomUUID draws from a cached pool, cheaper than randomBytes an id.
       id: randomUUID().replaceAll('-', ''),
       object: 'chat.completion',
       created: Math.floor(Date.now() / 1000),
