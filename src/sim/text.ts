@@ -132,7 +132,7 @@ const NEWLINE = hashSeed('\n');
 const THINK = hashSeed('<think>');
 const THINK_END = hashSeed('</think>');
 
-/** Text as the prefix cache's tokens: one a CHARS_PER_TOKEN characters, the same text always the same tokens. */
+/** Text as the prefix cache's tokens, appended to `tokens`: one a CHARS_PER_TOKEN characters, the same text always the same tokens. */
 export function textTokens(text: string, tokens: number[] = []): number[] {
   for (let i = 0; i < text.length; i += CHARS_PER_TOKEN) tokens.push(hashRange(text, i, Math.min(i + CHARS_PER_TOKEN, text.length)));
   return tokens;
