@@ -230,7 +230,8 @@ describe('the Batch routes', () => {
     let done: any;
     try {
       const created = await createBatch(file.id);
-      // regen refuses to cancel a run whose input is still validating (409), so the cancel waits for it to be under way.
+      // Cancelled under way, so its requests are in flight and its error file lists them (a batch
+      // cancelled while its input validates ends with no requests at all).
       await waitFor('the batch under way', async () => ((await api(`/v1/batches/${created.body.id}`)).body.status === 'in_progress' ? true : undefined));
       const cancelled = await api(`/v1/batches/${created.body.id}/cancel`, { method: 'POST' });
       expect(cancelled.status).toBe(200);
