@@ -92,4 +92,20 @@ describe('answers that are not answers', () => {
     const tokens = /^regen_completion_tokens_total\{[^}]*\} (\S+)$/m.exec(metrics)?.[1];
     expect(tokens).toBe(String(2 * GOOD_USAGE.completion_tokens));
   });
+
+  it('a stream framed with CRLF, comments, a field without a colon and multi-line data is read as the spec reads it', async () => {
+    const { base, server, unhealthySeen, stop } = await start('crlf');
+    const run = await createRun(base, { model: BROKEN_MODEL, input: { requests: brokenRequests(3, 's') }, quality: { stop_loops: true } });
+    const done = await waitForStatus(base, run.id, ENDED);
+    stop();
+    expect(server.streamed).toBe(3);
+    expect(done.status).toBe('completed');
+    expect(await errorCodes(base, run.id)).toEqual(['completed']);
+    const lines = readFileSync(fileURLToPath(new URL('shard-00000.jsonl', done.output_uri)), 'utf8')
+      .trim()
+      .split('\n');
+    expect(lines.map((l) => JSON.parse(l).content)).toEqual(['The answer.', 'The answer.', 'The answer.']);
+    expect(done.usage).toEqual({ prompt_tokens: 3 * GOOD_USAGE.prompt_tokens, completion_tokens: 3 * GOOD_USAGE.completion_tokens, reasoning_tokens: 0 });
+    expect(unhealthySeen()).toBe(false);
+  });
 });

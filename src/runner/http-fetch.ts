@@ -2,6 +2,7 @@ import http from 'node:http';
 import { APIConnectionError, APIConnectionTimeoutError, APIError, APIUserAbortError } from 'openai';
 import https from 'node:https';
 import { type AnswerLease, AnswerRefused } from './answer-budget.js';
+import { EventStreamParser } from './sse.js';
 
 /** The error a spec-compliant fetch rejects with on abort; the openai client recognises it by name. */
 function abortError(): Error {
@@ -259,24 +260,21 @@ export function streamPost(agent: http.Agent | https.Agent, r: StreamRequest): P
           res.on('error', connectionError);
           return;
         }
-        let pending = '';
+        const events = new EventStreamParser();
         res.on('data', (c: string) => {
           if (settled || !r.lease.take(c.length)) return;
-          pending += c;
-          let end = pending.indexOf('\n\n');
-          while (end >= 0 && !settled) {
-            const data = eventData(pending.slice(0, end));
-            pending = pending.slice(end + 2);
-            r.lease.give(end + 2);
+          const held = events.heldChars;
+          const completed = events.push(c);
+          // Only the unfinished line and event stay held; what was read is let go.
+          r.lease.give(held + c.length - events.heldChars);
+          for (const data of completed) {
+            if (settled) return;
             if (data === DONE) return finish(() => resolve(undefined), true);
-            if (data !== null) {
-              try {
-                r.onData(data);
-              } catch (err) {
-                return finish(() => reject(err));
-              }
+            try {
+              r.onData(data);
+            } catch (err) {
+              return finish(() => reject(err));
             }
-            end = pending.indexOf('\n\n');
           }
         });
         // A stream that stops before [DONE] lost its connection: what came is not a whole answer.
@@ -301,15 +299,3 @@ export function streamPost(agent: http.Agent | https.Agent, r: StreamRequest): P
 }
 
 const MAX_ERROR_BODY_CHARS = 64 * 1024;
-
-/** The data of one event (its `data:` lines joined), or null for an event without any (a comment, a keep-alive). */
-function eventData(event: string): string | null {
-  if (event.startsWith('data: ') && !event.includes('\n')) return event.slice(6);
-  let data: string | null = null;
-  for (const line of event.split('\n')) {
-    if (!line.startsWith('data:')) continue;
-    const value = line.slice(line.startsWith('data: ') ? 6 : 5);
-    data = data === null ? value : `${data}\n${value}`;
-  }
-  return data;
-}

@@ -15,6 +15,11 @@ export type AnswerFault =
   | 'cut-json'
   /** A proper answer whose usage is absurd (negative prompt tokens, 1e308 completion tokens). */
   | 'bad-usage'
+  /**
+   * A proper answer; streamed, framed as a proxy may frame it: CRLF line ends, comments, a field
+   * without a colon, `data:` without its space, an event's JSON split over two `data` lines.
+   */
+  | 'crlf'
   /** A proper answer. */
   | 'none';
 
@@ -40,6 +45,16 @@ const EVENT_WORDS = 30;
 function chunkEvent(content: string | null, extra: Record<string, unknown> = {}): string {
   const choices = content === null ? [] : [{ index: 0, delta: { content }, finish_reason: null }];
   return `data: ${JSON.stringify({ id: 'broken', object: 'chat.completion.chunk', created: 1, model: 'broken-model', choices, ...extra })}\n\n`;
+}
+
+/** An event's lines ended in CRLF. */
+const crlf = (event: string) => event.replace(/\n/g, '\r\n');
+
+/** An event's JSON cut in two after its first field, to be sent as two `data` lines. */
+function splitJson(event: string): [string, string] {
+  const body = event.slice('data: '.length).trimEnd();
+  const cut = body.indexOf(',') + 1;
+  return [body.slice(0, cut), body.slice(cut)];
 }
 
 /** The endless bodies, built once: each block is written again and again. */
@@ -131,6 +146,16 @@ export async function startBrokenServer(opts: { fault: AnswerFault; contextLengt
           return json(200, '<!doctype html><html><body><h1>502 Bad Gateway</h1></body></html>', 'text/html');
         case 'cut-json':
           return json(200, JSON.stringify(answer(GOOD_USAGE)).slice(0, 60));
+        case 'crlf': {
+          if (!stream) return json(200, answer(GOOD_USAGE));
+          sse();
+          res.write(': keep-alive\r\n\r\n');
+          const [head, rest] = splitJson(chunkEvent('The answer.'));
+          res.write(`data: ${head}\r\ndata:${rest}\r\nretry\r\n\r\n`);
+          res.write(crlf(chunkEvent(null, { choices: [{ index: 0, delta: {}, finish_reason: 'stop' }] })));
+          res.write(crlf(chunkEvent(null, { usage: GOOD_USAGE })));
+          return res.end('data: [DONE]\r\n\r\n');
+        }
         case 'bad-usage':
         case 'none': {
           const usage = state.fault === 'bad-usage' ? BAD_USAGE : GOOD_USAGE;
