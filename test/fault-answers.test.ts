@@ -1,5 +1,6 @@
 import { readFileSync } from 'node:fs';
 import { fileURLToPath } from 'node:url';
+import { DuckDBInstance } from '@duckdb/node-api';
 import { afterEach, describe, expect, it } from 'vitest';
 import {
   type AnswerFault,
@@ -8,6 +9,9 @@ import {
   type BrokenServer,
   bufferedAndStreamed,
   GOOD_USAGE,
+  IMPOSSIBLE_USAGE,
+  LONE_CONTENT,
+  LONE_REASONING,
   startBrokenServer,
 } from './support/answer-faults.js';
 import { call, startTestServer, waitFor } from './support/server.js';
@@ -38,7 +42,9 @@ describe('answers that are not answers', () => {
     await regen?.cleanup();
   });
 
-  async function start(fault: AnswerFault): Promise<{ base: string; server: BrokenServer; unhealthySeen: () => boolean; stop: () => void }> {
+  async function start(
+    fault: AnswerFault,
+  ): Promise<{ base: string; server: BrokenServer; endpointId: string; unhealthySeen: () => boolean; stop: () => void }> {
     const server = await broken(fault);
     // Four tries a sample, the first wait between them 50 ms (0.5 s by default): the malformed answers are
     // the point, not the wait between them.
@@ -56,7 +62,7 @@ describe('answers that are not answers', () => {
         await new Promise((r) => setTimeout(r, 20));
       }
     })();
-    return { base, server, unhealthySeen: () => seen, stop: () => (watching = false) };
+    return { base, server, endpointId: ep.id, unhealthySeen: () => seen, stop: () => (watching = false) };
   }
 
   for (const fault of ['html', 'cut-json'] as const) {
@@ -107,5 +113,76 @@ describe('answers that are not answers', () => {
     expect(lines.map((l) => JSON.parse(l).content)).toEqual(['The answer.', 'The answer.', 'The answer.']);
     expect(done.usage).toEqual({ prompt_tokens: 3 * GOOD_USAGE.prompt_tokens, completion_tokens: 3 * GOOD_USAGE.completion_tokens, reasoning_tokens: 0 });
     expect(unhealthySeen()).toBe(false);
+  });
+
+  it('a usage that breaks its own sums keeps its answer, the impossible part clamped and counted: no hit rate above 1 anywhere', async () => {
+    const { base, endpointId, stop } = await start('impossible-usage');
+    const runs = await bufferedAndStreamed(base, 3);
+    const ended = [];
+    for (const id of Object.values(runs)) ended.push(await waitForStatus(base, id, ENDED));
+    stop();
+    const { prompt_tokens: prompt, completion_tokens: completion } = IMPOSSIBLE_USAGE;
+    for (const run of ended) {
+      expect(run.status).toBe('completed');
+      // Reasoning is part of the completion: clamped to it, never past it, in the run and its manifest.
+      const usage = { prompt_tokens: 3 * prompt, completion_tokens: 3 * completion, reasoning_tokens: 3 * completion };
+      expect(run.usage).toEqual(usage);
+      const manifest = JSON.parse(readFileSync(fileURLToPath(new URL('manifest.json', run.output_uri)), 'utf8'));
+      expect(manifest.usage).toEqual(usage);
+      // Cached tokens are part of the prompt: all of it at most.
+      expect(run.cache_hit_rate).toBe(1);
+      expect(run.cache_by_endpoint.map((e: { cache_hit_rate: number }) => e.cache_hit_rate)).toEqual([1]);
+    }
+    const endpoint = (await call(base, `/v1/endpoints/${endpointId}`)).body;
+    expect(endpoint.stats.cache_hit_rate).toBe(1);
+    const metrics = (await call(base, '/metrics')).body as string;
+    const counter = (name: string) => Number(new RegExp(`^${name} (\\S+)$`, 'm').exec(metrics)?.[1]);
+    expect(counter(`regen_endpoint_cached_tokens_total\\{endpoint_id="${endpointId}"\\}`)).toBe(6 * prompt);
+    expect(counter(`regen_endpoint_prompt_tokens_total\\{endpoint_id="${endpointId}"\\}`)).toBe(6 * prompt);
+    expect(counter('regen_answer_repairs_total\\{repair="cached_tokens_clamped"\\}')).toBe(6);
+    expect(counter('regen_answer_repairs_total\\{repair="reasoning_tokens_clamped"\\}')).toBe(6);
+  });
+
+  it('unpaired surrogates in an answer, buffered or streamed, are U+FFFD in JSONL and Parquet alike, and counted', async () => {
+    const { base, stop } = await start('lone-surrogates');
+    const formats = ['jsonl', 'parquet'] as const;
+    const runs: { format: (typeof formats)[number]; id: string }[] = [];
+    for (const format of formats) {
+      for (const quality of [false, { stop_loops: true }]) {
+        const body = { model: BROKEN_MODEL, input: { requests: brokenRequests(2, 'x') }, quality, output: { format } };
+        runs.push({ format, id: (await createRun(base, body)).id });
+      }
+    }
+    const content = LONE_CONTENT.replace(/[\ud800-\udfff]/, '\ufffd');
+    const reasoning = LONE_REASONING.replace(/[\ud800-\udfff]/, '\ufffd');
+    const duck = await (await DuckDBInstance.create(':memory:')).connect();
+    for (const { format, id } of runs) {
+      const run = await waitForStatus(base, id, ENDED);
+      expect(run.status).toBe('completed');
+      const path = fileURLToPath(new URL(`shard-00000.${format}`, run.output_uri));
+      if (format === 'jsonl') {
+        const bytes = readFileSync(path);
+        // A strict reader's view: valid UTF-8, no escape of a surrogate left to decode alone.
+        const text = new TextDecoder('utf-8', { fatal: true }).decode(bytes);
+        expect(text).not.toMatch(/\\u[dD][89a-fA-F]/);
+        const lines = text
+          .trim()
+          .split('\n')
+          .map((l) => JSON.parse(l));
+        expect(lines.map((l) => [l.content, l.reasoning_content])).toEqual([
+          [content, reasoning],
+          [content, reasoning],
+        ]);
+      } else {
+        const rows = (await duck.runAndReadAll(`select content, reasoning_content from read_parquet('${path}') order by custom_id`)).getRowObjectsJson();
+        expect(rows).toEqual([
+          { content, reasoning_content: reasoning },
+          { content, reasoning_content: reasoning },
+        ]);
+      }
+    }
+    stop();
+    const metrics = (await call(base, '/metrics')).body as string;
+    expect(/^regen_answer_repairs_total\{repair="lone_surrogates_replaced"\} (\S+)$/m.exec(metrics)?.[1]).toBe(String(runs.length * 2));
   });
 });

@@ -7,6 +7,16 @@
 // not preceded by a high one.
 const LONE_SURROGATE = /[\ud800-\udbff](?![\udc00-\udfff])|(?<![\ud800-\udbff])[\udc00-\udfff]/;
 
+const LONE_SURROGATES = new RegExp(LONE_SURROGATE.source, 'g');
+
+/**
+ * `s` with each unpaired surrogate replaced by U+FFFD, what a UTF-8 encoder writes for one, so that
+ * every output format holds the same string; `s` itself when it has none.
+ */
+export function wellFormedText(s: string): string {
+  return LONE_SURROGATE.test(s) ? s.replace(LONE_SURROGATES, '\uFFFD') : s;
+}
+
 /** Why a string cannot be stored as text, or null when it can. */
 export function textProblem(s: string): string | null {
   if (s.includes('\u0000')) return 'must not contain the NUL character (\\u0000)';

@@ -1,6 +1,7 @@
 import type { Config } from '../config.js';
 import type { RetryReason } from '../domain/sample-errors.js';
 import type { RunnerSnapshot } from '../domain/live-view.js';
+import type { AnswerRepair } from '../domain/metrics.js';
 
 // What crosses between the API thread (thread.ts) and the runner's worker thread (worker.ts).
 // Both sides import these types from here, never from each other.
@@ -17,6 +18,9 @@ type Answered = [string, number, number, number];
 export interface MetricsBatch {
   answered: Answered[];
   retried: RetryReason[];
+  repaired: AnswerRepair[];
+  /** Each shed answer: failed (true) or given back. */
+  shed: boolean[];
   uploads: number;
   uploadFailures: number;
 }

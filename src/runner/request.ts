@@ -2,7 +2,9 @@ import { APIConnectionError, APIConnectionTimeoutError, APIError, APIUserAbortEr
 import type { ChoiceLogprobs, OtherChoice, Usage } from '../domain/output-line.js';
 import { type TurnRecord, turnMessages } from '../domain/conversation.js';
 import { thinkingRequested } from '../domain/params.js';
+import type { AnswerRepair } from '../domain/metrics.js';
 import type { SampleError } from '../domain/sample-errors.js';
+import { wellFormedText } from '../domain/text.js';
 import { layeredParams, type Variant } from '../domain/variants.js';
 import { AnswerRefused } from './answer-budget.js';
 
@@ -141,6 +143,7 @@ export interface ChatResponse {
 }
 
 export interface Answer {
+  /** Without unpaired surrogates (replaced by U+FFFD): every output format holds the same text. */
   content: string | null;
   reasoning: string | null;
   finishReason: string | null;
@@ -152,6 +155,8 @@ export interface Answer {
   created: number | undefined;
   /** The other choices of an answer kept whole (choices.ts otherChoices). */
   others?: OtherChoice[];
+  /** What was mended in it, when anything was; a usage repair is the request's, on each of its choices. */
+  repairs?: AnswerRepair[];
 }
 
 export type ParsedAnswer = { ok: true; answer: Answer } | { ok: false; error: SampleError };
@@ -191,6 +196,8 @@ export function parseAnswers(res: unknown, limits: AnswerLimits, count: number):
     reasoning_tokens: u.reasoning_tokens ?? u.completion_tokens_details?.reasoning_tokens ?? 0,
     cached_tokens: u.prompt_tokens_details?.cached_tokens ?? 0,
   };
+  const wrong = usageProblem(usage, limits);
+  const usageRepairs = wrong ? [] : clampUsage(usage);
   const choices = r.choices;
   return Array.from({ length: count }, (_, i) => {
     const choice = choices.find((c) => c?.index === i) ?? (choices[i]?.index === undefined ? choices[i] : undefined);
@@ -201,23 +208,49 @@ export function parseAnswers(res: unknown, limits: AnswerLimits, count: number):
       const shown = typeof reason === 'string' ? JSON.stringify(reason.slice(0, MAX_REASON_CHARS)) : String(reason);
       return malformed(`the endpoint answered with finish_reason ${shown}`);
     }
-    const wrong = usageProblem(usage, limits);
     if (wrong) return malformed(`the endpoint reported ${wrong}`);
     const msg = choice.message ?? {};
+    const repairs = [...usageRepairs];
+    const text = (v: unknown): string | null => {
+      if (typeof v !== 'string') return null;
+      const fixed = wellFormedText(v);
+      if (fixed !== v && !repairs.includes('lone_surrogates_replaced')) repairs.push('lone_surrogates_replaced');
+      return fixed;
+    };
     return {
       ok: true,
       answer: {
-        content: typeof msg.content === 'string' ? msg.content : null,
-        reasoning: typeof msg.reasoning_content === 'string' ? msg.reasoning_content : null,
+        content: text(msg.content),
+        reasoning: text(msg.reasoning_content),
         finishReason: reason,
         logprobs: typeof choice.logprobs === 'object' && choice.logprobs !== null ? (choice.logprobs as ChoiceLogprobs) : null,
         usage,
         model: typeof r.model === 'string' ? r.model : null,
         responseId: r.id,
         created: r.created,
+        ...(repairs.length > 0 && { repairs }),
       },
     };
   });
+}
+
+/**
+ * Clamps, in place, a count past the count it is part of: cached tokens past the prompt's, reasoning
+ * tokens past the completion's. The answer's text is sound and asking again would spend the GPUs
+ * on it a second time, while an impossible part would give a cache hit rate above 1 on the run,
+ * its endpoints and /metrics for good (docs/sglang.md). Returns what it clamped.
+ */
+function clampUsage(usage: Usage): AnswerRepair[] {
+  const repairs: AnswerRepair[] = [];
+  if (usage.cached_tokens > usage.prompt_tokens) {
+    usage.cached_tokens = usage.prompt_tokens;
+    repairs.push('cached_tokens_clamped');
+  }
+  if (usage.reasoning_tokens > usage.completion_tokens) {
+    usage.reasoning_tokens = usage.completion_tokens;
+    repairs.push('reasoning_tokens_clamped');
+  }
+  return repairs;
 }
 
 /**

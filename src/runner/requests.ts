@@ -7,6 +7,8 @@ import { LoopWatch, stopsLoops } from '../domain/quality.js';
 import { AnswerBudget, type AnswerLease, AnswerRefused, AnswerShed, heldTextBytes } from './answer-budget.js';
 import type { AnswerInit } from './http-fetch.js';
 import { turnCount } from '../domain/conversation.js';
+import type { AnswerRepair } from '../domain/metrics.js';
+import { wellFormedText } from '../domain/text.js';
 import { type ConversationTurn, settleAbort, settleAnswer, settleError, type Attempt, type Settled } from './outcomes.js';
 import {
   type Answer,
@@ -227,6 +229,7 @@ export class Requests {
       this.hooks.answered(f.run, e.row.id, tokens, latencyMs, now);
     }
     const usages = answered ? shareUsage(answered.usage, answers) : [];
+    this.countRepairs(answers);
     const quality = this.hooks.qualityOf(f.run);
     // A failed choice's backoff is its request's: the answers of a line that come back together stay together.
     const draw = Math.random();
@@ -263,6 +266,16 @@ export class Requests {
     }
   }
 
+  /** A request's usage repairs count once, its choices' text repairs once each. */
+  private countRepairs(answers: readonly (Answer | null)[]): void {
+    const counted = new Set<AnswerRepair>();
+    for (const repair of answers.flatMap((a) => a?.repairs ?? [])) {
+      if (repair !== 'lone_surrogates_replaced' && counted.has(repair)) continue;
+      counted.add(repair);
+      this.deps.metrics.repaired(repair);
+    }
+  }
+
   /**
    * A streamed answer cut because it looped: flagged repetitive, and asked again under the
    * quality-retry rules like any flagged answer; kept as it stood when no retry is left. The
@@ -274,9 +287,14 @@ export class Requests {
     const res = streamed.response();
     const message = res.choices?.[0]?.message;
     const generated = streamed.textEvents;
+    const rawContent = typeof message?.content === 'string' ? message.content : '';
+    const rawReasoning = typeof message?.reasoning_content === 'string' ? message.reasoning_content : null;
+    // Kept as it stood, but as parseAnswers keeps any answer's text: without unpaired surrogates.
+    const content = wellFormedText(rawContent);
+    const reasoning = rawReasoning === null ? null : wellFormedText(rawReasoning);
     const answer: Answer = {
-      content: typeof message?.content === 'string' ? message.content : '',
-      reasoning: typeof message?.reasoning_content === 'string' ? message.reasoning_content : null,
+      content,
+      reasoning,
       finishReason: LOOP_FINISH_REASON,
       usage: { prompt_tokens: 0, completion_tokens: generated, reasoning_tokens: 0, cached_tokens: 0 },
       model: res.model ?? null,
@@ -284,6 +302,7 @@ export class Requests {
       created: res.created,
       logprobs: null,
     };
+    if (content !== rawContent || reasoning !== rawReasoning) this.deps.metrics.repaired('lone_surrogates_replaced');
     const quality = this.hooks.qualityOf(f.run);
     const flags = quality ? quality.cut(e.row.id) : 0;
     const settled = settleAnswer(this.attempt(f), f.run, answer, latencyMs, this.deps.clock(), flags);

@@ -42,6 +42,12 @@ export function parseServerInfo(body: unknown): ServerInfo {
   return { capacity: { maxRunning, kvTokens: positiveInt(body.max_total_num_tokens) }, startupTime: finite(body.startup_time) };
 }
 
+/** A share from 0 to 1, or null: a hit rate past 1 is no reading, and shown as one it would stay on the endpoint and /metrics. */
+function rate(v: unknown): number | null {
+  const n = finite(v);
+  return n !== null && n >= 0 && n <= 1 ? n : null;
+}
+
 /** `/v1/loads`: running and waiting requests and KV usage, summed over the DP ranks. */
 export function parseLoads(body: unknown, at: number): Load | null {
   const loads = isObject(body) && Array.isArray(body.loads) ? body.loads.filter(isObject) : [];
@@ -52,7 +58,7 @@ export function parseLoads(body: unknown, at: number): Load | null {
   let total = 0;
   const hits: number[] = [];
   for (const l of loads) {
-    const hit = finite(l.cache_hit_rate);
+    const hit = rate(l.cache_hit_rate);
     if (hit !== null) hits.push(hit);
     const r = finite(l.num_running_reqs);
     const w = finite(l.num_waiting_reqs);
@@ -104,6 +110,6 @@ export function parseMetrics(text: string, at: number): Load | null {
     tokenUsage: metricMean(text, 'sglang:token_usage'),
     retracted: metricSum(text, 'sglang:num_retracted_requests_total'),
     retractedNow: metricSum(text, 'sglang:num_retracted_reqs'),
-    cacheHitRate: metricMean(text, 'sglang:cache_hit_rate'),
+    cacheHitRate: rate(metricMean(text, 'sglang:cache_hit_rate')),
   };
 }

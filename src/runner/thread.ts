@@ -146,6 +146,8 @@ export class RunnerThread {
       case 'metrics':
         for (const [endpointId, latencyMs, tokens, flags] of m.batch.answered) deps.metrics.answered(endpointId, latencyMs, tokens, flags);
         for (const reason of m.batch.retried) deps.metrics.retried(reason);
+        for (const repair of m.batch.repaired) deps.metrics.repaired(repair);
+        for (const failed of m.batch.shed) deps.metrics.shed(failed);
         for (let i = 0; i < m.batch.uploads; i++) deps.metrics.shardUploaded();
         for (let i = 0; i < m.batch.uploadFailures; i++) deps.metrics.shardUploadFailed();
         break;

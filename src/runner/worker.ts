@@ -6,7 +6,7 @@ import { Stores } from '../storage/index.js';
 import { idleInTransactionMs, RunnerLockedError } from './lock.js';
 import { Runner } from './runner.js';
 import type { RetryReason } from '../domain/sample-errors.js';
-import type { RunnerMetrics } from '../domain/metrics.js';
+import type { AnswerRepair, RunnerMetrics } from '../domain/metrics.js';
 import type { FromRunner, MetricsBatch, RunnerThreadInit, ToRunner } from './protocol.js';
 
 /**
@@ -22,7 +22,7 @@ const SNAPSHOT_MS = 100;
 const port = parentPort!;
 const send = (m: FromRunner) => port.postMessage(m);
 
-const emptyBatch = (): MetricsBatch => ({ answered: [], retried: [], uploads: 0, uploadFailures: 0 });
+const emptyBatch = (): MetricsBatch => ({ answered: [], retried: [], repaired: [], shed: [], uploads: 0, uploadFailures: 0 });
 
 /** Collects the runner's metric increments and sends them once per turn of the event loop. */
 class ForwardedMetrics implements RunnerMetrics {
@@ -38,6 +38,16 @@ class ForwardedMetrics implements RunnerMetrics {
 
   retried(reason: RetryReason): void {
     this.batch.retried.push(reason);
+    this.schedule();
+  }
+
+  repaired(repair: AnswerRepair): void {
+    this.batch.repaired.push(repair);
+    this.schedule();
+  }
+
+  shed(failed: boolean): void {
+    this.batch.shed.push(failed);
     this.schedule();
   }
 

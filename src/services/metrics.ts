@@ -9,6 +9,7 @@ import { deliveryCountsByStatus } from '../db/webhooks.js';
 import { DELIVERY_STATUSES } from '../domain/webhooks.js';
 import { FLAGS, flagBit } from '../domain/flags.js';
 import { RETRY_REASONS, type RetryReason } from '../domain/sample-errors.js';
+import { ANSWER_REPAIRS, type AnswerRepair } from '../domain/metrics.js';
 import { ENDPOINT_STATES, RUN_STATUSES, SAMPLE_STATUSES } from '../domain/statuses.js';
 import type { MetricsSource, ProcessMetrics } from '../deps.js';
 
@@ -61,6 +62,18 @@ export class Metrics implements ProcessMetrics {
     name: 'regen_retries_total',
     help: 'Samples sent back to the queue for another attempt, by reason',
     labelNames: ['reason'] as const,
+    registers: [this.registry],
+  });
+  private readonly repairs = new Counter({
+    name: 'regen_answer_repairs_total',
+    help: 'Answers kept with a part mended, by repair: a cached or reasoning token count clamped to the count it is part of, unpaired surrogates replaced by U+FFFD',
+    labelNames: ['repair'] as const,
+    registers: [this.registry],
+  });
+  private readonly sheds = new Counter({
+    name: 'regen_answers_shed_total',
+    help: 'Answers cut because the answers in flight passed REGEN_ANSWER_BUFFER_BYTES, by outcome: their samples given back (released), or failed as answer_too_large after being cut too often (failed)',
+    labelNames: ['outcome'] as const,
     registers: [this.registry],
   });
   private readonly flags = new Counter({
@@ -211,6 +224,8 @@ export class Metrics implements ProcessMetrics {
     processRegistry();
     for (const reason of RETRY_REASONS) this.retries.inc({ reason }, 0);
     for (const flag of FLAGS) this.flags.inc({ flag }, 0);
+    for (const repair of ANSWER_REPAIRS) this.repairs.inc({ repair }, 0);
+    for (const outcome of ['released', 'failed']) this.sheds.inc({ outcome }, 0);
     this.shardUploads.inc(0);
     this.shardUploadFailures.inc(0);
     for (const result of WEBHOOK_ATTEMPT_RESULTS) this.webhookAttempts.inc({ result }, 0);
@@ -225,6 +240,14 @@ export class Metrics implements ProcessMetrics {
 
   retried(reason: RetryReason): void {
     this.retries.inc({ reason });
+  }
+
+  repaired(repair: AnswerRepair): void {
+    this.repairs.inc({ repair });
+  }
+
+  shed(failed: boolean): void {
+    this.sheds.inc({ outcome: failed ? 'failed' : 'released' });
   }
 
   shardUploaded(): void {

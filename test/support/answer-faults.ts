@@ -20,10 +20,27 @@ export type AnswerFault =
    * without a colon, `data:` without its space, an event's JSON split over two `data` lines.
    */
   | 'crlf'
+  /**
+   * A proper answer whose usage breaks its own sums: more cached tokens than prompt tokens, more
+   * reasoning tokens (OpenAI's `completion_tokens_details`) than completion tokens.
+   */
+  | 'impossible-usage'
+  /** A proper answer whose content and reasoning hold unpaired surrogates (LONE_CONTENT, LONE_REASONING). */
+  | 'lone-surrogates'
   /** A proper answer. */
   | 'none';
 
 const BAD_USAGE = { prompt_tokens: -5, completion_tokens: 1e308, total_tokens: 1e308, reasoning_tokens: 0 };
+export const IMPOSSIBLE_USAGE = {
+  prompt_tokens: 10,
+  completion_tokens: 3,
+  total_tokens: 13,
+  prompt_tokens_details: { cached_tokens: 5000 },
+  completion_tokens_details: { reasoning_tokens: 9 },
+};
+/** Text with a high surrogate alone, and one with a low surrogate alone, as JSON's `\\uXXXX` escapes carry them. */
+export const LONE_CONTENT = 'an \ud800 answer';
+export const LONE_REASONING = 'some \udc00 thought';
 export const GOOD_USAGE = { prompt_tokens: 12, completion_tokens: 3, total_tokens: 15, reasoning_tokens: 0 };
 
 const WORDS = 'alpha bravo charlie delta echo foxtrot golf hotel india juliet kilo lima mike november oscar papa quebec romeo sierra tango'.split(' ');
@@ -69,13 +86,13 @@ function sseBlock(): string {
   return events.join('');
 }
 
-function answer(usage: object): object {
+function answer(usage: object, content = 'The answer.', reasoning: string | null = null): object {
   return {
     id: 'broken',
     object: 'chat.completion',
     created: 1,
     model: 'broken-model',
-    choices: [{ index: 0, message: { role: 'assistant', content: 'The answer.', reasoning_content: null }, finish_reason: 'stop' }],
+    choices: [{ index: 0, message: { role: 'assistant', content, reasoning_content: reasoning }, finish_reason: 'stop' }],
     usage,
   };
 }
@@ -156,9 +173,18 @@ export async function startBrokenServer(opts: { fault: AnswerFault; contextLengt
           res.write(crlf(chunkEvent(null, { usage: GOOD_USAGE })));
           return res.end('data: [DONE]\r\n\r\n');
         }
+        case 'lone-surrogates':
+          if (!stream) return json(200, answer(GOOD_USAGE, LONE_CONTENT, LONE_REASONING));
+          sse();
+          res.write(chunkEvent(null, { choices: [{ index: 0, delta: { reasoning_content: LONE_REASONING }, finish_reason: null }] }));
+          res.write(chunkEvent(LONE_CONTENT));
+          res.write(chunkEvent(null, { choices: [{ index: 0, delta: {}, finish_reason: 'stop' }] }));
+          res.write(chunkEvent(null, { usage: GOOD_USAGE }));
+          return res.end('data: [DONE]\n\n');
         case 'bad-usage':
+        case 'impossible-usage':
         case 'none': {
-          const usage = state.fault === 'bad-usage' ? BAD_USAGE : GOOD_USAGE;
+          const usage = state.fault === 'bad-usage' ? BAD_USAGE : state.fault === 'impossible-usage' ? IMPOSSIBLE_USAGE : GOOD_USAGE;
           if (!stream) return json(200, answer(usage));
           sse();
           res.write(chunkEvent('The answer.'));

@@ -118,6 +118,57 @@ describe('parseAnswer: token counts', () => {
     expect(parseAnswer(answer({ prompt_tokens: 10, completion_tokens: 1800 }), { contextLength: 1000, choices: 2 }).ok).toBe(true);
     expect(parseAnswer(answer({}), limits).ok).toBe(true);
   });
+
+  const clamped: [string, Record<string, unknown>, Record<string, number>, string[]][] = [
+    [
+      'cached tokens past the prompt',
+      { prompt_tokens: 10, completion_tokens: 3, prompt_tokens_details: { cached_tokens: 500 } },
+      { cached_tokens: 10 },
+      ['cached_tokens_clamped'],
+    ],
+    [
+      "SGLang's reasoning tokens past the completion",
+      { prompt_tokens: 10, completion_tokens: 3, reasoning_tokens: 9 },
+      { reasoning_tokens: 3 },
+      ['reasoning_tokens_clamped'],
+    ],
+    [
+      "OpenAI's reasoning tokens past the completion, with cached tokens past the prompt",
+      { prompt_tokens: 10, completion_tokens: 3, completion_tokens_details: { reasoning_tokens: 4 }, prompt_tokens_details: { cached_tokens: 11 } },
+      { reasoning_tokens: 3, cached_tokens: 10 },
+      ['cached_tokens_clamped', 'reasoning_tokens_clamped'],
+    ],
+  ];
+  for (const [name, usage, fixed, repairs] of clamped) {
+    it(`keeps an answer with ${name}, that count clamped and the repair named`, () => {
+      const parsed = parseAnswer(answer(usage), limits);
+      expect(parsed.ok).toBe(true);
+      if (!parsed.ok) return;
+      expect(parsed.answer.usage).toEqual({ prompt_tokens: 10, completion_tokens: 3, reasoning_tokens: 0, cached_tokens: 0, ...fixed });
+      expect(parsed.answer.repairs).toEqual(repairs);
+    });
+  }
+
+  it('names no repair on an answer whose counts hold', () => {
+    const parsed = parseAnswer(answer({ prompt_tokens: 10, completion_tokens: 3, reasoning_tokens: 3, prompt_tokens_details: { cached_tokens: 10 } }), limits);
+    expect(parsed.ok && parsed.answer.repairs).toBeUndefined();
+  });
+});
+
+describe('parseAnswer: text', () => {
+  const answer = (content: string, reasoning: string | null) => ({ choices: [{ message: { content, reasoning_content: reasoning }, finish_reason: 'stop' }] });
+
+  it('replaces unpaired surrogates with U+FFFD in content and reasoning, and says so once', () => {
+    const parsed = parseAnswer(answer('a\ud800b\udc00', '\udbff'));
+    expect(parsed.ok && [parsed.answer.content, parsed.answer.reasoning]).toEqual(['a\ufffdb\ufffd', '\ufffd']);
+    expect(parsed.ok && parsed.answer.repairs).toEqual(['lone_surrogates_replaced']);
+  });
+
+  it('keeps paired surrogates (an emoji) as they are', () => {
+    const parsed = parseAnswer(answer('ok \ud83d\ude00', null));
+    expect(parsed.ok && parsed.answer.content).toBe('ok \ud83d\ude00');
+    expect(parsed.ok && parsed.answer.repairs).toBeUndefined();
+  });
 });
 
 describe('classifyError: answers regen refused', () => {

@@ -145,4 +145,15 @@ describe('reading what SGLang says of itself', () => {
     expect(metricSum(text, 'sglang:gen_throughput')).toBeNull();
     expect(parseMetrics('# nothing', 3)).toBeNull();
   });
+
+  it("takes a server's cache hit rate only from 0 to 1: a broken server's 500 is no reading", () => {
+    const loads = (hits: unknown[]) =>
+      parseLoads({ loads: hits.map((h) => ({ num_running_reqs: 1, num_waiting_reqs: 0, cache_hit_rate: h })) }, 1)?.cacheHitRate;
+    expect(loads([0.25, 0.75])).toBe(0.5);
+    expect(loads([500, 0.5])).toBe(0.5);
+    expect(loads([500, -1])).toBeNull();
+    const metrics = (hit: string) => parseMetrics(`sglang:num_running_reqs 1\nsglang:num_queue_reqs 0\nsglang:cache_hit_rate ${hit}`, 1)?.cacheHitRate;
+    expect(metrics('0.4')).toBe(0.4);
+    expect(metrics('500')).toBeNull();
+  });
 });
