@@ -5,6 +5,7 @@ import { afterEach, describe, expect, it } from 'vitest';
 import {
   type AnswerFault,
   BROKEN_MODEL,
+  DEEP_LEVELS,
   brokenRequests,
   type BrokenServer,
   bufferedAndStreamed,
@@ -184,5 +185,20 @@ describe('answers that are not answers', () => {
     stop();
     const metrics = (await call(base, '/metrics')).body as string;
     expect(/^regen_answer_repairs_total\{repair="lone_surrogates_replaced"\} (\S+)$/m.exec(metrics)?.[1]).toBe(String(runs.length * 2));
+  });
+
+  it(`an answer nested ${DEEP_LEVELS.toLocaleString('en')} levels deep, buffered or streamed, is malformed_response, the server's fault`, async () => {
+    const { base, unhealthySeen, stop } = await start('deep');
+    const runs = await bufferedAndStreamed(base, 2);
+    for (const id of Object.values(runs)) await waitForStatus(base, id, ENDED);
+    stop();
+    for (const id of Object.values(runs)) {
+      const samples = await listAllSamples(base, id);
+      expect(samples.map((s) => s.error?.code)).toEqual(['malformed_response', 'malformed_response']);
+      expect(samples[0].error.message).toContain('nested deeper than 100 levels');
+      // Asked again under the server's fault budget, none charged to the sample's own attempts.
+      for (const s of samples) expect(s.server_faults).toBeGreaterThan(0);
+    }
+    expect(unhealthySeen()).toBe(false);
   });
 });

@@ -3,6 +3,8 @@ import { APIConnectionError, APIConnectionTimeoutError, APIError, APIUserAbortEr
 import https from 'node:https';
 import { type AnswerLease, AnswerRefused } from './answer-budget.js';
 import { EventStreamParser } from './sse.js';
+import { readAnswerJson } from './request.js';
+import { jsonTextNestsDeeperThan } from '../domain/json-depth.js';
 
 /** The error a spec-compliant fetch rejects with on abort; the openai client recognises it by name. */
 function abortError(): Error {
@@ -65,11 +67,7 @@ class BufferedResponse {
   }
   /** A 200 that is not JSON (HTML, a cut-off body) is the server's malformed answer, not a fault of regen's. */
   async json(): Promise<unknown> {
-    try {
-      return JSON.parse(this.bytes.toString('utf8'));
-    } catch {
-      throw new AnswerRefused('malformed_response', `the endpoint answered ${this.status} with a body that is not JSON`);
-    }
+    return readAnswerJson(this.bytes.toString('utf8'), `the endpoint answered ${this.status} with a body that is not JSON`);
   }
   async arrayBuffer(): Promise<ArrayBuffer> {
     return new Uint8Array(this.bytes).buffer;
@@ -81,11 +79,13 @@ class BufferedResponse {
  * openai client only reads `{"error": {...}}`; without this the server's message would be lost.
  */
 function errorBodyForClient(body: Buffer): string {
+  const text = body.toString('utf8');
   let parsed: unknown;
   try {
-    parsed = JSON.parse(body.toString('utf8'));
+    // Nested past any error's depth, it is only text: stringified again it would overflow the stack.
+    parsed = jsonTextNestsDeeperThan(text) ? { message: text.slice(0, 1000) } : JSON.parse(text);
   } catch {
-    parsed = { message: body.toString('utf8').slice(0, 1000) };
+    parsed = { message: text.slice(0, 1000) };
   }
   return JSON.stringify(parsed && typeof parsed === 'object' && !('error' in parsed) ? { error: parsed } : parsed);
 }
@@ -251,9 +251,9 @@ export function streamPost(agent: http.Agent | https.Agent, r: StreamRequest): P
             }
             let body: unknown;
             try {
-              body = JSON.parse(text);
-            } catch {
-              return finish(() => reject(new AnswerRefused('malformed_response', 'the endpoint answered 200 with neither server-sent events nor JSON')), true);
+              body = readAnswerJson(text, 'the endpoint answered 200 with neither server-sent events nor JSON');
+            } catch (err) {
+              return finish(() => reject(err), true);
             }
             finish(() => resolve({ body }), true);
           });

@@ -5,6 +5,7 @@ import { thinkingRequested } from '../domain/params.js';
 import type { AnswerRepair } from '../domain/metrics.js';
 import type { SampleError } from '../domain/sample-errors.js';
 import { wellFormedText } from '../domain/text.js';
+import { jsonTextNestsDeeperThan, MAX_JSON_DEPTH } from '../domain/json-depth.js';
 import { layeredParams, type Variant } from '../domain/variants.js';
 import { AnswerRefused } from './answer-budget.js';
 
@@ -122,6 +123,21 @@ export function answerByteLimit(body: Record<string, unknown>, limits: AnswerLim
   const top = typeof body.top_logprobs === 'number' && body.top_logprobs > 0 ? body.top_logprobs : 0;
   const perToken = BYTES_PER_TOKEN + (body.logprobs === true ? LOGPROB_ENTRY_BYTES * (1 + top) : 0);
   return ANSWER_ENVELOPE_BYTES + limits.choices * tokens * perToken;
+}
+
+/**
+ * A 200's JSON text (a whole answer or one streamed event) as a value, or refused as the server's
+ * malformed_response: `notJson` when it is not JSON, or nested past MAX_JSON_DEPTH, which no
+ * answer is and which would cost the parse seconds and overflow the stack of what reads it after.
+ */
+export function readAnswerJson(text: string, notJson: string): unknown {
+  if (jsonTextNestsDeeperThan(text))
+    throw new AnswerRefused('malformed_response', `the endpoint answered 200 with JSON nested deeper than ${MAX_JSON_DEPTH} levels`);
+  try {
+    return JSON.parse(text);
+  } catch {
+    throw new AnswerRefused('malformed_response', notJson);
+  }
 }
 
 /** A streamed answer cut by regen because it looped: kept as it stood, with SGLang's word for an aborted request. */

@@ -4,7 +4,7 @@ import type { Claimed } from './claim-buffer.js';
 import type { EndpointPool, LiveEndpoint } from './endpoints.js';
 import { APIError } from 'openai';
 import { LoopWatch, stopsLoops } from '../domain/quality.js';
-import { AnswerBudget, type AnswerLease, AnswerRefused, AnswerShed, heldTextBytes } from './answer-budget.js';
+import { AnswerBudget, type AnswerLease, AnswerShed, heldTextBytes } from './answer-budget.js';
 import type { AnswerInit } from './http-fetch.js';
 import { turnCount } from '../domain/conversation.js';
 import type { AnswerRepair } from '../domain/metrics.js';
@@ -161,12 +161,7 @@ export class Requests {
             timeoutMs: f.run.requestTimeoutMs,
             lease: f.lease,
             onData: (data) => {
-              let added: ReturnType<StreamedAnswer['add']>;
-              try {
-                added = streamed.add(data);
-              } catch {
-                throw new AnswerRefused('malformed_response', 'the endpoint streamed an event that is not JSON');
-              }
+              const added = streamed.add(data);
               if ('status' in added) throw APIError.generate(added.status, { error: added.error }, undefined, new Headers());
               // The text kept until the answer ends is held under the lease; a cut has already ended the request.
               if (!f.lease.take(heldTextBytes(added.content) + heldTextBytes(added.reasoning))) return;

@@ -1,4 +1,4 @@
-import type { ChatResponse } from './request.js';
+import { type ChatResponse, readAnswerJson } from './request.js';
 
 // A streamed chat completion put back together: the same record parseAnswer reads from a
 // buffered one. Pure, so that every chunk shape has a case in a table test.
@@ -35,10 +35,11 @@ export class StreamedAnswer {
 
   /**
    * Takes one event's data. Returns the text it added (for the loop watch), or a StreamError for
-   * an error event. Throws on data that is not JSON: the stream is then broken.
+   * an error event. Throws AnswerRefused on data that is not JSON, or nested too deep: the stream
+   * is then broken.
    */
   add(data: string): { content: string; reasoning: string } | StreamError {
-    const chunk = JSON.parse(data) as Chunk;
+    const chunk = readAnswerJson(data, 'the endpoint streamed an event that is not JSON') as Chunk;
     if (chunk.error) {
       const { message, code } = chunk.error;
       const status = typeof code === 'number' && code >= 400 && code < 600 ? code : MID_STREAM_ERROR_STATUS;

@@ -27,6 +27,8 @@ export type AnswerFault =
   | 'impossible-usage'
   /** A proper answer whose content and reasoning hold unpaired surrogates (LONE_CONTENT, LONE_REASONING). */
   | 'lone-surrogates'
+  /** A proper answer with a field nested DEEP_LEVELS deep (its logprobs; an event's field when streamed). */
+  | 'deep'
   /** A proper answer. */
   | 'none';
 
@@ -63,6 +65,9 @@ function chunkEvent(content: string | null, extra: Record<string, unknown> = {})
   const choices = content === null ? [] : [{ index: 0, delta: { content }, finish_reason: null }];
   return `data: ${JSON.stringify({ id: 'broken', object: 'chat.completion.chunk', created: 1, model: 'broken-model', choices, ...extra })}\n\n`;
 }
+
+export const DEEP_LEVELS = 100_000;
+const DEEP = `${'['.repeat(DEEP_LEVELS)}${']'.repeat(DEEP_LEVELS)}`;
 
 /** An event's lines ended in CRLF. */
 const crlf = (event: string) => event.replace(/\n/g, '\r\n');
@@ -172,6 +177,17 @@ export async function startBrokenServer(opts: { fault: AnswerFault; contextLengt
           res.write(crlf(chunkEvent(null, { choices: [{ index: 0, delta: {}, finish_reason: 'stop' }] })));
           res.write(crlf(chunkEvent(null, { usage: GOOD_USAGE })));
           return res.end('data: [DONE]\r\n\r\n');
+        }
+        case 'deep': {
+          if (!stream) {
+            const body = JSON.stringify({ ...answer(GOOD_USAGE), choices: [{ index: 0, message: { content: 'hi' }, finish_reason: 'stop', logprobs: 0 }] });
+            return json(200, body.replace('"logprobs":0', `"logprobs":${DEEP}`));
+          }
+          sse();
+          res.write(chunkEvent('The answer.').replace('"model"', `"deep":${DEEP},"model"`));
+          res.write(chunkEvent(null, { choices: [{ index: 0, delta: {}, finish_reason: 'stop' }] }));
+          res.write(chunkEvent(null, { usage: GOOD_USAGE }));
+          return res.end('data: [DONE]\n\n');
         }
         case 'lone-surrogates':
           if (!stream) return json(200, answer(GOOD_USAGE, LONE_CONTENT, LONE_REASONING));
