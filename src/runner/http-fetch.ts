@@ -1,7 +1,7 @@
 import http from 'node:http';
 import { APIConnectionError, APIConnectionTimeoutError, APIError, APIUserAbortError } from 'openai';
 import https from 'node:https';
-import { type AnswerLease, AnswerRefused } from './answer-budget.js';
+import type { AnswerLease } from './answer-budget.js';
 import { EventStreamParser } from './sse.js';
 import { readAnswerJson } from './request.js';
 import { jsonTextNestsDeeperThan } from '../domain/json-depth.js';
