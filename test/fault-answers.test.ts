@@ -15,7 +15,7 @@ import {
   LONE_REASONING,
   startBrokenServer,
 } from './support/answer-faults.js';
-import { call, startTestServer, waitFor } from './support/server.js';
+import { call, spawnServer, startTestServer, tempDir, waitFor } from './support/server.js';
 import { createRun, listAllSamples, registerEndpoint, waitForStatus } from './support/runner-checks.js';
 
 // What a broken server answers with HTTP 200 must not spoil regen's counts, or pass for a failing
@@ -28,8 +28,8 @@ async function errorCodes(base: string, runId: string): Promise<string[]> {
 }
 
 const brokens: BrokenServer[] = [];
-async function broken(fault: AnswerFault): Promise<BrokenServer> {
-  const b = await startBrokenServer({ fault, contextLength: 32_768 });
+async function broken(fault: AnswerFault, holdUntil?: number): Promise<BrokenServer> {
+  const b = await startBrokenServer({ fault, contextLength: 32_768, holdUntil });
   brokens.push(b);
   return b;
 }
@@ -200,5 +200,56 @@ describe('answers that are not answers', () => {
       for (const s of samples) expect(s.server_faults).toBeGreaterThan(0);
     }
     expect(unhealthySeen()).toBe(false);
+  });
+
+  it('an endless stream under a small answer buffer: the third cut of a sample fails it answer_too_large, said in status_reason, the log and /metrics', {
+    timeout: 240_000,
+  }, async () => {
+    // Four answers of at most 64 KiB + 7,000 tokens × 128 B (0.92 MiB) each fit one at a time in 1 MiB, never four at once.
+    const server = await broken('endless', 4);
+    const data = tempDir('regen-fault-sheds-');
+    const proc = await spawnServer(data.dir, {
+      REGEN_ANSWER_BUFFER_BYTES: String(1 << 20),
+      REGEN_ADAPTIVE_CONCURRENCY: 'false',
+      REGEN_MAX_SERVER_FAULTS: '2',
+      REGEN_REQUEST_RETRY_MS: '50',
+    });
+    try {
+      const base = proc.url;
+      const ep = await registerEndpoint(base, server.url, { max_concurrency: 4 });
+      await waitFor('the endpoint ready', async () => ((await call(base, `/v1/endpoints/${ep.id}`)).body.state === 'ready' ? true : undefined));
+      const params = { max_tokens: 7000 };
+      const ids = [
+        (await createRun(base, { model: BROKEN_MODEL, input: { requests: brokenRequests(2, 'b') }, params, quality: false })).id,
+        (await createRun(base, { model: BROKEN_MODEL, input: { requests: brokenRequests(2, 's') }, params, quality: { stop_loops: true } })).id,
+      ];
+      const reasons = new Set<string>();
+      const ended = await waitFor(
+        'both runs to end',
+        async () => {
+          const runs = await Promise.all(ids.map(async (id) => (await call(base, `/v1/runs/${id}`)).body));
+          for (const r of runs) if (r.status_reason) reasons.add(r.status_reason);
+          return runs.every((r) => ENDED.includes(r.status)) ? runs : undefined;
+        },
+        120_000,
+        50,
+      );
+      expect(ended).toHaveLength(2);
+      const samples = (await Promise.all(ids.map((id) => listAllSamples(base, id)))).flat();
+      expect(samples.map((s) => s.error?.code)).toEqual(Array(4).fill('answer_too_large'));
+      const shedMessages = samples.map((s) => s.error.message as string).filter((m) => m.includes('REGEN_ANSWER_BUFFER_BYTES'));
+      expect(shedMessages.length).toBeGreaterThan(0);
+      for (const m of shedMessages) expect(m).toMatch(/outgrew REGEN_ANSWER_BUFFER_BYTES \(1048576 bytes.*cut 3 times/);
+      // Bounded: each sample is asked at most three times per server fault it is allowed.
+      expect(server.completions).toBeLessThanOrEqual(4 * 3 * 2);
+      expect([...reasons].some((r) => r.startsWith('answers cut at REGEN_ANSWER_BUFFER_BYTES:'))).toBe(true);
+      const metrics = (await call(base, '/metrics')).body as string;
+      const failed = Number(/^regen_answers_shed_total\{outcome="failed"\} (\S+)$/m.exec(metrics)?.[1]);
+      expect(failed).toBe(shedMessages.length);
+      expect(proc.output()).toContain('an answer cut 3 times to keep REGEN_ANSWER_BUFFER_BYTES');
+    } finally {
+      await proc.kill('SIGKILL');
+      data.cleanup();
+    }
   });
 });

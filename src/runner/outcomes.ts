@@ -180,11 +180,14 @@ export function settleError(
 ): Settled {
   const budget = { ...limits, attempts: a.attempts, serverFaults: a.serverFaults };
   const decision = decideFailure(error, budget, random);
-  if (decision.kind === 'failed') {
-    return { retried: null, outcome: { ...base(a), kind: 'failed', error, at: now, ...(a.conversation && { turn: a.conversation.turn }) } };
-  }
+  if (decision.kind === 'failed') return settleFailed(a, error, now);
   const retry = { kind: 'retry' as const, availableAt: now + decision.delayMs, usage: null, qualityRetry: false, serverFault: decision.serverFault, error };
   return { retried: error.code, outcome: { ...base(a), ...retry } };
+}
+
+/** A failed attempt that ends its sample whatever its budgets leave (an answer cut too often to keep the memory budget). */
+export function settleFailed(a: Attempt, error: SampleError, now: number): Settled {
+  return { retried: null, outcome: { ...base(a), kind: 'failed', error, at: now, ...(a.conversation && { turn: a.conversation.turn }) } };
 }
 
 /** Regen aborted the request itself (or cut its answer to keep its memory budget): a cancel ends the sample, anything else gives it back unspent. */

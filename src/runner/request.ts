@@ -6,6 +6,7 @@ import type { AnswerRepair } from '../domain/metrics.js';
 import type { SampleError } from '../domain/sample-errors.js';
 import { wellFormedText } from '../domain/text.js';
 import { jsonTextNestsDeeperThan, MAX_JSON_DEPTH } from '../domain/json-depth.js';
+import { answerBytes } from '../domain/answer-bytes.js';
 import { layeredParams, type Variant } from '../domain/variants.js';
 import { AnswerRefused } from './answer-budget.js';
 
@@ -100,29 +101,15 @@ export function answerLimits(body: Record<string, unknown>, contextLength: numbe
 }
 
 /**
- * Bytes one generated token may take while its answer is held: a token is a few characters, at
- * most a few dozen (runs of spaces or dashes); escaped in JSON a character takes up to 6 bytes, and
- * held as a streamed piece two bytes and a string header (HELD_STRING_OVERHEAD_BYTES). Real answers
- * average under 8 bytes a token, so only a broken server comes near this.
- */
-const BYTES_PER_TOKEN = 128;
-/** Each token's entry in `logprobs` (token, logprob, its bytes as numbers), once for itself and once per top_logprobs alternative. */
-const LOGPROB_ENTRY_BYTES = 256;
-/** An answer's envelope around its text: id, model, usage, metadata, and any error body. */
-const ANSWER_ENVELOPE_BYTES = 64 * 1024;
-
-/**
  * The most bytes an answer to this request can hold: its tokens (max_tokens, capped at the
- * context) for each choice, at BYTES_PER_TOKEN and their log probabilities when asked, plus the
- * envelope. An answer past it is not one the request could produce.
+ * context) for each choice (domain/answer-bytes.ts). An answer past it is not one the request
+ * could produce.
  */
 export function answerByteLimit(body: Record<string, unknown>, limits: AnswerLimits): number {
   const context = limits.contextLength ?? UNKNOWN_CONTEXT_TOKENS;
   const asked = body.max_completion_tokens ?? body.max_tokens;
   const tokens = typeof asked === 'number' && asked > 0 ? Math.min(asked, context) : context;
-  const top = typeof body.top_logprobs === 'number' && body.top_logprobs > 0 ? body.top_logprobs : 0;
-  const perToken = BYTES_PER_TOKEN + (body.logprobs === true ? LOGPROB_ENTRY_BYTES * (1 + top) : 0);
-  return ANSWER_ENVELOPE_BYTES + limits.choices * tokens * perToken;
+  return answerBytes(body, tokens, limits.choices);
 }
 
 /**

@@ -9,7 +9,8 @@ import type { AnswerInit } from './http-fetch.js';
 import { turnCount } from '../domain/conversation.js';
 import type { AnswerRepair } from '../domain/metrics.js';
 import { wellFormedText } from '../domain/text.js';
-import { type ConversationTurn, settleAbort, settleAnswer, settleError, type Attempt, type Settled } from './outcomes.js';
+import { type ConversationTurn, settleAbort, settleAnswer, settleError, settleFailed, type Attempt, type Settled } from './outcomes.js';
+import { AnswerSheds } from './answer-sheds.js';
 import {
   type Answer,
   answerByteLimit,
@@ -61,6 +62,7 @@ export interface Flight {
 export class Requests {
   private readonly flights = new Map<number, Flight>();
   private readonly answers: AnswerBudget;
+  private readonly sheds: AnswerSheds;
 
   constructor(
     private readonly deps: RunnerDeps,
@@ -77,6 +79,7 @@ export class Requests {
     },
   ) {
     this.answers = new AnswerBudget(deps.config.answerBufferBytes);
+    this.sheds = new AnswerSheds(deps, guard);
   }
 
   get size(): number {
@@ -135,6 +138,8 @@ export class Requests {
         this.guard('recording an answer', () => this.onError(flight, err));
       })
       .finally(() => {
+        // A shed answer's samples keep their count of sheds; any other end starts it again.
+        if (!(flight.lease.refused instanceof AnswerShed)) this.sheds.settled(group.map((s) => s.id));
         flight.lease.release();
         this.flights.delete(sample.id);
         e.inFlight.delete(sample.id);
@@ -223,6 +228,7 @@ export class Requests {
       e.rate.add(now, 1, tokens);
       this.hooks.answered(f.run, e.row.id, tokens, latencyMs, now);
     }
+    if (answered) this.sheds.answered(f.run);
     const usages = answered ? shareUsage(answered.usage, answers) : [];
     this.countRepairs(answers);
     const quality = this.hooks.qualityOf(f.run);
@@ -317,10 +323,17 @@ export class Requests {
       for (const s of f.group) this.settle(settleAbort(this.attempt(f, s), f.abortReason === 'cancel' ? 'cancel' : 'release'));
       return;
     }
-    // Cut to keep regen's own memory, whatever the server did: the samples are given back unspent.
+    // Cut to keep regen's own memory, whatever the server did: the samples are given back unspent,
+    // unless their answer was cut too often already (answer-sheds.ts).
     if (f.lease.refused instanceof AnswerShed) {
       e.consecutiveFailures = 0;
-      for (const s of f.group) this.settle(settleAbort(this.attempt(f, s), 'release'));
+      const failed = this.sheds.shed(
+        f.run,
+        e.row.id,
+        f.group.map((s) => s.id),
+      );
+      const now = this.deps.clock();
+      for (const s of f.group) this.settle(failed ? settleFailed(this.attempt(f, s), failed, now) : settleAbort(this.attempt(f, s), 'release'));
       return;
     }
     const verdict = classifyError(err, f.run.requestTimeoutMs);

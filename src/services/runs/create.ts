@@ -9,7 +9,8 @@ import { getRun, getRunByIdempotencyKey, getRunOverlappingOutput, insertRun } fr
 import type { runs, RunInput, RunRow } from '../../db/schema.js';
 import { DEFAULT_CALIBRATION_SAMPLES } from '../../domain/forecast.js';
 import { samplesPerLineProblem, type DispatchOrder, type OnInvalidLine, type OnLength, type RegenerateMode } from '../../domain/params.js';
-import type { Variant } from '../../domain/variants.js';
+import { layeredParams, type Variant } from '../../domain/variants.js';
+import { answerBufferProblem } from '../../domain/answer-bytes.js';
 import { qualityConfig, type QualityRequest } from '../../domain/quality.js';
 import type { OutputFormat } from '../../domain/output-format.js';
 import { resolveInput } from './input-source.js';
@@ -57,6 +58,22 @@ export function checkSamplesPerLine(body: Pick<NewRun, 'params' | 'regenerate'>)
   if (problem) throw new ApiError('validation_failed', problem, { field: 'params.n' });
 }
 
+/**
+ * A run whose one answer can never fit the answer buffer (answerBufferProblem) would have it cut
+ * on every try: refused here, by the run's params and each variant's over them.
+ */
+export function checkAnswerBuffer(body: Pick<NewRun, 'params' | 'variants'>, bufferBytes: number): void {
+  const params = body.params ?? {};
+  const layers = [
+    { at: 'params', params },
+    ...(body.variants ?? []).map((v, i) => ({ at: `variants[${i}].params`, params: layeredParams(params, v.params, null) })),
+  ];
+  for (const { at, params: p } of layers) {
+    const problem = answerBufferProblem(p, bufferBytes);
+    if (problem) throw new ApiError('validation_failed', `${at}.${problem.field}: ${problem.message}`, { field: `${at}.${problem.field}` });
+  }
+}
+
 /** Checks that a run's input can be read: a stored file, or a URI inside the allowed roots; `name` is what a dry run is called after. */
 export async function checkInput(deps: Deps, input: { file_id: string } | { uri: string }): Promise<{ input: RunInput; name: string }> {
   if ('file_id' in input) {
@@ -94,6 +111,7 @@ export async function createRun(
   }
   const calibrationSamples = checkCalibration(body);
   checkSamplesPerLine(body);
+  checkAnswerBuffer(body, config.answerBufferBytes);
   const id = newId('run');
   const now = deps.clock();
   // The input is checked before the output's probe, and inline requests are stored after it, so

@@ -14,7 +14,8 @@ import { splitOfShardIdx, splitShardIdx } from '../../domain/output-format.js';
 import { calibrationLines, CHARS_PER_TOKEN } from '../../domain/forecast.js';
 import { regenerateMode, samplesPerLine } from '../../domain/params.js';
 import { parseInputLine, readLines, type InvalidLine, type LineErrorCode } from '../../domain/input-line.js';
-import { variantIndex } from '../../domain/variants.js';
+import { layeredParams, variantIndex } from '../../domain/variants.js';
+import { answerBufferProblem } from '../../domain/answer-bytes.js';
 import { insertRunVariants } from '../../db/run-variants.js';
 import { unservedModel } from '../batches/create.js';
 import { resolveInput } from './input-source.js';
@@ -165,6 +166,16 @@ async function ingestHeld(deps: Deps, runId: string, hold: Hold, signal?: AbortS
   // A batch takes its model from its lines, so a model no endpoint serves is an error of each line.
   const unserved = run.batchId ? await unservedModel(db, run.model) : null;
 
+  // A line's own params over its variant's over the run's may ask an answer the answer buffer can never hold.
+  const lineAnswerProblem = (customId: string, params: Record<string, unknown> | null): string | null => {
+    if (!params) return null;
+    const variant = variantIndex(customId, run.variants);
+    const problem = answerBufferProblem(
+      layeredParams(run.params, variant === null ? null : run.variants?.[variant]?.params, params),
+      deps.config.answerBufferBytes,
+    );
+    return problem && `body.${problem.field}: ${problem.message}`;
+  };
   const noteError = (line: number, code: LineErrorCode, message: string, customId?: string) => {
     invalid++;
     if (errors.length < MAX_LISTED_ERRORS) errors.push(customId ? { line, message, custom_id: customId, code } : { line, message, code });
@@ -226,6 +237,8 @@ async function ingestHeld(deps: Deps, runId: string, hold: Hold, signal?: AbortS
           noteError(raw.lineNo, 'mismatched_model', `model ${JSON.stringify(parsed.model.slice(0, 100))} does not match the run's model`, parsed.custom_id);
         } else if (unserved) {
           noteError(raw.lineNo, 'model_not_found', unserved, parsed.custom_id);
+        } else if (lineAnswerProblem(parsed.custom_id, parsed.params)) {
+          noteError(raw.lineNo, 'invalid_request', lineAnswerProblem(parsed.custom_id, parsed.params)!, parsed.custom_id);
         } else {
           const request = JSON.stringify({
             messages: parsed.messages,
