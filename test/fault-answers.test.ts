@@ -252,4 +252,31 @@ describe('answers that are not answers', () => {
       data.cleanup();
     }
   });
+
+  it('a run, a variant or a line whose one answer can never fit REGEN_ANSWER_BUFFER_BYTES is refused before dispatch', async () => {
+    regen = await startTestServer({ REGEN_ANSWER_BUFFER_BYTES: String(1 << 20) });
+    const base = regen.url;
+    const requests = brokenRequests(1, 'r');
+    // 2 choices × 7,000 tokens × 128 B is past 1 MiB; one choice is not.
+    const run = await call(base, '/v1/runs', { method: 'POST', json: { model: BROKEN_MODEL, input: { requests }, params: { n: 2, max_tokens: 7000 } } });
+    expect(run.status).toBe(422);
+    expect(run.body.field).toBe('params.max_tokens');
+    expect(run.body.detail).toMatch(/more than REGEN_ANSWER_BUFFER_BYTES \(1048576\)/);
+    const variants = [
+      { name: 'short', weight: 1, params: { max_tokens: 100 } },
+      { name: 'long', weight: 1, params: { max_completion_tokens: 9000 } },
+    ];
+    const variant = await call(base, '/v1/runs', { method: 'POST', json: { model: BROKEN_MODEL, input: { requests }, variants } });
+    expect(variant.status).toBe(422);
+    expect(variant.body.field).toBe('variants[1].params.max_completion_tokens');
+    expect(variant.body.detail).toContain('REGEN_ANSWER_BUFFER_BYTES');
+    // A line's own params over the run's: an invalid line, the others run.
+    const lines = [...requests, { custom_id: 'huge', messages: [{ role: 'user', content: 'q' }], params: { max_tokens: 9000 } }];
+    const created = await createRun(base, { model: BROKEN_MODEL, input: { requests: lines }, params: { max_tokens: 100 }, on_invalid_line: 'skip' });
+    const validated = await waitForStatus(base, created.id, ['queued', 'in_progress', 'failed']);
+    expect(validated.request_counts.total).toBe(1);
+    expect(validated.invalid_lines.errors).toEqual([
+      { line: 2, custom_id: 'huge', message: expect.stringMatching(/^body\.max_tokens: .*more than REGEN_ANSWER_BUFFER_BYTES/) },
+    ]);
+  });
 });
