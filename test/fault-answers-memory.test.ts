@@ -23,7 +23,7 @@ describe('an endpoint that streams without end', () => {
 
   // A context of 65,536 tokens bounds each answer at about 8 MiB (answerByteLimit): 64 of them
   // would hold twice the default budget of 256 MiB, so the budget cuts some (their samples are
-  // given back and asked again) and the bound the rest.
+  // given back and asked again, failed at their third cut) and the bound the rest.
   const CONTEXT = 65_536;
   const IN_FLIGHT = 64;
   const RSS_LIMIT_MIB = 1024;
@@ -55,9 +55,10 @@ describe('an endpoint that streams without end', () => {
     const samples = (await Promise.all(Object.values(runs).map((id) => listAllSamples(base, id)))).flat();
     expect(samples).toHaveLength(IN_FLIGHT);
     expect(new Set(samples.map((s) => s.error?.code))).toEqual(new Set(['answer_too_large']));
-    // A sample fails only at its own bound, the server's fault; never at regen's memory budget.
+    // A sample fails at its own bound, the server's fault, or once its answer was cut three times
+    // to keep regen's memory budget (answer-sheds.ts); never at a single cut.
     const messages = samples.map((s) => s.error.message as string);
-    expect(messages.every((m) => m.includes('more than its request can produce'))).toBe(true);
+    for (const m of messages) expect(m).toMatch(/more than its request can produce|outgrew REGEN_ANSWER_BUFFER_BYTES .*cut 3 times/);
     // The server answered every time: its connection is not what failed.
     expect((await endpoint()).state).toBe('ready');
   });
