@@ -206,12 +206,10 @@ export const RunVariant = z
     name: z.string(),
     weight: z.number(),
     params: z.record(z.string(), z.unknown()),
-    effective_params: z
-      .record(z.string(), z.unknown())
-      .openapi({
-        description:
-          "The run's params with the variant's laid over them (chat_template_kwargs merged one level deep): what its samples are sent, but for a line's own params",
-      }),
+    effective_params: z.record(z.string(), z.unknown()).openapi({
+      description:
+        "The run's params with the variant's laid over them (chat_template_kwargs merged one level deep): what its samples are sent, but for a line's own params",
+    }),
     request_counts: counts(['total', 'completed', 'failed']),
     quality: z.object({ flagged: z.number().int(), by_flag: counts(FLAGS) }),
     usage: counts(['prompt_tokens', 'completion_tokens', 'reasoning_tokens']),
