@@ -6,7 +6,7 @@ import { parseInputLine, readLines, type RawLine } from '../src/domain/input-lin
 const keep = { regenerate: null } as const;
 const regen = { regenerate: 'last_assistant' } as const;
 
-const parse = (line: unknown, opts: { regenerate: 'last_assistant' | null } = keep, lineNo = 7) =>
+const parse = (line: unknown, opts: { regenerate: 'last_assistant' | 'all_assistant' | null } = keep, lineNo = 7) =>
   parseInputLine(typeof line === 'string' ? line : JSON.stringify(line), lineNo, opts);
 
 const reasonOf = (line: unknown, opts: { regenerate: 'last_assistant' | null } = keep) => {
@@ -339,6 +339,23 @@ describe('parseInputLine: regenerate last_assistant', () => {
 
   it('keeps the assistant turn when regenerate is not set', () => {
     expect(parse({ custom_id: 'a', messages: [user, assistant] }, keep)).toMatchObject({ messages: [user, assistant] });
+  });
+
+  it('takes a dropped assistant turn with content null and no tool calls: it is discarded, not sent', () => {
+    const empty = { role: 'assistant', content: null };
+    expect(parse({ custom_id: 'a', messages: [user, empty] }, regen)).toMatchObject({ ok: true, messages: [user], old_answer_chars: 0 });
+    expect(parse({ id: 'c', conversations: [{ role: 'user', content: 'Hi' }, empty] }, regen)).toMatchObject({
+      ok: true,
+      messages: [{ role: 'user', content: 'Hi' }],
+    });
+    expect(parse({ custom_id: 'w', messages: [user, empty, user, empty] }, { regenerate: 'all_assistant' })).toMatchObject({
+      ok: true,
+      messages: [user, user],
+      turns: 2,
+    });
+    // One that is kept (not last, or nothing is regenerated) is sent, so it must hold something.
+    expect(reasonOf({ custom_id: 'a', messages: [user, empty, user] }, regen)).toBe('messages[1].content must be a string or an array of content parts');
+    expect(reasonOf({ custom_id: 'a', messages: [user, empty] }, keep)).toBe('messages[1].content must be a string or an array of content parts');
   });
 
   it('reports a conversation that is only an assistant turn', () => {

@@ -1,3 +1,4 @@
+import { readableIssues } from './issues.js';
 import { MAX_JSON_DEPTH, nestsDeeperThan } from './json-depth.js';
 import { Params, type RegenerateMode } from './params.js';
 import { fieldPath, findBadText, mayHoldBadText, textProblem } from './text.js';
@@ -130,7 +131,7 @@ export function parseInputLine(text: string, lineNo: number, opts: ParseOptions)
   try {
     obj = parseJsonObject(text);
     checkStorable(obj, text);
-    const content = readLine(obj, lineNo, opts.choicesInBody === true);
+    const content = readLine(obj, lineNo, opts);
     if (opts.regenerate === 'all_assistant') {
       const messages = walkConversation(content.messages);
       const dropped = content.messages.filter((m) => m.role === 'assistant');
@@ -214,14 +215,14 @@ function jsonErrorMessage(err: unknown): string {
   return message.length > MAX_JSON_MESSAGE_CHARS ? `${message.slice(0, MAX_JSON_MESSAGE_CHARS)}…` : message;
 }
 
-function readLine(obj: JsonObject, lineNo: number, choicesInBody: boolean): LineContent {
+function readLine(obj: JsonObject, lineNo: number, opts: ParseOptions): LineContent {
   const custom_id = readCustomId(obj, lineNo);
   if (obj.messages !== undefined) {
-    return { custom_id, messages: readMessages(obj.messages, 'messages'), ...splitModel(readParams(obj), 'params') };
+    return { custom_id, messages: readMessages(obj.messages, 'messages', opts.regenerate), ...splitModel(readParams(obj), 'params') };
   }
-  if (obj.body !== undefined) return { custom_id, ...readBatchRequest(obj, choicesInBody) };
+  if (obj.body !== undefined) return { custom_id, ...readBatchRequest(obj, opts) };
   if (obj.conversations !== undefined) {
-    return { custom_id, messages: readConversations(obj.conversations), ...splitModel(readParams(obj), 'params') };
+    return { custom_id, messages: readConversations(obj.conversations, opts.regenerate), ...splitModel(readParams(obj), 'params') };
   }
   if (obj.prompt !== undefined) {
     return { custom_id, messages: [readPrompt(obj.prompt)], ...splitModel(readParams(obj), 'params') };
@@ -280,32 +281,38 @@ function checkParams(params: JsonObject, path: string, choicesInBody = false): J
     throw new LineRejected(`${path}.n: n > 1 is a run's setting (params.n on the run), not a line's`);
   const checked = Params.safeParse(params);
   if (checked.success) return checked.data;
-  const issue = checked.error.issues[0];
+  const issue = readableIssues(checked.error.issues)[0];
   const where = issue.path.map((p) => (typeof p === 'number' ? `[${p}]` : `.${String(p)}`)).join('');
   throw new LineRejected(`${path}${where}: ${issue.message}`);
 }
 
-function readBatchRequest(obj: JsonObject, choicesInBody: boolean): Omit<LineContent, 'custom_id'> {
+function readBatchRequest(obj: JsonObject, opts: ParseOptions): Omit<LineContent, 'custom_id'> {
   if (obj.method !== 'POST') throw new LineRejected('method must be "POST"');
   if (obj.url !== '/v1/chat/completions') throw new LineRejected('url must be /v1/chat/completions');
   if (!isObject(obj.body)) throw new LineRejected('body must be an object');
   const { messages, ...rest } = obj.body;
-  return { messages: readMessages(messages, 'body.messages'), ...splitModel(rest, 'body', choicesInBody) };
+  return { messages: readMessages(messages, 'body.messages', opts.regenerate), ...splitModel(rest, 'body', opts.choicesInBody === true) };
 }
 
-function readMessages(value: unknown, path: string): ChatMessage[] {
+/** Whether the turn at `i` of `count` is one `regenerate` drops (if it is an assistant's): its content is never sent. */
+function dropped(regenerate: RegenerateMode | null, i: number, count: number): boolean {
+  return regenerate === 'all_assistant' || (regenerate === 'last_assistant' && i === count - 1);
+}
+
+function readMessages(value: unknown, path: string, regenerate: RegenerateMode | null): ChatMessage[] {
   if (!Array.isArray(value) || value.length === 0) throw new LineRejected(`${path} must be a non-empty array`);
-  for (const [i, message] of value.entries()) checkMessage(message, `${path}[${i}]`);
+  for (const [i, message] of value.entries()) checkMessage(message, `${path}[${i}]`, dropped(regenerate, i, value.length));
   return value as ChatMessage[];
 }
 
-function checkMessage(message: unknown, path: string): void {
+function checkMessage(message: unknown, path: string, droppedIfAssistant: boolean): void {
   if (!isObject(message)) throw new LineRejected(`${path} must be an object`);
   if (typeof message.role !== 'string') throw new LineRejected(`${path}.role must be a string`);
   if (!(CHAT_ROLES as readonly string[]).includes(message.role)) throw new LineRejected(unknownRole(message.role, path), 'invalid_role');
   const { content } = message;
-  // The OpenAI API allows an assistant turn that only calls tools to have no content.
-  if (content === null && message.role === 'assistant' && Array.isArray(message.tool_calls)) return;
+  // The OpenAI API allows an assistant turn that only calls tools to have no content; one that is
+  // dropped to be asked again is never sent, so what it held does not matter.
+  if (content === null && message.role === 'assistant' && (Array.isArray(message.tool_calls) || droppedIfAssistant)) return;
   if (typeof content === 'string') return;
   if (!Array.isArray(content)) throw new LineRejected(`${path}.content must be a string or an array of content parts`);
   content.forEach((part, i) => {
@@ -325,13 +332,13 @@ function unknownRole(role: string, path: string): string {
  * `conversations` in either shape datasets use: ShareGPT's `from`/`value` (human/gpt/system), or
  * `role`/`content` as SpecForge reads and writes it (its other fields kept, as in `messages`).
  */
-function readConversations(value: unknown): ChatMessage[] {
+function readConversations(value: unknown, regenerate: RegenerateMode | null): ChatMessage[] {
   if (!Array.isArray(value) || value.length === 0) throw new LineRejected('conversations must be a non-empty array');
   return value.map((turn, i) => {
     const path = `conversations[${i}]`;
     if (!isObject(turn)) throw new LineRejected(`${path} must be an object`);
     if (turn.from === undefined && turn.role !== undefined) {
-      checkMessage(turn, path);
+      checkMessage(turn, path, dropped(regenerate, i, value.length));
       return turn as ChatMessage;
     }
     if (typeof turn.from !== 'string') throw new LineRejected(`${path}.from must be a string`);

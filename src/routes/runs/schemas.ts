@@ -10,6 +10,9 @@ import { Timestamp, WebhookTarget } from '../common.js';
 import { DELIVERY_STATUSES } from '../../domain/webhooks.js';
 import { OUTPUT_FORMATS } from '../../domain/output-format.js';
 
+/** Requests given inline in the create body; a larger input is uploaded as a file, which streams. */
+const MAX_INLINE_REQUESTS = 100_000;
+
 /**
  * Names a schema src/domain made for the document. zod copies its methods onto each schema as it
  * makes it, so one made before @hono/zod-openapi extended zod (its module loaded first: the store's,
@@ -48,8 +51,8 @@ export const CreateRunBody = z
           .object({
             requests: z
               .array(z.unknown().refine((r) => !nestsDeeperThan(r), tooDeepMessage))
-              .min(1)
-              .max(100_000),
+              .min(1, 'must hold at least one request')
+              .max(MAX_INLINE_REQUESTS, `at most ${MAX_INLINE_REQUESTS.toLocaleString('en')} requests inline: upload a larger input as a file (input.file_id)`),
           })
           .strict(),
       ],
