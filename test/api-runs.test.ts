@@ -478,6 +478,23 @@ describe('listing runs', () => {
     expectProblem(await req(api, '/v1/runs?status=done'), 422, 'validation_failed', 'status');
     expectProblem(await req(api, '/v1/runs?limit=0'), 422, 'validation_failed', 'limit');
   });
+
+  it('refuses a cursor it cannot place with 422 naming after; an id of its making that it does not hold is placed where it sorts', async () => {
+    const made: string[] = [];
+    for (let i = 0; i < 2; i++) made.push((await createOk(api, { name: `cursor-${i}`, input: { requests: [{ prompt: `p${i}` }] } })).id);
+    const future = `run_${(Date.now() + 86_400_000).toString(36).padStart(9, '0')}${'0'.repeat(16)}`;
+    for (const after of ['run_0', `run_${'z'.repeat(60)}`, future, made[0]!.replace('run_', 'file_'), 'nope']) {
+      const res = await req(api, `/v1/runs?after=${after}`);
+      expectProblem(res, 422, 'validation_failed', 'after');
+    }
+    // As the cursor of a run gone since its page was read would be: the page goes on from where it stood.
+    const gone = `${made[1]!.slice(0, 'run_'.length + 9)}${'0'.repeat(16)}`;
+    const next = await req(api, `/v1/runs?limit=1&after=${gone}`);
+    expect(next.status, next.text).toBe(200);
+    expect(next.body.data[0].id).toBe(made[0]);
+    expect((await req(api, `/v1/runs?limit=1&after=${made[1]}`)).body.data[0].id).toBe(made[0]);
+    for (const id of made) await settle(api, id);
+  });
 });
 
 describe('pause, resume, cancel', () => {
