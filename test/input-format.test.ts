@@ -162,6 +162,36 @@ describe('parseInputLine: custom_id', () => {
     expect(parse({ id: 0, prompt: 'x' })).toMatchObject({ custom_id: '0' });
   });
 
+  it('keeps a numeric id as its literal: past 2^53, -0 and 1e21 as written', () => {
+    const idOf = (literal: string) => parse(`{"id":${literal},"prompt":"x"}`);
+    expect(idOf('9007199254740993')).toMatchObject({ custom_id: '9007199254740993' });
+    expect(idOf('9007199254740992')).toMatchObject({ custom_id: '9007199254740992' });
+    expect(idOf('-0')).toMatchObject({ custom_id: '-0' });
+    expect(idOf('0')).toMatchObject({ custom_id: '0' });
+    expect(idOf('1e21')).toMatchObject({ custom_id: '1e21' });
+    expect(idOf(' 1.50 ')).toMatchObject({ custom_id: '1.50' });
+    // A refused line still names its own id exactly.
+    expect(parse('{"id":12345678901234567890,"messages":[]}')).toMatchObject({ ok: false, custom_id: '12345678901234567890' });
+  });
+
+  it('keeps the line’s own fields as it wrote them, and a __proto__ field as a field', () => {
+    const line = '{"id":1,"prompt":"x","big":9007199254740993, "neg":-0,"huge":1e400,"s":"a \\"q\\" [{,:1.0}]","n":{"a":[1e21,{"b":"}"}]}}';
+    const parsed = parse(line);
+    expect(parsed).toMatchObject({
+      ok: true,
+      custom_id: '1',
+      exact_metadata: { big: '9007199254740993', neg: '-0', huge: '1e400', s: '"a \\"q\\" [{,:1.0}]"', n: '{"a":[1e21,{"b":"}"}]}' },
+    });
+    const proto = parse('{"prompt":"x","__proto__":{"polluted":true}}');
+    expect(proto.ok && Object.hasOwn(proto.metadata!, '__proto__')).toBe(true);
+    expect(proto.ok && JSON.stringify(proto.metadata)).toBe('{"__proto__":{"polluted":true}}');
+    expect(({} as Record<string, unknown>).polluted).toBeUndefined();
+    // A line whose numbers write back as written keeps today's form.
+    const plain = parse({ id: 3, prompt: 'x', params: { temperature: 0.7 }, meta: { row: 12, score: 0.25 } });
+    expect(plain).toMatchObject({ ok: true, custom_id: '3', metadata: { meta: { row: 12, score: 0.25 } } });
+    expect(plain).not.toHaveProperty('exact_metadata');
+  });
+
   it('rejects ids of the wrong type', () => {
     expect(reasonOf({ custom_id: 5, messages: [user] })).toBe('custom_id must be a string');
     expect(reasonOf({ custom_id: ['a'], messages: [user] })).toBe('custom_id must be a string');
