@@ -1,7 +1,7 @@
 // JSON.parse makes every number a double: an id past 2^53 is renamed (9007199254740993 becomes
 // 9007199254740992), -0 becomes 0, 1e21 is written back 1e+21, 1.0 as 1 and 1e400 as null. regen
 // keeps a line's id and its own fields as the line wrote them: each as its source text, found by a
-// scan that only the lines holding such a number pay for.
+// scan that only the lines whose id or own fields hold numbers pay for.
 
 /** JSON text kept as written, where parsing it and writing it back would change it. */
 export class RawJson {
@@ -9,17 +9,36 @@ export class RawJson {
 }
 
 /**
- * A number literal after `:`, `,` or `[` and before `,`, `}` or `]`: where JSON puts numbers.
- * Inside a string the same characters match too, which only costs the exact scan.
+ * A number literal at the start of a value's text or after `:`, `,` or `[`, and before `,`, `}`,
+ * `]` or its end: where JSON puts numbers. Inside a string the same characters match too, which
+ * only costs the exact form.
  */
-const NUMBER = /[:,[]\s*(-?(?:0|[1-9]\d*)(?:\.\d+)?(?:[eE][+-]?\d+)?)(?=\s*[,}\]])/g;
+const NUMBER = /(?:^|[:,[])\s*(-?(?:0|[1-9]\d*)(?:\.\d+)?(?:[eE][+-]?\d+)?)(?=\s*(?:[,}\]]|$))/g;
 
-/** Whether the line may hold a number that JSON.parse would not write back as it was written. */
-export function mayLoseNumbers(text: string): boolean {
+/** Whether a value's JSON text holds a number that JSON.parse would not write back as it was written. */
+export function losesNumbers(text: string): boolean {
   NUMBER.lastIndex = 0;
   for (let m = NUMBER.exec(text); m !== null; m = NUMBER.exec(text)) {
     if (String(Number(m[1])) !== m[1]) return true;
   }
+  return false;
+}
+
+/**
+ * The shapes only a number that parsing changes has: 16 or more digits (past 2^53, or more
+ * precision than a double holds), an exponent, -0, a fraction ending in 0, or below 10^-6 (written
+ * back with an exponent). A number with none of them writes back as it was written.
+ */
+const LOSING_SHAPE = /(?:\d\.?){16}|\d[eE][+-]?\d|-0(?![.\d])|\.\d*0(?!\d)|\.0{6}/;
+
+/** Whether a text may hold a number that parsing changes: a quick test that spares most lines the exact scan. */
+export const mayLoseNumbers = (text: string): boolean => LOSING_SHAPE.test(text);
+
+/** Whether a parsed value is or holds a number: only then can its text hold one that parsing changed. */
+export function holdsNumber(value: unknown): boolean {
+  if (typeof value === 'number') return true;
+  if (typeof value !== 'object' || value === null) return false;
+  for (const v of Array.isArray(value) ? value : Object.values(value)) if (holdsNumber(v)) return true;
   return false;
 }
 

@@ -1,4 +1,4 @@
-import { mayLoseNumbers, objectMembers, objectText } from './exact-json.js';
+import { holdsNumber, losesNumbers, mayLoseNumbers, objectMembers, objectText } from './exact-json.js';
 import { readableIssues } from './issues.js';
 import { MAX_JSON_DEPTH, nestsDeeperThan } from './json-depth.js';
 import { Params, type RegenerateMode } from './params.js';
@@ -139,7 +139,7 @@ export function parseInputLine(text: string, lineNo: number, opts: ParseOptions)
     const line = text.endsWith('\r') ? text.slice(0, -1) : text;
     obj = parseJsonObject(line);
     checkStorable(obj, text);
-    exact = mayLoseNumbers(line) ? objectMembers(line) : null;
+    exact = exactMembers(obj, line);
     const content = readLine(obj, lineNo, opts, exact);
     if (opts.regenerate === 'all_assistant') {
       const messages = walkConversation(content.messages);
@@ -166,6 +166,20 @@ export function parseInputLine(text: string, lineNo: number, opts: ParseOptions)
 
 /** The fields of a line that regen reads itself, in any of its formats: the rest are the line's metadata. */
 const CONSUMED_FIELDS = new Set(['custom_id', 'id', 'messages', 'conversations', 'prompt', 'params', 'body', 'method', 'url']);
+/**
+ * The line's members as it wrote them, when its numeric id or its own fields hold a number that
+ * parsing changed; else null. A line whose id is a string and whose own fields hold no number (the
+ * common line) costs one look at its keys, one whose numbers have none of the shapes of a changed
+ * number one regular expression.
+ */
+function exactMembers(obj: JsonObject, line: string): Map<string, string> | null {
+  const written = Object.keys(obj).filter((key) => !CONSUMED_FIELDS.has(key) && holdsNumber(obj[key]));
+  if (typeof obj.id === 'number' && (obj.custom_id ?? null) === null) written.push('id');
+  if (written.length === 0 || !mayLoseNumbers(line)) return null;
+  const members = objectMembers(line);
+  return written.some((key) => losesNumbers(members.get(key) ?? '')) ? members : null;
+}
+
 /** At most this many bytes of a line's own fields (as JSON) are kept: they ride on every output line. */
 export const MAX_METADATA_BYTES = 64 * 1024;
 
