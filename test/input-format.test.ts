@@ -1,6 +1,8 @@
 import { setFlagsFromString } from 'node:v8';
 import { runInNewContext } from 'node:vm';
 import { describe, expect, it } from 'vitest';
+import { losesNumbers, mayLoseNumbers } from '../src/domain/exact-json.js';
+import { seededRandom } from '../src/domain/forecast.js';
 import { parseInputLine, readLines, type RawLine } from '../src/domain/input-line.js';
 
 const keep = { regenerate: null } as const;
@@ -190,6 +192,23 @@ describe('parseInputLine: custom_id', () => {
     const plain = parse({ id: 3, prompt: 'x', params: { temperature: 0.7 }, meta: { row: 12, score: 0.25 } });
     expect(plain).toMatchObject({ ok: true, custom_id: '3', metadata: { meta: { row: 12, score: 0.25 } } });
     expect(plain).not.toHaveProperty('exact_metadata');
+  });
+
+  it('the quick test misses no number that parsing changes', () => {
+    const random = seededRandom('exact-numbers');
+    const digits = (n: number) => Array.from({ length: n }, () => Math.floor(random() * 10)).join('');
+    let changed = 0;
+    for (let i = 0; i < 20_000; i++) {
+      const int = random() < 0.3 ? '0' : `${1 + Math.floor(random() * 9)}${digits(Math.floor(random() * 24))}`;
+      const frac = random() < 0.5 ? '' : `.${digits(1 + Math.floor(random() * 20))}`;
+      const exp = random() < 0.8 ? '' : `${random() < 0.5 ? 'e' : 'E'}${['', '+', '-'][Math.floor(random() * 3)]}${digits(1 + Math.floor(random() * 3))}`;
+      const literal = `${random() < 0.3 ? '-' : ''}${int}${frac}${exp}`;
+      if (String(Number(literal)) === literal) continue;
+      changed++;
+      expect(mayLoseNumbers(`{"k":${literal}}`), literal).toBe(true);
+      expect(losesNumbers(literal), literal).toBe(true);
+    }
+    expect(changed).toBeGreaterThan(1000);
   });
 
   it('rejects ids of the wrong type', () => {
