@@ -3,7 +3,7 @@ import { pathToFileURL } from 'node:url';
 import * as arrow from 'apache-arrow';
 import * as pq from 'parquet-wasm/node';
 import type { OutputFormat, ParquetRow } from '../src/domain/output-format.js';
-import { type CompletedSample, outputLine } from '../src/domain/output-line.js';
+import { type CompletedSample, outputRecord } from '../src/domain/output-line.js';
 import { encodeShard, recordOf } from '../src/runner/shard-writer.js';
 import { Stores } from '../src/storage/index.js';
 
@@ -104,7 +104,7 @@ for (let first = 0, idx = 0; first < SAMPLES; first += SHARD, idx++) {
   const n = Math.min(SHARD, SAMPLES - first);
   const samples = Array.from({ length: n }, (_, k) => sample(FIRST + first + k));
   const t = performance.now();
-  const records = samples.map(({ s, staged }) => recordOf(shardFormat, outputLine(s, staged), null));
+  const records = samples.map(({ s, staged }) => recordOf(shardFormat, outputRecord(s, staged), null));
   const key = `shard-${String(idx).padStart(5, '0')}.${shardFormat === 'parquet' ? 'parquet' : 'jsonl'}`;
   const { body, check } = format === 'parquet-wasm' ? { body: wasmParquet(records as ParquetRow[]), check: undefined } : encodeShard(shardFormat, records, key);
   encodeMs += performance.now() - t;

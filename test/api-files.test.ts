@@ -330,8 +330,30 @@ describe('GET /v1/files', () => {
   });
 
   it('an empty list has first_id and last_id null', async () => {
-    const res = await req('/v1/files?after=file_0');
+    const oldest = (await req('/v1/files?limit=1000')).body.data.at(-1).id;
+    const res = await req(`/v1/files?after=${oldest}`);
     expect(res.body).toEqual({ object: 'list', data: [], has_more: false, first_id: null, last_id: null });
+  });
+
+  it("refuses a cursor it cannot place with a 400 naming after; a deleted file's id goes on from where it stood", async () => {
+    for (const after of ['file_0', `file_${'z'.repeat(60)}`, `file_${(Date.now() + 86_400_000).toString(36)}${'0'.repeat(16)}`, 'run_0']) {
+      const res = await req(`/v1/files?after=${after}`);
+      expectProblem(res, 400, 'validation_failed');
+      expect(res.body.field).toBe('after');
+    }
+    const made: string[] = [];
+    for (let i = 0; i < 3; i++) {
+      const up = await req(`/v1/files?filename=gone-${i}.jsonl&purpose=user_data`, {
+        method: 'POST',
+        headers: { 'content-type': 'application/jsonl' },
+        body: lines(1, `gone${i}`),
+      });
+      made.push(up.body.id);
+    }
+    expect((await req(`/v1/files/${made[1]}`, { method: 'DELETE' })).status).toBe(200);
+    const next = await req(`/v1/files?limit=1&after=${made[1]}`);
+    expect(next.status, next.text).toBe(200);
+    expect(next.body.data.map((f: any) => f.id)).toEqual([made[0]]);
   });
 });
 

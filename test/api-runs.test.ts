@@ -1,5 +1,5 @@
 import { expectProblem as shared, request, type Raw } from './support/http.js';
-import { mkdirSync, symlinkSync, writeFileSync } from 'node:fs';
+import { mkdirSync, realpathSync, symlinkSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { pathToFileURL } from 'node:url';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
@@ -478,6 +478,23 @@ describe('listing runs', () => {
     expectProblem(await req(api, '/v1/runs?status=done'), 422, 'validation_failed', 'status');
     expectProblem(await req(api, '/v1/runs?limit=0'), 422, 'validation_failed', 'limit');
   });
+
+  it('refuses a cursor it cannot place with 422 naming after; an id of its making that it does not hold is placed where it sorts', async () => {
+    const made: string[] = [];
+    for (let i = 0; i < 2; i++) made.push((await createOk(api, { name: `cursor-${i}`, input: { requests: [{ prompt: `p${i}` }] } })).id);
+    const future = `run_${(Date.now() + 86_400_000).toString(36).padStart(9, '0')}${'0'.repeat(16)}`;
+    for (const after of ['run_0', `run_${'z'.repeat(60)}`, future, made[0]!.replace('run_', 'file_'), 'nope']) {
+      const res = await req(api, `/v1/runs?after=${after}`);
+      expectProblem(res, 422, 'validation_failed', 'after');
+    }
+    // As the cursor of a run gone since its page was read would be: the page goes on from where it stood.
+    const gone = `${made[1]!.slice(0, 'run_'.length + 9)}${'0'.repeat(16)}`;
+    const next = await req(api, `/v1/runs?limit=1&after=${gone}`);
+    expect(next.status, next.text).toBe(200);
+    expect(next.body.data[0].id).toBe(made[0]);
+    expect((await req(api, `/v1/runs?limit=1&after=${made[1]}`)).body.data[0].id).toBe(made[0]);
+    for (const id of made) await settle(api, id);
+  });
 });
 
 describe('pause, resume, cancel', () => {
@@ -640,6 +657,39 @@ describe('errors', () => {
     expectProblem(noModel, 422, 'validation_failed', 'model');
     const notObject = await req(api, '/v1/runs', { method: 'POST', json: [1, 2] });
     expectProblem(notObject, 422, 'validation_failed');
+  });
+
+  it('validation messages name the limit that was passed, not the union it sits in', async () => {
+    const tooMany = await create(api, { input: { requests: Array.from({ length: 100_001 }, () => ({ prompt: 'x' })) } });
+    expectProblem(tooMany, 422, 'validation_failed', 'input.requests');
+    expect(tooMany.body.detail).toMatch(/at most 100,000 requests/);
+    const stops = await create(api, { input: { requests: [{ prompt: 'x' }] }, params: { stop: Array.from({ length: 33 }, (_, i) => `s${i}`) } });
+    expectProblem(stops, 422, 'validation_failed', 'params.stop');
+    expect(stops.body.detail).toMatch(/at most 32 stop strings/);
+    // A line's own params say the same.
+    const line = await settle(api, (await createOk(api, { input: { requests: [{ prompt: 'x', params: { stop: Array(33).fill('s') } }] } })).id);
+    expect(line.invalid_lines.errors[0].message).toMatch(/^params\.stop: at most 32 stop strings/);
+    // One key, but a value of the wrong kind, still names it; no key or two keys name input.
+    expectProblem(await create(api, { input: { file_id: '' } }), 422, 'validation_failed', 'input.file_id');
+    expectProblem(await create(api, { input: { requests: [], uri: 'file:///x' } }), 422, 'validation_failed', 'input');
+  });
+
+  it('reads a URI scheme in any case: FILE:/// is file:///', async () => {
+    const dir = join(api.config.dataDir, 'inputs');
+    mkdirSync(dir, { recursive: true });
+    const path = join(dir, 'capitals.jsonl');
+    writeFileSync(path, nativeLines(2, 'caps'));
+    const href = pathToFileURL(path).href;
+    const created = await createOk(api, { input: { uri: `FILE${href.slice('file'.length)}` } });
+    expect(created.input).toEqual({ uri: href });
+    const run = await settle(api, created.id);
+    expect(run.status, run.status_reason).toBe('queued');
+    expect(run.request_counts.total).toBe(2);
+    const out = await createOk(api, {
+      input: { requests: [{ prompt: 'x' }] },
+      output: { uri: `File${pathToFileURL(join(api.config.dataDir, 'caps-out')).href.slice(4)}` },
+    });
+    expect(out.output_uri).toBe(`${pathToFileURL(realpathSync(api.config.dataDir)).href}/caps-out/`);
   });
 
   it('a malformed JSON body is a 400, a body that is not JSON a 415', async () => {

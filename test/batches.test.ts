@@ -318,6 +318,13 @@ describe('listing', () => {
     expect(next.body.data[0].id).toBe(made[0]);
     const past = await call(server.url, `/v1/batches?after=${all.at(-1)}`, { headers: auth });
     expect(past.body).toEqual({ object: 'list', data: [], first_id: null, last_id: null, has_more: false });
+    // A cursor it cannot place is a 400 naming after, as OpenAI's other refusals.
+    for (const after of ['batch_0', `batch_${'z'.repeat(58)}`, made[0]!.replace('batch_', 'run_')]) {
+      const forged = await call(server.url, `/v1/batches?after=${after}`, { headers: auth });
+      expect(forged.status, after).toBe(400);
+      expect(forged.body.error).toMatchObject({ type: 'invalid_request_error', param: 'after' });
+    }
+    await expect(client.batches.list({ after: 'batch_0' })).rejects.toBeInstanceOf(BadRequestError);
     for (const id of made) await settle(id);
   });
 });

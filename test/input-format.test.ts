@@ -1,12 +1,14 @@
 import { setFlagsFromString } from 'node:v8';
 import { runInNewContext } from 'node:vm';
 import { describe, expect, it } from 'vitest';
+import { losesNumbers, mayLoseNumbers } from '../src/domain/exact-json.js';
+import { seededRandom } from '../src/domain/forecast.js';
 import { parseInputLine, readLines, type RawLine } from '../src/domain/input-line.js';
 
 const keep = { regenerate: null } as const;
 const regen = { regenerate: 'last_assistant' } as const;
 
-const parse = (line: unknown, opts: { regenerate: 'last_assistant' | null } = keep, lineNo = 7) =>
+const parse = (line: unknown, opts: { regenerate: 'last_assistant' | 'all_assistant' | null } = keep, lineNo = 7) =>
   parseInputLine(typeof line === 'string' ? line : JSON.stringify(line), lineNo, opts);
 
 const reasonOf = (line: unknown, opts: { regenerate: 'last_assistant' | null } = keep) => {
@@ -160,6 +162,53 @@ describe('parseInputLine: custom_id', () => {
   it('converts a numeric id to a string', () => {
     expect(parse({ id: 12345, prompt: 'x' })).toMatchObject({ custom_id: '12345' });
     expect(parse({ id: 0, prompt: 'x' })).toMatchObject({ custom_id: '0' });
+  });
+
+  it('keeps a numeric id as its literal: past 2^53, -0 and 1e21 as written', () => {
+    const idOf = (literal: string) => parse(`{"id":${literal},"prompt":"x"}`);
+    expect(idOf('9007199254740993')).toMatchObject({ custom_id: '9007199254740993' });
+    expect(idOf('9007199254740992')).toMatchObject({ custom_id: '9007199254740992' });
+    expect(idOf('-0')).toMatchObject({ custom_id: '-0' });
+    expect(idOf('0')).toMatchObject({ custom_id: '0' });
+    expect(idOf('1e21')).toMatchObject({ custom_id: '1e21' });
+    expect(idOf(' 1.50 ')).toMatchObject({ custom_id: '1.50' });
+    // A refused line still names its own id exactly.
+    expect(parse('{"id":12345678901234567890,"messages":[]}')).toMatchObject({ ok: false, custom_id: '12345678901234567890' });
+  });
+
+  it('keeps the line’s own fields as it wrote them, and a __proto__ field as a field', () => {
+    const line = '{"id":1,"prompt":"x","big":9007199254740993, "neg":-0,"huge":1e400,"s":"a \\"q\\" [{,:1.0}]","n":{"a":[1e21,{"b":"}"}]}}';
+    const parsed = parse(line);
+    expect(parsed).toMatchObject({
+      ok: true,
+      custom_id: '1',
+      exact_metadata: { big: '9007199254740993', neg: '-0', huge: '1e400', s: '"a \\"q\\" [{,:1.0}]"', n: '{"a":[1e21,{"b":"}"}]}' },
+    });
+    const proto = parse('{"prompt":"x","__proto__":{"polluted":true}}');
+    expect(proto.ok && Object.hasOwn(proto.metadata!, '__proto__')).toBe(true);
+    expect(proto.ok && JSON.stringify(proto.metadata)).toBe('{"__proto__":{"polluted":true}}');
+    expect(({} as Record<string, unknown>).polluted).toBeUndefined();
+    // A line whose numbers write back as written keeps today's form.
+    const plain = parse({ id: 3, prompt: 'x', params: { temperature: 0.7 }, meta: { row: 12, score: 0.25 } });
+    expect(plain).toMatchObject({ ok: true, custom_id: '3', metadata: { meta: { row: 12, score: 0.25 } } });
+    expect(plain).not.toHaveProperty('exact_metadata');
+  });
+
+  it('the quick test misses no number that parsing changes', () => {
+    const random = seededRandom('exact-numbers');
+    const digits = (n: number) => Array.from({ length: n }, () => Math.floor(random() * 10)).join('');
+    let changed = 0;
+    for (let i = 0; i < 20_000; i++) {
+      const int = random() < 0.3 ? '0' : `${1 + Math.floor(random() * 9)}${digits(Math.floor(random() * 24))}`;
+      const frac = random() < 0.5 ? '' : `.${digits(1 + Math.floor(random() * 20))}`;
+      const exp = random() < 0.8 ? '' : `${random() < 0.5 ? 'e' : 'E'}${['', '+', '-'][Math.floor(random() * 3)]}${digits(1 + Math.floor(random() * 3))}`;
+      const literal = `${random() < 0.3 ? '-' : ''}${int}${frac}${exp}`;
+      if (String(Number(literal)) === literal) continue;
+      changed++;
+      expect(mayLoseNumbers(`{"k":${literal}}`), literal).toBe(true);
+      expect(losesNumbers(literal), literal).toBe(true);
+    }
+    expect(changed).toBeGreaterThan(1000);
   });
 
   it('rejects ids of the wrong type', () => {
@@ -339,6 +388,23 @@ describe('parseInputLine: regenerate last_assistant', () => {
 
   it('keeps the assistant turn when regenerate is not set', () => {
     expect(parse({ custom_id: 'a', messages: [user, assistant] }, keep)).toMatchObject({ messages: [user, assistant] });
+  });
+
+  it('takes a dropped assistant turn with content null and no tool calls: it is discarded, not sent', () => {
+    const empty = { role: 'assistant', content: null };
+    expect(parse({ custom_id: 'a', messages: [user, empty] }, regen)).toMatchObject({ ok: true, messages: [user], old_answer_chars: 0 });
+    expect(parse({ id: 'c', conversations: [{ role: 'user', content: 'Hi' }, empty] }, regen)).toMatchObject({
+      ok: true,
+      messages: [{ role: 'user', content: 'Hi' }],
+    });
+    expect(parse({ custom_id: 'w', messages: [user, empty, user, empty] }, { regenerate: 'all_assistant' })).toMatchObject({
+      ok: true,
+      messages: [user, user],
+      turns: 2,
+    });
+    // One that is kept (not last, or nothing is regenerated) is sent, so it must hold something.
+    expect(reasonOf({ custom_id: 'a', messages: [user, empty, user] }, regen)).toBe('messages[1].content must be a string or an array of content parts');
+    expect(reasonOf({ custom_id: 'a', messages: [user, empty] }, keep)).toBe('messages[1].content must be a string or an array of content parts');
   });
 
   it('reports a conversation that is only an assistant turn', () => {

@@ -6,6 +6,7 @@ import { DuckDBInstance } from '@duckdb/node-api';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { parse as parseYaml } from 'yaml';
 import { pickSplit } from '../src/domain/assign.js';
+import { readParquetRows } from '../src/storage/parquet.js';
 import { spawnSimulator, type SimProcess } from './support/sim.js';
 import { Stores } from '../src/storage/index.js';
 import { call, startTestServer } from './support/server.js';
@@ -232,5 +233,68 @@ describe('output formats and the split', () => {
     const share = await call(server.url, '/v1/runs', { method: 'POST', json: { model: MODEL, input: { file_id: fileId }, split: { eval: 1.5 } } });
     expect(share.status).toBe(422);
     expect(JSON.stringify(share.body)).toContain('split.eval');
+  });
+});
+
+describe('ids and metadata exactly as the input wrote them', () => {
+  // Numbers JSON.parse changes: past 2^53, -0, 1e400 (Infinity), 1.0, 1e21 (written back 1e+21); and a `__proto__` key.
+  const EXACT_META = '"big":9007199254740993,"neg":-0,"huge":1e400,"f":1.0,"__proto__":{"x":1},"nested":{"a":[1e21, 2]}';
+  const input = [
+    `{"id":9007199254740993,"prompt":"one",${EXACT_META}}`,
+    '{"id":9007199254740992,"prompt":"two"}',
+    '{"id":-0,"prompt":"three"}',
+    '{"id":0,"prompt":"four"}',
+    '{"id":1e21,"prompt":"five","__proto__":"own"}',
+    '{"id":7,"prompt":"six","source":"s","meta":{"k":[1,2]}}',
+  ];
+  const ids = ['9007199254740993', '9007199254740992', '-0', '0', '1e21', '7'];
+  let fileId: string;
+
+  /** Each completed record's custom_id and the text of its metadata, from the shards of a finished run. */
+  async function records(format: string): Promise<{ raw: Map<string, string>; run: any }> {
+    fileId ??= await uploadFile(server.url, input.join('\n') + '\n');
+    const run = await finishedRun({ model: MODEL, input: { file_id: fileId }, output: { format } });
+    expect(run.invalid_lines.count).toBe(0);
+    expect(run.request_counts.total).toBe(ids.length);
+    const { files } = await readOutput(run);
+    const raw = new Map<string, string>();
+    for (const [key, bytes] of files) {
+      if (key.endsWith('.parquet')) {
+        for (const row of await readParquetRows(bytes)) raw.set(row.custom_id as string, (row.metadata as string | null) ?? '');
+      } else if (/shard-\d{5}\.jsonl$/.test(key)) {
+        for (const line of bytes.toString('utf8').split('\n').filter(Boolean)) raw.set(JSON.parse(line)[format === 'conversations' ? 'id' : 'custom_id'], line);
+      }
+    }
+    expect([...raw.keys()].sort()).toEqual([...ids].sort());
+    return { raw, run };
+  }
+
+  it('JSONL: a numeric id is its literal, and metadata is each field’s own JSON text', async () => {
+    await registerEndpoint(server.url, sim.url);
+    const { raw, run } = await records('jsonl');
+    expect(raw.get('9007199254740993')).toContain(`"metadata":{${EXACT_META}}`);
+    expect(raw.get('1e21')).toContain('"metadata":{"__proto__":"own"}');
+    expect(JSON.parse(raw.get('7')!).metadata).toEqual({ source: 's', meta: { k: [1, 2] } });
+    expect(JSON.parse(raw.get('-0')!)).not.toHaveProperty('metadata');
+    // The sample route finds each by its own id.
+    for (const id of ['-0', '0', '9007199254740992']) {
+      const sample = await call(server.url, `/v1/runs/${run.id}/samples/${encodeURIComponent(id)}`);
+      expect(sample.status).toBe(200);
+      expect(sample.body.custom_id).toBe(id);
+    }
+  });
+
+  it('conversations: the line is the input object, its fields as written', async () => {
+    const { raw } = await records('conversations');
+    expect(raw.get('9007199254740993')).toContain(`{${EXACT_META},"id":"9007199254740993"`);
+    expect(raw.get('1e21')).toMatch(/^\{"__proto__":"own","id":"1e21"/);
+  });
+
+  it('Parquet: the metadata column holds the fields’ own JSON text', async () => {
+    const { raw } = await records('parquet');
+    expect(raw.get('9007199254740993')).toBe(`{${EXACT_META}}`);
+    expect(raw.get('1e21')).toBe('{"__proto__":"own"}');
+    expect(raw.get('7')).toBe('{"source":"s","meta":{"k":[1,2]}}');
+    expect(raw.get('0')).toBe('');
   });
 });

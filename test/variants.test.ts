@@ -149,6 +149,35 @@ describe('a run mixing a thinking and a plain variant', () => {
     for (const line of (await readOutput(second)).lines) expect(line.variant).toBe(expectedVariant(line.custom_id));
   });
 
+  it('merges chat_template_kwargs run → variant → line: a variant or a line adding a kwarg keeps the run’s enable_thinking', async () => {
+    const requests = [
+      ...Array.from({ length: 6 }, (_, i) => ({ custom_id: `kw-${i}`, prompt: question(i) })),
+      { custom_id: 'line-kw', prompt: question(7), params: { chat_template_kwargs: { line_kw: 3 } } },
+      { custom_id: 'line-thinks', prompt: question(8), params: { chat_template_kwargs: { enable_thinking: true } } },
+    ];
+    const created = await createRun(server.url, {
+      model: MIXED,
+      input: { requests },
+      params: { max_tokens: 1024, chat_template_kwargs: { enable_thinking: false } },
+      variants: [{ name: 'extra', weight: 1, params: { chat_template_kwargs: { variant_kw: 2 } } }],
+      quality: { min_completion_tokens: 0 },
+    });
+    expect(created.variants[0]).toMatchObject({
+      params: { chat_template_kwargs: { variant_kw: 2 } },
+      effective_params: { max_tokens: 1024, chat_template_kwargs: { enable_thinking: false, variant_kw: 2 } },
+    });
+    const done = await waitForStatus(server.url, created.id, ['completed', 'failed', 'paused', 'cancelled']);
+    expect(done.status, done.status_reason).toBe('completed');
+    expect(done.variants[0].effective_params).toEqual(created.variants[0].effective_params);
+    const { lines } = await readOutput(done);
+    expect(lines).toHaveLength(requests.length);
+    // The simulator thinks unless it receives enable_thinking: false, so an answer without reasoning shows the run's kwarg arrived.
+    for (const line of lines) {
+      if (line.custom_id === 'line-thinks') expect(line.reasoning_content).toMatch(/^Reasoning about/);
+      else expect(line.reasoning_content, line.custom_id).toBeNull();
+    }
+  });
+
   it('refuses n in a variant, naming the field', async () => {
     const res = await call(server.url, '/v1/runs', {
       method: 'POST',

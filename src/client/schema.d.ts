@@ -966,6 +966,10 @@ export interface components {
             params: {
                 [key: string]: unknown;
             };
+            /** @description The run's params with the variant's laid over them (chat_template_kwargs merged one level deep): what its samples are sent, but for a line's own params */
+            effective_params: {
+                [key: string]: unknown;
+            };
             request_counts: {
                 total: number;
                 completed: number;

@@ -1,3 +1,5 @@
+import { holdsNumber, losesNumbers, mayLoseNumbers, objectMembers, objectText } from './exact-json.js';
+import { readableIssues } from './issues.js';
 import { MAX_JSON_DEPTH, nestsDeeperThan } from './json-depth.js';
 import { Params, type RegenerateMode } from './params.js';
 import { fieldPath, findBadText, mayHoldBadText, textProblem } from './text.js';
@@ -47,6 +49,11 @@ export type ParsedLine =
       old_answer_chars: number | null;
       /** The line's fields regen does not read (a `source`, a `meta` object), kept for the output line; null when there are none. */
       metadata: Record<string, unknown> | null;
+      /**
+       * The same fields as the line wrote them, each its JSON text: only on a line with a number
+       * that parsing changes (past 2^53, -0, 1e400), which the output then writes as written.
+       */
+      exact_metadata?: Record<string, string>;
       /** `all_assistant` only: the assistant turns to ask, one a user turn. */
       turns?: number;
     }
@@ -127,16 +134,19 @@ const SHAREGPT_ROLES: Record<string, string> = {
 
 export function parseInputLine(text: string, lineNo: number, opts: ParseOptions): ParsedLine {
   let obj: JsonObject | undefined;
+  let exact: Map<string, string> | null = null;
   try {
-    obj = parseJsonObject(text);
+    const line = text.endsWith('\r') ? text.slice(0, -1) : text;
+    obj = parseJsonObject(line);
     checkStorable(obj, text);
-    const content = readLine(obj, lineNo, opts.choicesInBody === true);
+    exact = exactMembers(obj, line);
+    const content = readLine(obj, lineNo, opts, exact);
     if (opts.regenerate === 'all_assistant') {
       const messages = walkConversation(content.messages);
       const dropped = content.messages.filter((m) => m.role === 'assistant');
       const old = dropped.reduce((n, m) => n + textLength(m.content) + textLength(m.reasoning_content), 0);
       const turns = messages.filter((m) => m.role === 'user').length;
-      return { ok: true, ...content, messages, old_answer_chars: dropped.length ? old : null, metadata: readMetadata(obj), turns };
+      return { ok: true, ...content, messages, old_answer_chars: dropped.length ? old : null, ...readMetadata(obj, exact), turns };
     }
     const messages = applyRegenerate(content.messages, opts);
     const dropped = messages === content.messages ? null : content.messages[content.messages.length - 1];
@@ -145,49 +155,70 @@ export function parseInputLine(text: string, lineNo: number, opts: ParseOptions)
       ...content,
       messages,
       old_answer_chars: dropped ? textLength(dropped.content) + textLength(dropped.reasoning_content) : null,
-      metadata: readMetadata(obj),
+      ...readMetadata(obj, exact),
     };
   } catch (err) {
     if (!(err instanceof LineRejected)) throw err;
-    const custom_id = obj && ownCustomId(obj, lineNo);
+    const custom_id = obj && ownCustomId(obj, lineNo, exact);
     return { ok: false, reason: err.message, code: err.code, ...(custom_id ? { custom_id } : {}) };
   }
 }
 
 /** The fields of a line that regen reads itself, in any of its formats: the rest are the line's metadata. */
 const CONSUMED_FIELDS = new Set(['custom_id', 'id', 'messages', 'conversations', 'prompt', 'params', 'body', 'method', 'url']);
+/**
+ * The line's members as it wrote them, when its numeric id or its own fields hold a number that
+ * parsing changed; else null. A line whose id is a string and whose own fields hold no number (the
+ * common line) costs one look at its keys, one whose numbers have none of the shapes of a changed
+ * number one regular expression.
+ */
+function exactMembers(obj: JsonObject, line: string): Map<string, string> | null {
+  const written = Object.keys(obj).filter((key) => !CONSUMED_FIELDS.has(key) && holdsNumber(obj[key]));
+  if (typeof obj.id === 'number' && (obj.custom_id ?? null) === null) written.push('id');
+  if (written.length === 0 || !mayLoseNumbers(line)) return null;
+  const members = objectMembers(line);
+  return written.some((key) => losesNumbers(members.get(key) ?? '')) ? members : null;
+}
+
 /** At most this many bytes of a line's own fields (as JSON) are kept: they ride on every output line. */
 export const MAX_METADATA_BYTES = 64 * 1024;
 
-/** The line's fields regen does not consume, or null when it has none; refused past MAX_METADATA_BYTES. */
-function readMetadata(obj: JsonObject): JsonObject | null {
+/**
+ * The line's fields regen does not consume (null when it has none), and their source text when the
+ * line holds numbers parsing changes (`exact`); refused past MAX_METADATA_BYTES.
+ */
+function readMetadata(obj: JsonObject, exact: Map<string, string> | null): { metadata: JsonObject | null; exact_metadata?: Record<string, string> } {
   let metadata: JsonObject | null = null;
   for (const key of Object.keys(obj)) {
     if (CONSUMED_FIELDS.has(key)) continue;
     metadata ??= {};
-    metadata[key] = obj[key];
+    // An assignment to `__proto__` would set the prototype: the field would vanish.
+    if (key === '__proto__') Object.defineProperty(metadata, key, { value: obj[key], enumerable: true, writable: true, configurable: true });
+    else metadata[key] = obj[key];
   }
-  if (metadata && Buffer.byteLength(JSON.stringify(metadata)) > MAX_METADATA_BYTES) {
+  if (!metadata) return { metadata };
+  const exact_metadata = exact ? Object.fromEntries(Object.keys(metadata).map((key) => [key, exact.get(key) as string])) : undefined;
+  const bytes = Buffer.byteLength(exact_metadata ? objectText(exact_metadata) : JSON.stringify(metadata));
+  if (bytes > MAX_METADATA_BYTES) {
     throw new LineRejected(
       `the line's own fields (${Object.keys(metadata).join(', ').slice(0, 200)}), kept as the output's metadata, are over ${MAX_METADATA_BYTES} bytes as JSON`,
       'metadata_too_large',
     );
   }
-  return metadata;
+  return exact_metadata ? { metadata, exact_metadata } : { metadata };
 }
 
 /** The id a refused line gave itself, so that its error can be matched to it; none when it is the fault. */
-function ownCustomId(obj: JsonObject, lineNo: number): string | undefined {
+function ownCustomId(obj: JsonObject, lineNo: number, exact: Map<string, string> | null): string | undefined {
   if ((obj.custom_id ?? obj.id ?? null) === null) return undefined;
   try {
-    return readCustomId(obj, lineNo);
+    return readCustomId(obj, lineNo, exact);
   } catch {
     return undefined;
   }
 }
 
-function parseJsonObject(text: string): JsonObject {
-  const line = text.endsWith('\r') ? text.slice(0, -1) : text;
+function parseJsonObject(line: string): JsonObject {
   if (line.trim() === '') throw new LineRejected('empty line', 'invalid_json_line');
   let value: unknown;
   try {
@@ -214,14 +245,14 @@ function jsonErrorMessage(err: unknown): string {
   return message.length > MAX_JSON_MESSAGE_CHARS ? `${message.slice(0, MAX_JSON_MESSAGE_CHARS)}…` : message;
 }
 
-function readLine(obj: JsonObject, lineNo: number, choicesInBody: boolean): LineContent {
-  const custom_id = readCustomId(obj, lineNo);
+function readLine(obj: JsonObject, lineNo: number, opts: ParseOptions, exact: Map<string, string> | null): LineContent {
+  const custom_id = readCustomId(obj, lineNo, exact);
   if (obj.messages !== undefined) {
-    return { custom_id, messages: readMessages(obj.messages, 'messages'), ...splitModel(readParams(obj), 'params') };
+    return { custom_id, messages: readMessages(obj.messages, 'messages', opts.regenerate), ...splitModel(readParams(obj), 'params') };
   }
-  if (obj.body !== undefined) return { custom_id, ...readBatchRequest(obj, choicesInBody) };
+  if (obj.body !== undefined) return { custom_id, ...readBatchRequest(obj, opts) };
   if (obj.conversations !== undefined) {
-    return { custom_id, messages: readConversations(obj.conversations), ...splitModel(readParams(obj), 'params') };
+    return { custom_id, messages: readConversations(obj.conversations, opts.regenerate), ...splitModel(readParams(obj), 'params') };
   }
   if (obj.prompt !== undefined) {
     return { custom_id, messages: [readPrompt(obj.prompt)], ...splitModel(readParams(obj), 'params') };
@@ -229,13 +260,17 @@ function readLine(obj: JsonObject, lineNo: number, choicesInBody: boolean): Line
   throw new LineRejected('no messages: expected "messages", "body.messages", "conversations" or "prompt"');
 }
 
-function readCustomId(obj: JsonObject, lineNo: number): string {
+/** `exact`: the line's members as written, when it holds numbers parsing changes (a numeric id is then its literal). */
+function readCustomId(obj: JsonObject, lineNo: number, exact: Map<string, string> | null): string {
   if (obj.custom_id !== undefined && obj.custom_id !== null) {
     if (typeof obj.custom_id !== 'string') throw new LineRejected('custom_id must be a string');
     return checkId(obj.custom_id, 'custom_id');
   }
   if (obj.id !== undefined && obj.id !== null) {
-    // Dataset ids are often row numbers.
+    // Dataset ids are often row numbers: the id is the number as written, so 9007199254740993 is not
+    // 9007199254740992, nor -0 the same as 0 (a line without such numbers writes them back as they were).
+    const literal = typeof obj.id === 'number' ? exact?.get('id') : undefined;
+    if (literal !== undefined) return checkId(literal, 'id');
     if (typeof obj.id === 'number' && Number.isFinite(obj.id)) return String(obj.id);
     if (typeof obj.id !== 'string') throw new LineRejected('id must be a string or a number');
     return checkId(obj.id, 'id');
@@ -280,32 +315,38 @@ function checkParams(params: JsonObject, path: string, choicesInBody = false): J
     throw new LineRejected(`${path}.n: n > 1 is a run's setting (params.n on the run), not a line's`);
   const checked = Params.safeParse(params);
   if (checked.success) return checked.data;
-  const issue = checked.error.issues[0];
+  const issue = readableIssues(checked.error.issues)[0];
   const where = issue.path.map((p) => (typeof p === 'number' ? `[${p}]` : `.${String(p)}`)).join('');
   throw new LineRejected(`${path}${where}: ${issue.message}`);
 }
 
-function readBatchRequest(obj: JsonObject, choicesInBody: boolean): Omit<LineContent, 'custom_id'> {
+function readBatchRequest(obj: JsonObject, opts: ParseOptions): Omit<LineContent, 'custom_id'> {
   if (obj.method !== 'POST') throw new LineRejected('method must be "POST"');
   if (obj.url !== '/v1/chat/completions') throw new LineRejected('url must be /v1/chat/completions');
   if (!isObject(obj.body)) throw new LineRejected('body must be an object');
   const { messages, ...rest } = obj.body;
-  return { messages: readMessages(messages, 'body.messages'), ...splitModel(rest, 'body', choicesInBody) };
+  return { messages: readMessages(messages, 'body.messages', opts.regenerate), ...splitModel(rest, 'body', opts.choicesInBody === true) };
 }
 
-function readMessages(value: unknown, path: string): ChatMessage[] {
+/** Whether the turn at `i` of `count` is one `regenerate` drops (if it is an assistant's): its content is never sent. */
+function dropped(regenerate: RegenerateMode | null, i: number, count: number): boolean {
+  return regenerate === 'all_assistant' || (regenerate === 'last_assistant' && i === count - 1);
+}
+
+function readMessages(value: unknown, path: string, regenerate: RegenerateMode | null): ChatMessage[] {
   if (!Array.isArray(value) || value.length === 0) throw new LineRejected(`${path} must be a non-empty array`);
-  for (const [i, message] of value.entries()) checkMessage(message, `${path}[${i}]`);
+  for (const [i, message] of value.entries()) checkMessage(message, `${path}[${i}]`, dropped(regenerate, i, value.length));
   return value as ChatMessage[];
 }
 
-function checkMessage(message: unknown, path: string): void {
+function checkMessage(message: unknown, path: string, droppedIfAssistant: boolean): void {
   if (!isObject(message)) throw new LineRejected(`${path} must be an object`);
   if (typeof message.role !== 'string') throw new LineRejected(`${path}.role must be a string`);
   if (!(CHAT_ROLES as readonly string[]).includes(message.role)) throw new LineRejected(unknownRole(message.role, path), 'invalid_role');
   const { content } = message;
-  // The OpenAI API allows an assistant turn that only calls tools to have no content.
-  if (content === null && message.role === 'assistant' && Array.isArray(message.tool_calls)) return;
+  // The OpenAI API allows an assistant turn that only calls tools to have no content; one that is
+  // dropped to be asked again is never sent, so what it held does not matter.
+  if (content === null && message.role === 'assistant' && (Array.isArray(message.tool_calls) || droppedIfAssistant)) return;
   if (typeof content === 'string') return;
   if (!Array.isArray(content)) throw new LineRejected(`${path}.content must be a string or an array of content parts`);
   content.forEach((part, i) => {
@@ -325,13 +366,13 @@ function unknownRole(role: string, path: string): string {
  * `conversations` in either shape datasets use: ShareGPT's `from`/`value` (human/gpt/system), or
  * `role`/`content` as SpecForge reads and writes it (its other fields kept, as in `messages`).
  */
-function readConversations(value: unknown): ChatMessage[] {
+function readConversations(value: unknown, regenerate: RegenerateMode | null): ChatMessage[] {
   if (!Array.isArray(value) || value.length === 0) throw new LineRejected('conversations must be a non-empty array');
   return value.map((turn, i) => {
     const path = `conversations[${i}]`;
     if (!isObject(turn)) throw new LineRejected(`${path} must be an object`);
     if (turn.from === undefined && turn.role !== undefined) {
-      checkMessage(turn, path);
+      checkMessage(turn, path, dropped(regenerate, i, value.length));
       return turn as ChatMessage;
     }
     if (typeof turn.from !== 'string') throw new LineRejected(`${path}.from must be a string`);

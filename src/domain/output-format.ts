@@ -1,4 +1,5 @@
 import type { SplitName } from './assign.js';
+import { stringifyExact } from './exact-json.js';
 
 // How a run's shards are written (README "Output formats"). Every format starts from the same
 // output line (output-line.ts): `jsonl` writes it as is, `conversations` reshapes it into the line
@@ -121,7 +122,7 @@ export function parquetRow(line: LineFields, split: string | null): ParquetRow {
     variant: line.variant ?? null,
     sample_index: line.sample_index ?? null,
     split,
-    metadata: line.metadata == null ? null : JSON.stringify(line.metadata),
+    metadata: line.metadata == null ? null : stringifyExact(line.metadata),
     turns: line.turns == null ? null : JSON.stringify(line.turns),
     endpoint_id: line.endpoint_id,
     latency_ms: line.latency_ms,

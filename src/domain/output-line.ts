@@ -1,3 +1,4 @@
+import { RawJson, stringifyExact } from './exact-json.js';
 import { flagsFromBits, type Flag } from './flags.js';
 
 // The lines of a run's output (docs/design.md "Runner"): shard-NNNNN.jsonl holds one OutputLine per
@@ -91,7 +92,10 @@ export interface OutputLine {
   flags: Flag[];
   /** The name of the sample's variant; only on the lines of a run with variants. */
   variant?: string;
-  /** The input line's own fields regen did not consume; only on the lines of an input line that had some. */
+  /**
+   * The input line's own fields regen did not consume; only on the lines of an input line that had
+   * some. Each a RawJson (written as the input wrote it) when the line held numbers parsing changes.
+   */
   metadata?: Record<string, unknown>;
   /** A conversation's turns, in order (`regenerate: "all_assistant"`). */
   turns?: TurnLine[];
@@ -110,7 +114,7 @@ export interface ErrorLine {
 export interface CompletedSample {
   customId: string;
   sampleIndex: number;
-  /** The request as stored: JSON of {messages, params?}. */
+  /** The request as stored: JSON of {messages, params?, metadata? | metadata_json?} (StoredMetadata). */
   request: string;
   finishReason: string | null;
   promptTokens: number | null;
@@ -146,9 +150,41 @@ export function triesOf(s: { attempts: number; serverFaults: number }): number {
   return s.attempts + s.serverFaults;
 }
 
+/**
+ * The input line's own fields as a stored request keeps them: their values, or, for a line holding
+ * numbers parsing would change (input-line.ts), each field's JSON text as the line wrote it.
+ */
+export interface StoredMetadata {
+  metadata?: Record<string, unknown>;
+  metadata_json?: Record<string, string>;
+}
+
+/** The line's own fields as the output writes them: each a RawJson when they were kept as written. */
+export function outputMetadata(request: StoredMetadata): Record<string, unknown> | undefined {
+  if (!request.metadata_json) return request.metadata;
+  return Object.fromEntries(Object.entries(request.metadata_json).map(([key, text]) => [key, new RawJson(text)]));
+}
+
+/** The line's own fields as values, for a JSON answer (numbers kept as written come back as doubles there). */
+export function metadataValues(request: StoredMetadata): Record<string, unknown> | undefined {
+  if (!request.metadata_json) return request.metadata;
+  return Object.fromEntries(Object.entries(request.metadata_json).map(([key, text]) => [key, JSON.parse(text)]));
+}
+
+/** A completed sample's line as text: its fields kept as written are written so. */
+export function lineText(line: OutputLine): string {
+  return line.metadata ? stringifyExact(line) : JSON.stringify(line);
+}
+
 /** A completed sample's line; `variants` are the run's variant names, by index (null for a run without variants). */
 export function outputLine(s: CompletedSample, out: StagedOutput, variants: readonly string[] | null = null): string {
-  const request = JSON.parse(s.request) as { messages: unknown[]; metadata?: Record<string, unknown> };
+  return lineText(outputRecord(s, out, variants));
+}
+
+/** A completed sample's line as an object, before it is written in the run's format. */
+export function outputRecord(s: CompletedSample, out: StagedOutput, variants: readonly string[] | null = null): OutputLine {
+  const request = JSON.parse(s.request) as { messages: unknown[] } & StoredMetadata;
+  const metadata = outputMetadata(request);
   const variant = variants && s.variant !== null && s.variant !== undefined ? variants[s.variant] : undefined;
   const conv = out.conversation;
   const line: OutputLine = {
@@ -176,10 +212,10 @@ export function outputLine(s: CompletedSample, out: StagedOutput, variants: read
     attempts: conv ? conv.attempts : triesOf(s),
     flags: flagsFromBits(s.flags),
     ...(variant !== undefined && { variant }),
-    ...(request.metadata && { metadata: request.metadata }),
+    ...(metadata && { metadata }),
     ...(conv && { turns: conv.turns }),
   };
-  return JSON.stringify(line);
+  return line;
 }
 
 export function errorLine(s: FailedSample): string {

@@ -15,6 +15,9 @@ export const Message = z.object({ role: z.string().min(1).max(64), content: z.un
  */
 export const MAX_SAMPLES_PER_LINE = 64;
 
+/** OpenAI's API takes at most 4 stop strings; SGLang takes any number, and each is checked against every token decoded. */
+export const MAX_STOP_STRINGS = 32;
+
 // Known sampling parameters are checked; anything else is passed through to SGLang untouched.
 export const Params = z
   .object({
@@ -29,7 +32,7 @@ export const Params = z
       .min(0)
       .max(2 ** 53)
       .optional(),
-    stop: z.union([maxLen(1000), z.array(maxLen(1000)).max(32)]).optional(),
+    stop: z.union([maxLen(1000), z.array(maxLen(1000)).max(MAX_STOP_STRINGS, `at most ${MAX_STOP_STRINGS} stop strings`)]).optional(),
     repetition_penalty: z.number().gt(0).max(10).optional(),
     frequency_penalty: z.number().min(-2).max(2).optional(),
     presence_penalty: z.number().min(-2).max(2).optional(),

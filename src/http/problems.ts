@@ -1,5 +1,6 @@
 import type { Context } from 'hono';
 import type { ZodError } from 'zod';
+import { readableIssues } from '../domain/issues.js';
 import { fieldPath } from '../domain/text.js';
 import { ApiError, openaiProblemBody, openaiStatus, problemBody } from '../errors.js';
 
@@ -9,11 +10,13 @@ export function fieldError(field: string, message: string): ApiError {
 }
 
 export function validationError(err: ZodError, where: string): ApiError {
-  const errors = err.issues.slice(0, 20).map((i) => ({
-    // A strict object refuses keys at its own path; name the first refused key, which is what users look for.
-    field: fieldPath(i.code === 'unrecognized_keys' && i.keys.length ? [...i.path, i.keys[0]] : i.path) || where,
-    message: i.message,
-  }));
+  const errors = readableIssues(err.issues)
+    .slice(0, 20)
+    .map((i) => ({
+      // A strict object refuses keys at its own path; name the first refused key, which is what users look for.
+      field: fieldPath(i.code === 'unrecognized_keys' && i.keys.length ? [...i.path, i.keys[0]] : i.path) || where,
+      message: i.message,
+    }));
   const first = errors[0];
   return new ApiError('validation_failed', first ? `${first.field}: ${first.message}` : `invalid ${where}`, {
     field: first?.field,

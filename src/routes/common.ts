@@ -1,5 +1,6 @@
 import { z } from '@hono/zod-openapi';
-import type { IdPrefix } from '../ids.js';
+import { ApiError } from '../errors.js';
+import { idTime, type IdPrefix } from '../ids.js';
 import { isWebhookSecret, SECRET_MESSAGE } from '../domain/webhooks.js';
 import { isAllowedHost, isHttpUrlWithoutCredentials, METADATA_HOST_MESSAGE, NOT_HTTP_MESSAGE } from '../domain/endpoint-url.js';
 
@@ -49,7 +50,7 @@ export const idCursor = (prefix: IdPrefix) =>
 
 /**
  * The query of every list: `limit`, and `after`, a cursor the list can place. A cursor it cannot
- * place is refused (422 naming `after`) rather than answered with an empty or restarted page, which
+ * place is refused (`checkCursor`) rather than answered with an empty or restarted page, which
  * a client paging through would take for the end or loop on.
  */
 export function pageQuery(after: z.ZodString, limit = { default: 100, max: 1000 }) {
@@ -58,6 +59,32 @@ export function pageQuery(after: z.ZodString, limit = { default: 100, max: 1000 
     after: after.optional().openapi({ description: 'The last_id of the previous page' }),
   });
 }
+
+/**
+ * Refuses, before the list is read, an `after` the list cannot place: a 422 naming `after` (400 in
+ * OpenAI's envelope on the OpenAI-shaped routes, as `problem` shapes it). `what` names an item of
+ * the list, for the message.
+ */
+export async function checkCursor(after: string | undefined, what: string, placeable: (after: string) => Promise<boolean>): Promise<void> {
+  if (after === undefined || (await placeable(after))) return;
+  throw new ApiError('validation_failed', `after: ${JSON.stringify(after.slice(0, 100))} names no ${what}: pass the last_id of a previous page`, {
+    field: 'after',
+  });
+}
+
+/**
+ * Where an id list (newest first) can place a cursor: at an item it holds, or where an id regen
+ * made (newId: time-ordered) sorts, so that the cursor of an item deleted since its page was read
+ * goes on from where the item stood. An id of that shape but from the future would restart the
+ * list, and one of any other shape sorts nowhere the list means: both must name an item.
+ */
+export const idPlaceable =
+  (prefix: IdPrefix, get: (id: string) => Promise<unknown>) =>
+  async (after: string): Promise<boolean> => {
+    const made = idTime(after, prefix);
+    // Ids are stamped with Date.now(), not the injected clock: compared on the same one.
+    return (made !== null && made <= Date.now()) || (await get(after)) !== undefined;
+  };
 
 export function listOf<T extends z.ZodTypeAny>(item: T, name: string) {
   return z

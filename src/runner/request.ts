@@ -17,8 +17,9 @@ import { AnswerRefused } from './answer-budget.js';
 export interface StoredRequest {
   messages: unknown[];
   params?: Record<string, unknown>;
-  /** The line's own fields, for the output line only: never sent. */
+  /** The line's own fields (`metadata`, or as written `metadata_json`), for the output line only: never sent. */
   metadata?: Record<string, unknown>;
+  metadata_json?: Record<string, string>;
 }
 
 /**

@@ -5,13 +5,13 @@ import type { RunRow, ShardRow } from '../db/schema.js';
 import { listRunShards, markShardUploaded, openShardNow, shardSamplesWithOutput } from '../db/shards.js';
 import { flagCounts } from '../domain/flags.js';
 import { listRunVariants } from '../db/run-variants.js';
-import { errorLine, lineKey, MANIFEST_KEY, outputLine, runUsage, type StagedOutput } from '../domain/output-line.js';
+import { stringifyExact } from '../domain/exact-json.js';
+import { errorLine, lineKey, lineText, MANIFEST_KEY, type OutputLine, outputRecord, runUsage, type StagedOutput } from '../domain/output-line.js';
 import { type CardRun, datasetCard } from '../domain/dataset-card.js';
 import {
   answerOfRecord,
   CARD_KEY,
   conversationsLine,
-  type LineFields,
   type OutputFormat,
   type ParquetRow,
   parquetRow,
@@ -55,11 +55,10 @@ async function putVerified(deps: RunnerDeps, run: RunRow, key: string, body: Buf
   return digest;
 }
 
-/** A completed sample's record in the run's format, made from its output line. */
-export function recordOf(format: OutputFormat, line: string, split: string | null): ShardRecord {
-  if (format === 'jsonl') return line;
-  const fields = JSON.parse(line) as LineFields;
-  return format === 'parquet' ? parquetRow(fields, split) : JSON.stringify(conversationsLine(fields));
+/** A completed sample's record in the run's format, made from its output line (its fields kept as written stay so in every format). */
+export function recordOf(format: OutputFormat, line: OutputLine, split: string | null): ShardRecord {
+  if (format === 'jsonl') return lineText(line);
+  return format === 'parquet' ? parquetRow(line, split) : stringifyExact(conversationsLine(line));
 }
 
 /** A shard's body; a Parquet shard read back must declare the rows it was written with. */
@@ -95,7 +94,7 @@ export async function uploadShard(deps: RunnerDeps, run: RunRow, listed: ShardRo
   for (const { s, output } of rows) {
     if (s.status === 'completed') {
       let record: ShardRecord;
-      if (output) record = recordOf(format, outputLine(s, JSON.parse(output) as StagedOutput, variants), shard.split);
+      if (output) record = recordOf(format, outputRecord(s, JSON.parse(output) as StagedOutput, variants), shard.split);
       else {
         previous ??= await previousRecords(deps, run, shard, format);
         const old = previous.get(lineKey(s.customId, s.sampleIndex));

@@ -9,6 +9,9 @@ import { fileURLToPath, pathToFileURL } from 'node:url';
  */
 export const TEMP_FOLDER = '.regen-tmp';
 
+/** A URI with its scheme in lower case: schemes are case-insensitive (RFC 3986 §3.1), and `FILE:///x` names what `file:///x` does. */
+export const lowerScheme = (uri: string): string => uri.replace(/^[A-Za-z][A-Za-z0-9+.-]*:/, (scheme) => scheme.toLowerCase());
+
 /** Whether a path is a root or lies below it. */
 export function inside(path: string, root: string): boolean {
   return path === root || path.startsWith(root.endsWith(sep) ? root : root + sep);

@@ -72,6 +72,28 @@ describe('variants', () => {
     expect(buildRequest({ ...run, params: { max_tokens: 100 } }, { request, qualityRetries: 0, variant: 1, maxTokens: 400 }).body.max_tokens).toBe(400);
   });
 
+  it('merge chat_template_kwargs one level deep, run then variant then line, the later layer winning a kwarg', () => {
+    const run = { temperature: 0.6, chat_template_kwargs: { enable_thinking: false, run_kw: 1 } };
+    const variant = { chat_template_kwargs: { variant_kw: 2, run_kw: 10 } };
+    const line = { chat_template_kwargs: { line_kw: 3 } };
+    expect(layeredParams(run, variant, null)).toEqual({ temperature: 0.6, chat_template_kwargs: { enable_thinking: false, run_kw: 10, variant_kw: 2 } });
+    expect(layeredParams(run, null, line)).toEqual({ temperature: 0.6, chat_template_kwargs: { enable_thinking: false, run_kw: 1, line_kw: 3 } });
+    expect(layeredParams(run, variant, { chat_template_kwargs: { enable_thinking: true } }).chat_template_kwargs).toEqual({
+      enable_thinking: true,
+      run_kw: 10,
+      variant_kw: 2,
+    });
+    // A layer without kwargs leaves the others' as they are, and the run's own object is never changed.
+    expect(layeredParams(run, { max_tokens: 5 }, null).chat_template_kwargs).toEqual(run.chat_template_kwargs);
+    expect(run.chat_template_kwargs).toEqual({ enable_thinking: false, run_kw: 1 });
+    const built = buildRequest(
+      { model: 'Qwen/Qwen3-8B', params: run, variants: [{ params: variant }] },
+      { request: JSON.stringify({ messages: [{ role: 'user', content: 'hi' }], params: line }), qualityRetries: 0, variant: 0 },
+    );
+    expect(built.body.chat_template_kwargs).toEqual({ enable_thinking: false, run_kw: 10, variant_kw: 2, line_kw: 3 });
+    expect(built.thinking).toBe(false);
+  });
+
   it('are judged against their own answers: short plain answers among long thinking ones are not short_for_run', () => {
     const mixed = (perVariant: boolean) => {
       const q = new RunQuality({ min_completion_tokens: 0, model: 'Qwen/Qwen3-8B' });

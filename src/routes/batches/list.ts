@@ -1,8 +1,8 @@
 import { createRoute } from '@hono/zod-openapi';
 import type { App } from '../../http/app.js';
 import { openaiErrorResponses } from '../../errors.js';
-import { listBatchRuns } from '../../db/batches.js';
-import { idCursor, jsonContent, pageQuery } from '../common.js';
+import { getBatchRun, listBatchRuns } from '../../db/batches.js';
+import { checkCursor, idCursor, idPlaceable, jsonContent, pageQuery } from '../common.js';
 import { renderBatches } from './render.js';
 import { BatchList } from './schemas.js';
 
@@ -23,6 +23,11 @@ export function registerListBatches(app: App) {
   app.openapi(route, async (c) => {
     const { db } = c.get('deps');
     const q = c.req.valid('query');
+    await checkCursor(
+      q.after,
+      'batch',
+      idPlaceable('batch', (id) => getBatchRun(db, id)),
+    );
     const rows = await listBatchRuns(db, q);
     const data = await renderBatches(db, rows.slice(0, q.limit));
     return c.json({ object: 'list' as const, data, first_id: data[0]?.id ?? null, last_id: data.at(-1)?.id ?? null, has_more: rows.length > q.limit }, 200);

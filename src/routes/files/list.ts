@@ -2,8 +2,8 @@ import { createRoute, z } from '@hono/zod-openapi';
 import type { App } from '../../http/app.js';
 import { FILE_PURPOSES, fileObject } from '../../domain/files.js';
 import { openaiErrorResponses } from '../../errors.js';
-import { listFiles } from '../../db/files.js';
-import { jsonContent, listOf, page, idCursor, pageQuery } from '../common.js';
+import { getFile, listFiles } from '../../db/files.js';
+import { checkCursor, idCursor, idPlaceable, jsonContent, listOf, page, pageQuery } from '../common.js';
 import { FileObject } from './schemas.js';
 
 const route = createRoute({
@@ -19,8 +19,14 @@ const route = createRoute({
 export function registerListFiles(app: App) {
   app.openapi(route, async (c) => {
     const q = c.req.valid('query');
+    const { db } = c.get('deps');
+    await checkCursor(
+      q.after,
+      'file',
+      idPlaceable('file', (id) => getFile(db, id)),
+    );
     return c.json(
-      page(await listFiles(c.get('deps').db, q), q.limit, (f) => f.id, fileObject),
+      page(await listFiles(db, q), q.limit, (f) => f.id, fileObject),
       200,
     );
   });

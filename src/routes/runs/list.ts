@@ -1,9 +1,9 @@
 import { createRoute, z } from '@hono/zod-openapi';
 import type { App } from '../../http/app.js';
 import { problemResponses } from '../../errors.js';
-import { listRuns } from '../../db/runs.js';
+import { getRun, listRuns } from '../../db/runs.js';
 import { listRunVariants } from '../../db/run-variants.js';
-import { jsonContent, listOf, page, idCursor, pageQuery } from '../common.js';
+import { checkCursor, idCursor, idPlaceable, jsonContent, listOf, page, pageQuery } from '../common.js';
 import { renderRun } from './render.js';
 import { Run, RunStatus } from './schemas.js';
 
@@ -26,6 +26,11 @@ export function registerListRuns(app: App) {
   app.openapi(route, async (c) => {
     const deps = c.get('deps');
     const q = c.req.valid('query');
+    await checkCursor(
+      q.after,
+      'run',
+      idPlaceable('run', (id) => getRun(deps.db, id)),
+    );
     const rows = await listRuns(deps.db, q);
     // Only runs with variants have counters of them to read: one indexed read each.
     const variants = new Map(await Promise.all(rows.filter((r) => r.variants?.length).map(async (r) => [r.id, await listRunVariants(deps.db, r.id)] as const)));

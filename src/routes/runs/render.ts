@@ -5,6 +5,7 @@ import { joinUri } from '../../storage/index.js';
 import { FLAG_COLUMNS, flagCounts, flagsFromBits } from '../../domain/flags.js';
 import { runUsage, triesOf } from '../../domain/output-line.js';
 import { isTerminalRun } from '../../domain/statuses.js';
+import { layeredParams } from '../../domain/variants.js';
 import type { StoredForecast } from '../../domain/forecast.js';
 import type { RunProgress } from '../../domain/live-view.js';
 import type { TurnRecord } from '../../domain/conversation.js';
@@ -71,6 +72,7 @@ export function renderVariants(r: RunRow, rows: readonly RunVariantRow[]): Run['
       name: v.name,
       weight: v.weight,
       params: v.params ?? {},
+      effective_params: layeredParams(r.params, v.params, null),
       request_counts: { total: c?.total ?? 0, completed: c?.completed ?? 0, failed: c?.failed ?? 0 },
       quality: { flagged: c?.flagged ?? 0, by_flag: c ? flagCounts(c) : flagCounts(ZERO_FLAGS) },
       usage: { prompt_tokens: c?.promptTokens ?? 0, completion_tokens: c?.completionTokens ?? 0, reasoning_tokens: c?.reasoningTokens ?? 0 },

@@ -2,6 +2,7 @@ import { createRoute, z } from '@hono/zod-openapi';
 import type { App } from '../../http/app.js';
 import { notFound, problemResponses } from '../../errors.js';
 import { variantName } from '../../domain/variants.js';
+import { metadataValues, type StoredMetadata } from '../../domain/output-line.js';
 import { getRun } from '../../db/runs.js';
 import { getSample } from '../../db/samples.js';
 import { listTurns } from '../../db/sample-turns.js';
@@ -43,7 +44,7 @@ export function registerGetSample(app: App) {
     if (!run) throw notFound('run', id);
     const sample = await getSample(deps.db, id, custom_id, sample_index);
     if (!sample) throw notFound('sample', sample_index === 0 ? custom_id : `${custom_id} (sample_index ${sample_index})`);
-    const request = JSON.parse(sample.request) as { messages: unknown[]; params?: Record<string, unknown>; metadata?: Record<string, unknown> };
+    const request = JSON.parse(sample.request) as { messages: unknown[]; params?: Record<string, unknown> } & StoredMetadata;
     const output = await readSampleOutput(deps, run, sample);
     const turns = sample.turn === null ? null : (await listTurns(deps.db, sample.id)).map(renderTurn);
     return c.json(
@@ -52,7 +53,7 @@ export function registerGetSample(app: App) {
         messages: request.messages as { role: string; content: unknown }[],
         params: request.params ?? null,
         variant: variantName(run.variants, sample.variant),
-        metadata: request.metadata ?? null,
+        metadata: metadataValues(request) ?? null,
         output,
         ...(turns && { turns }),
       },

@@ -1,9 +1,9 @@
 import { createRoute, z } from '@hono/zod-openapi';
 import type { App } from '../../http/app.js';
-import { ApiError, notFound, problemResponses } from '../../errors.js';
+import { notFound, problemResponses } from '../../errors.js';
 import { getRun } from '../../db/runs.js';
 import { getSample, listSamples } from '../../db/samples.js';
-import { jsonContent, listOf, page, pageQuery, RunIdParam } from '../common.js';
+import { checkCursor, jsonContent, listOf, page, pageQuery, RunIdParam } from '../common.js';
 import { renderSample } from './render.js';
 import { Flag, Sample, SampleStatus } from './schemas.js';
 
@@ -26,9 +26,7 @@ export function registerListSamples(app: App) {
     if (!(await getRun(db, id))) throw notFound('run', id);
     const q = c.req.valid('query');
     // A custom_id has no order of its own: the cursor is placed by the sample it names, so it must name one.
-    if (q.after !== undefined && !(await getSample(db, id, q.after))) {
-      throw new ApiError('validation_failed', `after: no sample ${JSON.stringify(q.after.slice(0, 100))} in this run`, { field: 'after' });
-    }
+    await checkCursor(q.after, 'sample of this run', async (after) => (await getSample(db, id, after)) !== undefined);
     const { rows, limit } = await listSamples(db, id, q);
     return c.json(
       page(rows, limit, (s) => s.customId, renderSample),

@@ -10,6 +10,9 @@ import { Timestamp, WebhookTarget } from '../common.js';
 import { DELIVERY_STATUSES } from '../../domain/webhooks.js';
 import { OUTPUT_FORMATS } from '../../domain/output-format.js';
 
+/** Requests given inline in the create body; a larger input is uploaded as a file, which streams. */
+const MAX_INLINE_REQUESTS = 100_000;
+
 /**
  * Names a schema src/domain made for the document. zod copies its methods onto each schema as it
  * makes it, so one made before @hono/zod-openapi extended zod (its module loaded first: the store's,
@@ -48,8 +51,8 @@ export const CreateRunBody = z
           .object({
             requests: z
               .array(z.unknown().refine((r) => !nestsDeeperThan(r), tooDeepMessage))
-              .min(1)
-              .max(100_000),
+              .min(1, 'must hold at least one request')
+              .max(MAX_INLINE_REQUESTS, `at most ${MAX_INLINE_REQUESTS.toLocaleString('en')} requests inline: upload a larger input as a file (input.file_id)`),
           })
           .strict(),
       ],
@@ -206,6 +209,10 @@ export const RunVariant = z
     name: z.string(),
     weight: z.number(),
     params: z.record(z.string(), z.unknown()),
+    effective_params: z.record(z.string(), z.unknown()).openapi({
+      description:
+        "The run's params with the variant's laid over them (chat_template_kwargs merged one level deep): what its samples are sent, but for a line's own params",
+    }),
     request_counts: counts(['total', 'completed', 'failed']),
     quality: z.object({ flagged: z.number().int(), by_flag: counts(FLAGS) }),
     usage: counts(['prompt_tokens', 'completion_tokens', 'reasoning_tokens']),

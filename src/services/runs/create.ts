@@ -13,6 +13,7 @@ import { layeredParams, type Variant } from '../../domain/variants.js';
 import { answerBufferProblem } from '../../domain/answer-bytes.js';
 import { qualityConfig, type QualityRequest } from '../../domain/quality.js';
 import type { OutputFormat } from '../../domain/output-format.js';
+import { lowerScheme } from '../../storage/location.js';
 import { resolveInput } from './input-source.js';
 import { isOutputTaken, outputTaken, outputUriFor } from './output-location.js';
 
@@ -83,8 +84,9 @@ export async function checkInput(deps: Deps, input: { file_id: string } | { uri:
     }
     return { input: { file_id: file.id }, name: file.filename };
   }
-  resolveInput(input.uri, deps.config);
-  return { input: { uri: input.uri }, name: input.uri.slice(input.uri.lastIndexOf('/') + 1) };
+  const uri = lowerScheme(input.uri);
+  resolveInput(uri, deps.config);
+  return { input: { uri }, name: uri.slice(uri.lastIndexOf('/') + 1) };
 }
 
 /**

@@ -243,7 +243,7 @@ async function ingestHeld(deps: Deps, runId: string, hold: Hold, signal?: AbortS
           const request = JSON.stringify({
             messages: parsed.messages,
             ...(parsed.params && { params: parsed.params }),
-            ...(parsed.metadata && { metadata: parsed.metadata }),
+            ...(parsed.exact_metadata ? { metadata_json: parsed.exact_metadata } : parsed.metadata && { metadata: parsed.metadata }),
           });
           const old = parsed.old_answer_chars;
           batch.push({

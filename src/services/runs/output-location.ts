@@ -6,7 +6,7 @@ import { isUniqueViolation } from '../../db/client.js';
 import { getRunOutputWithin, getRunOverlappingOutput, listOutputUris, listRunsByStatus, setOutputUri } from '../../db/runs.js';
 import { ACTIVE_RUN_STATUSES } from '../../domain/statuses.js';
 import { ApiError } from '../../errors.js';
-import { canonicalFileUri, folderUri, inside, overlaps, realLocation, TEMP_FOLDER } from '../../storage/location.js';
+import { canonicalFileUri, folderUri, inside, lowerScheme, overlaps, realLocation, TEMP_FOLDER } from '../../storage/location.js';
 import { describeStoreError, parseStoreUri, StoreUriError } from '../../storage/index.js';
 
 /** An S3 object key is at most 1,024 bytes; the output prefix's unique index holds it whole. */
@@ -38,7 +38,7 @@ export function isOwnFile(path: string, config: Pick<Config, 'outputUri' | 'data
 
 function checkSpelling(requested: string): string {
   if (Buffer.byteLength(requested) > MAX_OUTPUT_URI_BYTES) throw bad(`at most ${MAX_OUTPUT_URI_BYTES} bytes in UTF-8`);
-  const uri = requested.endsWith('/') ? requested : requested + '/';
+  const uri = lowerScheme(requested.endsWith('/') ? requested : requested + '/');
   let loc: ReturnType<typeof parseStoreUri>;
   try {
     loc = parseStoreUri(uri);
