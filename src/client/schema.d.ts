@@ -314,9 +314,26 @@ export interface paths {
         };
         /**
          * A sample's metadata, its request, and its output (from staging or from the uploaded shard)
-         * @description With params.n > 1 a custom_id names n samples: `sample_index` picks one (0 by default).
+         * @description With params.n > 1 a custom_id names n samples: `sample_index` picks one (0 by default). A custom_id of `.` or `..` cannot travel in a path (clients remove such segments): ask `GET /v1/runs/{id}/sample?custom_id=` for it.
          */
         get: operations["getRunSample"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/runs/{id}/sample": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** A sample by its custom_id given as a query parameter: any custom_id, `.` and `..` too */
+        get: operations["findRunSample"];
         put?: never;
         post?: never;
         delete?: never;
@@ -2689,6 +2706,68 @@ export interface operations {
             path: {
                 id: string;
                 custom_id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The sample */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["SampleDetail"];
+                };
+            };
+            /** @description Unauthorized */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Not Found */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Unprocessable Content */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Service Unavailable */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+        };
+    };
+    findRunSample: {
+        parameters: {
+            query: {
+                custom_id: string;
+                /** @description Which of the line's answers (params.n > 1), 0…n−1; 0 by default */
+                sample_index?: number | null;
+            };
+            header?: never;
+            path: {
+                id: string;
             };
             cookie?: never;
         };
