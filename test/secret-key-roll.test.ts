@@ -45,8 +45,14 @@ await describePg('rolling REGEN_SECRET_KEY into two replicas', () => {
     // Its pipes may still hold the line when the exit is seen.
     await waitFor('the one line', () => (regenLines(a.output()).length ? true : undefined), 10_000);
     expect(regenLines(a.output())).toEqual([NO_KEY_LINE]);
-    // It left at the first failure rather than retrying the step that read a secret.
-    expect(a.output().match(/REGEN_SECRET_KEY is not set/g)!.length).toBeLessThanOrEqual(3);
+    // It left at the first failure rather than retrying the step that read a secret every tick
+    // (10 a second): a step or two already under way may fail once more as it closes.
+    expect(
+      a
+        .output()
+        .split('\n')
+        .filter((l) => l.includes('REGEN_SECRET_KEY is not set')).length,
+    ).toBeLessThanOrEqual(6);
 
     // The run was under way: what is left is the other replica's to do.
     expect(doneOf(await getRun(b.url, id))).toBeLessThan(SAMPLES);
