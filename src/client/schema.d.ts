@@ -641,6 +641,8 @@ export interface components {
         FleetHistory: {
             /** @enum {string} */
             object: "list";
+            /** @description The step the points were merged to (`step`, or the one chosen to fit): a point covers at most this, or its own span where the stored point is coarser */
+            step_seconds: number;
             data: components["schemas"]["FleetHistoryPoint"][];
         };
         FleetHistoryPoint: {
@@ -1499,6 +1501,8 @@ export interface components {
             /** @enum {string} */
             object: "list";
             run_id: string;
+            /** @description The step the points were merged to (`step`, or the one chosen to fit): a point covers at most this, or its own span where the stored point is coarser */
+            step_seconds: number;
             data: components["schemas"]["RunHistoryPoint"][];
         };
         RunHistoryPoint: {
@@ -1742,7 +1746,14 @@ export interface operations {
     };
     getFleetHistory: {
         parameters: {
-            query?: never;
+            query?: {
+                /** @description Only points that start at or after this time */
+                since?: string;
+                /** @description Only points that start before this time */
+                until?: string;
+                /** @description Merge the points into buckets of this many seconds (counts summed, gauges averaged). Without it, the finest multiple of 5 s that keeps the answer within 2,000 points */
+                step?: number;
+            };
             header?: never;
             path?: never;
             cookie?: never;
@@ -1760,6 +1771,15 @@ export interface operations {
             };
             /** @description Unauthorized */
             401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Unprocessable Content */
+            422: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -2920,7 +2940,14 @@ export interface operations {
     };
     getRunHistory: {
         parameters: {
-            query?: never;
+            query?: {
+                /** @description Only points that start at or after this time */
+                since?: string;
+                /** @description Only points that start before this time */
+                until?: string;
+                /** @description Merge the points into buckets of this many seconds (counts summed, gauges averaged). Without it, the finest multiple of 5 s that keeps the answer within 2,000 points */
+                step?: number;
+            };
             header?: never;
             path: {
                 id: string;
