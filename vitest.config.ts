@@ -26,6 +26,7 @@ const storeless = [
   'test/quality.test.ts',
   'test/replica-staleness.test.ts',
   'test/replicas.test.ts',
+  'test/secret-key-roll.test.ts',
   'test/sample-batches.test.ts',
   'test/security-bind.test.ts',
   'test/sglang.test.ts',

@@ -5,6 +5,7 @@ import { requestId } from 'hono/request-id';
 import { ZodError } from 'zod';
 import type { Deps } from './deps.js';
 import { isDbBusy } from './db/client.js';
+import { SecretKeyError } from './db/secrets.js';
 import { ApiError } from './errors.js';
 import { createRouter, openaiErrors, type App } from './http/app.js';
 import { requireToken } from './http/auth.js';
@@ -71,6 +72,13 @@ export function createApp(deps: Deps): App {
       if (status === 413) return problem(c, new ApiError('payload_too_large', 'request body is too large'));
       if (status === 415) return problem(c, new ApiError('unsupported_media_type', 'send the request body as application/json'));
       return problem(c, new ApiError('invalid_request', status === 400 ? 'request body is not valid JSON' : err.message));
+    }
+    if (err instanceof SecretKeyError) {
+      // This process is closing (server.ts): the replicas holding the key answer.
+      return problem(
+        c,
+        new ApiError('storage_unavailable', 'this server cannot open the stored secrets with its REGEN_SECRET_KEY and is stopping; try another replica'),
+      );
     }
     if (isDbBusy(err)) {
       deps.logger.warn({ req_id: c.get('requestId'), err: { message: err.message } }, 'database busy; request refused');

@@ -108,6 +108,11 @@ export interface StartOptions {
   clock?: () => number;
   /** A runner thread spawned early (RunnerThread.spawn), so that its start-up overlapped this thread's. */
   runnerThread?: RunnerThread;
+  /**
+   * Told once this server has closed because a stored secret no longer opens (another replica
+   * sealed them under a key this process lacks): `regen serve` exits with the error's line.
+   */
+  onLockedOut?: (err: Error) => void;
 }
 
 /** The port asked for is taken: `regen serve` says so in one line. */
@@ -151,6 +156,12 @@ async function start(config: Config, opts: StartOptions, thread: RunnerThread | 
     await db.close();
     throw err;
   }
+  // Met before the server listens, the error fails the start itself; after, the server closes.
+  let lockedOut: Error | null = null;
+  let onLockedOut = (err: Error) => {
+    lockedOut = err;
+  };
+  db.secrets.whenLockedOut((err) => onLockedOut(err));
   const stores = new Stores({ endpoint: config.s3Endpoint, forcePathStyle: config.s3ForcePathStyle });
   const deps: Deps = {
     config,
@@ -171,7 +182,7 @@ async function start(config: Config, opts: StartOptions, thread: RunnerThread | 
   let runner: RunnerControl | null = null;
   if (thread) {
     if (opts.clock) throw new Error('an injected clock needs the runner in this thread (runnerThread: false)');
-    await thread.start(deps);
+    await thread.start(deps, (err) => onLockedOut(err));
     deps.runner = thread.view;
     runner = thread;
   } else if (config.runner) {
@@ -206,7 +217,7 @@ async function start(config: Config, opts: StartOptions, thread: RunnerThread | 
   const url = `http://${host}:${port}`;
   logger.info({ url, data_dir: config.dataDir, runner: !!runner, auth: config.apiTokens.length > 0 }, 'regen listening');
   let closed = false;
-  return {
+  const served: Server = {
     url,
     port,
     deps,
@@ -227,4 +238,12 @@ async function start(config: Config, opts: StartOptions, thread: RunnerThread | 
       logger.info('regen stopped');
     },
   };
+  onLockedOut = (err) => {
+    // No grace: nothing more can be sent without the key. Leases still held are released on the
+    // way out, or returned by the coordinator's recovery once this replica's row goes stale.
+    logger.error({ err: { message: err.message } }, "a stored secret does not open with this process's REGEN_SECRET_KEY; stopping");
+    void served.close(0).finally(() => opts.onLockedOut?.(err));
+  };
+  if (lockedOut) onLockedOut(lockedOut);
+  return served;
 }

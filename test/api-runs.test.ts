@@ -280,6 +280,24 @@ describe('input formats', () => {
     expect((await sample(api, run.id, 'native')).messages).toEqual([msg('be brief', 'system'), msg('native q')]);
   });
 
+  it('custom_ids `.`, `..` and others a URL parser changes are fetched by query; by path, they never reach another route', async () => {
+    const ids = ['.', '..', '...', 'a/b', '%2e', '?x', '#y'];
+    const run = await settle(api, (await createOk(api, { input: { requests: ids.map((id) => ({ custom_id: id, prompt: `q ${id}` })) } })).id);
+    expect(run.status).toBe('queued');
+    for (const id of ids) {
+      const byQuery = await req(api, `/v1/runs/${run.id}/sample?custom_id=${encodeURIComponent(id)}`);
+      expect(byQuery.status, `${id}: ${byQuery.text}`).toBe(200);
+      expect(byQuery.body).toMatchObject({ custom_id: id, messages: [msg(`q ${id}`)] });
+    }
+    expect((await req(api, `/v1/runs/${run.id}/sample?custom_id=.&sample_index=1`)).status).toBe(404);
+    expectProblem(await req(api, `/v1/runs/${run.id}/sample`), 422, 'validation_failed', 'custom_id');
+    // In a path, fetch removes `.` and `..` even percent-encoded: what arrives is the run's sample list or the run, never another sample.
+    expect((await sample(api, run.id, '...')).custom_id).toBe('...');
+    expect((await sample(api, run.id, 'a/b')).custom_id).toBe('a/b');
+    const dotted = await req(api, `/v1/runs/${run.id}/samples/${encodeURIComponent('..')}`);
+    expect(dotted.body.custom_id).toBeUndefined();
+  });
+
   it('a batch line asking for another model is an invalid line', async () => {
     const text = jsonl([{ custom_id: 'b', method: 'POST', url: '/v1/chat/completions', body: { model: 'other', messages: [msg('q')] } }]);
     const run = await settle(api, (await createOk(api, { input: { file_id: await upload(api, text) } })).id);

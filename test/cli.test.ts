@@ -196,6 +196,26 @@ describe('regen CLI', () => {
     expect((await getRun(runId)).status).toBe('completed');
   });
 
+  it('refuses whole numbers past what the flag can mean, before any file is read or uploaded, naming the range', async () => {
+    const filesBefore = (await call(server.url, '/v1/files?limit=1000', { headers: auth })).body.data.length;
+    const file = prompts('range', 1);
+    const results = await Promise.all([
+      regen(['plan', file, '--model', 'm', '--endpoints', '99999999999999999999']),
+      regen(['plan', file, '--model', 'm', '--endpoints', '100001']),
+      regen(['submit', file, '--model', 'm', '--shard-size', '9007199254740993']),
+      regen(['demo', '--samples', '0']),
+    ]);
+    const [endpoints, tooMany, shardSize, demo] = results;
+    for (const r of results) expect(r.code, r.stderr).toBe(2);
+    expect(endpoints.stderr).toContain(
+      "option '--endpoints <n>' argument '99999999999999999999' is invalid. --endpoints must be a whole number from 1 to 100,000",
+    );
+    expect(tooMany.stderr).toContain('--endpoints must be a whole number from 1 to 100,000');
+    expect(shardSize.stderr).toContain('--shard-size must be a whole number from 1 to 9,007,199,254,740,991');
+    expect(demo.stderr).toContain('--samples must be a whole number from 1 to');
+    expect((await call(server.url, '/v1/files?limit=1000', { headers: auth })).body.data.length).toBe(filesBefore);
+  });
+
   it('explains usage errors in one line with exit code 2, and server refusals with exit code 1', async () => {
     const filesBefore = (await call(server.url, '/v1/files?limit=1000', { headers: auth })).body.data.length;
     const closed = await closedPort();

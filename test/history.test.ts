@@ -113,4 +113,90 @@ describe('history on the server', () => {
       await db.close();
     }
   });
+  it('takes since, until and step on both routes, and never answers more than 2,000 points', async () => {
+    // Points of the future, where neither the recorder nor its compaction reaches.
+    const t0 = Math.ceil((Date.now() + 86_400_000) / 60_000) * 60_000;
+    const COUNT = 2_500;
+    const point = (i: number, series: string | null) => ({
+      runId: series,
+      at: t0 + i * HISTORY_STEP_MS,
+      stepMs: HISTORY_STEP_MS,
+      spanMs: HISTORY_STEP_MS,
+      samples: 1,
+      completionTokens: 10,
+      promptTokens: 4,
+      cachedTokens: 1,
+      inFlight: series === null ? 2 : null,
+      cap: series === null ? 8 : null,
+      endpoints: series === null ? { ep_a: [2, 8] as [number, number] } : null,
+    });
+    const db = await openTestStore(data.dir);
+    try {
+      await addHistory(
+        db,
+        Array.from({ length: COUNT }, (_, i) => point(i, null)),
+      );
+      await addHistory(
+        db,
+        Array.from({ length: 24 }, (_, i) => point(i, runId)),
+      );
+    } finally {
+      await db.close();
+    }
+    const iso = (ms: number) => new Date(ms).toISOString();
+    const since = `since=${encodeURIComponent(iso(t0))}`;
+
+    // Unasked, the step is the finest that fits: 2,500 points of 5 s in 10 s buckets, every count kept.
+    const fitted = await call(server.url, `/v1/history?${since}`);
+    expect(fitted.status, JSON.stringify(fitted.body).slice(0, 300)).toBe(200);
+    expect(fitted.body.step_seconds).toBe(10);
+    expect(fitted.body.data).toHaveLength(COUNT / 2);
+    expect(sumOf(fitted.body.data)).toBe(COUNT);
+    expect(fitted.body.data[0]).toMatchObject({
+      at: iso(t0),
+      span_seconds: 10,
+      samples: 2,
+      in_flight: 2,
+      cap: 8,
+      endpoints: [{ endpoint_id: 'ep_a', in_flight: 2, cap: 8 }],
+    });
+
+    // A step asked for that would pass the bound is refused, naming the step that fits.
+    const tooFine = await call(server.url, `/v1/history?${since}&step=5`);
+    expect(tooFine.status).toBe(422);
+    expect(tooFine.body).toMatchObject({ code: 'validation_failed', field: 'step' });
+    expect(tooFine.body.detail).toContain('ask a step of 10 s or more');
+
+    // A window at the stored step, and the whole at a minute.
+    const minute = await call(server.url, `/v1/history?${since}&until=${encodeURIComponent(iso(t0 + 60_000))}&step=5`);
+    expect(minute.body.data.map((p: any) => p.at)).toEqual(Array.from({ length: 12 }, (_, i) => iso(t0 + i * HISTORY_STEP_MS)));
+    const coarse = await call(server.url, `/v1/history?${since}&step=60`);
+    expect(coarse.body.step_seconds).toBe(60);
+    expect(coarse.body.data).toHaveLength(Math.ceil((COUNT * HISTORY_STEP_MS) / 60_000));
+    expect(sumOf(coarse.body.data)).toBe(COUNT);
+    expect(coarse.body.data[0]).toMatchObject({ span_seconds: 60, samples: 12, samples_per_second: 0.2, cache_hit_rate: 0.25 });
+
+    // The run's series the same way.
+    const run = await call(server.url, `/v1/runs/${runId}/history?${since}&step=60`);
+    expect(run.status).toBe(200);
+    expect(run.body.data.map((p: any) => [p.at, p.samples, p.span_seconds])).toEqual([
+      [iso(t0), 12, 60],
+      [iso(t0 + 60_000), 12, 60],
+    ]);
+
+    // Bad values name their parameter.
+    for (const [query, field] of [
+      ['since=yesterday', 'since'],
+      [`${since}&until=${encodeURIComponent(iso(t0 - 1000))}`, 'until'],
+      ['step=4', 'step'],
+      ['step=99999999999999999999', 'step'],
+      ['step=1.5', 'step'],
+    ]) {
+      for (const path of ['/v1/history', `/v1/runs/${runId}/history`]) {
+        const bad = await call(server.url, `${path}?${query}`);
+        expect(bad.status, `${path}?${query}`).toBe(422);
+        expect(bad.body.field, `${path}?${query}`).toBe(field);
+      }
+    }
+  });
 });

@@ -149,6 +149,8 @@ describe('output formats and the split', () => {
     expect(bySplit.eval).toBe(rows.filter((r) => r.split === 'eval').length);
     expect(bySplit.train + bySplit.eval).toBe(SAMPLES);
     expect(card).toContain(MODEL);
+    // The status the run ends with, not the `finalizing` it is in while the card is written.
+    expect(card).toContain(`(run \`${run.id}\`, created ${run.created_at}, completed)`);
 
     // The sample route reads an answer back out of a Parquet shard.
     const id = rows[rows.length - 1].custom_id;

@@ -7,7 +7,7 @@ import { openDb } from '../src/db/client.js';
 import { getEndpoint } from '../src/db/endpoints.js';
 import { checkStoredSecrets } from '../src/db/secrets.js';
 import { runWebhookSecret } from '../src/db/webhooks.js';
-import { call, startTestServer, tempDir } from './support/server.js';
+import { call, spawnServer, startTestServer, tempDir, waitFor } from './support/server.js';
 import { onPg, storeEnv } from './support/store.js';
 
 // Endpoint api_keys and webhook secrets at rest: sealed under REGEN_SECRET_KEY on both stores, the
@@ -21,6 +21,8 @@ const NEW_API_KEY = 'sk-endpoint-later-9876543210';
 const WEBHOOK_SECRET = `whsec_${Buffer.alloc(32, 3).toString('base64')}`;
 
 const tmp = tempDir('regen-secrets-');
+const serveTmp = tempDir('regen-secrets-serve-');
+const rolledTmp = tempDir('regen-secrets-rolled-');
 let receiver: HttpServer;
 let hookUrl: string;
 
@@ -32,12 +34,28 @@ beforeAll(async () => {
 });
 afterAll(async () => {
   await new Promise((resolve) => receiver?.close(resolve));
-  tmp.cleanup();
+  for (const t of [tmp, serveTmp, rolledTmp]) t.cleanup();
 });
 
-async function storeTarget(): Promise<string> {
-  return (await storeEnv(tmp.dir)).REGEN_DATABASE_URL ?? join(tmp.dir, 'regen.db');
+async function storeTarget(dir = tmp.dir): Promise<string> {
+  return (await storeEnv(dir)).REGEN_DATABASE_URL ?? join(dir, 'regen.db');
 }
+
+/** What a replica restarted with `key` does to the store on its start: seals the secrets stored in plain text. */
+async function sealAsAnotherReplica(dir: string, key: string): Promise<void> {
+  const db = await openDb(await storeTarget(dir), { secretKey: key });
+  try {
+    await checkStoredSecrets(db);
+  } finally {
+    await db.close();
+  }
+}
+
+/** The one line `regen serve` ends with when the key does not open the store's secrets (README "Secrets at rest"). */
+const NO_KEY_LINE = 'regen: a stored secret is sealed, and REGEN_SECRET_KEY is not set';
+/** The lines `regen` itself wrote to stderr, apart from its JSON log. */
+const regenLines = (output: string) => output.split('\n').filter((l) => l.startsWith('regen: '));
+const WRONG_KEY_LINE = 'regen: REGEN_SECRET_KEY does not open the stored secrets (it is not the key they were sealed with)';
 
 /** Everything the store holds, as text: the SQLite file and its WAL, or every PostgreSQL table's rows. */
 async function storedText(): Promise<string> {
@@ -156,6 +174,48 @@ describe('secrets at rest', () => {
       for (const { id, api_key } of rows) expect(winner.secrets.open(api_key)).toBe(`sk-plain-${id}`);
     } finally {
       await Promise.all(replicas.map((db) => db.close()));
+    }
+  });
+
+  it('`regen serve` over sealed secrets without the key, or with another, exits 2 with the one line', async () => {
+    const dir = serveTmp.dir;
+    const sealing = await startTestServer({ REGEN_RUNNER: 'false', REGEN_SECRET_KEY: KEY }, dir);
+    try {
+      expect((await call(sealing.url, '/v1/endpoints', { method: 'POST', json: { url: 'http://127.0.0.1:11', api_key: API_KEY } })).status).toBe(201);
+    } finally {
+      await sealing.cleanup();
+    }
+    for (const [env, line] of [
+      [{}, NO_KEY_LINE],
+      [{ REGEN_SECRET_KEY: OTHER_KEY }, WRONG_KEY_LINE],
+    ] as const) {
+      const refused = await spawnServer(dir, env).then(
+        () => null,
+        (err: Error) => err.message,
+      );
+      expect(refused).toMatch(/^server exited with 2:/);
+      expect(regenLines(refused!)).toEqual([line]);
+    }
+  });
+
+  it('a running server whose store another replica sealed under a key it lacks answers 503, not 500, and exits 2 with the same line', async () => {
+    const dir = rolledTmp.dir;
+    const running = await spawnServer(dir, { REGEN_RUNNER: 'false' });
+    try {
+      expect((await call(running.url, '/v1/endpoints', { method: 'POST', json: { url: 'http://127.0.0.1:12', api_key: API_KEY } })).status).toBe(201);
+      await sealAsAnotherReplica(dir, KEY);
+      const listed = await call(running.url, '/v1/endpoints');
+      expect(listed.status, JSON.stringify(listed.body)).toBe(503);
+      expect(listed.headers.get('content-type')).toMatch(/problem\+json/);
+      expect(listed.body.detail).toMatch(/REGEN_SECRET_KEY/);
+      expect(JSON.stringify(listed.body)).not.toContain('regen-sealed');
+      const code = await waitFor('the server to exit', () => running.proc.exitCode ?? undefined, 30_000);
+      expect(code).toBe(2);
+      // Its pipes may still hold the line when the exit is seen.
+      await waitFor('the one line', () => (regenLines(running.output()).length ? true : undefined), 10_000);
+      expect(regenLines(running.output())).toEqual([NO_KEY_LINE]);
+    } finally {
+      await running.kill();
     }
   });
 });

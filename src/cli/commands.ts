@@ -14,10 +14,21 @@ async function run(action: () => Promise<number>): Promise<void> {
   }
 }
 
-const positiveInt = (what: string) => (value: string) => {
-  if (!/^\d+$/.test(value) || Number(value) < 1) throw new InvalidArgumentError(`${what} must be a whole number of at least 1`);
-  return Number(value);
-};
+/**
+ * A whole number from 1 to `max`. Past Number.MAX_SAFE_INTEGER a number's digits no longer survive
+ * (99999999999999999999 reads as 100000000000000000000), so that is the bound where a flag has none
+ * of its own: the server bounds what it is sent, with the field named.
+ */
+export const positiveInt =
+  (what: string, max = Number.MAX_SAFE_INTEGER) =>
+  (value: string) => {
+    const n = Number(value);
+    if (!/^\d+$/.test(value) || n < 1 || n > max) throw new InvalidArgumentError(`${what} must be a whole number from 1 to ${max.toLocaleString('en-US')}`);
+    return n;
+  };
+
+/** `plan --endpoints`: far past any fleet, so that a number this large is taken for the typo it is. */
+const MAX_PLANNED_ENDPOINTS = 100_000;
 
 const SECONDS_PER: Record<string, number> = { s: 1, m: 60, h: 3600, d: 86_400 };
 
@@ -96,7 +107,7 @@ export function registerClientCommands(program: Command): void {
     .option('--param <key=value>', 'a generation param, repeatable, as for submit', collect, [])
     .option('--samples <n>', 'lines of the file to upload and answer (default 200, the calibration slice)', positiveInt('--samples'))
     .option('--deadline <duration>', 'when the run should be done (72h, 90m, 2d): how many endpoints would meet it', durationArg('--deadline'))
-    .option('--endpoints <n>', 'also give the wall time on this many endpoints like the ones measured', positiveInt('--endpoints'))
+    .option('--endpoints <n>', 'also give the wall time on this many endpoints like the ones measured', positiveInt('--endpoints', MAX_PLANNED_ENDPOINTS))
     .addOption(
       new Option(
         '--regenerate <what>',

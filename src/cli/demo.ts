@@ -9,6 +9,7 @@ import { startServer } from '../server.js';
 import { spawnSimulator, type SimProcess } from '../sim/spawn.js';
 import type { components } from '../client/index.js';
 import { Client } from './client.js';
+import { num, rate } from './format.js';
 
 const MODEL = 'sim-model';
 
@@ -36,8 +37,8 @@ function prompts(n: number): string {
  * simulators (one still loading when the run starts), a few thousand prompts regenerated with
  * thinking on, followed live to the end, then the output folder listed.
  */
-export async function demoCommand(flags: { data: string; samples: string; port: string; keep?: boolean }): Promise<void> {
-  const n = Number(flags.samples);
+export async function demoCommand(flags: { data: string; samples: number; port: string; keep?: boolean }): Promise<void> {
+  const n = flags.samples;
   const dataDir = resolve(flags.data);
   mkdirSync(dataDir, { recursive: true });
   const config = loadConfig(process.env, { data: dataDir, port: flags.port, 'log-level': process.env.REGEN_LOG_LEVEL ?? 'warn' });
@@ -76,15 +77,15 @@ export async function demoCommand(flags: { data: string; samples: string; port: 
       const p = view.progress;
       const bar = '#'.repeat(Math.round(p.fraction * 30)).padEnd(30, '.');
       console.log(
-        `[${bar}] ${(p.fraction * 100).toFixed(1).padStart(5)}%  ${view.status.padEnd(11)} ${view.request_counts.completed}/${view.request_counts.total} done, ` +
-          `${view.request_counts.failed} failed, ${view.quality.flagged} flagged, shards ${view.shards.uploaded}/${view.shards.total}, ` +
-          `${p.samples_per_second.toFixed(0)} samples/s, ETA ${p.eta_seconds ?? '?'} s`,
+        `[${bar}] ${(p.fraction * 100).toFixed(1).padStart(5)}%  ${view.status.padEnd(11)} ${num(view.request_counts.completed)}/${num(view.request_counts.total)} done, ` +
+          `${num(view.request_counts.failed)} failed, ${num(view.quality.flagged)} flagged, shards ${num(view.shards.uploaded)}/${num(view.shards.total)}, ` +
+          `${rate(p.samples_per_second)} samples/s, ETA ${p.eta_seconds ?? '?'} s`,
       );
       if (['completed', 'failed', 'cancelled', 'paused'].includes(view.status)) break;
       await new Promise((r) => setTimeout(r, 1000));
     }
     const eps = await client.get('/v1/endpoints');
-    for (const e of eps.data) console.log(`endpoint ${e.name}: ${e.state}, cap ${e.max_concurrency}, completed ${e.stats.completed}`);
+    for (const e of eps.data) console.log(`endpoint ${e.name}: ${e.state}, cap ${num(e.max_concurrency)}, completed ${num(e.stats.completed)}`);
     if (view.status !== 'completed') throw new Error(`the demo run ended ${view.status}: ${view.status_reason ?? ''}`);
     const outDir = fileURLToPath(view.output_uri);
     console.log(`\nrun ${run.id} completed; output in ${outDir}`);

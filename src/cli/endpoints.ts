@@ -14,7 +14,7 @@ export async function addEndpointCommand(url: string, opts: ClientOptions & { na
       ...(opts.maxConcurrency !== undefined && { max_concurrency: opts.maxConcurrency }),
     },
   });
-  process.stdout.write(`${ep.id}  ${ep.name}  ${ep.url}  ${ep.state}  cap ${ep.max_concurrency} (${ep.max_concurrency_source})\n`);
+  process.stdout.write(`${ep.id}  ${ep.name}  ${ep.url}  ${ep.state}  cap ${num(ep.max_concurrency)} (${ep.max_concurrency_source})\n`);
   return 0;
 }
 

@@ -1,5 +1,5 @@
 import { Command } from 'commander';
-import { registerClientCommands } from './commands.js';
+import { positiveInt, registerClientCommands } from './commands.js';
 
 const program = new Command()
   .name('regen')
@@ -41,7 +41,7 @@ program
   .command('demo')
   .description('start a server, two simulators and a sample run, and follow it to the end')
   .option('--data <dir>', 'data folder', './data')
-  .option('--samples <n>', 'how many prompts', '3000')
+  .option('--samples <n>', 'how many prompts', positiveInt('--samples'), 3000)
   .option('--port <port>', 'port for the API (0 picks a free one)', '0')
   .option('--keep', 'keep serving after the run, to look at the dashboard')
   .action(async (flags) => {

@@ -73,21 +73,25 @@ export function describePlan(run: Run, scope: PlanScope): string {
   const wall = on(endpoints)(f.wall_seconds_estimate)!;
   const endpointHours = (wall * endpoints) / 3600;
   rows.push(
-    ['fleet', `${endpoints} endpoint(s), ${rate(tps)} completion tokens/s at their caps`],
+    ['fleet', `${num(endpoints)} endpoint(s), ${rate(tps)} completion tokens/s at their caps`],
     ['wall time', interval(wall, on(endpoints)(f.low), on(endpoints)(f.high))],
   );
   if (scope.endpoints !== undefined) {
     const n = scope.endpoints;
-    rows.push([`on ${n} endpoint(s)`, `${interval(on(n)(f.wall_seconds_estimate)!, on(n)(f.low), on(n)(f.high))}, like the ones measured`]);
+    rows.push([`on ${num(n)} endpoint(s)`, `${interval(on(n)(f.wall_seconds_estimate)!, on(n)(f.low), on(n)(f.high))}, like the ones measured`]);
   }
   rows.push(['endpoint-hours', endpointHours >= 10 ? Math.round(endpointHours).toLocaleString('en-US') : endpointHours.toPrecision(2)]);
   if (scope.deadline !== undefined) {
-    rows.push([`deadline ${duration(scope.deadline)}`, `${Math.max(1, Math.ceil((wall * endpoints) / scope.deadline))} endpoint(s) like the current ones`]);
+    rows.push([
+      `deadline ${duration(scope.deadline)}`,
+      `${num(Math.max(1, Math.ceil((wall * endpoints) / scope.deadline)))} endpoint(s) like the current ones`,
+    ]);
   }
   return format(rows);
 }
 
-const format = (rows: [string, string][]) => rows.map(([label, value]) => `${label.padEnd(LABEL_WIDTH)}${value}`).join('\n');
+// A label as long as the column (`on 100,000 endpoint(s)`) still keeps a space before its value.
+const format = (rows: [string, string][]) => rows.map(([label, value]) => `${label.padEnd(LABEL_WIDTH - 1)} ${value}`).join('\n');
 
 /**
  * Counts the file's lines (blank ones aside, as the server skips them) and picks `k` of them as a

@@ -34,7 +34,14 @@ export async function serveCommand(flags: ServeFlags, runnerThread?: RunnerThrea
   }
   let server: Server;
   try {
-    server = await startServer(config, { runnerThread });
+    server = await startServer(config, {
+      runnerThread,
+      // The same line as a start refused for its key: the replicas that have it carry on.
+      onLockedOut: (err) => {
+        process.stderr.write(`regen: ${err.message}\n`);
+        process.exit(2);
+      },
+    });
   } catch (err) {
     if (
       err instanceof RunnerLockedError ||

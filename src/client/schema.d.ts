@@ -314,9 +314,26 @@ export interface paths {
         };
         /**
          * A sample's metadata, its request, and its output (from staging or from the uploaded shard)
-         * @description With params.n > 1 a custom_id names n samples: `sample_index` picks one (0 by default).
+         * @description With params.n > 1 a custom_id names n samples: `sample_index` picks one (0 by default). A custom_id of `.` or `..` cannot travel in a path (clients remove such segments): ask `GET /v1/runs/{id}/sample?custom_id=` for it.
          */
         get: operations["getRunSample"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/runs/{id}/sample": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** A sample by its custom_id given as a query parameter: any custom_id, `.` and `..` too */
+        get: operations["findRunSample"];
         put?: never;
         post?: never;
         delete?: never;
@@ -624,6 +641,8 @@ export interface components {
         FleetHistory: {
             /** @enum {string} */
             object: "list";
+            /** @description The step the points were merged to (`step`, or the one chosen to fit): a point covers at most this, or its own span where the stored point is coarser */
+            step_seconds: number;
             data: components["schemas"]["FleetHistoryPoint"][];
         };
         FleetHistoryPoint: {
@@ -1486,6 +1505,8 @@ export interface components {
             /** @enum {string} */
             object: "list";
             run_id: string;
+            /** @description The step the points were merged to (`step`, or the one chosen to fit): a point covers at most this, or its own span where the stored point is coarser */
+            step_seconds: number;
             data: components["schemas"]["RunHistoryPoint"][];
         };
         RunHistoryPoint: {
@@ -1729,7 +1750,14 @@ export interface operations {
     };
     getFleetHistory: {
         parameters: {
-            query?: never;
+            query?: {
+                /** @description Only points that start at or after this time */
+                since?: string;
+                /** @description Only points that start before this time */
+                until?: string;
+                /** @description Merge the points into buckets of this many seconds (counts summed, gauges averaged). Without it, the finest multiple of 5 s that keeps the answer within 2,000 points */
+                step?: number;
+            };
             header?: never;
             path?: never;
             cookie?: never;
@@ -1747,6 +1775,15 @@ export interface operations {
             };
             /** @description Unauthorized */
             401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Unprocessable Content */
+            422: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -2745,6 +2782,68 @@ export interface operations {
             };
         };
     };
+    findRunSample: {
+        parameters: {
+            query: {
+                custom_id: string;
+                /** @description Which of the line's answers (params.n > 1), 0…n−1; 0 by default */
+                sample_index?: number | null;
+            };
+            header?: never;
+            path: {
+                id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The sample */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["SampleDetail"];
+                };
+            };
+            /** @description Unauthorized */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Not Found */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Unprocessable Content */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Service Unavailable */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+        };
+    };
     getRunQuality: {
         parameters: {
             query?: never;
@@ -2845,7 +2944,14 @@ export interface operations {
     };
     getRunHistory: {
         parameters: {
-            query?: never;
+            query?: {
+                /** @description Only points that start at or after this time */
+                since?: string;
+                /** @description Only points that start before this time */
+                until?: string;
+                /** @description Merge the points into buckets of this many seconds (counts summed, gauges averaged). Without it, the finest multiple of 5 s that keeps the answer within 2,000 points */
+                step?: number;
+            };
             header?: never;
             path: {
                 id: string;

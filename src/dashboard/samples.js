@@ -86,7 +86,8 @@ function contentText(content) {
  */
 export function sampleView(root, runId, customId) {
   fill(root, h('p', { className: 'muted' }, 'Loading sample…'));
-  unwrap(client.GET('/v1/runs/{id}/samples/{custom_id}', { params: { path: { id: runId, custom_id: customId } } }))
+  // By query: a custom_id of `.` or `..` would be removed from a path by the URL parser.
+  unwrap(client.GET('/v1/runs/{id}/sample', { params: { path: { id: runId }, query: { custom_id: customId } } }))
     .then((s) => {
       /**
        * @param {string} label

@@ -66,12 +66,18 @@ export async function compactHistory(db: DbOrTx, now: number): Promise<void> {
   });
 }
 
-/** A series, oldest first: the fleet's when `runId` is null. */
-export async function readHistory(db: DbOrTx, runId: string | null): Promise<SeriesPoint[]> {
+/** A series, oldest first: the fleet's when `runId` is null; the points that start in [since, until) when given. */
+export async function readHistory(db: DbOrTx, runId: string | null, range: { since?: number; until?: number } = {}): Promise<SeriesPoint[]> {
   const { history } = db.t;
   return await db.q
     .select()
     .from(history)
-    .where(runId === null ? isNull(history.runId) : eq(history.runId, runId))
+    .where(
+      and(
+        runId === null ? isNull(history.runId) : eq(history.runId, runId),
+        range.since === undefined ? undefined : gte(history.at, range.since),
+        range.until === undefined ? undefined : lt(history.at, range.until),
+      ),
+    )
     .orderBy(asc(history.at));
 }

@@ -17,6 +17,8 @@ export class SecretKeyError extends Error {}
 
 /** Seals and opens the stored secrets; without a key it stores them as given (README "Secrets at rest"). */
 export class SecretBox implements Secrets {
+  private lockedOut: ((err: SecretKeyError) => void) | null = null;
+
   constructor(private readonly key: Buffer | null) {
     if (key && key.length !== SECRET_KEY_BYTES) throw new SecretKeyError(`the secret key must be ${SECRET_KEY_BYTES} bytes`);
   }
@@ -35,15 +37,33 @@ export class SecretBox implements Secrets {
 
   open<T extends string | null>(stored: T): T {
     if (stored === null || !isSealed(stored)) return stored;
-    if (!this.key) throw new SecretKeyError('a stored secret is sealed, and REGEN_SECRET_KEY is not set');
+    if (!this.key) throw this.refuse('a stored secret is sealed, and REGEN_SECRET_KEY is not set');
     const raw = Buffer.from(stored.slice(SEALED_PREFIX.length), 'base64');
     const decipher = createDecipheriv('aes-256-gcm', this.key, raw.subarray(0, IV_BYTES));
     decipher.setAuthTag(raw.subarray(IV_BYTES, IV_BYTES + TAG_BYTES));
     try {
       return Buffer.concat([decipher.update(raw.subarray(IV_BYTES + TAG_BYTES)), decipher.final()]).toString('utf8') as T;
     } catch {
-      throw new SecretKeyError('REGEN_SECRET_KEY does not open the stored secrets (it is not the key they were sealed with)');
+      throw this.refuse('REGEN_SECRET_KEY does not open the stored secrets (it is not the key they were sealed with)');
     }
+  }
+
+  /**
+   * Called once, with the error, when a secret first fails to open. A process that passed the check
+   * at start meets one when another replica, restarted with a key, sealed the secrets since: it
+   * cannot send to the endpoints or sign a delivery, and must leave the fleet to the replicas that
+   * have the key rather than fail every step that reads one.
+   */
+  whenLockedOut(listener: (err: SecretKeyError) => void): void {
+    this.lockedOut = listener;
+  }
+
+  private refuse(message: string): SecretKeyError {
+    const err = new SecretKeyError(message);
+    const listener = this.lockedOut;
+    this.lockedOut = null;
+    listener?.(err);
+    return err;
   }
 }
 

@@ -66,6 +66,8 @@ export interface Secrets {
   readonly sealing: boolean;
   seal<T extends string | null | undefined>(plain: T): T;
   open<T extends string | null>(stored: T): T;
+  /** `listener` is told, once, when a stored secret first fails to open. */
+  whenLockedOut(listener: (err: Error) => void): void;
 }
 
 /** A transaction of a Db: the same interface. */

@@ -139,3 +139,32 @@ export function compactSeries(points: readonly HistoryPoint[], now: number): His
   }
   return series.sort((a, b) => a.at - b.at);
 }
+
+/** The most points one answer of a history route holds (README "History"): a month of a run at 5 s would be 500,000. */
+export const HISTORY_MAX_POINTS = 2_000;
+
+/**
+ * A series read at `stepMs`: its points merged into buckets of that step (counts summed, gauges
+ * averaged over their spans). A point already coarser than the step stays as it is, and a bucket of
+ * one point keeps it unchanged.
+ */
+export function resample(points: readonly HistoryPoint[], stepMs: number): HistoryPoint[] {
+  const buckets = new Map<number, HistoryPoint[]>();
+  for (const p of points) {
+    const at = Math.floor(p.at / stepMs) * stepMs;
+    const bucket = buckets.get(at);
+    if (bucket) bucket.push(p);
+    else buckets.set(at, [p]);
+  }
+  return [...buckets].map(([at, ps]) => (ps.length === 1 ? ps[0] : merge(at, stepMs, ps))).sort((a, b) => a.at - b.at);
+}
+
+/**
+ * The step a range is read at when none is asked for: the finest multiple of the recorder's step
+ * that keeps the answer within HISTORY_MAX_POINTS.
+ */
+export function fittingStepMs(fromMs: number, toMs: number): number {
+  // Buckets of a step over a range number at most range / step + 1: one point is the alignment's.
+  const needed = Math.ceil(Math.max(0, toMs - fromMs) / (HISTORY_MAX_POINTS - 1));
+  return Math.max(1, Math.ceil(needed / HISTORY_STEP_MS)) * HISTORY_STEP_MS;
+}

@@ -28,7 +28,9 @@ export interface MetricsBatch {
 export type ToRunner = RunnerThreadInit | { type: 'wake' } | { type: 'flush' } | { type: 'stop'; graceMs: number };
 export type FromRunner =
   | { type: 'started' }
-  | { type: 'start_failed'; locked: boolean; message: string }
+  | { type: 'start_failed'; why: 'locked' | 'secret_key' | 'other'; message: string }
+  /** A stored secret did not open with this process's key (`SecretBox.whenLockedOut`). */
+  | { type: 'locked_out'; message: string }
   | { type: 'log'; line: string }
   | { type: 'metrics'; batch: MetricsBatch }
   | { type: 'snapshot'; snapshot: RunnerSnapshot }

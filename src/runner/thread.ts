@@ -1,6 +1,7 @@
 import { Worker } from 'node:worker_threads';
 import type { Deps } from '../deps.js';
 import type { Logger } from '../logger.js';
+import { SecretKeyError } from '../db/secrets.js';
 import { RunnerLockedError } from './lock.js';
 import { snapshotView, type RunnerSnapshot, type RunnerView } from '../domain/live-view.js';
 import type { FromRunner, RunnerThreadInit, ToRunner } from './protocol.js';
@@ -39,6 +40,7 @@ export class RunnerThread {
   private latest: RunnerSnapshot = { runs: {}, endpoints: {} };
   private worker!: Worker;
   private deps: Deps | null = null;
+  private lockedOut: (err: Error) => void = () => {};
   private stopping = false;
   private exited = false;
   private bootError: Error | null = null;
@@ -61,9 +63,13 @@ export class RunnerThread {
     return new RunnerThread();
   }
 
-  /** Resolves once the thread holds the runner lock and dispatches; rejects as the in-thread Runner would. */
-  start(deps: Deps): Promise<void> {
+  /**
+   * Resolves once the thread holds the runner lock and dispatches; rejects as the in-thread Runner
+   * would. `lockedOut` is told when the thread meets a stored secret its key does not open.
+   */
+  start(deps: Deps, lockedOut: (err: Error) => void = () => {}): Promise<void> {
     this.deps = deps;
+    this.lockedOut = lockedOut;
     if (this.bootError || this.exited) return Promise.reject(this.bootError ?? new Error('the runner thread exited before it started'));
     return new Promise((resolve, reject) => {
       this.starting = { resolve, reject };
@@ -105,7 +111,8 @@ export class RunnerThread {
         this.starting?.resolve();
         this.starting = null;
       } else if (m.type === 'start_failed') {
-        this.starting?.reject(m.locked ? new RunnerLockedError(m.message) : new Error(m.message));
+        const failure = { locked: RunnerLockedError, secret_key: SecretKeyError, other: Error }[m.why];
+        this.starting?.reject(new failure(m.message));
         this.starting = null;
       } else this.receive(m);
     });
@@ -153,6 +160,9 @@ export class RunnerThread {
         break;
       case 'ingest':
         deps.startIngest(m.runId);
+        break;
+      case 'locked_out':
+        this.lockedOut(new SecretKeyError(m.message));
         break;
       case 'flushed':
       case 'stopped':

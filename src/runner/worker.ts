@@ -1,5 +1,6 @@
 import { parentPort } from 'node:worker_threads';
 import { closeDb, openDb } from '../db/client.js';
+import { SecretKeyError } from '../db/secrets.js';
 import type { RunnerDeps } from '../deps.js';
 import { makeLogger } from '../logger.js';
 import { Stores } from '../storage/index.js';
@@ -85,6 +86,7 @@ const db = await openDb(config.store, {
   secretKey: config.secretKey,
   idleInTransactionMs: idleInTransactionMs(config.replicaStaleMs),
 });
+db.secrets.whenLockedOut((err) => send({ type: 'locked_out', message: err.message }));
 const stores = new Stores({ endpoint: config.s3Endpoint, forcePathStyle: config.s3ForcePathStyle });
 let runner: Runner | null = null;
 const sendSnapshot = () => {
@@ -132,7 +134,8 @@ try {
 } catch (err) {
   runner = null;
   await close();
-  send({ type: 'start_failed', locked: err instanceof RunnerLockedError, message: (err as Error).message });
+  const why = err instanceof RunnerLockedError ? 'locked' : err instanceof SecretKeyError ? 'secret_key' : 'other';
+  send({ type: 'start_failed', why, message: (err as Error).message });
   port.close();
 }
 

@@ -79,7 +79,8 @@ export async function spawnServer(dataDir: string, env: Record<string, string> =
         /* not JSON */
       }
     });
-    proc.once('exit', (code) => {
+    // 'close', not 'exit': the last lines it wrote may still be in its pipes when it exits.
+    proc.once('close', (code) => {
       clearTimeout(timer);
       reject(new Error(`server exited with ${code}:\n${out}`));
     });

@@ -241,4 +241,64 @@ describe('the dataset card', () => {
     expect(card).not.toContain('| repetitive |');
     expect(card).toContain('5% of samples in `eval`');
   });
+
+  const cardRun = (over: Partial<Parameters<typeof datasetCard>[0]>): Parameters<typeof datasetCard>[0] => ({
+    id: 'run_x',
+    name: null,
+    model: 'm',
+    params: {},
+    createdAt: 0,
+    status: 'completed',
+    regenerate: null,
+    format: 'jsonl',
+    evalShare: 0.1,
+    counts: { total: 1, completed: 1, failed: 0, cancelled: 0 },
+    usage: { prompt_tokens: 1, completion_tokens: 1, reasoning_tokens: 0 },
+    quality: { flagged: 0, by_flag: {}, settings: {} },
+    ...over,
+  });
+  const shards = [{ key: 'train/shard-00000.jsonl', split: 'train', lines: 1, errorsKey: null, errorsLines: null }];
+  /** A table row's cells: split on the pipes GFM reads as cell boundaries (not escaped ones). */
+  const cells = (row: string) => row.split(/(?<!\\)\|/).slice(1, -1);
+
+  it("escapes the run's name, its model and its variants' params: no heading, link, image, HTML or cell boundary of the user's making", () => {
+    const name = '# [click](https://evil.example) ![x](y) <img src=x onerror=alert(1)> | *bold* _u_ ~s~ `code` \\ &amp;\n## injected heading\r\n- item';
+    const card = datasetCard(
+      cardRun({
+        name,
+        model: 'org/m`odel|x',
+        params: { stop: ['```', '|'] },
+        variants: [{ name: 'a', weight: 1, params: { stop: ['|', '`'] } }],
+      }),
+      shards,
+    );
+    const body = card.slice(card.indexOf('---\n', 4) + 4);
+    const headingLines = body.split('\n').filter((l) => l.startsWith('#'));
+    expect(headingLines[0]).toBe(
+      '# \\# \\[click\\](https://evil.example) \\!\\[x\\](y) &lt;img src=x onerror=alert(1)> \\| \\*bold\\* \\_u\\_ \\~s\\~ \\`code\\` \\\\ &amp;amp; \\#\\# injected heading - item',
+    );
+    // The card's own headings and nothing else, each on a line of its own.
+    expect(headingLines.slice(1).every((l) => l.startsWith('## ') && !l.includes('injected'))).toBe(true);
+    expect(body).not.toMatch(/<img|[^\\]\]\(https:\/\/evil/);
+    // The model as one code span whose fence outruns its own backtick; the pipe escaped for tables.
+    expect(body).toContain('- model: ``org/m`odel\\|x``\n');
+    const row = body.split('\n').find((l) => l.startsWith('| a |'))!;
+    expect(cells(row)).toHaveLength(3);
+    expect(cells(row)[2]).toBe(' ``{"stop":["\\|","`"]}`` ');
+    // The params block's fence is longer than the run of backticks inside it.
+    expect(body).toContain('````json\n{\n  "stop": [\n    "```",\n    "|"\n  ]\n}\n````\n');
+  });
+
+  it('describes a tiny eval share with the digits it needs, never as 0%', () => {
+    for (const [share, shown] of [
+      [0.5, '50%'],
+      [0.05, '5%'],
+      [0.0123, '1.23%'],
+      [0.001, '0.1%'],
+      [0.000123, '0.012%'],
+      [0.0000001, 'less than 0.01%'],
+    ] as const) {
+      expect(datasetCard(cardRun({ evalShare: share }), shards)).toContain(`puts ${shown} of samples in \`eval\``);
+    }
+  });
 });

@@ -45,6 +45,18 @@ describe('describePlan', () => {
     expect(row(text, 'endpoint-hours')).toBe('56');
   });
 
+  it('prints endpoint counts with separators, a label as wide as its column still apart from its value', () => {
+    const text = describePlan(dryRun({ wall: 20, low: 18, high: 22, tokens: 40_000, endpoints: 1200 }), {
+      lines: 1_000_000,
+      sampled: 200,
+      endpoints: 100_000,
+      deadline: 1,
+    });
+    expect(row(text, 'fleet')).toMatch(/^1,200 endpoint\(s\), /);
+    expect(text).toMatch(/^on 100,000 endpoint\(s\) \S/m);
+    expect(row(text, 'deadline 1s')).toMatch(/^\d{1,3}(,\d{3})+ endpoint\(s\) like the current ones$/);
+  });
+
   it('counts the endpoints a deadline needs from the scaled wall time', () => {
     const text = describePlan(dryRun({ wall: 20, low: 18, high: 22, tokens: 40_000, endpoints: 2 }), { lines: 1_000_000, sampled: 200, deadline: 86_400 });
     // 100,000 s on 2 endpoints is 200,000 endpoint-seconds: 3 endpoints for a day.

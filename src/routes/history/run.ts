@@ -1,13 +1,13 @@
 import { createRoute, z } from '@hono/zod-openapi';
 import type { App } from '../../http/app.js';
 import { notFound, problemResponses } from '../../errors.js';
-import { readHistory } from '../../db/history.js';
 import { getRun } from '../../db/runs.js';
 import { jsonContent, RunIdParam } from '../common.js';
-import { renderRunPoint, RunHistoryPoint } from './schemas.js';
+import { renderRunPoint, RunHistoryPoint, StepSeconds } from './schemas.js';
+import { HistoryQuery, readWindow } from './window.js';
 
 const RunHistory = z
-  .object({ object: z.literal('list'), run_id: z.string(), data: z.array(RunHistoryPoint) })
+  .object({ object: z.literal('list'), run_id: z.string(), step_seconds: StepSeconds, data: z.array(RunHistoryPoint) })
   .openapi('RunHistory', { description: 'Oldest first, from the run’s start to its end, thinning as it ages' });
 
 const route = createRoute({
@@ -16,7 +16,7 @@ const route = createRoute({
   operationId: 'getRunHistory',
   tags: ['runs'],
   summary: "A run's throughput and prefix-cache hit rate over its whole life",
-  request: { params: RunIdParam },
+  request: { params: RunIdParam, query: HistoryQuery },
   responses: { 200: jsonContent(RunHistory, 'The run history'), ...problemResponses(401, 404, 422) },
 });
 
@@ -25,6 +25,7 @@ export function registerRunHistory(app: App) {
     const { db } = c.get('deps');
     const { id } = c.req.valid('param');
     if (!(await getRun(db, id))) throw notFound('run', id);
-    return c.json({ object: 'list' as const, run_id: id, data: (await readHistory(db, id)).map(renderRunPoint) }, 200);
+    const { points, stepSeconds } = await readWindow(db, id, c.req.valid('query'));
+    return c.json({ object: 'list' as const, run_id: id, step_seconds: stepSeconds, data: points.map(renderRunPoint) }, 200);
   });
 }

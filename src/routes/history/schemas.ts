@@ -16,6 +16,11 @@ const Rates = {
   cache_hit_rate: z.number().nullable().openapi({ description: 'Prompt tokens served from the prefix cache ÷ prompt tokens; null where no answer came in' }),
 };
 
+export const StepSeconds = z.number().int().openapi({
+  description:
+    'The step the points were merged to (`step`, or the one chosen to fit): a point covers at most this, or its own span where the stored point is coarser',
+});
+
 export const RunHistoryPoint = z.object(Rates).openapi('RunHistoryPoint');
 
 export const FleetHistoryPoint = z

@@ -1,4 +1,5 @@
 import { createRoute, z } from '@hono/zod-openapi';
+import type { Deps } from '../../deps.js';
 import type { App } from '../../http/app.js';
 import { notFound, problemResponses } from '../../errors.js';
 import { variantName } from '../../domain/variants.js';
@@ -12,52 +13,68 @@ import { jsonContent, RunIdParam } from '../common.js';
 import { renderSample, renderTurn } from './render.js';
 import { SampleDetail } from './schemas.js';
 
+const CustomId = z
+  .string()
+  .min(1)
+  .max(512)
+  .refine((id) => textProblem(id) === null, 'must not contain the NUL character or an unpaired surrogate');
+
+const SampleIndex = z.coerce.number().int().min(0).default(0).openapi({ description: "Which of the line's answers (params.n > 1), 0…n−1; 0 by default" });
+
 const route = createRoute({
   method: 'get',
   path: '/v1/runs/{id}/samples/{custom_id}',
   operationId: 'getRunSample',
   tags: ['runs'],
   summary: "A sample's metadata, its request, and its output (from staging or from the uploaded shard)",
-  description: 'With params.n > 1 a custom_id names n samples: `sample_index` picks one (0 by default).',
+  description:
+    'With params.n > 1 a custom_id names n samples: `sample_index` picks one (0 by default). A custom_id of `.` or `..` cannot travel in a path (clients remove such segments): ask `GET /v1/runs/{id}/sample?custom_id=` for it.',
   request: {
-    query: z.object({
-      sample_index: z.coerce.number().int().min(0).default(0).openapi({ description: "Which of the line's answers (params.n > 1), 0…n−1; 0 by default" }),
-    }),
-    params: RunIdParam.extend({
-      custom_id: z
-        .string()
-        .min(1)
-        .max(512)
-        .refine((id) => textProblem(id) === null, 'must not contain the NUL character or an unpaired surrogate')
-        .openapi({ param: { name: 'custom_id', in: 'path' } }),
-    }),
+    query: z.object({ sample_index: SampleIndex }),
+    params: RunIdParam.extend({ custom_id: CustomId.openapi({ param: { name: 'custom_id', in: 'path' } }) }),
   },
   responses: { 200: jsonContent(SampleDetail, 'The sample'), ...problemResponses(401, 404, 422, 503) },
 });
 
+const byQuery = createRoute({
+  method: 'get',
+  path: '/v1/runs/{id}/sample',
+  operationId: 'findRunSample',
+  tags: ['runs'],
+  summary: 'A sample by its custom_id given as a query parameter: any custom_id, `.` and `..` too',
+  request: {
+    query: z.object({ custom_id: CustomId, sample_index: SampleIndex }),
+    params: RunIdParam,
+  },
+  responses: { 200: jsonContent(SampleDetail, 'The sample'), ...problemResponses(401, 404, 422, 503) },
+});
+
+async function sampleDetail(deps: Deps, id: string, customId: string, sampleIndex: number) {
+  const run = await getRun(deps.db, id);
+  if (!run) throw notFound('run', id);
+  const sample = await getSample(deps.db, id, customId, sampleIndex);
+  if (!sample) throw notFound('sample', sampleIndex === 0 ? customId : `${customId} (sample_index ${sampleIndex})`);
+  const request = JSON.parse(sample.request) as { messages: unknown[]; params?: Record<string, unknown> } & StoredMetadata;
+  const output = await readSampleOutput(deps, run, sample);
+  const turns = sample.turn === null ? null : (await listTurns(deps.db, sample.id)).map(renderTurn);
+  return {
+    ...renderSample(sample),
+    messages: request.messages as { role: string; content: unknown }[],
+    params: request.params ?? null,
+    variant: variantName(run.variants, sample.variant),
+    metadata: metadataValues(request) ?? null,
+    output,
+    ...(turns && { turns }),
+  };
+}
+
 export function registerGetSample(app: App) {
   app.openapi(route, async (c) => {
-    const deps = c.get('deps');
     const { id, custom_id } = c.req.valid('param');
-    const { sample_index } = c.req.valid('query');
-    const run = await getRun(deps.db, id);
-    if (!run) throw notFound('run', id);
-    const sample = await getSample(deps.db, id, custom_id, sample_index);
-    if (!sample) throw notFound('sample', sample_index === 0 ? custom_id : `${custom_id} (sample_index ${sample_index})`);
-    const request = JSON.parse(sample.request) as { messages: unknown[]; params?: Record<string, unknown> } & StoredMetadata;
-    const output = await readSampleOutput(deps, run, sample);
-    const turns = sample.turn === null ? null : (await listTurns(deps.db, sample.id)).map(renderTurn);
-    return c.json(
-      {
-        ...renderSample(sample),
-        messages: request.messages as { role: string; content: unknown }[],
-        params: request.params ?? null,
-        variant: variantName(run.variants, sample.variant),
-        metadata: metadataValues(request) ?? null,
-        output,
-        ...(turns && { turns }),
-      },
-      200,
-    );
+    return c.json(await sampleDetail(c.get('deps'), id, custom_id, c.req.valid('query').sample_index), 200);
+  });
+  app.openapi(byQuery, async (c) => {
+    const { custom_id, sample_index } = c.req.valid('query');
+    return c.json(await sampleDetail(c.get('deps'), c.req.valid('param').id, custom_id, sample_index), 200);
   });
 }
