@@ -87,6 +87,9 @@ await describePg('prefix-cache affinity across replicas', () => {
       await waitForSpread(dbUrl, urls, left, "the dead replica's endpoints driven again");
       return left[0];
     });
-    expect(got.share).toBeGreaterThanOrEqual(0.9);
+    // A conversation of the dead replica's endpoints may move once, if a live one ran out of work
+    // before they were driven again; it loses its cache there, and only there.
+    expect(got.movedAgain).toBe(0);
+    expect(got.cached / (got.ideal - got.movedIdeal)).toBeGreaterThanOrEqual(0.95);
   }, 300_000);
 });

@@ -93,22 +93,39 @@ export async function readConversations(outputUri: string, conversations: Conver
  * The prompt tokens the answers say came from the cache, and the ideal: every turn after the
  * first finds its previous turn's prompt and answer cached (the answer's tokens and the
  * end-of-turn token), no more than its own prompt less the token a server always computes.
- * `moved` counts the turns sent to another endpoint than the turn before.
+ * `moved` counts the turns sent to another endpoint than the turn before, `movedIdeal` their part
+ * of the ideal (what a move costs), and `movedAgain` the conversations that moved more than once.
  */
-export function cacheShare(lines: any[]): { cached: number; ideal: number; share: number; turns: number; moved: number } {
+export function cacheShare(lines: any[]): {
+  cached: number;
+  ideal: number;
+  share: number;
+  turns: number;
+  moved: number;
+  movedIdeal: number;
+  movedAgain: number;
+} {
   let cached = 0;
   let ideal = 0;
   let turns = 0;
   let moved = 0;
+  let movedIdeal = 0;
+  let movedAgain = 0;
   for (const line of lines) {
+    let moves = 0;
     for (const [k, t] of line.turns.entries()) {
       turns++;
       cached += t.usage.cached_tokens;
       if (k === 0) continue;
       const before = line.turns[k - 1];
-      ideal += Math.min(t.usage.prompt_tokens - 1, before.usage.prompt_tokens + before.usage.completion_tokens + 1);
-      if (t.endpoint_id !== before.endpoint_id) moved++;
+      const best = Math.min(t.usage.prompt_tokens - 1, before.usage.prompt_tokens + before.usage.completion_tokens + 1);
+      ideal += best;
+      if (t.endpoint_id === before.endpoint_id) continue;
+      moved++;
+      movedIdeal += best;
+      moves++;
     }
+    if (moves > 1) movedAgain++;
   }
-  return { cached, ideal, share: cached / ideal, turns, moved };
+  return { cached, ideal, share: cached / ideal, turns, moved, movedIdeal, movedAgain };
 }
