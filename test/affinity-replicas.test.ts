@@ -71,11 +71,13 @@ await describePg('prefix-cache affinity across replicas', () => {
     expect(share).toBeGreaterThanOrEqual(0.95);
   }, 300_000);
 
-  it('holds on three live replicas', async () => {
-    replicas.push(await rig.serve(rig.dir('regen-affinity-c-'), env));
-    await waitForSpread(dbUrl, urls, replicas, 'every replica to drive an endpoint');
-
-    const { share } = await conversationRun(replicas[2].url, 'three');
+  it('holds on three live replicas, the third joining mid-run', async () => {
+    const { share } = await conversationRun(replicas[1].url, 'three', async (id) => {
+      await waitForRun(replicas[0].url, id, 'a quarter done', (r) => doneOf(r) >= CONVERSATIONS / 4, 120_000, 50);
+      replicas.push(await rig.serve(rig.dir('regen-affinity-c-'), env));
+      await waitForSpread(dbUrl, urls, replicas, 'every replica to drive an endpoint');
+      return replicas[0];
+    });
     expect(share).toBeGreaterThanOrEqual(0.95);
   }, 300_000);
 
