@@ -12,6 +12,7 @@ const soak = process.env.REGEN_SOAK === '1';
 // an answer's memory bound, the bind refusal before any store opens).
 const storeless = [
   'test/unit/**',
+  'test/affinity-replicas.test.ts',
   'test/bench.test.ts',
   'test/cache-usage.test.ts',
   'test/fault-answers-memory.test.ts',

@@ -120,7 +120,7 @@ const SQL = {
   retry: `update samples set status = 'pending', available_at = ?, quality_retries = quality_retries + ?, max_tokens = coalesce(?, max_tokens),
      attempts = case when attempts > ? then attempts - ? else 0 end,
      server_faults = server_faults + ?, error_code = ?, error_message = ?, error_status = ?, lease_owner = null, lease_expires_at = null ${GUARD}`,
-  nextTurn: `update samples set status = 'pending', turn = turn + 1, attempts = 0, server_faults = 0, quality_retries = 0, max_tokens = null, available_at = 0, flags = ?,
+  nextTurn: `update samples set status = 'pending', turn = turn + 1, attempts = 0, server_faults = 0, quality_retries = 0, max_tokens = null, available_at = ?, flags = ?,
      endpoint_id = ?, affinity_endpoint_id = ?, error_code = null, error_message = null, error_status = null, lease_owner = null, lease_expires_at = null
      ${GUARD} and turn = ?`,
   storeTurn: `insert into sample_turns (sample_id, idx, run_id, content, reasoning_content, finish_reason, prompt_tokens, completion_tokens, reasoning_tokens,
@@ -153,8 +153,8 @@ export async function applyOutcomes(tx: DbOrTx, owner: string, batch: Outcome[],
   // Whether each outcome changed its sample; the counters below move only for those.
   const applied =
     tx.dialect === 'pg' && new Set(batch.map((o) => o.sampleId)).size === batch.length
-      ? await updateSamplesAtOnce(tx, owner, batch)
-      : await updateSamplesEach(tx, owner, batch);
+      ? await updateSamplesAtOnce(tx, owner, batch, now)
+      : await updateSamplesEach(tx, owner, batch, now);
   await storeTurns(tx, batch, applied);
   for (const [i, o] of batch.entries()) {
     let d = deltas.get(o.runId);
@@ -268,9 +268,12 @@ export async function applyOutcomes(tx: DbOrTx, owner: string, batch: Outcome[],
   return report;
 }
 
-/** A conversation's answered turn moves its sample on to the next one; whether it did. */
-async function nextTurn(tx: DbOrTx, owner: string, o: Extract<Outcome, { kind: 'turn' }>): Promise<boolean> {
-  const { changes } = await tx.exec(SQL.nextTurn, [o.flags, o.endpointId, o.endpointId, o.sampleId, owner, o.turn.idx]);
+/**
+ * A conversation's answered turn moves its sample on to the next one, due from `now`: how long it
+ * has waited for its endpoint's driver counts from there (claimSamples); whether it did.
+ */
+async function nextTurn(tx: DbOrTx, owner: string, o: Extract<Outcome, { kind: 'turn' }>, now: number): Promise<boolean> {
+  const { changes } = await tx.exec(SQL.nextTurn, [now, o.flags, o.endpointId, o.endpointId, o.sampleId, owner, o.turn.idx]);
   return changes > 0;
 }
 
@@ -351,7 +354,7 @@ async function storeTurnsAtOnce(tx: DbOrTx, answered: (Extract<Outcome, { kind: 
  * round trip there), and PostgreSQL's for a batch naming a sample twice, where the second outcome
  * must find the first one's status. Whether each outcome changed its sample.
  */
-async function updateSamplesEach(tx: DbOrTx, owner: string, batch: Outcome[]): Promise<boolean[]> {
+async function updateSamplesEach(tx: DbOrTx, owner: string, batch: Outcome[], now: number): Promise<boolean[]> {
   const applied: boolean[] = [];
   for (const o of batch) {
     let changed = 0;
@@ -393,7 +396,7 @@ async function updateSamplesEach(tx: DbOrTx, owner: string, batch: Outcome[]): P
         ]));
         break;
       case 'turn':
-        changed = (await nextTurn(tx, owner, o)) ? 1 : 0;
+        changed = (await nextTurn(tx, owner, o, now)) ? 1 : 0;
         break;
       case 'release':
         ({ changes: changed } = await tx.exec(SQL.release, [o.sampleId, owner]));
@@ -412,7 +415,7 @@ async function updateSamplesEach(tx: DbOrTx, owner: string, batch: Outcome[]): P
  * outcome (the completed ones with their staging rows in the same statement), each row guarded as
  * in updateSamplesEach. Whether each outcome changed its sample.
  */
-async function updateSamplesAtOnce(tx: DbOrTx, owner: string, batch: Outcome[]): Promise<boolean[]> {
+async function updateSamplesAtOnce(tx: DbOrTx, owner: string, batch: Outcome[], now: number): Promise<boolean[]> {
   const changed = new Set<number>();
   const apply = async (text: string, params: unknown[]) => {
     for (const r of (await tx.exec<{ id: number }>(text, params)).rows) changed.add(Number(r.id));
@@ -507,12 +510,12 @@ async function updateSamplesAtOnce(tx: DbOrTx, owner: string, batch: Outcome[]):
   if (turned.length) {
     // As SQL.nextTurn.
     await apply(
-      `update samples as s set status = 'pending', turn = s.turn + 1, attempts = 0, server_faults = 0, quality_retries = 0, max_tokens = null, available_at = 0,
+      `update samples as s set status = 'pending', turn = s.turn + 1, attempts = 0, server_faults = 0, quality_retries = 0, max_tokens = null, available_at = ?,
          flags = v.flags, endpoint_id = v.endpoint_id, affinity_endpoint_id = v.endpoint_id, error_code = null, error_message = null,
          error_status = null, ${cleared}
        from unnest(?::bigint[], ?::int[], ?::text[], ?::int[]) as v(id, flags, endpoint_id, turn)
        where ${guard} and s.turn = v.turn returning s.id`,
-      [turned.map((o) => o.sampleId), turned.map((o) => o.flags), turned.map((o) => o.endpointId), turned.map((o) => o.turn.idx), owner],
+      [now, turned.map((o) => o.sampleId), turned.map((o) => o.flags), turned.map((o) => o.endpointId), turned.map((o) => o.turn.idx), owner],
     );
   }
 

@@ -146,7 +146,7 @@ export type ClaimOrder = 'slice_only' | 'input' | 'length_aware';
  * last one leased and picks the next ones: a claim of 2 leased all 6 samples of a test run, and
  * would read the run's pending samples once per row it leased.
  */
-function claimSql(db: Db) {
+function claimSql(db: Db, mine: boolean) {
   const pg = db.dialect === 'pg';
   const skip = pg ? 'for update skip locked' : '';
   const [pick, picked] = pg ? ['where id = any(array(', '))'] : ['where id in (', ')'];
@@ -154,21 +154,18 @@ function claimSql(db: Db) {
   const slice = pg ? 'samples' : 'samples indexed by samples_calibration_idx';
   const inSlice = pg ? 'calibration' : 'calibration = 1';
   const underway = pg ? 'samples' : 'samples indexed by samples_underway_idx';
+  // PostgreSQL, a replica of several: none of the samples whose prefix is cached on an endpoint
+  // another replica drives (bound right after the due time).
+  const ours = mine ? 'and (affinity_endpoint_id is null or affinity_endpoint_id <> all(?))' : '';
   return {
     // Conversations waiting for their next turn (samples_underway_idx holds only those).
-    underway: `${LEASE} ${pick}select id from ${underway} where run_id = ? and status = 'pending' and turn > 0 and available_at <= ?
+    underway: `${LEASE} ${pick}select id from ${underway} where run_id = ? and status = 'pending' and turn > 0 and available_at <= ? ${ours}
        order by seq limit ? ${skip}${picked} ${still} ${LEASED}`,
-    // PostgreSQL, a replica of several: its own conversations under way (their prefix on an endpoint it drives).
-    underwayOurs: `${LEASE} ${pick}select id from samples where run_id = ? and status = 'pending' and turn > 0 and available_at <= ?
-       and (affinity_endpoint_id is null or affinity_endpoint_id = any(?)) order by seq limit ? ${skip}${picked} ${still} ${LEASED}`,
-    slice: `${LEASE} ${pick}select id from ${slice} where run_id = ? and ${inSlice} and status = 'pending' and available_at <= ?
+    slice: `${LEASE} ${pick}select id from ${slice} where run_id = ? and ${inSlice} and status = 'pending' and available_at <= ? ${ours}
        order by (seq * ${SLICE_SHUFFLE}) % 4294967296 limit ? ${skip}${picked} ${still} ${LEASED}`,
-    inOrder: `${LEASE} ${pick}select id from samples where run_id = ? and status = 'pending' and available_at <= ? order by seq limit ? ${skip}${picked} ${still} ${LEASED}`,
-    // PostgreSQL, a replica of several: the samples whose prefix sits on an endpoint it drives, or on none.
-    ours: `${LEASE} ${pick}select id from samples where run_id = ? and status = 'pending' and available_at <= ?
-       and (affinity_endpoint_id is null or affinity_endpoint_id = any(?)) order by seq limit ? ${skip}${picked} ${still} ${LEASED}`,
+    inOrder: `${LEASE} ${pick}select id from samples where run_id = ? and status = 'pending' and available_at <= ? ${ours} order by seq limit ? ${skip}${picked} ${still} ${LEASED}`,
     // The window is a range of the claim index (run_id, status, seq): at most `window` rows sorted per claim.
-    longest: `${LEASE} ${pick}select id from samples where run_id = ? and status = 'pending' and available_at <= ?
+    longest: `${LEASE} ${pick}select id from samples where run_id = ? and status = 'pending' and available_at <= ? ${ours}
        and seq < (select min(seq) from samples where run_id = ? and status = 'pending') + ?
        order by coalesce(predicted_tokens, -1) desc, seq limit ? ${skip}${picked} ${still} ${LEASED}`,
     // The pending answers of the lines just claimed that the claim left behind (params.n > 1): by the (run_id, custom_id, sample_index) index.
@@ -184,6 +181,12 @@ function claimSql(db: Db) {
  * and moves the run's counters with them in the same transaction, so a crash between the
  * statements cannot leave the counters off by a batch. With `groups`, the due pending answers of
  * every line claimed join the claim (past `limit`), so a line's answers go out as one request.
+ *
+ * A replica of several (`drives`) leaves alone the samples whose prefix is cached on a ready
+ * endpoint another replica drives: a conversation's next turn is that replica's to send, to the
+ * server that holds its prefix. Only when nothing else is due does it take those that have been
+ * due since `movesAfter` (the affinity wait): the driver is busier than its peers, and the turn
+ * moves, as a turn held for a busy endpoint of one process does (runner/endpoint-choice.ts).
  */
 export async function claimSamples(
   db: Db,
@@ -199,11 +202,14 @@ export async function claimSamples(
     groups?: boolean;
     /** The endpoints the claimer drives, when it drives only some (a replica of several), else null. */
     drives?: readonly string[] | null;
+    /** With `drives`: a sample held for another replica's endpoint may move once due since this time. */
+    movesAfter?: number;
   },
   /** PostgreSQL: told the claim's transaction id, for claimStatus should the commit's answer be lost. */
   began?: (xid: string) => void,
 ): Promise<ClaimedRow[]> {
-  const q = claimSql(db);
+  const mine = db.dialect === 'pg' && c.drives != null;
+  const q = claimSql(db, mine);
   return db.tx(async (tx) => {
     // PostgreSQL: only a live replica claims. One taken for dead since its last heartbeat (its row
     // removed) takes nothing more; the row is key-share locked, so its removal waits for this
@@ -218,36 +224,30 @@ export async function claimSamples(
     // claim's own transaction.
     const { rows: run } = await tx.exec<{ status: string; regenerate: string | null }>('select status, regenerate from runs where id = ?', [c.runId]);
     if (!run.length || !isDispatchable(run[0].status)) return [];
+    // The endpoints whose prefixes are another replica's to use: ready, and not driven here. One
+    // that is down, draining or quarantined holds nothing back, as in pickForSlot.
+    const heldElsewhere = mine
+      ? (await tx.exec<{ id: string }>(`select id from endpoints where state = 'ready' and not (id = any(?))`, [[...c.drives!]])).rows.map((r) => r.id)
+      : [];
+    const due = (at: number): unknown[] => (mine ? [c.runId, at, heldElsewhere] : [c.runId, at]);
+    const lease = [c.owner, c.leaseExpiresAt];
     // `returning` gives no order: each part is put back in input order (ids follow it).
-    const rows =
-      run[0].regenerate !== 'all_assistant'
-        ? []
-        : // A replica takes only the conversations whose prefix sits on an endpoint it drives: the
-          // others wait for their driver (or, should it be gone, for the input-order fallback below).
-          tx.dialect === 'pg' && c.drives
-          ? (await tx.exec<ClaimedRow>(q.underwayOurs, [c.owner, c.leaseExpiresAt, c.runId, c.now, [...c.drives], c.limit])).rows.sort(byId)
-          : (await tx.exec<ClaimedRow>(q.underway, [c.owner, c.leaseExpiresAt, c.runId, c.now, c.limit])).rows.sort(byId);
-    if (rows.length < c.limit)
-      rows.push(...(await tx.exec<ClaimedRow>(q.slice, [c.owner, c.leaseExpiresAt, c.runId, c.now, c.limit - rows.length])).rows.sort(byId));
+    const rows = run[0].regenerate !== 'all_assistant' ? [] : (await tx.exec<ClaimedRow>(q.underway, [...lease, ...due(c.now), c.limit])).rows.sort(byId);
+    if (rows.length < c.limit) rows.push(...(await tx.exec<ClaimedRow>(q.slice, [...lease, ...due(c.now), c.limit - rows.length])).rows.sort(byId));
     const left = c.limit - rows.length;
-    // A replica that drives some endpoints takes the samples whose prefix is cached on one of
-    // them, or on none, first; the others only when nothing else is due, so none waits for ever
-    // on an endpoint that nobody drives any more.
-    let ours = 0;
-    if (left > 0 && c.order === 'input' && tx.dialect === 'pg' && c.drives) {
-      const got = (await tx.exec<ClaimedRow>(q.ours, [c.owner, c.leaseExpiresAt, c.runId, c.now, [...c.drives], left])).rows.sort(byId);
-      rows.push(...got);
-      ours = got.length;
-    }
-    if (ours === 0 && left > 0 && c.order === 'input')
-      rows.push(...(await tx.exec<ClaimedRow>(q.inOrder, [c.owner, c.leaseExpiresAt, c.runId, c.now, left])).rows.sort(byId));
+    if (left > 0 && c.order === 'input') rows.push(...(await tx.exec<ClaimedRow>(q.inOrder, [...lease, ...due(c.now), left])).rows.sort(byId));
     if (left > 0 && c.order === 'length_aware') {
-      const longest = await tx.exec<ClaimedRow>(q.longest, [c.owner, c.leaseExpiresAt, c.runId, c.now, c.runId, c.window, left]);
+      const longest = await tx.exec<ClaimedRow>(q.longest, [...lease, ...due(c.now), c.runId, c.window, left]);
       rows.push(...longest.rows.sort(byId));
+    }
+    // Nothing else due: the samples held elsewhere that have waited their driver out.
+    if (mine && rows.length === 0 && c.order !== 'slice_only' && c.movesAfter !== undefined) {
+      const moving = claimSql(db, false).inOrder;
+      rows.push(...(await tx.exec<ClaimedRow>(moving, [...lease, c.runId, c.movesAfter, left])).rows.sort(byId));
     }
     if (c.groups && rows.length) {
       const lines = [...new Set(rows.map((r) => r.customId))];
-      const more = await tx.exec<ClaimedRow>(q.siblings, [c.owner, c.leaseExpiresAt, c.runId, tx.dialect === 'pg' ? lines : JSON.stringify(lines), c.now]);
+      const more = await tx.exec<ClaimedRow>(q.siblings, [...lease, c.runId, tx.dialect === 'pg' ? lines : JSON.stringify(lines), c.now]);
       rows.push(...more.rows.sort(byId));
     }
     if (rows.length) await tx.exec(`update runs set pending = pending - ?, in_progress = in_progress + ? where id = ?`, [rows.length, rows.length, c.runId]);

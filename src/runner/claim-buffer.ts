@@ -1,6 +1,6 @@
 import type { Db } from '../db/client.js';
 import { claimSamples, rereadClaim, type ClaimedRow, type ClaimOrder } from '../db/samples.js';
-import { MAX_CLAIM, pickForSlot } from './endpoint-choice.js';
+import { AFFINITY_WAIT_MS, MAX_CLAIM, pickForSlot } from './endpoint-choice.js';
 import type { ResultWriter } from './results.js';
 
 /** A sample leased for dispatch, with its run, and when it was claimed (performance.now()). */
@@ -97,6 +97,11 @@ export class ClaimBuffer {
     private readonly onError: (err: unknown) => void,
     /** The endpoints this process drives when only some: a claim takes the samples whose prefix is cached there first. */
     private readonly drives: () => readonly string[] | null = () => null,
+    /**
+     * A replica of several: how long a sample whose prefix is cached on an endpoint another
+     * replica drives waits for that one before a claim here may take it (claimSamples' `movesAfter`).
+     */
+    private readonly moveWaitMs = AFFINITY_WAIT_MS,
   ) {}
 
   private bufferOf(runId: string): RunBuffer {
@@ -178,9 +183,13 @@ export class ClaimBuffer {
     b.claimedAt = performance.now();
     // The claim is over before its samples land: a pump they start sees no claim under way, and
     // starts the next one when the buffer runs low.
-    b.claiming = claimSamples(this.db, { runId, owner: this.owner, now, leaseExpiresAt, limit, order, window, groups, drives: this.drives() }, (id) => {
-      xid = id;
-    }).then(
+    b.claiming = claimSamples(
+      this.db,
+      { runId, owner: this.owner, now, leaseExpiresAt, limit, order, window, groups, drives: this.drives(), movesAfter: now - this.moveWaitMs },
+      (id) => {
+        xid = id;
+      },
+    ).then(
       (rows) => {
         b.claiming = null;
         b.lastClaim = limit;

@@ -276,9 +276,13 @@ export class EndpointPool {
     return false;
   }
 
-  /** The ids of the endpoints this process drives when it drives only some (a replica of several), else null. */
+  /**
+   * The ids of the endpoints this process drives when it drives only some (a replica of several),
+   * else null. One being handed over is left out: the conversations whose prefix it holds wait
+   * for its next driver rather than move here.
+   */
   drivesOnly(): string[] | null {
-    return this.drivenIds ? [...this.drivenIds] : null;
+    return this.drivenIds ? [...this.drivenIds].filter((id) => this.live.get(id)?.handingOff !== true) : null;
   }
 
   /** The endpoints this process drives. */

@@ -7,6 +7,7 @@ import { ACTIVE_RUN_STATUSES, isDispatchable } from '../domain/statuses.js';
 import { expireBatches } from './batch-expiry.js';
 import { ClaimBuffer } from './claim-buffer.js';
 import { Coalesced } from './coalesced.js';
+import { AFFINITY_WAIT_MS } from './endpoint-choice.js';
 import { EndpointProbes } from './endpoint-probes.js';
 import { EndpointPool } from './endpoints.js';
 import { Finisher } from './finishing.js';
@@ -114,6 +115,8 @@ export class Runner implements RunnerView {
       () => this.guard('refilling slots', () => this.pump()),
       (err) => warnRetrying(logger, 'claiming samples', err),
       () => this.pool.drivesOnly(),
+      // Without affinity a sample waits for no endpoint, whichever replica drives it.
+      config.affinity ? AFFINITY_WAIT_MS : 0,
     );
     this.quality = new QualityWatch(
       deps,

@@ -135,3 +135,55 @@ await describePg('replicas sharing endpoints', () => {
     expect(await releaseOrphanLeases(d, 'run_a')).toBe(0);
   });
 });
+
+await describePg('a claim of a replica of several, under prefix-cache affinity', () => {
+  it("leaves a conversation whose prefix sits on another replica's ready endpoint to that one, unless it has waited the driver out and nothing else is due", async () => {
+    const d = await open('affinity');
+    await addEndpoints(d, 3);
+    await d.exec(`update endpoints set state = case id when 'ep_2' then 'unhealthy' else 'ready' end`);
+    await d.exec(
+      `insert into runs (id, model, status, created_at, params, input, shard_size, output_uri, metadata, on_invalid_line, request_timeout_ms, max_attempts, updated_at, total, pending, shards_total, regenerate)
+       values ('run_a', 'm', 'in_progress', ?, '{}', '{"requests":1}', 10, 'file:///tmp/x/', '{}', 'fail', 1000, 5, ?, 5, 5, 1, 'all_assistant')`,
+      [NOW, NOW],
+    );
+    await d.exec(`insert into shards (run_id, idx, first_seq, sample_count) values ('run_a', 0, 0, 5)`);
+    // [custom_id, turn, the endpoint holding its prefix, due since (ms before NOW)]
+    const samples: [string, number, string | null, number][] = [
+      ['mine', 1, 'ep_0', 100],
+      ['theirs', 1, 'ep_1', 100],
+      ['down', 1, 'ep_2', 100],
+      ['waited', 1, 'ep_1', 5000],
+      ['new', 0, null, NOW],
+    ];
+    for (const [i, [id, turn, endpoint, ago]] of samples.entries()) {
+      await d.exec(
+        `insert into samples (run_id, seq, shard_idx, custom_id, request, turn, affinity_endpoint_id, available_at) values ('run_a', ?, 0, ?, '{}', ?, ?, ?)`,
+        [i, id, turn, endpoint, NOW - ago],
+      );
+    }
+    for (const o of ['a', 'b']) await join(d, o);
+    const claim = async (owner: string, drives: string[]) =>
+      (
+        await claimSamples(d, {
+          runId: 'run_a',
+          owner,
+          now: NOW,
+          leaseExpiresAt: NOW + 1000,
+          limit: 10,
+          order: 'input',
+          window: 0,
+          drives,
+          movesAfter: NOW - 2000,
+        })
+      )
+        .map((s) => s.customId)
+        .sort();
+
+    // Its own, one whose endpoint is down (it moves, as in one process), and a new one.
+    expect(await claim('a', ['ep_0'])).toEqual(['down', 'mine', 'new']);
+    // Nothing else due: the one that waited past the affinity wait for its driver moves; the other stays.
+    expect(await claim('a', ['ep_0'])).toEqual(['waited']);
+    expect(await claim('a', ['ep_0'])).toEqual([]);
+    expect(await claim('b', ['ep_1'])).toEqual(['theirs']);
+  });
+});
