@@ -49,6 +49,6 @@ export async function validateRun(deps: Deps, body: RunDraft): Promise<RunWarnin
   checkCalibration(body);
   checkSamplesPerLine(body);
   if (body.input && !('requests' in body.input)) await checkInput(deps, body.input);
-  await outputUriFor(deps, newId('run'), body.output?.uri);
+  await outputUriFor(deps, newId('run'), body);
   return await modelWarnings(deps.db, body.model);
 }
