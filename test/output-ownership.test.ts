@@ -1,3 +1,5 @@
+import type { AddressInfo } from 'node:net';
+import { createRequire } from 'node:module';
 import { existsSync, mkdirSync, readdirSync, readFileSync, symlinkSync, writeFileSync } from 'node:fs';
 import { dirname, join } from 'node:path';
 import { fileURLToPath, pathToFileURL } from 'node:url';
@@ -6,7 +8,12 @@ import { expectProblem, request, type Raw } from './support/http.js';
 import { loadSource } from './support/build.js';
 import { resolveInput } from '../src/services/runs/input-source.js';
 import { inside } from '../src/storage/location.js';
+import { Stores } from '../src/storage/index.js';
+import { setEnv } from './support/env.js';
 import { startTestServer, tempDir } from './support/server.js';
+
+// s3rver ships no types; it is only started and stopped here.
+const S3rver = createRequire(import.meta.url)('s3rver');
 
 // As the server under test has it (its deps are the compiled tree's, test/support/build.ts).
 const { setOutputUri } = await loadSource<typeof import('../src/db/runs.js')>('src/db/runs.ts');
@@ -303,5 +310,46 @@ describe("a run's folder once taken", () => {
     const second = await create({ output: { uri: `${pathToFileURL(elsewhere).href}/` } });
     expect(second.status).toBe(201);
     expect(fileURLToPath(run.output_uri)).not.toBe(fileURLToPath(second.body.output_uri));
+  });
+});
+
+describe('an s3:// prefix', () => {
+  it("is refused when it holds the run's input or files of the names the run writes, unless the run says overwrite", async () => {
+    const bucketName = 'regen-own';
+    const s3dir = tempDir('regen-s3rver-');
+    const s3 = new S3rver({ address: '127.0.0.1', port: 0, silent: true, directory: s3dir.dir, configureBuckets: [{ name: bucketName, configs: [] }] });
+    const endpoint = `http://127.0.0.1:${((await s3.run()) as AddressInfo).port}`;
+    const restoreEnv = setEnv({ AWS_ACCESS_KEY_ID: 'S3RVER', AWS_SECRET_ACCESS_KEY: 'S3RVER', AWS_REGION: 'us-east-1' });
+    const own = await startTestServer({ REGEN_RUNNER: 'false', REGEN_S3_ENDPOINT: endpoint, REGEN_S3_FORCE_PATH_STYLE: 'true' });
+    const stores = new Stores({ endpoint, forcePathStyle: true });
+    try {
+      const bucket = stores.forUri(`s3://${bucketName}/`);
+      const line = '{"messages":[{"role":"user","content":"hi"}]}\n';
+      for (const key of ['users/shard-00000.jsonl', 'users/notes.txt', 'split/train/part.jsonl', 'deep/x/shard-00000.jsonl', 'clean/notes.txt'])
+        await bucket.put(key, line);
+      const post = (body: Record<string, unknown>) =>
+        request(own.url, '/v1/runs', { method: 'POST', json: { model: 'm', input: { requests: [{ prompt: 'x' }] }, ...body } });
+      const uri = (prefix: string) => `s3://${bucketName}/${prefix}`;
+      let res = await post({ input: { uri: uri('users/shard-00000.jsonl') }, output: { uri: uri('users/'), overwrite: true } });
+      refused(res, 409, 'conflict');
+      expect(res.body.detail).toContain("the run's input (shard-00000.jsonl)");
+      res = await post({ output: { uri: uri('users/') } });
+      refused(res, 409, 'conflict');
+      expect(res.body.detail).toContain('shard-00000.jsonl');
+      res = await post({ output: { uri: uri('split/') } });
+      refused(res, 409, 'conflict');
+      expect(res.body.detail).toContain('train/part.jsonl');
+      // Only the prefix's own names count: a shard deeper down is not where the run writes.
+      for (const prefix of ['users/', 'deep/', 'clean/']) {
+        const ok = await post({ output: { uri: uri(prefix), overwrite: prefix === 'users/' } });
+        expect(ok.status, ok.text).toBe(201);
+      }
+    } finally {
+      stores.close();
+      await own.cleanup();
+      restoreEnv();
+      await s3.close();
+      s3dir.cleanup();
+    }
   });
 });
