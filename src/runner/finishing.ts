@@ -3,7 +3,7 @@ import { getRun, setStatusReason, transitionRun } from '../db/runs.js';
 import { cancelPendingSamples } from '../db/samples.js';
 import type { RunRow, ShardRow } from '../db/schema.js';
 import { closedOpenShards, listRunShards, recordUploadFailure } from '../db/shards.js';
-import { ACTIVE_RUN_STATUSES, type RunStatus } from '../domain/statuses.js';
+import { ACTIVE_RUN_STATUSES, isTerminalRun, type RunStatus } from '../domain/statuses.js';
 import { describeStoreError, FolderChangedError } from '../storage/index.js';
 import { backoffMs, storeBackoff } from '../domain/backoff.js';
 import { Coalesced } from './coalesced.js';
@@ -198,7 +198,9 @@ export class Finisher {
     const { deps } = this;
     this.finishing.add(runId);
     const run = await getRun(deps.db, runId);
-    if (!run) {
+    // A pass that read the run before an earlier finish ended it would write its manifest again,
+    // into a folder whose temp folder is already gone.
+    if (!run || isTerminalRun(run.status)) {
       this.finishing.delete(runId);
       return;
     }
