@@ -152,6 +152,12 @@ export async function setOutputUri(db: DbOrTx, id: string, uri: string): Promise
   await db.write((w) => w.q.update(runs).set({ outputUri: uri }).where(eq(runs.id, id)));
 }
 
+/** Records the identity of a run's local folder that a write made again after it was removed. */
+export async function setOutputFolder(db: DbOrTx, id: string, folder: string): Promise<void> {
+  const { runs } = db.t;
+  await db.write((w) => w.q.update(runs).set({ outputFolder: folder }).where(eq(runs.id, id)));
+}
+
 /** A run still validating this uploaded file: the file cannot go while it is read. */
 export async function getRunValidatingFile(db: DbOrTx, fileId: string): Promise<{ id: string } | undefined> {
   // Few runs validate at once: the status filters them first, and only their inputs are looked into.

@@ -1,6 +1,6 @@
 import { createHash } from 'node:crypto';
 import type { RunnerDeps } from '../deps.js';
-import { setManifestKey } from '../db/runs.js';
+import { setManifestKey, setOutputFolder } from '../db/runs.js';
 import type { RunRow, ShardRow } from '../db/schema.js';
 import { listRunShards, markShardUploaded, openShardNow, shardSamplesWithOutput } from '../db/shards.js';
 import { flagCounts } from '../domain/flags.js';
@@ -23,9 +23,12 @@ import { encodeParquet, parquetRowCount, readParquetRows } from '../storage/parq
 
 const sha256 = (b: Buffer) => createHash('sha256').update(b).digest('hex');
 
-/** The run's output store: a local folder that is no longer the one the run took refuses writes (FolderChangedError). */
-export const outputStore = (deps: Pick<RunnerDeps, 'stores'>, run: Pick<RunRow, 'outputUri' | 'outputFolder'>) =>
-  deps.stores.forOutput(run.outputUri, run.outputFolder);
+/**
+ * The run's output store: a local folder that is no longer the one the run took refuses writes
+ * (FolderChangedError); one that was removed is made again, and the run records it.
+ */
+export const outputStore = (deps: Pick<RunnerDeps, 'stores' | 'db'>, run: Pick<RunRow, 'id' | 'outputUri' | 'outputFolder'>) =>
+  deps.stores.forOutput(run.outputUri, run.outputFolder, (folder) => setOutputFolder(deps.db, run.id, folder));
 
 /** What a shard holds a completed sample as: a line of text, or a Parquet row. */
 export type ShardRecord = string | ParquetRow;

@@ -5,7 +5,7 @@ import { pathToFileURL } from 'node:url';
 import { randomBytes } from 'node:crypto';
 import { pipeline } from 'node:stream/promises';
 import type { Readable } from 'node:stream';
-import { TEMP_FOLDER } from './location.js';
+import { realLocation, TEMP_FOLDER } from './location.js';
 import { assertKey, byteCounter, FolderChangedError, probeKey, type ObjectStore, type TakenLocation } from './store.js';
 
 /** A folder's identity on this machine, its device and inode: the same however it is reached, and new for a folder put in its place. */
@@ -13,8 +13,6 @@ export async function folderIdentity(path: string): Promise<string> {
   const s = await stat(path, { bigint: true });
   return `${s.dev}:${s.ino}`;
 }
-
-const isMissing = (err: unknown) => (err as NodeJS.ErrnoException).code === 'ENOENT';
 
 /**
  * A local folder as an object store. Writes go to a temp file in the folder's own TEMP_FOLDER and
@@ -26,34 +24,52 @@ const isMissing = (err: unknown) => (err as NodeJS.ErrnoException).code === 'ENO
 export class FileStore implements ObjectStore {
   private readonly temp: string;
 
-  /** `folder`: the identity the folder must still have for a write or delete to go ahead (a run's, as it took it). */
+  /**
+   * `folder`: the identity the folder must still have for a write or delete to go ahead (a run's, as
+   * it took it); `remade`, told the new identity when a write makes the folder again.
+   */
   constructor(
     readonly uri: string,
     private readonly dir: string,
-    private readonly folder: string | null = null,
+    private folder: string | null = null,
+    private readonly remade?: (folder: string) => Promise<void>,
   ) {
     this.temp = join(dir, TEMP_FOLDER);
   }
 
   /**
-   * Refuses to go on where the folder is no longer the run's: a path that now leads elsewhere would
-   * have the run write into, or delete from, a folder it never took. False when the folder is gone.
+   * Whether the folder is still the run's: true when it is, false when no folder stands at its path
+   * (removed; a file in its place fails the write as any such write does). Throws FolderChangedError
+   * when another folder stands there, or a link to one: the run would write into, or delete from, a
+   * folder it never took.
    */
   private async stillOwned(): Promise<boolean> {
     if (this.folder === null) return true;
-    let now: string;
+    let now: { identity: string; isFolder: boolean };
     try {
-      now = await folderIdentity(this.dir);
+      const s = await stat(this.dir, { bigint: true });
+      now = { identity: `${s.dev}:${s.ino}`, isFolder: s.isDirectory() };
     } catch (err) {
-      if (isMissing(err)) return false;
+      const code = (err as NodeJS.ErrnoException).code;
+      if (code === 'ENOENT' || code === 'ENOTDIR') return false;
       throw err;
     }
-    if (now !== this.folder) throw new FolderChangedError();
+    if (!now.isFolder) return false;
+    if (now.identity !== this.folder) throw new FolderChangedError();
     return true;
   }
 
+  /**
+   * Before a write: a folder that is gone is made again, only where its path still leads to itself
+   * (no link on the way), and its new identity is the one kept from then on.
+   */
   private async mustOwn(): Promise<void> {
-    if (!(await this.stillOwned())) throw new FolderChangedError();
+    if (await this.stillOwned()) return;
+    if (realLocation(this.dir) !== resolve(this.dir)) throw new FolderChangedError();
+    await mkdir(this.dir, { recursive: true });
+    const folder = await folderIdentity(this.dir);
+    await this.remade?.(folder);
+    this.folder = folder;
   }
 
   private path(key: string): string {

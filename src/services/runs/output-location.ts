@@ -113,7 +113,9 @@ const holds = (message: string) => new ApiError('conflict', `output.uri ${messag
 /** The input's key under the prefix when the prefix holds it (canonical, as the prefix is), else null. */
 function inputKeyWithin(uri: string, input: OutputAsk['input']): string | null {
   if (!input || !('uri' in input)) return null;
-  const at = input.uri.startsWith('file:') ? pathToFileURL(realLocation(fileURLToPath(input.uri))).href : input.uri;
+  // An S3 key is literal; a file URI is percent-encoded one way (canonicalFileUri), and named as the file's own name.
+  if (!input.uri.startsWith('file:')) return input.uri.startsWith(uri) ? input.uri.slice(uri.length) : null;
+  const at = pathToFileURL(realLocation(fileURLToPath(input.uri))).href;
   return at.startsWith(uri) ? decodeURIComponent(at.slice(uri.length)) : null;
 }
 
@@ -175,7 +177,13 @@ export async function insertOwningOutput(
     await serializeOutputClaims(tx);
     const owner = await ownerOf(tx, row.outputUri, requested);
     if (owner) throw outputTaken(owner);
-    await insertRun(tx, { ...row, outputFolder: await output.confirm() });
+    let outputFolder: string | null;
+    try {
+      outputFolder = await output.confirm();
+    } catch (err) {
+      throw bad(`the location changed while the run was created (${describeStoreError(err)})`);
+    }
+    await insertRun(tx, { ...row, outputFolder });
     await write(tx);
   });
 }
