@@ -856,6 +856,8 @@ export interface components {
             output_uri: string;
             /** @enum {string} */
             output_format: "jsonl" | "conversations" | "parquet";
+            /** @description Whether the run may replace files of the names it writes that its prefix held when it was created (`output.overwrite`) */
+            output_overwrite: boolean;
             split: {
                 eval: number;
             } | null;
@@ -1059,6 +1061,8 @@ export interface components {
                  * @enum {string}
                  */
                 format?: "jsonl" | "conversations" | "parquet";
+                /** @description Lets the run replace files of the names it writes (`shard-*`, `manifest.json`, `README.md` where it writes a card, `train/`, `eval/`, `tokens/`, `export*`) that its prefix already holds; without it such a prefix is a 409 naming the file. A prefix holding the run's input is refused either way */
+                overwrite?: boolean;
             };
             /** @description Splits the output into `train/` and `eval/`, each with its own shards; without it the shards sit at the prefix */
             split?: {
@@ -1209,6 +1213,8 @@ export interface components {
                  * @enum {string}
                  */
                 format?: "jsonl" | "conversations" | "parquet";
+                /** @description Lets the run replace files of the names it writes (`shard-*`, `manifest.json`, `README.md` where it writes a card, `train/`, `eval/`, `tokens/`, `export*`) that its prefix already holds; without it such a prefix is a 409 naming the file. A prefix holding the run's input is refused either way */
+                overwrite?: boolean;
             };
             /** @description Splits the output into `train/` and `eval/`, each with its own shards; without it the shards sit at the prefix */
             split?: {

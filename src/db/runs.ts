@@ -115,6 +115,20 @@ export async function getRunOverlappingOutput(db: DbOrTx, uri: string): Promise<
   return row;
 }
 
+/** Any constant: the key of the advisory lock under which one create at a time claims its output prefix. */
+const OUTPUT_CLAIM_LOCK = 7_240_414;
+
+/**
+ * Makes the creates of runs take turns until the transaction ends, so that of two racing creates
+ * with nested prefixes the second sees the first's row before it inserts its own (the unique index
+ * covers equal prefixes only). SQLite's transaction takes the write lock when it begins (BEGIN
+ * IMMEDIATE); PostgreSQL's read committed would let both look before either inserts.
+ */
+export async function serializeOutputClaims(tx: DbOrTx): Promise<void> {
+  if (!tx.inTx) throw new Error('serializeOutputClaims holds only within a transaction');
+  if (tx.dialect === 'pg') await tx.exec('select pg_advisory_xact_lock(?)', [OUTPUT_CLAIM_LOCK]);
+}
+
 /** A run whose output prefix is `uri` or lies inside it (canonical form, as above). */
 export async function getRunOutputWithin(db: DbOrTx, uri: string): Promise<{ id: string; outputUri: string } | undefined> {
   const { runs } = db.t;
@@ -126,16 +140,22 @@ export async function getRunOutputWithin(db: DbOrTx, uri: string): Promise<{ id:
   return row;
 }
 
-/** Every run's output prefix, for bringing old rows to the canonical form. */
-export async function listOutputUris(db: DbOrTx): Promise<{ id: string; outputUri: string }[]> {
+/** Every run's output prefix (with its folder's identity and its status), for bringing old rows to the canonical form and sweeping. */
+export async function listOutputUris(db: DbOrTx): Promise<{ id: string; outputUri: string; outputFolder: string | null; status: string }[]> {
   const { runs } = db.t;
-  return await db.q.select({ id: runs.id, outputUri: runs.outputUri }).from(runs);
+  return await db.q.select({ id: runs.id, outputUri: runs.outputUri, outputFolder: runs.outputFolder, status: runs.status }).from(runs);
 }
 
 /** Moves a run's output prefix to another spelling of the same place. */
 export async function setOutputUri(db: DbOrTx, id: string, uri: string): Promise<void> {
   const { runs } = db.t;
   await db.write((w) => w.q.update(runs).set({ outputUri: uri }).where(eq(runs.id, id)));
+}
+
+/** Records the identity of a run's local folder that a write made again after it was removed. */
+export async function setOutputFolder(db: DbOrTx, id: string, folder: string): Promise<void> {
+  const { runs } = db.t;
+  await db.write((w) => w.q.update(runs).set({ outputFolder: folder }).where(eq(runs.id, id)));
 }
 
 /** A run still validating this uploaded file: the file cannot go while it is read. */

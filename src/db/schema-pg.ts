@@ -131,6 +131,8 @@ export const runs = pgTable(
     outputFormat: text('output_format').notNull().default('jsonl'),
     // The share of samples written under eval/ (the rest under train/); null: no split, shards at the prefix's root.
     evalShare: doublePrecision('eval_share'),
+    outputOverwrite: boolean('output_overwrite').notNull().default(false),
+    outputFolder: text('output_folder'),
     predictedSamples: bigintNumber('predicted_samples').notNull().default(0),
     forecast: jsonb('forecast').$type<StoredForecast | null>(),
     variants: jsonb('variants').$type<Variant[] | null>(),

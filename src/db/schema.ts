@@ -134,6 +134,10 @@ export const runs = sqliteTable(
     outputFormat: text('output_format').notNull().default('jsonl'),
     // The share of samples written under eval/ (the rest under train/); null: no split, shards at the prefix's root.
     evalShare: real('eval_share'),
+    // The run may replace files of the names it writes that it found in its prefix (output.overwrite).
+    outputOverwrite: integer('output_overwrite', { mode: 'boolean' }).notNull().default(false),
+    // A local output folder's identity when the run took it ("device:inode"); null on S3 and for older runs.
+    outputFolder: text('output_folder'),
     // Samples with a predicted length: length-aware dispatch needs some.
     predictedSamples: integer('predicted_samples').notNull().default(0),
     // The runner's last forecast, kept so a finished run (a dry run above all) still shows it.

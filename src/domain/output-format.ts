@@ -1,5 +1,6 @@
 import type { SplitName } from './assign.js';
 import { stringifyExact } from './exact-json.js';
+import { MANIFEST_KEY } from './output-line.js';
 
 // How a run's shards are written (README "Output formats"). Every format starts from the same
 // output line (output-line.ts): `jsonl` writes it as is, `conversations` reshapes it into the line
@@ -16,6 +17,16 @@ export const CARD_KEY = 'README.md';
 
 /** A run writes a dataset card unless it is a plain JSONL run without a split (its output stays as it always was). */
 export const writesCard = (format: OutputFormat, evalShare: number | null): boolean => format !== 'jsonl' || evalShare !== null;
+
+/**
+ * The beginnings of the keys a run writes at its prefix (a name, or a folder ending in `/`): shards
+ * and their error files, the manifest, the card (for a run that writes one), the splits' folders,
+ * and `tokens/` and `export…`, kept for a run's token files and exports. A prefix that already holds
+ * one, and that no run owns, holds someone's data the run would replace.
+ */
+export function writtenKeyStarts(format: OutputFormat, evalShare: number | null): string[] {
+  return ['shard-', MANIFEST_KEY, ...(writesCard(format, evalShare) ? [CARD_KEY] : []), 'train/', 'eval/', 'tokens/', 'export'];
+}
 
 // A split run numbers its shards per split; the shard's index in the run interleaves the two, so
 // that either split can add a shard during ingestion without knowing how many the other will have.

@@ -3,11 +3,11 @@ import { getRun, setStatusReason, transitionRun } from '../db/runs.js';
 import { cancelPendingSamples } from '../db/samples.js';
 import type { RunRow, ShardRow } from '../db/schema.js';
 import { closedOpenShards, listRunShards, recordUploadFailure } from '../db/shards.js';
-import { ACTIVE_RUN_STATUSES, type RunStatus } from '../domain/statuses.js';
-import { describeStoreError } from '../storage/index.js';
+import { ACTIVE_RUN_STATUSES, isTerminalRun, type RunStatus } from '../domain/statuses.js';
+import { describeStoreError, FolderChangedError } from '../storage/index.js';
 import { backoffMs, storeBackoff } from '../domain/backoff.js';
 import { Coalesced } from './coalesced.js';
-import { uploadShard, writeManifest } from './shard-writer.js';
+import { outputStore, uploadShard, writeManifest } from './shard-writer.js';
 
 /** Shard uploads under way at once: enough to hide the store's latency, few enough not to flood it. */
 const MAX_CONCURRENT_UPLOADS = 4;
@@ -44,6 +44,11 @@ export class Finisher {
     private readonly guard: <T>(what: string, step: () => T) => T | undefined,
     private readonly hooks: { afterUpload(): unknown; settled(run: RunRow): Promise<unknown>; afterFinish(runId: string): void },
   ) {}
+
+  /** Removes an ended run's temp folder: a finished output folder holds only what its manifest lists. */
+  async removeTemp(run: RunRow): Promise<void> {
+    await outputStore(this.deps, run).removeTemp();
+  }
 
   /** Shard uploads or manifest writes still under way. */
   get busy(): number {
@@ -119,7 +124,8 @@ export class Finisher {
         deps.logger.warn({ run_id: run.id, shard: shard.idx, attempts, err: { message: err.message } }, 'shard upload failed');
         return this.guard('recording a failed shard upload', async () => {
           await recordUploadFailure(deps.db, run.id, shard.idx, attempts, lastError);
-          await this.escalate(run.id, shard.idx, attempts, why);
+          if (err instanceof FolderChangedError) await this.folderChanged(run.id, `shard ${shard.idx}`);
+          else await this.escalate(run.id, shard.idx, attempts, why);
         });
       })
       .finally(() => this.uploading.delete(key));
@@ -140,6 +146,27 @@ export class Finisher {
       }
     } else if (attempts >= UPLOAD_ATTEMPTS_BEFORE_REASON) {
       await setStatusReason(db, runId, `${UPLOAD_REASON}: shard ${idx} failed ${attempts} times (${why}); retrying`, FAILABLE);
+    }
+  }
+
+  /**
+   * The run's local folder is no longer the one it took: no attempt will find it again, and writing
+   * where its path now leads would fill another folder. The run ends at once with the reason (a
+   * cancelling one cancelled, without its manifest); a retry once the folder is back writes the rest.
+   */
+  private async folderChanged(runId: string, what: string): Promise<void> {
+    const { db, clock, logger } = this.deps;
+    const reason = `${what} was not written: ${describeStoreError(new FolderChangedError())}; put the folder back and retry the run`;
+    for (const [from, to] of [
+      [FAILABLE, 'failed'],
+      [['cancelling'], 'cancelled'],
+    ] as const) {
+      if (await transitionRun(db, runId, from, to, clock(), { statusReason: reason })) {
+        this.forget(runId);
+        logger.error({ run_id: runId, status: to, reason }, 'run status');
+        this.hooks.afterFinish(runId);
+        return;
+      }
     }
   }
 
@@ -171,7 +198,9 @@ export class Finisher {
     const { deps } = this;
     this.finishing.add(runId);
     const run = await getRun(deps.db, runId);
-    if (!run) {
+    // A pass that read the run before an earlier finish ended it would write its manifest again,
+    // into a folder whose temp folder is already gone.
+    if (!run || isTerminalRun(run.status)) {
       this.finishing.delete(runId);
       return;
     }
@@ -183,7 +212,8 @@ export class Finisher {
         }
         this.hooks.afterFinish(runId);
       })
-      .catch((err: Error) => {
+      .catch(async (err: Error) => {
+        if (err instanceof FolderChangedError) return this.guard('ending a run whose folder changed', () => this.folderChanged(runId, 'the manifest'));
         this.retryAt.set(retryKey, { at: deps.clock() + MANIFEST_RETRY_MS, attempts: 0 });
         deps.logger.warn({ run_id: runId, err: { message: err.message } }, 'manifest write failed; retrying');
       })

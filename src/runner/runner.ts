@@ -318,7 +318,10 @@ export class Runner implements RunnerView {
     const active = await listRunsByStatus(this.deps.db, ACTIVE_RUN_STATUSES);
     // What was learned of a run that left goes with it (where the runs finish, the finisher forgets them first).
     const ids = new Set(active.map((r) => r.id));
-    for (const gone of this.active.filter((r) => !ids.has(r.id))) this.forgetRun(gone.id);
+    for (const gone of this.active.filter((r) => !ids.has(r.id))) {
+      this.forgetRun(gone.id);
+      void this.guard("removing an ended run's temp folder", () => this.finisher.removeTemp(gone));
+    }
     // Each run's quality checks are built before the run is dispatched, so every answer finds them.
     for (const r of active) if (isDispatchable(r.status)) await this.quality.load(r);
     this.active = active;

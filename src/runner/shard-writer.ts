@@ -1,6 +1,6 @@
 import { createHash } from 'node:crypto';
 import type { RunnerDeps } from '../deps.js';
-import { setManifestKey } from '../db/runs.js';
+import { setManifestKey, setOutputFolder } from '../db/runs.js';
 import type { RunRow, ShardRow } from '../db/schema.js';
 import { listRunShards, markShardUploaded, openShardNow, shardSamplesWithOutput } from '../db/shards.js';
 import { flagCounts } from '../domain/flags.js';
@@ -23,6 +23,13 @@ import { encodeParquet, parquetRowCount, readParquetRows } from '../storage/parq
 
 const sha256 = (b: Buffer) => createHash('sha256').update(b).digest('hex');
 
+/**
+ * The run's output store: a local folder that is no longer the one the run took refuses writes
+ * (FolderChangedError); one that was removed is made again, and the run records it.
+ */
+export const outputStore = (deps: Pick<RunnerDeps, 'stores' | 'db'>, run: Pick<RunRow, 'id' | 'outputUri' | 'outputFolder'>) =>
+  deps.stores.forOutput(run.outputUri, run.outputFolder, (folder) => setOutputFolder(deps.db, run.id, folder));
+
 /** What a shard holds a completed sample as: a line of text, or a Parquet row. */
 export type ShardRecord = string | ParquetRow;
 
@@ -30,7 +37,7 @@ export type ShardRecord = string | ParquetRow;
 async function previousRecords(deps: RunnerDeps, run: RunRow, shard: ShardRow, format: OutputFormat): Promise<Map<string, ShardRecord>> {
   const map = new Map<string, ShardRecord>();
   if (!shard.key) return map;
-  const bytes = await deps.stores.forUri(run.outputUri).get(shard.key);
+  const bytes = await outputStore(deps, run).get(shard.key);
   // Only the object this shard wrote may be trusted, not whatever now sits at its key.
   if (sha256(bytes) !== shard.sha256) throw new Error(`${shard.key} no longer holds the shard uploaded before`);
   if (format === 'parquet') {
@@ -46,7 +53,7 @@ async function previousRecords(deps: RunnerDeps, run: RunRow, shard: ShardRow, f
 }
 
 async function putVerified(deps: RunnerDeps, run: RunRow, key: string, body: Buffer, check?: (back: Buffer) => void): Promise<string> {
-  const store = deps.stores.forUri(run.outputUri);
+  const store = outputStore(deps, run);
   const digest = sha256(body);
   await store.put(key, body);
   const back = await store.get(key);
@@ -106,7 +113,7 @@ export async function uploadShard(deps: RunnerDeps, run: RunRow, listed: ShardRo
     } else if (s.status === 'failed') errors.push(errorLine(s));
     else if (s.status !== 'cancelled') return false;
   }
-  const store = deps.stores.forUri(run.outputUri);
+  const store = outputStore(deps, run);
   // A shard with no completed line writes no object (a run cancelled early would leave one empty
   // file per shard); the manifest lists it as empty, so the shard count still adds up.
   let shardMeta = { key: null as string | null, bytes: 0, lines: 0, sha256: null as string | null };

@@ -1,11 +1,18 @@
 import { createReadStream, createWriteStream } from 'node:fs';
 import { mkdir, open, readdir, readFile, rename, rm, rmdir, stat, unlink, writeFile } from 'node:fs/promises';
-import { basename, dirname, join } from 'node:path';
+import { basename, dirname, join, resolve } from 'node:path';
+import { pathToFileURL } from 'node:url';
 import { randomBytes } from 'node:crypto';
 import { pipeline } from 'node:stream/promises';
 import type { Readable } from 'node:stream';
-import { TEMP_FOLDER } from './location.js';
-import { assertKey, byteCounter, probeKey, type ObjectStore } from './store.js';
+import { realLocation, TEMP_FOLDER } from './location.js';
+import { assertKey, byteCounter, FolderChangedError, probeKey, type ObjectStore, type TakenLocation } from './store.js';
+
+/** A folder's identity on this machine, its device and inode: the same however it is reached, and new for a folder put in its place. */
+export async function folderIdentity(path: string): Promise<string> {
+  const s = await stat(path, { bigint: true });
+  return `${s.dev}:${s.ino}`;
+}
 
 /**
  * A local folder as an object store. Writes go to a temp file in the folder's own TEMP_FOLDER and
@@ -17,11 +24,52 @@ import { assertKey, byteCounter, probeKey, type ObjectStore } from './store.js';
 export class FileStore implements ObjectStore {
   private readonly temp: string;
 
+  /**
+   * `folder`: the identity the folder must still have for a write or delete to go ahead (a run's, as
+   * it took it); `remade`, told the new identity when a write makes the folder again.
+   */
   constructor(
     readonly uri: string,
     private readonly dir: string,
+    private folder: string | null = null,
+    private readonly remade?: (folder: string) => Promise<void>,
   ) {
     this.temp = join(dir, TEMP_FOLDER);
+  }
+
+  /**
+   * Whether the folder is still the run's: true when it is, false when no folder stands at its path
+   * (removed; a file in its place fails the write as any such write does). Throws FolderChangedError
+   * when another folder stands there, or a link to one: the run would write into, or delete from, a
+   * folder it never took.
+   */
+  private async stillOwned(): Promise<boolean> {
+    if (this.folder === null) return true;
+    let now: { identity: string; isFolder: boolean };
+    try {
+      const s = await stat(this.dir, { bigint: true });
+      now = { identity: `${s.dev}:${s.ino}`, isFolder: s.isDirectory() };
+    } catch (err) {
+      const code = (err as NodeJS.ErrnoException).code;
+      if (code === 'ENOENT' || code === 'ENOTDIR') return false;
+      throw err;
+    }
+    if (!now.isFolder) return false;
+    if (now.identity !== this.folder) throw new FolderChangedError();
+    return true;
+  }
+
+  /**
+   * Before a write: a folder that is gone is made again, only where its path still leads to itself
+   * (no link on the way), and its new identity is the one kept from then on.
+   */
+  private async mustOwn(): Promise<void> {
+    if (await this.stillOwned()) return;
+    if (realLocation(this.dir) !== resolve(this.dir)) throw new FolderChangedError();
+    await mkdir(this.dir, { recursive: true });
+    const folder = await folderIdentity(this.dir);
+    await this.remade?.(folder);
+    this.folder = folder;
   }
 
   private path(key: string): string {
@@ -31,6 +79,7 @@ export class FileStore implements ObjectStore {
 
   private async atomically(key: string, write: (tmp: string) => Promise<void>): Promise<void> {
     const dest = this.path(key);
+    await this.mustOwn();
     await mkdir(dirname(dest), { recursive: true });
     await mkdir(this.temp, { recursive: true });
     const tmp = join(this.temp, `${basename(dest)}.${randomBytes(6).toString('hex')}`);
@@ -79,7 +128,10 @@ export class FileStore implements ObjectStore {
   }
 
   async delete(key: string): Promise<void> {
-    await unlink(this.path(key)).catch((err: NodeJS.ErrnoException) => {
+    const path = this.path(key);
+    // A folder that is gone holds nothing to delete; one put in its place is not the run's.
+    if (!(await this.stillOwned())) return;
+    await unlink(path).catch((err: NodeJS.ErrnoException) => {
       if (err.code !== 'ENOENT') throw err;
     });
   }
@@ -88,19 +140,70 @@ export class FileStore implements ObjectStore {
     // The probe leaves the disk as it found it: a validation, or a create refused after its probe,
     // must not leave an empty folder behind.
     const made = await mkdir(this.dir, { recursive: true });
-    const key = probeKey();
     try {
-      await this.atomically(key, (tmp) => writeFile(tmp, 'ok'));
-      await this.delete(key);
+      await this.probe();
     } finally {
       if (made) await this.removeEmptyUpTo(made);
     }
   }
 
+  async take(): Promise<TakenLocation> {
+    const made = await mkdir(this.dir, { recursive: true });
+    try {
+      await this.probe();
+    } catch (err) {
+      if (made) await this.removeEmptyUpTo(made);
+      throw err;
+    }
+    // The folder stays, its temp folder does not: a finished folder holds only what the run wrote.
+    await rmdir(this.temp).catch(() => {});
+    const taken = await folderIdentity(this.dir);
+    return {
+      confirm: async () => {
+        const remade = await mkdir(this.dir, { recursive: true });
+        const now = await folderIdentity(this.dir);
+        if (!remade && now !== taken) throw new FolderChangedError();
+        return now;
+      },
+      giveBack: async (owned) => {
+        if (made) await this.prune(made, owned);
+      },
+    };
+  }
+
+  /** Removes the empty folders of a tree, deepest first, but none a run owns (a folder that holds one is never empty). */
+  private async prune(dir: string, owned: (folderUri: string) => Promise<boolean>): Promise<void> {
+    const entries = await readdir(dir, { withFileTypes: true }).catch(() => []);
+    for (const e of entries) if (e.isDirectory()) await this.prune(join(dir, e.name), owned);
+    const href = pathToFileURL(dir).href;
+    if (await owned(href.endsWith('/') ? href : `${href}/`)) return;
+    await rmdir(dir).catch(() => {});
+  }
+
+  private async probe(): Promise<void> {
+    const key = probeKey();
+    await this.atomically(key, (tmp) => writeFile(tmp, 'ok'));
+    await this.delete(key);
+  }
+
+  async findKey(start: string): Promise<string | null> {
+    const folder = start.slice(0, start.lastIndexOf('/') + 1);
+    const name = start.slice(folder.length);
+    let names: string[];
+    try {
+      names = await readdir(join(this.dir, folder));
+    } catch {
+      return null;
+    }
+    const hit = names.sort().find((n) => n.startsWith(name) && n !== TEMP_FOLDER);
+    return hit === undefined ? null : folder + hit;
+  }
+
   /** Removes the temp folder and the folders from this one up to `top` while they are empty. */
   private async removeEmptyUpTo(top: string): Promise<void> {
     await rmdir(this.temp).catch(() => {});
-    for (let d = this.dir; ; d = dirname(d)) {
+    // Resolved: without its trailing `/` the folder compares equal to `top`, as mkdir names it.
+    for (let d = resolve(this.dir); ; d = dirname(d)) {
       const removed = await rmdir(d).then(
         () => true,
         () => false,
@@ -109,7 +212,8 @@ export class FileStore implements ObjectStore {
     }
   }
 
-  async sweep(before: number): Promise<number> {
+  async sweep(before: number, dropEmpty = false): Promise<number> {
+    if (!(await this.stillOwned())) return 0;
     let names: string[];
     try {
       names = await readdir(this.temp);
@@ -124,6 +228,16 @@ export class FileStore implements ObjectStore {
       await rm(p, { force: true, recursive: true });
       swept++;
     }
+    if (dropEmpty) await rmdir(this.temp).catch(() => {});
     return swept;
+  }
+
+  async removeTemp(): Promise<void> {
+    // A folder gone or put in another's place holds no temp folder of the run's.
+    const owned = await this.stillOwned().catch((err: unknown) => {
+      if (err instanceof FolderChangedError) return false;
+      throw err;
+    });
+    if (owned) await rm(this.temp, { recursive: true, force: true });
   }
 }

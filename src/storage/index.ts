@@ -13,16 +13,25 @@ export class Stores {
   constructor(private readonly s3Settings: S3Settings) {}
 
   forUri(uri: string): ObjectStore {
+    return this.forOutput(uri, null);
+  }
+
+  /**
+   * A run's output store: a local folder that is no longer the one the run took (`folder`, its
+   * identity) refuses writes; `remade` records the identity of the folder a write made again.
+   */
+  forOutput(uri: string, folder: string | null, remade?: (folder: string) => Promise<void>): ObjectStore {
     const base = uri.endsWith('/') ? uri : uri + '/';
-    let store = this.cache.get(base);
+    const cacheKey = folder === null ? base : `${base}\0${folder}`;
+    let store = this.cache.get(cacheKey);
     if (!store) {
       const loc = parseStoreUri(base);
-      if (loc.kind === 'file') store = new FileStore(base, loc.dir);
+      if (loc.kind === 'file') store = new FileStore(base, loc.dir, folder, remade);
       else {
         this.s3 ??= makeS3Client(this.s3Settings);
         store = new S3Store(base, this.s3, loc.bucket, loc.prefix);
       }
-      this.cache.set(base, store);
+      this.cache.set(cacheKey, store);
     }
     return store;
   }

@@ -1,7 +1,15 @@
-import { DeleteObjectCommand, GetObjectCommand, HeadObjectCommand, PutObjectCommand, S3Client, S3ServiceException } from '@aws-sdk/client-s3';
+import {
+  DeleteObjectCommand,
+  GetObjectCommand,
+  HeadObjectCommand,
+  ListObjectsV2Command,
+  PutObjectCommand,
+  S3Client,
+  S3ServiceException,
+} from '@aws-sdk/client-s3';
 import { Upload } from '@aws-sdk/lib-storage';
 import type { Readable } from 'node:stream';
-import { assertKey, byteCounter, probeKey, type ObjectStore } from './store.js';
+import { assertKey, byteCounter, probeKey, type ObjectStore, type TakenLocation } from './store.js';
 
 export interface S3Settings {
   endpoint?: string;
@@ -82,8 +90,22 @@ export class S3Store implements ObjectStore {
     await this.delete(key);
   }
 
+  /** A prefix is no folder: nothing is made that could be given back, and no link can stand in its place. */
+  async take(): Promise<TakenLocation> {
+    await this.check();
+    return { confirm: async () => null, giveBack: async () => {} };
+  }
+
+  async findKey(start: string): Promise<string | null> {
+    const res = await this.client.send(new ListObjectsV2Command({ Bucket: this.bucket, Prefix: this.prefix + start, MaxKeys: 1 }));
+    const key = res.Contents?.[0]?.Key;
+    return key === undefined ? null : key.slice(this.prefix.length);
+  }
+
   /** A single PUT is atomic and an unfinished multipart upload is invisible to readers: nothing to sweep. */
   async sweep(): Promise<number> {
     return 0;
   }
+
+  async removeTemp(): Promise<void> {}
 }

@@ -13,10 +13,48 @@ export interface ObjectStore {
   getStream(key: string): Promise<Readable>;
   head(key: string): Promise<{ bytes: number } | null>;
   delete(key: string): Promise<void>;
-  /** Throws when the store cannot be reached or written: writes a probe object and deletes it. */
+  /** Throws when the store cannot be reached or written: writes a probe object and deletes it, and removes the folders it made. */
   check(): Promise<void>;
-  /** Removes what writes cut short by a crash left behind, last touched before `before` (epoch ms); returns how many. */
-  sweep(before: number): Promise<number>;
+  /**
+   * As check(), for a run taking the prefix: the folders the probe made stay, so that no link can
+   * later be put where the run's folder is and lead a second run into it.
+   */
+  take(): Promise<TakenLocation>;
+  /** The key of an object under the prefix that begins with `start` (a name, or a folder ending in `/`), or null when there is none. */
+  findKey(start: string): Promise<string | null>;
+  /**
+   * Removes what writes cut short by a crash left behind, last touched before `before` (epoch ms);
+   * returns how many. With `dropEmpty`, the temp folder goes too once empty: for a run that has ended.
+   */
+  sweep(before: number, dropEmpty?: boolean): Promise<number>;
+  /** Removes the temp folder and all it holds: the run writing through it has ended. */
+  removeTemp(): Promise<void>;
+}
+
+/** A prefix a new run has taken (ObjectStore.take). */
+export interface TakenLocation {
+  /**
+   * A local folder's identity ("device:inode", folderIdentity) as it stands, made again if a racing
+   * create's give-back removed it meanwhile; null on S3. Throws FolderChangedError when another
+   * folder stands in its place. Called where creates take turns, so that the folder a run records is there.
+   */
+  confirm(): Promise<string | null>;
+  /**
+   * Removes the empty folders the probe made (and any made inside them meanwhile), deepest first,
+   * but none that `owned` says a run has: the run was not made after all. Called where creates take turns.
+   */
+  giveBack(owned: (folderUri: string) => Promise<boolean>): Promise<void>;
+}
+
+/**
+ * A write refused because a run's local folder is no longer the one it took: moved, removed, or a
+ * link to another folder put in its place. Its code names it in describeStoreError.
+ */
+export class FolderChangedError extends Error {
+  readonly code = 'output_folder_changed';
+  constructor() {
+    super('the output folder is no longer the one the run took');
+  }
 }
 
 /** A key for a probe object, unique so that checks from several processes never meet. */
@@ -78,6 +116,7 @@ const CAUSES: Record<string, string> = {
   ENOSPC: 'no space left',
   EDQUOT: 'disk quota exceeded',
   ENOENT: 'no such file or folder',
+  output_folder_changed: 'the output folder is no longer the one the run took (moved, removed, or a link put in its place)',
 };
 
 /**

@@ -97,6 +97,7 @@ export function renderRun(r: RunRow, live: RunProgress, now: number, variantRows
     shard_size: r.shardSize,
     output_uri: r.outputUri,
     output_format: r.outputFormat as Run['output_format'],
+    output_overwrite: r.outputOverwrite,
     split: r.evalShare === null ? null : { eval: r.evalShare },
     priority: r.priority,
     metadata: r.metadata,

@@ -68,6 +68,10 @@ export const CreateRunBody = z
           description:
             "How the shards are written: `jsonl` (the default: one output line per sample), `conversations` (SpecForge's regenerated-data shape: the conversation with each answer's reasoning, and `status`), or `parquet` (typed Parquet shards with a `README.md` dataset card for Hugging Face `datasets`)",
         }),
+        overwrite: z.boolean().optional().openapi({
+          description:
+            "Lets the run replace files of the names it writes (`shard-*`, `manifest.json`, `README.md` where it writes a card, `train/`, `eval/`, `tokens/`, `export*`) that its prefix already holds; without it such a prefix is a 409 naming the file. A prefix holding the run's input is refused either way",
+        }),
       })
       .strict()
       .optional(),
@@ -234,6 +238,9 @@ export const Run = z
     shard_size: z.number().int(),
     output_uri: z.string(),
     output_format: z.enum(OUTPUT_FORMATS),
+    output_overwrite: z
+      .boolean()
+      .openapi({ description: 'Whether the run may replace files of the names it writes that its prefix held when it was created (`output.overwrite`)' }),
     split: z.object({ eval: z.number() }).nullable(),
     priority: z.number().int(),
     metadata: z.record(z.string(), z.string()),

@@ -74,7 +74,7 @@ export async function retryRun(deps: Deps, id: string, only: 'failed' | 'flagged
   if (requeued > 0 && run.manifestKey) {
     // The old manifest would describe shards that are about to be rewritten; a new one comes at the end.
     await deps.stores
-      .forUri(run.outputUri)
+      .forOutput(run.outputUri, run.outputFolder)
       .delete(run.manifestKey)
       .catch((err: Error) => deps.logger.warn({ run_id: id, err: { message: err.message } }, 'stale manifest could not be deleted'));
   }

@@ -5,7 +5,7 @@ import { ApiError } from '../../errors.js';
 import { newId } from '../../ids.js';
 import { appendEvent } from '../../db/events.js';
 import { deleteFile, getFile, insertFile } from '../../db/files.js';
-import { getRun, getRunByIdempotencyKey, getRunOverlappingOutput, insertRun } from '../../db/runs.js';
+import { getRun, getRunByIdempotencyKey, getRunOverlappingOutput } from '../../db/runs.js';
 import type { runs, RunInput, RunRow } from '../../db/schema.js';
 import { DEFAULT_CALIBRATION_SAMPLES } from '../../domain/forecast.js';
 import { samplesPerLineProblem, type DispatchOrder, type OnInvalidLine, type OnLength, type RegenerateMode } from '../../domain/params.js';
@@ -15,7 +15,8 @@ import { qualityConfig, type QualityRequest } from '../../domain/quality.js';
 import type { OutputFormat } from '../../domain/output-format.js';
 import { lowerScheme } from '../../storage/location.js';
 import { resolveInput } from './input-source.js';
-import { isOutputTaken, outputTaken, outputUriFor } from './output-location.js';
+import { giveBackOutput, insertOwningOutput, isOutputTaken, outputTaken, takeOutput } from './output-location.js';
+import { describeStoreError } from '../../storage/index.js';
 
 /** What a run is made of: the body of POST /v1/runs, as its route has validated it. */
 export interface NewRun {
@@ -24,7 +25,7 @@ export interface NewRun {
   input: { file_id: string } | { uri: string } | { requests: unknown[] };
   params?: Record<string, unknown>;
   shard_size?: number;
-  output?: { uri?: string; format?: OutputFormat };
+  output?: { uri?: string; format?: OutputFormat; overwrite?: boolean };
   split?: { eval: number };
   regenerate?: RegenerateMode | null;
   on_invalid_line?: OnInvalidLine;
@@ -117,85 +118,86 @@ export async function createRun(
   const id = newId('run');
   const now = deps.clock();
   // The input is checked before the output's probe, and inline requests are stored after it, so
-  // that a refused request stores nothing (the probe removes the folders it made).
+  // that a refused request stores nothing (a refused create gives back the folders its probe made).
   // A request with the same key that raced this one may have taken the prefix first: this one is its replay.
   const replays = async (err: unknown) =>
     idempotencyKey !== undefined &&
     (isUniqueViolation(err, 'idempotency_key') || isOutputTaken(err)) &&
     (await getRunByIdempotencyKey(db, idempotencyKey)) !== undefined;
   const checked = 'requests' in body.input ? undefined : await checkInput(deps, body.input);
-  let outputUri: string;
+  let output: Awaited<ReturnType<typeof takeOutput>>;
   try {
-    outputUri = await outputUriFor(deps, id, body.output?.uri);
+    output = await takeOutput(deps, id, body);
   } catch (err) {
     if (await replays(err)) return createRun(deps, body, idempotencyKey, extra);
     throw err;
   }
-  let input: RunInput;
-  // What a dry run without a name of its own is called after, so a list of runs tells plans apart.
-  let inputName: string;
   let inlineFile: { id: string; objectKey: string } | undefined;
-  if (!('requests' in body.input)) ({ input, name: inputName } = checked!);
-  else {
-    // Inline requests are kept as a file so a restart can validate them again.
-    const fileId = newId('file');
-    const key = `files/${fileId}.jsonl`;
-    const text = body.input.requests.map((r) => JSON.stringify(r)).join('\n') + '\n';
-    await deps.stores.forUri(config.outputUri).put(key, text);
-    await insertFile(db, {
-      id: fileId,
-      filename: `${id}-requests.jsonl`,
-      purpose: 'run_input',
-      bytes: Buffer.byteLength(text),
-      objectKey: key,
-      createdAt: now,
-    });
-    input = { file_id: fileId };
-    inputName = `${body.input.requests.length} inline requests`;
-    inlineFile = { id: fileId, objectKey: key };
-  }
-  const row: typeof runs.$inferInsert = {
-    id,
-    name: body.name ?? (body.dry_run ? `dry run of ${inputName}` : null),
-    model: body.model,
-    status: 'validating',
-    createdAt: now,
-    params: body.params ?? {},
-    input,
-    shardSize: body.shard_size ?? config.shardSize,
-    outputUri,
-    priority: body.priority ?? 0,
-    metadata: body.metadata ?? {},
-    regenerate: body.regenerate ?? null,
-    onInvalidLine: body.on_invalid_line ?? 'fail',
-    quality: qualityConfig(body.quality),
-    requestTimeoutMs: body.request_timeout_ms ?? config.requestTimeoutMs,
-    maxAttempts: body.max_attempts ?? config.maxAttempts,
-    // A run without a webhook of its own takes the server's default URL; its secret stays in the config.
-    webhookUrl: body.webhook?.url ?? config.webhookUrl ?? null,
-    webhookSecret: body.webhook?.secret ?? null,
-    idempotencyKey: idempotencyKey ?? null,
-    requestHash,
-    calibrationSamples,
-    dryRun: body.dry_run ?? false,
-    deadlineSeconds: body.deadline_seconds ?? null,
-    // Length-aware by default for conversations only: their tail is the longest chain of turns, which
-    // starting the longest conversations first shortens (`npm run bench conversations`, BENCHMARKS.md);
-    // for single prompts the bench has not shown it shortening the tail.
-    dispatchOrder: body.dispatch_order ?? (body.regenerate === 'all_assistant' ? 'length_aware' : 'input'),
-    variants: body.variants ?? null,
-    onLength: body.on_length ?? 'keep',
-    outputFormat: body.output?.format ?? 'jsonl',
-    evalShare: body.split?.eval ?? null,
-    updatedAt: now,
-    ...extra,
-  };
   try {
-    await db.tx(async (tx) => {
-      await insertRun(tx, row);
-      await appendEvent(tx, id, 'status', { status: 'validating', reason: null }, now);
-    });
+    let input: RunInput;
+    // What a dry run without a name of its own is called after, so a list of runs tells plans apart.
+    let inputName: string;
+    if (!('requests' in body.input)) ({ input, name: inputName } = checked!);
+    else {
+      // Inline requests are kept as a file so a restart can validate them again.
+      const fileId = newId('file');
+      const key = `files/${fileId}.jsonl`;
+      const text = body.input.requests.map((r) => JSON.stringify(r)).join('\n') + '\n';
+      await deps.stores.forUri(config.outputUri).put(key, text);
+      inlineFile = { id: fileId, objectKey: key };
+      await insertFile(db, {
+        id: fileId,
+        filename: `${id}-requests.jsonl`,
+        purpose: 'run_input',
+        bytes: Buffer.byteLength(text),
+        objectKey: key,
+        createdAt: now,
+      });
+      input = { file_id: fileId };
+      inputName = `${body.input.requests.length} inline requests`;
+    }
+    const row: typeof runs.$inferInsert = {
+      id,
+      name: body.name ?? (body.dry_run ? `dry run of ${inputName}` : null),
+      model: body.model,
+      status: 'validating',
+      createdAt: now,
+      params: body.params ?? {},
+      input,
+      shardSize: body.shard_size ?? config.shardSize,
+      outputUri: output.uri,
+      priority: body.priority ?? 0,
+      metadata: body.metadata ?? {},
+      regenerate: body.regenerate ?? null,
+      onInvalidLine: body.on_invalid_line ?? 'fail',
+      quality: qualityConfig(body.quality),
+      requestTimeoutMs: body.request_timeout_ms ?? config.requestTimeoutMs,
+      maxAttempts: body.max_attempts ?? config.maxAttempts,
+      // A run without a webhook of its own takes the server's default URL; its secret stays in the config.
+      webhookUrl: body.webhook?.url ?? config.webhookUrl ?? null,
+      webhookSecret: body.webhook?.secret ?? null,
+      idempotencyKey: idempotencyKey ?? null,
+      requestHash,
+      calibrationSamples,
+      dryRun: body.dry_run ?? false,
+      deadlineSeconds: body.deadline_seconds ?? null,
+      // Length-aware by default for conversations only: their tail is the longest chain of turns, which
+      // starting the longest conversations first shortens (`npm run bench conversations`, BENCHMARKS.md);
+      // for single prompts the bench has not shown it shortening the tail.
+      dispatchOrder: body.dispatch_order ?? (body.regenerate === 'all_assistant' ? 'length_aware' : 'input'),
+      variants: body.variants ?? null,
+      onLength: body.on_length ?? 'keep',
+      outputFormat: body.output?.format ?? 'jsonl',
+      evalShare: body.split?.eval ?? null,
+      outputOverwrite: body.output?.overwrite ?? false,
+      updatedAt: now,
+      ...extra,
+    };
+    await insertOwningOutput(deps, row, output, Boolean(body.output?.uri), (tx) => appendEvent(tx, id, 'status', { status: 'validating', reason: null }, now));
   } catch (err) {
+    await giveBackOutput(deps, output).catch((e: unknown) =>
+      deps.logger.warn({ err: { message: describeStoreError(e) } }, 'folders made by a refused probe not removed'),
+    );
     if (inlineFile) {
       await deps.stores
         .forUri(config.outputUri)
@@ -206,7 +208,7 @@ export async function createRun(
     // Two requests raced with one key: the loser answers with the winner's run.
     if (await replays(err)) return createRun(deps, body, idempotencyKey, extra);
     // Two requests raced for one output prefix: the loser is told whose it is.
-    if (isUniqueViolation(err, 'output_uri')) throw outputTaken(await getRunOverlappingOutput(db, outputUri));
+    if (isUniqueViolation(err, 'output_uri')) throw outputTaken(await getRunOverlappingOutput(db, output.uri));
     throw err;
   }
   deps.logger.info({ run_id: id, model: body.model, status: 'validating' }, 'run created');

@@ -50,6 +50,6 @@ export async function validateRun(deps: Deps, body: RunDraft): Promise<RunWarnin
   checkSamplesPerLine(body);
   checkAnswerBuffer(body, deps.config.answerBufferBytes);
   if (body.input && !('requests' in body.input)) await checkInput(deps, body.input);
-  await outputUriFor(deps, newId('run'), body.output?.uri);
+  await outputUriFor(deps, newId('run'), body);
   return await modelWarnings(deps.db, body.model);
 }
