@@ -196,7 +196,7 @@ describe('regen CLI', () => {
     expect((await getRun(runId)).status).toBe('completed');
   });
 
-  it('refuses whole numbers past what the flag can mean, before any file is read or uploaded, naming the range', async () => {
+  it('refuses whole numbers past what the flag can mean, and shares that are not a number in (0, 1), before any file is uploaded, naming the range', async () => {
     const filesBefore = (await call(server.url, '/v1/files?limit=1000', { headers: auth })).body.data.length;
     const file = prompts('range', 1);
     const results = await Promise.all([
@@ -204,8 +204,11 @@ describe('regen CLI', () => {
       regen(['plan', file, '--model', 'm', '--endpoints', '100001']),
       regen(['submit', file, '--model', 'm', '--shard-size', '9007199254740993']),
       regen(['demo', '--samples', '0']),
+      regen(['submit', file, '--model', 'm', '--eval-share', '0.5x']),
+      regen(['submit', file, '--model', 'm', '--eval-share', 'abc']),
+      regen(['submit', file, '--model', 'm', '--eval-share', '1']),
     ]);
-    const [endpoints, tooMany, shardSize, demo] = results;
+    const [endpoints, tooMany, shardSize, demo, ...shares] = results;
     for (const r of results) expect(r.code, r.stderr).toBe(2);
     expect(endpoints.stderr).toContain(
       "option '--endpoints <n>' argument '99999999999999999999' is invalid. --endpoints must be a whole number from 1 to 100,000",
@@ -213,6 +216,7 @@ describe('regen CLI', () => {
     expect(tooMany.stderr).toContain('--endpoints must be a whole number from 1 to 100,000');
     expect(shardSize.stderr).toContain('--shard-size must be a whole number from 1 to 9,007,199,254,740,991');
     expect(demo.stderr).toContain('--samples must be a whole number from 1 to');
+    for (const share of shares) expect(share.stderr).toContain('--eval-share must be a number between 0 and 1, such as 0.05');
     expect((await call(server.url, '/v1/files?limit=1000', { headers: auth })).body.data.length).toBe(filesBefore);
   });
 

@@ -30,6 +30,13 @@ export const positiveInt =
 /** `plan --endpoints`: far past any fleet, so that a number this large is taken for the typo it is. */
 const MAX_PLANNED_ENDPOINTS = 100_000;
 
+/** A share strictly between 0 and 1, the whole argument a number: parseFloat would read `0.5x` as 0.5 and `abc` as NaN. */
+const shareArg = (what: string) => (value: string) => {
+  const n = /^\s*[+]?(\d+\.?\d*|\.\d+)(e[+-]?\d+)?\s*$/i.test(value) ? Number(value) : Number.NaN;
+  if (!(n > 0 && n < 1)) throw new InvalidArgumentError(`${what} must be a number between 0 and 1, such as 0.05`);
+  return n;
+};
+
 const SECONDS_PER: Record<string, number> = { s: 1, m: 60, h: 3600, d: 86_400 };
 
 /** "72h", "90m", "2d", "3600s" or "3600" (seconds) → seconds. */
@@ -93,7 +100,7 @@ export function registerClientCommands(program: Command): void {
     .option(
       '--eval-share <share>',
       'put this share of samples (0 < share < 1, by a stable hash of the custom_id) under eval/, the rest under train/',
-      parseFloat,
+      shareArg('--eval-share'),
     )
     .option('--watch', 'follow the run with a progress bar; exit 0 completed, 1 failed or cancelled, 3 paused by the quality gate')
     .action((file, opts) => run(async () => (await import('./submit.js')).submitCommand(file, opts)));
