@@ -95,7 +95,7 @@ export class ClaimBuffer {
     /** A claim landed: the pump can send its samples, or give the slots it held to other runs. */
     private readonly onClaimed: () => void,
     private readonly onError: (err: unknown) => void,
-    /** The endpoints this process drives when only some: a claim takes the samples whose prefix is cached there first. */
+    /** The endpoints this process drives when only some: a claim leaves the samples whose prefix is cached on another replica's to that one. */
     private readonly drives: () => readonly string[] | null = () => null,
     /**
      * A replica of several: how long a sample whose prefix is cached on an endpoint another
