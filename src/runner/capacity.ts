@@ -114,3 +114,33 @@ function retracting(prev: Load | null, load: Load, elapsedMs: number): boolean {
 export function serverCeiling(maxRunning: number): number {
   return maxRunning + queueBand(maxRunning).low;
 }
+
+/**
+ * The cap of an endpoint whose server turns regen away (429, a gateway's shedding): cut below what
+ * was in flight at each turn-away, as the adaptive cap is cut on retractions, and given back one
+ * slot per answer, so regen settles just under what the server lets it have.
+ */
+export class YieldCap {
+  private held: number | null = null;
+  /** Turn-aways since the last answer: the backoff of one without Retry-After doubles with them. */
+  private inRow = 0;
+
+  /** The cap in use given the one the endpoint would have otherwise. */
+  limit(cap: number): number {
+    return this.held === null ? cap : Math.min(cap, this.held);
+  }
+
+  /** A turn-away with `inFlight` requests there under `cap`; returns the turn-aways in a row. */
+  turnedAway(cap: number, inFlight: number): number {
+    this.held = Math.max(1, Math.floor(Math.min(cap, inFlight) * BACKOFF));
+    return ++this.inRow;
+  }
+
+  /** An answer: one slot more, until the cap is the endpoint's own again. */
+  answered(cap: number): void {
+    this.inRow = 0;
+    if (this.held === null) return;
+    this.held++;
+    if (this.held >= cap) this.held = null;
+  }
+}

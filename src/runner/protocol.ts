@@ -1,6 +1,7 @@
 import type { Config } from '../config.js';
 import type { RetryReason } from '../domain/sample-errors.js';
 import type { RunnerSnapshot } from '../domain/live-view.js';
+import type { TurnedAwayReason } from '../domain/turned-away.js';
 
 // What crosses between the API thread (thread.ts) and the runner's worker thread (worker.ts).
 // Both sides import these types from here, never from each other.
@@ -17,6 +18,7 @@ type Answered = [string, number, number, number];
 export interface MetricsBatch {
   answered: Answered[];
   retried: RetryReason[];
+  turnedAway: [endpointId: string, reason: TurnedAwayReason][];
   uploads: number;
   uploadFailures: number;
 }

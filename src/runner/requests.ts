@@ -25,6 +25,7 @@ import type { RunQuality } from '../domain/run-quality.js';
 import type { SampleError } from '../domain/sample-errors.js';
 import { choiceOrder, otherChoices, requestSample, shareUsage } from './choices.js';
 import { StreamedAnswer } from './stream-answer.js';
+import type { TurnedAwayReason } from '../domain/turned-away.js';
 
 /** Why regen aborted a request: to cancel its run, to give its sample back, or because its answer looped. */
 export type AbortReason = 'cancel' | 'release' | 'loop';
@@ -48,6 +49,8 @@ export interface Flight {
   limits: AnswerLimits;
   /** The answer's share of the memory of answers in flight. */
   lease: AnswerLease;
+  /** The request carried the endpoint's `priority`: a refusal of it is the endpoint's, not the sample's. */
+  sentPriority: boolean;
 }
 
 /**
@@ -72,6 +75,8 @@ export class Requests {
       qualityOf(run: RunRow): RunQuality | null;
       /** An answer arrived (whatever its flags): what the forecast measures the fleet's speed from. */
       answered(run: RunRow, endpointId: string, tokens: number, latencyMs: number, now: number): void;
+      /** The server turned a request of the run away for a while: counted, for /metrics and the run's page. */
+      turnedAway(run: RunRow, endpointId: string, reason: TurnedAwayReason): void;
     },
   ) {
     this.answers = new AnswerBudget(deps.config.answerBufferBytes);
@@ -89,6 +94,8 @@ export class Requests {
     const group = choiceOrder(claimed);
     const sample = group[0];
     const { body, thinking } = buildRequest(run, requestSample(group as [Claimed, ...Claimed[]]), Math.random, group.length);
+    const sentPriority = e.sendsPriority;
+    if (sentPriority) body.priority = e.row.requestPriority;
     const controller = new AbortController();
     const limits = answerLimits(body, e.row.maxModelLen);
     const flight: Flight = {
@@ -103,6 +110,7 @@ export class Requests {
       maxTokens: askedMaxTokens(body),
       limits,
       lease: this.answers.lease(answerByteLimit(body, limits)),
+      sentPriority,
     };
     // Keyed by the first sample: one request, one slot, however many answers it asks.
     this.flights.set(sample.id, flight);
@@ -118,6 +126,7 @@ export class Requests {
         : e.client.chat.completions.create(body as never, {
             signal: controller.signal,
             timeout: run.requestTimeoutMs,
+            headers: e.extraHeaders,
             // The openai client hands its fetchOptions to agentFetch untouched; its type knows only RequestInit's fields.
             fetchOptions: { answerLease: flight.lease } satisfies AnswerInit as object,
           });
@@ -211,6 +220,7 @@ export class Requests {
   private onResponse(f: Flight, res: unknown, latencyMs: number): void {
     const e = f.endpoint;
     e.consecutiveFailures = 0;
+    e.yieldCap.answered(this.pool.capOf(e));
     const parsed = parseAnswers(res, f.limits, f.group.length);
     if (f.abortReason && parsed.some((p) => !p.ok)) {
       this.onError(f, null);
@@ -309,7 +319,17 @@ export class Requests {
       for (const s of f.group) this.settle(settleAbort(this.attempt(f, s), 'release'));
       return;
     }
-    const verdict = classifyError(err, f.run.requestTimeoutMs);
+    const verdict = classifyError(err, f.run.requestTimeoutMs, f.sentPriority, this.deps.clock());
+    if (verdict.kind === 'turned_away' || verdict.kind === 'priority_refused') {
+      // The server's choice, not a fault of either: the samples go back with nothing charged.
+      e.consecutiveFailures = 0;
+      if (verdict.kind === 'turned_away') {
+        this.pool.turnedAway(e, verdict.retryAfterMs);
+        this.hooks.turnedAway(f.run, e.row.id, verdict.reason);
+      } else void this.guard('marking an endpoint', () => this.pool.refusePriority(e, verdict.message));
+      for (const s of f.group) this.settle(settleAbort(this.attempt(f, s), 'release'));
+      return;
+    }
     if (verdict.kind === 'endpoint_refused') {
       e.consecutiveFailures = 0;
       void this.guard('marking an endpoint', () => this.pool.setState(e, 'starting', verdict.reason));

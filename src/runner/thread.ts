@@ -146,6 +146,7 @@ export class RunnerThread {
       case 'metrics':
         for (const [endpointId, latencyMs, tokens, flags] of m.batch.answered) deps.metrics.answered(endpointId, latencyMs, tokens, flags);
         for (const reason of m.batch.retried) deps.metrics.retried(reason);
+        for (const [endpointId, reason] of m.batch.turnedAway) deps.metrics.turnedAway(endpointId, reason);
         for (let i = 0; i < m.batch.uploads; i++) deps.metrics.shardUploaded();
         for (let i = 0; i < m.batch.uploadFailures; i++) deps.metrics.shardUploadFailed();
         break;

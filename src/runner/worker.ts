@@ -6,6 +6,7 @@ import { Stores } from '../storage/index.js';
 import { idleInTransactionMs, RunnerLockedError } from './lock.js';
 import { Runner } from './runner.js';
 import type { RetryReason } from '../domain/sample-errors.js';
+import type { TurnedAwayReason } from '../domain/turned-away.js';
 import type { RunnerMetrics } from '../domain/metrics.js';
 import type { FromRunner, MetricsBatch, RunnerThreadInit, ToRunner } from './protocol.js';
 
@@ -22,7 +23,7 @@ const SNAPSHOT_MS = 100;
 const port = parentPort!;
 const send = (m: FromRunner) => port.postMessage(m);
 
-const emptyBatch = (): MetricsBatch => ({ answered: [], retried: [], uploads: 0, uploadFailures: 0 });
+const emptyBatch = (): MetricsBatch => ({ answered: [], retried: [], turnedAway: [], uploads: 0, uploadFailures: 0 });
 
 /** Collects the runner's metric increments and sends them once per turn of the event loop. */
 class ForwardedMetrics implements RunnerMetrics {
@@ -38,6 +39,11 @@ class ForwardedMetrics implements RunnerMetrics {
 
   retried(reason: RetryReason): void {
     this.batch.retried.push(reason);
+    this.schedule();
+  }
+
+  turnedAway(endpointId: string, reason: TurnedAwayReason): void {
+    this.batch.turnedAway.push([endpointId, reason]);
     this.schedule();
   }
 

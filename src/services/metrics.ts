@@ -9,6 +9,7 @@ import { deliveryCountsByStatus } from '../db/webhooks.js';
 import { DELIVERY_STATUSES } from '../domain/webhooks.js';
 import { FLAGS, flagBit } from '../domain/flags.js';
 import { RETRY_REASONS, type RetryReason } from '../domain/sample-errors.js';
+import type { TurnedAwayReason } from '../domain/turned-away.js';
 import { ENDPOINT_STATES, RUN_STATUSES, SAMPLE_STATUSES } from '../domain/statuses.js';
 import type { MetricsSource, ProcessMetrics } from '../deps.js';
 
@@ -61,6 +62,12 @@ export class Metrics implements ProcessMetrics {
     name: 'regen_retries_total',
     help: 'Samples sent back to the queue for another attempt, by reason',
     labelNames: ['reason'] as const,
+    registers: [this.registry],
+  });
+  private readonly turnedAways = new Counter({
+    name: 'regen_turned_away_total',
+    help: 'Requests an endpoint turned away for a while (429, a gateway shedding bulk traffic or timing it out): their samples went back to the queue with nothing charged',
+    labelNames: ['endpoint_id', 'reason'] as const,
     registers: [this.registry],
   });
   private readonly flags = new Counter({
@@ -225,6 +232,10 @@ export class Metrics implements ProcessMetrics {
 
   retried(reason: RetryReason): void {
     this.retries.inc({ reason });
+  }
+
+  turnedAway(endpointId: string, reason: TurnedAwayReason): void {
+    this.turnedAways.inc({ endpoint_id: endpointId, reason });
   }
 
   shardUploaded(): void {

@@ -20,6 +20,7 @@ const settings = {
   loadIntervalMs: 3_600_000,
   adaptiveConcurrency: false,
   defaultConcurrency: 8,
+  requestRetryMs: 500,
 };
 
 /** A healthy SGLang-like server on `port` (0: any free one). */

@@ -41,6 +41,7 @@ const settings = {
   loadIntervalMs: 60_000,
   adaptiveConcurrency: true,
   defaultConcurrency: 32,
+  requestRetryMs: 500,
 };
 
 describe('a probe in flight against an operator', () => {
