@@ -93,17 +93,21 @@ export function nextOpening(l: Lending, at: number): number | null {
   return null;
 }
 
+/** The most points lentShare samples: a long horizon is sampled more sparsely, not more slowly. */
+const MAX_SHARE_SAMPLES = 2000;
+
 /**
- * The share of the time from `from` to `to` that the endpoint is lent, 0 to 1, sampled each
- * minute: what the forecast weighs an endpoint's rate by. An endpoint without a schedule or a lend
- * is lent all of it.
+ * The share of the time from `from` to `to` that the endpoint is lent, 0 to 1, sampled each minute
+ * (each few over a long horizon): what the forecast weighs an endpoint's rate by. An endpoint
+ * without a schedule or a lend is lent all of it.
  */
 export function lentShare(l: Lending, from: number, to: number): number {
   if (!l.schedule && l.lendUntil === null) return 1;
-  const minutes = Math.max(1, Math.ceil((to - from) / MINUTE_MS));
+  const step = Math.max(MINUTE_MS, (to - from) / MAX_SHARE_SAMPLES);
+  const samples = Math.max(1, Math.ceil((to - from) / step));
   let open = 0;
-  for (let m = 0; m < minutes; m++) if (lent(l, from + m * MINUTE_MS)) open++;
-  return open / minutes;
+  for (let i = 0; i < samples; i++) if (lent(l, from + i * step)) open++;
+  return open / samples;
 }
 
 /** How regen shares an endpoint with others' traffic (README "Sharing servers"). */

@@ -69,6 +69,8 @@ export class EndpointProbes {
     private readonly settings: PoolSettings,
     /** Something dispatch depends on changed: an endpoint cleared, or its cap moved. */
     private readonly onChange: () => void,
+    /** An endpoint's drain_grace_ms ran out off schedule: what still runs there is given back. */
+    private readonly onDrainOver: (e: LiveEndpoint) => void,
   ) {}
 
   /** Starts the probes and load readings that are due, on the endpoints this process drives. */
@@ -77,6 +79,7 @@ export class EndpointProbes {
     for (const e of this.pool.live.values()) {
       // Another replica drives it: that one probes it.
       if (!e.driven) continue;
+      this.drainOffSchedule(e, now);
       if (!e.probing && e.nextProbeAt <= now && !this.parked(e)) {
         e.probing = true;
         this.probe(e)
@@ -90,6 +93,24 @@ export class EndpointProbes {
           .finally(() => (e.loading = false));
       }
     }
+  }
+
+  /**
+   * Off schedule or past lend_until, what runs there finishes, or is given back once the endpoint's
+   * drain_grace_ms has passed (its samples go to the endpoints still lent, nothing charged).
+   */
+  private drainOffSchedule(e: LiveEndpoint, now: number): void {
+    if (!e.offSchedule) {
+      e.offSince = null;
+      return;
+    }
+    e.offSince ??= now;
+    if (e.row.drainGraceMs === null || e.inFlight.size === 0 || now - e.offSince < e.row.drainGraceMs) return;
+    this.logger.info(
+      { endpoint_id: e.row.id, in_flight: e.inFlight.size },
+      'off schedule: drain_grace_ms is over, the requests still running go back to the queue',
+    );
+    this.onDrainOver(e);
   }
 
   /** Removed, or parked by an operator or the quality gate: probes leave it alone, and must not revive it. */
@@ -128,7 +149,9 @@ export class EndpointProbes {
 
   private async probe(e: LiveEndpoint): Promise<void> {
     const before = e.row.state;
-    const verdict = await this.health(e);
+    // SGLang's /health generates a token: off schedule the GPUs are someone else's, and the
+    // reads of /v1/models below tell whether the server is up.
+    const verdict: HealthVerdict = e.offSchedule ? { ok: true } : await this.health(e);
     if (this.parked(e)) return;
     if (!verdict.ok) return this.probeFailed(e, before, verdict.reason, verdict.loading);
     const { url, apiKey } = e.row;

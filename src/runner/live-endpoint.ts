@@ -141,9 +141,14 @@ export class LiveEndpoint {
   /** Being handed to another replica: nothing new is sent, and once what runs there ends it goes. */
   handingOff = false;
 
-  /** Ready, driven here, not waiting for a probe to clear it, lent now and not turned away: new samples may be sent. */
+  /** Ready, driven here, and not waiting for a probe to clear it: it takes samples whenever it is lent and not turned away. */
+  get serving(): boolean {
+    return this.state === 'ready' && this.driven && !this.handingOff && !this.suspect && !this.quarantining;
+  }
+
+  /** Serving, lent now and not turned away: new samples may be sent. */
   get dispatchable(): boolean {
-    return this.state === 'ready' && this.driven && !this.handingOff && !this.suspect && !this.quarantining && !this.busy && !this.offSchedule;
+    return this.serving && !this.busy && !this.offSchedule;
   }
 
   /**

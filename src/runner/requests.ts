@@ -25,7 +25,6 @@ import type { RunQuality } from '../domain/run-quality.js';
 import type { SampleError } from '../domain/sample-errors.js';
 import { choiceOrder, otherChoices, requestSample, shareUsage } from './choices.js';
 import { StreamedAnswer } from './stream-answer.js';
-import type { TurnedAwayReason } from '../domain/turned-away.js';
 
 /** Why regen aborted a request: to cancel its run, to give its sample back, or because its answer looped. */
 export type AbortReason = 'cancel' | 'release' | 'loop';
@@ -62,6 +61,8 @@ export interface Flight {
 export class Requests {
   private readonly flights = new Map<number, Flight>();
   private readonly answers: AnswerBudget;
+  /** Per run, the requests endpoints turned away while this process dispatched it (the run page shows them). */
+  readonly turnedAway = new Map<string, number>();
 
   constructor(
     private readonly deps: RunnerDeps,
@@ -75,8 +76,6 @@ export class Requests {
       qualityOf(run: RunRow): RunQuality | null;
       /** An answer arrived (whatever its flags): what the forecast measures the fleet's speed from. */
       answered(run: RunRow, endpointId: string, tokens: number, latencyMs: number, now: number): void;
-      /** The server turned a request of the run away for a while: counted, for /metrics and the run's page. */
-      turnedAway(run: RunRow, endpointId: string, reason: TurnedAwayReason): void;
     },
   ) {
     this.answers = new AnswerBudget(deps.config.answerBufferBytes);
@@ -325,7 +324,8 @@ export class Requests {
       e.consecutiveFailures = 0;
       if (verdict.kind === 'turned_away') {
         this.pool.turnedAway(e, verdict.retryAfterMs);
-        this.hooks.turnedAway(f.run, e.row.id, verdict.reason);
+        this.turnedAway.set(f.run.id, (this.turnedAway.get(f.run.id) ?? 0) + 1);
+        this.deps.metrics.turnedAway(e.row.id, verdict.reason);
       } else void this.guard('marking an endpoint', () => this.pool.refusePriority(e, verdict.message));
       for (const s of f.group) this.settle(settleAbort(this.attempt(f, s), 'release'));
       return;

@@ -63,8 +63,6 @@ export class Runner implements RunnerView {
   private readonly history: HistoryRecorder;
   private readonly runSteps: RunSteps;
   private readonly runRates = new Map<string, RateWindow>();
-  /** Per run, the requests endpoints turned away while this process dispatched it (the run page shows them). */
-  private readonly turnedAway = new Map<string, number>();
   private readonly guard: Guard;
   private active: RunRow[] = [];
   private timer: NodeJS.Timeout | null = null;
@@ -99,7 +97,14 @@ export class Runner implements RunnerView {
       () => this.wake(),
       (e) => this.requests.abortEndpoint(e, 'release'),
     );
-    this.probes = new EndpointProbes(this.pool, logger, clock, config, () => this.wake());
+    this.probes = new EndpointProbes(
+      this.pool,
+      logger,
+      clock,
+      config,
+      () => this.wake(),
+      (e) => this.requests.abortEndpoint(e, 'release'),
+    );
     this.fleet = createFleet(deps, this.owner, new RunnerLock(db, this.owner, clock, config.replicaStaleMs), this.pool, {
       publish: () => this.ownSnapshot(true),
       deposed: (why) => this.deposed(why),
@@ -139,10 +144,6 @@ export class Runner implements RunnerView {
       },
       qualityOf: (run) => this.quality.qualityOf(run),
       answered: (run, endpointId, tokens, latencyMs, now) => this.forecasts.answered(run.id, endpointId, tokens, latencyMs, now),
-      turnedAway: (run, endpointId, reason) => {
-        this.turnedAway.set(run.id, (this.turnedAway.get(run.id) ?? 0) + 1);
-        deps.metrics.turnedAway(endpointId, reason);
-      },
     });
     this.finisher = new Finisher(deps, this.guard, {
       afterUpload: () => this.finisher.advance(this.active),
@@ -258,7 +259,7 @@ export class Runner implements RunnerView {
       const r = this.runRates.get(run.id)?.rates(now);
       const forecast = this.forecasts.get(run.id);
       const in_flight = inFlight.get(run.id) ?? 0;
-      const turned_away = this.turnedAway.get(run.id);
+      const turned_away = this.requests.turnedAway.get(run.id);
       if (!r && !forecast && !in_flight && !turned_away) continue;
       runs[run.id] = r
         ? { samples_per_second: r.samples, completion_tokens_per_second: r.tokens, forecast, in_flight, turned_away }
@@ -351,7 +352,7 @@ export class Runner implements RunnerView {
     this.quality.forget(runId);
     this.forecasts.forget(runId);
     this.runRates.delete(runId);
-    this.turnedAway.delete(runId);
+    this.requests.turnedAway.delete(runId);
     this.finisher.forget(runId);
   }
 

@@ -62,7 +62,14 @@ describe('a probe in flight against an operator', () => {
       () => {},
     );
     await pool.sync();
-    new EndpointProbes(pool, makeLogger('silent'), Date.now, settings, () => {}).due();
+    new EndpointProbes(
+      pool,
+      makeLogger('silent'),
+      Date.now,
+      settings,
+      () => {},
+      () => {},
+    ).due();
     await expect.poll(() => fake.healthCalls()).toBe(1);
     return { fake, db, pool };
   }
