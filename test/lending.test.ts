@@ -59,7 +59,8 @@ describe('lend_until', () => {
     const until = Date.now() + LEND_MS;
     const a = await registerEndpoint(base, lent.url, { max_concurrency: CAP, lend_until: new Date(until).toISOString() });
     await registerEndpoint(base, kept.url, { max_concurrency: CAP });
-    const n = 300;
+    // Two endpoints at two slots of 0.2 s make 20 a second: 300 within the lend at best, the rest after it.
+    const n = 400;
     const runId = await start(base, n, 'lend');
     await waitFor('the lent endpoint at work', async () => ((await lent.stats()).requests > 0 ? true : undefined), 60_000, 50);
     // Past the lend, what runs there drains and nothing more is sent.
