@@ -44,14 +44,14 @@ async function start(base: string, n: number, tag: string): Promise<string> {
 }
 
 async function expectAllCompleted(base: string, runId: string, n: number): Promise<void> {
-  expect((await waitForStatus(base, runId, ENDED, 180_000)).status).toBe('completed');
+  expect((await waitForStatus(base, runId, ENDED, 240_000)).status).toBe('completed');
   const samples = await listAllSamples(base, runId);
   expect(samples.filter((s) => s.status !== 'completed')).toEqual([]);
   expect(samples).toHaveLength(n);
 }
 
 describe('lend_until', () => {
-  it('after it the endpoint gets no new request, what ran there finishes, and the run completes on the others', async () => {
+  it('after it the endpoint gets no new request, what ran there finishes, and the run completes on the others', { timeout: 300_000 }, async () => {
     const [lent, kept] = await twoSims();
     const server = await startTestServer();
     cleanups.push(() => server.cleanup());
@@ -84,34 +84,41 @@ describe('lend_until', () => {
 });
 
 describe('a schedule window', () => {
-  it('off schedule the endpoint gets nothing and no /health probe; its window opening resumes it', async () => {
+  it('off schedule the endpoint gets nothing and no /health probe; its window opening resumes it', { timeout: 300_000 }, async () => {
     const [scheduled, always] = await twoSims();
-    // The runner reads an injected clock, set ten seconds before a minute turns: the window opens
-    // at that minute, without a minute's wait.
-    const real = Date.now();
-    const windowStart = Math.ceil(real / MINUTE_MS) * MINUTE_MS + MINUTE_MS;
-    const offset = windowStart - 10_000 - real;
+    // The runner reads an injected clock, moved on to eight seconds before a window opens once all
+    // is set up: the window opens without a minute's wait, however long the set-up took. The
+    // replica's heartbeat must not take the jump for a stalled process.
+    let offset = 0;
     const now = () => Date.now() + offset;
     const hhmm = (t: number) => new Date(t).toISOString().slice(11, 16);
+    const window = (start: number) => [{ from: hhmm(start), to: hhmm(start + 2 * MINUTE_MS) }];
     const config = loadConfig(
-      { ...(await storeEnv(tmp.dir)), REGEN_LOG_LEVEL: 'silent', REGEN_PROBE_INTERVAL_MS: '200', REGEN_RUNNER_THREAD: 'false' },
+      {
+        ...(await storeEnv(tmp.dir)),
+        REGEN_LOG_LEVEL: 'silent',
+        REGEN_PROBE_INTERVAL_MS: '200',
+        REGEN_RUNNER_THREAD: 'false',
+        REGEN_REPLICA_STALE_MS: String(10 * MINUTE_MS),
+      },
       { data: tmp.dir, port: '0' },
     );
     const server: Server = await startServer(config, { logger: makeLogger('silent'), clock: now });
     cleanups.push(() => server.close(2000));
     const base = server.url;
-    const e = await registerEndpoint(base, scheduled.url, {
-      max_concurrency: CAP,
-      schedule: [{ from: hhmm(windowStart), to: hhmm(windowStart + 2 * MINUTE_MS) }],
-      timezone: 'UTC',
-    });
+    const later = now() + 12 * 60 * MINUTE_MS;
+    const e = await registerEndpoint(base, scheduled.url, { max_concurrency: CAP, schedule: window(later), timezone: 'UTC' });
     expect(e.off_schedule).toBe(true);
-    expect(e.next_window_at).toBe(new Date(windowStart).toISOString());
+    expect(e.next_window_at).toBe(new Date(Math.floor(later / MINUTE_MS) * MINUTE_MS).toISOString());
     await registerEndpoint(base, always.url, { max_concurrency: CAP });
     // Probed by /v1/models alone while off schedule: ready, yet untouched.
     await waitFor('the scheduled endpoint ready', async () => ((await call(base, `/v1/endpoints/${e.id}`)).body.state === 'ready' ? true : undefined));
     const n = 300;
     const runId = await start(base, n, 'window');
+    const windowStart = Math.ceil(now() / MINUTE_MS) * MINUTE_MS + MINUTE_MS;
+    offset += windowStart - 8000 - now();
+    const patched = await call(base, `/v1/endpoints/${e.id}`, { method: 'PATCH', json: { schedule: window(windowStart) } });
+    expect(patched.body.next_window_at).toBe(new Date(windowStart).toISOString());
     const early: number[] = [];
     await waitFor(
       'the window open and the endpoint at work',
