@@ -144,3 +144,21 @@ export class YieldCap {
     if (this.held >= cap) this.held = null;
   }
 }
+
+/** How often a shared endpoint's load is read: others' traffic comes and goes within a second, so faster than REGEN_LOAD_INTERVAL_MS's default. */
+export const SHARED_LOAD_INTERVAL_MS = 250;
+
+/**
+ * regen's cap on a shared endpoint (README "Sharing servers"), from a load reading with `inFlight`
+ * of regen's own there: the server's slots less others' running requests less `reserve_slots`, and
+ * nothing new while others have more than `max_other_queue` waiting. No queue of regen's own is
+ * kept there: others would wait behind it. regen's requests are taken to be the running ones first
+ * (admitted before the others' that queue), so others' queue is what the server holds beyond them.
+ */
+export function sharedCap(share: { reserve_slots: number; max_other_queue: number }, slots: number, load: Load, inFlight: number): number {
+  const ownRunning = Math.min(inFlight, load.running);
+  const othersRunning = load.running - ownRunning;
+  const othersWaiting = Math.max(0, load.waiting - (inFlight - ownRunning));
+  if (othersWaiting > share.max_other_queue) return 0;
+  return Math.max(0, slots - othersRunning - share.reserve_slots);
+}

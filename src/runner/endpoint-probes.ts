@@ -1,7 +1,7 @@
 import type { EndpointRow } from '../db/schema.js';
 import { PARKED_ENDPOINT_STATES, type EndpointState } from '../domain/statuses.js';
 import type { Logger } from '../logger.js';
-import { AdaptiveCap, serverCeiling, type Load } from './capacity.js';
+import { AdaptiveCap, SHARED_LOAD_INTERVAL_MS, serverCeiling, sharedCap, type Load } from './capacity.js';
 import { firstProbeDelayMs, type EndpointPool, type LiveEndpoint, type PoolSettings } from './endpoints.js';
 import { parseLoads, parseMetrics, parseModels, parseServerInfo } from './server-info.js';
 
@@ -261,7 +261,7 @@ export class EndpointProbes {
   /** The server's live load: /v1/loads for running, waiting, KV usage and cache hit rate, /metrics for retractions and `sglang:cache_hit_rate`. */
   private async readLoad(e: LiveEndpoint): Promise<void> {
     const { url, apiKey } = e.row;
-    e.nextLoadAt = this.clock() + this.settings.loadIntervalMs;
+    e.nextLoadAt = this.clock() + (e.row.share ? Math.min(SHARED_LOAD_INTERVAL_MS, this.settings.loadIntervalMs) : this.settings.loadIntervalMs);
     let load: Load | null = null;
     if (e.loadRoute === 'loads') {
       const res = await getJson(`${url}/v1/loads?include=core`, apiKey).catch(() => null);
@@ -286,6 +286,12 @@ export class EndpointProbes {
     }
     if (!load) return;
     e.load = load;
+    if (e.row.share) {
+      const before = e.sharedCap;
+      // The server's slots: what it says it runs at once, else what it runs now (a lower bound).
+      e.sharedCap = sharedCap(e.row.share, e.row.serverMaxRunning ?? load.running, load, e.inFlight.size);
+      if (e.sharedCap !== before) this.onChange();
+    } else e.sharedCap = null;
     if (!this.settings.adaptiveConcurrency) return;
     const before = e.adaptive?.cap ?? null;
     e.adaptive ??= new AdaptiveCap(this.ceiling(e));

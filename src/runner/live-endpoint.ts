@@ -117,10 +117,14 @@ export class LiveEndpoint {
     return { maxRunning: this.row.serverMaxRunning, kvTokens: this.row.kvTokens };
   }
 
-  /** The cap in use and where it comes from. */
+  /** On a shared endpoint, the cap its last load reading left regen (capacity.ts sharedCap); null when not shared or not read yet. */
+  sharedCap: number | null = null;
+
+  /** The cap in use and where it comes from: never above what sharing leaves, nor what a server turning regen away lets it have. */
   capInfo(fallback: number): { cap: number; source: CapSource } {
     const inUse = capInUse(this.row.maxConcurrency, this.capacity, this.adaptive?.cap ?? null, fallback);
-    return { cap: this.yieldCap.limit(inUse.cap), source: inUse.source };
+    const shared = this.row.share && this.sharedCap !== null ? Math.min(inUse.cap, this.sharedCap) : inUse.cap;
+    return { cap: this.yieldCap.limit(shared), source: inUse.source };
   }
 
   get state(): EndpointState {
