@@ -1,5 +1,5 @@
 import { describe, expect, it } from 'vitest';
-import { sharedCap, type Load } from '../../src/runner/capacity.js';
+import { sharedCap, type Load, YieldCap } from '../../src/runner/capacity.js';
 
 // regen's cap on a server it shares: the slots others leave, less those kept free for them, and
 // nothing new while others queue.
@@ -22,5 +22,23 @@ describe('sharedCap', () => {
     // Three waiting beyond regen's own: others queue.
     expect(sharedCap(share, 16, load(16, 5), 18)).toBe(0);
     expect(sharedCap({ reserve_slots: 0, max_other_queue: 3 }, 16, load(16, 5), 18)).toBe(16);
+  });
+});
+
+describe('YieldCap', () => {
+  it('drops below what was in flight at each turn-away and gives one slot back per answer, up to the cap it limits', () => {
+    const y = new YieldCap();
+    expect(y.limit(40)).toBe(40);
+    expect(y.turnedAway(40, 20)).toBe(1);
+    expect(y.limit(40)).toBe(17);
+    expect(y.turnedAway(40, 17)).toBe(2);
+    expect(y.limit(40)).toBe(14);
+    y.answered(40);
+    expect(y.limit(40)).toBe(15);
+    for (let i = 0; i < 30; i++) y.answered(40);
+    expect(y.limit(40)).toBe(40);
+    // An answer ends a run of turn-aways: the next is the first again.
+    expect(y.turnedAway(40, 1)).toBe(1);
+    expect(y.limit(40)).toBe(1);
   });
 });
