@@ -104,6 +104,16 @@ describe('registering endpoints', () => {
       [{ url: URL_B, weight: 0 }, 'weight'],
       [{ url: URL_B, api_key: '' }, 'api_key'],
       [{ url: URL_B, token: 'x' }, 'token'],
+      [{ url: URL_B, request_priority: 1.5 }, 'request_priority'],
+      [{ url: URL_B, bulk_header: 'yes' }, 'bulk_header'],
+      [{ url: URL_B, share: { reserve_slots: -1, max_other_queue: 0 } }, 'share.reserve_slots'],
+      [{ url: URL_B, timezone: 'Mars/Olympus' }, 'timezone'],
+      [{ url: URL_B, schedule: [{ from: '25:00', to: '07:00' }] }, 'schedule[0].from'],
+      [{ url: URL_B, schedule: [{ from: '08:00', to: '08:00' }] }, 'schedule[0].to'],
+      [{ url: URL_B, schedule: [{ days: ['someday'], from: '08:00', to: '09:00' }] }, 'schedule[0].days[0]'],
+      [{ url: URL_B, schedule: [] }, 'schedule'],
+      [{ url: URL_B, lend_until: 'tomorrow' }, 'lend_until'],
+      [{ url: URL_B, drain_grace_ms: -5 }, 'drain_grace_ms'],
       [{}, 'url'],
     ];
     for (const [json, field] of cases) {
@@ -185,6 +195,45 @@ describe('reading, changing and removing endpoints', () => {
     expectProblem(await req(`/v1/endpoints/${ep.id}`, { method: 'PATCH', json: { max_concurrency: -1 } }), 422, 'validation_failed', 'max_concurrency');
     expectProblem(await req(`/v1/endpoints/${ep.id}`, { method: 'PATCH', json: { url: 'http://elsewhere:1' } }), 422, 'validation_failed', 'url');
     expectProblem(await req('/v1/endpoints/ep_nope', { method: 'PATCH', json: { name: 'x' } }), 404, 'not_found');
+  });
+
+  it('patches the sharing settings: a schedule in its zone, a lend, the priority and the bulk header, and clears them with null', async () => {
+    const ep = (await req('/v1/endpoints', { method: 'POST', json: { url: 'http://127.0.0.1:9/share' } })).body;
+    expect(ep).toMatchObject({
+      request_priority: null,
+      bulk_header: false,
+      share: null,
+      schedule: null,
+      timezone: 'UTC',
+      lend_until: null,
+      off_schedule: false,
+    });
+    const schedule = [{ days: ['sat', 'sun'], from: '22:00', to: '06:00' }];
+    const set = await req(`/v1/endpoints/${ep.id}`, {
+      method: 'PATCH',
+      json: { request_priority: -1, bulk_header: true, schedule, timezone: 'Europe/Paris', lend_until: '2026-01-01T00:00:00+01:00', drain_grace_ms: 30_000 },
+    });
+    expect(set.status, set.text).toBe(200);
+    // The lend is over already: off schedule, with no window to come.
+    expect(set.body).toMatchObject({
+      request_priority: -1,
+      bulk_header: true,
+      schedule,
+      timezone: 'Europe/Paris',
+      lend_until: '2025-12-31T23:00:00.000Z',
+      drain_grace_ms: 30_000,
+      off_schedule: true,
+      next_window_at: null,
+    });
+    const cleared = await req(`/v1/endpoints/${ep.id}`, { method: 'PATCH', json: { schedule: null, lend_until: null, request_priority: null } });
+    expect(cleared.body).toMatchObject({
+      schedule: null,
+      lend_until: null,
+      request_priority: null,
+      off_schedule: false,
+      next_window_at: null,
+      timezone: 'Europe/Paris',
+    });
   });
 
   it('deletes: afterwards get, patch and delete are 404', async () => {

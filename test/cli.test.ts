@@ -98,6 +98,43 @@ describe('regen CLI', () => {
     expect(row).toContain('sim-a');
     expect(row).toContain(sim.url);
     expect(row).toMatch(/\bready\b/);
+
+    // Lent by night in Paris, and the lend already over: off schedule until it is cleared.
+    const id = eps.body.data[0].id;
+    const set = await regen([
+      'endpoints',
+      'set',
+      id,
+      '--schedule',
+      'mon-fri 20:00-07:00; sat,sun 00:00-24:00',
+      '--timezone',
+      'Europe/Paris',
+      '--lend-until',
+      '2020-01-01T00:00:00Z',
+      '--request-priority',
+      '-1',
+      '--bulk-header',
+      'on',
+    ]);
+    expect(set.code, set.stderr).toBe(0);
+    expect(set.stdout).toContain('(off schedule)');
+    expect((await call(server.url, `/v1/endpoints/${id}`, { headers: auth })).body).toMatchObject({
+      schedule: [
+        { days: ['mon', 'tue', 'wed', 'thu', 'fri'], from: '20:00', to: '07:00' },
+        { days: ['sat', 'sun'], from: '00:00', to: '24:00' },
+      ],
+      timezone: 'Europe/Paris',
+      lend_until: '2020-01-01T00:00:00.000Z',
+      request_priority: -1,
+      bulk_header: true,
+    });
+    expect((await regen(['endpoints', 'list'])).stdout).toMatch(/\boff_schedule\b/);
+    const bad = await regen(['endpoints', 'set', id, '--schedule', 'evenings']);
+    expect(bad.code).toBe(2);
+    expect(bad.stderr).toContain('--schedule');
+    const cleared = await regen(['endpoints', 'set', id, '--schedule', 'none', '--lend-until', 'none', '--request-priority', 'none', '--bulk-header', 'off']);
+    expect(cleared.code, cleared.stderr).toBe(0);
+    expect(cleared.stdout).not.toContain('off schedule');
     expect(row).toContain('0/8');
   });
 

@@ -204,7 +204,7 @@ describe('GET /metrics', () => {
     // Injected 500/503s were retried, unless a sample ran out of attempts.
     expect(stats.errors).toBeGreaterThan(0);
     expect(m.value('regen_retries_total', { reason: 'server_error' }) + run.request_counts.failed).toBe(stats.errors);
-    for (const reason of ['timeout', 'connection_error', 'rate_limited']) expect(m.value('regen_retries_total', { reason }), reason).toBe(0);
+    for (const reason of ['timeout', 'connection_error']) expect(m.value('regen_retries_total', { reason }), reason).toBe(0);
 
     // Degenerate answers (empty think block, "OK."): flagged, re-asked once, and counted per flag.
     expect(qualityRetries).toBeGreaterThan(0);

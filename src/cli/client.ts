@@ -20,7 +20,7 @@ export interface ClientOptions {
 type RequiredKeys<T> = { [K in keyof T]-?: Record<never, never> extends Pick<T, K> ? never : K }[keyof T];
 type InitParam<I> = RequiredKeys<I> extends never ? [(I & { [key: string]: unknown })?] : [I & { [key: string]: unknown }];
 
-type Method = 'get' | 'post' | 'delete';
+type Method = 'get' | 'post' | 'patch' | 'delete';
 /** An openapi-fetch method that resolves to the 2xx body and throws ApiCallError otherwise. */
 type Call<M extends Method> = <P extends ClientPathsWithMethod<RegenClient, M>, I extends MaybeOptionalInit<paths[P], M>>(
   path: P,
@@ -65,6 +65,7 @@ export class Client {
   // openapi-fetch's conditional argument type to the same type spelled again above.
   readonly get = ((path: string, init?: object) => unwrap(this.api.GET(path as never, init as never))) as Call<'get'>;
   readonly post = ((path: string, init?: object) => unwrap(this.api.POST(path as never, init as never))) as Call<'post'>;
+  readonly patch = ((path: string, init?: object) => unwrap(this.api.PATCH(path as never, init as never))) as Call<'patch'>;
   readonly delete = ((path: string, init?: object) => unwrap(this.api.DELETE(path as never, init as never))) as Call<'delete'>;
 
   /** POST /v1/files with the JSONL as the raw body; a stream is sent as it is read, never held whole. */

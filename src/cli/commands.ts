@@ -57,6 +57,21 @@ function client(cmd: Command): Command {
     .option('--server <url>', `regen server (REGEN_URL, default ${DEFAULT_SERVER}); REGEN_TOKEN is sent as the bearer token`);
 }
 
+/** The settings an operator lending a server gives: on `endpoints add` and `endpoints set`. */
+function sharing(cmd: Command): Command {
+  return cmd
+    .option('--request-priority <n|none>', "SGLang's `priority` sent on every request (with --enable-priority-scheduling)")
+    .option('--bulk-header <on|off>', 'send `x-smg-priority: bulk` (behind the SGLang model gateway)')
+    .option(
+      '--share <reserve_slots,max_other_queue|none>',
+      "yield to others' load: keep this many slots free, send nothing while more than this many of theirs wait",
+    )
+    .option('--schedule <windows|none>', 'when regen may use it: "mon-fri 20:00-07:00; sat,sun 00:00-24:00"')
+    .option('--timezone <zone>', "the schedule's IANA time zone (default UTC)")
+    .option('--lend-until <time|none>', 'an RFC 3339 time after which regen sends nothing new')
+    .option('--drain-grace <ms|none>', 'off schedule, give back the requests still running after this long (default: let them finish)');
+}
+
 /** The commands that talk to a running server: submit, status, endpoints, runs. */
 export function registerClientCommands(program: Command): void {
   client(program.command('submit'))
@@ -130,12 +145,18 @@ export function registerClientCommands(program: Command): void {
     .action((runId, opts) => run(async () => (await import('./status.js')).statusCommand(runId, opts)));
 
   const endpoints = program.command('endpoints').description('the SGLang servers the runs are sent to');
-  client(endpoints.command('add'))
-    .description('register an SGLang server (or update it: registering is an upsert by url)')
-    .argument('<url>', 'its base URL, e.g. http://10.0.0.5:30000')
-    .option('--name <name>', 'a name to show')
-    .option('--max-concurrency <n>', 'requests in flight at most (default: what the server reports)', positiveInt('--max-concurrency'))
-    .action((url, opts) => run(async () => (await import('./endpoints.js')).addEndpointCommand(url, opts)));
+  sharing(
+    client(endpoints.command('add'))
+      .description('register an SGLang server (or update it: registering is an upsert by url)')
+      .argument('<url>', 'its base URL, e.g. http://10.0.0.5:30000')
+      .option('--name <name>', 'a name to show')
+      .option('--max-concurrency <n>', 'requests in flight at most (default: what the server reports)', positiveInt('--max-concurrency')),
+  ).action((url, opts) => run(async () => (await import('./endpoints.js')).addEndpointCommand(url, opts)));
+  sharing(
+    client(endpoints.command('set'))
+      .description('change an endpoint\'s sharing settings (README "Sharing servers"); `none` clears a setting')
+      .argument('<endpoint>', 'its id'),
+  ).action((id, opts) => run(async () => (await import('./endpoints.js')).setEndpointCommand(id, opts)));
   client(endpoints.command('list'))
     .description('endpoints with their state, load and stats')
     .action((opts) => run(async () => (await import('./endpoints.js')).listEndpointsCommand(opts)));

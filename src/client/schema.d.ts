@@ -580,6 +580,8 @@ export interface components {
                 elapsed_seconds: number;
                 /** @description Requests sent to an endpoint and not yet answered: never more than the caps allow. `request_counts.in_progress` counts these and the samples claimed ahead of dispatch */
                 in_flight: number;
+                /** @description Requests endpoints turned away for a while (429, a gateway shedding bulk traffic): their samples went back to the queue with no attempt charged. Counted while the run is dispatched, by the processes dispatching it now */
+                turned_away: number;
             };
             forecast: components["schemas"]["Forecast"];
         };
@@ -939,6 +941,8 @@ export interface components {
                 elapsed_seconds: number;
                 /** @description Requests sent to an endpoint and not yet answered: never more than the caps allow. `request_counts.in_progress` counts these and the samples claimed ahead of dispatch */
                 in_flight: number;
+                /** @description Requests endpoints turned away for a while (429, a gateway shedding bulk traffic): their samples went back to the queue with no attempt charged. Counted while the run is dispatched, by the processes dispatching it now */
+                turned_away: number;
             };
             manifest_uri: string | null;
             webhook: components["schemas"]["RunWebhook"];
@@ -1594,6 +1598,38 @@ export interface components {
                 /** @description cached_tokens ÷ prompt_tokens: the prefix-cache hit rate regen saw; 0 when the server runs without `--enable-cache-report` */
                 cache_hit_rate: number | null;
             };
+            request_priority: number | null;
+            /**
+             * Format: date-time
+             * @description When the server refused the `priority` field (it was launched without priority scheduling): regen sends none here since; setting request_priority again clears it
+             * @example 2026-12-02T14:00:00.000Z
+             */
+            priority_refused_at: string | null;
+            bulk_header: boolean;
+            share: {
+                reserve_slots: number;
+                max_other_queue: number;
+            } | null;
+            schedule: {
+                days?: ("sun" | "mon" | "tue" | "wed" | "thu" | "fri" | "sat")[];
+                from: string;
+                to: string;
+            }[] | null;
+            timezone: string;
+            /**
+             * Format: date-time
+             * @example 2026-12-02T14:00:00.000Z
+             */
+            lend_until: string | null;
+            drain_grace_ms: number | null;
+            /** @description Outside its schedule or past lend_until: regen sends nothing new here */
+            off_schedule: boolean;
+            /**
+             * Format: date-time
+             * @description Off schedule: when its next window opens; null past lend_until or with no window ahead
+             * @example 2026-12-02T14:00:00.000Z
+             */
+            next_window_at: string | null;
             server: {
                 running: number | null;
                 queued: number | null;
@@ -1633,6 +1669,53 @@ export interface components {
              *     ]
              */
             aliases?: string[];
+            /** @description Sent as SGLang's `priority` on every request regen sends here (a server launched with `--enable-priority-scheduling`); null sends none. Which value goes first is the server's `--schedule-low-priority-values-first` (docs/sglang.md "Priority") */
+            request_priority?: number | null;
+            /** @description Send `x-smg-priority: bulk` on every request: the SGLang model gateway sheds this class first */
+            bulk_header?: boolean;
+            /** @description Share the server with others' traffic (off when null): regen yields to others' load, read at every load reading */
+            share?: {
+                /** @description Slots kept free for others: regen's cap is at most the server's slots less others' running requests less these */
+                reserve_slots: number;
+                /** @description While others have more requests than this waiting, regen sends nothing new here */
+                max_other_queue: number;
+            } | null;
+            /**
+             * @description The windows in which regen may send work here, in `timezone`; null: always. Outside them nothing new is sent and what runs finishes (see drain_grace_ms)
+             * @example [
+             *       {
+             *         "days": [
+             *           "mon",
+             *           "tue",
+             *           "wed",
+             *           "thu",
+             *           "fri"
+             *         ],
+             *         "from": "20:00",
+             *         "to": "07:00"
+             *       }
+             *     ]
+             */
+            schedule?: {
+                /** @description The days it opens on (every day when absent) */
+                days?: ("sun" | "mon" | "tue" | "wed" | "thu" | "fri" | "sat")[];
+                /** @example 20:00 */
+                from: string;
+                /**
+                 * @description Not after `from`: the window crosses midnight and ends the next day
+                 * @example 07:00
+                 */
+                to: string;
+            }[] | null;
+            /** @description The schedule's time zone (default UTC) */
+            timezone?: string;
+            /**
+             * Format: date-time
+             * @description From this moment regen sends nothing new here, until it is changed
+             */
+            lend_until?: string | null;
+            /** @description Off schedule or past lend_until, requests still running are cancelled (their samples go back to the queue) after this many ms; null: they finish */
+            drain_grace_ms?: number | null;
         };
         EndpointList: {
             /** @enum {string} */
@@ -1659,6 +1742,53 @@ export interface components {
              *     ]
              */
             aliases?: string[];
+            /** @description Sent as SGLang's `priority` on every request regen sends here (a server launched with `--enable-priority-scheduling`); null sends none. Which value goes first is the server's `--schedule-low-priority-values-first` (docs/sglang.md "Priority") */
+            request_priority?: number | null;
+            /** @description Send `x-smg-priority: bulk` on every request: the SGLang model gateway sheds this class first */
+            bulk_header?: boolean;
+            /** @description Share the server with others' traffic (off when null): regen yields to others' load, read at every load reading */
+            share?: {
+                /** @description Slots kept free for others: regen's cap is at most the server's slots less others' running requests less these */
+                reserve_slots: number;
+                /** @description While others have more requests than this waiting, regen sends nothing new here */
+                max_other_queue: number;
+            } | null;
+            /**
+             * @description The windows in which regen may send work here, in `timezone`; null: always. Outside them nothing new is sent and what runs finishes (see drain_grace_ms)
+             * @example [
+             *       {
+             *         "days": [
+             *           "mon",
+             *           "tue",
+             *           "wed",
+             *           "thu",
+             *           "fri"
+             *         ],
+             *         "from": "20:00",
+             *         "to": "07:00"
+             *       }
+             *     ]
+             */
+            schedule?: {
+                /** @description The days it opens on (every day when absent) */
+                days?: ("sun" | "mon" | "tue" | "wed" | "thu" | "fri" | "sat")[];
+                /** @example 20:00 */
+                from: string;
+                /**
+                 * @description Not after `from`: the window crosses midnight and ends the next day
+                 * @example 07:00
+                 */
+                to: string;
+            }[] | null;
+            /** @description The schedule's time zone (default UTC) */
+            timezone?: string;
+            /**
+             * Format: date-time
+             * @description From this moment regen sends nothing new here, until it is changed
+             */
+            lend_until?: string | null;
+            /** @description Off schedule or past lend_until, requests still running are cancelled (their samples go back to the queue) after this many ms; null: they finish */
+            drain_grace_ms?: number | null;
         };
         EndpointDeleted: {
             id: string;

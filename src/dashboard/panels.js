@@ -2,7 +2,7 @@
 // The pieces of the run page (and the endpoints table the runs list shares), each a function from
 // API objects to nodes.
 import { badge, h, progressBar, route, table } from './dom.js';
-import { duration, ms, num, pct, rate, when } from './format.js';
+import { at, duration, ms, num, pct, rate, when } from './format.js';
 
 /** @typedef {import('../client/schema.js').components['schemas']} Schemas */
 
@@ -70,7 +70,14 @@ export function endpointsTable(endpoints, model, quality = null) {
       {
         label: 'State',
         cell: (e) =>
-          h('div', null, badge(e.state), e.last_error ? h('div', { className: 'small error clip narrow', title: e.last_error }, e.last_error) : null),
+          h(
+            'div',
+            null,
+            badge(e.state),
+            // Lent by night or past its lend: regen sends nothing new until its next window.
+            e.off_schedule ? h('div', { className: 'small muted' }, e.next_window_at ? `off schedule until ${at(e.next_window_at)}` : 'off schedule') : null,
+            e.last_error ? h('div', { className: 'small error clip narrow', title: e.last_error }, e.last_error) : null,
+          ),
       },
       {
         label: 'In flight / cap',

@@ -235,6 +235,8 @@ export function runView(root, runId) {
         stat('Failed', num(c.failed)),
         // Sent and not answered; the samples claimed ahead of dispatch (also in_progress in the API) apart.
         stat('In flight', num(p.in_flight), `${num(Math.max(0, c.in_progress - p.in_flight))} claimed ahead · ${num(c.pending)} pending`),
+        // Turned away for a while by endpoints busy with other traffic: asked again, nothing charged.
+        p.turned_away ? stat('Turned away', num(p.turned_away), 'by endpoints busy with other traffic; no attempt charged') : null,
         run.turns
           ? stat('Turns', `${num(run.turns.completed)} / ${num(run.turns.total)}`, `${num(run.turns.in_flight)} in flight · ${num(run.turns.failed)} failed`)
           : null,

@@ -7,6 +7,7 @@ import type { QualityConfig } from '../domain/quality.js';
 import type { Variant } from '../domain/variants.js';
 import type { RunnerSnapshot } from '../domain/live-view.js';
 import type { EndpointLoad } from '../domain/history.js';
+import type { EndpointShare, ScheduleWindow } from '../domain/schedule.js';
 import type { BatchFileBytes, RunInput } from './schema.js';
 
 // The tables of schema.ts for PostgreSQL: the same table, column and index names and the same JS
@@ -43,6 +44,14 @@ export const endpoints = pgTable('endpoints', {
   // Samples answered over the endpoint's lifetime, across runs.
   completed: bigintNumber('completed').notNull().default(0),
   failed: bigintNumber('failed').notNull().default(0),
+  requestPriority: integer('request_priority'),
+  bulkHeader: boolean('bulk_header').notNull().default(false),
+  priorityRefusedAt: bigintNumber('priority_refused_at'),
+  share: jsonb('share').$type<EndpointShare>(),
+  schedule: jsonb('schedule').$type<ScheduleWindow[]>(),
+  timezone: text('timezone').notNull().default('UTC'),
+  lendUntil: bigintNumber('lend_until'),
+  drainGraceMs: integer('drain_grace_ms'),
   createdAt: bigintNumber('created_at').notNull(),
   updatedAt: bigintNumber('updated_at').notNull(),
 });

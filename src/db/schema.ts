@@ -7,6 +7,7 @@ import type { QualityConfig } from '../domain/quality.js';
 import type { Variant } from '../domain/variants.js';
 import type { RunnerSnapshot } from '../domain/live-view.js';
 import type { EndpointLoad } from '../domain/history.js';
+import type { EndpointShare, ScheduleWindow } from '../domain/schedule.js';
 
 // Timestamps are integer milliseconds since the epoch; the API renders them as RFC 3339.
 
@@ -33,6 +34,18 @@ export const endpoints = sqliteTable('endpoints', {
   lastCheckedAt: integer('last_checked_at'),
   completed: integer('completed').notNull().default(0),
   failed: integer('failed').notNull().default(0),
+  // Sharing the server with others' traffic (README "Sharing servers"): SGLang's `priority` sent on
+  // regen's requests, the gateway's bulk class, and when the server refused the priority field.
+  requestPriority: integer('request_priority'),
+  bulkHeader: integer('bulk_header', { mode: 'boolean' }).notNull().default(false),
+  priorityRefusedAt: integer('priority_refused_at'),
+  share: text('share', { mode: 'json' }).$type<EndpointShare>(),
+  // When regen may use the server (domain/schedule.ts): windows in an IANA zone, a lend's end, and
+  // how long requests still running past them may finish before they are cancelled (null: wait).
+  schedule: text('schedule', { mode: 'json' }).$type<ScheduleWindow[]>(),
+  timezone: text('timezone').notNull().default('UTC'),
+  lendUntil: integer('lend_until'),
+  drainGraceMs: integer('drain_grace_ms'),
   createdAt: integer('created_at').notNull(),
   updatedAt: integer('updated_at').notNull(),
 });

@@ -6,6 +6,8 @@ export interface RunProgress {
   completion_tokens_per_second: number;
   /** Requests sent and not yet answered (not the samples claimed ahead); absent from older replicas' views. */
   in_flight?: number;
+  /** Requests of the run endpoints turned away for a while (429, a gateway's shedding), since this process took it up; absent when none. */
+  turned_away?: number;
   /** The latest forecast, fresher than the one the run's row keeps; null when the runner has none. */
   forecast: StoredForecast | null;
 }

@@ -1,4 +1,5 @@
 import type { RetryReason } from './sample-errors.js';
+import type { TurnedAwayReason } from './turned-away.js';
 
 /**
  * What regen mends in an answer it keeps, counted in regen_answer_repairs_total: a cached or
@@ -20,6 +21,8 @@ export interface RunnerMetrics {
   repaired(repair: AnswerRepair): void;
   /** An answer was cut to keep the memory budget: its samples given back, or failed once they had been cut too often. */
   shed(failed: boolean): void;
+  /** An endpoint turned a request away for a while (its choice, not a fault). */
+  turnedAway(endpointId: string, reason: TurnedAwayReason): void;
   shardUploaded(): void;
   shardUploadFailed(): void;
 }

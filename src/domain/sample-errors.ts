@@ -11,10 +11,8 @@ export const SAMPLE_ERROR_CODES = {
   timeout: { retryable: true, fault: 'server' },
   /** The connection failed or was reset. */
   connection_error: { retryable: true, fault: 'server' },
-  /** 5xx, 408, 409 or 425 from the server. */
+  /** 5xx (but a gateway's 503 that shed a bulk request), 409 or 425 from the server. */
   server_error: { retryable: true, fault: 'server' },
-  /** 429 (only a gateway in front of SGLang sends it). */
-  rate_limited: { retryable: true, fault: 'server' },
   /** The server aborted the request (finish_reason "abort": a pause, a weight update, /abort_request). */
   aborted: { retryable: true, fault: 'server' },
   /** 401, 403 or 404: the endpoint refused (a bad key, a wrong URL); it is probed again. */

@@ -114,3 +114,51 @@ function retracting(prev: Load | null, load: Load, elapsedMs: number): boolean {
 export function serverCeiling(maxRunning: number): number {
   return maxRunning + queueBand(maxRunning).low;
 }
+
+/**
+ * The cap of an endpoint whose server turns regen away (429, a gateway's shedding): cut below what
+ * was in flight at each turn-away, as the adaptive cap is cut on retractions, and given back one
+ * slot per answer, so regen settles just under what the server lets it have.
+ */
+export class YieldCap {
+  private held: number | null = null;
+  /** Turn-aways since the last answer: the backoff of one without Retry-After doubles with them. */
+  private inRow = 0;
+
+  /** The cap in use given the one the endpoint would have otherwise. */
+  limit(cap: number): number {
+    return this.held === null ? cap : Math.min(cap, this.held);
+  }
+
+  /** A turn-away with `inFlight` requests there under `cap`; returns the turn-aways in a row. */
+  turnedAway(cap: number, inFlight: number): number {
+    this.held = Math.max(1, Math.floor(Math.min(cap, inFlight) * BACKOFF));
+    return ++this.inRow;
+  }
+
+  /** An answer: one slot more, until the cap is the endpoint's own again. */
+  answered(cap: number): void {
+    this.inRow = 0;
+    if (this.held === null) return;
+    this.held++;
+    if (this.held >= cap) this.held = null;
+  }
+}
+
+/** How often a shared endpoint's load is read: others' traffic comes and goes within a second, so faster than REGEN_LOAD_INTERVAL_MS's default. */
+export const SHARED_LOAD_INTERVAL_MS = 250;
+
+/**
+ * regen's cap on a shared endpoint (README "Sharing servers"), from a load reading with `inFlight`
+ * of regen's own there: the server's slots less others' running requests less `reserve_slots`, and
+ * nothing new while others have more than `max_other_queue` waiting. No queue of regen's own is
+ * kept there: others would wait behind it. regen's requests are taken to be the running ones first
+ * (admitted before the others' that queue), so others' queue is what the server holds beyond them.
+ */
+export function sharedCap(share: { reserve_slots: number; max_other_queue: number }, slots: number, load: Load, inFlight: number): number {
+  const ownRunning = Math.min(inFlight, load.running);
+  const othersRunning = load.running - ownRunning;
+  const othersWaiting = Math.max(0, load.waiting - (inFlight - ownRunning));
+  if (othersWaiting > share.max_other_queue) return 0;
+  return Math.max(0, slots - othersRunning - share.reserve_slots);
+}

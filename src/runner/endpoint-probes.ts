@@ -1,7 +1,7 @@
 import type { EndpointRow } from '../db/schema.js';
 import { PARKED_ENDPOINT_STATES, type EndpointState } from '../domain/statuses.js';
 import type { Logger } from '../logger.js';
-import { AdaptiveCap, serverCeiling, type Load } from './capacity.js';
+import { AdaptiveCap, SHARED_LOAD_INTERVAL_MS, serverCeiling, sharedCap, type Load } from './capacity.js';
 import { firstProbeDelayMs, type EndpointPool, type LiveEndpoint, type PoolSettings } from './endpoints.js';
 import { parseLoads, parseMetrics, parseModels, parseServerInfo } from './server-info.js';
 
@@ -69,6 +69,8 @@ export class EndpointProbes {
     private readonly settings: PoolSettings,
     /** Something dispatch depends on changed: an endpoint cleared, or its cap moved. */
     private readonly onChange: () => void,
+    /** An endpoint's drain_grace_ms ran out off schedule: what still runs there is given back. */
+    private readonly onDrainOver: (e: LiveEndpoint) => void,
   ) {}
 
   /** Starts the probes and load readings that are due, on the endpoints this process drives. */
@@ -77,6 +79,7 @@ export class EndpointProbes {
     for (const e of this.pool.live.values()) {
       // Another replica drives it: that one probes it.
       if (!e.driven) continue;
+      this.drainOffSchedule(e, now);
       if (!e.probing && e.nextProbeAt <= now && !this.parked(e)) {
         e.probing = true;
         this.probe(e)
@@ -90,6 +93,24 @@ export class EndpointProbes {
           .finally(() => (e.loading = false));
       }
     }
+  }
+
+  /**
+   * Off schedule or past lend_until, what runs there finishes, or is given back once the endpoint's
+   * drain_grace_ms has passed (its samples go to the endpoints still lent, nothing charged).
+   */
+  private drainOffSchedule(e: LiveEndpoint, now: number): void {
+    if (!e.offSchedule) {
+      e.offSince = null;
+      return;
+    }
+    e.offSince ??= now;
+    if (e.row.drainGraceMs === null || e.inFlight.size === 0 || now - e.offSince < e.row.drainGraceMs) return;
+    this.logger.info(
+      { endpoint_id: e.row.id, in_flight: e.inFlight.size },
+      'off schedule: drain_grace_ms is over, the requests still running go back to the queue',
+    );
+    this.onDrainOver(e);
   }
 
   /** Removed, or parked by an operator or the quality gate: probes leave it alone, and must not revive it. */
@@ -128,7 +149,9 @@ export class EndpointProbes {
 
   private async probe(e: LiveEndpoint): Promise<void> {
     const before = e.row.state;
-    const verdict = await this.health(e);
+    // SGLang's /health generates a token: off schedule the GPUs are someone else's, and the
+    // reads of /v1/models below tell whether the server is up.
+    const verdict: HealthVerdict = e.offSchedule ? { ok: true } : await this.health(e);
     if (this.parked(e)) return;
     if (!verdict.ok) return this.probeFailed(e, before, verdict.reason, verdict.loading);
     const { url, apiKey } = e.row;
@@ -238,7 +261,7 @@ export class EndpointProbes {
   /** The server's live load: /v1/loads for running, waiting, KV usage and cache hit rate, /metrics for retractions and `sglang:cache_hit_rate`. */
   private async readLoad(e: LiveEndpoint): Promise<void> {
     const { url, apiKey } = e.row;
-    e.nextLoadAt = this.clock() + this.settings.loadIntervalMs;
+    e.nextLoadAt = this.clock() + (e.row.share ? Math.min(SHARED_LOAD_INTERVAL_MS, this.settings.loadIntervalMs) : this.settings.loadIntervalMs);
     let load: Load | null = null;
     if (e.loadRoute === 'loads') {
       const res = await getJson(`${url}/v1/loads?include=core`, apiKey).catch(() => null);
@@ -263,6 +286,12 @@ export class EndpointProbes {
     }
     if (!load) return;
     e.load = load;
+    if (e.row.share) {
+      const before = e.sharedCap;
+      // The server's slots: what it says it runs at once, else what it runs now (a lower bound).
+      e.sharedCap = sharedCap(e.row.share, e.row.serverMaxRunning ?? load.running, load, e.inFlight.size);
+      if (e.sharedCap !== before) this.onChange();
+    } else e.sharedCap = null;
     if (!this.settings.adaptiveConcurrency) return;
     const before = e.adaptive?.cap ?? null;
     e.adaptive ??= new AdaptiveCap(this.ceiling(e));

@@ -1,17 +1,14 @@
-import type { Agent } from 'node:http';
-import OpenAI from 'openai';
 import type { Db } from '../db/client.js';
-import { getEndpoint, listEndpoints, updateEndpointIfState } from '../db/endpoints.js';
+import { getEndpoint, listEndpoints, updateEndpoint, updateEndpointIfState } from '../db/endpoints.js';
+import { backoffMs, requestBackoff } from '../domain/backoff.js';
 import type { EndpointRow } from '../db/schema.js';
-import { servesModel } from '../domain/models.js';
 import type { EndpointState } from '../domain/statuses.js';
 import type { Logger } from '../logger.js';
-import { capInUse, type CapSource, type ServerCapacity } from '../domain/concurrency.js';
-import type { AdaptiveCap, Load } from './capacity.js';
-import { agentFetch, endpointAgent, streamPost, type StreamRequest, type WholeAnswer } from './http-fetch.js';
 import { Coalesced } from './coalesced.js';
-import { LatencyRing, RateWindow } from './rates.js';
 import { IDLE_ENDPOINT, type EndpointLive } from '../domain/live-view.js';
+import { LiveEndpoint } from './live-endpoint.js';
+
+export { LiveEndpoint };
 
 /** Consecutive transport failures while dispatching after which an endpoint is taken out of rotation. */
 export const UNHEALTHY_AFTER = 3;
@@ -28,132 +25,8 @@ export interface PoolSettings {
   loadIntervalMs: number;
   adaptiveConcurrency: boolean;
   defaultConcurrency: number;
-}
-
-/** One SGLang server as the runner sees it: its row, its client, its live load, and what is in flight on it. */
-export class LiveEndpoint {
-  client: OpenAI;
-  private agent: Agent;
-  readonly inFlight = new Map<number, AbortController>();
-  /** Transport failures in a row while dispatching. */
-  consecutiveFailures = 0;
-  nextProbeAt = 0;
-  /** Probes failed in a row: enough of them judge a ready endpoint unhealthy (endpoint-probes.ts). */
-  probeFailures = 0;
-  probing = false;
-  /**
-   * Nothing new is sent until a probe succeeds: the endpoint was just loaded (regen started, or it
-   * joined), a probe failed, the server answered /health with 503 (it drains), or a connection
-   * broke (it may have restarted, with another model). What runs there goes on to its own answer,
-   * error or timeout.
-   */
-  suspect = true;
-  /** No probe has come back since the endpoint was loaded or came to be driven here. */
-  unprobed = true;
-  nextLoadAt = 0;
-  loading = false;
-  /** Which load route the server has: /v1/loads (v0.5.8+), else /metrics (with --enable-metrics), else none. */
-  loadRoute: 'loads' | 'metrics' | 'none' = 'loads';
-  hasMetrics = true;
-  load: Load | null = null;
-  adaptive: AdaptiveCap | null = null;
-  readonly rate = new RateWindow();
-  readonly latency = new LatencyRing();
-
-  constructor(public row: EndpointRow) {
-    this.agent = endpointAgent(row.url);
-    this.client = this.makeClient();
-  }
-
-  private makeClient(): OpenAI {
-    // Retries are regen's job (on any endpoint, with backoff), not the client's.
-    return new OpenAI({ baseURL: `${this.row.url}/v1`, apiKey: this.row.apiKey ?? 'none', maxRetries: 0, fetch: agentFetch(this.agent) });
-  }
-
-  /** A streamed chat completion on this endpoint's connections (see streamPost). */
-  streamChat(body: Record<string, unknown>, r: Omit<StreamRequest, 'url' | 'headers' | 'body'>): Promise<WholeAnswer | undefined> {
-    const headers: Record<string, string> = this.row.apiKey ? { authorization: `Bearer ${this.row.apiKey}` } : {};
-    return streamPost(this.agent, { ...r, url: `${this.row.url}/v1/chat/completions`, headers, body: JSON.stringify(body) });
-  }
-
-  /** Takes a changed row; a new url or key gets a new client (and, for a new url, new connections). */
-  update(row: EndpointRow): void {
-    const old = this.row;
-    this.row = row;
-    if (old.url !== row.url) {
-      this.agent.destroy();
-      this.agent = endpointAgent(row.url);
-    }
-    if (old.url !== row.url || old.apiKey !== row.apiKey) this.client = this.makeClient();
-  }
-
-  /** Closes the idle keep-alive connections of an endpoint that left the pool. */
-  close(): void {
-    this.agent.destroy();
-  }
-
-  get capacity(): ServerCapacity {
-    return { maxRunning: this.row.serverMaxRunning, kvTokens: this.row.kvTokens };
-  }
-
-  /** The cap in use and where it comes from. */
-  capInfo(fallback: number): { cap: number; source: CapSource } {
-    return capInUse(this.row.maxConcurrency, this.capacity, this.adaptive?.cap ?? null, fallback);
-  }
-
-  get state(): EndpointState {
-    return this.row.state as EndpointState;
-  }
-
-  /**
-   * Judged worse than its peers, while its quarantine commits: nothing new is sent, and its
-   * answers from then on are asked again elsewhere, as once it is quarantined.
-   */
-  quarantining = false;
-
-  /**
-   * This process drives the endpoint (the fleet's share: fleet/): only then does it probe it and
-   * send to it. Always true for a process that dispatches alone.
-   */
-  driven = true;
-  /** Being handed to another replica: nothing new is sent, and once what runs there ends it goes. */
-  handingOff = false;
-
-  /** Ready, driven here, and not waiting for a probe to clear it: new samples may be sent. */
-  get dispatchable(): boolean {
-    return this.state === 'ready' && this.driven && !this.handingOff && !this.suspect && !this.quarantining;
-  }
-
-  /**
-   * Worth waiting for as a sample's home (endpoint-choice.ts pickForSlot): dispatchable, or ready
-   * as stored and only waiting for its first probe (regen just started). Without the second, the
-   * endpoint whose probe comes back first after a restart would take every turn held for the others.
-   */
-  get holdsAffinity(): boolean {
-    return this.dispatchable || (this.unprobed && this.state === 'ready' && this.driven && !this.handingOff && !this.quarantining);
-  }
-
-  serves(model: string): boolean {
-    return servesModel(this.row.model, this.row.aliases, model);
-  }
-
-  live(now: number): EndpointLive {
-    const r = this.rate.rates(now);
-    return {
-      in_flight: this.inFlight.size,
-      samples_per_second: Math.round(r.samples * 100) / 100,
-      completion_tokens_per_second: Math.round(r.tokens * 100) / 100,
-      p50_latency_ms: this.latency.p50(),
-      adaptive_cap: this.adaptive?.cap ?? null,
-      server: {
-        running: this.load?.running ?? null,
-        queued: this.load?.waiting ?? null,
-        token_usage: this.load?.tokenUsage == null ? null : Math.round(this.load.tokenUsage * 1000) / 1000,
-        cache_hit_rate: this.load?.cacheHitRate == null ? null : Math.round(this.load.cacheHitRate * 10_000) / 10_000,
-        read_at: this.load?.at ?? null,
-      },
-    };
-  }
+  /** The first wait of a backoff (REGEN_REQUEST_RETRY_MS): a server turning regen away without Retry-After is left alone this long, doubling. */
+  requestRetryMs: number;
 }
 
 /**
@@ -215,7 +88,7 @@ export class EndpointPool {
       seen.add(row.id);
       const e = this.live.get(row.id);
       if (!e) {
-        const joined = new LiveEndpoint(row);
+        const joined = new LiveEndpoint(row, this.clock);
         joined.driven = this.drivenIds?.has(row.id) ?? true;
         this.live.set(row.id, joined);
         continue;
@@ -270,6 +143,40 @@ export class EndpointPool {
     return false;
   }
 
+  /**
+   * Whether the endpoints that would serve `model` now are all only turning regen away for a while
+   * (429, a gateway's shedding): the run's status says they are busy with other traffic.
+   */
+  turnedAwayOnly(model: string): boolean {
+    let busy = false;
+    for (const e of this.live.values()) {
+      if (!e.serves(model) || e.state !== 'ready') continue;
+      if (!e.driven || e.dispatchable) return false;
+      if (e.busy && !e.suspect && !e.offSchedule) busy = true;
+    }
+    return busy;
+  }
+
+  /**
+   * The server turned a request away: nothing new is sent there for `retryAfterMs` (its
+   * Retry-After), else for the request backoff of the turn-aways in a row, and its cap drops below
+   * what it held.
+   */
+  turnedAway(e: LiveEndpoint, retryAfterMs: number | null): void {
+    const inRow = e.yieldCap.turnedAway(this.capOf(e), e.inFlight.size);
+    e.busyUntil = Math.max(e.busyUntil, this.clock() + (retryAfterMs ?? backoffMs(inRow, requestBackoff(this.settings.requestRetryMs))));
+    this.onChange();
+  }
+
+  /** Stops sending `priority` to an endpoint whose server refused it, and says so on the endpoint until an operator sets it again. */
+  async refusePriority(e: LiveEndpoint, message: string): Promise<void> {
+    if (e.row.priorityRefusedAt !== null) return;
+    const at = this.clock();
+    e.row = { ...e.row, priorityRefusedAt: at };
+    this.logger.warn({ endpoint_id: e.row.id, url: e.row.url, message }, 'the server refuses the priority field: regen sends none there');
+    await updateEndpoint(this.db, e.row.id, { priorityRefusedAt: at, updatedAt: at });
+  }
+
   /** Whether any endpoint serves `model` now: here, or ready by its row when another replica drives it. */
   servedAnywhere(model: string): boolean {
     for (const e of this.live.values()) if (e.serves(model) && (e.dispatchable || (!e.driven && e.state === 'ready'))) return true;
@@ -308,7 +215,8 @@ export class EndpointPool {
     if (this.live.size === 0) return 'no endpoints are registered';
     const parts = [...this.live.values()].map((e) => {
       const names = [e.row.model ?? 'model not known yet', ...e.row.aliases].join(', ');
-      return `${e.row.name} (${names}; ${e.suspect && e.state === 'ready' ? 'being probed' : e.state})`;
+      const state = e.state !== 'ready' ? e.state : e.suspect ? 'being probed' : e.offSchedule ? 'off schedule' : e.busy ? 'busy with other traffic' : e.state;
+      return `${e.row.name} (${names}; ${state})`;
     });
     return `the endpoints serve: ${parts.join('; ')}`;
   }

@@ -7,6 +7,7 @@ import { samplesPerLine } from '../domain/params.js';
 import type { FleetShare } from '../domain/live-view.js';
 import type { EndpointPool } from './endpoints.js';
 import { RateWindow } from './rates.js';
+import { lentShare } from '../domain/schedule.js';
 
 /** How often a run's forecast is computed: each costs a few index reads and a bootstrap of the slice. */
 const FORECAST_MS = 1000;
@@ -53,6 +54,11 @@ function variantShares(run: RunRow): number[] | null {
   return run.variants.map((v) => v.weight / sum);
 }
 
+/** The time left the first pass weighs lent hours over: a day, the cycle of most schedules. */
+const LENDING_HORIZON_START_MS = 24 * 3_600_000;
+/** Passes of the time left over the lent hours it covers: each moves the horizon to the last pass's answer. */
+const LENDING_PASSES = 4;
+
 /**
  * The forecasts of the runs being dispatched: each endpoint's measured token rate for each run, the
  * calibration slice's lengths (bounded by the slice's size; read back from the database after a
@@ -79,7 +85,8 @@ export class Forecasts {
    */
   share(now: number): FleetShare {
     const caps: FleetShare['caps'] = {};
-    for (const e of this.pool.live.values()) if (e.dispatchable) caps[e.row.id] = this.pool.capOf(e);
+    // An endpoint off schedule or turned away for now still counts: the forecast weighs it by its lent hours.
+    for (const e of this.pool.live.values()) if (e.serving) caps[e.row.id] = this.pool.capOf(e);
     const speeds: FleetShare['speeds'] = {};
     for (const [runId, perEndpoint] of this.windows) {
       for (const [endpointId, w] of perEndpoint) {
@@ -125,9 +132,11 @@ export class Forecasts {
    * cap × (tokens / request-seconds) of its answers. Those are its calibration answers when it gave
    * enough of them: their lengths are a random sample of the input's, where the recent answers of an
    * ordered input are all short (a request's fixed cost weighs more) or all long. Else its answers
-   * of the last minute. Summed over the ready endpoints serving the run that have answered it.
+   * of the last minute. Summed over the ready endpoints serving the run that have answered it,
+   * each weighed by the share of the next `horizonMs` it is lent (schedule, lend_until): a fleet
+   * lent by night does a night's work a day.
    */
-  async fleetRate(run: RunRow, now: number): Promise<{ tokensPerSecond: number; endpoints: number; slotTokensPerSecond: number }> {
+  async fleetRate(run: RunRow, now: number, horizonMs: number): Promise<{ tokensPerSecond: number; endpoints: number; slotTokensPerSecond: number }> {
     const sliceSpeed = (await this.slice(run.id)).speed;
     // On PostgreSQL the endpoints other replicas drive count as they publish them.
     const own = this.share(now);
@@ -148,7 +157,7 @@ export class Forecasts {
       const slice = sliceSpeed.get(e.row.id);
       const perMs = slice !== undefined ? slice * perSlot : from.speeds[run.id]?.[e.row.id];
       if (perMs === undefined) continue;
-      tokensPerSecond += cap * perMs * 1000;
+      tokensPerSecond += cap * perMs * 1000 * lentShare(e.row, now, now + horizonMs);
       slotSpeeds += perMs * 1000;
       endpoints++;
     }
@@ -168,28 +177,18 @@ export class Forecasts {
   /** Computes a run's forecast now and stores it; `final` writes a point of history whatever the interval. */
   async compute(run: RunRow, now: number, final = false): Promise<StoredForecast | null> {
     this.computedAt.set(run.id, now);
-    const { tokensPerSecond, endpoints, slotTokensPerSecond } = await this.fleetRate(run, now);
     const slice = await this.slice(run.id);
-    const forecast = computeForecast(
-      {
-        whole: run.dryRun,
-        total: run.total,
-        remaining: run.pending + run.inProgress,
-        completionTokens: run.completionTokens,
-        slice: slice.lengths,
-        sliceOpen: slice.open,
-        variantShares: variantShares(run),
-        frontier: run.dryRun ? -1 : await dispatchFrontier(this.deps.db, run.id),
-        tokensPerSecond,
-        endpoints,
-        elapsedSeconds: run.startedAt ? (now - run.startedAt) / 1000 : 0,
-        deadlineSeconds: run.deadlineSeconds,
-        now,
-        chainSeconds: chainSeconds(run, slotTokensPerSecond),
-      },
-      // Seeded per run and moment: the same figures give the same interval.
-      seededRandom(`${run.id}:${now}`),
-    );
+    const frontier = run.dryRun ? -1 : await dispatchFrontier(this.deps.db, run.id);
+    // The time left decides which hours of each endpoint's schedule count, and those the time
+    // left: from a day's (a schedule's cycle), each pass weighs the rates over the time the last one found.
+    let horizonMs = LENDING_HORIZON_START_MS;
+    let forecast: StoredForecast | null = null;
+    for (let pass = 0; pass < LENDING_PASSES; pass++) {
+      forecast = await this.forecastOver(run, now, slice, frontier, horizonMs);
+      const remaining = forecast?.wall_seconds_remaining;
+      if (!remaining || !this.lends(run)) break;
+      horizonMs = remaining * 1000;
+    }
     if (!forecast) return null;
     this.latest.set(run.id, forecast);
     const last = this.savedAt.get(run.id);
@@ -201,6 +200,37 @@ export class Forecasts {
     await saveForecast(this.deps.db, run.id, forecast, due ? { fraction: run.total ? done / run.total : 0 } : null);
     if (due) this.savedAt.set(run.id, now);
     return forecast;
+  }
+
+  /** The run's forecast with the endpoints' rates weighed by their lent share of the next `horizonMs`. */
+  private async forecastOver(run: RunRow, now: number, slice: Slice, frontier: number, horizonMs: number): Promise<StoredForecast | null> {
+    const { tokensPerSecond, endpoints, slotTokensPerSecond } = await this.fleetRate(run, now, horizonMs);
+    return computeForecast(
+      {
+        whole: run.dryRun,
+        total: run.total,
+        remaining: run.pending + run.inProgress,
+        completionTokens: run.completionTokens,
+        slice: slice.lengths,
+        sliceOpen: slice.open,
+        variantShares: variantShares(run),
+        frontier,
+        tokensPerSecond,
+        endpoints,
+        elapsedSeconds: run.startedAt ? (now - run.startedAt) / 1000 : 0,
+        deadlineSeconds: run.deadlineSeconds,
+        now,
+        chainSeconds: chainSeconds(run, slotTokensPerSecond),
+      },
+      // Seeded per run and moment: the same figures give the same interval.
+      seededRandom(`${run.id}:${now}`),
+    );
+  }
+
+  /** Some endpoint serving the run is lent for part of the time only. */
+  private lends(run: RunRow): boolean {
+    for (const e of this.pool.live.values()) if (e.serves(run.model) && (e.row.schedule || e.row.lendUntil !== null)) return true;
+    return false;
   }
 }
 

@@ -247,7 +247,9 @@ export function streamPost(agent: http.Agent | https.Agent, r: StreamRequest): P
           });
           res.on('end', () => {
             if (status !== 200) {
-              return finish(() => reject(APIError.generate(status, JSON.parse(errorBodyForClient(Buffer.from(text))), undefined, new Headers())), true);
+              // The headers go with the error: a Retry-After or a gateway's X-SMG-Preempted decides what it means.
+              const headers = new Headers(Object.entries(res.headers).flatMap(([k, v]) => (v === undefined ? [] : [[k, String(v)] as [string, string]])));
+              return finish(() => reject(APIError.generate(status, JSON.parse(errorBodyForClient(Buffer.from(text))), undefined, headers)), true);
             }
             let body: unknown;
             try {

@@ -2,6 +2,7 @@ import type { Config } from '../config.js';
 import type { RetryReason } from '../domain/sample-errors.js';
 import type { RunnerSnapshot } from '../domain/live-view.js';
 import type { AnswerRepair } from '../domain/metrics.js';
+import type { TurnedAwayReason } from '../domain/turned-away.js';
 
 // What crosses between the API thread (thread.ts) and the runner's worker thread (worker.ts).
 // Both sides import these types from here, never from each other.
@@ -21,6 +22,7 @@ export interface MetricsBatch {
   repaired: AnswerRepair[];
   /** Each shed answer: failed (true) or given back. */
   shed: boolean[];
+  turnedAway: [endpointId: string, reason: TurnedAwayReason][];
   uploads: number;
   uploadFailures: number;
 }

@@ -9,6 +9,7 @@ import { jsonTextNestsDeeperThan, MAX_JSON_DEPTH } from '../domain/json-depth.js
 import { answerBytes } from '../domain/answer-bytes.js';
 import { layeredParams, type Variant } from '../domain/variants.js';
 import { AnswerRefused } from './answer-budget.js';
+import type { TurnedAwayReason } from '../domain/turned-away.js';
 
 // One request to an endpoint: the body sent for a sample, what its answer means, and what its
 // error means. Pure, so that every answer and error shape has a case in a table test.
@@ -287,7 +288,21 @@ export type ErrorVerdict =
   /** The sample's error; `transport` ones count against the endpoint's health. */
   | { kind: 'error'; error: SampleError; transport: boolean }
   /** The endpoint, not the sample, is wrong (bad key, wrong URL): probe it again; the sample meets a server fault. */
-  | { kind: 'endpoint_refused'; reason: string; error: SampleError };
+  | { kind: 'endpoint_refused'; reason: string; error: SampleError }
+  /** The server turned the request away for a while (its choice): the sample goes back unspent, the endpoint backs off. */
+  | { kind: 'turned_away'; reason: TurnedAwayReason; retryAfterMs: number | null; message: string }
+  /** The server refuses the `priority` field regen sent: it is sent no more there, and the sample goes back unspent. */
+  | { kind: 'priority_refused'; message: string };
+
+/**
+ * What a server launched without priority scheduling answers to a request with `priority`: a 400
+ * that says so, as vLLM's "Priority scheduling is not enabled." (SGLang ignores the field there).
+ */
+const PRIORITY_REFUSED = /priority\b.*\b(not enabled|disabled)/i;
+/** The gateway's header on a 503 that shed a bulk request (docs/sglang.md "Priority"). */
+const PREEMPTED_HEADER = 'x-smg-preempted';
+/** The longest Retry-After taken as said: a server asking for more is asked again after this. */
+const MAX_RETRY_AFTER_MS = 10 * 60_000;
 
 const MAX_ERROR_MESSAGE_CHARS = 1000;
 const MAX_INTERNAL_MESSAGE_CHARS = 300;
@@ -296,7 +311,7 @@ const MAX_INTERNAL_MESSAGE_CHARS = 300;
  * Classifies an error of the openai client. A request regen did not abort itself that ends in an
  * abort was cut by its own timeout.
  */
-export function classifyError(err: unknown, timeoutMs: number): ErrorVerdict {
+export function classifyError(err: unknown, timeoutMs: number, sentPriority = false, now = Date.now()): ErrorVerdict {
   // agentFetch's refusals reach here as the cause of the openai client's connection error.
   const refused = err instanceof AnswerRefused ? err : err instanceof APIConnectionError && err.cause instanceof AnswerRefused ? err.cause : null;
   if (refused) return { kind: 'error', error: { code: refused.code, message: refused.message, status: null }, transport: false };
@@ -311,8 +326,11 @@ export function classifyError(err: unknown, timeoutMs: number): ErrorVerdict {
   if (err instanceof APIError && err.status) {
     const status = err.status;
     const message = errorMessage(err);
-    if (status === 429) return { kind: 'error', error: { code: 'rate_limited', message, status }, transport: false };
-    if (status >= 500 || status === 408 || status === 409 || status === 425) {
+    const turnedAway =
+      status === 429 ? 'rate_limited' : status === 408 ? 'gateway_timeout' : status === 503 && err.headers?.has(PREEMPTED_HEADER) ? 'preempted' : null;
+    if (turnedAway) return { kind: 'turned_away', reason: turnedAway, retryAfterMs: retryAfterMs(err.headers?.get('retry-after') ?? null, now), message };
+    if (sentPriority && status === 400 && PRIORITY_REFUSED.test(message)) return { kind: 'priority_refused', message };
+    if (status >= 500 || status === 409 || status === 425) {
       return { kind: 'error', error: { code: 'server_error', message, status }, transport: false };
     }
     if (status === 401 || status === 403 || status === 404) {
@@ -326,6 +344,14 @@ export function classifyError(err: unknown, timeoutMs: number): ErrorVerdict {
   }
   const message = (err as Error)?.message?.slice(0, MAX_INTERNAL_MESSAGE_CHARS) ?? 'unknown error';
   return { kind: 'error', error: { code: 'internal_error', message, status: null }, transport: false };
+}
+
+/** A Retry-After header (seconds, or an HTTP date) as milliseconds from `now`, at most MAX_RETRY_AFTER_MS; null when absent or unreadable. */
+export function retryAfterMs(header: string | null, now: number): number | null {
+  if (header === null) return null;
+  const value = header.trim();
+  const ms = /^\d+$/.test(value) ? Number(value) * 1000 : Date.parse(value) - now;
+  return Number.isNaN(ms) ? null : Math.min(MAX_RETRY_AFTER_MS, Math.max(0, ms));
 }
 
 /** SGLang's error body is `{object: "error", message, ...}`; keep its message, bounded. */

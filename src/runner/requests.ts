@@ -51,6 +51,8 @@ export interface Flight {
   limits: AnswerLimits;
   /** The answer's share of the memory of answers in flight. */
   lease: AnswerLease;
+  /** The request carried the endpoint's `priority`: a refusal of it is the endpoint's, not the sample's. */
+  sentPriority: boolean;
 }
 
 /**
@@ -63,6 +65,8 @@ export class Requests {
   private readonly flights = new Map<number, Flight>();
   private readonly answers: AnswerBudget;
   private readonly sheds: AnswerSheds;
+  /** Per run, the requests endpoints turned away while this process dispatched it (the run page shows them). */
+  readonly turnedAway = new Map<string, number>();
 
   constructor(
     private readonly deps: RunnerDeps,
@@ -94,6 +98,8 @@ export class Requests {
     const group = choiceOrder(claimed);
     const sample = group[0];
     const { body, thinking } = buildRequest(run, requestSample(group as [Claimed, ...Claimed[]]), Math.random, group.length);
+    const sentPriority = e.sendsPriority;
+    if (sentPriority) body.priority = e.row.requestPriority;
     const controller = new AbortController();
     const limits = answerLimits(body, e.row.maxModelLen);
     const flight: Flight = {
@@ -108,6 +114,7 @@ export class Requests {
       maxTokens: askedMaxTokens(body),
       limits,
       lease: this.answers.lease(answerByteLimit(body, limits)),
+      sentPriority,
     };
     // Keyed by the first sample: one request, one slot, however many answers it asks.
     this.flights.set(sample.id, flight);
@@ -123,6 +130,7 @@ export class Requests {
         : e.client.chat.completions.create(body as never, {
             signal: controller.signal,
             timeout: run.requestTimeoutMs,
+            headers: e.extraHeaders,
             // The openai client hands its fetchOptions to agentFetch untouched; its type knows only RequestInit's fields.
             fetchOptions: { answerLease: flight.lease } satisfies AnswerInit as object,
           });
@@ -213,6 +221,7 @@ export class Requests {
   private onResponse(f: Flight, res: unknown, latencyMs: number): void {
     const e = f.endpoint;
     e.consecutiveFailures = 0;
+    e.yieldCap.answered(this.pool.capOf(e));
     const parsed = parseAnswers(res, f.limits, f.group.length);
     if (f.abortReason && parsed.some((p) => !p.ok)) {
       this.onError(f, null);
@@ -336,7 +345,18 @@ export class Requests {
       for (const s of f.group) this.settle(failed ? settleFailed(this.attempt(f, s), failed, now) : settleAbort(this.attempt(f, s), 'release'));
       return;
     }
-    const verdict = classifyError(err, f.run.requestTimeoutMs);
+    const verdict = classifyError(err, f.run.requestTimeoutMs, f.sentPriority, this.deps.clock());
+    if (verdict.kind === 'turned_away' || verdict.kind === 'priority_refused') {
+      // The server's choice, not a fault of either: the samples go back with nothing charged.
+      e.consecutiveFailures = 0;
+      if (verdict.kind === 'turned_away') {
+        this.pool.turnedAway(e, verdict.retryAfterMs);
+        this.turnedAway.set(f.run.id, (this.turnedAway.get(f.run.id) ?? 0) + 1);
+        this.deps.metrics.turnedAway(e.row.id, verdict.reason);
+      } else void this.guard('marking an endpoint', () => this.pool.refusePriority(e, verdict.message));
+      for (const s of f.group) this.settle(settleAbort(this.attempt(f, s), 'release'));
+      return;
+    }
     if (verdict.kind === 'endpoint_refused') {
       e.consecutiveFailures = 0;
       void this.guard('marking an endpoint', () => this.pool.setState(e, 'starting', verdict.reason));

@@ -5,6 +5,7 @@ import type { RunRow } from '../db/schema.js';
 import { DISPATCHABLE_RUN_STATUSES } from '../domain/statuses.js';
 import type { EndpointPool } from './endpoints.js';
 import type { Forecasts } from './forecasts.js';
+import { BUSY_REASON } from '../domain/turned-away.js';
 
 /** Starts the status_reason of a run that no endpoint can serve now. */
 const WAITING_PREFIX = 'waiting for an endpoint:';
@@ -39,11 +40,17 @@ export class RunSteps {
   /**
    * A run no dispatchable endpoint serves says so in its status_reason, with what the endpoints
    * serve, so that a name mismatch or a fleet still loading is seen at once; the reason goes when
-   * an endpoint serves it.
+   * an endpoint serves it. One whose endpoints only turn it away for a while (429, a gateway's
+   * shedding) says they are busy with other traffic.
    */
   async sayWhyWaiting(run: RunRow, served: boolean): Promise<void> {
     const ours = run.statusReason?.startsWith(WAITING_PREFIX) ?? false;
-    const reason = served ? null : `${WAITING_PREFIX} no ready endpoint serves model ${JSON.stringify(run.model)}; ${this.pool.describeServed()}`;
+    const busy = !served && this.pool.turnedAwayOnly(run.model);
+    const reason = served
+      ? null
+      : busy
+        ? `${WAITING_PREFIX} ${BUSY_REASON}`
+        : `${WAITING_PREFIX} no ready endpoint serves model ${JSON.stringify(run.model)}; ${this.pool.describeServed()}`;
     if (reason === run.statusReason || (served && !ours) || (!served && run.statusReason && !ours)) return;
     if (await setStatusReason(this.deps.db, run.id, reason, DISPATCHABLE_RUN_STATUSES)) {
       if (reason) this.deps.logger.warn({ run_id: run.id, model: run.model, reason }, 'run waits for an endpoint');

@@ -98,7 +98,14 @@ export class Runner implements RunnerView {
       () => this.wake(),
       (e) => this.requests.abortEndpoint(e, 'release'),
     );
-    this.probes = new EndpointProbes(this.pool, logger, clock, config, () => this.wake());
+    this.probes = new EndpointProbes(
+      this.pool,
+      logger,
+      clock,
+      config,
+      () => this.wake(),
+      (e) => this.requests.abortEndpoint(e, 'release'),
+    );
     this.fleet = createFleet(deps, this.owner, new RunnerLock(db, this.owner, clock, config.replicaStaleMs), this.pool, {
       publish: () => this.ownSnapshot(true),
       deposed: (why) => this.deposed(why),
@@ -255,10 +262,11 @@ export class Runner implements RunnerView {
       const r = this.runRates.get(run.id)?.rates(now);
       const forecast = this.forecasts.get(run.id);
       const in_flight = inFlight.get(run.id) ?? 0;
-      if (!r && !forecast && !in_flight) continue;
+      const turned_away = this.requests.turnedAway.get(run.id);
+      if (!r && !forecast && !in_flight && !turned_away) continue;
       runs[run.id] = r
-        ? { samples_per_second: r.samples, completion_tokens_per_second: r.tokens, forecast, in_flight }
-        : { ...IDLE_PROGRESS, forecast, in_flight };
+        ? { samples_per_second: r.samples, completion_tokens_per_second: r.tokens, forecast, in_flight, turned_away }
+        : { ...IDLE_PROGRESS, forecast, in_flight, turned_away };
     }
     const own: RunnerSnapshot = { runs, endpoints: this.pool.snapshot(now), role: this.role() };
     if (withFleet) own.fleet = { ...this.forecasts.share(now), ...this.quality.share() };
@@ -350,6 +358,7 @@ export class Runner implements RunnerView {
     this.quality.forget(runId);
     this.forecasts.forget(runId);
     this.runRates.delete(runId);
+    this.requests.turnedAway.delete(runId);
     this.finisher.forget(runId);
   }
 

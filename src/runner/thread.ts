@@ -155,6 +155,7 @@ export class RunnerThread {
         for (const reason of m.batch.retried) deps.metrics.retried(reason);
         for (const repair of m.batch.repaired) deps.metrics.repaired(repair);
         for (const failed of m.batch.shed) deps.metrics.shed(failed);
+        for (const [endpointId, reason] of m.batch.turnedAway) deps.metrics.turnedAway(endpointId, reason);
         for (let i = 0; i < m.batch.uploads; i++) deps.metrics.shardUploaded();
         for (let i = 0; i < m.batch.uploadFailures; i++) deps.metrics.shardUploadFailed();
         break;

@@ -8,6 +8,7 @@ import { idleInTransactionMs, RunnerLockedError } from './lock.js';
 import { Runner } from './runner.js';
 import type { RetryReason } from '../domain/sample-errors.js';
 import type { AnswerRepair, RunnerMetrics } from '../domain/metrics.js';
+import type { TurnedAwayReason } from '../domain/turned-away.js';
 import type { FromRunner, MetricsBatch, RunnerThreadInit, ToRunner } from './protocol.js';
 
 /**
@@ -23,7 +24,7 @@ const SNAPSHOT_MS = 100;
 const port = parentPort!;
 const send = (m: FromRunner) => port.postMessage(m);
 
-const emptyBatch = (): MetricsBatch => ({ answered: [], retried: [], repaired: [], shed: [], uploads: 0, uploadFailures: 0 });
+const emptyBatch = (): MetricsBatch => ({ answered: [], retried: [], repaired: [], shed: [], turnedAway: [], uploads: 0, uploadFailures: 0 });
 
 /** Collects the runner's metric increments and sends them once per turn of the event loop. */
 class ForwardedMetrics implements RunnerMetrics {
@@ -49,6 +50,11 @@ class ForwardedMetrics implements RunnerMetrics {
 
   shed(failed: boolean): void {
     this.batch.shed.push(failed);
+    this.schedule();
+  }
+
+  turnedAway(endpointId: string, reason: TurnedAwayReason): void {
+    this.batch.turnedAway.push([endpointId, reason]);
     this.schedule();
   }
 

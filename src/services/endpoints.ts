@@ -6,6 +6,7 @@ import { normalizeEndpointUrl } from '../domain/endpoint-url.js';
 import { type EndpointState, type OPERATOR_ENDPOINT_STATES, PARKED_ENDPOINT_STATES } from '../domain/statuses.js';
 import { notFound } from '../errors.js';
 import { newId } from '../ids.js';
+import type { EndpointShare, ScheduleWindow } from '../domain/schedule.js';
 
 /** An endpoint as registered: the body of POST /v1/endpoints, as its route has validated it. */
 export interface NewEndpoint {
@@ -16,6 +17,13 @@ export interface NewEndpoint {
   weight?: number;
   labels?: Record<string, string>;
   aliases?: string[];
+  request_priority?: number | null;
+  bulk_header?: boolean;
+  share?: EndpointShare | null;
+  schedule?: ScheduleWindow[] | null;
+  timezone?: string;
+  lend_until?: string | null;
+  drain_grace_ms?: number | null;
 }
 
 /** What an operator may change on an endpoint: the body of PATCH /v1/endpoints/{id}. */
@@ -27,6 +35,13 @@ export interface EndpointChange {
   api_key?: string | null;
   labels?: Record<string, string>;
   aliases?: string[];
+  request_priority?: number | null;
+  bulk_header?: boolean;
+  share?: EndpointShare | null;
+  schedule?: ScheduleWindow[] | null;
+  timezone?: string;
+  lend_until?: string | null;
+  drain_grace_ms?: number | null;
 }
 
 /** The columns of the fields a request gave; a field it left out leaves its column as it is. */
@@ -38,6 +53,14 @@ function givenColumns(body: NewEndpoint | EndpointChange) {
     ...(body.weight !== undefined && { weight: body.weight }),
     ...(body.labels !== undefined && { labels: body.labels }),
     ...(body.aliases !== undefined && { aliases: body.aliases }),
+    // A priority given again is tried again, on a server that may have been relaunched to take it.
+    ...(body.request_priority !== undefined && { requestPriority: body.request_priority, priorityRefusedAt: null }),
+    ...(body.bulk_header !== undefined && { bulkHeader: body.bulk_header }),
+    ...(body.share !== undefined && { share: body.share }),
+    ...(body.schedule !== undefined && { schedule: body.schedule }),
+    ...(body.timezone !== undefined && { timezone: body.timezone }),
+    ...(body.lend_until !== undefined && { lendUntil: body.lend_until === null ? null : Date.parse(body.lend_until) }),
+    ...(body.drain_grace_ms !== undefined && { drainGraceMs: body.drain_grace_ms }),
   };
 }
 

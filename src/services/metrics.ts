@@ -10,6 +10,7 @@ import { DELIVERY_STATUSES } from '../domain/webhooks.js';
 import { FLAGS, flagBit } from '../domain/flags.js';
 import { RETRY_REASONS, type RetryReason } from '../domain/sample-errors.js';
 import { ANSWER_REPAIRS, type AnswerRepair } from '../domain/metrics.js';
+import type { TurnedAwayReason } from '../domain/turned-away.js';
 import { ENDPOINT_STATES, RUN_STATUSES, SAMPLE_STATUSES } from '../domain/statuses.js';
 import type { MetricsSource, ProcessMetrics } from '../deps.js';
 
@@ -74,6 +75,12 @@ export class Metrics implements ProcessMetrics {
     name: 'regen_answers_shed_total',
     help: 'Answers cut because the answers in flight passed REGEN_ANSWER_BUFFER_BYTES, by outcome: their samples given back (released), or failed as answer_too_large after being cut too often (failed)',
     labelNames: ['outcome'] as const,
+    registers: [this.registry],
+  });
+  private readonly turnedAways = new Counter({
+    name: 'regen_turned_away_total',
+    help: 'Requests an endpoint turned away for a while (429, a gateway shedding bulk traffic or timing it out): their samples went back to the queue with nothing charged',
+    labelNames: ['endpoint_id', 'reason'] as const,
     registers: [this.registry],
   });
   private readonly flags = new Counter({
@@ -248,6 +255,10 @@ export class Metrics implements ProcessMetrics {
 
   shed(failed: boolean): void {
     this.sheds.inc({ outcome: failed ? 'failed' : 'released' });
+  }
+
+  turnedAway(endpointId: string, reason: TurnedAwayReason): void {
+    this.turnedAways.inc({ endpoint_id: endpointId, reason });
   }
 
   shardUploaded(): void {

@@ -46,6 +46,8 @@ export interface ChatRequest {
   stream: boolean;
   /** `stream_options.include_usage`: a last chunk with empty choices carries the usage. */
   includeUsage: boolean;
+  /** SGLang's `priority` (with --enable-priority-scheduling, larger goes first), or null when not sent. */
+  priority: number | null;
 }
 
 // OpenAI's bound on `top_logprobs`, which SGLang's protocol checks too.
@@ -104,7 +106,10 @@ export function parseChatRequest(body: unknown, knobs: Knobs): ChatRequest {
   if (!(Number.isInteger(topLogprobs) && (topLogprobs as number) >= 0 && (topLogprobs as number) <= MAX_TOP_LOGPROBS)) {
     throw badRequest(`\`top_logprobs\` must be an integer from 0 to ${MAX_TOP_LOGPROBS}.`);
   }
+  const { priority } = body;
+  if (priority !== undefined && priority !== null && !Number.isInteger(priority)) throw badRequest('`priority` must be an integer.');
   return {
+    priority: (priority as number | undefined) ?? null,
     digest: digestOf(messages),
     model: typeof body.model === 'string' ? body.model : knobs.model,
     promptTokens,

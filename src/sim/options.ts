@@ -49,6 +49,15 @@ export interface SimOptions {
   abortRate?: number;
   /** Idle keep-alive sockets are closed after this long (`SGLANG_TIMEOUT_KEEP_ALIVE`). */
   keepAliveMs?: number;
+  /**
+   * Share of chat requests turned away as the SGLang model gateway sheds load: one sent with
+   * `x-smg-priority: bulk` gets 503 with `X-SMG-Preempted`, any other 429 (with `Retry-After`
+   * when retryAfterSeconds is above 0).
+   */
+  turnAwayRate?: number;
+  retryAfterSeconds?: number;
+  /** 1: a request with `priority` is answered 400 "Priority scheduling is not enabled." (vLLM launched without it). */
+  refusePriority?: number;
   /** Called when the `dieAfter`-th chat request arrives; by default the server drops every connection and stops listening. */
   onDie?: () => void;
   /** Called with the final stats once a drain has finished the last request, just before the server closes. */
@@ -92,6 +101,9 @@ export const DEFAULTS: Readonly<Knobs> = {
   abortRate: 0,
   // SGLANG_TIMEOUT_KEEP_ALIVE's default.
   keepAliveMs: 5000,
+  turnAwayRate: 0,
+  retryAfterSeconds: 0,
+  refusePriority: 0,
 };
 
 export class SimOptionError extends Error {}
@@ -141,6 +153,9 @@ const RULES: Record<keyof Knobs, Rule> = {
   healthMs: duration,
   abortRate: rate,
   keepAliveMs: duration,
+  turnAwayRate: rate,
+  retryAfterSeconds: count,
+  refusePriority: flag,
 };
 
 export const KNOB_NAMES = Object.keys(RULES) as (keyof Knobs)[];

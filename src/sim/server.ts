@@ -32,6 +32,13 @@ export interface SimStats {
   aborts: number;
   /** Chat requests that asked for `stream: true`. */
   streamed: number;
+  /** Chat requests that carried a `priority`, and those refused for it (refusePriority). */
+  prioritized: number;
+  priorityRefused: number;
+  /** Chat requests sent with `x-smg-priority: bulk`. */
+  bulk: number;
+  /** Turned away as a gateway sheds load (turnAwayRate): 429, or 503 with X-SMG-Preempted. */
+  turnedAway: number;
   /** Requests pushed back to the queue for lack of KV (KV model only). */
   retracted: number;
   /** The most KV tokens one rank's running requests ever held. */
@@ -114,7 +121,24 @@ class SimServer {
   #random: Random;
   // Its own stream, so that turning aborts on leaves the other faults' sequence as it was.
   #abortRandom: Random;
-  readonly #counts = { requests: 0, completed: 0, errors: 0, resets: 0, hangs: 0, rejected: 0, aborted: 0, aborts: 0, streamed: 0, healthChecks: 0 };
+  // The same for the gateway's turn-aways.
+  #turnAwayRandom: Random;
+  readonly #counts = {
+    requests: 0,
+    completed: 0,
+    errors: 0,
+    resets: 0,
+    hangs: 0,
+    rejected: 0,
+    aborted: 0,
+    aborts: 0,
+    streamed: 0,
+    healthChecks: 0,
+    prioritized: 0,
+    priorityRefused: 0,
+    bulk: 0,
+    turnedAway: 0,
+  };
   #healthRunning = 0;
   #maxRunningSeen = 0;
   #promptTokens = 0;
@@ -128,6 +152,7 @@ class SimServer {
     this.#given = given;
     this.#random = seededRandom(knobs.seed);
     this.#abortRandom = seededRandom(hashSeed(`${knobs.seed}:abort`));
+    this.#turnAwayRandom = seededRandom(hashSeed(`${knobs.seed}:turn-away`));
     const onStart = (): void => {
       this.#maxRunningSeen = Math.max(
         this.#maxRunningSeen,
@@ -167,6 +192,7 @@ class SimServer {
     if (checked.seed !== undefined) {
       this.#random = seededRandom(checked.seed);
       this.#abortRandom = seededRandom(hashSeed(`${checked.seed}:abort`));
+      this.#turnAwayRandom = seededRandom(hashSeed(`${checked.seed}:turn-away`));
     }
     if (checked.keepAliveMs !== undefined) this.http.keepAliveTimeout = checked.keepAliveMs;
     // A raised maxRunning should take queued requests now, not when the next one finishes.
@@ -419,6 +445,7 @@ class SimServer {
     this.#requireStarted();
     const request = parseChatRequest(await readJson(req, MAX_BODY_BYTES), this.#knobs);
     if (request.stream) this.#counts.streamed++;
+    if (this.#turnedAway(request, req, res)) return;
     const faults = this.#drawFaults();
     if (faults.reset) {
       this.#counts.resets++;
@@ -433,6 +460,27 @@ class SimServer {
       if (faults.hang) this.#counts.hangs++;
       this.#schedule(request, faults, res);
     }
+  }
+
+  /** A priority refused (refusePriority), or the gateway's shedding (turnAwayRate): answered here, true. */
+  #turnedAway(request: ChatRequest, req: IncomingMessage, res: ServerResponse): boolean {
+    const k = this.#knobs;
+    const bulk = req.headers['x-smg-priority'] === 'bulk';
+    if (bulk) this.#counts.bulk++;
+    if (request.priority !== null) {
+      this.#counts.prioritized++;
+      if (k.refusePriority) {
+        this.#counts.priorityRefused++;
+        sendError(res, 400, 'Priority scheduling is not enabled.');
+        return true;
+      }
+    }
+    if (!(this.#turnAwayRandom() < k.turnAwayRate)) return false;
+    this.#counts.turnedAway++;
+    const retryAfter = k.retryAfterSeconds > 0 ? { 'retry-after': String(k.retryAfterSeconds) } : {};
+    if (bulk) sendJson(res, 503, { error: { message: 'bulk request preempted' } }, { 'x-smg-preempted': 'true', ...retryAfter });
+    else sendJson(res, 429, { error: { message: 'Too Many Requests' } }, retryAfter);
+    return true;
   }
 
   // Every knob draws on every request, so changing one rate leaves the others' sequence as it was.

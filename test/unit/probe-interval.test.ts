@@ -20,6 +20,7 @@ const settings = {
   loadIntervalMs: 3_600_000,
   adaptiveConcurrency: false,
   defaultConcurrency: 8,
+  requestRetryMs: 500,
 };
 
 /** A healthy SGLang-like server on `port` (0: any free one). */
@@ -60,7 +61,14 @@ describe('an endpoint whose server went away', () => {
         () => {},
         () => {},
       );
-      const probes = new EndpointProbes(pool, makeLogger('silent'), clock, settings, () => {});
+      const probes = new EndpointProbes(
+        pool,
+        makeLogger('silent'),
+        clock,
+        settings,
+        () => {},
+        () => {},
+      );
       await pool.sync();
       const e = pool.live.get('ep_1')!;
       /** One look of the probes at the pool, `step` after the last, and its probe (if one was due) over. */

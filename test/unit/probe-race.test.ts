@@ -41,6 +41,7 @@ const settings = {
   loadIntervalMs: 60_000,
   adaptiveConcurrency: true,
   defaultConcurrency: 32,
+  requestRetryMs: 500,
 };
 
 describe('a probe in flight against an operator', () => {
@@ -61,7 +62,14 @@ describe('a probe in flight against an operator', () => {
       () => {},
     );
     await pool.sync();
-    new EndpointProbes(pool, makeLogger('silent'), Date.now, settings, () => {}).due();
+    new EndpointProbes(
+      pool,
+      makeLogger('silent'),
+      Date.now,
+      settings,
+      () => {},
+      () => {},
+    ).due();
     await expect.poll(() => fake.healthCalls()).toBe(1);
     return { fake, db, pool };
   }

@@ -3,7 +3,7 @@ import { APIConnectionError, APIConnectionTimeoutError, APIError, APIUserAbortEr
 import { claimSize, MAX_CLAIM, pickEndpoint, type Slots } from '../../src/runner/endpoint-choice.js';
 import { backoffMs, requestBackoff, storeBackoff } from '../../src/domain/backoff.js';
 import { decideFailure } from '../../src/runner/failure-policy.js';
-import { buildRequest, classifyError, parseAnswer } from '../../src/runner/request.js';
+import { buildRequest, classifyError, parseAnswer, retryAfterMs } from '../../src/runner/request.js';
 
 // SGLang's error shapes (docs/sglang.md "Errors"), as the openai client raises them
 // once the dispatch fetch has put SGLang's top-level error fields under "error" (http-fetch.ts).
@@ -46,9 +46,24 @@ describe('classifyError: every SGLang error shape', () => {
       expect: { kind: 'error', transport: false, error: { code: 'server_error', status: 503, message: 'The request queue is full.' } },
     },
     {
-      name: 'a gateway rate limit (429)',
+      name: 'a gateway rate limit (429) without Retry-After',
       err: sglangError(429, 'Too Many Requests'),
-      expect: { kind: 'error', transport: false, error: { code: 'rate_limited', status: 429, message: 'Too Many Requests' } },
+      expect: { kind: 'turned_away', reason: 'rate_limited', retryAfterMs: null, message: 'Too Many Requests' },
+    },
+    {
+      name: 'a gateway rate limit (429) with Retry-After in seconds',
+      err: APIError.generate(429, { error: { message: 'slow down' } }, undefined, new Headers({ 'retry-after': '3' })),
+      expect: { kind: 'turned_away', reason: 'rate_limited', retryAfterMs: 3000, message: 'slow down' },
+    },
+    {
+      name: 'a gateway shedding a bulk request (503 with X-SMG-Preempted)',
+      err: APIError.generate(503, { error: { message: 'preempted' } }, undefined, new Headers({ 'x-smg-preempted': 'true' })),
+      expect: { kind: 'turned_away', reason: 'preempted', retryAfterMs: null, message: 'preempted' },
+    },
+    {
+      name: 'a gateway giving up on a queued request (408)',
+      err: sglangError(408, 'Request Timeout'),
+      expect: { kind: 'turned_away', reason: 'gateway_timeout', retryAfterMs: null, message: 'Request Timeout' },
     },
     {
       name: 'missing API key (401)',
@@ -94,6 +109,30 @@ describe('classifyError: every SGLang error shape', () => {
       expect(classifyError(c.err, 1000)).toEqual(c.expect);
     });
   }
+});
+
+describe('classifyError: a server that refuses the priority field', () => {
+  const refusal = sglangError(400, 'Priority scheduling is not enabled.');
+
+  it("is the endpoint's when regen sent a priority", () => {
+    expect(classifyError(refusal, 1000, true)).toEqual({ kind: 'priority_refused', message: 'Priority scheduling is not enabled.' });
+  });
+
+  it("is the request's own when regen sent none", () => {
+    expect(classifyError(refusal, 1000, false)).toMatchObject({ kind: 'error', error: { code: 'invalid_request', status: 400 } });
+  });
+});
+
+describe('retryAfterMs', () => {
+  const now = Date.parse('2026-12-06T05:00:00Z');
+  it('reads seconds and HTTP dates, bounded, and nothing else', () => {
+    expect(retryAfterMs('2', now)).toBe(2000);
+    expect(retryAfterMs('Sun, 06 Dec 2026 05:00:07 GMT', now)).toBe(7000);
+    expect(retryAfterMs('Sun, 06 Dec 2026 04:00:00 GMT', now)).toBe(0);
+    expect(retryAfterMs('999999', now)).toBe(600_000);
+    expect(retryAfterMs('soon', now)).toBeNull();
+    expect(retryAfterMs(null, now)).toBeNull();
+  });
 });
 
 describe('parseAnswer', () => {

@@ -22,6 +22,6 @@ export function registerGetEndpoint(app: App) {
     const { id } = c.req.valid('param');
     const row = await getEndpoint(deps.db, id);
     if (!row) throw notFound('endpoint', id);
-    return c.json(renderEndpoint(row, deps.runner.endpointLive(id), deps.config.defaultConcurrency, await endpointCacheUsage(deps.db)), 200);
+    return c.json(renderEndpoint(row, deps.runner.endpointLive(id), deps.config.defaultConcurrency, await endpointCacheUsage(deps.db), deps.clock()), 200);
   });
 }

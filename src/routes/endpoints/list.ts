@@ -27,7 +27,7 @@ export function registerListEndpoints(app: App) {
         rows,
         q.limit,
         (e) => e.id,
-        (e) => renderEndpoint(e, deps.runner.endpointLive(e.id), deps.config.defaultConcurrency, usage),
+        (e) => renderEndpoint(e, deps.runner.endpointLive(e.id), deps.config.defaultConcurrency, usage, deps.clock()),
       ),
       200,
     );

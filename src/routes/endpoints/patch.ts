@@ -22,6 +22,6 @@ export function registerPatchEndpoint(app: App) {
     const deps = c.get('deps');
     const { id } = c.req.valid('param');
     const row = await patchEndpoint(deps, id, c.req.valid('json'));
-    return c.json(renderEndpoint(row, deps.runner.endpointLive(id), deps.config.defaultConcurrency, await endpointCacheUsage(deps.db)), 200);
+    return c.json(renderEndpoint(row, deps.runner.endpointLive(id), deps.config.defaultConcurrency, await endpointCacheUsage(deps.db), deps.clock()), 200);
   });
 }

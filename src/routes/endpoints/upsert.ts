@@ -25,7 +25,7 @@ export function registerUpsertEndpoint(app: App) {
     const deps = c.get('deps');
     const { endpoint, created } = await upsertEndpoint(deps, c.req.valid('json'));
     return c.json(
-      renderEndpoint(endpoint, deps.runner.endpointLive(endpoint.id), deps.config.defaultConcurrency, await endpointCacheUsage(deps.db)),
+      renderEndpoint(endpoint, deps.runner.endpointLive(endpoint.id), deps.config.defaultConcurrency, await endpointCacheUsage(deps.db), deps.clock()),
       created ? 201 : 200,
     );
   });

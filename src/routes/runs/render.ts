@@ -41,6 +41,7 @@ export function renderProgress(r: RunRow, live: RunProgress, now: number): Run['
     eta_seconds: r.total > 0 && remaining === 0 ? 0 : dispatching && !r.dryRun ? eta(remaining, rates.samples, live.forecast) : null,
     elapsed_seconds: Math.round(elapsedMs / 1000),
     in_flight: live.in_flight ?? 0,
+    turned_away: live.turned_away ?? 0,
   };
 }
 

@@ -283,6 +283,10 @@ export const Run = z
         description:
           'Requests sent to an endpoint and not yet answered: never more than the caps allow. `request_counts.in_progress` counts these and the samples claimed ahead of dispatch',
       }),
+      turned_away: z.number().int().openapi({
+        description:
+          'Requests endpoints turned away for a while (429, a gateway shedding bulk traffic): their samples went back to the queue with no attempt charged. Counted while the run is dispatched, by the processes dispatching it now',
+      }),
     }),
     manifest_uri: z.string().nullable(),
     webhook: RunWebhook.nullable(),

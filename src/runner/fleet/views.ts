@@ -26,6 +26,7 @@ export class PeerViews {
               samples_per_second: mine.samples_per_second + p.samples_per_second,
               completion_tokens_per_second: mine.completion_tokens_per_second + p.completion_tokens_per_second,
               in_flight: (mine.in_flight ?? 0) + (p.in_flight ?? 0),
+              turned_away: (mine.turned_away ?? 0) + (p.turned_away ?? 0),
               forecast: mine.forecast ?? p.forecast,
             }
           : p;
