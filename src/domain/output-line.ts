@@ -1,4 +1,5 @@
 import { flagsFromBits, type Flag } from './flags.js';
+import type { ToolCall } from './tools.js';
 
 // The lines of a run's output (docs/design.md "Runner"): shard-NNNNN.jsonl holds one OutputLine per
 // completed sample, in input order; shard-NNNNN.errors.jsonl one ErrorLine per failed sample.
@@ -37,6 +38,11 @@ export interface OtherChoice {
 
 /** A conversation's turn as its output line's `turns` shows it (domain/conversation.ts). */
 export interface TurnLine {
+  /** The user turn (0-based) the request answered, and its step in it (0 for the turn's first request). */
+  turn: number;
+  step: number;
+  /** How many tools a step called; absent on a turn's text answer. */
+  tool_calls?: number;
   finish_reason: string | null;
   usage: Usage;
   endpoint_id: string | null;
@@ -65,6 +71,8 @@ export interface StagedOutput {
   created?: number;
   logprobs?: ChoiceLogprobs;
   choices?: OtherChoice[];
+  /** A plain or last_assistant answer's calls. */
+  tool_calls?: ToolCall[];
   conversation?: StagedConversation;
 }
 
@@ -95,6 +103,10 @@ export interface OutputLine {
   metadata?: Record<string, unknown>;
   /** A conversation's turns, in order (`regenerate: "all_assistant"`). */
   turns?: TurnLine[];
+  /** The tools the line's requests offered (its own, else the run's params.tools); only on lines that offered some. */
+  tools?: unknown[];
+  /** A plain or last_assistant answer's tool calls; only on an answer that made some. */
+  tool_calls?: ToolCall[];
 }
 
 export interface ErrorLine {
@@ -102,8 +114,9 @@ export interface ErrorLine {
   sample_index: number;
   error: { code: string | null; message: string | null; status: number | null };
   attempts: number;
-  /** A conversation's: the assistant turn (0-based) that failed it. */
+  /** A conversation's: the user turn (0-based) that failed it, and the request in it (0 for the turn's first, then its tool-call steps). */
   turn?: number;
+  step?: number;
 }
 
 /** A completed sample's record, as the shard writer has it from the database. */
@@ -134,8 +147,10 @@ export interface FailedSample {
   errorStatus: number | null;
   attempts: number;
   serverFaults: number;
-  /** A conversation's turn being asked; null for a single request. */
+  /** A conversation's request being asked; null for a single request. */
   turn: number | null;
+  /** Where that request stands in the conversation, when the writer walked its answered requests. */
+  position?: { turn: number; step: number };
 }
 
 /**
@@ -147,8 +162,9 @@ export function triesOf(s: { attempts: number; serverFaults: number }): number {
 }
 
 /** A completed sample's line; `variants` are the run's variant names, by index (null for a run without variants). */
-export function outputLine(s: CompletedSample, out: StagedOutput, variants: readonly string[] | null = null): string {
-  const request = JSON.parse(s.request) as { messages: unknown[]; metadata?: Record<string, unknown> };
+export function outputLine(s: CompletedSample, out: StagedOutput, variants: readonly string[] | null = null, runTools: unknown = undefined): string {
+  const request = JSON.parse(s.request) as { messages: unknown[]; params?: { tools?: unknown }; metadata?: Record<string, unknown> };
+  const tools = request.params?.tools ?? runTools;
   const variant = variants && s.variant !== null && s.variant !== undefined ? variants[s.variant] : undefined;
   const conv = out.conversation;
   const line: OutputLine = {
@@ -178,6 +194,8 @@ export function outputLine(s: CompletedSample, out: StagedOutput, variants: read
     ...(variant !== undefined && { variant }),
     ...(request.metadata && { metadata: request.metadata }),
     ...(conv && { turns: conv.turns }),
+    ...(Array.isArray(tools) && tools.length > 0 && { tools }),
+    ...(out.tool_calls && { tool_calls: out.tool_calls }),
   };
   return JSON.stringify(line);
 }
@@ -188,7 +206,7 @@ export function errorLine(s: FailedSample): string {
     sample_index: s.sampleIndex,
     error: { code: s.errorCode, message: s.errorMessage, status: s.errorStatus },
     attempts: triesOf(s),
-    ...(s.turn !== null && { turn: s.turn }),
+    ...(s.turn !== null && (s.position ?? { turn: s.turn })),
   };
   return JSON.stringify(line);
 }

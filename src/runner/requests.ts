@@ -6,7 +6,7 @@ import { APIError } from 'openai';
 import { LoopWatch, stopsLoops } from '../domain/quality.js';
 import { AnswerBudget, type AnswerLease, AnswerRefused, AnswerShed, heldTextBytes } from './answer-budget.js';
 import type { AnswerInit } from './http-fetch.js';
-import { turnCount } from '../domain/conversation.js';
+import { toolNames } from '../domain/tools.js';
 import { type ConversationTurn, settleAbort, settleAnswer, settleError, type Attempt, type Settled } from './outcomes.js';
 import {
   type Answer,
@@ -48,6 +48,8 @@ export interface Flight {
   limits: AnswerLimits;
   /** The answer's share of the memory of answers in flight. */
   lease: AnswerLease;
+  /** The names of the functions the request offered (its `tools`), or null. */
+  tools: Set<string> | null;
 }
 
 /**
@@ -103,6 +105,7 @@ export class Requests {
       maxTokens: askedMaxTokens(body),
       limits,
       lease: this.answers.lease(answerByteLimit(body, limits)),
+      tools: toolNames(body.tools),
     };
     // Keyed by the first sample: one request, one slot, however many answers it asks.
     this.flights.set(sample.id, flight);
@@ -246,6 +249,8 @@ export class Requests {
         finish_reason: answer.finishReason,
         completion_tokens: tokens,
         thinking_requested: f.thinking,
+        tool_calls: answer.toolCalls,
+        tools: f.tools,
       };
       const flags = quality ? quality.check(input, e.row.id, sample.variant ?? null) : 0;
       const settled = settleAnswer(
@@ -277,6 +282,7 @@ export class Requests {
     const answer: Answer = {
       content: typeof message?.content === 'string' ? message.content : '',
       reasoning: typeof message?.reasoning_content === 'string' ? message.reasoning_content : null,
+      toolCalls: null,
       finishReason: LOOP_FINISH_REASON,
       usage: { prompt_tokens: 0, completion_tokens: generated, reasoning_tokens: 0, cached_tokens: 0 },
       model: res.model ?? null,
@@ -353,5 +359,5 @@ export class Requests {
 function conversationOf(sample: Claimed): ConversationTurn | null {
   if (sample.turn === null) return null;
   const { messages } = JSON.parse(sample.request) as { messages: { role: string }[] };
-  return { turn: sample.turn, messages, history: sample.history ?? [], last: sample.turn + 1 >= turnCount(messages) };
+  return { turn: sample.turn, messages, history: sample.history ?? [] };
 }

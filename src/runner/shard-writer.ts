@@ -4,6 +4,9 @@ import { setManifestKey } from '../db/runs.js';
 import type { RunRow, ShardRow } from '../db/schema.js';
 import { listRunShards, markShardUploaded, openShardNow, shardSamplesWithOutput } from '../db/shards.js';
 import { flagCounts } from '../domain/flags.js';
+import { walk } from '../domain/conversation.js';
+import { walkSettings } from '../domain/params.js';
+import { turnsBefore } from '../db/sample-turns.js';
 import { listRunVariants } from '../db/run-variants.js';
 import { errorLine, lineKey, MANIFEST_KEY, outputLine, runUsage, type StagedOutput } from '../domain/output-line.js';
 import { type CardRun, datasetCard } from '../domain/dataset-card.js';
@@ -25,6 +28,23 @@ const sha256 = (b: Buffer) => createHash('sha256').update(b).digest('hex');
 
 /** What a shard holds a completed sample as: a line of text, or a Parquet row. */
 export type ShardRecord = string | ParquetRow;
+
+/** Where each failed conversation stopped: the user turn and step of the request that failed it, from the requests it had answered. */
+async function failedPositions(
+  deps: RunnerDeps,
+  run: RunRow,
+  rows: readonly { s: { id: number; status: string; turn: number | null; request: string } }[],
+): Promise<Map<number, { turn: number; step: number }>> {
+  const failed = rows.map((r) => r.s).filter((s): s is typeof s & { turn: number } => s.status === 'failed' && s.turn !== null);
+  const out = new Map<number, { turn: number; step: number }>();
+  if (!failed.length) return out;
+  const history = await turnsBefore(deps.db, failed);
+  for (const s of failed) {
+    const at = walk((JSON.parse(s.request) as { messages: { role: string }[] }).messages, history.get(s.id) ?? [], walkSettings(run));
+    out.set(s.id, { turn: at.turn, step: at.step });
+  }
+  return out;
+}
 
 /** Records of an earlier upload of this shard, by custom_id and sample_index (lineKey): the only copy once staging was cleared. */
 async function previousRecords(deps: RunnerDeps, run: RunRow, shard: ShardRow, format: OutputFormat): Promise<Map<string, ShardRecord>> {
@@ -88,6 +108,7 @@ export async function uploadShard(deps: RunnerDeps, run: RunRow, listed: ShardRo
   const format = run.outputFormat as OutputFormat;
   const variants = run.variants?.map((v) => v.name) ?? null;
   const rows = await shardSamplesWithOutput(deps.db, run.id, shard);
+  const positions = await failedPositions(deps, run, rows);
   let previous: Map<string, ShardRecord> | undefined;
   const records: ShardRecord[] = [];
   const lineOf: { id: number; line: number }[] = [];
@@ -95,7 +116,7 @@ export async function uploadShard(deps: RunnerDeps, run: RunRow, listed: ShardRo
   for (const { s, output } of rows) {
     if (s.status === 'completed') {
       let record: ShardRecord;
-      if (output) record = recordOf(format, outputLine(s, JSON.parse(output) as StagedOutput, variants), shard.split);
+      if (output) record = recordOf(format, outputLine(s, JSON.parse(output) as StagedOutput, variants, run.params.tools), shard.split);
       else {
         previous ??= await previousRecords(deps, run, shard, format);
         const old = previous.get(lineKey(s.customId, s.sampleIndex));
@@ -104,7 +125,7 @@ export async function uploadShard(deps: RunnerDeps, run: RunRow, listed: ShardRo
       }
       records.push(record);
       lineOf.push({ id: s.id, line: records.length });
-    } else if (s.status === 'failed') errors.push(errorLine(s));
+    } else if (s.status === 'failed') errors.push(errorLine({ ...s, position: positions.get(s.id) }));
     else if (s.status !== 'cancelled') return false;
   }
   const store = deps.stores.forUri(run.outputUri);
