@@ -254,3 +254,33 @@ describe('agentic conversations regenerated step by step through a kill -9', () 
     }
   });
 });
+
+describe('a server without a tool-call parser', () => {
+  it('pauses a plain run with tools within 300 answers, naming the parser to launch SGLang with', async () => {
+    const model = 'Qwen/Qwen3-Coder-30B-A3B-Instruct';
+    const sim = await spawnSimulator({ model, 'tool-call-parser': 0, 'max-running': 32, 'completion-tokens': 8, 'reasoning-tokens': 4, seed: 9 });
+    const dir = tempDir('regen-no-parser-');
+    const regen = await spawnServer(dir.dir);
+    try {
+      await registerEndpoint(regen.url, sim.url);
+      // Most lines offer tools and the model calls one; its call lands in content without a parser.
+      const lines = Array.from({ length: 1000 }, (_, i) =>
+        JSON.stringify({ custom_id: `p-${i}`, messages: [{ role: 'user', content: `question ${i} ${i % 5 ? '[tools=search]' : ''}` }], tools: TOOLS }),
+      );
+      const fileId = await uploadFile(regen.url, `${lines.join('\n')}\n`);
+      const { id } = await createRun(regen.url, { model, input: { file_id: fileId } });
+      const paused = await waitForStatus(regen.url, id, ['paused', 'completed', 'failed']);
+      expect(paused.status).toBe('paused');
+      expect(paused.status_reason).toMatch(/tool_call_in_content/);
+      expect(paused.status_reason).toContain('--tool-call-parser qwen3_coder');
+      expect(paused.request_counts.completed).toBeLessThanOrEqual(300);
+      // The calls stayed in content, and the line says which tools it offered.
+      const sample = (await call(regen.url, `/v1/runs/${id}/samples?flag=tool_call_in_content&limit=1`)).body.data[0];
+      expect(sample.flags).toContain('tool_call_in_content');
+    } finally {
+      await regen.kill('SIGKILL');
+      await sim.stop();
+      dir.cleanup();
+    }
+  });
+});
