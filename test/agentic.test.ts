@@ -12,7 +12,7 @@ import { checkDatabase, createRun, digestOf, registerEndpoint, uploadFile, waitF
 // Some sources do not match what the target calls: those lines are cut at their last complete
 // user turn and flagged, or failed when their first turn cannot be paired.
 
-const CONVERSATIONS = 240;
+const CONVERSATIONS = 200;
 const SHARD_SIZE = 40;
 const LATENCY = { 'ttft-ms': 20, 'tokens-per-second': 1500, 'completion-tokens': 16, 'reasoning-tokens': 12, 'enable-cache-report': 1 };
 const TOOLS = ['search', 'calc', 'fetch', 'lookup'].map((name) => ({
@@ -252,7 +252,7 @@ describe('agentic conversations regenerated step by step through a kill -9', () 
       expect(e).toMatchObject({ turn: 0, step });
       expect(e.error.message).toMatch(/turn 0 step \d/);
     }
-  });
+  }, 300_000);
 });
 
 describe('a server without a tool-call parser', () => {
@@ -282,5 +282,5 @@ describe('a server without a tool-call parser', () => {
       await sim.stop();
       dir.cleanup();
     }
-  });
+  }, 240_000);
 });
