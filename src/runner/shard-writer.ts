@@ -163,7 +163,8 @@ async function writeCard(deps: RunnerDeps, run: RunRow, shards: readonly ShardRo
   const counts = { total: run.total, completed: run.completed, failed: run.failed, cancelled: run.cancelled };
   const quality = { flagged: run.flagged, by_flag: flagCounts(run), settings: run.quality ?? false };
   const variants: CardRun['variants'] = run.variants ?? null;
-  const card = datasetCard({ ...run, name: run.name ?? `${run.id} (${finalStatus})`, format, variants, counts, usage: runUsage(run), quality }, shards);
+  const turns = run.regenerate === 'all_assistant' ? { completed: run.turnsCompleted, toolSteps: run.toolSteps } : null;
+  const card = datasetCard({ ...run, name: run.name ?? `${run.id} (${finalStatus})`, format, variants, counts, turns, usage: runUsage(run), quality }, shards);
   const body = Buffer.from(card);
   return { key: CARD_KEY, bytes: body.length, sha256: await putVerified(deps, run, CARD_KEY, body) };
 }
