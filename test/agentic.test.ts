@@ -268,6 +268,15 @@ describe('a server without a tool-call parser', () => {
         JSON.stringify({ custom_id: `p-${i}`, messages: [{ role: 'user', content: `question ${i} ${i % 5 ? '[tools=search]' : ''}` }], tools: TOOLS }),
       );
       const fileId = await uploadFile(regen.url, `${lines.join('\n')}\n`);
+      // The walk's settings belong to a walk: a plain run that sets one is told so, naming the field; a bad value likewise.
+      for (const [body, field] of [
+        [{ tool_pairing: 'position' }, 'tool_pairing'],
+        [{ regenerate: 'all_assistant', history_reasoning: 'some' }, 'history_reasoning'],
+      ] as const) {
+        const refused = await call(regen.url, '/v1/runs', { method: 'POST', json: { model, input: { file_id: fileId }, ...body } });
+        expect(refused.status, JSON.stringify(refused.body)).toBe(422);
+        expect(JSON.stringify(refused.body)).toContain(field);
+      }
       const { id } = await createRun(regen.url, { model, input: { file_id: fileId } });
       const paused = await waitForStatus(regen.url, id, ['paused', 'completed', 'failed']);
       expect(paused.status).toBe('paused');
