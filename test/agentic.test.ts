@@ -164,7 +164,18 @@ function checkLine(line: any, c: Conversation): void {
   expect(line.turns).toMatchObject(turnLines);
   expect(line.content).toBe((expected.at(-1) as any).content);
   expect(line.flags).toEqual(c.mismatch === null ? [] : ['tool_mismatch']);
+  // What the prefix cache served each request asked where the one before it was answered: the
+  // request before's prompt (a step's calls, rendered back with their reasoning, continue it).
+  for (const [k, t] of line.turns.entries()) {
+    const before = line.turns[k - 1];
+    if (!before || before.endpoint_id !== t.endpoint_id) continue;
+    cache.ideal += Math.min(t.usage.prompt_tokens - 1, before.usage.prompt_tokens);
+    cache.cached += t.usage.cached_tokens;
+  }
 }
+
+/** Over every line checked: the cached prompt tokens of requests asked where their conversation's previous one was answered, and the ideal. */
+const cache = { cached: 0, ideal: 0 };
 
 const withoutReasoning = ({ reasoning_content: _r, ...m }: any) => m;
 
@@ -244,6 +255,7 @@ describe('agentic conversations regenerated step by step through a kill -9', () 
     }
     stores.close();
     expect(written.size + errors.size).toBe(CONVERSATIONS);
+    expect(cache.cached / cache.ideal, `cached ${cache.cached} of an ideal ${cache.ideal}`).toBeGreaterThanOrEqual(0.95);
     expect([...errors.keys()].sort()).toEqual(failing.map((c) => c.id).sort());
     for (const c of failing) {
       const e = errors.get(c.id);
