@@ -164,8 +164,8 @@ function checkLine(line: any, c: Conversation): void {
   expect(line.turns).toMatchObject(turnLines);
   expect(line.content).toBe((expected.at(-1) as any).content);
   expect(line.flags).toEqual(c.mismatch === null ? [] : ['tool_mismatch']);
-  // What the prefix cache served each request asked where the one before it was answered: the
-  // request before's prompt (a step's calls, rendered back with their reasoning, continue it).
+  // What the prefix cache served each request asked where the one before it was answered, against
+  // the request before's prompt: the lower bound (what a step's answer adds is not counted here).
   for (const [k, t] of line.turns.entries()) {
     const before = line.turns[k - 1];
     if (!before || before.endpoint_id !== t.endpoint_id) continue;
