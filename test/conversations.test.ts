@@ -76,7 +76,8 @@ const UNWALKABLE: [string, string][] = [
       custom_id: 'bad-calls',
       messages: [
         { role: 'user', content: 'weather?' },
-        { role: 'assistant', content: null, tool_calls: [{ id: 'c', type: 'function', function: { name: 'w', arguments: '{}' } }] },
+        // The deprecated single call: a call regen cannot pair (tool_calls are walked, "Agentic conversations").
+        { role: 'assistant', content: '', function_call: { name: 'w', arguments: '{}' } },
       ],
     }),
     'unwalkable_conversation',
@@ -220,7 +221,7 @@ describe('conversations regenerated turn by turn through a kill -9', () => {
     const done = await waitForStatus(server.url, id, ['completed', 'failed', 'paused', 'cancelled']);
     expect(done.status).toBe('completed');
     expect(done.request_counts).toMatchObject({ total: CONVERSATIONS, completed: CONVERSATIONS, failed: 0 });
-    expect(done.turns).toEqual({ total: turns, completed: turns, in_flight: 0, failed: 0 });
+    expect(done.turns).toEqual({ total: turns, completed: turns, in_flight: 0, failed: 0, tool_steps: 0 });
     expect(done.invalid_lines.count).toBe(UNWALKABLE.length);
 
     // Every turn asked once, but for those in flight at the kill: asked again after the restart.

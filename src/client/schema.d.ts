@@ -540,12 +540,13 @@ export interface components {
                 failed: number;
                 cancelled: number;
             };
-            /** @description A run with `regenerate: "all_assistant"`: its conversations' assistant turns, one request each (`request_counts` counts conversations). `total` once validated; `in_flight`, the conversations with a turn claimed or sent; `failed`, the turns that failed their conversation. Null for other runs */
+            /** @description A run with `regenerate: "all_assistant"`: its conversations' requests, one a user turn and one a tool-call step (`request_counts` counts conversations). `total` once validated, the source's count of requests (an estimate for agentic conversations: the target may take more or fewer steps); `completed`, the requests answered; `in_flight`, the conversations with a request claimed or sent; `failed`, the requests that failed their conversation; `tool_steps`, the answered requests that called tools. Null for other runs */
             turns: {
                 total: number;
                 completed: number;
                 in_flight: number;
                 failed: number;
+                tool_steps: number;
             } | null;
             quality: {
                 flagged: number;
@@ -558,6 +559,10 @@ export interface components {
                     duplicate_content: number;
                     think_in_content: number;
                     short_for_run: number;
+                    tool_call_in_content: number;
+                    invalid_tool_arguments: number;
+                    unknown_tool: number;
+                    tool_mismatch: number;
                 };
             };
             usage: {
@@ -871,6 +876,15 @@ export interface components {
                 [key: string]: unknown;
             };
             regenerate: string | null;
+            /**
+             * @description A run with `regenerate: "all_assistant"`: its pairing rule; null for other runs
+             * @enum {string|null}
+             */
+            tool_pairing: "name" | "position" | null;
+            /** @enum {string|null} */
+            on_tool_mismatch: "truncate" | "fail" | null;
+            /** @enum {string|null} */
+            history_reasoning: "loop" | "all" | "none" | null;
             /** @enum {string} */
             on_invalid_line: "fail" | "skip";
             request_timeout_ms: number;
@@ -892,12 +906,13 @@ export interface components {
                 failed: number;
                 cancelled: number;
             };
-            /** @description A run with `regenerate: "all_assistant"`: its conversations' assistant turns, one request each (`request_counts` counts conversations). `total` once validated; `in_flight`, the conversations with a turn claimed or sent; `failed`, the turns that failed their conversation. Null for other runs */
+            /** @description A run with `regenerate: "all_assistant"`: its conversations' requests, one a user turn and one a tool-call step (`request_counts` counts conversations). `total` once validated, the source's count of requests (an estimate for agentic conversations: the target may take more or fewer steps); `completed`, the requests answered; `in_flight`, the conversations with a request claimed or sent; `failed`, the requests that failed their conversation; `tool_steps`, the answered requests that called tools. Null for other runs */
             turns: {
                 total: number;
                 completed: number;
                 in_flight: number;
                 failed: number;
+                tool_steps: number;
             } | null;
             quality: {
                 flagged: number;
@@ -910,6 +925,10 @@ export interface components {
                     duplicate_content: number;
                     think_in_content: number;
                     short_for_run: number;
+                    tool_call_in_content: number;
+                    invalid_tool_arguments: number;
+                    unknown_tool: number;
+                    tool_mismatch: number;
                 };
             };
             usage: {
@@ -1011,6 +1030,10 @@ export interface components {
                     duplicate_content: number;
                     think_in_content: number;
                     short_for_run: number;
+                    tool_call_in_content: number;
+                    invalid_tool_arguments: number;
+                    unknown_tool: number;
+                    tool_mismatch: number;
                 };
             };
             usage: {
@@ -1075,6 +1098,21 @@ export interface components {
             };
             /** @enum {string|null} */
             regenerate?: "last_assistant" | "all_assistant" | null;
+            /**
+             * @description `regenerate: "all_assistant"`: the target's call n of a step is paired with the source's call n of the same step; `name` (the default) asks the same function name too, `position` any
+             * @enum {string}
+             */
+            tool_pairing?: "name" | "position";
+            /**
+             * @description `regenerate: "all_assistant"`: a step that cannot be paired with the source's: `truncate` (the default: the line is kept up to its last complete user turn, flagged `tool_mismatch`; failed `tool_mismatch` when no turn is complete) or `fail`
+             * @enum {string}
+             */
+            on_tool_mismatch?: "truncate" | "fail";
+            /**
+             * @description `regenerate: "all_assistant"`: which assistant messages of the history are sent with their `reasoning_content`: `loop` (the default: those of the current tool loop, after the last user message), `all` or `none`
+             * @enum {string}
+             */
+            history_reasoning?: "loop" | "all" | "none";
             /** @enum {string} */
             on_invalid_line?: "fail" | "skip";
             quality?: components["schemas"]["QualitySettings"];
@@ -1132,6 +1170,28 @@ export interface components {
             /** @enum {boolean} */
             stream?: false;
             n?: number;
+            tools?: ({
+                /** @enum {string} */
+                type: "function";
+                function: {
+                    name: string;
+                    description?: string;
+                    parameters?: {
+                        [key: string]: unknown;
+                    };
+                } & {
+                    [key: string]: unknown;
+                };
+            } & {
+                [key: string]: unknown;
+            })[];
+            tool_choice?: ("none" | "auto" | "required") | {
+                /** @enum {string} */
+                type: "function";
+                function: {
+                    name: string;
+                };
+            };
         } & {
             [key: string]: unknown;
         };
@@ -1187,6 +1247,28 @@ export interface components {
                 /** @enum {boolean} */
                 stream?: false;
                 n?: number;
+                tools?: ({
+                    /** @enum {string} */
+                    type: "function";
+                    function: {
+                        name: string;
+                        description?: string;
+                        parameters?: {
+                            [key: string]: unknown;
+                        };
+                    } & {
+                        [key: string]: unknown;
+                    };
+                } & {
+                    [key: string]: unknown;
+                })[];
+                tool_choice?: ("none" | "auto" | "required") | {
+                    /** @enum {string} */
+                    type: "function";
+                    function: {
+                        name: string;
+                    };
+                };
             } & {
                 [key: string]: unknown;
             };
@@ -1227,6 +1309,21 @@ export interface components {
             };
             /** @enum {string|null} */
             regenerate?: "last_assistant" | "all_assistant" | null;
+            /**
+             * @description `regenerate: "all_assistant"`: the target's call n of a step is paired with the source's call n of the same step; `name` (the default) asks the same function name too, `position` any
+             * @enum {string}
+             */
+            tool_pairing?: "name" | "position";
+            /**
+             * @description `regenerate: "all_assistant"`: a step that cannot be paired with the source's: `truncate` (the default: the line is kept up to its last complete user turn, flagged `tool_mismatch`; failed `tool_mismatch` when no turn is complete) or `fail`
+             * @enum {string}
+             */
+            on_tool_mismatch?: "truncate" | "fail";
+            /**
+             * @description `regenerate: "all_assistant"`: which assistant messages of the history are sent with their `reasoning_content`: `loop` (the default: those of the current tool loop, after the last user message), `all` or `none`
+             * @enum {string}
+             */
+            history_reasoning?: "loop" | "all" | "none";
             /** @enum {string} */
             on_invalid_line?: "fail" | "skip";
             quality?: components["schemas"]["QualitySettings"];
@@ -1345,7 +1442,7 @@ export interface components {
         /** @enum {string} */
         SampleStatus: "pending" | "in_progress" | "completed" | "failed" | "cancelled";
         /** @enum {string} */
-        QualityFlag: "empty_content" | "missing_reasoning" | "truncated" | "repetitive" | "too_short" | "duplicate_content" | "think_in_content" | "short_for_run";
+        QualityFlag: "empty_content" | "missing_reasoning" | "truncated" | "repetitive" | "too_short" | "duplicate_content" | "think_in_content" | "short_for_run" | "tool_call_in_content" | "invalid_tool_arguments" | "unknown_tool" | "tool_mismatch";
         SampleDetail: components["schemas"]["Sample"] & {
             messages: components["schemas"]["ChatMessage"][];
             /** @description The line's own params (the run's and its variant's are on the run) */
@@ -1405,6 +1502,10 @@ export interface components {
                 duplicate_content: components["schemas"]["QualityFlagStats"];
                 think_in_content: components["schemas"]["QualityFlagStats"];
                 short_for_run: components["schemas"]["QualityFlagStats"];
+                tool_call_in_content: components["schemas"]["QualityFlagStats"];
+                invalid_tool_arguments: components["schemas"]["QualityFlagStats"];
+                unknown_tool: components["schemas"]["QualityFlagStats"];
+                tool_mismatch: components["schemas"]["QualityFlagStats"];
             };
             /** @description The run's quality settings with defaults filled in; false when checks are off */
             settings: false | {
@@ -1464,7 +1565,7 @@ export interface components {
              * @description The flag most of its flagged answers carry
              * @enum {string|null}
              */
-            top_flag: "empty_content" | "missing_reasoning" | "truncated" | "repetitive" | "too_short" | "duplicate_content" | "think_in_content" | "short_for_run" | null;
+            top_flag: "empty_content" | "missing_reasoning" | "truncated" | "repetitive" | "too_short" | "duplicate_content" | "think_in_content" | "short_for_run" | "tool_call_in_content" | "invalid_tool_arguments" | "unknown_tool" | "tool_mismatch" | null;
         };
         /** @description Buckets [ge, lt); the last has lt null (open-ended). */
         QualityHistogram: {

@@ -18,6 +18,10 @@ const FLAG_HELP = {
   duplicate_content: 'the same answer as many other samples of the run',
   think_in_content: 'thinking inside content: the server lacks --reasoning-parser',
   short_for_run: 'far below the run’s own median length',
+  tool_call_in_content: 'tool calls written inside content: the server lacks --tool-call-parser',
+  invalid_tool_arguments: 'a tool call’s arguments are not a JSON object',
+  unknown_tool: 'a tool call names a function the line does not offer',
+  tool_mismatch: 'the source’s tool results could not be paired with the calls (not judged by the gate)',
 };
 
 /** What each source of an endpoint's cap means, for the cell's tooltip. */

@@ -122,7 +122,14 @@ export function sampleView(root, runId, customId) {
           'section',
           { className: 'messages' },
           s.messages.map((m) =>
-            h('div', { className: `message role-${m.role}` }, h('div', { className: 'role' }, m.role), h('pre', null, contentText(m.content))),
+            h(
+              'div',
+              { className: `message role-${m.role}` },
+              h('div', { className: 'role' }, m.tool_call_id ? `${m.role} → ${m.tool_call_id}` : m.role),
+              m.content == null && m.tool_calls ? null : h('pre', null, contentText(m.content)),
+              // A step's calls, each with the id its tool result answers.
+              Array.isArray(m.tool_calls) ? h('pre', { className: 'tool-calls' }, m.tool_calls.map(callText).join('\n')) : null,
+            ),
           ),
         ),
         h('h2', null, 'Output'),
@@ -144,4 +151,9 @@ export function sampleView(root, runId, customId) {
     })
     .catch((err) => fill(root, h('p', { className: 'error' }, err.status === 404 ? `There is no sample ${customId} in run ${runId}.` : err.message)));
   return () => {};
+}
+
+/** One tool call as the sample page shows it: `id: name(arguments)`. */
+function callText(/** @type {any} */ c) {
+  return `${c?.id ?? '?'}: ${c?.function?.name ?? '?'}(${c?.function?.arguments ?? ''})`;
 }

@@ -85,6 +85,7 @@ interface RunDelta {
   loopTokensSaved: number;
   turnsCompleted: number;
   turnsFailed: number;
+  toolSteps: number;
 }
 
 const newDelta = (): RunDelta => ({
@@ -104,6 +105,7 @@ const newDelta = (): RunDelta => ({
   loopTokensSaved: 0,
   turnsCompleted: 0,
   turnsFailed: 0,
+  toolSteps: 0,
 });
 
 const GUARD = `where id = ? and status = 'in_progress' and lease_owner = ?`;
@@ -124,11 +126,11 @@ const SQL = {
      endpoint_id = ?, affinity_endpoint_id = ?, error_code = null, error_message = null, error_status = null, lease_owner = null, lease_expires_at = null
      ${GUARD} and turn = ?`,
   storeTurn: `insert into sample_turns (sample_id, idx, run_id, content, reasoning_content, finish_reason, prompt_tokens, completion_tokens, reasoning_tokens,
-     cached_tokens, endpoint_id, latency_ms, attempts, flags) values (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+     cached_tokens, endpoint_id, latency_ms, attempts, flags, step, tool_calls) values (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
      on conflict (sample_id, idx) do update set content = excluded.content, reasoning_content = excluded.reasoning_content,
      finish_reason = excluded.finish_reason, prompt_tokens = excluded.prompt_tokens, completion_tokens = excluded.completion_tokens,
      reasoning_tokens = excluded.reasoning_tokens, cached_tokens = excluded.cached_tokens, endpoint_id = excluded.endpoint_id,
-     latency_ms = excluded.latency_ms, attempts = excluded.attempts, flags = excluded.flags`,
+     latency_ms = excluded.latency_ms, attempts = excluded.attempts, flags = excluded.flags, step = excluded.step, tool_calls = excluded.tool_calls`,
   affinity: `update samples set affinity_endpoint_id = ? where id = ?`,
   release: `update samples set ${RELEASE_LEASE} ${GUARD}`,
   cancel: `update samples set status = 'cancelled', lease_owner = null, lease_expires_at = null ${GUARD}`,
@@ -136,7 +138,7 @@ const SQL = {
      cancelled = cancelled + ?, flagged = flagged + ?, ${FLAG_COLUMNS.map(({ column }) => `${column} = ${column} + ?`).join(', ')}, prompt_tokens = prompt_tokens + ?,
      completion_tokens = completion_tokens + ?, reasoning_tokens = reasoning_tokens + ?, cached_tokens = cached_tokens + ?, dropped_results = dropped_results + ?,
      loops_stopped = loops_stopped + ?, loop_tokens_saved = loop_tokens_saved + ?, turns_completed = turns_completed + ?, turns_failed = turns_failed + ?,
-     updated_at = ? where id = ?`,
+     tool_steps = tool_steps + ?, updated_at = ? where id = ?`,
   shardTerminal: `update shards set terminal_count = terminal_count + ? where run_id = ? and idx = ? returning terminal_count, sample_count`,
   endpointStats: `update endpoints set completed = completed + ?, failed = failed + ? where id = ?`,
 };
@@ -180,6 +182,7 @@ export async function applyOutcomes(tx: DbOrTx, owner: string, batch: Outcome[],
       d.pending++;
       if (o.kind === 'turn') d.turnsCompleted++;
     }
+    if ((o.kind === 'turn' || o.kind === 'completed') && o.turn?.toolCalls) d.toolSteps++;
     d.inProgress--;
     if (o.loopTokensSaved !== undefined) {
       d.loops++;
@@ -252,6 +255,7 @@ export async function applyOutcomes(tx: DbOrTx, owner: string, batch: Outcome[],
       d.loopTokensSaved,
       d.turnsCompleted,
       d.turnsFailed,
+      d.toolSteps,
       now,
       runId,
     ]);
@@ -306,23 +310,27 @@ async function storeTurns(tx: DbOrTx, batch: Outcome[], applied: boolean[]): Pro
       t.latencyMs,
       t.attempts,
       t.flags,
+      t.step,
+      toolCallsText(t),
     ]);
     if (o.kind === 'completed') await tx.exec(SQL.affinity, [o.endpointId, o.sampleId]);
   }
 }
+
+const toolCallsText = (t: TurnRecord) => (t.toolCalls ? JSON.stringify(t.toolCalls) : null);
 
 /** PostgreSQL: storeTurns in two statements, whatever the batch's size. */
 async function storeTurnsAtOnce(tx: DbOrTx, answered: (Extract<Outcome, { kind: 'turn' | 'completed' }> & { turn: TurnRecord })[]): Promise<void> {
   const col = <T>(f: (t: TurnRecord) => T) => answered.map((o) => f(o.turn));
   await tx.exec(
     `insert into sample_turns (sample_id, idx, run_id, content, reasoning_content, finish_reason, prompt_tokens, completion_tokens, reasoning_tokens,
-       cached_tokens, endpoint_id, latency_ms, attempts, flags)
+       cached_tokens, endpoint_id, latency_ms, attempts, flags, step, tool_calls)
      select * from unnest(?::bigint[], ?::int[], ?::text[], ?::text[], ?::text[], ?::text[], ?::int[], ?::int[], ?::int[], ?::int[], ?::text[], ?::int[],
-       ?::int[], ?::int[])
+       ?::int[], ?::int[], ?::int[], ?::text[])
      on conflict (sample_id, idx) do update set content = excluded.content, reasoning_content = excluded.reasoning_content,
        finish_reason = excluded.finish_reason, prompt_tokens = excluded.prompt_tokens, completion_tokens = excluded.completion_tokens,
        reasoning_tokens = excluded.reasoning_tokens, cached_tokens = excluded.cached_tokens, endpoint_id = excluded.endpoint_id,
-       latency_ms = excluded.latency_ms, attempts = excluded.attempts, flags = excluded.flags`,
+       latency_ms = excluded.latency_ms, attempts = excluded.attempts, flags = excluded.flags, step = excluded.step, tool_calls = excluded.tool_calls`,
     [
       answered.map((o) => o.sampleId),
       col((t) => t.idx),
@@ -338,6 +346,8 @@ async function storeTurnsAtOnce(tx: DbOrTx, answered: (Extract<Outcome, { kind: 
       col((t) => t.latencyMs),
       col((t) => t.attempts),
       col((t) => t.flags),
+      col((t) => t.step),
+      col(toolCallsText),
     ],
   );
   const last = answered.filter((o) => o.kind === 'completed');

@@ -1,17 +1,20 @@
 import { and, asc, eq, gte, inArray } from 'drizzle-orm';
 import type { TurnRecord } from '../domain/conversation.js';
+import type { ToolCall } from '../domain/tools.js';
 import type { DbOrTx } from './client.js';
 import { IDS_PER_STATEMENT } from './client.js';
 import type { SampleTurnRow } from './schema.js';
 
-// A conversation's answered turns (`regenerate: "all_assistant"`). The result writer inserts them
+// A conversation's answered requests, turns and tool-call steps (`regenerate: "all_assistant"`). The result writer inserts them
 // (db/results.ts); the claim reads them back as the next turn's history.
 
 function record(r: SampleTurnRow): TurnRecord {
   return {
     idx: r.idx,
+    step: r.step,
     content: r.content,
     reasoningContent: r.reasoningContent,
+    toolCalls: r.toolCalls === null ? null : (JSON.parse(r.toolCalls) as ToolCall[]),
     finishReason: r.finishReason,
     usage: { prompt_tokens: r.promptTokens, completion_tokens: r.completionTokens, reasoning_tokens: r.reasoningTokens, cached_tokens: r.cachedTokens },
     endpointId: r.endpointId,

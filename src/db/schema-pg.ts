@@ -84,6 +84,10 @@ export const runs = pgTable(
     priority: integer('priority').notNull().default(0),
     metadata: jsonb('metadata').$type<Record<string, string>>().notNull(),
     regenerate: text('regenerate'),
+    // An agentic conversation's walk (README "Agentic conversations"); null on runs made before it existed: the defaults.
+    toolPairing: text('tool_pairing'),
+    onToolMismatch: text('on_tool_mismatch'),
+    historyReasoning: text('history_reasoning'),
     onInvalidLine: text('on_invalid_line').notNull(),
     quality: jsonb('quality').$type<QualityConfig | null>(),
     gateOverridden: boolean('gate_overridden').notNull().default(false),
@@ -108,6 +112,10 @@ export const runs = pgTable(
     flagDuplicateContent: bigintNumber('flag_duplicate_content').notNull().default(0),
     flagThinkInContent: bigintNumber('flag_think_in_content').notNull().default(0),
     flagShortForRun: bigintNumber('flag_short_for_run').notNull().default(0),
+    flagToolCallInContent: bigintNumber('flag_tool_call_in_content').notNull().default(0),
+    flagInvalidToolArguments: bigintNumber('flag_invalid_tool_arguments').notNull().default(0),
+    flagUnknownTool: bigintNumber('flag_unknown_tool').notNull().default(0),
+    flagToolMismatch: bigintNumber('flag_tool_mismatch').notNull().default(0),
     promptTokens: bigintNumber('prompt_tokens').notNull().default(0),
     completionTokens: bigintNumber('completion_tokens').notNull().default(0),
     reasoningTokens: bigintNumber('reasoning_tokens').notNull().default(0),
@@ -149,6 +157,8 @@ export const runs = pgTable(
     // A conversation run's turns (one request each): all of them once validated, the answered ones, the ones that failed their conversation.
     turnsTotal: bigintNumber('turns_total').notNull().default(0),
     turnsCompleted: bigintNumber('turns_completed').notNull().default(0),
+    // The requests answered with tool calls (steps), among turns_completed.
+    toolSteps: bigintNumber('tool_steps').notNull().default(0),
     turnsFailed: bigintNumber('turns_failed').notNull().default(0),
     // The most turns any of its conversations has: the longest chain of requests, the forecast's tail.
     turnsMax: integer('turns_max').notNull().default(0),
@@ -229,7 +239,8 @@ export const samples = pgTable(
     maxTokens: integer('max_tokens'),
     // 'train' or 'eval' in a run with a split (domain/assign.ts pickSplit), else null.
     split: text('split'),
-    // A conversation's (`regenerate: "all_assistant"`): the assistant turn being asked, 0-based; null for a single request.
+    // A conversation's (`regenerate: "all_assistant"`): the request being asked, 0-based (its user turns and tool-call
+    // steps in order, as sample_turns.idx counts them); null for a single request.
     turn: integer('turn'),
   },
   (t) => [
@@ -270,6 +281,10 @@ export const runVariants = pgTable(
     flagDuplicateContent: bigintNumber('flag_duplicate_content').notNull().default(0),
     flagThinkInContent: bigintNumber('flag_think_in_content').notNull().default(0),
     flagShortForRun: bigintNumber('flag_short_for_run').notNull().default(0),
+    flagToolCallInContent: bigintNumber('flag_tool_call_in_content').notNull().default(0),
+    flagInvalidToolArguments: bigintNumber('flag_invalid_tool_arguments').notNull().default(0),
+    flagUnknownTool: bigintNumber('flag_unknown_tool').notNull().default(0),
+    flagToolMismatch: bigintNumber('flag_tool_mismatch').notNull().default(0),
     promptTokens: bigintNumber('prompt_tokens').notNull().default(0),
     completionTokens: bigintNumber('completion_tokens').notNull().default(0),
     reasoningTokens: bigintNumber('reasoning_tokens').notNull().default(0),
@@ -307,6 +322,10 @@ export const sampleTurns = pgTable(
     latencyMs: integer('latency_ms').notNull(),
     attempts: integer('attempts').notNull(),
     flags: integer('flags').notNull().default(0),
+    // The request's place in its user turn: 0 for the turn's first, then one more per tool-call step before it.
+    step: integer('step').notNull().default(0),
+    // The target's tool calls (JSON), when the answer was a step; null for a text answer.
+    toolCalls: text('tool_calls'),
   },
   (t) => [primaryKey({ columns: [t.sampleId, t.idx] }), index('sample_turns_run_idx').on(t.runId)],
 );

@@ -78,6 +78,10 @@ export const runs = sqliteTable(
     priority: integer('priority').notNull().default(0),
     metadata: text('metadata', { mode: 'json' }).$type<Record<string, string>>().notNull(),
     regenerate: text('regenerate'),
+    // An agentic conversation's walk (README "Agentic conversations"); null on runs made before it existed: the defaults.
+    toolPairing: text('tool_pairing'),
+    onToolMismatch: text('on_tool_mismatch'),
+    historyReasoning: text('history_reasoning'),
     onInvalidLine: text('on_invalid_line').notNull(),
     quality: text('quality', { mode: 'json' }).$type<QualityConfig | null>(),
     gateOverridden: integer('gate_overridden', { mode: 'boolean' }).notNull().default(false),
@@ -104,6 +108,10 @@ export const runs = sqliteTable(
     flagDuplicateContent: integer('flag_duplicate_content').notNull().default(0),
     flagThinkInContent: integer('flag_think_in_content').notNull().default(0),
     flagShortForRun: integer('flag_short_for_run').notNull().default(0),
+    flagToolCallInContent: integer('flag_tool_call_in_content').notNull().default(0),
+    flagInvalidToolArguments: integer('flag_invalid_tool_arguments').notNull().default(0),
+    flagUnknownTool: integer('flag_unknown_tool').notNull().default(0),
+    flagToolMismatch: integer('flag_tool_mismatch').notNull().default(0),
     promptTokens: integer('prompt_tokens').notNull().default(0),
     completionTokens: integer('completion_tokens').notNull().default(0),
     reasoningTokens: integer('reasoning_tokens').notNull().default(0),
@@ -162,6 +170,8 @@ export const runs = sqliteTable(
     // A conversation run's turns (one request each): all of them once validated, the answered ones, the ones that failed their conversation.
     turnsTotal: integer('turns_total').notNull().default(0),
     turnsCompleted: integer('turns_completed').notNull().default(0),
+    // The requests answered with tool calls (steps), among turns_completed.
+    toolSteps: integer('tool_steps').notNull().default(0),
     turnsFailed: integer('turns_failed').notNull().default(0),
     // The most turns any of its conversations has: the longest chain of requests, the forecast's tail.
     turnsMax: integer('turns_max').notNull().default(0),
@@ -251,7 +261,8 @@ export const samples = sqliteTable(
     maxTokens: integer('max_tokens'),
     // 'train' or 'eval' in a run with a split (domain/assign.ts pickSplit), else null.
     split: text('split'),
-    // A conversation's (`regenerate: "all_assistant"`): the assistant turn being asked, 0-based; null for a single request.
+    // A conversation's (`regenerate: "all_assistant"`): the request being asked, 0-based (its user turns and tool-call
+    // steps in order, as sample_turns.idx counts them); null for a single request.
     turn: integer('turn'),
   },
   (t) => [
@@ -298,6 +309,10 @@ export const runVariants = sqliteTable(
     flagDuplicateContent: integer('flag_duplicate_content').notNull().default(0),
     flagThinkInContent: integer('flag_think_in_content').notNull().default(0),
     flagShortForRun: integer('flag_short_for_run').notNull().default(0),
+    flagToolCallInContent: integer('flag_tool_call_in_content').notNull().default(0),
+    flagInvalidToolArguments: integer('flag_invalid_tool_arguments').notNull().default(0),
+    flagUnknownTool: integer('flag_unknown_tool').notNull().default(0),
+    flagToolMismatch: integer('flag_tool_mismatch').notNull().default(0),
     promptTokens: integer('prompt_tokens').notNull().default(0),
     completionTokens: integer('completion_tokens').notNull().default(0),
     reasoningTokens: integer('reasoning_tokens').notNull().default(0),
@@ -336,6 +351,10 @@ export const sampleTurns = sqliteTable(
     latencyMs: integer('latency_ms').notNull(),
     attempts: integer('attempts').notNull(),
     flags: integer('flags').notNull().default(0),
+    // The request's place in its user turn: 0 for the turn's first, then one more per tool-call step before it.
+    step: integer('step').notNull().default(0),
+    // The target's tool calls (JSON), when the answer was a step; null for a text answer.
+    toolCalls: text('tool_calls'),
   },
   (t) => [primaryKey({ columns: [t.sampleId, t.idx] }), index('sample_turns_run_idx').on(t.runId)],
 );

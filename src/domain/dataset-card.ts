@@ -26,6 +26,8 @@ export interface CardRun {
   /** The run's variants, when it has them: shown with their weights and params. */
   variants?: readonly { name: string; weight: number; params?: unknown }[] | null;
   counts: { total: number; completed: number; failed: number; cancelled: number };
+  /** A conversation run's requests answered, and the tool-call steps among them. */
+  turns?: { completed: number; toolSteps: number } | null;
   usage: { prompt_tokens: number; completion_tokens: number; reasoning_tokens: number };
   quality: { flagged: number; by_flag: Record<string, number>; settings: unknown };
 }
@@ -146,7 +148,9 @@ export function datasetCard(run: CardRun, shards: readonly CardShard[]): string 
   const c = run.counts;
   out.push(
     `\n${c.total} samples: ${c.completed} completed, ${c.failed} failed, ${c.cancelled} cancelled. ` +
-      `Tokens: ${run.usage.prompt_tokens} prompt, ${run.usage.completion_tokens} completion (${run.usage.reasoning_tokens} reasoning).\n\n`,
+      `Tokens: ${run.usage.prompt_tokens} prompt, ${run.usage.completion_tokens} completion (${run.usage.reasoning_tokens} reasoning).` +
+      (run.turns ? ` Requests: ${run.turns.completed} answered, ${run.turns.toolSteps} of them tool-call steps.` : '') +
+      '\n\n',
   );
   out.push('## Quality\n\n');
   const flags = Object.entries(run.quality.by_flag).filter(([, n]) => n > 0);

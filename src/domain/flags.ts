@@ -10,12 +10,21 @@ export const FLAGS = [
   'duplicate_content',
   'think_in_content',
   'short_for_run',
+  // Tool calls (README "Agentic conversations").
+  'tool_call_in_content',
+  'invalid_tool_arguments',
+  'unknown_tool',
+  /** The source's tool results could not be paired with the target's calls: describes the data, not the server. */
+  'tool_mismatch',
 ] as const;
 export type Flag = (typeof FLAGS)[number];
 
 export function flagBit(f: Flag): number {
   return 1 << FLAGS.indexOf(f);
 }
+
+/** Flags the quality gate does not judge: they describe the input, not the answers. */
+export const GATE_EXEMPT_BITS = flagBit('tool_mismatch');
 
 export function flagsFromBits(bits: number): Flag[] {
   return FLAGS.filter((f) => (bits & flagBit(f)) !== 0);

@@ -3,6 +3,8 @@ import { readableIssues } from './issues.js';
 import { MAX_JSON_DEPTH, nestsDeeperThan } from './json-depth.js';
 import { Params, type RegenerateMode } from './params.js';
 import { fieldPath, findBadText, mayHoldBadText, textProblem } from './text.js';
+import { requestCount } from './conversation.js';
+import { callsOf, sharegptCalls } from './tools.js';
 
 // One input line → one sample (docs/design.md "Input"). Every reason returned here is shown to
 // users next to the line number, so it names the field path and says what was expected.
@@ -20,7 +22,7 @@ export const LINE_ERROR_PARAMS = {
   mismatched_model: 'body.model',
   model_not_found: 'body.model',
   invalid_role: 'body.messages',
-  /** `regenerate: "all_assistant"` cannot walk the line turn by turn (tool calls, a tool role, an assistant turn first). */
+  /** `regenerate: "all_assistant"` cannot walk the line turn by turn (a tool result without its call, an assistant turn first). */
   unwalkable_conversation: 'body.messages',
   /** A NUL or an unpaired surrogate in a string: accepted by JSON.parse, refused by the stores and most readers (`text.ts`). */
   invalid_characters: null,
@@ -54,7 +56,7 @@ export type ParsedLine =
        * that parsing changes (past 2^53, -0, 1e400), which the output then writes as written.
        */
       exact_metadata?: Record<string, string>;
-      /** `all_assistant` only: the assistant turns to ask, one a user turn. */
+      /** `all_assistant` only: the requests to ask as the source took them, one a user turn and one a tool-call step. */
       turns?: number;
     }
   | {
@@ -130,6 +132,8 @@ const SHAREGPT_ROLES: Record<string, string> = {
   assistant: 'assistant',
   tool: 'tool',
   observation: 'tool',
+  // LLaMA-Factory: the assistant's call, as the JSON text of one call or a list of them.
+  function_call: 'assistant',
 };
 
 export function parseInputLine(text: string, lineNo: number, opts: ParseOptions): ParsedLine {
@@ -145,7 +149,7 @@ export function parseInputLine(text: string, lineNo: number, opts: ParseOptions)
       const messages = walkConversation(content.messages);
       const dropped = content.messages.filter((m) => m.role === 'assistant');
       const old = dropped.reduce((n, m) => n + textLength(m.content) + textLength(m.reasoning_content), 0);
-      const turns = messages.filter((m) => m.role === 'user').length;
+      const turns = requestCount(messages);
       return { ok: true, ...content, messages, old_answer_chars: dropped.length ? old : null, ...readMetadata(obj, exact), turns };
     }
     const messages = applyRegenerate(content.messages, opts);
@@ -165,7 +169,7 @@ export function parseInputLine(text: string, lineNo: number, opts: ParseOptions)
 }
 
 /** The fields of a line that regen reads itself, in any of its formats: the rest are the line's metadata. */
-const CONSUMED_FIELDS = new Set(['custom_id', 'id', 'messages', 'conversations', 'prompt', 'params', 'body', 'method', 'url']);
+const CONSUMED_FIELDS = new Set(['custom_id', 'id', 'messages', 'conversations', 'prompt', 'params', 'body', 'method', 'url', 'tools', 'tool_choice']);
 /**
  * The line's members as it wrote them, when its numeric id or its own fields hold a number that
  * parsing changed; else null. A line whose id is a string and whose own fields hold no number (the
@@ -250,9 +254,12 @@ function readLine(obj: JsonObject, lineNo: number, opts: ParseOptions, exact: Ma
   if (obj.messages !== undefined) {
     return { custom_id, messages: readMessages(obj.messages, 'messages', opts.regenerate), ...splitModel(readParams(obj), 'params') };
   }
-  if (obj.body !== undefined) return { custom_id, ...readBatchRequest(obj, opts) };
+  if (obj.body !== undefined) {
+    if (obj.tools !== undefined) throw new LineRejected('tools: an OpenAI batch line carries its tools inside body, as body.tools');
+    return { custom_id, ...readBatchRequest(obj, opts) };
+  }
   if (obj.conversations !== undefined) {
-    return { custom_id, messages: readConversations(obj.conversations, opts.regenerate), ...splitModel(readParams(obj), 'params') };
+    return { custom_id, messages: readConversations(obj.conversations, opts.regenerate, lineNo), ...splitModel(readParams(obj), 'params') };
   }
   if (obj.prompt !== undefined) {
     return { custom_id, messages: [readPrompt(obj.prompt)], ...splitModel(readParams(obj), 'params') };
@@ -288,10 +295,24 @@ function checkId(id: string, field: string): string {
   return id;
 }
 
+/** The line's params, with its top-level `tools` and `tool_choice` (the line's own win over its params' and the run's). */
 function readParams(obj: JsonObject): JsonObject | null {
-  if (obj.params === undefined || obj.params === null) return null;
-  if (!isObject(obj.params)) throw new LineRejected('params must be an object');
-  return obj.params;
+  if (obj.params !== undefined && obj.params !== null && !isObject(obj.params)) throw new LineRejected('params must be an object');
+  const params = (obj.params ?? null) as JsonObject | null;
+  const tools = readTools(obj.tools);
+  if (tools === undefined && obj.tool_choice === undefined) return params;
+  return { ...params, ...(tools !== undefined && { tools }), ...(obj.tool_choice !== undefined && { tool_choice: obj.tool_choice }) };
+}
+
+/** A line's `tools`: OpenAI's function definitions, or their JSON text as LLaMA-Factory's ShareGPT lines write them. */
+function readTools(value: unknown): unknown {
+  if (value === undefined || value === null || value === '') return undefined;
+  if (typeof value !== 'string') return value;
+  try {
+    return JSON.parse(value);
+  } catch {
+    throw new LineRejected('tools: a string must be the JSON text of a list of function definitions');
+  }
 }
 
 /**
@@ -343,6 +364,10 @@ function checkMessage(message: unknown, path: string, droppedIfAssistant: boolea
   if (!isObject(message)) throw new LineRejected(`${path} must be an object`);
   if (typeof message.role !== 'string') throw new LineRejected(`${path}.role must be a string`);
   if (!(CHAT_ROLES as readonly string[]).includes(message.role)) throw new LineRejected(unknownRole(message.role, path), 'invalid_role');
+  if (message.tool_calls !== undefined && message.tool_calls !== null) checkToolCalls(message, path);
+  if (message.role === 'tool' && message.tool_call_id !== undefined && typeof message.tool_call_id !== 'string') {
+    throw new LineRejected(`${path}.tool_call_id must be a string`);
+  }
   const { content } = message;
   // The OpenAI API allows an assistant turn that only calls tools to have no content; one that is
   // dropped to be asked again is never sent, so what it held does not matter.
@@ -356,6 +381,20 @@ function checkMessage(message: unknown, path: string, droppedIfAssistant: boolea
   });
 }
 
+/** An assistant message's `tool_calls`, as OpenAI's API has them: each an id, "function", a name and its arguments' JSON text. */
+function checkToolCalls(message: JsonObject, path: string): void {
+  if (message.role !== 'assistant') throw new LineRejected(`${path}.tool_calls: only an assistant message calls tools`);
+  if (!Array.isArray(message.tool_calls)) throw new LineRejected(`${path}.tool_calls must be an array of calls`);
+  message.tool_calls.forEach((call, i) => {
+    const at = `${path}.tool_calls[${i}]`;
+    if (!isObject(call) || !isObject(call.function))
+      throw new LineRejected(`${at} must be a call: {"id", "type": "function", "function": {"name", "arguments"}}`);
+    if (typeof call.function.name !== 'string' || call.function.name === '') throw new LineRejected(`${at}.function.name must be a non-empty string`);
+    if (typeof call.function.arguments !== 'string') throw new LineRejected(`${at}.function.arguments must be a string (the arguments' JSON text)`);
+    if (call.id !== undefined && typeof call.id !== 'string') throw new LineRejected(`${at}.id must be a string`);
+  });
+}
+
 function unknownRole(role: string, path: string): string {
   const synonym = ROLE_SYNONYMS[role.toLowerCase()];
   const fix = synonym ? `write "${synonym}"` : `use one of ${CHAT_ROLES.map((r) => `"${r}"`).join(', ')}`;
@@ -366,8 +405,11 @@ function unknownRole(role: string, path: string): string {
  * `conversations` in either shape datasets use: ShareGPT's `from`/`value` (human/gpt/system), or
  * `role`/`content` as SpecForge reads and writes it (its other fields kept, as in `messages`).
  */
-function readConversations(value: unknown, regenerate: RegenerateMode | null): ChatMessage[] {
+function readConversations(value: unknown, regenerate: RegenerateMode | null, lineNo: number): ChatMessage[] {
   if (!Array.isArray(value) || value.length === 0) throw new LineRejected('conversations must be a non-empty array');
+  // ShareGPT's calls have no ids: regen makes them, and each observation answers the next call not yet answered.
+  let callsMade = 0;
+  const unanswered: string[] = [];
   return value.map((turn, i) => {
     const path = `conversations[${i}]`;
     if (!isObject(turn)) throw new LineRejected(`${path} must be an object`);
@@ -384,6 +426,22 @@ function readConversations(value: unknown, regenerate: RegenerateMode | null): C
       throw new LineRejected(`${path}.from ${JSON.stringify(turn.from.slice(0, 64))} is not a ShareGPT role: use one of ${known}`, 'invalid_role');
     }
     if (typeof turn.value !== 'string') throw new LineRejected(`${path}.value must be a string`);
+    if (turn.from === 'function_call') {
+      let calls: ReturnType<typeof sharegptCalls>;
+      try {
+        calls = sharegptCalls(turn.value, lineNo, callsMade);
+      } catch (err) {
+        throw new LineRejected(`${path}.value: ${(err as Error).message}`);
+      }
+      callsMade += calls.length;
+      unanswered.splice(0, unanswered.length, ...calls.map((c) => c.id));
+      return { role, content: null, tool_calls: calls };
+    }
+    if (role === 'tool') {
+      const id = unanswered.shift();
+      if (id === undefined) throw new LineRejected(`${path}: an observation must answer a function_call before it`, 'unwalkable_conversation');
+      return { role, content: turn.value, tool_call_id: id };
+    }
     return { role, content: turn.value };
   });
 }
@@ -392,22 +450,36 @@ function readConversations(value: unknown, regenerate: RegenerateMode | null): C
 const WALKED_ROLES = new Set(['system', 'developer', 'user']);
 
 /**
- * `all_assistant`: the conversation without its assistant turns, each user turn to be answered in
- * order. A line whose turns depend on something regen cannot ask again (a tool's call or result)
- * or that does not start with the user is refused: its regenerated turns would not follow.
+ * `all_assistant`: the conversation without its assistant text answers, each user turn to be
+ * answered in order. The source's tool-call steps are kept (the assistant message's calls and the
+ * `tool` messages answering them): their results are paired with the target's calls
+ * (domain/conversation.ts). A line whose tool results answer no call, or that does not start with
+ * the user, is refused: its regenerated turns would not follow.
  */
 function walkConversation(messages: ChatMessage[]): ChatMessage[] {
   const walked: ChatMessage[] = [];
+  let inStep = false;
   for (const [i, m] of messages.entries()) {
     const why = (reason: string) =>
       new LineRejected(`message ${i} (${m.role}) ${reason}: regenerate "all_assistant" cannot walk this conversation`, 'unwalkable_conversation');
-    if (m.tool_calls !== undefined || m.function_call !== undefined) throw why('calls tools');
-    if (m.role === 'tool') throw why('is a tool result');
-    if (m.role === 'assistant') {
-      if (!walked.some((w) => w.role === 'user')) throw why('comes before any user turn');
+    if (m.function_call !== undefined) throw why('uses the deprecated function_call: write it as tool_calls');
+    if (m.role === 'tool') {
+      if (!inStep) throw why('is a tool result that answers no tool call before it');
+      walked.push(m);
       continue;
     }
-    if (!WALKED_ROLES.has(m.role)) throw why('has a role that is not system, user or assistant');
+    inStep = false;
+    if (m.role === 'assistant') {
+      if (!walked.some((w) => w.role === 'user')) throw why('comes before any user turn');
+      const calls = callsOf(m);
+      if (calls) {
+        // Only the calls are read (their names and ids pair the results): the source's words are not sent.
+        walked.push({ role: 'assistant', content: null, tool_calls: calls });
+        inStep = true;
+      }
+      continue;
+    }
+    if (!WALKED_ROLES.has(m.role)) throw why('has a role that is not system, user, assistant or tool');
     walked.push(m);
   }
   if (!walked.some((m) => m.role === 'user')) throw new LineRejected('the conversation has no user turn to answer', 'unwalkable_conversation');

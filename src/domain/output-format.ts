@@ -64,9 +64,12 @@ export interface LineFields {
   metadata?: Record<string, unknown> | null;
   /** Present on a conversation regenerated turn by turn: `messages` is then the regenerated conversation. */
   turns?: unknown[] | null;
+  /** The tools the line offered, and a plain answer's calls. */
+  tools?: unknown[] | null;
+  tool_calls?: unknown[] | null;
 }
 
-type Msg = { role?: unknown; content?: unknown; reasoning_content?: unknown };
+type Msg = { role?: unknown; content?: unknown; reasoning_content?: unknown; tool_calls?: unknown; tool_call_id?: unknown };
 
 /** The conversation a line ends with: the regenerated one as is, else the prompt and the new answer. */
 function conversation(line: LineFields): Msg[] {
@@ -74,6 +77,7 @@ function conversation(line: LineFields): Msg[] {
   if (line.turns) return messages;
   const answer: Msg = { role: 'assistant', content: line.content };
   if (line.reasoning_content !== null) answer.reasoning_content = line.reasoning_content;
+  if (line.tool_calls) answer.tool_calls = line.tool_calls;
   return [...messages, answer];
 }
 
@@ -93,15 +97,32 @@ export function conversationsLine(line: LineFields): Record<string, unknown> {
   out.conversations = conversation(line).map((m) => {
     const msg: Msg = { role: m.role, content: m.content };
     if (typeof m.reasoning_content === 'string') msg.reasoning_content = m.reasoning_content;
+    if (m.tool_calls !== undefined && m.tool_calls !== null) msg.tool_calls = m.tool_calls;
+    if (m.tool_call_id !== undefined) msg.tool_call_id = m.tool_call_id;
     return msg;
   });
+  if (line.tools) out.tools = line.tools;
   out.status = 'success';
   return out;
 }
 
+/** A tool call as a Parquet struct. */
+export interface ParquetCall {
+  id: string | null;
+  type: string | null;
+  name: string | null;
+  arguments: string | null;
+}
+
 export interface ParquetRow {
   custom_id: string;
-  messages: { role: string | null; content: string | null; reasoning_content: string | null }[];
+  messages: {
+    role: string | null;
+    content: string | null;
+    reasoning_content: string | null;
+    tool_calls: ParquetCall[] | null;
+    tool_call_id: string | null;
+  }[];
   content: string | null;
   reasoning_content: string | null;
   finish_reason: string | null;
@@ -116,6 +137,17 @@ export interface ParquetRow {
   latency_ms: number | null;
   attempts: number;
   model: string;
+  /** The line's tools as JSON text, and a plain answer's calls. */
+  tools: string | null;
+  tool_calls: ParquetCall[] | null;
+}
+
+function parquetCalls(calls: unknown): ParquetCall[] | null {
+  if (!Array.isArray(calls)) return null;
+  return calls.map((c) => {
+    const call = (c ?? {}) as { id?: unknown; type?: unknown; function?: { name?: unknown; arguments?: unknown } };
+    return { id: text(call.id), type: text(call.type), name: text(call.function?.name), arguments: text(call.function?.arguments) };
+  });
 }
 
 const text = (v: unknown): string | null => (v == null ? null : typeof v === 'string' ? v : JSON.stringify(v));
@@ -124,7 +156,13 @@ const text = (v: unknown): string | null => (v == null ? null : typeof v === 'st
 export function parquetRow(line: LineFields, split: string | null): ParquetRow {
   return {
     custom_id: line.custom_id,
-    messages: (line.messages as Msg[]).map((m) => ({ role: text(m.role), content: text(m.content), reasoning_content: text(m.reasoning_content) })),
+    messages: (line.messages as Msg[]).map((m) => ({
+      role: text(m.role),
+      content: text(m.content),
+      reasoning_content: text(m.reasoning_content),
+      tool_calls: parquetCalls(m.tool_calls),
+      tool_call_id: text(m.tool_call_id),
+    })),
     content: line.content,
     reasoning_content: line.reasoning_content,
     finish_reason: line.finish_reason,
@@ -139,8 +177,12 @@ export function parquetRow(line: LineFields, split: string | null): ParquetRow {
     latency_ms: line.latency_ms,
     attempts: line.attempts,
     model: line.model,
+    tools: line.tools ? JSON.stringify(line.tools) : null,
+    tool_calls: parquetCalls(line.tool_calls),
   };
 }
+
+const CALL_FEATURES = ['id', 'type', 'name', 'arguments'].map((name) => ({ name, dtype: 'string' }));
 
 /** The columns, as the dataset card's `features` (Hugging Face `datasets` types) name them. */
 export const PARQUET_FEATURES: readonly Record<string, unknown>[] = [
@@ -151,6 +193,8 @@ export const PARQUET_FEATURES: readonly Record<string, unknown>[] = [
       { name: 'role', dtype: 'string' },
       { name: 'content', dtype: 'string' },
       { name: 'reasoning_content', dtype: 'string' },
+      { name: 'tool_calls', list: CALL_FEATURES },
+      { name: 'tool_call_id', dtype: 'string' },
     ],
   },
   { name: 'content', dtype: 'string' },
@@ -170,6 +214,8 @@ export const PARQUET_FEATURES: readonly Record<string, unknown>[] = [
   { name: 'latency_ms', dtype: 'int32' },
   { name: 'attempts', dtype: 'int32' },
   { name: 'model', dtype: 'string' },
+  { name: 'tools', dtype: 'string' },
+  { name: 'tool_calls', list: CALL_FEATURES },
 ];
 
 /** A stored record's custom_id and answer, whichever format holds it (the sample route reads them back). */

@@ -1,5 +1,6 @@
 import { RawJson, stringifyExact } from './exact-json.js';
 import { flagsFromBits, type Flag } from './flags.js';
+import type { ToolCall } from './tools.js';
 
 // The lines of a run's output (docs/design.md "Runner"): shard-NNNNN.jsonl holds one OutputLine per
 // completed sample, in input order; shard-NNNNN.errors.jsonl one ErrorLine per failed sample.
@@ -38,6 +39,11 @@ export interface OtherChoice {
 
 /** A conversation's turn as its output line's `turns` shows it (domain/conversation.ts). */
 export interface TurnLine {
+  /** The user turn (0-based) the request answered, and its step in it (0 for the turn's first request). */
+  turn: number;
+  step: number;
+  /** How many tools a step called; absent on a turn's text answer. */
+  tool_calls?: number;
   finish_reason: string | null;
   usage: Usage;
   endpoint_id: string | null;
@@ -66,6 +72,8 @@ export interface StagedOutput {
   created?: number;
   logprobs?: ChoiceLogprobs;
   choices?: OtherChoice[];
+  /** A plain or last_assistant answer's calls. */
+  tool_calls?: ToolCall[];
   conversation?: StagedConversation;
 }
 
@@ -99,6 +107,10 @@ export interface OutputLine {
   metadata?: Record<string, unknown>;
   /** A conversation's turns, in order (`regenerate: "all_assistant"`). */
   turns?: TurnLine[];
+  /** The tools the line's requests offered (its own, else the run's params.tools); only on lines that offered some. */
+  tools?: unknown[];
+  /** A plain or last_assistant answer's tool calls; only on an answer that made some. */
+  tool_calls?: ToolCall[];
 }
 
 export interface ErrorLine {
@@ -106,8 +118,9 @@ export interface ErrorLine {
   sample_index: number;
   error: { code: string | null; message: string | null; status: number | null };
   attempts: number;
-  /** A conversation's: the assistant turn (0-based) that failed it. */
+  /** A conversation's: the user turn (0-based) that failed it, and the request in it (0 for the turn's first, then its tool-call steps). */
   turn?: number;
+  step?: number;
 }
 
 /** A completed sample's record, as the shard writer has it from the database. */
@@ -138,8 +151,10 @@ export interface FailedSample {
   errorStatus: number | null;
   attempts: number;
   serverFaults: number;
-  /** A conversation's turn being asked; null for a single request. */
+  /** A conversation's request being asked; null for a single request. */
   turn: number | null;
+  /** Where that request stands in the conversation, when the writer walked its answered requests. */
+  position?: { turn: number; step: number };
 }
 
 /**
@@ -177,14 +192,15 @@ export function lineText(line: OutputLine): string {
 }
 
 /** A completed sample's line; `variants` are the run's variant names, by index (null for a run without variants). */
-export function outputLine(s: CompletedSample, out: StagedOutput, variants: readonly string[] | null = null): string {
-  return lineText(outputRecord(s, out, variants));
+export function outputLine(s: CompletedSample, out: StagedOutput, variants: readonly string[] | null = null, runTools: unknown = undefined): string {
+  return lineText(outputRecord(s, out, variants, runTools));
 }
 
-/** A completed sample's line as an object, before it is written in the run's format. */
-export function outputRecord(s: CompletedSample, out: StagedOutput, variants: readonly string[] | null = null): OutputLine {
-  const request = JSON.parse(s.request) as { messages: unknown[] } & StoredMetadata;
+/** A completed sample's line as an object, before it is written in the run's format; `runTools`, the run's `params.tools`, stand where the line has none. */
+export function outputRecord(s: CompletedSample, out: StagedOutput, variants: readonly string[] | null = null, runTools: unknown = undefined): OutputLine {
+  const request = JSON.parse(s.request) as { messages: unknown[]; params?: { tools?: unknown } } & StoredMetadata;
   const metadata = outputMetadata(request);
+  const tools = request.params?.tools ?? runTools;
   const variant = variants && s.variant !== null && s.variant !== undefined ? variants[s.variant] : undefined;
   const conv = out.conversation;
   const line: OutputLine = {
@@ -214,6 +230,8 @@ export function outputRecord(s: CompletedSample, out: StagedOutput, variants: re
     ...(variant !== undefined && { variant }),
     ...(metadata && { metadata }),
     ...(conv && { turns: conv.turns }),
+    ...(Array.isArray(tools) && tools.length > 0 && { tools }),
+    ...(out.tool_calls && { tool_calls: out.tool_calls }),
   };
   return line;
 }
@@ -224,7 +242,7 @@ export function errorLine(s: FailedSample): string {
     sample_index: s.sampleIndex,
     error: { code: s.errorCode, message: s.errorMessage, status: s.errorStatus },
     attempts: triesOf(s),
-    ...(s.turn !== null && { turn: s.turn }),
+    ...(s.turn !== null && (s.position ?? { turn: s.turn })),
   };
   return JSON.stringify(line);
 }

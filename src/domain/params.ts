@@ -17,6 +17,22 @@ export const MAX_SAMPLES_PER_LINE = 64;
 
 /** OpenAI's API takes at most 4 stop strings; SGLang takes any number, and each is checked against every token decoded. */
 export const MAX_STOP_STRINGS = 32;
+/** An OpenAI function definition, as a Chat Completions body's `tools` holds it. */
+export const ToolDefinition = z
+  .object({
+    type: z.literal('function'),
+    function: z
+      .object({
+        name: z.string().min(1).max(128),
+        description: z.string().optional(),
+        parameters: z.record(z.string(), z.unknown()).optional(),
+      })
+      .catchall(z.unknown()),
+  })
+  .catchall(z.unknown());
+
+/** Tools a request may offer: SGLang renders them all into the prompt, so a few hundred is already long. */
+export const MAX_TOOLS = 512;
 
 // Known sampling parameters are checked; anything else is passed through to SGLang untouched.
 export const Params = z
@@ -39,6 +55,10 @@ export const Params = z
     chat_template_kwargs: z.record(z.string(), z.unknown()).optional(),
     stream: z.literal(false, "stream is regen's to set: it streams by itself when quality.stop_loops is on").optional(),
     n: z.number().int().min(1).max(MAX_SAMPLES_PER_LINE, `must be at most ${MAX_SAMPLES_PER_LINE}`).optional(),
+    tools: z.array(ToolDefinition).max(MAX_TOOLS, `must hold at most ${MAX_TOOLS} tools`).optional(),
+    tool_choice: z
+      .union([z.enum(['none', 'auto', 'required']), z.object({ type: z.literal('function'), function: z.object({ name: z.string().min(1) }) })])
+      .optional(),
   })
   .catchall(z.unknown())
   .refine((p) => !('messages' in p) && !('model' in p), 'params must not contain messages or model')
@@ -107,6 +127,24 @@ export const QualitySettings = z.union([
  */
 export const REGENERATE_MODES = ['last_assistant', 'all_assistant'] as const;
 export type RegenerateMode = (typeof REGENERATE_MODES)[number];
+
+/** Which of the source's tool calls a target's call is paired with: the same name at the same place, or the same place. */
+export const TOOL_PAIRINGS = ['name', 'position'] as const;
+export type ToolPairing = (typeof TOOL_PAIRINGS)[number];
+/** What an agentic conversation that cannot be paired becomes: kept up to its last complete user turn, or failed. */
+export const TOOL_MISMATCH_ACTIONS = ['truncate', 'fail'] as const;
+export type ToolMismatchAction = (typeof TOOL_MISMATCH_ACTIONS)[number];
+/** Which assistant messages of the history go back with their reasoning_content: the current tool loop's, all, none. */
+export const HISTORY_REASONING = ['loop', 'all', 'none'] as const;
+export type HistoryReasoning = (typeof HISTORY_REASONING)[number];
+
+/** A run's stored walk settings, with the defaults for runs made before they existed. */
+export function walkSettings(run: { toolPairing?: string | null; historyReasoning?: string | null }): { pairing: ToolPairing; reasoning: HistoryReasoning } {
+  return {
+    pairing: run.toolPairing === 'position' ? 'position' : 'name',
+    reasoning: run.historyReasoning === 'all' || run.historyReasoning === 'none' ? run.historyReasoning : 'loop',
+  };
+}
 
 /** A run's stored `regenerate`, as a mode. */
 export function regenerateMode(stored: string | null): RegenerateMode | null {

@@ -1,4 +1,5 @@
 import { bitsFromFlags, FLAGS, flagCounts, type Flag, type FlagCounterKey } from './flags.js';
+import { argumentsValid, callMarkupIn, type ToolCall } from './tools.js';
 
 // Quality checks run on every completed sample (docs/design.md "Quality"), and the gate pauses a run
 // whose flagged share is over its limit.
@@ -52,6 +53,15 @@ export interface QualityInput {
   finish_reason: string | null;
   completion_tokens: number;
   thinking_requested: boolean;
+  /** The answer's tool calls: a step, judged as one (no content or length checks); null or absent for a text answer. */
+  tool_calls?: readonly ToolCall[] | null;
+  /** The names of the functions the request offered, or null when it offered none. */
+  tools?: ReadonlySet<string> | null;
+}
+
+/** Whether an answer is a tool-call step. */
+export function isStep(input: Pick<QualityInput, 'tool_calls'>): boolean {
+  return (input.tool_calls?.length ?? 0) > 0;
 }
 
 export interface QualityCheckConfig {
@@ -61,13 +71,20 @@ export interface QualityCheckConfig {
 
 export function computeFlags(input: QualityInput, cfg: QualityCheckConfig): number {
   const flags: Flag[] = [];
-  if (isBlank(input.content)) flags.push('empty_content');
+  // A step's content is often null: that is what a step is, and its length says nothing.
+  const step = isStep(input);
+  if (!step && isBlank(input.content)) flags.push('empty_content');
   if (input.thinking_requested && isBlank(input.reasoning_content)) flags.push('missing_reasoning');
   if (input.finish_reason === 'length') flags.push('truncated');
   // A loop in the reasoning matters even when the answer looks fine: it is training data too.
   if (isRepetitive(input.content ?? '') || isRepetitive(input.reasoning_content ?? '')) flags.push('repetitive');
-  if (input.completion_tokens < cfg.min_completion_tokens) flags.push('too_short');
+  if (!step && input.completion_tokens < cfg.min_completion_tokens) flags.push('too_short');
   if (hasThinkTag(input.content)) flags.push('think_in_content');
+  if (input.tools && !step && callMarkupIn(input.content)) flags.push('tool_call_in_content');
+  for (const call of input.tool_calls ?? []) {
+    if (!argumentsValid(call.function.arguments) && !flags.includes('invalid_tool_arguments')) flags.push('invalid_tool_arguments');
+    if (input.tools && !input.tools.has(call.function.name) && !flags.includes('unknown_tool')) flags.push('unknown_tool');
+  }
   return bitsFromFlags(flags);
 }
 
@@ -191,7 +208,8 @@ export function gateSettings(r: Pick<GateInput, 'quality'>): GateSettings | null
 
 /** Enough samples are done to judge, and the flagged share is above the limit. */
 export function overLimit(r: GateInput, gate: GateSettings): boolean {
-  return r.completed >= gate.min_samples && r.flagged / r.completed > gate.max_flag_rate;
+  // tool_mismatch describes the source data: its lines are left out (a line with another flag as well, at worst, too).
+  return r.completed >= gate.min_samples && (r.flagged - r.flagToolMismatch) / r.completed > gate.max_flag_rate;
 }
 
 /** Whether the gate pauses this run now: it is dispatching, not overridden, and over its limit. */

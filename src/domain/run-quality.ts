@@ -1,7 +1,8 @@
 import { ContentCounter, type TopContent } from './content-counter.js';
-import { FLAGS, flagBit, type Flag } from './flags.js';
+import { FLAGS, flagBit, type Flag, GATE_EXEMPT_BITS } from './flags.js';
 import { LengthHistogram } from './length-histogram.js';
-import { computeFlags, type GateSettings, percent, type QualityCheckConfig, type QualityInput, VERDICT_PREFIX } from './quality.js';
+import { computeFlags, type GateSettings, isStep, percent, type QualityCheckConfig, type QualityInput, VERDICT_PREFIX } from './quality.js';
+import { toolCallParser } from './tools.js';
 import { type EndpointCounts, type EndpointQuarantine, endpointVerdict, QUALITY_WINDOW, QualityWindow, windowsOverLimit } from './quality-window.js';
 
 // One run's quality as its answers come in: the checks that need the run so far (duplicate_content,
@@ -76,9 +77,12 @@ export class RunQuality {
   check(input: QualityInput, endpointId: string, variant: number | null = null): number {
     let flags = computeFlags(input, this.cfg);
     const peers = this.peersOf(variant);
-    if (peers.contents.observe(input.content).flagged) flags |= flagBit('duplicate_content');
-    if (peers.lengths.isShort(input.completion_tokens)) flags |= flagBit('short_for_run');
-    peers.lengths.add(input.completion_tokens);
+    // A step's content and length are not an answer's: they neither are compared with the run's nor join them.
+    if (!isStep(input)) {
+      if (peers.contents.observe(input.content).flagged) flags |= flagBit('duplicate_content');
+      if (peers.lengths.isShort(input.completion_tokens)) flags |= flagBit('short_for_run');
+      peers.lengths.add(input.completion_tokens);
+    }
     this.endpointWindow(endpointId).push(flags);
     return flags;
   }
@@ -95,7 +99,8 @@ export class RunQuality {
   }
 
   /** A sample kept as completed, with the flags it is stored with: it enters the run's window, and its variant's. */
-  completed(flags: number, variant: number | null = null): void {
+  completed(bits: number, variant: number | null = null): void {
+    const flags = bits & ~GATE_EXEMPT_BITS;
     this.window.push(flags);
     this.own.push(flags);
     if (variant !== null) this.peersOf(variant).window.push(flags);
@@ -142,7 +147,7 @@ export class RunQuality {
     lengths: Iterable<readonly [tokens: number, samples: number, variant?: number | null]>,
   ): void {
     this.window.restore(
-      newestFirst.map((r) => r.flags),
+      newestFirst.map((r) => r.flags & ~GATE_EXEMPT_BITS),
       completed,
     );
     this.endpoints.clear();
@@ -150,8 +155,8 @@ export class RunQuality {
     for (const r of newestFirst) {
       if (r.endpointId === null) continue;
       const flags = byEndpoint.get(r.endpointId);
-      if (flags) flags.push(r.flags);
-      else byEndpoint.set(r.endpointId, [r.flags]);
+      if (flags) flags.push(r.flags & ~GATE_EXEMPT_BITS);
+      else byEndpoint.set(r.endpointId, [r.flags & ~GATE_EXEMPT_BITS]);
     }
     for (const [id, flags] of byEndpoint) this.endpointWindow(id).restore(flags);
     // Each variant's window from its share of those samples: judged again once it holds min_samples.
@@ -159,8 +164,8 @@ export class RunQuality {
     for (const r of newestFirst) {
       if (r.variant === null || r.variant === undefined) continue;
       const flags = byVariant.get(r.variant);
-      if (flags) flags.push(r.flags);
-      else byVariant.set(r.variant, [r.flags]);
+      if (flags) flags.push(r.flags & ~GATE_EXEMPT_BITS);
+      else byVariant.set(r.variant, [r.flags & ~GATE_EXEMPT_BITS]);
     }
     for (const [variant, flags] of byVariant) this.peersOf(variant).window.restore(flags);
     for (const [tokens, samples, variant] of lengths) this.peersOf(variant ?? null).lengths.add(tokens, samples);
@@ -256,8 +261,11 @@ function hints(f: VerdictFacts): string {
   const named = FLAGS.filter((flag) => counts[flag] > 0).sort((a, b) => counts[b] - counts[a]);
   // A server without a reasoning parser also leaves reasoning_content empty: think_in_content is
   // the cause of missing_reasoning, so it is named first whenever it is over the limit.
-  const cause = named.indexOf('think_in_content');
-  if (cause > 0 && counts.think_in_content > f.gate.max_flag_rate * f.window.size) named.unshift(...named.splice(cause, 1));
+  // Likewise a server without a tool-call parser: its calls land in content, whatever else fires.
+  for (const flag of ['think_in_content', 'tool_call_in_content'] as const) {
+    const cause = named.indexOf(flag);
+    if (cause > 0 && counts[flag] > f.gate.max_flag_rate * f.window.size) named.unshift(...named.splice(cause, 1));
+  }
   return named
     .slice(0, MAX_HINTS)
     .map((flag) => `; ${HINTS[flag](f)}`)
@@ -277,6 +285,11 @@ const HINTS: Record<Flag, (f: HintFacts) => string> = {
   duplicate_content: ({ topContent: top }) =>
     top ? `${percent(top.share, 1)} of recent answers are the same text '${top.text}'` : 'many answers are the same text',
   think_in_content: ({ model }) => `the server returns its thinking inside content: launch SGLang with --reasoning-parser ${reasoningParser(model)}`,
+  tool_call_in_content: ({ model }) =>
+    `tools were offered and the server writes its calls inside content: launch SGLang with --tool-call-parser ${toolCallParser(model)}`,
+  invalid_tool_arguments: () => "tool calls' arguments are not a JSON object: check the tool-call parser and the tools' schemas",
+  unknown_tool: () => "tool calls name functions the line's tools do not offer: check the tools sent and the tool-call parser",
+  tool_mismatch: () => "the source's tool results could not be paired with the target's calls (the data, not the server)",
   short_for_run: ({ medianTokens }) =>
     `answers are far shorter than the run's median${medianTokens === null ? '' : ` (median ${Math.round(medianTokens)} tokens)`}: check the chat template and the stop settings`,
 };

@@ -32,6 +32,8 @@ export const SAMPLE_ERROR_CODES = {
   truncated: { retryable: false, fault: 'sample' },
   /** Under on_length "retry", still cut with max_tokens as large as the context leaves after the prompt. */
   length_exhausted: { retryable: false, fault: 'sample' },
+  /** An agentic conversation's step cannot be paired with the source's, with no complete user turn to keep (or on_tool_mismatch "fail"). */
+  tool_mismatch: { retryable: false, fault: 'sample' },
 } as const satisfies Record<string, { retryable: boolean; fault: 'server' | 'sample' }>;
 export type SampleErrorCode = keyof typeof SAMPLE_ERROR_CODES;
 

@@ -1,6 +1,8 @@
 import type { Outcome } from '../db/results.js';
 import type { OnLength } from '../domain/params.js';
-import { regeneratedMessages, totalUsage, type TurnRecord, turnLine, unionFlags } from '../domain/conversation.js';
+import { totalUsage, type TurnRecord, turnCount, turnLines, unionFlags, walk } from '../domain/conversation.js';
+import { flagBit } from '../domain/flags.js';
+import { walkSettings } from '../domain/params.js';
 import type { QualityConfig } from '../domain/quality.js';
 import type { StagedOutput } from '../domain/output-line.js';
 import type { RetryReason, SampleError } from '../domain/sample-errors.js';
@@ -38,15 +40,24 @@ export interface Attempt {
   conversation: ConversationTurn | null;
 }
 
-/** The turn of a conversation an attempt asks. */
+/** The request of a conversation an attempt asks. */
 export interface ConversationTurn {
+  /** The request's place in the conversation (samples.turn). */
   turn: number;
-  /** The conversation's stored messages: its system and user messages. */
+  /** The conversation's stored messages: its system and user messages, the source's tool-call steps. */
   messages: { role: string }[];
-  /** The turns answered before this one. */
+  /** The requests answered before this one. */
   history: TurnRecord[];
-  /** This is its last turn: its answer completes the sample. */
-  last: boolean;
+}
+
+/** The run's settings a conversation's answer is settled under. */
+export interface SettleRun {
+  model: string;
+  quality: QualityConfig | null;
+  onLength?: OnLength | string;
+  toolPairing?: string | null;
+  onToolMismatch?: string | null;
+  historyReasoning?: string | null;
 }
 
 export interface Settled {
@@ -73,7 +84,7 @@ export function nextMaxTokens(asked: number | null, promptTokens: number, contex
 function settleCut(a: Attempt, onLength: 'retry' | 'fail', answer: Answer, now: number): Settled {
   // A conversation's cut turn fails the conversation naming that turn, as any turn's failure does.
   const turn = a.conversation && { turn: a.conversation.turn };
-  const which = a.conversation ? `turn ${a.conversation.turn}'s answer` : 'the answer';
+  const which = a.conversation ? `${requestName(a.conversation)}'s answer` : 'the answer';
   if (onLength === 'fail') {
     const message = `${which} was cut at max_tokens ${a.maxTokens ?? '(the context)'} (finish_reason length), and the run's on_length is "fail"`;
     return { retried: null, outcome: { ...base(a), kind: 'failed', error: { code: 'truncated', message, status: null }, at: now, ...turn } };
@@ -92,14 +103,7 @@ function settleCut(a: Attempt, onLength: 'retry' | 'fail', answer: Answer, now: 
 }
 
 /** A completion with its flags: kept, or asked again with a new seed when flagged and retries are left. */
-export function settleAnswer(
-  a: Attempt,
-  run: { model: string; quality: QualityConfig | null; onLength?: OnLength | string },
-  answer: Answer,
-  latencyMs: number,
-  now: number,
-  flags: number,
-): Settled {
+export function settleAnswer(a: Attempt, run: SettleRun, answer: Answer, latencyMs: number, now: number, flags: number): Settled {
   const { usage } = answer;
   if (answer.finishReason === 'length' && (run.onLength === 'retry' || run.onLength === 'fail') && !a.cancelled) {
     return settleCut(a, run.onLength, answer, now);
@@ -122,15 +126,21 @@ export function settleAnswer(
   const chars = { reasoning: answer.reasoning?.length ?? 0, content: answer.content?.length ?? 0 };
   const c = a.conversation;
   if (!c) {
+    if (answer.toolCalls) output.tool_calls = answer.toolCalls;
     return {
       retried: null,
       outcome: { ...base(a), kind: 'completed', usage, finishReason: answer.finishReason, latencyMs, flags, chars, output: JSON.stringify(output), at: now },
     };
   }
+  const settings = walkSettings(run);
+  const at = walk(c.messages, c.history, settings);
   const turn: TurnRecord = {
     idx: c.turn,
-    content: answer.content,
+    step: at.step,
+    // A step's content is what the model said before its calls: often nothing, which SGLang sends as null or "".
+    content: answer.toolCalls && answer.content === '' ? null : answer.content,
     reasoningContent: answer.reasoning,
+    toolCalls: answer.toolCalls,
     finishReason: answer.finishReason,
     usage,
     endpointId: a.endpointId,
@@ -141,16 +151,10 @@ export function settleAnswer(
   const turns = [...c.history, turn];
   // The conversation's flags are any turn's: a flagged turn flags its conversation.
   const union = unionFlags(turns);
-  if (!c.last) return { retried: null, outcome: { ...base(a), kind: 'turn', turn, flags: union } };
-  const total = totalUsage(turns);
-  const latency = turns.reduce((n, t) => n + t.latencyMs, 0);
-  output.conversation = {
-    messages: regeneratedMessages(c.messages, turns),
-    turns: turns.map(turnLine),
-    usage: total,
-    latency_ms: latency,
-    attempts: turns.reduce((n, t) => n + t.attempts, 0),
-  };
+  const after = walk(c.messages, turns, settings);
+  if (after.mismatch) return settleMismatch(a, run, turn, after, output, now);
+  if (turn.toolCalls || at.turn + 1 < turnCount(c.messages)) return { retried: null, outcome: { ...base(a), kind: 'turn', turn, flags: union } };
+  output.conversation = conversationOf(after.messages, turns);
   // The sample's row gets the whole conversation's tokens and time: the forecast's slice measures
   // conversations (every turn's tokens), and the run's counters already hold the earlier turns'.
   return {
@@ -158,14 +162,66 @@ export function settleAnswer(
     outcome: {
       ...base(a),
       kind: 'completed',
-      usage: total,
+      usage: output.conversation.usage,
       finishReason: answer.finishReason,
-      latencyMs: latency,
+      latencyMs: output.conversation.latency_ms,
       flags: union,
       chars,
       output: JSON.stringify(output),
       at: now,
       turn,
+    },
+  };
+}
+
+/** What a conversation's line adds: its messages, and its requests' lines and totals. */
+function conversationOf(messages: unknown[], turns: readonly TurnRecord[]): NonNullable<StagedOutput['conversation']> {
+  return {
+    messages,
+    turns: turnLines(turns),
+    usage: totalUsage(turns),
+    latency_ms: turns.reduce((n, t) => n + t.latencyMs, 0),
+    attempts: turns.reduce((n, t) => n + t.attempts, 0),
+  };
+}
+
+/** "turn 2 step 1", or "turn 2" for a turn's first request. */
+function requestName(c: ConversationTurn): string {
+  const at = walk(c.messages, c.history);
+  return at.step > 0 ? `turn ${at.turn} step ${at.step}` : `turn ${at.turn}`;
+}
+
+/**
+ * A step whose calls cannot be paired with the source's: the conversation ends at its last
+ * complete user turn, flagged tool_mismatch, its answer stored so that a retry of the flagged asks
+ * it again; with no complete turn, or under on_tool_mismatch "fail", the line fails.
+ */
+function settleMismatch(a: Attempt, run: SettleRun, turn: TurnRecord, at: ReturnType<typeof walk>, output: StagedOutput, now: number): Settled {
+  const message = `the target's tool calls cannot be paired with the source's at ${at.mismatch}`;
+  if (at.completeRequests === 0 || run.onToolMismatch === 'fail') {
+    const where = { turn: at.turn, step: at.step };
+    const error = { code: 'tool_mismatch' as const, message: `${message} (turn ${where.turn}, step ${where.step})`, status: null };
+    return { retried: null, outcome: { ...base(a), kind: 'failed', error, at: now, turn: a.conversation?.turn ?? 0 } };
+  }
+  const kept = a.conversation?.history.slice(0, at.completeRequests) ?? [];
+  const last = kept.at(-1);
+  const flags = unionFlags(kept) | flagBit('tool_mismatch');
+  const stored = { ...turn, flags: turn.flags | flagBit('tool_mismatch') };
+  const line: StagedOutput = { ...output, content: last?.content ?? null, reasoning_content: last?.reasoningContent ?? null };
+  line.conversation = conversationOf(at.messages.slice(0, at.complete), kept);
+  return {
+    retried: null,
+    outcome: {
+      ...base(a),
+      kind: 'completed',
+      usage: line.conversation.usage,
+      finishReason: last?.finishReason ?? null,
+      latencyMs: line.conversation.latency_ms,
+      flags,
+      chars: { reasoning: last?.reasoningContent?.length ?? 0, content: last?.content?.length ?? 0 },
+      output: JSON.stringify(line),
+      at: now,
+      turn: stored,
     },
   };
 }

@@ -1,8 +1,9 @@
 import { APIConnectionError, APIConnectionTimeoutError, APIError, APIUserAbortError } from 'openai';
 import type { ChoiceLogprobs, OtherChoice, Usage } from '../domain/output-line.js';
 import { type TurnRecord, turnMessages } from '../domain/conversation.js';
-import { thinkingRequested } from '../domain/params.js';
+import { thinkingRequested, walkSettings } from '../domain/params.js';
 import type { AnswerRepair } from '../domain/metrics.js';
+import type { ToolCall } from '../domain/tools.js';
 import type { SampleError } from '../domain/sample-errors.js';
 import { wellFormedText } from '../domain/text.js';
 import { jsonTextNestsDeeperThan, MAX_JSON_DEPTH } from '../domain/json-depth.js';
@@ -44,7 +45,13 @@ export interface BuiltRequest {
  * answers go as one request, and one asked again alone goes with no `n`.
  */
 export function buildRequest(
-  run: { model: string; params: Record<string, unknown>; variants?: readonly Pick<Variant, 'params'>[] | null },
+  run: {
+    model: string;
+    params: Record<string, unknown>;
+    variants?: readonly Pick<Variant, 'params'>[] | null;
+    toolPairing?: string | null;
+    historyReasoning?: string | null;
+  },
   sample: { request: string; qualityRetries: number; variant?: number | null; maxTokens?: number | null; turn?: number | null; history?: TurnRecord[] },
   random: () => number = Math.random,
   choices = 1,
@@ -56,8 +63,8 @@ export function buildRequest(
   const own = request.params?.n;
   const n = choices > 1 ? choices : typeof own === 'number' && own > 1 ? own : undefined;
   const { n: _n, ...rest } = params;
-  // A conversation's turn is asked with the replies regenerated so far (domain/conversation.ts).
-  const messages = sample.turn == null ? request.messages : turnMessages(request.messages as { role: string }[], sample.history ?? [], sample.turn);
+  // A conversation's request is asked with the replies and steps regenerated so far (domain/conversation.ts).
+  const messages = sample.turn == null ? request.messages : turnMessages(request.messages as { role: string }[], sample.history ?? [], walkSettings(run));
   const body: Record<string, unknown> = { ...rest, ...(n !== undefined && { n }), model: run.model, messages };
   if (typeof sample.maxTokens === 'number') body[body.max_completion_tokens === undefined ? 'max_tokens' : 'max_completion_tokens'] = sample.maxTokens;
   if (sample.qualityRetries > 0) {
@@ -137,7 +144,12 @@ export interface ChatResponse {
   id?: string;
   created?: number;
   model?: string;
-  choices?: { index?: number; message?: { content?: unknown; reasoning_content?: unknown }; logprobs?: unknown; finish_reason?: string | null }[];
+  choices?: {
+    index?: number;
+    message?: { content?: unknown; reasoning_content?: unknown; tool_calls?: unknown };
+    logprobs?: unknown;
+    finish_reason?: string | null;
+  }[];
   usage?: {
     prompt_tokens?: number;
     completion_tokens?: number;
@@ -151,6 +163,8 @@ export interface Answer {
   /** Without unpaired surrogates (replaced by U+FFFD): every output format holds the same text. */
   content: string | null;
   reasoning: string | null;
+  /** The calls the answer made (a tool-call parser's `tool_calls`); null when it made none. */
+  toolCalls: ToolCall[] | null;
   finishReason: string | null;
   /** Present when the request asked for them (`logprobs: true`). */
   logprobs: ChoiceLogprobs | null;
@@ -227,6 +241,7 @@ export function parseAnswers(res: unknown, limits: AnswerLimits, count: number):
       answer: {
         content: text(msg.content),
         reasoning: text(msg.reasoning_content),
+        toolCalls: readToolCalls(msg.tool_calls),
         finishReason: reason,
         logprobs: typeof choice.logprobs === 'object' && choice.logprobs !== null ? (choice.logprobs as ChoiceLogprobs) : null,
         usage,
@@ -234,6 +249,24 @@ export function parseAnswers(res: unknown, limits: AnswerLimits, count: number):
         responseId: typeof r.id === 'string' ? (text(r.id) ?? undefined) : r.id,
         created: r.created,
         ...(repairs.length > 0 && { repairs }),
+      },
+    };
+  });
+}
+
+/** An answer's `tool_calls` as regen keeps them (id, name and arguments as strings); null when it made none. */
+function readToolCalls(value: unknown): ToolCall[] | null {
+  if (!Array.isArray(value) || value.length === 0) return null;
+  return value.map((c, i) => {
+    const call = (c ?? {}) as { id?: unknown; function?: { name?: unknown; arguments?: unknown } };
+    const args = call.function?.arguments;
+    return {
+      id: typeof call.id === 'string' && call.id !== '' ? call.id : `call_${i}`,
+      type: 'function',
+      function: {
+        name: typeof call.function?.name === 'string' ? call.function.name : '',
+        // Kept byte for byte; anything but a string is the server's own (flagged invalid_tool_arguments when not an object's JSON).
+        arguments: typeof args === 'string' ? args : JSON.stringify(args ?? null),
       },
     };
   });

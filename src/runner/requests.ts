@@ -6,7 +6,7 @@ import { APIError } from 'openai';
 import { LoopWatch, stopsLoops } from '../domain/quality.js';
 import { AnswerBudget, type AnswerLease, AnswerShed, heldTextBytes } from './answer-budget.js';
 import type { AnswerInit } from './http-fetch.js';
-import { turnCount } from '../domain/conversation.js';
+import { toolNames } from '../domain/tools.js';
 import type { AnswerRepair } from '../domain/metrics.js';
 import { wellFormedText } from '../domain/text.js';
 import { type ConversationTurn, settleAbort, settleAnswer, settleError, settleFailed, type Attempt, type Settled } from './outcomes.js';
@@ -53,6 +53,8 @@ export interface Flight {
   lease: AnswerLease;
   /** The request carried the endpoint's `priority`: a refusal of it is the endpoint's, not the sample's. */
   sentPriority: boolean;
+  /** The names of the functions the request offered (its `tools`), or null. */
+  tools: Set<string> | null;
 }
 
 /**
@@ -115,6 +117,7 @@ export class Requests {
       limits,
       lease: this.answers.lease(answerByteLimit(body, limits)),
       sentPriority,
+      tools: toolNames(body.tools),
     };
     // Keyed by the first sample: one request, one slot, however many answers it asks.
     this.flights.set(sample.id, flight);
@@ -259,6 +262,8 @@ export class Requests {
         finish_reason: answer.finishReason,
         completion_tokens: tokens,
         thinking_requested: f.thinking,
+        tool_calls: answer.toolCalls,
+        tools: f.tools,
       };
       const flags = quality ? quality.check(input, e.row.id, sample.variant ?? null) : 0;
       const settled = settleAnswer(
@@ -305,6 +310,7 @@ export class Requests {
     const answer: Answer = {
       content,
       reasoning,
+      toolCalls: null,
       finishReason: LOOP_FINISH_REASON,
       usage: { prompt_tokens: 0, completion_tokens: generated, reasoning_tokens: 0, cached_tokens: 0 },
       model: res.model ?? null,
@@ -400,5 +406,5 @@ export class Requests {
 function conversationOf(sample: Claimed): ConversationTurn | null {
   if (sample.turn === null) return null;
   const { messages } = JSON.parse(sample.request) as { messages: { role: string }[] };
-  return { turn: sample.turn, messages, history: sample.history ?? [], last: sample.turn + 1 >= turnCount(messages) };
+  return { turn: sample.turn, messages, history: sample.history ?? [] };
 }

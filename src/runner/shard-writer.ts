@@ -4,6 +4,9 @@ import { setManifestKey, setOutputFolder } from '../db/runs.js';
 import type { RunRow, ShardRow } from '../db/schema.js';
 import { listRunShards, markShardUploaded, openShardNow, shardSamplesWithOutput } from '../db/shards.js';
 import { flagCounts } from '../domain/flags.js';
+import { walk } from '../domain/conversation.js';
+import { walkSettings } from '../domain/params.js';
+import { turnsBefore } from '../db/sample-turns.js';
 import { listRunVariants } from '../db/run-variants.js';
 import { stringifyExact } from '../domain/exact-json.js';
 import { errorLine, lineKey, lineText, MANIFEST_KEY, type OutputLine, outputRecord, runUsage, type StagedOutput } from '../domain/output-line.js';
@@ -32,6 +35,23 @@ export const outputStore = (deps: Pick<RunnerDeps, 'stores' | 'db'>, run: Pick<R
 
 /** What a shard holds a completed sample as: a line of text, or a Parquet row. */
 export type ShardRecord = string | ParquetRow;
+
+/** Where each failed conversation stopped: the user turn and step of the request that failed it, from the requests it had answered. */
+async function failedPositions(
+  deps: RunnerDeps,
+  run: RunRow,
+  rows: readonly { s: { id: number; status: string; turn: number | null; request: string } }[],
+): Promise<Map<number, { turn: number; step: number }>> {
+  const failed = rows.map((r) => r.s).filter((s): s is typeof s & { turn: number } => s.status === 'failed' && s.turn !== null);
+  const out = new Map<number, { turn: number; step: number }>();
+  if (!failed.length) return out;
+  const history = await turnsBefore(deps.db, failed);
+  for (const s of failed) {
+    const at = walk((JSON.parse(s.request) as { messages: { role: string }[] }).messages, history.get(s.id) ?? [], walkSettings(run));
+    out.set(s.id, { turn: at.turn, step: at.step });
+  }
+  return out;
+}
 
 /** Records of an earlier upload of this shard, by custom_id and sample_index (lineKey): the only copy once staging was cleared. */
 async function previousRecords(deps: RunnerDeps, run: RunRow, shard: ShardRow, format: OutputFormat): Promise<Map<string, ShardRecord>> {
@@ -94,6 +114,7 @@ export async function uploadShard(deps: RunnerDeps, run: RunRow, listed: ShardRo
   const format = run.outputFormat as OutputFormat;
   const variants = run.variants?.map((v) => v.name) ?? null;
   const rows = await shardSamplesWithOutput(deps.db, run.id, shard);
+  const positions = await failedPositions(deps, run, rows);
   let previous: Map<string, ShardRecord> | undefined;
   const records: ShardRecord[] = [];
   const lineOf: { id: number; line: number }[] = [];
@@ -101,7 +122,7 @@ export async function uploadShard(deps: RunnerDeps, run: RunRow, listed: ShardRo
   for (const { s, output } of rows) {
     if (s.status === 'completed') {
       let record: ShardRecord;
-      if (output) record = recordOf(format, outputRecord(s, JSON.parse(output) as StagedOutput, variants), shard.split);
+      if (output) record = recordOf(format, outputRecord(s, JSON.parse(output) as StagedOutput, variants, run.params.tools), shard.split);
       else {
         previous ??= await previousRecords(deps, run, shard, format);
         const old = previous.get(lineKey(s.customId, s.sampleIndex));
@@ -110,7 +131,7 @@ export async function uploadShard(deps: RunnerDeps, run: RunRow, listed: ShardRo
       }
       records.push(record);
       lineOf.push({ id: s.id, line: records.length });
-    } else if (s.status === 'failed') errors.push(errorLine(s));
+    } else if (s.status === 'failed') errors.push(errorLine({ ...s, position: positions.get(s.id) }));
     else if (s.status !== 'cancelled') return false;
   }
   const store = outputStore(deps, run);
@@ -148,8 +169,9 @@ async function writeCard(deps: RunnerDeps, run: RunRow, shards: readonly ShardRo
   const counts = { total: run.total, completed: run.completed, failed: run.failed, cancelled: run.cancelled };
   const quality = { flagged: run.flagged, by_flag: flagCounts(run), settings: run.quality ?? false };
   const variants: CardRun['variants'] = run.variants ?? null;
+  const turns = run.regenerate === 'all_assistant' ? { completed: run.turnsCompleted, toolSteps: run.toolSteps } : null;
   const card = datasetCard(
-    { ...run, name: run.name ?? `${run.id} (${finalStatus})`, status: finalStatus, format, variants, counts, usage: runUsage(run), quality },
+    { ...run, name: run.name ?? `${run.id} (${finalStatus})`, status: finalStatus, format, variants, counts, turns, usage: runUsage(run), quality },
     shards,
   );
   const body = Buffer.from(card);

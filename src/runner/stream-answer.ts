@@ -8,7 +8,7 @@ interface Chunk {
   id?: string;
   created?: number;
   model?: string;
-  choices?: { delta?: { content?: unknown; reasoning_content?: unknown }; finish_reason?: string | null }[];
+  choices?: { delta?: { content?: unknown; reasoning_content?: unknown; tool_calls?: unknown }; finish_reason?: string | null }[];
   usage?: ChatResponse['usage'] | null;
   error?: { message?: unknown; code?: unknown };
 }
@@ -21,9 +21,17 @@ export interface StreamError {
 
 const MID_STREAM_ERROR_STATUS = 500;
 
+/** One call's fragments of `delta.tool_calls`, by their `index`: the id and name come once, the arguments in pieces. */
+interface CallPieces {
+  id: string | undefined;
+  name: string;
+  args: string[];
+}
+
 export class StreamedAnswer {
   private readonly content: string[] = [];
   private readonly reasoning: string[] = [];
+  private readonly calls = new Map<number, CallPieces>();
   private id: string | undefined;
   private created: number | undefined;
   private model: string | undefined;
@@ -58,7 +66,20 @@ export class StreamedAnswer {
     if (content) this.content.push(content);
     if (reasoning) this.reasoning.push(reasoning);
     if (content || reasoning) this.textEvents++;
+    // Calls are not watched for loops: their arguments are data the template's schema bounds.
+    if (Array.isArray(choice.delta?.tool_calls)) for (const piece of choice.delta.tool_calls) this.addCall(piece);
     return { content, reasoning };
+  }
+
+  /** One fragment of a call as SGLang streams it (serving_chat.py): `index`, then `id` and `function.name` once, `function.arguments` in pieces. */
+  private addCall(piece: unknown): void {
+    const p = (piece ?? {}) as { index?: unknown; id?: unknown; function?: { name?: unknown; arguments?: unknown } };
+    const index = typeof p.index === 'number' ? p.index : this.calls.size;
+    let call = this.calls.get(index);
+    if (!call) this.calls.set(index, (call = { id: undefined, name: '', args: [] }));
+    if (typeof p.id === 'string' && p.id !== '') call.id = p.id;
+    if (typeof p.function?.name === 'string' && p.function.name !== '') call.name = p.function.name;
+    if (typeof p.function?.arguments === 'string') call.args.push(p.function.arguments);
   }
 
   /** The buffered answer this stream stands for: content "" when empty, reasoning_content null when empty, as SGLang sends them. */
@@ -70,7 +91,15 @@ export class StreamedAnswer {
       choices: this.hadChoice
         ? [
             {
-              message: { content: this.content.join(''), reasoning_content: this.reasoning.length ? this.reasoning.join('') : null },
+              message: {
+                content: this.content.join(''),
+                reasoning_content: this.reasoning.length ? this.reasoning.join('') : null,
+                ...(this.calls.size && {
+                  tool_calls: [...this.calls.entries()]
+                    .sort(([a], [b]) => a - b)
+                    .map(([, c]) => ({ id: c.id, type: 'function', function: { name: c.name, arguments: c.args.join('') } })),
+                }),
+              },
               finish_reason: this.finishReason,
             },
           ]

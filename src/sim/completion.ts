@@ -1,7 +1,7 @@
 import { randomUUID } from 'node:crypto';
 import { SimHttpError } from './http.js';
 import { isRecord, type Knobs } from './options.js';
-import { answerSequence, CHARS_PER_TOKEN, countPromptTokens, digestOf, fillerText, hashSeed, promptSequence, seededRandom } from './text.js';
+import { answerSequence, CHARS_PER_TOKEN, callsText, countPromptTokens, digestOf, fillerText, hashSeed, promptSequence, seededRandom } from './text.js';
 
 /** Qwen's <|im_end|>: the token SGLang reports in `matched_stop` when generation stops on its own. */
 const EOS_TOKEN_ID = 151645;
@@ -18,6 +18,10 @@ const LOOP_PHRASE = 'wait, let me check that again. ';
 // Another: "[empty-choice=K]" makes choice K of a request for n > K choices the degenerate answer
 // (an empty think block and a throwaway reply), so a test can see one choice of n flagged.
 const EMPTY_CHOICE = /\[empty-choice=(\d+)\]/;
+// Another: "[tools=a,b|c]" makes the model call tools: a and b side by side at the first step of
+// the turn, c at the second, then answer. A step is an assistant message after the last user
+// message; each call's arguments hold the digest of the messages it was asked with.
+const TOOLS_MARKER = /\[tools=([^\]]*)\]/;
 // SGLang's cap is the batch; this keeps a broken client from asking the simulator for millions.
 const MAX_CHOICES = 128;
 
@@ -48,6 +52,19 @@ export interface ChatRequest {
   includeUsage: boolean;
   /** SGLang's `priority` (with --enable-priority-scheduling, larger goes first), or null when not sent. */
   priority: number | null;
+  /** The functions "[tools=…]" asks this request to call; empty when it answers with text. */
+  calls: string[];
+}
+
+/** The functions the request's step calls: the "[tools=…]" marker's list for its step, the steps taken since the last user message. */
+function stepCalls(messages: Record<string, unknown>[]): string[] {
+  const marker = TOOLS_MARKER.exec(lastUserText(messages));
+  if (!marker) return [];
+  let lastUser = 0;
+  for (const [i, m] of messages.entries()) if (m.role === 'user') lastUser = i;
+  const step = messages.slice(lastUser + 1).filter((m) => m.role === 'assistant').length;
+  const names = marker[1].split('|')[step];
+  return names ? names.split(',').filter((n) => n !== '') : [];
 }
 
 // OpenAI's bound on `top_logprobs`, which SGLang's protocol checks too.
@@ -124,6 +141,7 @@ export function parseChatRequest(body: unknown, knobs: Knobs): ChatRequest {
     includeUsage: body.stream === true && isRecord(body.stream_options) && body.stream_options.include_usage === true,
     logprobs: body.logprobs === true,
     topLogprobs: topLogprobs as number,
+    calls: stepCalls(messages),
   };
 }
 
@@ -132,13 +150,16 @@ interface Generated {
   content: string;
   reasoningTokens: number;
   contentTokens: number;
-  finishReason: 'stop' | 'length' | 'abort';
+  finishReason: 'stop' | 'length' | 'abort' | 'tool_calls';
+  /** The calls made, as a tool-call parser gives them; their text is `content` until split. */
+  toolCalls?: { id: string; type: 'function'; function: { name: string; arguments: string } }[];
 }
 
 // The reply text depends only on the prompt, the simulator's seed and the choice's index, so a
 // rerun reproduces it; choice 0 is the text a request for one choice gets.
 function generate(request: ChatRequest, knobs: Knobs, budget: number, choice = 0): Generated {
   if (request.loop) return looping(request, budget);
+  if (request.calls.length) return calling(request, knobs, budget);
   const wantedReasoning = request.thinking ? knobs.reasoningTokens : 0;
   const reasoningTokens = Math.min(wantedReasoning, budget);
   const contentTokens = Math.min(request.answerTokens, budget - reasoningTokens);
@@ -150,6 +171,25 @@ function generate(request: ChatRequest, knobs: Knobs, budget: number, choice = 0
     reasoningTokens,
     contentTokens,
     finishReason: wantedReasoning + request.answerTokens > budget ? 'length' : 'stop',
+  };
+}
+
+/** A step: the reasoning, then the calls (their arguments naming the request's digest), as the template writes them. */
+function calling(request: ChatRequest, knobs: Knobs, budget: number): Generated {
+  const reasoningTokens = Math.min(request.thinking ? knobs.reasoningTokens : 0, budget);
+  const toolCalls = request.calls.map((name, k) => ({
+    id: `call_${hashSeed(`${request.digest}:${k}`).toString(16).padStart(8, '0')}${k}`,
+    type: 'function' as const,
+    function: { name, arguments: JSON.stringify({ digest: request.digest, call: k }) },
+  }));
+  const content = callsText(toolCalls);
+  return {
+    reasoning: fillerText(`Reasoning about ${request.digest}. `, reasoningTokens, seededRandom(hashSeed(`${request.digest}:${knobs.seed}:reasoning`))),
+    content,
+    reasoningTokens,
+    contentTokens: Math.ceil(content.length / CHARS_PER_TOKEN),
+    finishReason: 'tool_calls',
+    toolCalls,
   };
 }
 
@@ -174,6 +214,7 @@ function degenerate(): Generated {
  */
 function split(out: Generated, request: ChatRequest, parser: boolean): { content: string; reasoning: string | null } {
   if (!request.thinking) return { content: out.content, reasoning: null };
+  if (out.toolCalls) return { content: out.content, reasoning: parser ? out.reasoning : null };
   const closed = out.contentTokens > 0 || out.finishReason === 'stop';
   if (parser) return { content: closed ? out.content : '', reasoning: out.reasoning === '' ? null : out.reasoning };
   return { content: closed ? `<think>\n${out.reasoning}\n</think>\n\n${out.content}` : `<think>\n${out.reasoning}`, reasoning: null };
@@ -211,8 +252,21 @@ export interface Reply {
 export interface Piece {
   /** The choice the piece belongs to. */
   index: number;
-  field: 'content' | 'reasoning_content';
+  field: 'content' | 'reasoning_content' | 'tool_calls';
   text: string;
+  /** A tool call's fragment: its index among the calls, and its id and name on its first fragment. */
+  call?: { index: number; id?: string; name?: string };
+}
+
+/** A choice's calls as SGLang streams them: each call's id and name with empty arguments, then its arguments in pieces. */
+function callPieces(index: number, calls: NonNullable<Generated['toolCalls']>): Piece[] {
+  return calls.flatMap((c, k) => [
+    { index, field: 'tool_calls' as const, text: '', call: { index: k, id: c.id, name: c.function.name } },
+    ...cut(index, 'tool_calls', c.function.arguments, Math.max(1, Math.ceil(c.function.arguments.length / CHARS_PER_TOKEN))).map((p) => ({
+      ...p,
+      call: { index: k },
+    })),
+  ]);
 }
 
 export interface ReplyPlan {
@@ -243,6 +297,8 @@ interface ChoiceOut {
   out: Generated;
   content: string;
   reasoning: string | null;
+  /** The calls, when a tool-call parser took them out of the text (content is then empty). */
+  toolCalls: Generated['toolCalls'] | null;
 }
 
 /** One choice's generation: degenerate, aborted part-way, or the prompt's answer. */
@@ -253,7 +309,12 @@ function choiceOf(request: ChatRequest, knobs: Knobs, plan: ReplyPlan, index: nu
     const share = Math.floor((out.reasoningTokens + out.contentTokens) * plan.abortAt);
     out = { ...generate(request, knobs, share, index), finishReason: 'abort' };
   }
-  return { out, ...split(out, request, knobs.reasoningParser === 1) };
+  const text = split(out, request, knobs.reasoningParser === 1);
+  if (!out.toolCalls) return { out, ...text, toolCalls: null };
+  if (knobs.toolCallParser === 1) return { out, reasoning: text.reasoning, content: '', toolCalls: out.toolCalls };
+  // Without a parser the calls are plain text, and the model simply stopped.
+  const thinkBlock = request.thinking && knobs.reasoningParser !== 1 ? `<think>\n${out.reasoning}\n</think>\n\n` : '';
+  return { out: { ...out, finishReason: 'stop' }, reasoning: text.reasoning, content: `${thinkBlock}${out.content}`, toolCalls: null };
 }
 
 /**
@@ -272,16 +333,19 @@ export function buildReply(request: ChatRequest, knobs: Knobs, plan: ReplyPlan):
   const pieces = !request.stream
     ? []
     : interleave(
-        choices.map(({ out, content, reasoning }, i) =>
-          reasoning === null
-            ? cut(i, 'content', content, tokensOf({ out, content, reasoning }))
-            : [...cut(i, 'reasoning_content', reasoning, out.reasoningTokens), ...cut(i, 'content', content, out.contentTokens)],
+        choices.map(({ out, content, reasoning, toolCalls }, i) =>
+          toolCalls
+            ? [...(reasoning === null ? [] : cut(i, 'reasoning_content', reasoning, out.reasoningTokens)), ...callPieces(i, toolCalls)]
+            : reasoning === null
+              ? cut(i, 'content', content, out.reasoningTokens + out.contentTokens)
+              : [...cut(i, 'reasoning_content', reasoning, out.reasoningTokens), ...cut(i, 'content', content, out.contentTokens)],
         ),
       );
   return {
     completionTokens,
     decodeTokens: Math.max(...choices.map(tokensOf)),
-    generated: answerSequence(request.thinking && parser ? choices[0].out.reasoning : null, choices[0].content),
+    // A step's calls are generated text: the template renders them back in the next request's prompt.
+    generated: answerSequence(request.thinking && parser ? choices[0].out.reasoning : null, choices[0].toolCalls ? choices[0].out.content : choices[0].content),
     pieces,
     body: {
       // 32 hex digits, as SGLang's uuid4().hex; randomUUID draws from a cached pool, cheaper than randomBytes an id.
@@ -289,9 +353,9 @@ export function buildReply(request: ChatRequest, knobs: Knobs, plan: ReplyPlan):
       object: 'chat.completion',
       created: Math.floor(Date.now() / 1000),
       model: request.model,
-      choices: choices.map(({ out, content, reasoning }, index) => ({
+      choices: choices.map(({ out, content, reasoning, toolCalls }, index) => ({
         index,
-        message: { role: 'assistant', content, reasoning_content: reasoning, tool_calls: null },
+        message: { role: 'assistant', content: toolCalls ? null : content, reasoning_content: reasoning, tool_calls: toolCalls },
         logprobs: request.logprobs
           ? tokenLogprobs(
               out.reasoning + out.content,
@@ -344,6 +408,11 @@ export function streamHead(reply: Reply): string {
 
 /** One token's event; an empty piece sends nothing, as SGLang skips empty deltas. */
 export function streamPiece(reply: Reply, piece: Piece): string {
+  if (piece.call) {
+    const { index, id, name } = piece.call;
+    const call = { index, ...(id && { id, type: 'function' }), function: { ...(name && { name }), arguments: piece.text } };
+    return chunk(reply.body as ReplyBody, [delta({ tool_calls: [call] }, null, piece.index)]);
+  }
   return piece.text === '' ? '' : chunk(reply.body as ReplyBody, [delta({ [piece.field]: piece.text }, null, piece.index)]);
 }
 

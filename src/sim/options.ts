@@ -43,6 +43,8 @@ export interface SimOptions {
   enableCacheReport?: number;
   /** 0 (no `--reasoning-parser`: the think block stays in `content`) or 1 (Qwen3 parser). */
   reasoningParser?: number;
+  /** 0 (no `--tool-call-parser`: calls are written into `content` as `<tool_call>` text) or 1 (a parser: `tool_calls`, finish_reason "tool_calls"). */
+  toolCallParser?: number;
   /** How long `/health` takes to answer; real SGLang runs a one-token generation after sleeping 1 s. */
   healthMs?: number;
   /** Share of chat requests answered HTTP 200 with `finish_reason: "abort"` and the text generated so far. */
@@ -96,6 +98,7 @@ export const DEFAULTS: Readonly<Knobs> = {
   enableMetrics: 1,
   enableCacheReport: 0,
   reasoningParser: 1,
+  toolCallParser: 1,
   // 0 keeps tests fast; real SGLang takes at least 1 s (see docs/sglang.md "Start-up and health").
   healthMs: 0,
   abortRate: 0,
@@ -150,6 +153,7 @@ const RULES: Record<keyof Knobs, Rule> = {
   enableMetrics: flag,
   enableCacheReport: flag,
   reasoningParser: flag,
+  toolCallParser: flag,
   healthMs: duration,
   abortRate: rate,
   keepAliveMs: duration,

@@ -340,6 +340,7 @@ class SimServer {
       enable_metrics: k.enableMetrics === 1,
       enable_cache_report: k.enableCacheReport === 1,
       reasoning_parser: k.reasoningParser === 1 ? 'qwen3' : null,
+      tool_call_parser: k.toolCallParser === 1 ? 'qwen25' : null,
       max_total_num_tokens: this.#pool(0),
       max_req_input_len: Math.min(k.contextLength, this.#pool(0)) - 1,
       startup_time: this.#startedAt / 1000,

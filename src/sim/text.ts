@@ -96,7 +96,7 @@ export function digestOf(messages: unknown[]): string {
 
 export function countPromptTokens(messages: Record<string, unknown>[]): number {
   let chars = 0;
-  for (const message of messages) chars += contentChars(message.content);
+  for (const message of messages) chars += contentChars(message.content) + callsText(message.tool_calls).length;
   return Math.ceil(chars / CHARS_PER_TOKEN) + TOKENS_PER_MESSAGE * messages.length;
 }
 
@@ -145,15 +145,39 @@ function contentText(content: unknown): string {
 }
 
 /**
+ * Tool calls as Qwen's template renders them after an assistant message's content: one
+ * `<tool_call>\n{"name": …, "arguments": …}\n</tool_call>` a call. Without a tool-call parser this
+ * is also the text the model's answer holds.
+ */
+export function callsText(calls: unknown): string {
+  if (!Array.isArray(calls)) return '';
+  return calls
+    .map((c) => {
+      const f = (c as { function?: { name?: unknown; arguments?: unknown } } | null)?.function ?? {};
+      return `<tool_call>\n{"name": ${JSON.stringify(f.name ?? '')}, "arguments": ${typeof f.arguments === 'string' ? f.arguments : JSON.stringify(f.arguments ?? {})}}\n</tool_call>`;
+    })
+    .join('\n');
+}
+
+/**
  * The chat-templated prompt as tokens, ChatML as Qwen's template writes it: each message
  * `<|im_start|>role\n content <|im_end|>`, then the generation prompt `<|im_start|>assistant\n`.
- * An earlier assistant turn is its content only (Qwen3's template drops earlier thinking).
+ * An earlier assistant turn is its content only (Qwen3's template drops earlier thinking), but
+ * one after the last user message (a tool loop's step) keeps its `reasoning_content` as a think
+ * block, as Qwen3's template renders it; a step's calls follow its content.
  */
 export function promptSequence(messages: Record<string, unknown>[]): number[] {
   const tokens: number[] = [];
-  for (const message of messages) {
+  let lastUser = -1;
+  for (const [i, message] of messages.entries()) if (message.role === 'user') lastUser = i;
+  for (const [i, message] of messages.entries()) {
     tokens.push(IM_START, hashSeed(String(message.role)), NEWLINE);
-    textTokens(contentText(message.content), tokens);
+    if (message.role === 'assistant' && i > lastUser && typeof message.reasoning_content === 'string') {
+      tokens.push(THINK);
+      textTokens(message.reasoning_content, tokens);
+      tokens.push(THINK_END);
+    }
+    textTokens(contentText(message.content) + callsText(message.tool_calls), tokens);
     tokens.push(IM_END);
   }
   tokens.push(IM_START, hashSeed('assistant'), NEWLINE);

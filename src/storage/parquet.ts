@@ -18,12 +18,23 @@ const list = (name: string, element: Element[]): Element[] => [
 
 const USAGE = ['prompt_tokens', 'completion_tokens', 'reasoning_tokens', 'cached_tokens'] as const;
 
+/** A list of tool calls: each a struct of its id, type, function name and arguments' JSON text. */
+const calls = (name: string): Element[] =>
+  list(name, [{ name: 'element', repetition_type: 'OPTIONAL', num_children: 4 }, str('id'), str('type'), str('name'), str('arguments')]);
+
 /** Column order and schema: the standard three-level LIST for lists, as Arrow, DuckDB and `datasets` read them. */
 const COLUMNS: { name: keyof ParquetRow; schema: Element[] }[] = [
   { name: 'custom_id', schema: [str('custom_id', 'REQUIRED')] },
   {
     name: 'messages',
-    schema: list('messages', [{ name: 'element', repetition_type: 'OPTIONAL', num_children: 3 }, str('role'), str('content'), str('reasoning_content')]),
+    schema: list('messages', [
+      { name: 'element', repetition_type: 'OPTIONAL', num_children: 5 },
+      str('role'),
+      str('content'),
+      str('reasoning_content'),
+      ...calls('tool_calls'),
+      str('tool_call_id'),
+    ]),
   },
   { name: 'content', schema: [str('content')] },
   { name: 'reasoning_content', schema: [str('reasoning_content')] },
@@ -39,6 +50,8 @@ const COLUMNS: { name: keyof ParquetRow; schema: Element[] }[] = [
   { name: 'latency_ms', schema: [int('latency_ms')] },
   { name: 'attempts', schema: [int('attempts', 'REQUIRED')] },
   { name: 'model', schema: [str('model', 'REQUIRED')] },
+  { name: 'tools', schema: [str('tools')] },
+  { name: 'tool_calls', schema: calls('tool_calls') },
 ];
 
 const SCHEMA: Element[] = [{ name: 'root', num_children: COLUMNS.length }, ...COLUMNS.flatMap((c) => c.schema)];

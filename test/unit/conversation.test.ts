@@ -51,7 +51,7 @@ describe('parseInputLine with all_assistant', () => {
       { messages: [u(0), { role: 'tool', content: '1', tool_call_id: 't' }], why: /is a tool result/ },
       { messages: [a(0), u(0)], why: /comes before any user turn/ },
       { messages: [system, a(0), u(0)], why: /comes before any user turn/ },
-      { messages: [u(0), { role: 'assistant', content: null, tool_calls: [{ id: 't', type: 'function' }] }], why: /calls tools/ },
+      { messages: [u(0), { role: 'assistant', content: '', function_call: { name: 'f', arguments: '{}' } }], why: /deprecated function_call/ },
       { messages: [system], why: /no user turn/ },
     ];
     for (const { messages, why } of refused) {
@@ -94,15 +94,15 @@ describe('turn messages', () => {
     { role: 'user', content: 'q2' },
   ];
   const replies = [
-    { content: 'r0', reasoningContent: 't0' },
-    { content: 'r1', reasoningContent: 't1' },
-    { content: 'r2', reasoningContent: null },
+    { ...turn(0, 'r0', 0), reasoningContent: 't0' },
+    { ...turn(1, 'r1', 0), reasoningContent: 't1' },
+    { ...turn(2, 'r2', 0), reasoningContent: null },
   ];
 
   it('asks each turn with the replies regenerated before it, their content only', () => {
     expect(turnCount(messages)).toBe(3);
-    expect(turnMessages(messages, [], 0)).toEqual(messages.slice(0, 2));
-    expect(turnMessages(messages, replies, 2)).toEqual([
+    expect(turnMessages(messages, [])).toEqual(messages.slice(0, 2));
+    expect(turnMessages(messages, replies.slice(0, 2))).toEqual([
       { role: 'system', content: 's' },
       { role: 'user', content: 'q0' },
       { role: 'assistant', content: 'r0' },
@@ -137,8 +137,10 @@ describe('turn messages', () => {
 function turn(idx: number, content: string, flags: number): TurnRecord {
   return {
     idx,
+    step: 0,
     content,
     reasoningContent: `thought ${idx}`,
+    toolCalls: null,
     finishReason: 'stop',
     usage: { prompt_tokens: 10 * (idx + 1), completion_tokens: 5, reasoning_tokens: 2, cached_tokens: idx },
     endpointId: 'e1',
@@ -167,12 +169,13 @@ describe('an answered turn', () => {
     variant: null,
     maxTokens: null,
     contextLength: null,
-    conversation: { turn: turnIdx, messages, history, last: turnIdx === messages.length - 1 },
+    conversation: { turn: turnIdx, messages, history },
     ...extra,
   });
   const answer: Answer = {
     content: 'new',
     reasoning: 'thinking',
+    toolCalls: null,
     finishReason: 'stop',
     usage: { prompt_tokens: 30, completion_tokens: 7, reasoning_tokens: 3, cached_tokens: 20 },
     model: 'm',
@@ -281,7 +284,7 @@ describe("a conversation's lines", () => {
 
   it('writes the regenerated conversation and its turns, the totals at the top', () => {
     const usage = { prompt_tokens: 9, completion_tokens: 8, reasoning_tokens: 7, cached_tokens: 6 };
-    const turns = [{ finish_reason: 'stop', usage, endpoint_id: 'e1', latency_ms: 5, attempts: 1, flags: [] }];
+    const turns = [{ turn: 0, step: 0, finish_reason: 'stop', usage, endpoint_id: 'e1', latency_ms: 5, attempts: 1, flags: [] }];
     const messages = [
       { role: 'user', content: 'q0' },
       { role: 'assistant', content: 'a', reasoning_content: 'r' },

@@ -103,6 +103,44 @@ describe('conversations', () => {
   });
 });
 
+describe('tool calls in the output formats', () => {
+  const calls = [
+    { id: 'call_1', type: 'function', function: { name: 'search', arguments: '{"q": "x"}' } },
+    { id: 'call_2', type: 'function', function: { name: 'calc', arguments: '{}' } },
+  ];
+  const tools = [{ type: 'function', function: { name: 'search' } }];
+  const agentic = [
+    { role: 'user', content: 'q' },
+    { role: 'assistant', content: null, reasoning_content: 'r', tool_calls: calls },
+    { role: 'tool', content: 'found', tool_call_id: 'call_1' },
+    { role: 'tool', content: '4', tool_call_id: 'call_2' },
+    { role: 'assistant', content: 'done', reasoning_content: 'r2' },
+  ];
+
+  it("keeps a step's calls and a result's id in SpecForge's conversations, the line's tools at the top", () => {
+    const out = conversationsLine(line({ messages: agentic, turns: [{}, {}], content: 'done', tools }));
+    expect(out.tools).toEqual(tools);
+    expect(out.conversations).toEqual(agentic);
+    // A plain answer's calls go on its answer.
+    const plain = conversationsLine(line({ content: null, reasoning_content: null, tool_calls: calls }));
+    expect((plain.conversations as any[]).at(-1)).toEqual({ role: 'assistant', content: null, tool_calls: calls });
+  });
+
+  it('writes Parquet tool_calls as lists of structs, tool_call_id on tool messages and the tools as JSON text', async () => {
+    const rows = [parquetRow(line({ messages: agentic, turns: [{}, {}], tools }), null), parquetRow(line({ custom_id: 'b', tool_calls: calls }), null)];
+    const file = join(tmp.dir, 'tools.parquet');
+    writeFileSync(file, encodeParquet(rows));
+    const got = await duckRows(file, 'select * from $F order by custom_id');
+    const struct = (c: (typeof calls)[number]) => ({ id: c.id, type: 'function', name: c.function.name, arguments: c.function.arguments });
+    expect(got[0].messages[1]).toMatchObject({ role: 'assistant', content: null, tool_calls: calls.map(struct), tool_call_id: null });
+    expect(got[0].messages[2]).toMatchObject({ role: 'tool', content: 'found', tool_calls: null, tool_call_id: 'call_1' });
+    expect(JSON.parse(got[0].tools)).toEqual(tools);
+    expect(got[0].tool_calls).toBeNull();
+    expect(got[1].tool_calls).toEqual(calls.map(struct));
+    expect(got[1].tools).toBeNull();
+  });
+});
+
 describe('Parquet rows', () => {
   it('read back by DuckDB with their types: parts as JSON text, nulls, unicode, lists and the usage struct', async () => {
     const rows = [
@@ -143,7 +181,8 @@ describe('Parquet rows', () => {
     expect(got[2]).toMatchObject({ variant: 'plain', sample_index: 2, metadata: '{"k":[1,2]}', turns: '[{"finish_reason":"stop"}]', split: 'eval' });
     const types = Object.fromEntries((await duckRows(file, 'describe select * from $F')).map((c) => [c.column_name, c.column_type]));
     expect(types).toMatchObject({
-      messages: 'STRUCT("role" VARCHAR, "content" VARCHAR, reasoning_content VARCHAR)[]',
+      messages:
+        'STRUCT("role" VARCHAR, "content" VARCHAR, reasoning_content VARCHAR, tool_calls STRUCT(id VARCHAR, "type" VARCHAR, "name" VARCHAR, arguments VARCHAR)[], tool_call_id VARCHAR)[]',
       flags: 'VARCHAR[]',
       attempts: 'INTEGER',
     });
@@ -181,8 +220,8 @@ describe('Parquet rows', () => {
       expect(shard).toMatchObject({ key: 'shard-00000.parquet', lines: 2, status: 'uploaded' });
       const rows = await duckRows(join(out, 'shard-00000.parquet'), 'select custom_id, content, messages from $F order by custom_id');
       expect(rows).toEqual([
-        { custom_id: 's0', content: 'first 0', messages: [{ role: 'user', content: 'q', reasoning_content: null }] },
-        { custom_id: 's1', content: 'second 1', messages: [{ role: 'user', content: 'q', reasoning_content: null }] },
+        { custom_id: 's0', content: 'first 0', messages: [{ role: 'user', content: 'q', reasoning_content: null, tool_calls: null, tool_call_id: null }] },
+        { custom_id: 's1', content: 'second 1', messages: [{ role: 'user', content: 'q', reasoning_content: null, tool_calls: null, tool_call_id: null }] },
       ]);
     } finally {
       stores.close();
@@ -234,7 +273,13 @@ describe('the dataset card', () => {
       { name: 'train', num_examples: 8 },
       { name: 'eval', num_examples: 1 },
     ]);
-    expect(front.dataset_info.features.find((f: any) => f.name === 'messages').list.map((f: any) => f.name)).toEqual(['role', 'content', 'reasoning_content']);
+    expect(front.dataset_info.features.find((f: any) => f.name === 'messages').list.map((f: any) => f.name)).toEqual([
+      'role',
+      'content',
+      'reasoning_content',
+      'tool_calls',
+      'tool_call_id',
+    ]);
     expect(card).toContain('# demo: "quoted" name');
     expect(card).toContain('| think | 3 |');
     expect(card).toContain('| truncated | 2 |');

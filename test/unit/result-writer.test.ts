@@ -120,6 +120,8 @@ function writerTests(store: 'sqlite' | 'pg') {
     const base = (c: typeof c0) => ({ sampleId: c.id, runId: 'run_a', shardIdx: c.shardIdx, endpointId: 'e1' });
     const record = (idx: number) => ({
       idx,
+      step: 0,
+      toolCalls: null,
       content: `reply ${idx}`,
       reasoningContent: `thought ${idx}`,
       finishReason: 'stop',

@@ -152,6 +152,7 @@ describe('parseAnswer', () => {
       answer: {
         content: 'hi',
         reasoning: 'think',
+        toolCalls: null,
         finishReason: 'stop',
         logprobs: null,
         usage: { prompt_tokens: 12, completion_tokens: 30, reasoning_tokens: 20, cached_tokens: 0 },

@@ -29,6 +29,7 @@ describe('StreamedAnswer', () => {
       answer: {
         content: 'The answer.',
         reasoning: 'think more',
+        toolCalls: null,
         finishReason: 'stop',
         usage: { prompt_tokens: 7, completion_tokens: 3, reasoning_tokens: 2, cached_tokens: 0 },
         model: 'm',

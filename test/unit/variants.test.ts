@@ -215,6 +215,7 @@ describe('on_length', () => {
   const cut: Answer = {
     content: 'partial',
     reasoning: 'partial',
+    toolCalls: null,
     finishReason: 'length',
     logprobs: null,
     usage: { prompt_tokens: 100, completion_tokens: 256, reasoning_tokens: 200, cached_tokens: 0 },

@@ -104,6 +104,9 @@ export function renderRun(r: RunRow, live: RunProgress, now: number, variantRows
     metadata: r.metadata,
     input: r.input as Record<string, unknown>,
     regenerate: r.regenerate,
+    tool_pairing: r.toolPairing as Run['tool_pairing'],
+    on_tool_mismatch: r.onToolMismatch as Run['on_tool_mismatch'],
+    history_reasoning: r.historyReasoning as Run['history_reasoning'],
     on_invalid_line: r.onInvalidLine as 'fail' | 'skip',
     request_timeout_ms: r.requestTimeoutMs,
     max_attempts: r.maxAttempts,
@@ -120,7 +123,10 @@ export function renderRun(r: RunRow, live: RunProgress, now: number, variantRows
       failed: r.failed,
       cancelled: r.cancelled,
     },
-    turns: r.regenerate === 'all_assistant' ? { total: r.turnsTotal, completed: r.turnsCompleted, in_flight: r.inProgress, failed: r.turnsFailed } : null,
+    turns:
+      r.regenerate === 'all_assistant'
+        ? { total: r.turnsTotal, completed: r.turnsCompleted, in_flight: r.inProgress, failed: r.turnsFailed, tool_steps: r.toolSteps }
+        : null,
     quality: {
       flagged: r.flagged,
       by_flag: flagCounts(r),

@@ -3,7 +3,16 @@ import { FLAGS } from '../../domain/flags.js';
 import { DEFAULT_CALIBRATION_SAMPLES, MAX_CALIBRATION_SAMPLES } from '../../domain/forecast.js';
 import { nestsDeeperThan, tooDeepMessage } from '../../domain/json-depth.js';
 import * as domain from '../../domain/params.js';
-import { DISPATCH_ORDERS, maxLen, ON_INVALID_LINE, ON_LENGTH, REGENERATE_MODES } from '../../domain/params.js';
+import {
+  DISPATCH_ORDERS,
+  HISTORY_REASONING,
+  maxLen,
+  ON_INVALID_LINE,
+  ON_LENGTH,
+  REGENERATE_MODES,
+  TOOL_MISMATCH_ACTIONS,
+  TOOL_PAIRINGS,
+} from '../../domain/params.js';
 import * as variants from '../../domain/variants.js';
 import { RUN_STATUSES, SAMPLE_STATUSES, SHARD_STATUSES } from '../../domain/statuses.js';
 import { Timestamp, WebhookTarget } from '../common.js';
@@ -85,6 +94,18 @@ export const CreateRunBody = z
       .optional()
       .openapi({ description: 'Splits the output into `train/` and `eval/`, each with its own shards; without it the shards sit at the prefix' }),
     regenerate: z.enum(REGENERATE_MODES).nullable().optional(),
+    tool_pairing: z.enum(TOOL_PAIRINGS).optional().openapi({
+      description:
+        '`regenerate: "all_assistant"`: the target\'s call n of a step is paired with the source\'s call n of the same step; `name` (the default) asks the same function name too, `position` any',
+    }),
+    on_tool_mismatch: z.enum(TOOL_MISMATCH_ACTIONS).optional().openapi({
+      description:
+        '`regenerate: "all_assistant"`: a step that cannot be paired with the source\'s: `truncate` (the default: the line is kept up to its last complete user turn, flagged `tool_mismatch`; failed `tool_mismatch` when no turn is complete) or `fail`',
+    }),
+    history_reasoning: z.enum(HISTORY_REASONING).optional().openapi({
+      description:
+        '`regenerate: "all_assistant"`: which assistant messages of the history are sent with their `reasoning_content`: `loop` (the default: those of the current tool loop, after the last user message), `all` or `none`',
+    }),
     on_invalid_line: z.enum(ON_INVALID_LINE).optional(),
     quality: QualitySettings.optional(),
     variants: Variants.optional(),
@@ -246,6 +267,9 @@ export const Run = z
     metadata: z.record(z.string(), z.string()),
     input: z.record(z.string(), z.unknown()),
     regenerate: z.string().nullable(),
+    tool_pairing: z.enum(TOOL_PAIRINGS).nullable().openapi({ description: 'A run with `regenerate: "all_assistant"`: its pairing rule; null for other runs' }),
+    on_tool_mismatch: z.enum(TOOL_MISMATCH_ACTIONS).nullable(),
+    history_reasoning: z.enum(HISTORY_REASONING).nullable(),
     on_invalid_line: z.enum(ON_INVALID_LINE),
     request_timeout_ms: z.number().int(),
     max_attempts: z.number().int(),
@@ -255,9 +279,9 @@ export const Run = z
       errors: z.array(z.object({ line: z.number().int(), message: z.string(), custom_id: z.string().optional() })),
     }),
     request_counts: counts(['total', 'pending', 'in_progress', 'completed', 'failed', 'cancelled']),
-    turns: counts(['total', 'completed', 'in_flight', 'failed']).nullable().openapi({
+    turns: counts(['total', 'completed', 'in_flight', 'failed', 'tool_steps']).nullable().openapi({
       description:
-        'A run with `regenerate: "all_assistant"`: its conversations\' assistant turns, one request each (`request_counts` counts conversations). `total` once validated; `in_flight`, the conversations with a turn claimed or sent; `failed`, the turns that failed their conversation. Null for other runs',
+        'A run with `regenerate: "all_assistant"`: its conversations\' requests, one a user turn and one a tool-call step (`request_counts` counts conversations). `total` once validated, the source\'s count of requests (an estimate for agentic conversations: the target may take more or fewer steps); `completed`, the requests answered; `in_flight`, the conversations with a request claimed or sent; `failed`, the requests that failed their conversation; `tool_steps`, the answered requests that called tools. Null for other runs',
     }),
     quality: z.object({ flagged: z.number().int(), by_flag: counts(FLAGS) }),
     usage: counts(['prompt_tokens', 'completion_tokens', 'reasoning_tokens']),

@@ -8,7 +8,16 @@ import { deleteFile, getFile, insertFile } from '../../db/files.js';
 import { getRun, getRunByIdempotencyKey, getRunOverlappingOutput } from '../../db/runs.js';
 import type { runs, RunInput, RunRow } from '../../db/schema.js';
 import { DEFAULT_CALIBRATION_SAMPLES } from '../../domain/forecast.js';
-import { samplesPerLineProblem, type DispatchOrder, type OnInvalidLine, type OnLength, type RegenerateMode } from '../../domain/params.js';
+import {
+  type DispatchOrder,
+  type HistoryReasoning,
+  type OnInvalidLine,
+  type OnLength,
+  type RegenerateMode,
+  samplesPerLineProblem,
+  type ToolMismatchAction,
+  type ToolPairing,
+} from '../../domain/params.js';
 import { layeredParams, type Variant } from '../../domain/variants.js';
 import { answerBufferProblem } from '../../domain/answer-bytes.js';
 import { qualityConfig, type QualityRequest } from '../../domain/quality.js';
@@ -41,6 +50,9 @@ export interface NewRun {
   dispatch_order?: DispatchOrder;
   variants?: Variant[];
   on_length?: OnLength;
+  tool_pairing?: ToolPairing;
+  on_tool_mismatch?: ToolMismatchAction;
+  history_reasoning?: HistoryReasoning;
 }
 
 /** The run's calibration slice; a dry run, which answers nothing else, must have one. */
@@ -55,9 +67,17 @@ export function checkCalibration(body: Pick<NewRun, 'calibration' | 'dry_run'>):
 }
 
 /** A run's params.n against its regenerate mode (samplesPerLineProblem); the mode is read as a string, whatever the route's enum lets through. */
-export function checkSamplesPerLine(body: Pick<NewRun, 'params' | 'regenerate'>): void {
+export function checkSamplesPerLine(body: Pick<NewRun, 'params' | 'regenerate' | 'tool_pairing' | 'on_tool_mismatch' | 'history_reasoning'>): void {
   const problem = samplesPerLineProblem(body.params, body.regenerate as string | null | undefined);
   if (problem) throw new ApiError('validation_failed', problem, { field: 'params.n' });
+  // The walk's settings mean something only where there is a walk: a run that sets one expects it read.
+  for (const field of ['tool_pairing', 'on_tool_mismatch', 'history_reasoning'] as const) {
+    if (body[field] !== undefined && body.regenerate !== 'all_assistant') {
+      throw new ApiError('validation_failed', `${field} applies to regenerate: "all_assistant" only (the walk of a conversation's turns and tool-call steps)`, {
+        field,
+      });
+    }
+  }
 }
 
 /**
@@ -169,6 +189,11 @@ export async function createRun(
       priority: body.priority ?? 0,
       metadata: body.metadata ?? {},
       regenerate: body.regenerate ?? null,
+      ...(body.regenerate === 'all_assistant' && {
+        toolPairing: body.tool_pairing ?? 'name',
+        onToolMismatch: body.on_tool_mismatch ?? 'truncate',
+        historyReasoning: body.history_reasoning ?? 'loop',
+      }),
       onInvalidLine: body.on_invalid_line ?? 'fail',
       quality: qualityConfig(body.quality),
       requestTimeoutMs: body.request_timeout_ms ?? config.requestTimeoutMs,
