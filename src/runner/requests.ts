@@ -8,7 +8,6 @@ import { AnswerBudget, type AnswerLease, AnswerShed, heldTextBytes } from './ans
 import type { AnswerInit } from './http-fetch.js';
 import { toolNames } from '../domain/tools.js';
 import type { AnswerRepair } from '../domain/metrics.js';
-import { wellFormedText } from '../domain/text.js';
 import { type ConversationTurn, settleAbort, settleAnswer, settleError, settleFailed, type Attempt, type Settled } from './outcomes.js';
 import { AnswerSheds } from './answer-sheds.js';
 import {
@@ -19,7 +18,6 @@ import {
   askedMaxTokens,
   buildRequest,
   classifyError,
-  LOOP_FINISH_REASON,
   parseAnswers,
   tokenBudget,
 } from './request.js';
@@ -299,26 +297,9 @@ export class Requests {
   private onLoop(f: Flight, streamed: StreamedAnswer, latencyMs: number): void {
     const e = f.endpoint;
     e.consecutiveFailures = 0;
-    const res = streamed.response();
-    const message = res.choices?.[0]?.message;
     const generated = streamed.textEvents;
-    const rawContent = typeof message?.content === 'string' ? message.content : '';
-    const rawReasoning = typeof message?.reasoning_content === 'string' ? message.reasoning_content : null;
-    // Kept as it stood, but as parseAnswers keeps any answer's text: without unpaired surrogates.
-    const content = wellFormedText(rawContent);
-    const reasoning = rawReasoning === null ? null : wellFormedText(rawReasoning);
-    const answer: Answer = {
-      content,
-      reasoning,
-      toolCalls: null,
-      finishReason: LOOP_FINISH_REASON,
-      usage: { prompt_tokens: 0, completion_tokens: generated, reasoning_tokens: 0, cached_tokens: 0 },
-      model: res.model ?? null,
-      responseId: res.id,
-      created: res.created,
-      logprobs: null,
-    };
-    if (content !== rawContent || reasoning !== rawReasoning) this.deps.metrics.repaired('lone_surrogates_replaced');
+    const { answer, repaired } = streamed.loopAnswer();
+    if (repaired) this.deps.metrics.repaired('lone_surrogates_replaced');
     const quality = this.hooks.qualityOf(f.run);
     const flags = quality ? quality.cut(e.row.id) : 0;
     const settled = settleAnswer(this.attempt(f), f.run, answer, latencyMs, this.deps.clock(), flags);

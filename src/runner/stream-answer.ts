@@ -1,4 +1,5 @@
-import { type ChatResponse, readAnswerJson } from './request.js';
+import { wellFormedText } from '../domain/text.js';
+import { type Answer, type ChatResponse, LOOP_FINISH_REASON, readAnswerJson } from './request.js';
 
 // A streamed chat completion put back together: the same record parseAnswer reads from a
 // buffered one. Pure, so that every chunk shape has a case in a table test.
@@ -106,6 +107,31 @@ export class StreamedAnswer {
         : [],
       usage: this.usage,
     };
+  }
+
+  /**
+   * The answer a stream cut because it looped stood at: its text as parseAnswer keeps any answer's,
+   * without unpaired surrogates (`repaired` when some were replaced), one token an event streamed.
+   */
+  loopAnswer(): { answer: Answer; repaired: boolean } {
+    const res = this.response();
+    const message = res.choices?.[0]?.message;
+    const rawContent = typeof message?.content === 'string' ? message.content : '';
+    const rawReasoning = typeof message?.reasoning_content === 'string' ? message.reasoning_content : null;
+    const content = wellFormedText(rawContent);
+    const reasoning = rawReasoning === null ? null : wellFormedText(rawReasoning);
+    const answer: Answer = {
+      content,
+      reasoning,
+      toolCalls: null,
+      finishReason: LOOP_FINISH_REASON,
+      usage: { prompt_tokens: 0, completion_tokens: this.textEvents, reasoning_tokens: 0, cached_tokens: 0 },
+      model: res.model ?? null,
+      responseId: res.id,
+      created: res.created,
+      logprobs: null,
+    };
+    return { answer, repaired: content !== rawContent || reasoning !== rawReasoning };
   }
 }
 
