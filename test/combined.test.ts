@@ -289,7 +289,15 @@ describe('variants with regenerate: "all_assistant"', () => {
       expect(r.split).toBe(pickSplit(r.custom_id, 0.3));
       expect(r.variant).toBe(l.variant);
       expect(r.content).toBe(l.content);
-      expect(r.messages).toEqual(l.messages.map((m: any) => ({ role: m.role, content: m.content, reasoning_content: m.reasoning_content ?? null })));
+      expect(r.messages).toEqual(
+        l.messages.map((m: any) => ({
+          role: m.role,
+          content: m.content,
+          reasoning_content: m.reasoning_content ?? null,
+          tool_calls: null,
+          tool_call_id: null,
+        })),
+      );
       expect(JSON.parse(r.turns).map((t: any) => t.finish_reason)).toEqual(l.turns.map((t: any) => t.finish_reason));
       expect(JSON.parse(r.turns)).toHaveLength(l.turns.length);
       expect(JSON.parse(r.metadata)).toEqual(l.metadata);

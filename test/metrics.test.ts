@@ -240,6 +240,8 @@ describe('GET /metrics', () => {
       'replica',
       'store',
       'role',
+      'repair',
+      'outcome',
     ]);
 
     // This process among replicas: one series naming it, its store and its runner's role.

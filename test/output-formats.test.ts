@@ -123,7 +123,9 @@ describe('output formats and the split', () => {
       expect(r.reasoning_content).toBe(l.reasoning_content);
       expect(r.finish_reason).toBe(l.finish_reason);
       expect(r.completion_tokens).toBe(l.usage.completion_tokens);
-      expect(r.messages).toEqual(l.messages.map((m: any) => ({ role: m.role, content: m.content, reasoning_content: null })));
+      expect(r.messages).toEqual(
+        l.messages.map((m: any) => ({ role: m.role, content: m.content, reasoning_content: null, tool_calls: null, tool_call_id: null })),
+      );
       expect(r.flags).toEqual(l.flags);
       expect(r.model).toBe(l.model);
       // Every line has its sample_index (0 here: one answer a prompt); the rest are absent from these lines.

@@ -113,6 +113,7 @@ describe('renderProgress', () => {
       eta_seconds: Math.ceil(848 / 5),
       elapsed_seconds: 30,
       in_flight: 0,
+      turned_away: 0,
     });
   });
 
@@ -134,6 +135,7 @@ describe('renderProgress', () => {
       eta_seconds: null,
       elapsed_seconds: 0,
       in_flight: 0,
+      turned_away: 0,
     });
   });
 
@@ -182,6 +184,7 @@ describe('the runner reads time from deps.clock', () => {
       eta_seconds: 0,
       elapsed_seconds: 0,
       in_flight: 0,
+      turned_away: 0,
     });
     expect(done.usage.completion_tokens).toBeGreaterThan(0);
     expect(done.started_at).toBe(new Date(T0).toISOString());

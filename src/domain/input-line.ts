@@ -438,9 +438,9 @@ function readConversations(value: unknown, regenerate: RegenerateMode | null, li
       return { role, content: null, tool_calls: calls };
     }
     if (role === 'tool') {
+      // One that answers no call stays a bare tool turn, as it always was; the walk refuses it (walkConversation).
       const id = unanswered.shift();
-      if (id === undefined) throw new LineRejected(`${path}: an observation must answer a function_call before it`, 'unwalkable_conversation');
-      return { role, content: turn.value, tool_call_id: id };
+      return id === undefined ? { role, content: turn.value } : { role, content: turn.value, tool_call_id: id };
     }
     return { role, content: turn.value };
   });
