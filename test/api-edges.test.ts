@@ -178,7 +178,9 @@ describe('strings other parsers refuse', () => {
       for (const p of op.parameters ?? []) {
         if (p.in === 'header') continue;
         // The operation's other required query parameters are given, so that the one under test is the one at fault.
-        const required = (op.parameters ?? []).filter((q) => q.in === 'query' && q.required && q.name !== p.name).map((q) => `${q.name}=x`);
+        const required = (op.parameters ?? [])
+          .filter((q: { in: string; name: string; required?: boolean }) => q.in === 'query' && q.required && q.name !== p.name)
+          .map((q: { name: string }) => `${q.name}=x`);
         const query = required.length ? `?${required.join('&')}` : '';
         const url = p.in === 'path' ? `${concrete(path, { [p.name]: 'a%00b' })}${query}` : `${concrete(path)}?${[...required, `${p.name}=a%00b`].join('&')}`;
         const res = await req(url, { method, ...(method === 'GET' || method === 'DELETE' ? {} : { json: {} }) });

@@ -148,7 +148,7 @@ describe('writing the output', () => {
     const retried = await call(base, `/v1/runs/${run.id}/retry`, { method: 'POST', json: { only: 'failed' } });
     expect(retried.status, JSON.stringify(retried.body)).toBe(200);
     const done = await waitForEnd(base, run.id);
-    expect(done.status).toBe('completed');
+    expect(done.status, done.status_reason ?? '').toBe('completed');
     expect(done.status_reason).toBeNull();
     expect(done.shards).toEqual({ total: 3, uploaded: 3 });
     expect((await readOutput(done, prompts)).lines.size).toBe(SAMPLES);
@@ -237,7 +237,7 @@ describe('writing the output', () => {
     expect(retried.status, JSON.stringify(retried.body)).toBe(200);
     // Well within the minute of backoff the failed attempts left: the retry's fresh budget does not wait it out.
     const done = await waitForEnd(server.url, run.id, 30_000);
-    expect(done.status).toBe('completed');
+    expect(done.status, done.status_reason ?? '').toBe('completed');
     expect(done.shards).toEqual({ total: 2, uploaded: 2 });
     expect((await readOutput(done, prompts)).lines.size).toBe(SAMPLES);
   });

@@ -25,14 +25,21 @@ export async function openShardNow(db: Db, runId: string, shard: Pick<ShardRow, 
 }
 
 /** Notes a failed upload on a shard still open: one that an upload marked meanwhile keeps its clean state. */
-export async function recordUploadFailure(db: Db, runId: string, idx: number, attempts: number, lastError: string): Promise<void> {
+/**
+ * Records a failed upload of a shard that had `from` failed attempts before it: false, and nothing
+ * changed, when the shard's count moved meanwhile (a retry of the run gave it a fresh budget while
+ * this upload was under way), so a late failure cannot charge the new budget with the old count.
+ */
+export async function recordUploadFailure(db: Db, runId: string, idx: number, from: number, lastError: string): Promise<boolean> {
   const { shards } = db.t;
-  await db.write((w) =>
+  const set = await db.write((w) =>
     w.q
       .update(shards)
-      .set({ uploadAttempts: attempts, lastError })
-      .where(and(eq(shards.runId, runId), eq(shards.idx, idx), eq(shards.status, 'open'))),
+      .set({ uploadAttempts: from + 1, lastError })
+      .where(and(eq(shards.runId, runId), eq(shards.idx, idx), eq(shards.status, 'open'), eq(shards.uploadAttempts, from)))
+      .returning({ idx: shards.idx }),
   );
+  return set.length > 0;
 }
 
 /** Gives a run's unwritten shards a fresh upload budget: a retry after the store was fixed. */

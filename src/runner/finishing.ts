@@ -123,7 +123,7 @@ export class Finisher {
         const lastError = `upload failed: ${why}; retrying in ${Math.round(delayMs / 1000)} s`;
         deps.logger.warn({ run_id: run.id, shard: shard.idx, attempts, err: { message: err.message } }, 'shard upload failed');
         return this.guard('recording a failed shard upload', async () => {
-          await recordUploadFailure(deps.db, run.id, shard.idx, attempts, lastError);
+          if (!(await recordUploadFailure(deps.db, run.id, shard.idx, shard.uploadAttempts, lastError))) return;
           if (err instanceof FolderChangedError) await this.folderChanged(run.id, `shard ${shard.idx}`);
           else await this.escalate(run.id, shard.idx, attempts, why);
         });
