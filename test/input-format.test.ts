@@ -310,7 +310,9 @@ describe('parseInputLine: bad lines', () => {
           { from: 'foo', value: 'b' },
         ],
       }),
-    ).toBe('conversations[1].from "foo" is not a ShareGPT role: use one of "system", "human", "user", "gpt", "assistant", "tool", "observation", "function_call"');
+    ).toBe(
+      'conversations[1].from "foo" is not a ShareGPT role: use one of "system", "human", "user", "gpt", "assistant", "tool", "observation", "function_call"',
+    );
     expect(reasonOf({ id: 's', conversations: [{ value: 'a' }] })).toBe('conversations[0].from must be a string');
     expect(reasonOf({ id: 's', conversations: [{ from: 'human', value: ['a'] }] })).toBe('conversations[0].value must be a string');
     expect(reasonOf({ id: 's', conversations: [null] })).toBe('conversations[0] must be an object');
