@@ -79,16 +79,10 @@ export class EventStreamParser {
       return;
     }
     if (line.charCodeAt(0) === COLON) return;
-    // Nearly every line is `data: …`, as SGLang writes it.
-    if (line.startsWith(DATA_FIELD)) return this.addData(line.slice(DATA_FIELD.length));
     const colon = line.indexOf(':');
     if ((colon < 0 ? line : line.slice(0, colon)) !== 'data') return;
     let value = colon < 0 ? '' : line.slice(colon + 1);
     if (value.charCodeAt(0) === SPACE) value = value.slice(1);
-    this.addData(value);
-  }
-
-  private addData(value: string): void {
     this.data = this.data === null ? value : `${this.data}\n${value}`;
   }
 }
