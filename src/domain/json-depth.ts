@@ -35,6 +35,9 @@ const CLOSE_OBJECT = 0x7d;
  * finding its quotes. Meant for text that is then parsed: a text that is not JSON may say either.
  */
 export function jsonTextNestsDeeperThan(text: string, max = MAX_JSON_DEPTH): boolean {
+  // JSON deeper than `max` opens and closes more than `max` brackets: a shorter text, a streamed
+  // event say, is either shallower or not JSON at all.
+  if (text.length < 2 * (max + 1)) return false;
   let depth = 0;
   const n = text.length;
   for (let i = 0; i < n; i++) {

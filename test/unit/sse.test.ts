@@ -35,7 +35,7 @@ describe('EventStreamParser', () => {
     expect(parser.push('data: abc')).toEqual([]);
     expect(parser.heldChars).toBe('data: abc'.length);
     expect(parser.push('\n')).toEqual([]);
-    expect(parser.heldChars).toBe('abc'.length);
+    expect(parser.heldChars).toBe('data: abc\n'.length);
     expect(parser.push('\r\n')).toEqual(['abc']);
     expect(parser.heldChars).toBe(0);
   });
