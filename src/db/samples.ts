@@ -154,9 +154,13 @@ function claimSql(db: Db, mine: boolean) {
   const slice = pg ? 'samples' : 'samples indexed by samples_calibration_idx';
   const inSlice = pg ? 'calibration' : 'calibration = 1';
   const underway = pg ? 'samples' : 'samples indexed by samples_underway_idx';
-  // PostgreSQL, a replica of several: none of the samples whose prefix is cached on an endpoint
-  // another replica drives (bound right after the due time).
-  const ours = mine ? 'and (affinity_endpoint_id is null or affinity_endpoint_id <> all(?))' : '';
+  // PostgreSQL, a replica of several: none of the samples whose prefix is cached on a ready
+  // endpoint another replica drives (the endpoints driven here bound right after the due time).
+  // One that is down, draining or quarantined holds nothing back, as in pickForSlot.
+  const ours = mine
+    ? `and (affinity_endpoint_id is null or affinity_endpoint_id = any(?)
+       or not exists (select 1 from endpoints where endpoints.id = samples.affinity_endpoint_id and endpoints.state = 'ready'))`
+    : '';
   return {
     // Conversations waiting for their next turn (samples_underway_idx holds only those).
     underway: `${LEASE} ${pick}select id from ${underway} where run_id = ? and status = 'pending' and turn > 0 and available_at <= ? ${ours}
@@ -224,12 +228,7 @@ export async function claimSamples(
     // claim's own transaction.
     const { rows: run } = await tx.exec<{ status: string; regenerate: string | null }>('select status, regenerate from runs where id = ?', [c.runId]);
     if (!run.length || !isDispatchable(run[0].status)) return [];
-    // The endpoints whose prefixes are another replica's to use: ready, and not driven here. One
-    // that is down, draining or quarantined holds nothing back, as in pickForSlot.
-    const heldElsewhere = mine
-      ? (await tx.exec<{ id: string }>(`select id from endpoints where state = 'ready' and not (id = any(?))`, [[...c.drives!]])).rows.map((r) => r.id)
-      : [];
-    const due = (at: number): unknown[] => (mine ? [c.runId, at, heldElsewhere] : [c.runId, at]);
+    const due = (at: number): unknown[] => (mine ? [c.runId, at, [...c.drives!]] : [c.runId, at]);
     const lease = [c.owner, c.leaseExpiresAt];
     // `returning` gives no order: each part is put back in input order (ids follow it).
     const rows = run[0].regenerate !== 'all_assistant' ? [] : (await tx.exec<ClaimedRow>(q.underway, [...lease, ...due(c.now), c.limit])).rows.sort(byId);
