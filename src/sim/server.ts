@@ -556,6 +556,9 @@ class SimServer {
     // Tokens of a streamed reply sent so far: what the server generated before a client hung up.
     let sent = 0;
     let headSent = false;
+    // How long the request waited for a slot before it first ran: a load generator's wait, read from `x-sim-queued-ms`.
+    const enteredAt = performance.now();
+    let queuedMs = 0;
     const done = (): void => {
       settled = true;
       if (faults.abortAt === undefined) this.#counts.completed++;
@@ -570,14 +573,19 @@ class SimServer {
       this.#checkDrained();
     };
     const answer = (): void => {
-      sendJson(res, 200, reply.body, { 'x-sim-digest': request.digest });
+      sendJson(res, 200, reply.body, { 'x-sim-digest': request.digest, 'x-sim-queued-ms': queuedMs.toFixed(1) });
       done();
     };
     // Paced at tokensPerSecond from the first token; unpaced (all at once) at zero latency and in the KV model, which times decode itself.
     const stream = (paced: boolean): void => {
       if (!headSent) {
         headSent = true;
-        res.writeHead(200, { 'content-type': 'text/event-stream', 'cache-control': 'no-cache', 'x-sim-digest': request.digest });
+        res.writeHead(200, {
+          'content-type': 'text/event-stream',
+          'cache-control': 'no-cache',
+          'x-sim-digest': request.digest,
+          'x-sim-queued-ms': queuedMs.toFixed(1),
+        });
         res.write(streamHead(reply));
       }
       const { tokensPerSecond } = this.#knobs;
@@ -610,6 +618,7 @@ class SimServer {
       priority: request.priority,
       start: () => {
         if (startedAt === undefined) {
+          queuedMs = performance.now() - enteredAt;
           const running = prefix.insert(request.sequence);
           prefix.lock(running);
           prefix.unlock(held);
