@@ -30,10 +30,12 @@ const SIM = {
 const PEOPLE_SHARE = 0.3;
 /** People's requests a second: 30% of what 16 slots answer in 0.3 s each. */
 const RATE = (PEOPLE_SHARE * SLOTS * 1000) / ANSWER_MS;
-/** The share policy measured: two slots kept free for people, nothing new while any of theirs waits. */
-const SHARE = { reserve_slots: 2, max_other_queue: 0 };
-/** Shared load-reading intervals compared: what following people's traffic more closely costs. */
-const INTERVALS = [250, 100, 1000];
+/** The share policies measured: slots kept free for people, nothing new while any of theirs waits. */
+const RESERVES = (process.env.BENCH_SHARE_RESERVES ?? '2,3,4').split(',').map(Number);
+/** The one the reading intervals are compared at, and beside a priority of −1. */
+const SHARE = { reserve_slots: Number(process.env.BENCH_SHARE_RESERVE ?? '2'), max_other_queue: 0 };
+/** Shared load-reading intervals compared (the first is REGEN_SHARED_LOAD_INTERVAL_MS's default): what following people's traffic more closely costs. */
+const INTERVALS = (process.env.BENCH_SHARE_INTERVALS ?? '100,250,1000').split(',').map(Number);
 /** SGLang's default preemption threshold is 10: −11 lets people's requests (default priority 0) push regen's out. */
 const BULK_PRIORITY = -11;
 
@@ -166,7 +168,7 @@ async function phase(name: string, sim: SimProcess, regen: Regen | null, ms: num
 }
 
 export async function benchShare(): Promise<Figure[]> {
-  const ms = scaled(25_000, 1500);
+  const ms = scaled(20_000, 1500);
   const warmMs = scaled(3000, 300);
   const sim = await spawnSimulator(SIM);
   const phases: Phase[] = [];
@@ -177,13 +179,19 @@ export async function benchShare(): Promise<Figure[]> {
       await sleep(warmMs);
       phases.push(await phase('regen alone', sim, regen, ms / 2, false, 0));
       phases.push(await phase('people beside regen as today', sim, regen, ms, true, 2));
-      await patchEndpoint(regen, { share: SHARE });
-      await sleep(warmMs);
-      phases.push(await phase(`people beside regen sharing (${INTERVALS[0]} ms readings)`, sim, regen, ms, true, 3));
-      await patchEndpoint(regen, { share: null, request_priority: BULK_PRIORITY });
+      for (const reserve of RESERVES) {
+        await patchEndpoint(regen, { share: { ...SHARE, reserve_slots: reserve } });
+        await sleep(warmMs);
+        phases.push(await phase(`people beside regen sharing (reserve_slots ${reserve}, ${INTERVALS[0]} ms readings)`, sim, regen, ms, true, 3));
+      }
       await sim.configure({ enablePriorityScheduling: 1, defaultPriorityValue: 0 });
+      // Within the threshold: people's requests go ahead of regen's in the queue but never push them out.
+      await patchEndpoint(regen, { share: SHARE, request_priority: -1 });
       await sleep(warmMs);
-      phases.push(await phase(`people beside regen at priority ${BULK_PRIORITY} (SGLang priority scheduling)`, sim, regen, ms, true, 4));
+      phases.push(await phase(`people beside regen sharing (reserve_slots ${SHARE.reserve_slots}) at priority -1 (SGLang priority scheduling)`, sim, regen, ms, true, 5));
+      await patchEndpoint(regen, { share: null, request_priority: BULK_PRIORITY });
+      await sleep(warmMs);
+      phases.push(await phase(`people beside regen at priority ${BULK_PRIORITY} (SGLang priority scheduling, no share)`, sim, regen, ms, true, 4));
       await sim.configure({ enablePriorityScheduling: 0 });
     } finally {
       await regen.stop();
@@ -192,7 +200,7 @@ export async function benchShare(): Promise<Figure[]> {
       const other = await startRegen(sim, interval, { share: SHARE });
       try {
         await sleep(warmMs);
-        phases.push(await phase(`people beside regen sharing (${interval} ms readings)`, sim, other, ms, true, 3));
+        phases.push(await phase(`people beside regen sharing (reserve_slots ${SHARE.reserve_slots}, ${interval} ms readings)`, sim, other, ms, true, 3));
       } finally {
         await other.stop();
       }
@@ -204,7 +212,9 @@ export async function benchShare(): Promise<Figure[]> {
 }
 
 function figures(phases: Phase[]): Figure[] {
-  const [alone, regenAlone, today, shared, prioritized, ...intervals] = phases;
+  const [alone, regenAlone, today, ...rest] = phases;
+  const shared = rest.slice(0, RESERVES.length);
+  const [ordered, prioritized, ...intervals] = rest.slice(RESERVES.length);
   const p95 = (p: Phase) => percentile(p.people!.waits, 95);
   const aloneP95 = p95(alone);
   const waitGoal = 1.2 * aloneP95 + 50;
@@ -237,8 +247,9 @@ function figures(phases: Phase[]): Figure[] {
   return [
     waitFigure(today, false),
     throughputFigure(today, false),
-    waitFigure(shared, true),
-    throughputFigure(shared, true),
+    ...shared.flatMap((p) => [waitFigure(p, true), throughputFigure(p, true)]),
+    waitFigure(ordered, true),
+    throughputFigure(ordered, true),
     waitFigure(prioritized, true),
     throughputFigure(prioritized, true),
     ...intervals.flatMap((p) => [waitFigure(p, false), throughputFigure(p, false)]),
