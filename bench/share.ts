@@ -188,7 +188,9 @@ export async function benchShare(): Promise<Figure[]> {
       // Within the threshold: people's requests go ahead of regen's in the queue but never push them out.
       await patchEndpoint(regen, { share: SHARE, request_priority: -1 });
       await sleep(warmMs);
-      phases.push(await phase(`people beside regen sharing (reserve_slots ${SHARE.reserve_slots}) at priority -1 (SGLang priority scheduling)`, sim, regen, ms, true, 5));
+      phases.push(
+        await phase(`people beside regen sharing (reserve_slots ${SHARE.reserve_slots}) at priority -1 (SGLang priority scheduling)`, sim, regen, ms, true, 5),
+      );
       await patchEndpoint(regen, { share: null, request_priority: BULK_PRIORITY });
       await sleep(warmMs);
       phases.push(await phase(`people beside regen at priority ${BULK_PRIORITY} (SGLang priority scheduling, no share)`, sim, regen, ms, true, 4));
