@@ -146,7 +146,9 @@ async function phase(name: string, sim: SimProcess, regen: Regen | null, ms: num
   const c0 = await completed();
   const cpu0 = { regen: regen ? cpuSeconds(regen.server.proc.pid!) : 0, sim: cpuSeconds(sim.proc.pid!) };
   const t0 = performance.now();
-  const seen = withPeople ? await people(sim.url, ms, seed) : (await sleep(ms), null);
+  let seen: People | null = null;
+  if (withPeople) seen = await people(sim.url, ms, seed);
+  else await sleep(ms);
   const seconds = (performance.now() - t0) / 1000;
   const result: Phase = {
     name,
