@@ -31,6 +31,7 @@ const storeless = [
   'test/sample-batches.test.ts',
   'test/security-bind.test.ts',
   'test/sglang.test.ts',
+  'test/sim-priority.test.ts',
   'test/sim-sglang.test.ts',
   'test/sim.test.ts',
 ];

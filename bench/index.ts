@@ -8,6 +8,7 @@ import { benchFormats } from './formats.js';
 import { benchIngest } from './ingest.js';
 import { benchMillion } from './million.js';
 import { benchScale } from './scale.js';
+import { benchShare } from './share.js';
 import { benchStores } from './stores.js';
 import { machine, SCALE, type Figure } from './support.js';
 import { benchTail } from './tail.js';
@@ -26,6 +27,7 @@ const PARTS: Record<string, () => Promise<Figure[]>> = {
   endless: benchEndless,
   variants: benchVariants,
   formats: benchFormats,
+  share: benchShare,
   conversations: benchConversations,
 };
 
@@ -49,7 +51,7 @@ function table(figures: Figure[]): string {
 
 /**
  * `npm run bench [part…]`: runs the parts (all by default), prints regen next to its baseline for
- * every figure, and, for a full-scale run of every part, writes BENCHMARKS.md. Parts: ingest, dispatch, saturation, stream, million, adaptive, tail, scale, stores, endless, variants, formats; conversations only when named.
+ * every figure, and, for a full-scale run of every part, writes BENCHMARKS.md. Parts: ingest, dispatch, saturation, stream, million, adaptive, tail, scale, stores, endless, variants, formats, share; conversations only when named.
  */
 async function main(): Promise<void> {
   const asked = process.argv.slice(2);

@@ -50,6 +50,8 @@ const settings = {
   // `off` sends a sample whose prompt is cached on one endpoint wherever a slot is free first (the least-loaded choice).
   affinity: { env: 'REGEN_AFFINITY', flag: undefined, parse: z.enum(['on', 'off']).transform((v) => v === 'on'), default: 'on' },
   loadIntervalMs: { env: 'REGEN_LOAD_INTERVAL_MS', flag: undefined, parse: int(50, 600_000), default: '1000' },
+  // Others' traffic comes and goes within a second: at 250 ms people waited for slots regen took in between (`npm run bench share`).
+  sharedLoadIntervalMs: { env: 'REGEN_SHARED_LOAD_INTERVAL_MS', flag: undefined, parse: int(50, 600_000), default: '100' },
   shardSize: { env: 'REGEN_SHARD_SIZE', flag: undefined, parse: int(1, 1_000_000), default: '1000' },
   defaultConcurrency: { env: 'REGEN_DEFAULT_CONCURRENCY', flag: undefined, parse: int(1, 100_000), default: '32' },
   probeIntervalMs: { env: 'REGEN_PROBE_INTERVAL_MS', flag: undefined, parse: int(50, 600_000), default: '5000' },

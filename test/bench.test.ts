@@ -15,6 +15,7 @@ const PARTS: Record<string, string[]> = {
   tail: ['tail'],
   saturation: ['saturation'],
   adaptive: ['adaptive'],
+  share: ['share'],
   endless: ['endless'],
   formats: ['formats'],
   dispatch: ['dispatch'],

@@ -26,7 +26,7 @@ afterAll(async () => {
 });
 
 afterEach(async () => {
-  await sim.configure({ turnAwayRate: 0, retryAfterSeconds: 0, refusePriority: 0 });
+  await sim.configure({ turnAwayRate: 0, retryAfterSeconds: 0, refusePriority: 0, enablePriorityScheduling: 0, tokensPerSecond: 2000 });
   for (const e of (await call(server.url, '/v1/endpoints')).body.data) await call(server.url, `/v1/endpoints/${e.id}`, { method: 'DELETE' });
 });
 
@@ -136,5 +136,38 @@ describe('a server turning regen away', () => {
     const done = await getRun(server.url, r.id);
     expect(done.status_reason ?? null).toBeNull();
     expect((await call(server.url, `/v1/endpoints/${ep.id}`)).body.state).toBe('ready');
+  });
+});
+
+describe('a server preempting regen for people', () => {
+  it("SGLang's priority preemption shows only as latency: the run completes with nothing charged", async () => {
+    // Answers of about a third of a second, so that people's requests meet a full batch of regen's.
+    await sim.configure({ enablePriorityScheduling: 1, tokensPerSecond: 200 });
+    const before = await sim.stats();
+    await registerEndpoint(server.url, sim.url, { request_priority: -11 });
+    const r = await run(300, 'preempted');
+    // People's requests at priority 0, a few at a time, until one has pushed one of regen's out.
+    let people = 0;
+    await waitFor(
+      'a preemption',
+      async () => {
+        const answers = await Promise.all(
+          Array.from({ length: 4 }, () =>
+            fetch(`${sim.url}/v1/chat/completions`, {
+              method: 'POST',
+              body: JSON.stringify({ messages: [{ role: 'user', content: `a person asks ${people++}` }], priority: 0, max_tokens: 4 }),
+            }),
+          ),
+        );
+        for (const a of answers) expect(a.status).toBe(200);
+        return (await sim.stats()).preempted > before.preempted ? true : undefined;
+      },
+      60_000,
+      0,
+    );
+    expect((await waitForStatus(server.url, r.id, ENDED)).status).toBe('completed');
+    await expectNothingCharged(r.id, 300);
+    const metrics = (await call(server.url, '/metrics')).body as string;
+    expect(metric(metrics, 'regen_retries_total', 'reason="server_error"')).toBe(0);
   });
 });

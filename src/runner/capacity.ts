@@ -145,9 +145,6 @@ export class YieldCap {
   }
 }
 
-/** How often a shared endpoint's load is read: others' traffic comes and goes within a second, so faster than REGEN_LOAD_INTERVAL_MS's default. */
-export const SHARED_LOAD_INTERVAL_MS = 250;
-
 /**
  * regen's cap on a shared endpoint (README "Sharing servers"), from a load reading with `inFlight`
  * of regen's own there: the server's slots less others' running requests less `reserve_slots`, and

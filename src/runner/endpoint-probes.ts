@@ -1,7 +1,7 @@
 import type { EndpointRow } from '../db/schema.js';
 import { PARKED_ENDPOINT_STATES, type EndpointState } from '../domain/statuses.js';
 import type { Logger } from '../logger.js';
-import { AdaptiveCap, SHARED_LOAD_INTERVAL_MS, serverCeiling, sharedCap, type Load } from './capacity.js';
+import { AdaptiveCap, serverCeiling, sharedCap, type Load } from './capacity.js';
 import { firstProbeDelayMs, type EndpointPool, type LiveEndpoint, type PoolSettings } from './endpoints.js';
 import { parseLoads, parseMetrics, parseModels, parseServerInfo } from './server-info.js';
 
@@ -261,7 +261,8 @@ export class EndpointProbes {
   /** The server's live load: /v1/loads for running, waiting, KV usage and cache hit rate, /metrics for retractions and `sglang:cache_hit_rate`. */
   private async readLoad(e: LiveEndpoint): Promise<void> {
     const { url, apiKey } = e.row;
-    e.nextLoadAt = this.clock() + (e.row.share ? Math.min(SHARED_LOAD_INTERVAL_MS, this.settings.loadIntervalMs) : this.settings.loadIntervalMs);
+    const { loadIntervalMs, sharedLoadIntervalMs } = this.settings;
+    e.nextLoadAt = this.clock() + (e.row.share ? Math.min(sharedLoadIntervalMs, loadIntervalMs) : loadIntervalMs);
     let load: Load | null = null;
     if (e.loadRoute === 'loads') {
       const res = await getJson(`${url}/v1/loads?include=core`, apiKey).catch(() => null);

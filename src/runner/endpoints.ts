@@ -23,6 +23,8 @@ export interface PoolSettings {
   healthTimeoutMs: number;
   unhealthyAfterProbes: number;
   loadIntervalMs: number;
+  /** A shared endpoint's load is read this often, or every loadIntervalMs when that is shorter. */
+  sharedLoadIntervalMs: number;
   adaptiveConcurrency: boolean;
   defaultConcurrency: number;
   /** The first wait of a backoff (REGEN_REQUEST_RETRY_MS): a server turning regen away without Retry-After is left alone this long, doubling. */

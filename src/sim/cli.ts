@@ -42,7 +42,8 @@ function parseFlags(argv: string[]): Partial<Knobs> | 'help' {
   for (const [flag, knob] of FLAGS) {
     const raw = values[flag];
     if (typeof raw !== 'string') continue;
-    const value = typeof DEFAULTS[knob] === 'number' ? toNumber(raw) : raw;
+    // A knob whose default is null (not given) takes a number too.
+    const value = typeof DEFAULTS[knob] === 'number' || DEFAULTS[knob] === null ? toNumber(raw) : raw;
     const problem = knobProblem(knob, value);
     if (problem) throw new UsageError(`--${flag} ${problem} (got ${JSON.stringify(raw)})`);
     knobs[knob] = value;

@@ -114,6 +114,9 @@ export class KvRank implements Rank {
     return this.#retracted.size;
   }
 
+  // The KV model orders its queue by arrival only: priority scheduling is modelled on count-based ranks.
+  readonly preemptions = 0;
+
   get retractions(): number {
     return this.#retractions;
   }

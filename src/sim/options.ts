@@ -60,6 +60,20 @@ export interface SimOptions {
   retryAfterSeconds?: number;
   /** 1: a request with `priority` is answered 400 "Priority scheduling is not enabled." (vLLM launched without it). */
   refusePriority?: number;
+  /**
+   * 1 (`--enable-priority-scheduling`): a rank without a KV model queues by `priority`, then
+   * arrival, and a full rank lets a waiting request preempt a running one it outranks by more
+   * than prioritySchedulingPreemptionThreshold (src/sim/priority.ts). 0: `priority` is ignored.
+   */
+  enablePriorityScheduling?: number;
+  /** 1 (`--schedule-low-priority-values-first`): the smaller value goes first. */
+  scheduleLowPriorityValuesFirst?: number;
+  /** `--default-priority-value`: what a request without `priority` gets; null gives it the value that goes last. */
+  defaultPriorityValue?: number | null;
+  /** `--priority-scheduling-preemption-threshold`: SGLang's default is 10. */
+  prioritySchedulingPreemptionThreshold?: number;
+  /** 1 (`--disable-priority-preemption`): priority orders the queue only. */
+  disablePriorityPreemption?: number;
   /** Called when the `dieAfter`-th chat request arrives; by default the server drops every connection and stops listening. */
   onDie?: () => void;
   /** Called with the final stats once a drain has finished the last request, just before the server closes. */
@@ -107,6 +121,11 @@ export const DEFAULTS: Readonly<Knobs> = {
   turnAwayRate: 0,
   retryAfterSeconds: 0,
   refusePriority: 0,
+  enablePriorityScheduling: 0,
+  scheduleLowPriorityValuesFirst: 0,
+  defaultPriorityValue: null,
+  prioritySchedulingPreemptionThreshold: 10,
+  disablePriorityPreemption: 0,
 };
 
 export class SimOptionError extends Error {}
@@ -160,6 +179,11 @@ const RULES: Record<keyof Knobs, Rule> = {
   turnAwayRate: rate,
   retryAfterSeconds: count,
   refusePriority: flag,
+  enablePriorityScheduling: flag,
+  scheduleLowPriorityValuesFirst: flag,
+  defaultPriorityValue: { expect: 'an integer or null', ok: (v) => v === null || isInteger(v) },
+  prioritySchedulingPreemptionThreshold: { expect: 'an integer', ok: isInteger },
+  disablePriorityPreemption: flag,
 };
 
 export const KNOB_NAMES = Object.keys(RULES) as (keyof Knobs)[];

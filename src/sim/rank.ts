@@ -7,8 +7,12 @@ export interface Job {
   readonly completionTokens: number;
   /** The request's max_new_tokens: what KV admission reserves a share of. */
   readonly maxNewTokens: number;
-  /** The job left the queue and runs. */
+  /** SGLang's `priority` as sent, or null; read only by a rank scheduling by priority. */
+  readonly priority?: number | null;
+  /** The job left the queue and runs; after a preemption, it runs again from where it stopped. */
   start(): void;
+  /** Pushed out of the batch by a request of higher priority: it stops and waits in the queue again. */
+  preempt?(): void;
   /** The last token is generated (KV ranks only: a count-based rank leaves timing to the server). */
   finish(): void;
 }
@@ -24,6 +28,8 @@ export interface Rank {
   /** Requests pushed back to the queue for lack of KV, waiting to be prefilled again. */
   readonly retractedWaiting: number;
   readonly retractions: number;
+  /** Running requests pushed back to the queue by one of higher priority (count-based ranks only). */
+  readonly preemptions: number;
   /** Would `job` run at once, with nothing queued ahead of it? */
   hasRoomFor(job: Job): boolean;
   enter(job: Job): void;

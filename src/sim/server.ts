@@ -6,6 +6,7 @@ import { KvRank } from './kv.js';
 import { renderMetrics } from './metrics.js';
 import { checkKnobs, DEFAULTS, SimOptionError, type Knobs, type SimOptions } from './options.js';
 import { PrefixCache } from './prefix-cache.js';
+import type { PriorityPolicy } from './priority.js';
 import type { Job, Rank } from './rank.js';
 import { Slots } from './slots.js';
 import { hashSeed, seededRandom, type Random } from './text.js';
@@ -41,6 +42,8 @@ export interface SimStats {
   turnedAway: number;
   /** Requests pushed back to the queue for lack of KV (KV model only). */
   retracted: number;
+  /** Running requests pushed back to the queue by one of higher priority (enablePriorityScheduling). */
+  preempted: number;
   /** The most KV tokens one rank's running requests ever held. */
   maxKvUsed: number;
   /** Tokens generated, those of requests whose client hung up included (sglang:generation_tokens_total). */
@@ -160,7 +163,13 @@ class SimServer {
       );
     };
     this.#ranks = Array.from({ length: knobs.dpSize }, (_, i) =>
-      knobs.kvTokens > 0 ? new KvRank(knobs, () => this.#share(i), onStart) : new Slots(() => this.#share(i), onStart),
+      knobs.kvTokens > 0
+        ? new KvRank(knobs, () => this.#share(i), onStart)
+        : new Slots(
+            () => this.#share(i),
+            onStart,
+            () => this.#priorityPolicy(),
+          ),
     );
     this.#cache = this.#ranks.map(() => ({ promptTokens: 0, cachedTokens: 0 }));
     this.#prefixes = this.#ranks.map((rank, i) => new PrefixCache(() => this.#pool(i) - rank.usedTokens));
@@ -178,6 +187,7 @@ class SimServer {
       queued: this.#sum((rank) => rank.queued),
       maxRunningSeen: this.#maxRunningSeen,
       retracted: this.#sum((rank) => rank.retractions),
+      preempted: this.#sum((rank) => rank.preemptions),
       maxKvUsed: Math.max(...this.#ranks.map((rank) => rank.maxUsedTokens)),
       generatedTokens: this.#generationTokens,
       maxTokensBeforeHangUp: this.#maxTokensBeforeHangUp,
@@ -223,6 +233,18 @@ class SimServer {
     const resolve = this.#onDrained;
     this.#onDrained = undefined;
     resolve();
+  }
+
+  /** How the ranks order by priority, read at every decision so that a runtime change applies at once; null when off. */
+  #priorityPolicy(): PriorityPolicy | null {
+    const k = this.#knobs;
+    if (k.enablePriorityScheduling !== 1) return null;
+    return {
+      lowFirst: k.scheduleLowPriorityValuesFirst === 1,
+      defaultValue: k.defaultPriorityValue,
+      threshold: k.prioritySchedulingPreemptionThreshold,
+      preemption: k.disablePriorityPreemption !== 1,
+    };
   }
 
   /** Rank i's running limit: maxRunning split as evenly as it goes, and at least one. */
@@ -527,9 +549,16 @@ class SimServer {
     const kv = this.#knobs.kvTokens > 0;
     let settled = false;
     let timer: NodeJS.Timeout | undefined;
+    // When the job would have started had it run without a break: a preempted job goes on from where it stopped.
     let startedAt: number | undefined;
+    // How long it had run when it was last preempted.
+    let ranMs = 0;
     // Tokens of a streamed reply sent so far: what the server generated before a client hung up.
     let sent = 0;
+    let headSent = false;
+    // How long the request waited for a slot before it first ran: a load generator's wait, read from `x-sim-queued-ms`.
+    const enteredAt = performance.now();
+    let queuedMs = 0;
     const done = (): void => {
       settled = true;
       if (faults.abortAt === undefined) this.#counts.completed++;
@@ -544,15 +573,24 @@ class SimServer {
       this.#checkDrained();
     };
     const answer = (): void => {
-      sendJson(res, 200, reply.body, { 'x-sim-digest': request.digest });
+      sendJson(res, 200, reply.body, { 'x-sim-digest': request.digest, 'x-sim-queued-ms': queuedMs.toFixed(1) });
       done();
     };
     // Paced at tokensPerSecond from the first token; unpaced (all at once) at zero latency and in the KV model, which times decode itself.
     const stream = (paced: boolean): void => {
-      res.writeHead(200, { 'content-type': 'text/event-stream', 'cache-control': 'no-cache', 'x-sim-digest': request.digest });
-      res.write(streamHead(reply));
-      const first = performance.now();
+      if (!headSent) {
+        headSent = true;
+        res.writeHead(200, {
+          'content-type': 'text/event-stream',
+          'cache-control': 'no-cache',
+          'x-sim-digest': request.digest,
+          'x-sim-queued-ms': queuedMs.toFixed(1),
+        });
+        res.write(streamHead(reply));
+      }
       const { tokensPerSecond } = this.#knobs;
+      // Pacing resumes from the pieces already sent (all of them, at once, after a preemption when unpaced).
+      const first = performance.now() - (paced && tokensPerSecond > 0 ? (sent / (tokensPerSecond * request.n)) * 1000 : 0);
       const step = (): void => {
         const due =
           paced && tokensPerSecond > 0
@@ -577,24 +615,33 @@ class SimServer {
       // A hung request in the KV model leaves the batch at once and is never answered.
       completionTokens: faults.hang && kv ? 0 : reply.completionTokens,
       maxNewTokens: request.maxTokens,
+      priority: request.priority,
       start: () => {
-        const running = prefix.insert(request.sequence);
-        prefix.lock(running);
-        prefix.unlock(held);
-        held = running;
+        if (startedAt === undefined) {
+          queuedMs = performance.now() - enteredAt;
+          const running = prefix.insert(request.sequence);
+          prefix.lock(running);
+          prefix.unlock(held);
+          held = running;
+        }
         // A hung request holds its slot until the client gives up, as a stuck server would.
         if (kv || faults.hang) return;
-        startedAt = performance.now();
+        startedAt = performance.now() - ranMs;
         if (request.stream) {
-          const { ttftMs } = this.#knobs;
-          if (ttftMs === 0) stream(true);
-          else timer = setTimeout(() => stream(true), ttftMs);
+          const wait = this.#knobs.ttftMs - ranMs;
+          if (wait <= 0) stream(true);
+          else timer = setTimeout(() => stream(true), wait);
           return;
         }
-        const delay = this.#latencyMs(reply.decodeTokens);
+        const delay = this.#latencyMs(reply.decodeTokens) - ranMs;
         // No timer at zero latency: benchmarks need the fastest possible path.
-        if (delay === 0) answer();
+        if (delay <= 0) answer();
         else timer = setTimeout(answer, delay);
+      },
+      // SGLang frees a preempted request's KV and queues it again; the client only waits longer.
+      preempt: () => {
+        clearTimeout(timer);
+        if (startedAt !== undefined) ranMs = performance.now() - startedAt;
       },
       // The KV model times prefill and decode itself; ttftMs is then a fixed delay on top.
       finish: () => {

@@ -18,6 +18,7 @@ const settings = {
   healthTimeoutMs: 10_000,
   unhealthyAfterProbes: 3,
   loadIntervalMs: 3_600_000,
+  sharedLoadIntervalMs: 3_600_000,
   adaptiveConcurrency: false,
   defaultConcurrency: 8,
   requestRetryMs: 500,

@@ -39,6 +39,7 @@ const settings = {
   healthTimeoutMs: 10_000,
   unhealthyAfterProbes: 3,
   loadIntervalMs: 60_000,
+  sharedLoadIntervalMs: 60_000,
   adaptiveConcurrency: true,
   defaultConcurrency: 32,
   requestRetryMs: 500,
