@@ -32,6 +32,8 @@ export interface KvSettings {
 interface Seq {
   readonly job: Job;
   generated: number;
+  /** Retracted at least once: SGLang's num_retracted_requests_total counts a request once, however often it is retracted. */
+  counted?: boolean;
 }
 
 export interface KvClock {
@@ -263,7 +265,7 @@ export class KvRank implements Rank {
       this.#running.delete(victim!.job);
       this.#usedTokens -= victim!.job.promptTokens + victim!.generated;
       this.#retracted.set(victim!.job, victim!);
-      this.#retractions++;
+      this.#count(victim!);
       retracted++;
       this.#ratio = INIT_NEW_TOKEN_RATIO;
     }
@@ -289,7 +291,13 @@ export class KvRank implements Rank {
     }
     // Back to the queue in the order they were admitted, so that the oldest is prefilled first again.
     for (let i = victims.length - 1; i >= 0; i--) this.#retracted.set(victims[i].job, victims[i]);
-    this.#retractions += victims.length;
+    for (const victim of victims) this.#count(victim);
     return victims.length;
+  }
+
+  #count(victim: Seq): void {
+    if (victim.counted) return;
+    victim.counted = true;
+    this.#retractions++;
   }
 }
