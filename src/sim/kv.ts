@@ -32,7 +32,11 @@ export interface KvSettings {
 interface Seq {
   readonly job: Job;
   generated: number;
-  /** Retracted at least once: SGLang's num_retracted_requests_total counts a request once, however often it is retracted. */
+  /**
+   * Counted as retracted since it last made progress: a victim re-admitted and retracted again at
+   * every decode step without a token in between is one retracted request, as SGLang counts it, not
+   * one a step.
+   */
   counted?: boolean;
 }
 
@@ -202,6 +206,7 @@ export class KvRank implements Rank {
     for (const seq of this.#running.values()) {
       const add = Math.min(gain, seq.job.completionTokens - seq.generated);
       seq.generated += add;
+      if (add > 0) seq.counted = false;
       generated += add;
       this.#usedTokens += add;
       if (seq.generated >= seq.job.completionTokens) {
