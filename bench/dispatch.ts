@@ -109,16 +109,22 @@ export async function benchSaturation(): Promise<Figure[]> {
   try {
     await registerAndWait(server, sims);
     const runId = await submitPrompts(server.url, n, { model: MODEL, params: { max_tokens: 256 }, quality: false });
-    const samples: { at: number; running: number }[] = [];
+    const samples: { at: number; running: number; pending: number }[] = [];
     const done = await waitDone(server, runId, async () => {
-      const stats = await Promise.all(sims.map((s) => s.stats()));
-      samples.push({ at: Date.now(), running: stats.reduce((a, s) => a + s.running, 0) });
+      const [stats, run] = await Promise.all([
+        Promise.all(sims.map((s) => s.stats())),
+        json<{ request_counts: { pending: number } }>(server.url, `/v1/runs/${runId}`),
+      ]);
+      samples.push({ at: Date.now(), running: stats.reduce((a, s) => a + s.running, 0), pending: run.request_counts.pending });
     });
     const start = Date.parse(done.started_at);
     const end = Date.parse(done.finished_at);
+    const busyOf = (window: typeof samples) => (window.length ? window.reduce((a, s) => a + s.running, 0) / window.length / (simCount * slots) : 0);
     // Steady state: leave out the first and the last wave (ramp-up and drain).
-    const steady = samples.filter((s) => s.at > start + latencyMs && s.at < end - latencyMs);
-    const busy = steady.length ? steady.reduce((a, s) => a + s.running, 0) / steady.length / (simCount * slots) : 0;
+    const busy = busyOf(samples.filter((s) => s.at > start + latencyMs && s.at < end - latencyMs));
+    // While samples are still waiting to be claimed, every slot has one to take: the drain after
+    // the last is claimed (up to a wave and the servers' queues) is the run's end, not a gap.
+    const whileWork = busyOf(samples.filter((s) => s.at > start + latencyMs && s.pending > 0));
     const wall = seconds(done);
     const ideal = (n * latencyMs) / 1000 / (simCount * slots);
     return [
@@ -129,8 +135,18 @@ export async function benchSaturation(): Promise<Figure[]> {
         baseline: 100,
         unit: '%',
         ratio: busy,
-        target: '≥ 99%',
-        ok: busy >= 0.99,
+        target: '≥ 99.5%',
+        ok: busy >= 0.995,
+      },
+      {
+        part: 'saturation',
+        figure: `share of slot-time busy while samples wait to be claimed, ${simCount} simulators × ${slots} slots, ${latencyMs} ms per request`,
+        regen: whileWork * 100,
+        baseline: 100,
+        unit: '%',
+        ratio: whileWork,
+        target: '≥ 99.5%',
+        ok: whileWork >= 0.995,
       },
       {
         part: 'saturation',

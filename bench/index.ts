@@ -1,5 +1,4 @@
-import { writeFileSync } from 'node:fs';
-import { fileURLToPath } from 'node:url';
+import { loadavg } from 'node:os';
 import { benchAdaptive } from './adaptive.js';
 import { benchDispatch, benchSaturation, benchStream } from './dispatch.js';
 import { benchConversations } from './conversations.js';
@@ -51,7 +50,7 @@ function table(figures: Figure[]): string {
 
 /**
  * `npm run bench [part…]`: runs the parts (all by default), prints regen next to its baseline for
- * every figure, and, for a full-scale run of every part, writes BENCHMARKS.md. Parts: ingest, dispatch, saturation, stream, million, adaptive, tail, scale, stores, endless, variants, formats, share; conversations only when named.
+ * every figure, with the machine and its load. Parts: ingest, dispatch, saturation, stream, million, adaptive, tail, scale, stores, endless, variants, formats, share; conversations only when named.
  */
 async function main(): Promise<void> {
   const asked = process.argv.slice(2);
@@ -67,13 +66,10 @@ async function main(): Promise<void> {
     figures.push(...got);
     console.error(table(got));
   }
-  const report = `# Benchmarks\n\nMeasured ${new Date().toISOString().slice(0, 10)} on ${machine()}${SCALE !== 1 ? `, scale ${SCALE}` : ''}.\nregen and its baseline run side by side in the same run; ratios matter, absolute numbers vary between machines.\n\n${table(figures)}\n`;
-  console.log(report);
-  if (SCALE === 1 && asked.length === 0) {
-    const target = fileURLToPath(new URL('../BENCHMARKS.md', import.meta.url));
-    writeFileSync(target, report + (process.env.BENCH_NOTES ?? ''));
-    console.error(`wrote ${target}`);
-  }
+  // Printed, never written over BENCHMARKS.md: its current table and history are kept by hand from runs like this.
+  console.log(
+    `Measured ${new Date().toISOString().slice(0, 10)} on ${machine()}${SCALE !== 1 ? `, scale ${SCALE}` : ''}, load average ${loadavg()[0].toFixed(1)} at the end.\n\n${table(figures)}\n`,
+  );
 }
 
 await main();

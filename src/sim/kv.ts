@@ -32,6 +32,12 @@ export interface KvSettings {
 interface Seq {
   readonly job: Job;
   generated: number;
+  /**
+   * Counted as retracted since it last made progress: a victim re-admitted and retracted again at
+   * every decode step without a token in between is one retracted request, as SGLang counts it, not
+   * one a step.
+   */
+  counted?: boolean;
 }
 
 export interface KvClock {
@@ -203,6 +209,7 @@ export class KvRank implements Rank {
     for (const seq of this.#running.values()) {
       const add = Math.min(gain, seq.job.completionTokens - seq.generated);
       seq.generated += add;
+      if (add > 0) seq.counted = false;
       generated += add;
       this.#usedTokens += add;
       if (seq.generated >= seq.job.completionTokens) {
@@ -266,7 +273,7 @@ export class KvRank implements Rank {
       this.#running.delete(victim!.job);
       this.#usedTokens -= victim!.job.promptTokens + victim!.generated;
       this.#retracted.set(victim!.job, victim!);
-      this.#retractions++;
+      this.#count(victim!);
       retracted++;
       this.#ratio = INIT_NEW_TOKEN_RATIO;
     }
@@ -292,7 +299,13 @@ export class KvRank implements Rank {
     }
     // Back to the queue in the order they were admitted, so that the oldest is prefilled first again.
     for (let i = victims.length - 1; i >= 0; i--) this.#retracted.set(victims[i].job, victims[i]);
-    this.#retractions += victims.length;
+    for (const victim of victims) this.#count(victim);
     return victims.length;
+  }
+
+  #count(victim: Seq): void {
+    if (victim.counted) return;
+    victim.counted = true;
+    this.#retractions++;
   }
 }
