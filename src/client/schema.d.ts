@@ -803,7 +803,7 @@ export interface components {
         CreateBatch: {
             input_file_id: string;
             /** @enum {string} */
-            endpoint: "/v1/chat/completions";
+            endpoint: "/v1/chat/completions" | "/v1/completions" | "/v1/embeddings";
             completion_window: string;
             metadata?: {
                 [key: string]: string;
@@ -875,6 +875,8 @@ export interface components {
             input: {
                 [key: string]: unknown;
             };
+            /** @enum {string} */
+            endpoint: "/v1/chat/completions" | "/v1/completions" | "/v1/embeddings";
             regenerate: string | null;
             /**
              * @description A run with `regenerate: "all_assistant"`: its pairing rule; null for other runs
@@ -1079,6 +1081,11 @@ export interface components {
             } | {
                 requests: unknown[];
             };
+            /**
+             * @description The server route each request goes to: `/v1/chat/completions` (the default: lines carry messages), `/v1/completions` (a line's `prompt`, text or token ids, sent raw with no chat template; output lines carry `text`) or `/v1/embeddings` (a line's `input`; output lines carry `embedding`, floats, or base64 with `params.encoding_format`)
+             * @enum {string}
+             */
+            endpoint?: "/v1/chat/completions" | "/v1/completions" | "/v1/embeddings";
             params?: components["schemas"]["GenerationParams"];
             shard_size?: number;
             output?: {
@@ -1290,6 +1297,11 @@ export interface components {
             } | {
                 requests: unknown[];
             };
+            /**
+             * @description The server route each request goes to: `/v1/chat/completions` (the default: lines carry messages), `/v1/completions` (a line's `prompt`, text or token ids, sent raw with no chat template; output lines carry `text`) or `/v1/embeddings` (a line's `input`; output lines carry `embedding`, floats, or base64 with `params.encoding_format`)
+             * @enum {string}
+             */
+            endpoint?: "/v1/chat/completions" | "/v1/completions" | "/v1/embeddings";
             params?: components["schemas"]["GenerationParams"];
             shard_size?: number;
             output?: {

@@ -88,6 +88,8 @@ export const runs = pgTable(
     toolPairing: text('tool_pairing'),
     onToolMismatch: text('on_tool_mismatch'),
     historyReasoning: text('history_reasoning'),
+    // The server route its requests go to (domain/run-endpoint.ts); null on runs made before it existed: chat.
+    endpoint: text('endpoint'),
     onInvalidLine: text('on_invalid_line').notNull(),
     quality: jsonb('quality').$type<QualityConfig | null>(),
     gateOverridden: boolean('gate_overridden').notNull().default(false),

@@ -82,6 +82,8 @@ export const runs = sqliteTable(
     toolPairing: text('tool_pairing'),
     onToolMismatch: text('on_tool_mismatch'),
     historyReasoning: text('history_reasoning'),
+    // The server route its requests go to (domain/run-endpoint.ts); null on runs made before it existed: chat.
+    endpoint: text('endpoint'),
     onInvalidLine: text('on_invalid_line').notNull(),
     quality: text('quality', { mode: 'json' }).$type<QualityConfig | null>(),
     gateOverridden: integer('gate_overridden', { mode: 'boolean' }).notNull().default(false),

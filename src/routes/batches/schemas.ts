@@ -1,5 +1,6 @@
 import { z } from '@hono/zod-openapi';
 import { WebhookTarget } from '../common.js';
+import { RUN_ENDPOINTS, unsupportedEndpointMessage } from '../../domain/run-endpoint.js';
 
 const maxLen = (n: number) => z.string().max(n, `must be at most ${n} characters`);
 
@@ -17,7 +18,7 @@ export const BatchIdParam = z.object({
 export const CreateBatchBody = z
   .object({
     input_file_id: z.string().min(1).max(128),
-    endpoint: z.literal('/v1/chat/completions', 'only "/v1/chat/completions" is supported: regen runs chat completions'),
+    endpoint: z.enum(RUN_ENDPOINTS, { error: (issue) => unsupportedEndpointMessage(String(issue.input)) }),
     // OpenAI takes "24h" only; longer windows suit regen's multi-day runs.
     completion_window: z.string().regex(/^[1-9][0-9]{0,3}h$/, 'expected a whole number of hours, such as "24h"'),
     metadata: z

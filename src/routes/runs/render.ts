@@ -10,6 +10,7 @@ import type { StoredForecast } from '../../domain/forecast.js';
 import type { RunProgress } from '../../domain/live-view.js';
 import type { TurnRecord } from '../../domain/conversation.js';
 import { iso } from '../common.js';
+import { runEndpoint } from '../../domain/run-endpoint.js';
 import type { Run } from './schemas.js';
 
 /**
@@ -103,6 +104,7 @@ export function renderRun(r: RunRow, live: RunProgress, now: number, variantRows
     priority: r.priority,
     metadata: r.metadata,
     input: r.input as Record<string, unknown>,
+    endpoint: runEndpoint(r.endpoint),
     regenerate: r.regenerate,
     tool_pairing: r.toolPairing as Run['tool_pairing'],
     on_tool_mismatch: r.onToolMismatch as Run['on_tool_mismatch'],
