@@ -272,7 +272,9 @@ describe('a batch', () => {
     const errorLines = await content(done.error_file_id!);
     expect(errorLines).toHaveLength(5);
     const byCode = new Map(errorLines.map((l) => [l.error.code, l]));
-    expect([...byCode.keys()].sort()).toEqual(['duplicate_custom_id', 'invalid_json_line', 'invalid_request', 'mismatched_endpoint', 'mismatched_model'].sort());
+    expect([...byCode.keys()].sort()).toEqual(
+      ['duplicate_custom_id', 'invalid_json_line', 'invalid_request', 'mismatched_endpoint', 'mismatched_model'].sort(),
+    );
     expect(byCode.get('mismatched_model')).toMatchObject({ custom_id: 'other-model', response: null });
     expect(byCode.get('invalid_json_line')!.error.message).toMatch(/^line 2: /);
     // The sample the server refused keeps its HTTP answer.

@@ -690,8 +690,10 @@ export interface components {
              * @example 1764684000
              */
             created_at: number;
-            /** @description Unix seconds; null, as a file is kept until deleted */
+            /** @description Unix seconds: when the content is deleted (`expires_after`, or a batch output's `output_expires_after`); null when it is kept until deleted */
             expires_at: number | null;
+            /** @description regen's addition: the content was deleted at expires_at; the object stays */
+            expired: boolean;
             /**
              * @description Deprecated by OpenAI; kept for the SDKs' waitForProcessing
              * @enum {string}
@@ -808,6 +810,7 @@ export interface components {
             metadata?: {
                 [key: string]: string;
             } | null;
+            /** @description Deletes the batch's output and error files (its run's shards) this many seconds after they are made, when the batch ends: 3600 to 2592000 (30 days) */
             output_expires_after?: {
                 /** @enum {string} */
                 anchor: "created_at";
@@ -863,6 +866,14 @@ export interface components {
             output_uri: string;
             /** @enum {string} */
             output_format: "jsonl" | "conversations" | "parquet";
+            /**
+             * Format: date-time
+             * @description When the output is deleted (`output.expires_after` from the finish); null when it is kept
+             * @example 2026-12-02T14:00:00.000Z
+             */
+            output_expires_at: string | null;
+            /** @description The output was deleted at output_expires_at; the run and its samples stay */
+            output_expired: boolean;
             /** @description Whether the run may replace files of the names it writes that its prefix held when it was created (`output.overwrite`) */
             output_overwrite: boolean;
             split: {
@@ -1095,6 +1106,10 @@ export interface components {
                  * @enum {string}
                  */
                 format?: "jsonl" | "conversations" | "parquet";
+                /** @description Deletes the run's output (shards, error files, manifest, card) this many seconds after the run finishes: 3600 to 2592000 (30 days). The run stays, `output_expired: true` */
+                expires_after?: {
+                    seconds: number;
+                };
                 /** @description Lets the run replace files of the names it writes (`shard-*`, `manifest.json`, `README.md` where it writes a card, `train/`, `eval/`, `tokens/`, `export*`) that its prefix already holds; without it such a prefix is a 409 naming the file. A prefix holding the run's input is refused either way */
                 overwrite?: boolean;
             };
@@ -1311,6 +1326,10 @@ export interface components {
                  * @enum {string}
                  */
                 format?: "jsonl" | "conversations" | "parquet";
+                /** @description Deletes the run's output (shards, error files, manifest, card) this many seconds after the run finishes: 3600 to 2592000 (30 days). The run stays, `output_expired: true` */
+                expires_after?: {
+                    seconds: number;
+                };
                 /** @description Lets the run replace files of the names it writes (`shard-*`, `manifest.json`, `README.md` where it writes a card, `train/`, `eval/`, `tokens/`, `export*`) that its prefix already holds; without it such a prefix is a 409 naming the file. A prefix holding the run's input is refused either way */
                 overwrite?: boolean;
             };
@@ -2090,6 +2109,10 @@ export interface operations {
             query?: {
                 filename?: string;
                 purpose?: "batch" | "regen" | "run_input" | "batch_output" | "user_data";
+                /** @description With `expires_after[seconds]`: `created_at`, OpenAI's only anchor */
+                "expires_after[anchor]"?: string;
+                /** @description Seconds after the upload when its content is deleted: 3600 to 2592000 (30 days); the object stays, `expired: true` */
+                "expires_after[seconds]"?: string;
             };
             header?: never;
             path?: never;
@@ -2105,6 +2128,8 @@ export interface operations {
                     file: string;
                     /** @enum {string} */
                     purpose: "batch" | "regen" | "run_input" | "batch_output" | "user_data";
+                    "expires_after[anchor]"?: string;
+                    "expires_after[seconds]"?: string;
                 };
             };
         };

@@ -62,6 +62,9 @@ export const files = pgTable('files', {
   purpose: text('purpose').notNull(),
   bytes: bigintNumber('bytes').notNull(),
   objectKey: text('object_key').notNull(),
+  // When its content is deleted (`expires_after`), and when that was done: the row stays, marked expired.
+  expiresAt: bigintNumber('expires_at'),
+  expiredAt: bigintNumber('expired_at'),
   createdAt: bigintNumber('created_at').notNull(),
 });
 
@@ -136,6 +139,10 @@ export const runs = pgTable(
     outputFileId: text('output_file_id').unique(),
     errorFileId: text('error_file_id').unique(),
     batchFileBytes: jsonb('batch_file_bytes').$type<BatchFileBytes | null>(),
+    // The output's lifetime after the run finishes (`output.expires_after`, a batch's `output_expires_after`),
+    // in seconds, and when its objects were deleted (the run's row stays).
+    outputExpiresAfter: integer('output_expires_after'),
+    outputExpiredAt: bigintNumber('output_expired_at'),
     webhookUrl: text('webhook_url'),
     webhookSecret: text('webhook_secret'),
     webhookPending: integer('webhook_pending').notNull().default(0),

@@ -364,10 +364,9 @@ function checkParams(params: JsonObject, path: string, choicesInBody = false): J
 /** An OpenAI batch line's method and url: a url other than the run's endpoint is the line's error, as OpenAI's. */
 function checkUrl(obj: JsonObject, endpoint: RunEndpoint): void {
   if (obj.method !== 'POST') throw new LineRejected('method must be "POST"');
-  if (obj.url !== endpoint) {
-    const url = typeof obj.url === 'string' ? JSON.stringify(obj.url.slice(0, 100)) : 'missing';
-    throw new LineRejected(`url ${url} differs from the batch's endpoint "${endpoint}"`, 'mismatched_endpoint');
-  }
+  if (typeof obj.url !== 'string') throw new LineRejected(`url must be a string: the batch's endpoint, "${endpoint}"`);
+  if (obj.url !== endpoint)
+    throw new LineRejected(`url ${JSON.stringify(obj.url.slice(0, 100))} differs from the batch's endpoint "${endpoint}"`, 'mismatched_endpoint');
 }
 
 function readBatchRequest(obj: JsonObject, opts: ParseOptions): Omit<LineContent, 'custom_id'> {

@@ -43,9 +43,13 @@ describe('a completions or embeddings line', () => {
       "no body.prompt: a /v1/completions request's prompt is a text or an array of token ids: a /v1/completions request has no messages",
     ]);
     expect(reason(batchLine('/v1/completions', { prompt: [1, -2] }), completions)?.[1]).toBe('body.prompt[1] must be a token id (a whole number from 0)');
-    expect(reason(batchLine('/v1/completions', { prompt: 'x', logprobs: true }), completions)?.[1]).toMatch(/^body\.logprobs must be a whole number from 0 to 20/);
+    expect(reason(batchLine('/v1/completions', { prompt: 'x', logprobs: true }), completions)?.[1]).toMatch(
+      /^body\.logprobs must be a whole number from 0 to 20/,
+    );
     expect(reason(batchLine('/v1/embeddings', { input: ['a', 'b'] }), embeddings)?.[1]).toMatch(/^body\.input: one input a line/);
-    expect(reason(batchLine('/v1/embeddings', { input: 'a', encoding_format: 'hex' }), embeddings)?.[1]).toBe('body.encoding_format must be "float" or "base64"');
+    expect(reason(batchLine('/v1/embeddings', { input: 'a', encoding_format: 'hex' }), embeddings)?.[1]).toBe(
+      'body.encoding_format must be "float" or "base64"',
+    );
     expect(reason({ input: 'a', params: { dimensions: 0 } }, embeddings)?.[1]).toBe('params.dimensions must be a whole number from 1 to 65536');
     expect(reason({ input: '  ' }, embeddings)?.[1]).toBe('input must not be empty');
   });
@@ -68,7 +72,12 @@ describe('a completions or embeddings line', () => {
 
 describe('an embedding answer', () => {
   const limits = { contextLength: 100, choices: 1 };
-  const answer = (embedding: unknown, prompt_tokens: unknown = 3) => ({ object: 'list', data: [{ embedding, index: 0 }], model: 'm', usage: { prompt_tokens } });
+  const answer = (embedding: unknown, prompt_tokens: unknown = 3) => ({
+    object: 'list',
+    data: [{ embedding, index: 0 }],
+    model: 'm',
+    usage: { prompt_tokens },
+  });
 
   it('is its vector and its prompt tokens', () => {
     expect(parseEmbedding(answer([0.6, 0.8]), limits)).toMatchObject({

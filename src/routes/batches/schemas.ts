@@ -26,11 +26,15 @@ export const CreateBatchBody = z
       .refine((m) => Object.keys(m).length <= 16, 'at most 16 keys')
       .nullable()
       .optional(),
-    // Accepted for compatibility; the output files live as long as the run's shards.
+    // Its bounds (3600 s to 30 days) are checked by the service, where a test setting may lower the minimum.
     output_expires_after: z
-      .object({ anchor: z.literal('created_at'), seconds: z.number().int().min(3600).max(2_592_000) })
+      .object({ anchor: z.literal('created_at'), seconds: z.number().int() })
       .strict()
-      .optional(),
+      .optional()
+      .openapi({
+        description:
+          "Deletes the batch's output and error files (its run's shards) this many seconds after they are made, when the batch ends: 3600 to 2592000 (30 days)",
+      }),
     webhook: WebhookTarget.optional(),
   })
   .strict()

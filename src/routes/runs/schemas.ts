@@ -82,6 +82,10 @@ export const CreateRunBody = z
           description:
             "How the shards are written: `jsonl` (the default: one output line per sample), `conversations` (SpecForge's regenerated-data shape: the conversation with each answer's reasoning, and `status`), or `parquet` (typed Parquet shards with a `README.md` dataset card for Hugging Face `datasets`)",
         }),
+        expires_after: z.object({ seconds: z.number().int() }).strict().optional().openapi({
+          description:
+            "Deletes the run's output (shards, error files, manifest, card) this many seconds after the run finishes: 3600 to 2592000 (30 days). The run stays, `output_expired: true`",
+        }),
         overwrite: z.boolean().optional().openapi({
           description:
             "Lets the run replace files of the names it writes (`shard-*`, `manifest.json`, `README.md` where it writes a card, `train/`, `eval/`, `tokens/`, `export*`) that its prefix already holds; without it such a prefix is a 409 naming the file. A prefix holding the run's input is refused either way",
@@ -264,6 +268,10 @@ export const Run = z
     shard_size: z.number().int(),
     output_uri: z.string(),
     output_format: z.enum(OUTPUT_FORMATS),
+    output_expires_at: Timestamp.nullable().openapi({
+      description: 'When the output is deleted (`output.expires_after` from the finish); null when it is kept',
+    }),
+    output_expired: z.boolean().openapi({ description: 'The output was deleted at output_expires_at; the run and its samples stay' }),
     output_overwrite: z
       .boolean()
       .openapi({ description: 'Whether the run may replace files of the names it writes that its prefix held when it was created (`output.overwrite`)' }),

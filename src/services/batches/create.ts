@@ -11,13 +11,14 @@ import { parseInputLine, readLines } from '../../domain/input-line.js';
 import { ApiError } from '../../errors.js';
 import type { RunEndpoint } from '../../domain/run-endpoint.js';
 import { newId } from '../../ids.js';
-import { createRun } from '../runs/create.js';
+import { checkExpiry, createRun } from '../runs/create.js';
 
 /** What a batch is made of: the body of POST /v1/batches, as its route has validated it. */
 export interface NewBatch {
   input_file_id: string;
   endpoint: RunEndpoint;
   completion_window: string;
+  output_expires_after?: { anchor: 'created_at'; seconds: number };
   metadata?: Record<string, string> | null;
   webhook?: { url: string; secret: string };
 }
@@ -77,6 +78,7 @@ const hours = (window: string) => Number(window.slice(0, -1));
  * override them), invalid lines skipped and listed rather than failing the whole batch.
  */
 export async function createBatch(deps: Deps, body: NewBatch): Promise<RunRow> {
+  checkExpiry(body.output_expires_after?.seconds, 'output_expires_after.seconds', deps.config.minExpirySeconds);
   const file = await getFile(deps.db, body.input_file_id);
   if (!file) throw new ApiError('not_found', `file ${JSON.stringify(body.input_file_id.slice(0, 100))} does not exist`, { field: 'input_file_id' });
   const model = await peekModel(deps, file, body.endpoint);
@@ -98,6 +100,7 @@ export async function createBatch(deps: Deps, body: NewBatch): Promise<RunRow> {
       completionWindow: body.completion_window,
       expiresAt: deps.clock() + hours(body.completion_window) * 3600_000,
       outputFileId: newId('file'),
+      outputExpiresAfter: body.output_expires_after?.seconds ?? null,
       errorFileId: newId('file'),
     },
   );

@@ -8,6 +8,7 @@ import { cancelledSamples, getRunByBatchFile, setBatchFileBytes, shardPage } fro
 import { getRun } from '../../db/runs.js';
 import type { RunRow } from '../../db/schema.js';
 import { fileObject } from '../../domain/files.js';
+import { outputExpiresAt } from '../../domain/expiry.js';
 import { batchLineError, readLines } from '../../domain/input-line.js';
 import { type ErrorLine, isRawLine, type OutputLine, type RawOutputLine } from '../../domain/output-line.js';
 import { BATCH_UNANSWERED } from '../../domain/sample-errors.js';
@@ -217,9 +218,14 @@ async function batchFileBytes(deps: Deps, r: RunRow, kind: BatchFileKind): Promi
 
 /** The File object of a batch's output or error file. */
 export async function renderBatchFile(deps: Deps, r: RunRow, kind: BatchFileKind) {
+  // An expired file's shards are gone: its size is what was counted before, if it was.
+  const expired = r.outputExpiredAt !== null;
+  const bytes = expired ? (r.batchFileBytes?.at === r.finishedAt ? (r.batchFileBytes[kind] ?? 0) : 0) : await batchFileBytes(deps, r, kind);
   return fileObject({
     id: (kind === 'output' ? r.outputFileId : r.errorFileId)!,
-    bytes: await batchFileBytes(deps, r, kind),
+    bytes,
+    expiresAt: outputExpiresAt(r),
+    expiredAt: r.outputExpiredAt,
     filename: `${r.batchId}_${kind}.jsonl`,
     purpose: 'batch_output',
     createdAt: r.finishedAt!,

@@ -20,6 +20,7 @@ import {
 } from '../../domain/params.js';
 import { layeredParams, type Variant } from '../../domain/variants.js';
 import { DEFAULT_RUN_ENDPOINT, type RunEndpoint } from '../../domain/run-endpoint.js';
+import { expiryProblem } from '../../domain/expiry.js';
 import { answerBufferProblem } from '../../domain/answer-bytes.js';
 import { qualityConfig, type QualityRequest } from '../../domain/quality.js';
 import type { OutputFormat } from '../../domain/output-format.js';
@@ -35,7 +36,7 @@ export interface NewRun {
   input: { file_id: string } | { uri: string } | { requests: unknown[] };
   params?: Record<string, unknown>;
   shard_size?: number;
-  output?: { uri?: string; format?: OutputFormat; overwrite?: boolean };
+  output?: { uri?: string; format?: OutputFormat; overwrite?: boolean; expires_after?: { seconds: number } };
   split?: { eval: number };
   endpoint?: RunEndpoint;
   regenerate?: RegenerateMode | null;
@@ -83,6 +84,12 @@ export function checkRawEndpoint(body: Pick<NewRun, 'endpoint' | 'regenerate' | 
   if (format !== 'jsonl') refuse('output.format', 'only "jsonl" holds a raw prompt\'s or an input\'s output lines');
   if (body.split) refuse('split', 'a split is written in a dataset format, which needs chat messages');
   if (endpoint === '/v1/embeddings' && typeof body.params?.n === 'number' && body.params.n > 1) refuse('params.n', 'an embedding has one answer');
+}
+
+/** An output lifetime (`output.expires_after`, a batch's `output_expires_after`) within OpenAI's bounds, or none. */
+export function checkExpiry(seconds: number | undefined, field: string, min: number): void {
+  const problem = seconds === undefined ? null : expiryProblem(seconds, min);
+  if (problem) throw new ApiError('validation_failed', `${field}: ${problem}`, { field });
 }
 
 /** A run's params.n against its regenerate mode (samplesPerLineProblem); the mode is read as a string, whatever the route's enum lets through. */
@@ -153,6 +160,7 @@ export async function createRun(
   }
   const calibrationSamples = checkCalibration(body);
   checkRawEndpoint(body);
+  checkExpiry(body.output?.expires_after?.seconds, 'output.expires_after.seconds', config.minExpirySeconds);
   checkSamplesPerLine(body);
   checkAnswerBuffer(body, config.answerBufferBytes);
   const id = newId('run');
@@ -210,6 +218,7 @@ export async function createRun(
       metadata: body.metadata ?? {},
       regenerate: body.regenerate ?? null,
       endpoint: body.endpoint ?? null,
+      outputExpiresAfter: body.output?.expires_after?.seconds ?? null,
       ...(body.regenerate === 'all_assistant' && {
         toolPairing: body.tool_pairing ?? 'name',
         onToolMismatch: body.on_tool_mismatch ?? 'truncate',
