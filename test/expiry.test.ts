@@ -175,6 +175,13 @@ describe("a run's output.expires_after", () => {
         });
         expect(expired).toMatchObject({ status: 'completed', request_counts: { total: 3, completed: 3 } });
         for (const key of ['shard-00000.jsonl', 'shard-00001.jsonl', 'manifest.json']) expect(existsSync(join(prefix, key)), key).toBe(false);
+        // The samples stay without their answers; a retry would write a manifest of deleted shards.
+        const sample = await api(`/v1/runs/${run.id}/samples/line-1`);
+        expect(sample.status, JSON.stringify(sample.body)).toBe(200);
+        expect(sample.body).toMatchObject({ status: 'completed', output: null });
+        const retry = await api(`/v1/runs/${run.id}/retry`, { method: 'POST', json: {} });
+        expect(retry.status).toBe(409);
+        expect(retry.body.detail).toMatch(/output expired/);
       } finally {
         await server.cleanup();
       }
