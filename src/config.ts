@@ -80,6 +80,10 @@ const settings = {
   // Standard Webhooks recommends a timeout of 15 to 30 s.
   webhookTimeoutMs: { env: 'REGEN_WEBHOOK_TIMEOUT_MS', flag: undefined, parse: int(100, 300_000), default: '15000' },
   webhookRetryMs: { env: 'REGEN_WEBHOOK_RETRY_MS', flag: undefined, parse: int(10, 3_600_000), default: '5000' },
+  // How often expired files and run outputs are looked for and deleted (README "Expiry").
+  expiryIntervalMs: { env: 'REGEN_EXPIRY_INTERVAL_MS', flag: undefined, parse: int(50, 3_600_000), default: '10000' },
+  // Tests only: the shortest `expires_after` taken, below OpenAI's 3,600 s, so expiry can be seen in seconds.
+  minExpirySeconds: { env: 'REGEN_MIN_EXPIRY_SECONDS', flag: undefined, parse: int(1, 3600), default: '3600' },
   webhookMaxAttempts: { env: 'REGEN_WEBHOOK_MAX_ATTEMPTS', flag: undefined, parse: int(1, 1000), default: '30' },
   secretKey: { env: 'REGEN_SECRET_KEY', flag: undefined, parse: secretKey, default: undefined, secret: true },
 } as const;

@@ -16,6 +16,7 @@ import { Metrics } from './services/metrics.js';
 import { ingestRun } from './services/runs/ingest.js';
 import { canonicalizeOutputUris, sweepUnfinishedWrites, warnDefaultOutputsHolders } from './services/runs/output-location.js';
 import { WebhookDeliverer } from './services/webhooks.js';
+import { ExpirySweeper } from './services/expiry.js';
 import { Stores } from './storage/index.js';
 
 /** The runner as the process that started it controls it, whether in this thread or its own. */
@@ -199,6 +200,9 @@ async function start(config: Config, opts: StartOptions, thread: RunnerThread | 
   // On this thread, not the runner's: a slow receiver must not hold up dispatch.
   const webhooks = new WebhookDeliverer(deps);
   webhooks.start();
+  // On the API thread too: deleting expired objects is the object store's work, not dispatch's.
+  const expiry = new ExpirySweeper(deps);
+  expiry.start();
   const app = createApp(deps);
   let server: ServerType;
   try {
@@ -206,6 +210,7 @@ async function start(config: Config, opts: StartOptions, thread: RunnerThread | 
   } catch (err) {
     // Nothing was served: what started for it stops at once, with no grace period to wait out.
     await webhooks.stop();
+    await expiry.stop();
     await ingest.stop();
     if (runner) await runner.stop(0);
     stores.close();
@@ -233,6 +238,7 @@ async function start(config: Config, opts: StartOptions, thread: RunnerThread | 
       await ingest.stop();
       if (runner) await runner.stop(graceMs);
       await webhooks.stop();
+      await expiry.stop();
       stores.close();
       await closeDb(db);
       logger.info('regen stopped');

@@ -252,7 +252,7 @@ describe('input lines', () => {
       [3, 'invalid_characters'],
       [4, 'invalid_characters'],
       [5, 'invalid_characters'],
-      [6, 'invalid_request'],
+      [6, 'mismatched_endpoint'],
     ]);
     expect(done.errors.data[2].message).toContain('body.messages[0].content');
     const errorFile = await req(`/v1/files/${done.error_file_id}/content`);

@@ -208,11 +208,11 @@ describe('a batch', () => {
     };
 
     // OpenAI answers 400 to a parameter it refuses; the SDK reads message and param from its envelope.
-    const endpoint = await refusal(client.batches.create({ input_file_id: file.id, endpoint: '/v1/embeddings', completion_window: '24h' }));
+    const endpoint = await refusal(client.batches.create({ input_file_id: file.id, endpoint: '/v1/responses', completion_window: '24h' }));
     expect(endpoint).toBeInstanceOf(BadRequestError);
     expect(endpoint.status).toBe(400);
     expect(endpoint.param).toBe('endpoint');
-    expect((endpoint.error as any).message).toMatch(/^endpoint: only "\/v1\/chat\/completions" is supported/);
+    expect((endpoint.error as any).message).toMatch(/^endpoint: "\/v1\/responses" is not supported: regen runs "\/v1\/chat\/completions", /);
     expect(endpoint.message).toContain((endpoint.error as any).message);
 
     const window = await refusal(client.batches.create({ input_file_id: file.id, endpoint: '/v1/chat/completions', completion_window: '1d' as '24h' }));
@@ -264,7 +264,7 @@ describe('a batch', () => {
       [2, 'invalid_json_line', null],
       [4, 'mismatched_model', 'body.model'],
       [6, 'duplicate_custom_id', 'custom_id'],
-      [7, 'invalid_request', null],
+      [7, 'mismatched_endpoint', 'url'],
     ]);
     for (const e of errors) expect(e.message?.length).toBeGreaterThan(0);
 
@@ -272,7 +272,9 @@ describe('a batch', () => {
     const errorLines = await content(done.error_file_id!);
     expect(errorLines).toHaveLength(5);
     const byCode = new Map(errorLines.map((l) => [l.error.code, l]));
-    expect([...byCode.keys()].sort()).toEqual(['duplicate_custom_id', 'invalid_json_line', 'invalid_request', 'mismatched_model'].sort());
+    expect([...byCode.keys()].sort()).toEqual(
+      ['duplicate_custom_id', 'invalid_json_line', 'invalid_request', 'mismatched_endpoint', 'mismatched_model'].sort(),
+    );
     expect(byCode.get('mismatched_model')).toMatchObject({ custom_id: 'other-model', response: null });
     expect(byCode.get('invalid_json_line')!.error.message).toMatch(/^line 2: /);
     // The sample the server refused keeps its HTTP answer.

@@ -289,8 +289,8 @@ describe('parseInputLine: bad lines', () => {
 
   it('reports bad batch lines', () => {
     const good = { custom_id: 'r', method: 'POST', url: '/v1/chat/completions', body: { messages: [user] } };
-    expect(reasonOf({ ...good, url: '/v1/completions' })).toBe('url must be /v1/chat/completions');
-    expect(reasonOf({ ...good, url: undefined })).toBe('url must be /v1/chat/completions');
+    expect(reasonOf({ ...good, url: '/v1/completions' })).toBe(`url "/v1/completions" differs from the batch's endpoint "/v1/chat/completions"`);
+    expect(reasonOf({ ...good, url: undefined })).toBe(`url must be a string: the batch's endpoint, "/v1/chat/completions"`);
     expect(reasonOf({ ...good, method: 'GET' })).toBe('method must be "POST"');
     expect(reasonOf({ ...good, body: 'x' })).toBe('body must be an object');
     expect(reasonOf({ ...good, body: { model: 'm' } })).toBe('body.messages must be a non-empty array');

@@ -255,7 +255,7 @@ describe('the Batch routes', () => {
     expectOpenAIError(await api('/v1/batches?limit=101'), 400, 'limit');
     const bad = (json: object) =>
       api('/v1/batches', { method: 'POST', json: { input_file_id: file.id, endpoint: '/v1/chat/completions', completion_window: '24h', ...json } });
-    expectOpenAIError(await bad({ endpoint: '/v1/embeddings' }), 400, 'endpoint');
+    expectOpenAIError(await bad({ endpoint: '/v1/responses' }), 400, 'endpoint');
     expectOpenAIError(await bad({ completion_window: '1d' }), 400, 'completion_window');
     expectOpenAIError(await bad({ input_file_id: 'file_doesnotexist' }), 404, 'input_file_id');
     expectOpenAIError(await api('/v1/batches', { method: 'POST', body: '{', headers: { 'content-type': 'application/json' } }), 400);

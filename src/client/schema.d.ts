@@ -690,8 +690,10 @@ export interface components {
              * @example 1764684000
              */
             created_at: number;
-            /** @description Unix seconds; null, as a file is kept until deleted */
+            /** @description Unix seconds: when the content is deleted (`expires_after`, or a batch output's `output_expires_after`); null when it is kept until deleted */
             expires_at: number | null;
+            /** @description regen's addition: the content was deleted at expires_at; the object stays */
+            expired: boolean;
             /**
              * @description Deprecated by OpenAI; kept for the SDKs' waitForProcessing
              * @enum {string}
@@ -803,11 +805,12 @@ export interface components {
         CreateBatch: {
             input_file_id: string;
             /** @enum {string} */
-            endpoint: "/v1/chat/completions";
+            endpoint: "/v1/chat/completions" | "/v1/completions" | "/v1/embeddings";
             completion_window: string;
             metadata?: {
                 [key: string]: string;
             } | null;
+            /** @description Deletes the batch's output and error files (its run's shards) this many seconds after they are made, when the batch ends: 3600 to 2592000 (30 days) */
             output_expires_after?: {
                 /** @enum {string} */
                 anchor: "created_at";
@@ -863,6 +866,14 @@ export interface components {
             output_uri: string;
             /** @enum {string} */
             output_format: "jsonl" | "conversations" | "parquet";
+            /**
+             * Format: date-time
+             * @description When the output is deleted (`output.expires_after` from the finish); null when it is kept
+             * @example 2026-12-02T14:00:00.000Z
+             */
+            output_expires_at: string | null;
+            /** @description The output was deleted at output_expires_at; the run and its samples stay */
+            output_expired: boolean;
             /** @description Whether the run may replace files of the names it writes that its prefix held when it was created (`output.overwrite`) */
             output_overwrite: boolean;
             split: {
@@ -875,6 +886,8 @@ export interface components {
             input: {
                 [key: string]: unknown;
             };
+            /** @enum {string} */
+            endpoint: "/v1/chat/completions" | "/v1/completions" | "/v1/embeddings";
             regenerate: string | null;
             /**
              * @description A run with `regenerate: "all_assistant"`: its pairing rule; null for other runs
@@ -1079,6 +1092,11 @@ export interface components {
             } | {
                 requests: unknown[];
             };
+            /**
+             * @description The server route each request goes to: `/v1/chat/completions` (the default: lines carry messages), `/v1/completions` (a line's `prompt`, text or token ids, sent raw with no chat template; output lines carry `text`) or `/v1/embeddings` (a line's `input`; output lines carry `embedding`, floats, or base64 with `params.encoding_format`)
+             * @enum {string}
+             */
+            endpoint?: "/v1/chat/completions" | "/v1/completions" | "/v1/embeddings";
             params?: components["schemas"]["GenerationParams"];
             shard_size?: number;
             output?: {
@@ -1088,6 +1106,10 @@ export interface components {
                  * @enum {string}
                  */
                 format?: "jsonl" | "conversations" | "parquet";
+                /** @description Deletes the run's output (shards, error files, manifest, card) this many seconds after the run finishes: 3600 to 2592000 (30 days). The run stays, `output_expired: true` */
+                expires_after?: {
+                    seconds: number;
+                };
                 /** @description Lets the run replace files of the names it writes (`shard-*`, `manifest.json`, `README.md` where it writes a card, `train/`, `eval/`, `tokens/`, `export*`) that its prefix already holds; without it such a prefix is a 409 naming the file. A prefix holding the run's input is refused either way */
                 overwrite?: boolean;
             };
@@ -1290,6 +1312,11 @@ export interface components {
             } | {
                 requests: unknown[];
             };
+            /**
+             * @description The server route each request goes to: `/v1/chat/completions` (the default: lines carry messages), `/v1/completions` (a line's `prompt`, text or token ids, sent raw with no chat template; output lines carry `text`) or `/v1/embeddings` (a line's `input`; output lines carry `embedding`, floats, or base64 with `params.encoding_format`)
+             * @enum {string}
+             */
+            endpoint?: "/v1/chat/completions" | "/v1/completions" | "/v1/embeddings";
             params?: components["schemas"]["GenerationParams"];
             shard_size?: number;
             output?: {
@@ -1299,6 +1326,10 @@ export interface components {
                  * @enum {string}
                  */
                 format?: "jsonl" | "conversations" | "parquet";
+                /** @description Deletes the run's output (shards, error files, manifest, card) this many seconds after the run finishes: 3600 to 2592000 (30 days). The run stays, `output_expired: true` */
+                expires_after?: {
+                    seconds: number;
+                };
                 /** @description Lets the run replace files of the names it writes (`shard-*`, `manifest.json`, `README.md` where it writes a card, `train/`, `eval/`, `tokens/`, `export*`) that its prefix already holds; without it such a prefix is a 409 naming the file. A prefix holding the run's input is refused either way */
                 overwrite?: boolean;
             };
@@ -2078,6 +2109,10 @@ export interface operations {
             query?: {
                 filename?: string;
                 purpose?: "batch" | "regen" | "run_input" | "batch_output" | "user_data";
+                /** @description With `expires_after[seconds]`: `created_at`, OpenAI's only anchor */
+                "expires_after[anchor]"?: string;
+                /** @description Seconds after the upload when its content is deleted: 3600 to 2592000 (30 days); the object stays, `expired: true` */
+                "expires_after[seconds]"?: string;
             };
             header?: never;
             path?: never;
@@ -2093,6 +2128,8 @@ export interface operations {
                     file: string;
                     /** @enum {string} */
                     purpose: "batch" | "regen" | "run_input" | "batch_output" | "user_data";
+                    "expires_after[anchor]"?: string;
+                    "expires_after[seconds]"?: string;
                 };
             };
         };

@@ -1,4 +1,4 @@
-import { and, desc, eq, lt, type SQL } from 'drizzle-orm';
+import { and, asc, desc, eq, isNull, lt, lte, type SQL } from 'drizzle-orm';
 import type { Db, DbOrTx, Tables } from './client.js';
 
 export async function getFile(db: Db, id: string) {
@@ -28,6 +28,33 @@ export async function insertFile(db: DbOrTx, row: Tables['files']['$inferInsert'
 export async function setFilePurpose(db: DbOrTx, id: string, purpose: string): Promise<void> {
   const { files } = db.t;
   await db.write((w) => w.q.update(files).set({ purpose }).where(eq(files.id, id)));
+}
+
+export async function setFileExpiry(db: DbOrTx, id: string, expiresAt: number): Promise<void> {
+  const { files } = db.t;
+  await db.write((w) => w.q.update(files).set({ expiresAt }).where(eq(files.id, id)));
+}
+
+/** Files whose expiry has passed and whose content is not yet deleted, oldest first. */
+export async function dueFileExpiries(db: Db, now: number, limit: number) {
+  const { files } = db.t;
+  return await db.q
+    .select()
+    .from(files)
+    .where(and(isNull(files.expiredAt), lte(files.expiresAt, now)))
+    .orderBy(asc(files.expiresAt))
+    .limit(limit);
+}
+
+/** Marks a file's content deleted; its row stays. */
+export async function markFileExpired(db: DbOrTx, id: string, at: number): Promise<void> {
+  const { files } = db.t;
+  await db.write((w) =>
+    w.q
+      .update(files)
+      .set({ expiredAt: at })
+      .where(and(eq(files.id, id), isNull(files.expiredAt))),
+  );
 }
 
 export async function deleteFile(db: DbOrTx, id: string): Promise<void> {

@@ -272,3 +272,30 @@ export async function getRunStatus(db: DbOrTx, id: string): Promise<string | und
   const [row] = await db.q.select({ status: runs.status }).from(runs).where(eq(runs.id, id)).limit(1);
   return row?.status;
 }
+
+/** Ended runs whose output lifetime (`output_expires_after`, from the finish) has passed and whose output is not yet deleted. */
+export async function dueOutputExpiries(db: DbOrTx, now: number, limit: number): Promise<RunRow[]> {
+  const { runs } = db.t;
+  return await db.q
+    .select()
+    .from(runs)
+    .where(
+      and(
+        inArray(runs.status, [...TERMINAL_RUN_STATUSES]),
+        sql`${runs.outputExpiredAt} is null`,
+        sql`${runs.finishedAt} + ${runs.outputExpiresAfter} * 1000 <= ${now}`,
+      ),
+    )
+    .limit(limit);
+}
+
+/** Marks a run's output deleted (its row, samples and counters stay). */
+export async function markOutputExpired(db: DbOrTx, id: string, at: number): Promise<void> {
+  const { runs } = db.t;
+  await db.write((w) =>
+    w.q
+      .update(runs)
+      .set({ outputExpiredAt: at })
+      .where(and(eq(runs.id, id), sql`${runs.outputExpiredAt} is null`)),
+  );
+}

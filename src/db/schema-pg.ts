@@ -62,6 +62,9 @@ export const files = pgTable('files', {
   purpose: text('purpose').notNull(),
   bytes: bigintNumber('bytes').notNull(),
   objectKey: text('object_key').notNull(),
+  // When its content is deleted (`expires_after`), and when that was done: the row stays, marked expired.
+  expiresAt: bigintNumber('expires_at'),
+  expiredAt: bigintNumber('expired_at'),
   createdAt: bigintNumber('created_at').notNull(),
 });
 
@@ -88,6 +91,8 @@ export const runs = pgTable(
     toolPairing: text('tool_pairing'),
     onToolMismatch: text('on_tool_mismatch'),
     historyReasoning: text('history_reasoning'),
+    // The server route its requests go to (domain/run-endpoint.ts); null on runs made before it existed: chat.
+    endpoint: text('endpoint'),
     onInvalidLine: text('on_invalid_line').notNull(),
     quality: jsonb('quality').$type<QualityConfig | null>(),
     gateOverridden: boolean('gate_overridden').notNull().default(false),
@@ -134,6 +139,10 @@ export const runs = pgTable(
     outputFileId: text('output_file_id').unique(),
     errorFileId: text('error_file_id').unique(),
     batchFileBytes: jsonb('batch_file_bytes').$type<BatchFileBytes | null>(),
+    // The output's lifetime after the run finishes (`output.expires_after`, a batch's `output_expires_after`),
+    // in seconds, and when its objects were deleted (the run's row stays).
+    outputExpiresAfter: integer('output_expires_after'),
+    outputExpiredAt: bigintNumber('output_expired_at'),
     webhookUrl: text('webhook_url'),
     webhookSecret: text('webhook_secret'),
     webhookPending: integer('webhook_pending').notNull().default(0),

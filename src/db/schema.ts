@@ -56,6 +56,9 @@ export const files = sqliteTable('files', {
   purpose: text('purpose').notNull(),
   bytes: integer('bytes').notNull(),
   objectKey: text('object_key').notNull(),
+  // When its content is deleted (`expires_after`), and when that was done: the row stays, marked expired.
+  expiresAt: integer('expires_at'),
+  expiredAt: integer('expired_at'),
   createdAt: integer('created_at').notNull(),
 });
 
@@ -82,6 +85,8 @@ export const runs = sqliteTable(
     toolPairing: text('tool_pairing'),
     onToolMismatch: text('on_tool_mismatch'),
     historyReasoning: text('history_reasoning'),
+    // The server route its requests go to (domain/run-endpoint.ts); null on runs made before it existed: chat.
+    endpoint: text('endpoint'),
     onInvalidLine: text('on_invalid_line').notNull(),
     quality: text('quality', { mode: 'json' }).$type<QualityConfig | null>(),
     gateOverridden: integer('gate_overridden', { mode: 'boolean' }).notNull().default(false),
@@ -134,6 +139,10 @@ export const runs = sqliteTable(
     errorFileId: text('error_file_id').unique(),
     // Their sizes, counted once per finish (`at` is the run's finished_at they were counted for).
     batchFileBytes: text('batch_file_bytes', { mode: 'json' }).$type<BatchFileBytes | null>(),
+    // The output's lifetime after the run finishes (`output.expires_after`, a batch's `output_expires_after`),
+    // in seconds, and when its objects were deleted (the run's row stays).
+    outputExpiresAfter: integer('output_expires_after'),
+    outputExpiredAt: integer('output_expired_at'),
     // Where the run's webhook events go. A run created with its own webhook keeps its secret here
     // (write-only, like an endpoint's api_key); one that took the server's default has only the URL,
     // and is signed with REGEN_WEBHOOK_SECRET.

@@ -18,9 +18,17 @@ const ANSWER_ENVELOPE_BYTES = 64 * 1024;
 
 /** The most bytes an answer of `tokens` tokens for each of `choices` choices can hold, at BYTES_PER_TOKEN and their log probabilities when the body asks them. */
 export function answerBytes(body: Record<string, unknown>, tokens: number, choices: number): number {
-  const top = typeof body.top_logprobs === 'number' && body.top_logprobs > 0 ? body.top_logprobs : 0;
-  const perToken = BYTES_PER_TOKEN + (body.logprobs === true ? LOGPROB_ENTRY_BYTES * (1 + top) : 0);
-  return ANSWER_ENVELOPE_BYTES + choices * tokens * perToken;
+  // A completion asks its alternatives per token as `logprobs: k`, a chat completion as `top_logprobs`.
+  const alternatives = typeof body.logprobs === 'number' ? body.logprobs : body.top_logprobs;
+  const top = typeof alternatives === 'number' && alternatives > 0 ? alternatives : 0;
+  const perToken = BYTES_PER_TOKEN + (body.logprobs === true || typeof body.logprobs === 'number' ? LOGPROB_ENTRY_BYTES * (1 + top) : 0);
+  return ANSWER_ENVELOPE_BYTES + choices * (tokens + echoedTokens(body)) * perToken;
+}
+
+/** A completion with `echo` gives its prompt back before each choice's text: at most a token a character, or its token ids. */
+function echoedTokens(body: Record<string, unknown>): number {
+  if (body.echo !== true) return 0;
+  return typeof body.prompt === 'string' || Array.isArray(body.prompt) ? body.prompt.length : 0;
 }
 
 export const ANSWER_BUFFER_SETTING = 'REGEN_ANSWER_BUFFER_BYTES';

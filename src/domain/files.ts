@@ -6,9 +6,18 @@ export const FILE_PURPOSES = ['batch', 'regen', 'run_input', 'batch_output', 'us
 
 /**
  * OpenAI's File object. A stored file is ready at once (`processed`, what the SDKs'
- * `waitForProcessing` waits for) and kept until it is deleted, so it has no `expires_at`.
+ * `waitForProcessing` waits for) and kept until it is deleted or its `expires_at` passes; an
+ * expired file keeps its object, `expired: true` (regen's addition), and loses its content.
  */
-export function fileObject(f: { id: string; bytes: number; filename: string; purpose: string; createdAt: number }) {
+export function fileObject(f: {
+  id: string;
+  bytes: number;
+  filename: string;
+  purpose: string;
+  createdAt: number;
+  expiresAt?: number | null;
+  expiredAt?: number | null;
+}) {
   return {
     id: f.id,
     object: 'file' as const,
@@ -16,7 +25,8 @@ export function fileObject(f: { id: string; bytes: number; filename: string; pur
     filename: f.filename,
     purpose: f.purpose,
     created_at: Math.floor(f.createdAt / 1000),
-    expires_at: null,
+    expires_at: f.expiresAt == null ? null : Math.floor(f.expiresAt / 1000),
+    expired: f.expiredAt != null,
     status: 'processed' as const,
     status_details: null,
   };

@@ -5,6 +5,8 @@ import { Params, type RegenerateMode } from './params.js';
 import { fieldPath, findBadText, mayHoldBadText, textProblem } from './text.js';
 import { requestCount } from './conversation.js';
 import { callsOf, sharegptCalls } from './tools.js';
+import { DEFAULT_RUN_ENDPOINT, type RunEndpoint } from './run-endpoint.js';
+import { rawRequestOf, type RawRequest } from './raw-request.js';
 
 // One input line → one sample (docs/design.md "Input"). Every reason returned here is shown to
 // users next to the line number, so it names the field path and says what was expected.
@@ -20,6 +22,8 @@ export const LINE_ERROR_PARAMS = {
   invalid_request: null,
   duplicate_custom_id: 'custom_id',
   mismatched_model: 'body.model',
+  /** A batch line whose `url` is not the batch's `endpoint`. */
+  mismatched_endpoint: 'url',
   model_not_found: 'body.model',
   invalid_role: 'body.messages',
   /** `regenerate: "all_assistant"` cannot walk the line turn by turn (a tool result without its call, an assistant turn first). */
@@ -58,6 +62,8 @@ export type ParsedLine =
       exact_metadata?: Record<string, string>;
       /** `all_assistant` only: the requests to ask as the source took them, one a user turn and one a tool-call step. */
       turns?: number;
+      /** A completions or embeddings run's line: its raw prompt or input (its `messages` are then empty). */
+      raw?: RawRequest;
     }
   | {
       ok: false;
@@ -74,6 +80,8 @@ export interface ParseOptions {
    * answer holds the n choices (a run's lines may not: its `params.n` makes samples of them).
    */
   choicesInBody?: boolean;
+  /** The run's endpoint: what a line's request is (chat messages when absent). */
+  endpoint?: RunEndpoint;
 }
 
 type JsonObject = Record<string, unknown>;
@@ -84,6 +92,7 @@ interface LineContent {
   messages: ChatMessage[];
   params: JsonObject | null;
   model: string | null;
+  raw?: RawRequest;
 }
 
 /** Thrown inside this module only, to stop at the first problem; parseInputLine returns it. */
@@ -145,6 +154,7 @@ export function parseInputLine(text: string, lineNo: number, opts: ParseOptions)
     checkStorable(obj, text);
     exact = exactMembers(obj, line);
     const content = readLine(obj, lineNo, opts, exact);
+    if (content.raw) return { ok: true, ...content, old_answer_chars: null, ...readMetadata(obj, exact) };
     if (opts.regenerate === 'all_assistant') {
       const messages = walkConversation(content.messages);
       const dropped = content.messages.filter((m) => m.role === 'assistant');
@@ -169,7 +179,7 @@ export function parseInputLine(text: string, lineNo: number, opts: ParseOptions)
 }
 
 /** The fields of a line that regen reads itself, in any of its formats: the rest are the line's metadata. */
-const CONSUMED_FIELDS = new Set(['custom_id', 'id', 'messages', 'conversations', 'prompt', 'params', 'body', 'method', 'url', 'tools', 'tool_choice']);
+const CONSUMED_FIELDS = new Set(['custom_id', 'id', 'messages', 'conversations', 'prompt', 'input', 'params', 'body', 'method', 'url', 'tools', 'tool_choice']);
 /**
  * The line's members as it wrote them, when its numeric id or its own fields hold a number that
  * parsing changed; else null. A line whose id is a string and whose own fields hold no number (the
@@ -251,6 +261,16 @@ function jsonErrorMessage(err: unknown): string {
 
 function readLine(obj: JsonObject, lineNo: number, opts: ParseOptions, exact: Map<string, string> | null): LineContent {
   const custom_id = readCustomId(obj, lineNo, exact);
+  const endpoint = opts.endpoint ?? DEFAULT_RUN_ENDPOINT;
+  if (obj.body !== undefined) checkUrl(obj, endpoint);
+  if (endpoint !== '/v1/chat/completions') {
+    const { body } = obj;
+    if (body !== undefined && !isObject(body)) throw new LineRejected('body must be an object');
+    const read = rawRequestOf(endpoint, body ?? obj, body === undefined ? '' : 'body.');
+    if ('error' in read) throw new LineRejected(read.error);
+    const own = body === undefined ? readParams(obj) : read.rest;
+    return { custom_id, messages: [], raw: read.raw, ...splitModel(own, body === undefined ? 'params' : 'body', opts.choicesInBody === true) };
+  }
   if (obj.messages !== undefined) {
     return { custom_id, messages: readMessages(obj.messages, 'messages', opts.regenerate), ...splitModel(readParams(obj), 'params') };
   }
@@ -341,9 +361,15 @@ function checkParams(params: JsonObject, path: string, choicesInBody = false): J
   throw new LineRejected(`${path}${where}: ${issue.message}`);
 }
 
-function readBatchRequest(obj: JsonObject, opts: ParseOptions): Omit<LineContent, 'custom_id'> {
+/** An OpenAI batch line's method and url: a url other than the run's endpoint is the line's error, as OpenAI's. */
+function checkUrl(obj: JsonObject, endpoint: RunEndpoint): void {
   if (obj.method !== 'POST') throw new LineRejected('method must be "POST"');
-  if (obj.url !== '/v1/chat/completions') throw new LineRejected('url must be /v1/chat/completions');
+  if (typeof obj.url !== 'string') throw new LineRejected(`url must be a string: the batch's endpoint, "${endpoint}"`);
+  if (obj.url !== endpoint)
+    throw new LineRejected(`url ${JSON.stringify(obj.url.slice(0, 100))} differs from the batch's endpoint "${endpoint}"`, 'mismatched_endpoint');
+}
+
+function readBatchRequest(obj: JsonObject, opts: ParseOptions): Omit<LineContent, 'custom_id'> {
   if (!isObject(obj.body)) throw new LineRejected('body must be an object');
   const { messages, ...rest } = obj.body;
   return { messages: readMessages(messages, 'body.messages', opts.regenerate), ...splitModel(rest, 'body', opts.choicesInBody === true) };

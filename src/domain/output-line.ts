@@ -1,6 +1,8 @@
 import { RawJson, stringifyExact } from './exact-json.js';
 import { flagsFromBits, type Flag } from './flags.js';
 import type { ToolCall } from './tools.js';
+import { isRaw, type RawRequest } from './raw-request.js';
+import { type EncodingFormat, encodeEmbedding, encodingOf } from './run-endpoint.js';
 
 // The lines of a run's output (docs/design.md "Runner"): shard-NNNNN.jsonl holds one OutputLine per
 // completed sample, in input order; shard-NNNNN.errors.jsonl one ErrorLine per failed sample.
@@ -75,7 +77,39 @@ export interface StagedOutput {
   /** A plain or last_assistant answer's calls. */
   tool_calls?: ToolCall[];
   conversation?: StagedConversation;
+  /** An embeddings run's answer. */
+  embedding?: number[];
 }
+
+/**
+ * The line of a completions or embeddings run (`endpoint`): its raw `prompt` and the `text`
+ * answered, or its `input` and the `embedding` (floats, or base64 as the request's
+ * encoding_format asked), with the same bookkeeping as a chat line.
+ */
+export interface RawOutputLine {
+  custom_id: string;
+  sample_index: number;
+  prompt?: string | number[];
+  text?: string | null;
+  /** Choices 1…n−1 of a completion that asked `n` in an OpenAI batch line's body. */
+  choices?: { index: number; text: string | null; finish_reason: string | null; logprobs?: unknown }[];
+  input?: string | number[];
+  embedding?: number[] | string;
+  finish_reason: string | null;
+  usage: Usage;
+  model: string;
+  response_id: string | null;
+  created: number | null;
+  logprobs?: ChoiceLogprobs;
+  endpoint_id: string | null;
+  latency_ms: number | null;
+  attempts: number;
+  flags: Flag[];
+  variant?: string;
+  metadata?: Record<string, unknown>;
+}
+
+export const isRawLine = (line: OutputLine | RawOutputLine): line is RawOutputLine => !('messages' in line);
 
 export interface OutputLine {
   custom_id: string;
@@ -187,7 +221,7 @@ export function metadataValues(request: StoredMetadata): Record<string, unknown>
 }
 
 /** A completed sample's line as text: its fields kept as written are written so. */
-export function lineText(line: OutputLine): string {
+export function lineText(line: OutputLine | RawOutputLine): string {
   return line.metadata ? stringifyExact(line) : JSON.stringify(line);
 }
 
@@ -196,12 +230,26 @@ export function outputLine(s: CompletedSample, out: StagedOutput, variants: read
   return lineText(outputRecord(s, out, variants, runTools));
 }
 
-/** A completed sample's line as an object, before it is written in the run's format; `runTools`, the run's `params.tools`, stand where the line has none. */
-export function outputRecord(s: CompletedSample, out: StagedOutput, variants: readonly string[] | null = null, runTools: unknown = undefined): OutputLine {
-  const request = JSON.parse(s.request) as { messages: unknown[]; params?: { tools?: unknown } } & StoredMetadata;
+/**
+ * A completed sample's line as an object, before it is written in the run's format; `runTools`, the
+ * run's `params.tools`, stand where the line has none, and `runEncoding` (an embedding's, from the
+ * run's params) where the line names no encoding_format.
+ */
+export function outputRecord(
+  s: CompletedSample,
+  out: StagedOutput,
+  variants: readonly string[] | null = null,
+  runTools: unknown = undefined,
+  runEncoding: EncodingFormat = 'float',
+): OutputLine | RawOutputLine {
+  const request = JSON.parse(s.request) as { messages: unknown[]; params?: { tools?: unknown; encoding_format?: unknown } } & StoredMetadata;
   const metadata = outputMetadata(request);
   const tools = request.params?.tools ?? runTools;
   const variant = variants && s.variant !== null && s.variant !== undefined ? variants[s.variant] : undefined;
+  if (isRaw(request)) {
+    const encoding = request.params?.encoding_format === undefined ? runEncoding : encodingOf(request.params);
+    return rawOutputRecord(s, out, request, encoding, variant, metadata);
+  }
   const conv = out.conversation;
   const line: OutputLine = {
     custom_id: s.customId,
@@ -234,6 +282,48 @@ export function outputRecord(s: CompletedSample, out: StagedOutput, variants: re
     ...(out.tool_calls && { tool_calls: out.tool_calls }),
   };
   return line;
+}
+
+function rawOutputRecord(
+  s: CompletedSample,
+  out: StagedOutput,
+  request: RawRequest,
+  encoding: EncodingFormat,
+  variant: string | undefined,
+  metadata: Record<string, unknown> | undefined,
+): RawOutputLine {
+  const answer =
+    'prompt' in request
+      ? {
+          prompt: request.prompt,
+          text: out.content,
+          ...(out.choices && {
+            choices: out.choices.map((c) => ({ index: c.index, text: c.content, finish_reason: c.finish_reason, ...(c.logprobs && { logprobs: c.logprobs }) })),
+          }),
+        }
+      : { input: request.input, embedding: encodeEmbedding(out.embedding ?? [], encoding) };
+  return {
+    custom_id: s.customId,
+    sample_index: s.sampleIndex,
+    ...answer,
+    finish_reason: s.finishReason,
+    usage: {
+      prompt_tokens: s.promptTokens ?? 0,
+      completion_tokens: s.completionTokens ?? 0,
+      reasoning_tokens: s.reasoningTokens ?? 0,
+      cached_tokens: s.cachedTokens ?? 0,
+    },
+    model: out.model,
+    response_id: out.response_id ?? null,
+    created: out.created ?? null,
+    ...(out.logprobs && { logprobs: out.logprobs }),
+    endpoint_id: s.endpointId,
+    latency_ms: s.latencyMs,
+    attempts: triesOf(s),
+    flags: flagsFromBits(s.flags),
+    ...(variant !== undefined && { variant }),
+    ...(metadata && { metadata }),
+  };
 }
 
 export function errorLine(s: FailedSample): string {

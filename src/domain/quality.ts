@@ -57,6 +57,8 @@ export interface QualityInput {
   tool_calls?: readonly ToolCall[] | null;
   /** The names of the functions the request offered, or null when it offered none. */
   tools?: ReadonlySet<string> | null;
+  /** A raw prompt's completion (`/v1/completions`): no chat template wraps it, so a think tag in its text is the model's own. */
+  raw?: boolean;
 }
 
 /** Whether an answer is a tool-call step. */
@@ -79,7 +81,7 @@ export function computeFlags(input: QualityInput, cfg: QualityCheckConfig): numb
   // A loop in the reasoning matters even when the answer looks fine: it is training data too.
   if (isRepetitive(input.content ?? '') || isRepetitive(input.reasoning_content ?? '')) flags.push('repetitive');
   if (!step && input.completion_tokens < cfg.min_completion_tokens) flags.push('too_short');
-  if (hasThinkTag(input.content)) flags.push('think_in_content');
+  if (!input.raw && hasThinkTag(input.content)) flags.push('think_in_content');
   if (input.tools && !step && callMarkupIn(input.content)) flags.push('tool_call_in_content');
   for (const call of input.tool_calls ?? []) {
     if (!argumentsValid(call.function.arguments) && !flags.includes('invalid_tool_arguments')) flags.push('invalid_tool_arguments');

@@ -123,3 +123,21 @@ export function sharegptCalls(value: string, line: number, first: number): ToolC
     return { id: `call_${line}_${first + i}`, type: 'function', function: { name: call.name, arguments: args } };
   });
 }
+
+/** An answer's `tool_calls` as regen keeps them (id, name and arguments as strings); null when it made none. */
+export function readToolCalls(value: unknown): ToolCall[] | null {
+  if (!Array.isArray(value) || value.length === 0) return null;
+  return value.map((c, i) => {
+    const call = (c ?? {}) as { id?: unknown; function?: { name?: unknown; arguments?: unknown } };
+    const args = call.function?.arguments;
+    return {
+      id: typeof call.id === 'string' && call.id !== '' ? call.id : `call_${i}`,
+      type: 'function',
+      function: {
+        name: typeof call.function?.name === 'string' ? call.function.name : '',
+        // Kept byte for byte; anything but a string is the server's own (flagged invalid_tool_arguments when not an object's JSON).
+        arguments: typeof args === 'string' ? args : JSON.stringify(args ?? null),
+      },
+    };
+  });
+}

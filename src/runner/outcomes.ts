@@ -122,6 +122,7 @@ export function settleAnswer(a: Attempt, run: SettleRun, answer: Answer, latency
     created: answer.created,
     ...(answer.logprobs && { logprobs: answer.logprobs }),
     ...(answer.others && { choices: answer.others }),
+    ...(answer.embedding && { embedding: answer.embedding }),
   };
   const chars = { reasoning: answer.reasoning?.length ?? 0, content: answer.content?.length ?? 0 };
   const c = a.conversation;

@@ -3,13 +3,14 @@ import type { ChoiceLogprobs, OtherChoice, Usage } from '../domain/output-line.j
 import { type TurnRecord, turnMessages } from '../domain/conversation.js';
 import { thinkingRequested, walkSettings } from '../domain/params.js';
 import type { AnswerRepair } from '../domain/metrics.js';
-import type { ToolCall } from '../domain/tools.js';
+import { readToolCalls, type ToolCall } from '../domain/tools.js';
 import type { SampleError } from '../domain/sample-errors.js';
 import { wellFormedText } from '../domain/text.js';
 import { jsonTextNestsDeeperThan, MAX_JSON_DEPTH } from '../domain/json-depth.js';
 import { answerBytes } from '../domain/answer-bytes.js';
 import { layeredParams, type Variant } from '../domain/variants.js';
 import { AnswerRefused } from './answer-budget.js';
+import { isRaw, rawBody } from '../domain/raw-request.js';
 import type { TurnedAwayReason } from '../domain/turned-away.js';
 
 // One request to an endpoint: the body sent for a sample, what its answer means, and what its
@@ -64,15 +65,16 @@ export function buildRequest(
   const n = choices > 1 ? choices : typeof own === 'number' && own > 1 ? own : undefined;
   const { n: _n, ...rest } = params;
   // A conversation's request is asked with the replies and steps regenerated so far (domain/conversation.ts).
-  const messages = sample.turn == null ? request.messages : turnMessages(request.messages as { role: string }[], sample.history ?? [], walkSettings(run));
-  const body: Record<string, unknown> = { ...rest, ...(n !== undefined && { n }), model: run.model, messages };
+  const messages = () =>
+    sample.turn == null ? request.messages : turnMessages(request.messages as { role: string }[], sample.history ?? [], walkSettings(run));
+  const body = isRaw(request) ? rawBody(request, rest, n, run.model) : { ...rest, ...(n !== undefined && { n }), model: run.model, messages: messages() };
   if (typeof sample.maxTokens === 'number') body[body.max_completion_tokens === undefined ? 'max_tokens' : 'max_completion_tokens'] = sample.maxTokens;
   if (sample.qualityRetries > 0) {
     // A flagged answer is asked again with a different seed, else SGLang would repeat it.
     const base = typeof params.seed === 'number' ? params.seed : 0;
     body.seed = base + sample.qualityRetries * RETRY_SEED_STRIDE + Math.floor(random() * RETRY_SEED_JITTER);
   }
-  return { body, thinking: thinkingRequested(params, run.model) };
+  return { body, thinking: !isRaw(request) && thinkingRequested(params, run.model) };
 }
 
 /** The max_tokens a request asked (max_completion_tokens first, as SGLang reads them), or null when it asked none. */
@@ -103,10 +105,13 @@ export interface AnswerLimits {
   contextLength: number | null;
   /** The request's `n`. */
   choices: number;
+  /** An embedding's `dimensions`, when the request asked for them. */
+  dimensions?: number;
 }
 
 export function answerLimits(body: Record<string, unknown>, contextLength: number | null): AnswerLimits {
-  return { contextLength, choices: typeof body.n === 'number' && body.n >= 1 ? body.n : 1 };
+  const dimensions = typeof body.dimensions === 'number' ? { dimensions: body.dimensions } : {};
+  return { contextLength, choices: typeof body.n === 'number' && body.n >= 1 ? body.n : 1, ...dimensions };
 }
 
 /**
@@ -147,6 +152,8 @@ export interface ChatResponse {
   choices?: {
     index?: number;
     message?: { content?: unknown; reasoning_content?: unknown; tool_calls?: unknown };
+    /** A completion's (`/v1/completions`) text, where a chat completion has its message. */
+    text?: unknown;
     logprobs?: unknown;
     finish_reason?: string | null;
   }[];
@@ -176,6 +183,8 @@ export interface Answer {
   others?: OtherChoice[];
   /** What was mended in it, when anything was; a usage repair is the request's, on each of its choices. */
   repairs?: AnswerRepair[];
+  /** An embeddings run's answer (raw-requests.ts parseEmbedding). */
+  embedding?: number[];
 }
 
 export type ParsedAnswer = { ok: true; answer: Answer } | { ok: false; error: SampleError };
@@ -239,7 +248,7 @@ export function parseAnswers(res: unknown, limits: AnswerLimits, count: number):
     return {
       ok: true,
       answer: {
-        content: text(msg.content),
+        content: text(msg.content ?? choice.text),
         reasoning: text(msg.reasoning_content),
         toolCalls: readToolCalls(msg.tool_calls),
         finishReason: reason,
@@ -249,24 +258,6 @@ export function parseAnswers(res: unknown, limits: AnswerLimits, count: number):
         responseId: typeof r.id === 'string' ? (text(r.id) ?? undefined) : r.id,
         created: r.created,
         ...(repairs.length > 0 && { repairs }),
-      },
-    };
-  });
-}
-
-/** An answer's `tool_calls` as regen keeps them (id, name and arguments as strings); null when it made none. */
-function readToolCalls(value: unknown): ToolCall[] | null {
-  if (!Array.isArray(value) || value.length === 0) return null;
-  return value.map((c, i) => {
-    const call = (c ?? {}) as { id?: unknown; function?: { name?: unknown; arguments?: unknown } };
-    const args = call.function?.arguments;
-    return {
-      id: typeof call.id === 'string' && call.id !== '' ? call.id : `call_${i}`,
-      type: 'function',
-      function: {
-        name: typeof call.function?.name === 'string' ? call.function.name : '',
-        // Kept byte for byte; anything but a string is the server's own (flagged invalid_tool_arguments when not an object's JSON).
-        arguments: typeof args === 'string' ? args : JSON.stringify(args ?? null),
       },
     };
   });

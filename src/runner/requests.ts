@@ -10,22 +10,14 @@ import { toolNames } from '../domain/tools.js';
 import type { AnswerRepair } from '../domain/metrics.js';
 import { type ConversationTurn, settleAbort, settleAnswer, settleError, settleFailed, type Attempt, type Settled } from './outcomes.js';
 import { AnswerSheds } from './answer-sheds.js';
-import {
-  type Answer,
-  answerByteLimit,
-  answerLimits,
-  type AnswerLimits,
-  askedMaxTokens,
-  buildRequest,
-  classifyError,
-  parseAnswers,
-  tokenBudget,
-} from './request.js';
+import { type Answer, answerByteLimit, answerLimits, type AnswerLimits, askedMaxTokens, buildRequest, classifyError, tokenBudget } from './request.js';
 import type { ResultWriter } from './results.js';
 import type { RunQuality } from '../domain/run-quality.js';
 import type { SampleError } from '../domain/sample-errors.js';
 import { choiceOrder, otherChoices, requestSample, shareUsage } from './choices.js';
 import { StreamedAnswer } from './stream-answer.js';
+import { postBuffered, readAnswers, streamable } from './raw-requests.js';
+import { runEndpoint } from '../domain/run-endpoint.js';
 
 /** Why regen aborted a request: to cancel its run, to give its sample back, or because its answer looped. */
 export type AbortReason = 'cancel' | 'release' | 'loop';
@@ -126,9 +118,9 @@ export class Requests {
     // them chunk by chunk, and they are kept whole on the output line. So does one of several
     // choices (`n`): the stream's record holds one (a looping choice is flagged when it ends).
     const answer =
-      stopsLoops(run.quality) && body.logprobs !== true && limits.choices === 1
+      stopsLoops(run.quality) && streamable(body) && limits.choices === 1
         ? this.stream(flight, body)
-        : e.client.chat.completions.create(body as never, {
+        : postBuffered(e, body, {
             signal: controller.signal,
             timeout: run.requestTimeoutMs,
             headers: e.extraHeaders,
@@ -223,7 +215,7 @@ export class Requests {
     const e = f.endpoint;
     e.consecutiveFailures = 0;
     e.yieldCap.answered(this.pool.capOf(e));
-    const parsed = parseAnswers(res, f.limits, f.group.length);
+    const parsed = readAnswers(runEndpoint(f.run.endpoint), res, f.limits, f.group.length);
     if (f.abortReason && parsed.some((p) => !p.ok)) {
       this.onError(f, null);
       return;
@@ -263,7 +255,8 @@ export class Requests {
         tool_calls: answer.toolCalls,
         tools: f.tools,
       };
-      const flags = quality ? quality.check(input, e.row.id, sample.variant ?? null) : 0;
+      // An embedding has no text to judge: parseEmbedding checked its values.
+      const flags = quality && !answer.embedding ? quality.check({ ...input, raw: f.run.endpoint === '/v1/completions' }, e.row.id, sample.variant ?? null) : 0;
       const settled = settleAnswer(
         { ...this.attempt(f, sample), requestPromptTokens: answered?.usage.prompt_tokens ?? null },
         f.run,

@@ -9,7 +9,19 @@ import { walkSettings } from '../domain/params.js';
 import { turnsBefore } from '../db/sample-turns.js';
 import { listRunVariants } from '../db/run-variants.js';
 import { stringifyExact } from '../domain/exact-json.js';
-import { errorLine, lineKey, lineText, MANIFEST_KEY, type OutputLine, outputRecord, runUsage, type StagedOutput } from '../domain/output-line.js';
+import {
+  errorLine,
+  isRawLine,
+  lineKey,
+  lineText,
+  MANIFEST_KEY,
+  type OutputLine,
+  outputRecord,
+  type RawOutputLine,
+  runUsage,
+  type StagedOutput,
+} from '../domain/output-line.js';
+import { encodingOf } from '../domain/run-endpoint.js';
 import { type CardRun, datasetCard } from '../domain/dataset-card.js';
 import {
   answerOfRecord,
@@ -83,8 +95,9 @@ async function putVerified(deps: RunnerDeps, run: RunRow, key: string, body: Buf
 }
 
 /** A completed sample's record in the run's format, made from its output line (its fields kept as written stay so in every format). */
-export function recordOf(format: OutputFormat, line: OutputLine, split: string | null): ShardRecord {
-  if (format === 'jsonl') return lineText(line);
+export function recordOf(format: OutputFormat, line: OutputLine | RawOutputLine, split: string | null): ShardRecord {
+  // A raw run's lines are JSONL only (services/runs/create.ts checkRawEndpoint).
+  if (format === 'jsonl' || isRawLine(line)) return lineText(line);
   return format === 'parquet' ? parquetRow(line, split) : stringifyExact(conversationsLine(line));
 }
 
@@ -122,7 +135,8 @@ export async function uploadShard(deps: RunnerDeps, run: RunRow, listed: ShardRo
   for (const { s, output } of rows) {
     if (s.status === 'completed') {
       let record: ShardRecord;
-      if (output) record = recordOf(format, outputRecord(s, JSON.parse(output) as StagedOutput, variants, run.params.tools), shard.split);
+      if (output)
+        record = recordOf(format, outputRecord(s, JSON.parse(output) as StagedOutput, variants, run.params.tools, encodingOf(run.params)), shard.split);
       else {
         previous ??= await previousRecords(deps, run, shard, format);
         const old = previous.get(lineKey(s.customId, s.sampleIndex));

@@ -1,6 +1,7 @@
 import { Transform, type Readable } from 'node:stream';
 import type { Deps } from '../deps.js';
-import { deleteFile, getFile, insertFile, setFilePurpose } from '../db/files.js';
+import { deleteFile, getFile, insertFile, setFileExpiry, setFilePurpose } from '../db/files.js';
+import { expiryProblem, outputExpiresAt } from '../domain/expiry.js';
 import { getRunValidatingFile } from '../db/runs.js';
 import type { FileRow } from '../db/schema.js';
 import { FILE_PURPOSES } from '../domain/files.js';
@@ -62,7 +63,7 @@ export async function storeFile(deps: Deps, filename: string, purpose: string, b
     deps.logger.error({ err: { message: (err as Error).message } }, 'file upload to object storage failed');
     throw new ApiError('storage_unavailable', 'the object store could not take the file; try again');
   }
-  const row = { id, filename: cleanName(filename), purpose, bytes, objectKey: key, createdAt: deps.clock() };
+  const row = { id, filename: cleanName(filename), purpose, bytes, objectKey: key, createdAt: deps.clock(), expiresAt: null, expiredAt: null };
   await insertFile(deps.db, row);
   return row;
 }
@@ -80,10 +81,21 @@ export async function discardFile(deps: Deps, row: Pick<FileRow, 'id' | 'objectK
  * Keeps a stored upload, with the purpose given after it (a multipart field may follow the file);
  * an empty file or an unknown purpose is refused and the upload dropped.
  */
-export async function keepFile(deps: Deps, row: FileRow, purpose?: string): Promise<FileRow> {
+export async function keepFile(deps: Deps, row: FileRow, purpose?: string, expiry: FileExpiry = {}): Promise<FileRow> {
   if (row.bytes === 0) {
     await discardFile(deps, row);
     throw new ApiError('invalid_request', 'the file is empty', { field: 'file' });
+  }
+  let expiresAt: number | null;
+  try {
+    expiresAt = expiryOf(deps, row.createdAt, expiry);
+  } catch (err) {
+    await discardFile(deps, row);
+    throw err;
+  }
+  if (expiresAt !== null) {
+    await setFileExpiry(deps.db, row.id, expiresAt);
+    row = { ...row, expiresAt };
   }
   if (purpose === undefined) return row;
   if (!(FILE_PURPOSES as readonly string[]).includes(purpose)) {
@@ -92,6 +104,22 @@ export async function keepFile(deps: Deps, row: FileRow, purpose?: string): Prom
   }
   await setFilePurpose(deps.db, row.id, purpose);
   return { ...row, purpose };
+}
+
+/** `expires_after` as an upload gives it: form fields (or query parameters) `expires_after[anchor]` and `expires_after[seconds]`. */
+export interface FileExpiry {
+  anchor?: string;
+  seconds?: string;
+}
+
+/** When the file's content goes (its creation, OpenAI's only anchor, plus the seconds), or null when it is kept. */
+function expiryOf(deps: Deps, createdAt: number, e: FileExpiry): number | null {
+  if (e.anchor === undefined && e.seconds === undefined) return null;
+  if (e.anchor !== 'created_at') throw new ApiError('validation_failed', 'expires_after.anchor: expected "created_at"', { field: 'expires_after.anchor' });
+  const seconds = /^\d{1,10}$/.test(e.seconds ?? '') ? Number(e.seconds) : Number.NaN;
+  const problem = expiryProblem(seconds, deps.config.minExpirySeconds);
+  if (problem) throw new ApiError('validation_failed', `expires_after.seconds: ${problem}`, { field: 'expires_after.seconds' });
+  return createdAt + seconds * 1000;
 }
 
 /** Deletes a file that no run is still validating; a batch's output and error files go with their run. */
@@ -111,6 +139,9 @@ export async function removeFile(deps: Deps, id: string): Promise<void> {
   await deleteFile(deps.db, id);
 }
 
+const expired = (id: string, at: number) =>
+  new ApiError('not_found', `file ${JSON.stringify(id)} expired at ${new Date(at).toISOString()}: its content was deleted`);
+
 /** A file's bytes as a stream, with their count when it is known before reading. */
 export async function fileContent(deps: Deps, id: string): Promise<{ stream: Readable; bytes: number | null }> {
   const file = await getFile(deps.db, id);
@@ -118,11 +149,13 @@ export async function fileContent(deps: Deps, id: string): Promise<{ stream: Rea
     // A batch's output and error files are made from its shards as they are sent.
     const batchFile = await resolveBatchFile(deps.db, id);
     if (!batchFile) throw notFound('file', id);
+    if (batchFile.run.outputExpiredAt !== null) throw expired(id, outputExpiresAt(batchFile.run) ?? batchFile.run.outputExpiredAt);
     const stream = batchFileStream(deps, batchFile.run, batchFile.kind).on('error', (err) => {
       deps.logger.error({ file_id: id, err: { message: err.message } }, 'batch file read failed');
     });
     return { stream, bytes: null };
   }
+  if (file.expiredAt !== null) throw expired(id, file.expiresAt ?? file.expiredAt);
   try {
     return { stream: await deps.stores.forUri(deps.config.outputUri).getStream(file.objectKey), bytes: file.bytes };
   } catch (err) {

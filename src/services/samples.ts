@@ -18,7 +18,8 @@ export async function readSampleOutput(
     const o = JSON.parse(staged) as StagedOutput;
     return { reasoning_content: o.reasoning_content, content: o.content };
   }
-  if (!s.outputKey || !s.outputLine) return null;
+  // An expired output's shards are deleted: the sample is shown without its answer.
+  if (!s.outputKey || !s.outputLine || run.outputExpiredAt !== null) return null;
   let bytes: Buffer;
   try {
     bytes = await deps.stores.forUri(run.outputUri).get(s.outputKey);

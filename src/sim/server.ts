@@ -1,6 +1,7 @@
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { buildReply, parseChatRequest, streamHead, streamPiece, streamTail, type ChatRequest } from './completion.js';
+import { asTextCompletion, completionAsChat, embeddingReply } from './raw.js';
 import { readJson, sendDetail, sendError, sendJson, sendText, SimHttpError } from './http.js';
 import { KvRank } from './kv.js';
 import { renderMetrics } from './metrics.js';
@@ -81,6 +82,8 @@ const STARTING = 'The server is starting: model weights are still loading.';
 // Every route the simulator serves, so that a known path with the wrong method is a 405, as in FastAPI.
 const ROUTES = new Map<string, string>([
   ['/v1/chat/completions', 'POST'],
+  ['/v1/completions', 'POST'],
+  ['/v1/embeddings', 'POST'],
   ['/health', 'GET'],
   ['/health_generate', 'GET'],
   ['/v1/models', 'GET'],
@@ -277,6 +280,13 @@ class SimServer {
     switch (`${req.method} ${path}`) {
       case 'POST /v1/chat/completions':
         return this.#chat(req, res);
+      case 'POST /v1/completions':
+        return this.#chat(req, res, true);
+      case 'POST /v1/embeddings':
+        this.#counts.requests++;
+        this.#requireStarted();
+        this.#counts.completed++;
+        return sendJson(res, 200, embeddingReply(await readJson(req, MAX_BODY_BYTES), this.#knobs.model, this.#knobs.contextLength));
       case 'GET /health':
       case 'GET /health_generate':
         return this.#health(res);
@@ -462,11 +472,15 @@ class SimServer {
     });
   }
 
-  async #chat(req: IncomingMessage, res: ServerResponse): Promise<void> {
+  /** A chat completion, or (`completion`) a raw prompt's completion, answered the same way and shaped as a text_completion. */
+  async #chat(req: IncomingMessage, res: ServerResponse, completion = false): Promise<void> {
     const count = ++this.#counts.requests;
     if (this.#knobs.dieAfter > 0 && count >= this.#knobs.dieAfter) return this.#onDie();
     this.#requireStarted();
-    const request = parseChatRequest(await readJson(req, MAX_BODY_BYTES), this.#knobs);
+    const body = await readJson(req, MAX_BODY_BYTES);
+    const raw = completion ? completionAsChat(body) : null;
+    const request = parseChatRequest(raw ? raw.chat : body, this.#knobs);
+    const shape = raw ? (b: Record<string, unknown>) => asTextCompletion(b, raw.echo) : null;
     if (request.stream) this.#counts.streamed++;
     if (this.#turnedAway(request, req, res)) return;
     const faults = this.#drawFaults();
@@ -481,7 +495,7 @@ class SimServer {
       sendError(res, 503, 'Service temporarily unavailable');
     } else {
       if (faults.hang) this.#counts.hangs++;
-      this.#schedule(request, faults, res);
+      this.#schedule(request, faults, res, shape);
     }
   }
 
@@ -531,7 +545,7 @@ class SimServer {
     return best;
   }
 
-  #schedule(request: ChatRequest, faults: Faults, res: ServerResponse): void {
+  #schedule(request: ChatRequest, faults: Faults, res: ServerResponse, shape: ((body: Record<string, unknown>) => unknown) | null = null): void {
     const index = this.#pickRank();
     const rank = this.#ranks[index];
     const prefix = this.#prefixes[index];
@@ -573,7 +587,7 @@ class SimServer {
       this.#checkDrained();
     };
     const answer = (): void => {
-      sendJson(res, 200, reply.body, { 'x-sim-digest': request.digest, 'x-sim-queued-ms': queuedMs.toFixed(1) });
+      sendJson(res, 200, shape ? shape(reply.body as unknown as Record<string, unknown>) : reply.body, { 'x-sim-digest': request.digest, 'x-sim-queued-ms': queuedMs.toFixed(1) });
       done();
     };
     // Paced at tokensPerSecond from the first token; unpaced (all at once) at zero latency and in the KV model, which times decode itself.

@@ -2,6 +2,7 @@ import { statusTimes, type StatusTimes } from '../../db/batches.js';
 import type { Db } from '../../db/client.js';
 import type { RunRow } from '../../db/schema.js';
 import { batchLineError } from '../../domain/input-line.js';
+import { runEndpoint } from '../../domain/run-endpoint.js';
 import { gateTripped } from '../../domain/quality.js';
 import { batchFileIds } from '../../services/batches/files.js';
 import type { Batch } from './schemas.js';
@@ -56,7 +57,7 @@ function renderBatch(r: RunRow, times: StatusTimes | undefined): Batch {
   return {
     id: r.batchId!,
     object: 'batch',
-    endpoint: '/v1/chat/completions',
+    endpoint: runEndpoint(r.endpoint),
     model: r.model,
     errors: batchErrors(r),
     input_file_id: 'file_id' in r.input ? r.input.file_id : '',

@@ -1,5 +1,6 @@
 import { z } from '@hono/zod-openapi';
 import { WebhookTarget } from '../common.js';
+import { RUN_ENDPOINTS, unsupportedEndpointMessage } from '../../domain/run-endpoint.js';
 
 const maxLen = (n: number) => z.string().max(n, `must be at most ${n} characters`);
 
@@ -17,7 +18,7 @@ export const BatchIdParam = z.object({
 export const CreateBatchBody = z
   .object({
     input_file_id: z.string().min(1).max(128),
-    endpoint: z.literal('/v1/chat/completions', 'only "/v1/chat/completions" is supported: regen runs chat completions'),
+    endpoint: z.enum(RUN_ENDPOINTS, { error: (issue) => unsupportedEndpointMessage(String(issue.input)) }),
     // OpenAI takes "24h" only; longer windows suit regen's multi-day runs.
     completion_window: z.string().regex(/^[1-9][0-9]{0,3}h$/, 'expected a whole number of hours, such as "24h"'),
     metadata: z
@@ -25,11 +26,15 @@ export const CreateBatchBody = z
       .refine((m) => Object.keys(m).length <= 16, 'at most 16 keys')
       .nullable()
       .optional(),
-    // Accepted for compatibility; the output files live as long as the run's shards.
+    // Its bounds (3600 s to 30 days) are checked by the service, where a test setting may lower the minimum.
     output_expires_after: z
-      .object({ anchor: z.literal('created_at'), seconds: z.number().int().min(3600).max(2_592_000) })
+      .object({ anchor: z.literal('created_at'), seconds: z.number().int() })
       .strict()
-      .optional(),
+      .optional()
+      .openapi({
+        description:
+          "Deletes the batch's output and error files (its run's shards) this many seconds after they are made, when the batch ends: 3600 to 2592000 (30 days)",
+      }),
     webhook: WebhookTarget.optional(),
   })
   .strict()

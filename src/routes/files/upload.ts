@@ -26,6 +26,12 @@ const route = createRoute({
     query: z.object({
       filename: z.string().min(1).max(255).optional(),
       purpose: z.enum(FILE_PURPOSES).optional(),
+      'expires_after[anchor]': z.string().max(32).optional().openapi({ description: "With `expires_after[seconds]`: `created_at`, OpenAI's only anchor" }),
+      'expires_after[seconds]': z
+        .string()
+        .max(16)
+        .optional()
+        .openapi({ description: 'Seconds after the upload when its content is deleted: 3600 to 2592000 (30 days); the object stays, `expired: true`' }),
     }),
     body: {
       required: true,
@@ -34,7 +40,12 @@ const route = createRoute({
         'application/x-ndjson': { schema: z.string().openapi({ format: 'binary' }) },
         'application/octet-stream': { schema: z.string().openapi({ format: 'binary' }) },
         'multipart/form-data': {
-          schema: z.object({ file: z.string().openapi({ format: 'binary' }), purpose: z.enum(FILE_PURPOSES) }),
+          schema: z.object({
+            file: z.string().openapi({ format: 'binary' }),
+            purpose: z.enum(FILE_PURPOSES),
+            'expires_after[anchor]': z.string().optional(),
+            'expires_after[seconds]': z.string().optional(),
+          }),
         },
       },
     },
@@ -87,7 +98,8 @@ function multipart(deps: Deps, req: Request, contentType: string) {
       if (refused) return reject(refused);
       if (!stored) return reject(new ApiError('validation_failed', 'file: a multipart part named "file" is required', { field: 'file' }));
       try {
-        resolve(fileObject(await keepFile(deps, await stored, fields.purpose ?? 'batch')));
+        const expiry = { anchor: fields['expires_after[anchor]'], seconds: fields['expires_after[seconds]'] };
+        resolve(fileObject(await keepFile(deps, await stored, fields.purpose ?? 'batch', expiry)));
       } catch (err) {
         reject(err);
       }
@@ -114,6 +126,7 @@ export function registerUploadFile(app: App) {
     if (!q.success) throw validationError(q.error, 'query');
     const body = Readable.fromWeb(c.req.raw.body as WebReadableStream);
     const row = await storeFile(deps, q.data.filename ?? 'upload.jsonl', q.data.purpose ?? 'regen', body);
-    return c.json(fileObject(await keepFile(deps, row)), 201);
+    const expiry = { anchor: q.data['expires_after[anchor]'], seconds: q.data['expires_after[seconds]'] };
+    return c.json(fileObject(await keepFile(deps, row, undefined, expiry)), 201);
   });
 }

@@ -10,6 +10,8 @@ import type { StoredForecast } from '../../domain/forecast.js';
 import type { RunProgress } from '../../domain/live-view.js';
 import type { TurnRecord } from '../../domain/conversation.js';
 import { iso } from '../common.js';
+import { runEndpoint } from '../../domain/run-endpoint.js';
+import { outputExpiresAt } from '../../domain/expiry.js';
 import type { Run } from './schemas.js';
 
 /**
@@ -103,6 +105,9 @@ export function renderRun(r: RunRow, live: RunProgress, now: number, variantRows
     priority: r.priority,
     metadata: r.metadata,
     input: r.input as Record<string, unknown>,
+    endpoint: runEndpoint(r.endpoint),
+    output_expires_at: iso(outputExpiresAt(r)),
+    output_expired: r.outputExpiredAt !== null,
     regenerate: r.regenerate,
     tool_pairing: r.toolPairing as Run['tool_pairing'],
     on_tool_mismatch: r.onToolMismatch as Run['on_tool_mismatch'],

@@ -18,6 +18,7 @@ import { RUN_STATUSES, SAMPLE_STATUSES, SHARD_STATUSES } from '../../domain/stat
 import { Timestamp, WebhookTarget } from '../common.js';
 import { DELIVERY_STATUSES } from '../../domain/webhooks.js';
 import { OUTPUT_FORMATS } from '../../domain/output-format.js';
+import { RUN_ENDPOINTS } from '../../domain/run-endpoint.js';
 
 /** Requests given inline in the create body; a larger input is uploaded as a file, which streams. */
 const MAX_INLINE_REQUESTS = 100_000;
@@ -67,6 +68,10 @@ export const CreateRunBody = z
       ],
       { error: 'expected exactly one of {"file_id"}, {"uri"} or {"requests"}' },
     ),
+    endpoint: z.enum(RUN_ENDPOINTS).optional().openapi({
+      description:
+        "The server route each request goes to: `/v1/chat/completions` (the default: lines carry messages), `/v1/completions` (a line's `prompt`, text or token ids, sent raw with no chat template; output lines carry `text`) or `/v1/embeddings` (a line's `input`; output lines carry `embedding`, floats, or base64 with `params.encoding_format`)",
+    }),
     params: Params.optional(),
     shard_size: z.number().int().min(1).max(100_000).optional(),
     output: z
@@ -76,6 +81,10 @@ export const CreateRunBody = z
         format: z.enum(OUTPUT_FORMATS).optional().openapi({
           description:
             "How the shards are written: `jsonl` (the default: one output line per sample), `conversations` (SpecForge's regenerated-data shape: the conversation with each answer's reasoning, and `status`), or `parquet` (typed Parquet shards with a `README.md` dataset card for Hugging Face `datasets`)",
+        }),
+        expires_after: z.object({ seconds: z.number().int() }).strict().optional().openapi({
+          description:
+            "Deletes the run's output (shards, error files, manifest, card) this many seconds after the run finishes: 3600 to 2592000 (30 days). The run stays, `output_expired: true`",
         }),
         overwrite: z.boolean().optional().openapi({
           description:
@@ -259,6 +268,10 @@ export const Run = z
     shard_size: z.number().int(),
     output_uri: z.string(),
     output_format: z.enum(OUTPUT_FORMATS),
+    output_expires_at: Timestamp.nullable().openapi({
+      description: 'When the output is deleted (`output.expires_after` from the finish); null when it is kept',
+    }),
+    output_expired: z.boolean().openapi({ description: 'The output was deleted at output_expires_at; the run and its samples stay' }),
     output_overwrite: z
       .boolean()
       .openapi({ description: 'Whether the run may replace files of the names it writes that its prefix held when it was created (`output.overwrite`)' }),
@@ -266,6 +279,7 @@ export const Run = z
     priority: z.number().int(),
     metadata: z.record(z.string(), z.string()),
     input: z.record(z.string(), z.unknown()),
+    endpoint: z.enum(RUN_ENDPOINTS),
     regenerate: z.string().nullable(),
     tool_pairing: z.enum(TOOL_PAIRINGS).nullable().openapi({ description: 'A run with `regenerate: "all_assistant"`: its pairing rule; null for other runs' }),
     on_tool_mismatch: z.enum(TOOL_MISMATCH_ACTIONS).nullable(),

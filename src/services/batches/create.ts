@@ -9,13 +9,16 @@ import { getFile } from '../../db/files.js';
 import type { FileRow, RunRow } from '../../db/schema.js';
 import { parseInputLine, readLines } from '../../domain/input-line.js';
 import { ApiError } from '../../errors.js';
+import type { RunEndpoint } from '../../domain/run-endpoint.js';
 import { newId } from '../../ids.js';
-import { createRun } from '../runs/create.js';
+import { checkExpiry, createRun } from '../runs/create.js';
 
 /** What a batch is made of: the body of POST /v1/batches, as its route has validated it. */
 export interface NewBatch {
   input_file_id: string;
+  endpoint: RunEndpoint;
   completion_window: string;
+  output_expires_after?: { anchor: 'created_at'; seconds: number };
   metadata?: Record<string, string> | null;
   webhook?: { url: string; secret: string };
 }
@@ -33,7 +36,7 @@ export async function unservedModel(db: DbOrTx, model: string): Promise<string |
 }
 
 /** The model named by the first valid request of the file, which every other line must share. */
-async function peekModel(deps: Deps, file: FileRow): Promise<string> {
+async function peekModel(deps: Deps, file: FileRow, endpoint: RunEndpoint): Promise<string> {
   let source: Readable;
   try {
     source = await deps.stores.forUri(deps.config.outputUri).getStream(file.objectKey);
@@ -45,7 +48,7 @@ async function peekModel(deps: Deps, file: FileRow): Promise<string> {
   try {
     for await (const raw of readLines(source, { maxLineBytes: deps.config.maxLineBytes })) {
       if ('text' in raw && raw.text.trim() !== '') {
-        const parsed = parseInputLine(raw.text, raw.lineNo, { regenerate: null, choicesInBody: true });
+        const parsed = parseInputLine(raw.text, raw.lineNo, { regenerate: null, choicesInBody: true, endpoint });
         if (parsed.ok && parsed.model) model = parsed.model;
       }
       if (model !== null || raw.lineNo >= PEEK_LINES) break;
@@ -75,19 +78,29 @@ const hours = (window: string) => Number(window.slice(0, -1));
  * override them), invalid lines skipped and listed rather than failing the whole batch.
  */
 export async function createBatch(deps: Deps, body: NewBatch): Promise<RunRow> {
+  checkExpiry(body.output_expires_after?.seconds, 'output_expires_after.seconds', deps.config.minExpirySeconds);
   const file = await getFile(deps.db, body.input_file_id);
   if (!file) throw new ApiError('not_found', `file ${JSON.stringify(body.input_file_id.slice(0, 100))} does not exist`, { field: 'input_file_id' });
-  const model = await peekModel(deps, file);
+  const model = await peekModel(deps, file, body.endpoint);
   const batchId = newId('batch');
   const { run } = await createRun(
     deps,
-    { name: batchId, model, input: { file_id: file.id }, on_invalid_line: 'skip', metadata: body.metadata ?? {}, webhook: body.webhook },
+    {
+      name: batchId,
+      model,
+      endpoint: body.endpoint,
+      input: { file_id: file.id },
+      on_invalid_line: 'skip',
+      metadata: body.metadata ?? {},
+      webhook: body.webhook,
+    },
     undefined,
     {
       batchId,
       completionWindow: body.completion_window,
       expiresAt: deps.clock() + hours(body.completion_window) * 3600_000,
       outputFileId: newId('file'),
+      outputExpiresAfter: body.output_expires_after?.seconds ?? null,
       errorFileId: newId('file'),
     },
   );

@@ -8,8 +8,9 @@ import { cancelledSamples, getRunByBatchFile, setBatchFileBytes, shardPage } fro
 import { getRun } from '../../db/runs.js';
 import type { RunRow } from '../../db/schema.js';
 import { fileObject } from '../../domain/files.js';
+import { outputExpiresAt } from '../../domain/expiry.js';
 import { batchLineError, readLines } from '../../domain/input-line.js';
-import type { ErrorLine, OutputLine } from '../../domain/output-line.js';
+import { type ErrorLine, isRawLine, type OutputLine, type RawOutputLine } from '../../domain/output-line.js';
 import { BATCH_UNANSWERED } from '../../domain/sample-errors.js';
 import { isTerminalRun } from '../../domain/statuses.js';
 import { ApiError } from '../../errors.js';
@@ -45,9 +46,13 @@ function requestId(r: RunRow, key: string): string {
   return `batch_req_${createHash('sha256').update(`${r.batchId}\0${key}`).digest('hex').slice(0, 24)}`;
 }
 
-function outputRecord(r: RunRow, l: OutputLine): string {
+function outputRecord(r: RunRow, l: OutputLine | RawOutputLine): string {
   const id = requestId(r, l.custom_id);
   const u = l.usage;
+  if (isRawLine(l)) {
+    const body = rawResponseBody(r, l, id);
+    return JSON.stringify({ id, custom_id: l.custom_id, response: { status_code: 200, request_id: l.response_id ?? id, body }, error: null });
+  }
   return JSON.stringify({
     id,
     custom_id: l.custom_id,
@@ -89,6 +94,33 @@ function outputRecord(r: RunRow, l: OutputLine): string {
   });
 }
 
+/** A completions or embeddings line as OpenAI's `text_completion` or embeddings `list`. */
+function rawResponseBody(r: RunRow, l: RawOutputLine, id: string) {
+  const u = l.usage;
+  if (l.embedding !== undefined) {
+    return {
+      object: 'list',
+      data: [{ object: 'embedding', index: 0, embedding: l.embedding }],
+      model: l.model,
+      usage: { prompt_tokens: u.prompt_tokens, total_tokens: u.prompt_tokens },
+    };
+  }
+  const choice = (index: number, text: string | null, finish: string | null, logprobs: unknown) => ({
+    index,
+    text: text ?? '',
+    logprobs: logprobs ?? null,
+    finish_reason: finish,
+  });
+  return {
+    id: l.response_id ?? `cmpl-${id.slice('batch_req_'.length)}`,
+    object: 'text_completion',
+    created: l.created ?? Math.floor((r.finishedAt ?? r.createdAt) / 1000),
+    model: l.model,
+    choices: [choice(0, l.text ?? null, l.finish_reason, l.logprobs), ...(l.choices ?? []).map((c) => choice(c.index, c.text, c.finish_reason, c.logprobs))],
+    usage: { prompt_tokens: u.prompt_tokens, completion_tokens: u.completion_tokens, total_tokens: u.prompt_tokens + u.completion_tokens },
+  };
+}
+
 function errorRecord(r: RunRow, customId: string | null, key: string, error: { code: string; message: string; status: number | null }): string {
   const id = requestId(r, key);
   // A request the server refused keeps its HTTP answer, as OpenAI's error file does.
@@ -118,7 +150,7 @@ async function* outputRecords(deps: Deps, r: RunRow): AsyncGenerator<string> {
     for (const shard of page) {
       after = shard.idx;
       if (!shard.key || !shard.lines) continue;
-      for await (const line of shardLines(deps, r, shard.key)) yield outputRecord(r, JSON.parse(line) as OutputLine);
+      for await (const line of shardLines(deps, r, shard.key)) yield outputRecord(r, JSON.parse(line) as OutputLine | RawOutputLine);
     }
   }
 }
@@ -186,9 +218,14 @@ async function batchFileBytes(deps: Deps, r: RunRow, kind: BatchFileKind): Promi
 
 /** The File object of a batch's output or error file. */
 export async function renderBatchFile(deps: Deps, r: RunRow, kind: BatchFileKind) {
+  // An expired file's shards are gone: its size is what was counted before, if it was.
+  const expired = r.outputExpiredAt !== null;
+  const bytes = expired ? (r.batchFileBytes?.at === r.finishedAt ? (r.batchFileBytes[kind] ?? 0) : 0) : await batchFileBytes(deps, r, kind);
   return fileObject({
     id: (kind === 'output' ? r.outputFileId : r.errorFileId)!,
-    bytes: await batchFileBytes(deps, r, kind),
+    bytes,
+    expiresAt: outputExpiresAt(r),
+    expiredAt: r.outputExpiredAt,
     filename: `${r.batchId}_${kind}.jsonl`,
     purpose: 'batch_output',
     createdAt: r.finishedAt!,

@@ -57,6 +57,8 @@ export async function retryRun(deps: Deps, id: string, only: 'failed' | 'flagged
   const run = await mustGet(deps, id);
   if (!RETRYABLE_RUN_STATUSES.includes(run.status as RunStatus)) throw new ApiError('conflict', `cannot retry samples of a run that is ${run.status}`);
   if (run.total === 0) throw new ApiError('conflict', 'the run has no samples');
+  // Its shards are deleted: a retry would write a manifest of shards that are gone.
+  if (run.outputExpiredAt !== null) throw new ApiError('conflict', "the run's output expired and was deleted; start a new run");
   const { db } = deps;
   const now = deps.clock();
   const requeued = await requeueRunSamples(db, id, only, now);

@@ -19,6 +19,8 @@ import {
   type ToolPairing,
 } from '../../domain/params.js';
 import { layeredParams, type Variant } from '../../domain/variants.js';
+import { DEFAULT_RUN_ENDPOINT, type RunEndpoint } from '../../domain/run-endpoint.js';
+import { expiryProblem } from '../../domain/expiry.js';
 import { answerBufferProblem } from '../../domain/answer-bytes.js';
 import { qualityConfig, type QualityRequest } from '../../domain/quality.js';
 import type { OutputFormat } from '../../domain/output-format.js';
@@ -34,8 +36,9 @@ export interface NewRun {
   input: { file_id: string } | { uri: string } | { requests: unknown[] };
   params?: Record<string, unknown>;
   shard_size?: number;
-  output?: { uri?: string; format?: OutputFormat; overwrite?: boolean };
+  output?: { uri?: string; format?: OutputFormat; overwrite?: boolean; expires_after?: { seconds: number } };
   split?: { eval: number };
+  endpoint?: RunEndpoint;
   regenerate?: RegenerateMode | null;
   on_invalid_line?: OnInvalidLine;
   quality?: QualityRequest;
@@ -64,6 +67,29 @@ export function checkCalibration(body: Pick<NewRun, 'calibration' | 'dry_run'>):
     });
   }
   return calibrationSamples;
+}
+
+/**
+ * A completions or embeddings run (`endpoint`): its lines are raw prompts or inputs, so what reads
+ * chat messages (regenerate, the conversation formats) cannot apply, and an embedding is one vector.
+ */
+export function checkRawEndpoint(body: Pick<NewRun, 'endpoint' | 'regenerate' | 'output' | 'params' | 'split'>): void {
+  const endpoint = body.endpoint ?? DEFAULT_RUN_ENDPOINT;
+  if (endpoint === DEFAULT_RUN_ENDPOINT) return;
+  const refuse = (field: string, why: string) => {
+    throw new ApiError('validation_failed', `${field}: ${why} (the run's endpoint is "${endpoint}")`, { field });
+  };
+  if (body.regenerate) refuse('regenerate', 'regenerating assistant turns needs chat messages');
+  const format = body.output?.format ?? 'jsonl';
+  if (format !== 'jsonl') refuse('output.format', 'only "jsonl" holds a raw prompt\'s or an input\'s output lines');
+  if (body.split) refuse('split', 'a split is written in a dataset format, which needs chat messages');
+  if (endpoint === '/v1/embeddings' && typeof body.params?.n === 'number' && body.params.n > 1) refuse('params.n', 'an embedding has one answer');
+}
+
+/** An output lifetime (`output.expires_after`, a batch's `output_expires_after`) within OpenAI's bounds, or none. */
+export function checkExpiry(seconds: number | undefined, field: string, min: number): void {
+  const problem = seconds === undefined ? null : expiryProblem(seconds, min);
+  if (problem) throw new ApiError('validation_failed', `${field}: ${problem}`, { field });
 }
 
 /** A run's params.n against its regenerate mode (samplesPerLineProblem); the mode is read as a string, whatever the route's enum lets through. */
@@ -133,6 +159,8 @@ export async function createRun(
     }
   }
   const calibrationSamples = checkCalibration(body);
+  checkRawEndpoint(body);
+  checkExpiry(body.output?.expires_after?.seconds, 'output.expires_after.seconds', config.minExpirySeconds);
   checkSamplesPerLine(body);
   checkAnswerBuffer(body, config.answerBufferBytes);
   const id = newId('run');
@@ -189,6 +217,8 @@ export async function createRun(
       priority: body.priority ?? 0,
       metadata: body.metadata ?? {},
       regenerate: body.regenerate ?? null,
+      endpoint: body.endpoint ?? null,
+      outputExpiresAfter: body.output?.expires_after?.seconds ?? null,
       ...(body.regenerate === 'all_assistant' && {
         toolPairing: body.tool_pairing ?? 'name',
         onToolMismatch: body.on_tool_mismatch ?? 'truncate',

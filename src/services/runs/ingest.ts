@@ -13,6 +13,7 @@ import { pickSplit, type SplitName } from '../../domain/assign.js';
 import { splitOfShardIdx, splitShardIdx } from '../../domain/output-format.js';
 import { calibrationLines, CHARS_PER_TOKEN } from '../../domain/forecast.js';
 import { regenerateMode, samplesPerLine } from '../../domain/params.js';
+import { runEndpoint } from '../../domain/run-endpoint.js';
 import { parseInputLine, readLines, type InvalidLine, type LineErrorCode } from '../../domain/input-line.js';
 import { layeredParams, variantIndex } from '../../domain/variants.js';
 import { answerBufferProblem } from '../../domain/answer-bytes.js';
@@ -231,7 +232,11 @@ async function ingestHeld(deps: Deps, runId: string, hold: Hold, signal?: AbortS
     for await (const raw of readLines(source, { maxLineBytes: deps.config.maxLineBytes })) {
       if ('error' in raw) noteError(raw.lineNo, 'invalid_json_line', raw.error);
       else if (raw.text.trim() !== '') {
-        const parsed = parseInputLine(raw.text, raw.lineNo, { regenerate: regenerateMode(run.regenerate), choicesInBody: run.batchId !== null });
+        const parsed = parseInputLine(raw.text, raw.lineNo, {
+          regenerate: regenerateMode(run.regenerate),
+          choicesInBody: run.batchId !== null,
+          endpoint: runEndpoint(run.endpoint),
+        });
         if (!parsed.ok) noteError(raw.lineNo, parsed.code, parsed.reason, parsed.custom_id);
         else if (parsed.model !== null && parsed.model !== run.model) {
           noteError(raw.lineNo, 'mismatched_model', `model ${JSON.stringify(parsed.model.slice(0, 100))} does not match the run's model`, parsed.custom_id);
@@ -241,7 +246,7 @@ async function ingestHeld(deps: Deps, runId: string, hold: Hold, signal?: AbortS
           noteError(raw.lineNo, 'invalid_request', lineAnswerProblem(parsed.custom_id, parsed.params)!, parsed.custom_id);
         } else {
           const request = JSON.stringify({
-            messages: parsed.messages,
+            ...(parsed.raw ?? { messages: parsed.messages }),
             ...(parsed.params && { params: parsed.params }),
             ...(parsed.exact_metadata ? { metadata_json: parsed.exact_metadata } : parsed.metadata && { metadata: parsed.metadata }),
           });
