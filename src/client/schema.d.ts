@@ -1461,6 +1461,20 @@ export interface components {
             } | null;
             /** @description A conversation's answered turns, in order (the stored messages are its system and user turns) */
             turns?: components["schemas"]["SampleTurn"][];
+            /** @description A conversation's regenerated messages in order, as its output line will hold them: system and user turns, each answered request (`request`, its index in `turns`) with its reasoning and tool calls, and the source's tool results paired with the target's call ids */
+            conversation?: ({
+                role: string;
+                request?: number;
+            } & {
+                [key: string]: unknown;
+            })[];
+            /**
+             * @description The split the sample's line is written to; null when the run has no split
+             * @enum {string|null}
+             */
+            split: "train" | "eval" | null;
+            /** @description The object, under the run's output prefix, that holds (or will hold) the sample's line */
+            shard_key: string;
         };
         ChatMessage: {
             role: string;
@@ -1469,7 +1483,14 @@ export interface components {
             [key: string]: unknown;
         };
         SampleTurn: {
+            /** @description The request's place in the conversation, 0-based */
             index: number;
+            /** @description The user turn it answers, 0-based */
+            turn: number;
+            /** @description Its place in its user turn: 0 for the turn's first request, one more per tool-call step before it */
+            step: number;
+            /** @description The target's calls when the answer was a tool-call step; null for a text answer */
+            tool_calls: unknown[] | null;
             content: string | null;
             reasoning_content: string | null;
             finish_reason: string | null;

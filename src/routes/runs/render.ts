@@ -194,9 +194,13 @@ export function renderSample(s: SampleRow) {
   };
 }
 
-export function renderTurn(t: TurnRecord) {
+/** A conversation's request, `turn` the user turn it answers (turnLines counts them). */
+export function renderTurn(t: TurnRecord, turn: number) {
   return {
     index: t.idx,
+    turn,
+    step: t.step,
+    tool_calls: t.toolCalls,
     content: t.content,
     reasoning_content: t.reasoningContent,
     finish_reason: t.finishReason,

@@ -365,7 +365,10 @@ export const Sample = z
 
 export const SampleTurn = z
   .object({
-    index: z.number().int(),
+    index: z.number().int().openapi({ description: "The request's place in the conversation, 0-based" }),
+    turn: z.number().int().openapi({ description: 'The user turn it answers, 0-based' }),
+    step: z.number().int().openapi({ description: "Its place in its user turn: 0 for the turn's first request, one more per tool-call step before it" }),
+    tool_calls: z.array(z.unknown()).nullable().openapi({ description: "The target's calls when the answer was a tool-call step; null for a text answer" }),
     content: z.string().nullable(),
     reasoning_content: z.string().nullable(),
     finish_reason: z.string().nullable(),
@@ -395,6 +398,15 @@ export const SampleDetail = Sample.extend({
     .array(SampleTurn)
     .optional()
     .openapi({ description: "A conversation's answered turns, in order (the stored messages are its system and user turns)" }),
+  conversation: z
+    .array(z.object({ role: z.string(), request: z.number().int().optional() }).passthrough())
+    .optional()
+    .openapi({
+      description:
+        "A conversation's regenerated messages in order, as its output line will hold them: system and user turns, each answered request (`request`, its index in `turns`) with its reasoning and tool calls, and the source's tool results paired with the target's call ids",
+    }),
+  split: z.enum(['train', 'eval']).nullable().openapi({ description: "The split the sample's line is written to; null when the run has no split" }),
+  shard_key: z.string().openapi({ description: "The object, under the run's output prefix, that holds (or will hold) the sample's line" }),
 }).openapi('SampleDetail');
 
 export const Shard = z
