@@ -1,9 +1,11 @@
+import { spawn } from 'node:child_process';
+import { once } from 'node:events';
 import { existsSync, mkdirSync } from 'node:fs';
 import { fileURLToPath } from 'node:url';
 import { chromium, type Browser, type Page } from 'playwright-core';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { spawnSimulator, type SimProcess } from './support/sim.js';
-import { call, startTestServer } from './support/server.js';
+import { call, REGEN, startTestServer } from './support/server.js';
 import { createRun, registerEndpoint, waitForStatus } from './support/runner-checks.js';
 
 // The dashboard on conversation runs: a conversation's sample page shows every regenerated reply
@@ -114,5 +116,61 @@ describe.skipIf(!haveChromium)('dashboard on conversation runs', () => {
     await page.screenshot({ path: `${ARTIFACTS}sample-conversation-1024.png`, fullPage: true });
     expect(problems).toEqual([]);
     await close();
+  });
+
+  it('ends a run of cut answers, shorter than the gate waits for, in a warning', async () => {
+    const short = (id: string) => ({
+      custom_id: id,
+      messages: [
+        { role: 'user', content: `Explain ${id}` },
+        { role: 'assistant', content: 'old' },
+        { role: 'user', content: 'And then?' },
+      ],
+    });
+    const runOf = async (gate: boolean) => {
+      const created = await createRun(server.url, {
+        model: 'sim-model',
+        regenerate: 'all_assistant',
+        input: { requests: Array.from({ length: 40 }, (_, i) => short(`cut-${gate}-${i}`)) },
+        // Every answer is cut: the simulator writes 24 tokens.
+        params: { max_tokens: 4 },
+        quality: gate ? { retry_flagged: 0 } : { retry_flagged: 0, gate: false },
+      });
+      return waitForStatus(server.url, created.id, ['completed', 'paused', 'failed']);
+    };
+    const [gated, ungated] = await Promise.all([runOf(true), runOf(false)]);
+    // Judged as a whole at its end by the gate's rules (40 conversations, fewer than its 200).
+    expect(gated.status).toBe('completed');
+    expect(gated.status_reason).toMatch(/^completed over the limit: .*truncated 100%.* of 40 samples \(flagged 100%, limit 20%\)$/);
+    expect(gated.warnings).toEqual([{ code: 'quality_over_limit', field: 'quality.gate', message: gated.status_reason }]);
+    // With the gate off: the warning only.
+    expect(ungated.status).toBe('completed');
+    expect(ungated.status_reason).toBeNull();
+    expect(ungated.warnings?.[0]?.code).toBe('quality_over_limit');
+
+    const { page, problems, close } = await openPage(1440);
+    for (const run of [gated, ungated]) {
+      await page.goto(`${server.url}/#/runs/${run.id}`);
+      const status = page.locator('.run-head .badge').first();
+      await expect.poll(() => status.textContent(), { timeout: 15_000 }).toBe('completed with warnings');
+      expect(await status.getAttribute('class')).not.toMatch(/\bs-completed\b/);
+      expect(await page.locator('.banner.warn').textContent()).toMatch(/truncated 100%.* of 40 samples/);
+      expect(await page.locator('.bar .fill').first().getAttribute('class')).toContain('s-completed_with_warnings');
+    }
+    await page.screenshot({ path: `${ARTIFACTS}run-warned-1440.png`, fullPage: true });
+    await page.setViewportSize({ width: 1024, height: 900 });
+    await page.screenshot({ path: `${ARTIFACTS}run-warned-1024.png`, fullPage: true });
+    expect(problems).toEqual([]);
+    await close();
+
+    // The CLI says so too, in yellow on a terminal (here a pipe, so plain, as NO_COLOR asks).
+    const child = spawn(process.execPath, [...REGEN, 'status', gated.id], {
+      env: { ...process.env, REGEN_URL: server.url },
+      stdio: ['ignore', 'pipe', 'pipe'],
+    });
+    let out = '';
+    child.stdout.on('data', (d: Buffer) => (out += d.toString()));
+    expect((await once(child, 'exit'))[0]).toBe(0);
+    expect(out).toMatch(/status\s+completed with warnings: completed over the limit: .*truncated 100%/);
   });
 });

@@ -1,6 +1,6 @@
 import type { components } from '../client/index.js';
 import { Client, type ClientOptions } from './client.js';
-import { answered, duration, num, pct, rate, table, TERMINAL, WAITING } from './format.js';
+import { answered, duration, num, pct, rate, runStatus, table, TERMINAL, WAITING, warnColour, warned } from './format.js';
 import { watchRun } from './watch.js';
 
 type Run = components['schemas']['Run'];
@@ -17,7 +17,7 @@ function runsTable(runs: Run[]): string {
     runs.map((r) => [
       r.id,
       r.name ?? '-',
-      r.dry_run ? `${r.status} (dry run)` : r.status,
+      r.dry_run ? `${r.status} (dry run)` : runStatus(r),
       pct(answered(r).fraction),
       `${num(answered(r).count)}/${num(r.request_counts.total)}`,
       rate(r.progress.samples_per_second),
@@ -30,6 +30,13 @@ function runsTable(runs: Run[]): string {
   );
 }
 
+/** The status with its reason; a completed run's warnings (the reason again when the gate is on) in the warning colour. */
+function statusLine(r: Run): string {
+  const reason = r.status_reason ?? r.warnings?.map((w) => w.message).join('; ');
+  const line = runStatus(r) + (reason ? `: ${reason}` : '');
+  return warned(r) ? warnColour(line, process.stdout) : line;
+}
+
 function runDetail(r: Run): string {
   const c = r.request_counts;
   const completed = c.completed;
@@ -39,7 +46,7 @@ function runDetail(r: Run): string {
   const rows: [string, string][] = [
     ['run', `${r.id}${r.name ? ` (${r.name})` : ''}${r.dry_run ? ', a dry run: its calibration slice only, for the forecast' : ''}`],
     ['model', r.model],
-    ['status', r.status + (r.status_reason ? `: ${r.status_reason}` : '')],
+    ['status', statusLine(r)],
     ['progress', `${pct(answered(r).fraction)}, ${answered(r).label}`],
     [
       'samples',

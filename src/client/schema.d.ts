@@ -977,7 +977,7 @@ export interface components {
             on_length: "keep" | "retry" | "fail";
             /** @description The run's variants with their counts, usage and quality; null when it has none */
             variants: components["schemas"]["RunVariant"][] | null;
-            /** @description On the answer to the create request only: what looks wrong in it but did not stop the run (a model no endpoint serves) */
+            /** @description What looks wrong but did not stop the run: on the answer to the create request, a model no endpoint serves; on a completed run, a flagged share over the limit. Absent when there is none */
             warnings?: components["schemas"]["RunWarning"][];
         };
         /** @description Where the run's events go and how their delivery stands; null when they go nowhere */
@@ -1042,15 +1042,18 @@ export interface components {
                 reasoning_tokens: number;
             };
         };
-        /** @description Something in the request that looks wrong but does not stop the run */
+        /** @description Something that looks wrong but did not stop the run */
         RunWarning: {
-            /** @enum {string} */
-            code: "model_not_served";
+            /**
+             * @description `model_not_served`: no endpoint serves the run's model; `quality_over_limit`: the run completed with a flagged share over the gate's limit (judged as a whole at its end, so a run shorter than the gate's `min_samples` is judged too)
+             * @enum {string}
+             */
+            code: "model_not_served" | "quality_over_limit";
             /** @description The request field the warning is about */
             field: string;
             message: string;
-            /** @description The served model names closest to the one asked for, best first (whole names and last path segments compared) */
-            suggestions: string[];
+            /** @description `model_not_served`: the served model names closest to the one asked for, best first (whole names and last path segments compared) */
+            suggestions?: string[];
         };
         /**
          * @example {

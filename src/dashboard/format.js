@@ -92,6 +92,15 @@ export function runTitle(run) {
 }
 
 /**
+ * The status a run is shown with: a completed run with warnings (a flagged share over the gate's
+ * limit) is `completed_with_warnings`, in the warning colour, not green.
+ * @param {{ status: string, warnings?: { message: string }[] }} run
+ */
+export function shownStatus(run) {
+  return run.status === 'completed' && run.warnings?.length ? 'completed_with_warnings' : run.status;
+}
+
+/**
  * A run the quality gate stopped: resuming it again needs the override.
  * @param {{ status: string, status_reason?: string | null }} run
  */

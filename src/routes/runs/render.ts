@@ -4,6 +4,7 @@ import { hitRate, type CacheUsage } from '../../db/cache-usage.js';
 import { joinUri } from '../../storage/index.js';
 import { FLAG_COLUMNS, flagCounts, flagsFromBits } from '../../domain/flags.js';
 import { runUsage, triesOf } from '../../domain/output-line.js';
+import { endVerdict } from '../../domain/quality.js';
 import { isTerminalRun } from '../../domain/statuses.js';
 import { layeredParams } from '../../domain/variants.js';
 import type { StoredForecast } from '../../domain/forecast.js';
@@ -152,7 +153,14 @@ export function renderRun(r: RunRow, live: RunProgress, now: number, variantRows
     forecast: renderForecast(r, live),
     on_length: r.onLength as Run['on_length'],
     variants: renderVariants(r, variantRows),
+    ...renderEndWarnings(r),
   };
+}
+
+/** A completed run over the gate's limit says so in its warnings (the gate's own status_reason says it only when the gate is on). */
+function renderEndWarnings(r: RunRow): Pick<Run, 'warnings'> {
+  const verdict = r.status === 'completed' ? endVerdict(r) : null;
+  return verdict ? { warnings: [{ code: 'quality_over_limit', field: 'quality.gate', message: verdict }] } : {};
 }
 
 /** A run's prefix-cache figures by endpoint, for GET of one run. */

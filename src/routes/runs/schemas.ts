@@ -170,14 +170,17 @@ export const ValidateRunBody = CreateRunBody.partial({ input: true }).openapi('V
 
 export const RunWarning = z
   .object({
-    code: z.enum(['model_not_served']),
+    code: z.enum(['model_not_served', 'quality_over_limit']).openapi({
+      description:
+        "`model_not_served`: no endpoint serves the run's model; `quality_over_limit`: the run completed with a flagged share over the gate's limit (judged as a whole at its end, so a run shorter than the gate's `min_samples` is judged too)",
+    }),
     field: z.string().openapi({ description: 'The request field the warning is about' }),
     message: z.string(),
-    suggestions: z
-      .array(z.string())
-      .openapi({ description: 'The served model names closest to the one asked for, best first (whole names and last path segments compared)' }),
+    suggestions: z.array(z.string()).optional().openapi({
+      description: '`model_not_served`: the served model names closest to the one asked for, best first (whole names and last path segments compared)',
+    }),
   })
-  .openapi('RunWarning', { description: 'Something in the request that looks wrong but does not stop the run' });
+  .openapi('RunWarning', { description: 'Something that looks wrong but did not stop the run' });
 
 export const RunValidation = z
   .object({
@@ -321,10 +324,10 @@ export const Run = z
     forecast: Forecast.nullable(),
     on_length: z.enum(ON_LENGTH),
     variants: z.array(RunVariant).nullable().openapi({ description: "The run's variants with their counts, usage and quality; null when it has none" }),
-    warnings: z
-      .array(RunWarning)
-      .optional()
-      .openapi({ description: 'On the answer to the create request only: what looks wrong in it but did not stop the run (a model no endpoint serves)' }),
+    warnings: z.array(RunWarning).optional().openapi({
+      description:
+        'What looks wrong but did not stop the run: on the answer to the create request, a model no endpoint serves; on a completed run, a flagged share over the limit. Absent when there is none',
+    }),
   })
   .openapi('Run');
 export type Run = z.infer<typeof Run>;
