@@ -7,6 +7,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { spawnSimulator, type SimProcess } from './support/sim.js';
 import { call, REGEN, startTestServer } from './support/server.js';
 import { createRun, registerEndpoint, waitForStatus } from './support/runner-checks.js';
+import { Stores } from '../src/storage/index.js';
 
 // The dashboard on conversation runs: a conversation's sample page shows every regenerated reply
 // (tool-call steps and the source's results included) with how each request went, and where the
@@ -119,8 +120,9 @@ describe.skipIf(!haveChromium)('dashboard on conversation runs', () => {
   });
 
   it('ends a run of cut answers, shorter than the gate waits for, in a warning', async () => {
-    const short = (id: string) => ({
-      custom_id: id,
+    // SpecForge's lines name themselves by `id`, often a row number.
+    const short = (id: number) => ({
+      id,
       messages: [
         { role: 'user', content: `Explain ${id}` },
         { role: 'assistant', content: 'old' },
@@ -131,7 +133,8 @@ describe.skipIf(!haveChromium)('dashboard on conversation runs', () => {
       const created = await createRun(server.url, {
         model: 'sim-model',
         regenerate: 'all_assistant',
-        input: { requests: Array.from({ length: 40 }, (_, i) => short(`cut-${gate}-${i}`)) },
+        input: { requests: Array.from({ length: 40 }, (_, i) => short(gate ? i : 1000 + i)) },
+        output: { format: 'conversations' },
         // Every answer is cut: the simulator writes 24 tokens.
         params: { max_tokens: 4 },
         quality: gate ? { retry_flagged: 0 } : { retry_flagged: 0, gate: false },
@@ -147,6 +150,16 @@ describe.skipIf(!haveChromium)('dashboard on conversation runs', () => {
     expect(ungated.status).toBe('completed');
     expect(ungated.status_reason).toBeNull();
     expect(ungated.warnings?.[0]?.code).toBe('quality_over_limit');
+
+    // In SpecForge's format every one of those lines says so, with its flags, under its numeric id.
+    const store = new Stores({ forcePathStyle: false }).forUri(gated.output_uri);
+    const lines = (await store.get('shard-00000.jsonl')).toString('utf8').trim().split('\n');
+    expect(lines).toHaveLength(40);
+    for (const [i, text] of lines.entries()) {
+      const back = JSON.parse(text);
+      expect(back).toMatchObject({ id: i, status: 'error' });
+      expect(back.flags).toContain('truncated');
+    }
 
     const { page, problems, close } = await openPage(1440);
     for (const run of [gated, ungated]) {

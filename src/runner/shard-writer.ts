@@ -9,7 +9,17 @@ import { walkSettings } from '../domain/params.js';
 import { turnsBefore } from '../db/sample-turns.js';
 import { listRunVariants } from '../db/run-variants.js';
 import { stringifyExact } from '../domain/exact-json.js';
-import { errorLine, lineKey, lineText, MANIFEST_KEY, type OutputLine, outputRecord, runUsage, type StagedOutput } from '../domain/output-line.js';
+import {
+  errorLine,
+  lineKey,
+  lineText,
+  MANIFEST_KEY,
+  type OutputLine,
+  outputRecord,
+  runUsage,
+  type StagedOutput,
+  type StoredMetadata,
+} from '../domain/output-line.js';
 import { type CardRun, datasetCard } from '../domain/dataset-card.js';
 import {
   answerOfRecord,
@@ -83,9 +93,9 @@ async function putVerified(deps: RunnerDeps, run: RunRow, key: string, body: Buf
 }
 
 /** A completed sample's record in the run's format, made from its output line (its fields kept as written stay so in every format). */
-export function recordOf(format: OutputFormat, line: OutputLine, split: string | null): ShardRecord {
+export function recordOf(format: OutputFormat, line: OutputLine, split: string | null, numericId = false): ShardRecord {
   if (format === 'jsonl') return lineText(line);
-  return format === 'parquet' ? parquetRow(line, split) : stringifyExact(conversationsLine(line));
+  return format === 'parquet' ? parquetRow(line, split) : stringifyExact(conversationsLine(line, numericId));
 }
 
 /** A shard's body; a Parquet shard read back must declare the rows it was written with. */
@@ -122,8 +132,11 @@ export async function uploadShard(deps: RunnerDeps, run: RunRow, listed: ShardRo
   for (const { s, output } of rows) {
     if (s.status === 'completed') {
       let record: ShardRecord;
-      if (output) record = recordOf(format, outputRecord(s, JSON.parse(output) as StagedOutput, variants, run.params.tools), shard.split);
-      else {
+      if (output) {
+        // SpecForge's format writes a numeric id back as a number; only it reads the flag.
+        const numericId = format === 'conversations' && (JSON.parse(s.request) as StoredMetadata).numeric_id === true;
+        record = recordOf(format, outputRecord(s, JSON.parse(output) as StagedOutput, variants, run.params.tools), shard.split, numericId);
+      } else {
         previous ??= await previousRecords(deps, run, shard, format);
         const old = previous.get(lineKey(s.customId, s.sampleIndex));
         if (!old) throw new Error(`sample ${s.customId} has no output in staging or in the earlier shard`);
