@@ -252,7 +252,7 @@ export function endVerdict(r: GateInput): string | null {
   return `completed over the limit: ${gateVerdict(r, gate).slice(VERDICT_PREFIX.length + 1)}`;
 }
 
-/** The status reason a completed run ends with: the end verdict, when its gate is on. */
+/** The status reason a completed run ends with: the end verdict, when its gate is on and was not overridden (someone chose to go on past it). */
 export function endStatusReason(r: GateInput): string | null {
-  return gateSettings(r) === null ? null : endVerdict(r);
+  return gateSettings(r) === null || r.gateOverridden ? null : endVerdict(r);
 }

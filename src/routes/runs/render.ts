@@ -157,7 +157,7 @@ export function renderRun(r: RunRow, live: RunProgress, now: number, variantRows
   };
 }
 
-/** A completed run over the gate's limit says so in its warnings (the gate's own status_reason says it only when the gate is on). */
+/** A completed run over the gate's limit says so in its warnings (the status_reason says it too when the gate is on and was not overridden). */
 function renderEndWarnings(r: RunRow): Pick<Run, 'warnings'> {
   const verdict = r.status === 'completed' ? endVerdict(r) : null;
   return verdict ? { warnings: [{ code: 'quality_over_limit', field: 'quality.gate', message: verdict }] } : {};
