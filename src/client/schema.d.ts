@@ -540,7 +540,7 @@ export interface components {
                 failed: number;
                 cancelled: number;
             };
-            /** @description A run with `regenerate: "all_assistant"`: its conversations' requests, one a user turn and one a tool-call step (`request_counts` counts conversations). `total` once validated, the source's count of requests (an estimate for agentic conversations: the target may take more or fewer steps); `completed`, the requests answered; `in_flight`, the conversations with a request claimed or sent; `failed`, the requests that failed their conversation; `tool_steps`, the answered requests that called tools. Null for other runs */
+            /** @description A run with `regenerate: "all_assistant"`: its conversations' requests, one a user turn and one a tool-call step (`request_counts` counts conversations). `total` once validated, the source's count of requests (an estimate for agentic conversations: the target may take more or fewer steps); `completed`, the requests answered; `in_flight`, the requests sent and not yet answered, as `progress.in_flight` counts them (the conversations under way, claimed ahead included, are `request_counts.in_progress`); `failed`, the requests that failed their conversation; `tool_steps`, the answered requests that called tools. Null for other runs */
             turns: {
                 total: number;
                 completed: number;
@@ -906,7 +906,7 @@ export interface components {
                 failed: number;
                 cancelled: number;
             };
-            /** @description A run with `regenerate: "all_assistant"`: its conversations' requests, one a user turn and one a tool-call step (`request_counts` counts conversations). `total` once validated, the source's count of requests (an estimate for agentic conversations: the target may take more or fewer steps); `completed`, the requests answered; `in_flight`, the conversations with a request claimed or sent; `failed`, the requests that failed their conversation; `tool_steps`, the answered requests that called tools. Null for other runs */
+            /** @description A run with `regenerate: "all_assistant"`: its conversations' requests, one a user turn and one a tool-call step (`request_counts` counts conversations). `total` once validated, the source's count of requests (an estimate for agentic conversations: the target may take more or fewer steps); `completed`, the requests answered; `in_flight`, the requests sent and not yet answered, as `progress.in_flight` counts them (the conversations under way, claimed ahead included, are `request_counts.in_progress`); `failed`, the requests that failed their conversation; `tool_steps`, the answered requests that called tools. Null for other runs */
             turns: {
                 total: number;
                 completed: number;

@@ -126,7 +126,8 @@ export function renderRun(r: RunRow, live: RunProgress, now: number, variantRows
     },
     turns:
       r.regenerate === 'all_assistant'
-        ? { total: r.turnsTotal, completed: r.turnsCompleted, in_flight: r.inProgress, failed: r.turnsFailed, tool_steps: r.toolSteps }
+        ? // A conversation has one request out at a time: its requests in flight are the run's (progress.in_flight).
+          { total: r.turnsTotal, completed: r.turnsCompleted, in_flight: live.in_flight ?? 0, failed: r.turnsFailed, tool_steps: r.toolSteps }
         : null,
     quality: {
       flagged: r.flagged,

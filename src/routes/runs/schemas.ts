@@ -284,7 +284,7 @@ export const Run = z
     request_counts: counts(['total', 'pending', 'in_progress', 'completed', 'failed', 'cancelled']),
     turns: counts(['total', 'completed', 'in_flight', 'failed', 'tool_steps']).nullable().openapi({
       description:
-        'A run with `regenerate: "all_assistant"`: its conversations\' requests, one a user turn and one a tool-call step (`request_counts` counts conversations). `total` once validated, the source\'s count of requests (an estimate for agentic conversations: the target may take more or fewer steps); `completed`, the requests answered; `in_flight`, the conversations with a request claimed or sent; `failed`, the requests that failed their conversation; `tool_steps`, the answered requests that called tools. Null for other runs',
+        'A run with `regenerate: "all_assistant"`: its conversations\' requests, one a user turn and one a tool-call step (`request_counts` counts conversations). `total` once validated, the source\'s count of requests (an estimate for agentic conversations: the target may take more or fewer steps); `completed`, the requests answered; `in_flight`, the requests sent and not yet answered, as `progress.in_flight` counts them (the conversations under way, claimed ahead included, are `request_counts.in_progress`); `failed`, the requests that failed their conversation; `tool_steps`, the answered requests that called tools. Null for other runs',
     }),
     quality: z.object({ flagged: z.number().int(), by_flag: counts(FLAGS) }),
     usage: counts(['prompt_tokens', 'completion_tokens', 'reasoning_tokens']),
