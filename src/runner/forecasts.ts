@@ -221,6 +221,14 @@ export class Forecasts {
         deadlineSeconds: run.deadlineSeconds,
         now,
         chainSeconds: chainSeconds(run, slotTokensPerSecond),
+        ...(run.regenerate === 'all_assistant' && {
+          // A dry run forecasts every turn; its answered ones are the slice's.
+          turns: {
+            left: run.dryRun ? run.turnsTotal : run.turnsTotal - run.turnsCompleted - run.turnsFailed,
+            answered: run.turnsCompleted,
+            tokens: run.completionTokens,
+          },
+        }),
       },
       // Seeded per run and moment: the same figures give the same interval.
       seededRandom(`${run.id}:${now}`),
