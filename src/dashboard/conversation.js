@@ -30,7 +30,8 @@ function messageBox(m, head) {
   return h(
     'div',
     { className: `message role-${m.role}` },
-    h('div', { className: 'role' }, m.tool_call_id ? `${m.role} → ${m.tool_call_id}` : m.role, head ?? null),
+    // Ids keep their case: the role line is shown in capitals, its request-head is not.
+    h('div', { className: 'role' }, m.role, m.tool_call_id ? h('span', { className: 'request-head' }, ` → ${m.tool_call_id}`) : null, head ?? null),
     m.content == null && m.tool_calls ? null : h('pre', null, contentText(m.content)),
     // A step's calls, each with the id its tool result answers.
     Array.isArray(m.tool_calls) ? h('pre', { className: 'tool-calls' }, m.tool_calls.map(callText).join('\n')) : null,
