@@ -169,6 +169,9 @@ describe.skipIf(!haveChromium)('dashboard on conversation runs', () => {
       expect(await status.getAttribute('class')).not.toMatch(/\bs-completed\b/);
       expect(await page.locator('.banner.warn').textContent()).toMatch(/truncated 100%.* of 40 samples/);
       expect(await page.locator('.bar .fill').first().getAttribute('class')).toContain('s-completed_with_warnings');
+      // One unit: a conversation run counts its conversations, its chart's rate too.
+      expect(await page.locator('body').textContent()).toContain('40 of 40 conversations done');
+      expect(await page.locator('.legend').first().textContent()).toContain('conversations/s (left)');
     }
     await page.screenshot({ path: `${ARTIFACTS}run-warned-1440.png`, fullPage: true });
     await page.setViewportSize({ width: 1024, height: 900 });
@@ -185,5 +188,7 @@ describe.skipIf(!haveChromium)('dashboard on conversation runs', () => {
     child.stdout.on('data', (d: Buffer) => (out += d.toString()));
     expect((await once(child, 'exit'))[0]).toBe(0);
     expect(out).toMatch(/status\s+completed with warnings: completed over the limit: .*truncated 100%/);
+    expect(out).toMatch(/progress\s+100\.0%, 40 of 40 conversations done/);
+    expect(out).toMatch(/rate\s+[\d.]+ conversations\/s/);
   });
 });

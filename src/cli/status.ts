@@ -1,5 +1,6 @@
 import type { components } from '../client/index.js';
 import { Client, type ClientOptions } from './client.js';
+import { unitOf } from '../dashboard/format.js';
 import { answered, duration, num, pct, rate, runStatus, table, TERMINAL, WAITING, warnColour, warned } from './format.js';
 import { watchRun } from './watch.js';
 
@@ -52,7 +53,7 @@ function runDetail(r: Run): string {
       'samples',
       `${num(c.completed)} completed, ${num(c.failed)} failed, ${num(r.progress.in_flight)} in flight (${num(Math.max(0, c.in_progress - r.progress.in_flight))} more claimed ahead), ${num(c.pending)} pending${c.cancelled ? `, ${num(c.cancelled)} cancelled` : ''}`,
     ],
-    ['rate', `${rate(r.progress.samples_per_second)} samples/s, ${rate(r.progress.completion_tokens_per_second)} completion tokens/s`],
+    ['rate', `${rate(r.progress.samples_per_second)} ${unitOf(r)}/s, ${rate(r.progress.completion_tokens_per_second)} completion tokens/s`],
     ['eta', `${eta(r)} (elapsed ${duration(r.progress.elapsed_seconds)})`],
     ['quality', `${flagged(r)} flagged${flags.length ? `: ${flags.join(', ')}` : ''}`],
     ['tokens', `${num(r.usage.prompt_tokens)} prompt, ${num(r.usage.completion_tokens)} completion (${num(r.usage.reasoning_tokens)} reasoning)`],

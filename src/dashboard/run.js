@@ -4,7 +4,7 @@
 import { client, unwrap } from './api.js';
 import { drawForecast, drawThroughput } from './chart.js';
 import { badge, fill, h, progressBar, route } from './dom.js';
-import { answered, at, duration, eta, num, pausedByGate, pct, rate, runTitle, shownStatus, TERMINAL, when } from './format.js';
+import { answered, at, duration, eta, num, pausedByGate, pct, rate, runTitle, shownStatus, TERMINAL, unitOf, when } from './format.js';
 import { every, followRun } from './live.js';
 import { endpointsTable, failuresList, gateText, qualityTable, shardGrid, variantsTable } from './panels.js';
 
@@ -46,6 +46,8 @@ export function runView(root, runId) {
   let quality = null;
 
   const title = h('h1', null, 'Loading run…');
+  // The chart's left axis counts the run's unit: samples, or a conversation run's conversations.
+  const rateUnit = h('span', null, ' samples/s (left) ');
   const statusEl = h('span', null);
   const subtitle = h('div', { className: 'muted small' });
   const banner = h('div', { className: 'banner', hidden: true });
@@ -102,7 +104,7 @@ export function runView(root, runId) {
         'div',
         { className: 'legend small' },
         h('span', { className: 'swatch samples' }),
-        ' samples/s (left) ',
+        rateUnit,
         h('span', { className: 'swatch tokens' }),
         ' completion tokens/s (right)',
       ),
@@ -122,6 +124,7 @@ export function runView(root, runId) {
   function update(next) {
     run = next;
     title.textContent = runTitle(run);
+    rateUnit.textContent = ` ${unitOf(run)}/s (left) `;
     document.title = `${runTitle(run)} · regen`;
     fill(
       statusEl,
