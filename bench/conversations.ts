@@ -7,6 +7,7 @@ import { mulberry32 } from '../src/domain/forecast.js';
 import { spawnSimulator, type SimProcess } from '../src/sim/spawn.js';
 import { promptSequence } from '../src/sim/text.js';
 import { spawnServer, tempDir } from '../test/support/server.js';
+import { benchConversationEta } from './conversation-eta.js';
 import { json, percentile, scaled, sleep, until, type Figure } from './support.js';
 
 // Multi-turn regeneration on 4 simulated servers with prefix caches (SGLang's radix cache, in the
@@ -336,6 +337,8 @@ async function sharedPrefix(base: string, sims: SimProcess[], n: number): Promis
 }
 
 export async function benchConversations(): Promise<Figure[]> {
+  // The ETA's error first: a minute on two slow servers of their own.
+  const eta = await benchConversationEta();
   const n = scaled(2000, 40);
   const convs = conversations(n);
   const tmp = tempDir('regen-bench-conv-');
@@ -461,5 +464,5 @@ export async function benchConversations(): Promise<Figure[]> {
     for (const server of Object.values(servers)) await server.kill('SIGKILL');
     tmp.cleanup();
   }
-  return figures;
+  return [...eta, ...figures];
 }

@@ -1,6 +1,7 @@
 import { loadavg } from 'node:os';
 import { benchAdaptive } from './adaptive.js';
 import { benchDispatch, benchSaturation, benchStream } from './dispatch.js';
+import { benchConversationEta } from './conversation-eta.js';
 import { benchConversations } from './conversations.js';
 import { benchEndless } from './endless.js';
 import { benchFormats } from './formats.js';
@@ -28,10 +29,11 @@ const PARTS: Record<string, () => Promise<Figure[]>> = {
   formats: benchFormats,
   share: benchShare,
   conversations: benchConversations,
+  'conversation-eta': benchConversationEta,
 };
 
 /** Parts run only when named: `conversations` starts 32 simulators and runs for many minutes. */
-const ON_REQUEST = new Set(['conversations']);
+const ON_REQUEST = new Set(['conversations', 'conversation-eta']);
 
 const fmt = (n: number | null, unit = '') =>
   n === null ? '' : unit === '%' ? n.toFixed(2) : n >= 100 ? Math.round(n).toLocaleString('en') : n.toFixed(n >= 10 ? 1 : 2);

@@ -497,6 +497,24 @@ describe('listing runs', () => {
     expectProblem(await req(api, '/v1/runs?limit=0'), 422, 'validation_failed', 'limit');
   });
 
+  it('filters by a part of the name in any case, non-ASCII capitals too, the same on both stores', async () => {
+    const names = ['Étude Ω-7', 'ÉTUDE ω-8', 'straße', 'plain-name'];
+    const made = new Map<string, string>();
+    for (const name of names) made.set((await createOk(api, { name, input: { requests: [{ prompt: name }] } })).id, name);
+    const found = async (part: string) =>
+      (await allPages(api, `/v1/runs?name=${encodeURIComponent(part)}`))
+        .filter((r) => made.has(r.id))
+        .map((r) => r.name as string)
+        .sort();
+    expect(await found('étude')).toEqual(['ÉTUDE ω-8', 'Étude Ω-7']);
+    expect(await found('Étude Ω')).toEqual(['ÉTUDE ω-8', 'Étude Ω-7']);
+    expect(await found('ω-8')).toEqual(['ÉTUDE ω-8']);
+    expect(await found('STRASSE')).toEqual([]);
+    expect(await found('Straße')).toEqual(['straße']);
+    // LIKE's own characters are literal.
+    expect(await found('%')).toEqual([]);
+  });
+
   it('refuses a cursor it cannot place with 422 naming after; an id of its making that it does not hold is placed where it sorts', async () => {
     const made: string[] = [];
     for (let i = 0; i < 2; i++) made.push((await createOk(api, { name: `cursor-${i}`, input: { requests: [{ prompt: `p${i}` }] } })).id);

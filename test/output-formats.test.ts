@@ -254,6 +254,12 @@ describe('ids and metadata exactly as the input wrote them', () => {
   const ids = ['9007199254740993', '9007199254740992', '-0', '0', '1e21', '7'];
   let fileId: string;
 
+  /** A SpecForge line's `id` as written (a number's literal, which parsing would change), after the input's own fields. */
+  const idLiteral = (line: string) => {
+    const text = /(?:^\{|,)"id":("(?:[^"\\]|\\.)*"|[^,}]+)/.exec(line)![1];
+    return text.startsWith('"') ? (JSON.parse(text) as string) : text;
+  };
+
   /** Each completed record's custom_id and the text of its metadata, from the shards of a finished run. */
   async function records(format: string): Promise<{ raw: Map<string, string>; run: any }> {
     fileId ??= await uploadFile(server.url, input.join('\n') + '\n');
@@ -266,7 +272,8 @@ describe('ids and metadata exactly as the input wrote them', () => {
       if (key.endsWith('.parquet')) {
         for (const row of await readParquetRows(bytes)) raw.set(row.custom_id as string, (row.metadata as string | null) ?? '');
       } else if (/shard-\d{5}\.jsonl$/.test(key)) {
-        for (const line of bytes.toString('utf8').split('\n').filter(Boolean)) raw.set(JSON.parse(line)[format === 'conversations' ? 'id' : 'custom_id'], line);
+        for (const line of bytes.toString('utf8').split('\n').filter(Boolean))
+          raw.set(format === 'conversations' ? idLiteral(line) : JSON.parse(line).custom_id, line);
       }
     }
     expect([...raw.keys()].sort()).toEqual([...ids].sort());
@@ -288,10 +295,11 @@ describe('ids and metadata exactly as the input wrote them', () => {
     }
   });
 
-  it('conversations: the line is the input object, its fields as written', async () => {
+  it('conversations: the line is the input object, its fields and its numeric id as written', async () => {
     const { raw } = await records('conversations');
-    expect(raw.get('9007199254740993')).toContain(`{${EXACT_META},"id":"9007199254740993"`);
-    expect(raw.get('1e21')).toMatch(/^\{"__proto__":"own","id":"1e21"/);
+    expect(raw.get('9007199254740993')).toContain(`{${EXACT_META},"id":9007199254740993,`);
+    expect(raw.get('1e21')).toMatch(/^\{"__proto__":"own","id":1e21,/);
+    expect(raw.get('-0')).toMatch(/^\{"id":-0,/);
   });
 
   it('Parquet: the metadata column holds the fields’ own JSON text', async () => {

@@ -1,4 +1,4 @@
-import { answered as pageAnswered, duration as pageDuration } from '../dashboard/format.js';
+import { answered as pageAnswered, duration as pageDuration, shownStatus } from '../dashboard/format.js';
 
 // Plain-text rendering for the client commands: numbers, durations and aligned tables.
 
@@ -10,6 +10,15 @@ export const WAITING = ['validating', 'queued', 'paused'];
 /** A status, with its reason when the run waits: `queued (waiting for an endpoint: …)`. */
 export const statusWithReason = (run: { status: string; status_reason: string | null }) =>
   WAITING.includes(run.status) && run.status_reason ? `${run.status} (${run.status_reason})` : run.status;
+
+/** The status a run is shown with, by the page's rule: `completed with warnings` for a completed run over the gate's limit. */
+export const runStatus = (run: { status: string; warnings?: { message: string }[] }) => shownStatus(run).replaceAll('_', ' ');
+
+/** A completed run with warnings, for the warning colour. */
+export const warned = (run: { status: string; warnings?: { message: string }[] }) => shownStatus(run) === 'completed_with_warnings';
+
+/** Text in the warning colour (yellow) where the stream is a terminal and NO_COLOR is not set. */
+export const warnColour = (text: string, stream: NodeJS.WriteStream) => (stream.isTTY && !process.env.NO_COLOR ? `\x1b[33m${text}\x1b[39m` : text);
 
 export const num = (n: number | null | undefined) => (n == null ? '-' : n.toLocaleString('en-US'));
 

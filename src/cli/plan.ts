@@ -61,7 +61,7 @@ export function describePlan(run: Run, scope: PlanScope): string {
   const scale = scope.lines / scope.sampled;
   const { endpoints, completion_tokens_per_second: tps } = f.fleet;
   const rows: [string, string][] = [
-    ['samples', `${num(scope.lines)} (forecast from ${num(f.based_on_samples)} calibration answers, dry run ${run.id})`],
+    ...whatIsAsked(run, scope),
     ['uploaded', scope.sampled < scope.lines ? `a sample of ${num(scope.sampled)} lines, one at random in each of as many equal stretches` : 'the whole file'],
     ['completion tokens', num(Math.round(f.completion_tokens_estimate * scale))],
   ];
@@ -88,6 +88,29 @@ export function describePlan(run: Run, scope: PlanScope): string {
     ]);
   }
   return format(rows);
+}
+
+/**
+ * What the file asks for, in the run's units: its lines, or its conversations and the requests
+ * they take (user turns and tool-call steps, as many a line as the dry run's sample took), and
+ * with `n` > 1 the samples, n a line.
+ */
+function whatIsAsked(run: Run, scope: PlanScope): [string, string][] {
+  const f = run.forecast!;
+  const basis = `forecast from ${num(f.based_on_samples)} ${run.turns ? 'answered turns' : 'calibration answers'}, dry run ${run.id}`;
+  if (run.turns) {
+    const turns = Math.round((run.turns.total * scope.lines) / scope.sampled);
+    return [
+      ['conversations', `${num(scope.lines)} (${basis})`],
+      [
+        'turns',
+        `${scope.sampled < scope.lines ? 'about ' : ''}${num(turns)} requests (user turns and tool-call steps${scope.sampled < scope.lines ? ", at the sample's rate a line" : ''})`,
+      ],
+    ];
+  }
+  const n = samplesPerLine(run.params);
+  if (n === 1) return [['samples', `${num(scope.lines)} (${basis})`]];
+  return [['samples', `${num(scope.lines * n)} (${num(scope.lines)} lines, n = ${n}; ${basis})`]];
 }
 
 // A label as long as the column (`on 100,000 endpoint(s)`) still keeps a space before its value.

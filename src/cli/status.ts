@@ -1,6 +1,7 @@
 import type { components } from '../client/index.js';
 import { Client, type ClientOptions } from './client.js';
-import { answered, duration, num, pct, rate, table, TERMINAL, WAITING } from './format.js';
+import { unitOf } from '../dashboard/format.js';
+import { answered, duration, num, pct, rate, runStatus, table, TERMINAL, WAITING, warnColour, warned } from './format.js';
 import { watchRun } from './watch.js';
 
 type Run = components['schemas']['Run'];
@@ -17,7 +18,7 @@ function runsTable(runs: Run[]): string {
     runs.map((r) => [
       r.id,
       r.name ?? '-',
-      r.dry_run ? `${r.status} (dry run)` : r.status,
+      r.dry_run ? `${r.status} (dry run)` : runStatus(r),
       pct(answered(r).fraction),
       `${num(answered(r).count)}/${num(r.request_counts.total)}`,
       rate(r.progress.samples_per_second),
@@ -30,6 +31,13 @@ function runsTable(runs: Run[]): string {
   );
 }
 
+/** The status with its reason; a completed run's warnings (the reason again when the gate is on) in the warning colour. */
+function statusLine(r: Run): string {
+  const reason = r.status_reason ?? r.warnings?.map((w) => w.message).join('; ');
+  const line = runStatus(r) + (reason ? `: ${reason}` : '');
+  return warned(r) ? warnColour(line, process.stdout) : line;
+}
+
 function runDetail(r: Run): string {
   const c = r.request_counts;
   const completed = c.completed;
@@ -39,13 +47,13 @@ function runDetail(r: Run): string {
   const rows: [string, string][] = [
     ['run', `${r.id}${r.name ? ` (${r.name})` : ''}${r.dry_run ? ', a dry run: its calibration slice only, for the forecast' : ''}`],
     ['model', r.model],
-    ['status', r.status + (r.status_reason ? `: ${r.status_reason}` : '')],
+    ['status', statusLine(r)],
     ['progress', `${pct(answered(r).fraction)}, ${answered(r).label}`],
     [
       'samples',
       `${num(c.completed)} completed, ${num(c.failed)} failed, ${num(r.progress.in_flight)} in flight (${num(Math.max(0, c.in_progress - r.progress.in_flight))} more claimed ahead), ${num(c.pending)} pending${c.cancelled ? `, ${num(c.cancelled)} cancelled` : ''}`,
     ],
-    ['rate', `${rate(r.progress.samples_per_second)} samples/s, ${rate(r.progress.completion_tokens_per_second)} completion tokens/s`],
+    ['rate', `${rate(r.progress.samples_per_second)} ${unitOf(r)}/s, ${rate(r.progress.completion_tokens_per_second)} completion tokens/s`],
     ['eta', `${eta(r)} (elapsed ${duration(r.progress.elapsed_seconds)})`],
     ['quality', `${flagged(r)} flagged${flags.length ? `: ${flags.join(', ')}` : ''}`],
     ['tokens', `${num(r.usage.prompt_tokens)} prompt, ${num(r.usage.completion_tokens)} completion (${num(r.usage.reasoning_tokens)} reasoning)`],

@@ -2,7 +2,7 @@ import cliProgress from 'cli-progress';
 import type { components } from '../client/index.js';
 import type { Client } from './client.js';
 import { followRun, type RunProgress } from './follow.js';
-import { answered, duration, num, pct, rate, statusWithReason } from './format.js';
+import { answered, duration, num, pct, rate, runStatus, statusWithReason, warnColour, warned } from './format.js';
 
 type Run = components['schemas']['Run'];
 
@@ -89,11 +89,13 @@ export async function watchRun(client: Client, runId: string): Promise<number> {
 
 function summary(run: Run): string {
   const c = run.request_counts;
-  const head = `run ${run.id} ${pausedByGate(run) ? 'paused by the quality gate' : run.status} after ${duration(run.progress.elapsed_seconds)}`;
+  const shown = `run ${run.id} ${pausedByGate(run) ? 'paused by the quality gate' : runStatus(run)} after ${duration(run.progress.elapsed_seconds)}`;
+  const head = warned(run) ? warnColour(shown, process.stderr) : shown;
   const counts = `${num(c.completed)} completed, ${num(c.failed)} failed, ${num(run.quality.flagged)} flagged, shards ${num(run.shards.uploaded)}/${num(run.shards.total)}`;
   const lines = [`${head}: ${counts}`];
   if (run.turns) lines.push(`  conversations: ${num(run.turns.completed)} of ${num(run.turns.total)} turns answered, ${num(run.turns.failed)} failed`);
-  if (run.status_reason) lines.push(`  ${run.status_reason}`);
+  const reason = run.status_reason ?? run.warnings?.map((w) => w.message).join('; ');
+  if (reason) lines.push(`  ${warned(run) ? warnColour(reason, process.stderr) : reason}`);
   if (run.manifest_uri) lines.push(`  manifest: ${run.manifest_uri}`);
   return lines.join('\n');
 }

@@ -540,7 +540,7 @@ export interface components {
                 failed: number;
                 cancelled: number;
             };
-            /** @description A run with `regenerate: "all_assistant"`: its conversations' requests, one a user turn and one a tool-call step (`request_counts` counts conversations). `total` once validated, the source's count of requests (an estimate for agentic conversations: the target may take more or fewer steps); `completed`, the requests answered; `in_flight`, the conversations with a request claimed or sent; `failed`, the requests that failed their conversation; `tool_steps`, the answered requests that called tools. Null for other runs */
+            /** @description A run with `regenerate: "all_assistant"`: its conversations' requests, one a user turn and one a tool-call step (`request_counts` counts conversations). `total` once validated, the source's count of requests (an estimate for agentic conversations: the target may take more or fewer steps); `completed`, the requests answered; `in_flight`, the requests sent and not yet answered, as `progress.in_flight` counts them (the conversations under way, claimed ahead included, are `request_counts.in_progress`); `failed`, the requests that failed their conversation; `tool_steps`, the answered requests that called tools. Null for other runs */
             turns: {
                 total: number;
                 completed: number;
@@ -919,7 +919,7 @@ export interface components {
                 failed: number;
                 cancelled: number;
             };
-            /** @description A run with `regenerate: "all_assistant"`: its conversations' requests, one a user turn and one a tool-call step (`request_counts` counts conversations). `total` once validated, the source's count of requests (an estimate for agentic conversations: the target may take more or fewer steps); `completed`, the requests answered; `in_flight`, the conversations with a request claimed or sent; `failed`, the requests that failed their conversation; `tool_steps`, the answered requests that called tools. Null for other runs */
+            /** @description A run with `regenerate: "all_assistant"`: its conversations' requests, one a user turn and one a tool-call step (`request_counts` counts conversations). `total` once validated, the source's count of requests (an estimate for agentic conversations: the target may take more or fewer steps); `completed`, the requests answered; `in_flight`, the requests sent and not yet answered, as `progress.in_flight` counts them (the conversations under way, claimed ahead included, are `request_counts.in_progress`); `failed`, the requests that failed their conversation; `tool_steps`, the answered requests that called tools. Null for other runs */
             turns: {
                 total: number;
                 completed: number;
@@ -990,7 +990,7 @@ export interface components {
             on_length: "keep" | "retry" | "fail";
             /** @description The run's variants with their counts, usage and quality; null when it has none */
             variants: components["schemas"]["RunVariant"][] | null;
-            /** @description On the answer to the create request only: what looks wrong in it but did not stop the run (a model no endpoint serves) */
+            /** @description What looks wrong but did not stop the run: on the answer to the create request, a model no endpoint serves; on a completed run, a flagged share over the limit. Absent when there is none */
             warnings?: components["schemas"]["RunWarning"][];
         };
         /** @description Where the run's events go and how their delivery stands; null when they go nowhere */
@@ -1055,15 +1055,18 @@ export interface components {
                 reasoning_tokens: number;
             };
         };
-        /** @description Something in the request that looks wrong but does not stop the run */
+        /** @description Something that looks wrong but did not stop the run */
         RunWarning: {
-            /** @enum {string} */
-            code: "model_not_served";
+            /**
+             * @description `model_not_served`: no endpoint serves the run's model; `quality_over_limit`: the run completed with a flagged share over the gate's limit (judged as a whole at its end, so a run shorter than the gate's `min_samples` is judged too)
+             * @enum {string}
+             */
+            code: "model_not_served" | "quality_over_limit";
             /** @description The request field the warning is about */
             field: string;
             message: string;
-            /** @description The served model names closest to the one asked for, best first (whole names and last path segments compared) */
-            suggestions: string[];
+            /** @description `model_not_served`: the served model names closest to the one asked for, best first (whole names and last path segments compared) */
+            suggestions?: string[];
         };
         /**
          * @example {
@@ -1492,6 +1495,20 @@ export interface components {
             } | null;
             /** @description A conversation's answered turns, in order (the stored messages are its system and user turns) */
             turns?: components["schemas"]["SampleTurn"][];
+            /** @description A conversation's regenerated messages in order, as its output line will hold them: system and user turns, each answered request (`request`, its index in `turns`) with its reasoning and tool calls, and the source's tool results paired with the target's call ids */
+            conversation?: ({
+                role: string;
+                request?: number;
+            } & {
+                [key: string]: unknown;
+            })[];
+            /**
+             * @description The split the sample's line is written to; null when the run has no split
+             * @enum {string|null}
+             */
+            split: "train" | "eval" | null;
+            /** @description The object, under the run's output prefix, that holds (or will hold) the sample's line */
+            shard_key: string;
         };
         ChatMessage: {
             role: string;
@@ -1500,7 +1517,14 @@ export interface components {
             [key: string]: unknown;
         };
         SampleTurn: {
+            /** @description The request's place in the conversation, 0-based */
             index: number;
+            /** @description The user turn it answers, 0-based */
+            turn: number;
+            /** @description Its place in its user turn: 0 for the turn's first request, one more per tool-call step before it */
+            step: number;
+            /** @description The target's calls when the answer was a tool-call step; null for a text answer */
+            tool_calls: unknown[] | null;
             content: string | null;
             reasoning_content: string | null;
             finish_reason: string | null;

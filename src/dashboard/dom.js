@@ -70,7 +70,7 @@ export function progressBar(fraction, status) {
 
 /** @param {string} status */
 export function badge(status) {
-  return h('span', { className: `badge s-${status}` }, status.replace('_', ' '));
+  return h('span', { className: `badge s-${status}` }, status.replaceAll('_', ' '));
 }
 
 /**

@@ -39,19 +39,27 @@ export function duration(seconds) {
 }
 
 /**
+ * The unit a run's progress and its rate count: a conversation run's (`regenerate: "all_assistant"`)
+ * are its conversations, whose turns are counted apart (`turns`).
+ * @param {{ turns?: unknown }} run
+ */
+export const unitOf = (run) => (run.turns ? 'conversations' : 'samples');
+
+/**
  * The share a run's bar shows, and its words: samples done (answered, failed or cancelled), except
  * for a run being or having been cancelled, whose cancelled samples were never answered: its bar
  * shows the answered share.
- * @param {{ status: string, request_counts: { total: number, completed: number, failed: number, cancelled: number } }} run
+ * @param {{ status: string, turns?: unknown, request_counts: { total: number, completed: number, failed: number, cancelled: number } }} run
  */
 export function answered(run) {
   const c = run.request_counts;
+  const unit = unitOf(run);
   if (run.status === 'cancelled' || run.status === 'cancelling') {
-    const label = `${num(c.completed)} of ${num(c.total)} samples answered · ${num(c.cancelled)} cancelled`;
+    const label = `${num(c.completed)} of ${num(c.total)} ${unit} answered · ${num(c.cancelled)} cancelled`;
     return { count: c.completed, fraction: c.total ? c.completed / c.total : 0, label };
   }
   const done = c.completed + c.failed + c.cancelled;
-  return { count: done, fraction: c.total ? done / c.total : 0, label: `${num(done)} of ${num(c.total)} samples done` };
+  return { count: done, fraction: c.total ? done / c.total : 0, label: `${num(done)} of ${num(c.total)} ${unit} done` };
 }
 
 /** @param {{ status: string, progress: { eta_seconds?: number | null } }} run */
@@ -89,6 +97,15 @@ export function ms(n) {
 /** @param {{ id: string, name?: string | null }} run */
 export function runTitle(run) {
   return run.name || run.id;
+}
+
+/**
+ * The status a run is shown with: a completed run with warnings (a flagged share over the gate's
+ * limit) is `completed_with_warnings`, in the warning colour, not green.
+ * @param {{ status: string, warnings?: { message: string }[] }} run
+ */
+export function shownStatus(run) {
+  return run.status === 'completed' && run.warnings?.length ? 'completed_with_warnings' : run.status;
 }
 
 /**

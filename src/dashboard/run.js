@@ -4,7 +4,7 @@
 import { client, unwrap } from './api.js';
 import { drawForecast, drawThroughput } from './chart.js';
 import { badge, fill, h, progressBar, route } from './dom.js';
-import { answered, at, duration, eta, num, pausedByGate, pct, rate, runTitle, TERMINAL, when } from './format.js';
+import { answered, at, duration, eta, num, pausedByGate, pct, rate, runTitle, shownStatus, TERMINAL, unitOf, when } from './format.js';
 import { every, followRun } from './live.js';
 import { endpointsTable, failuresList, gateText, qualityTable, shardGrid, variantsTable } from './panels.js';
 
@@ -46,6 +46,8 @@ export function runView(root, runId) {
   let quality = null;
 
   const title = h('h1', null, 'Loading run…');
+  // The chart's left axis counts the run's unit: samples, or a conversation run's conversations.
+  const rateUnit = h('span', null, ' samples/s (left) ');
   const statusEl = h('span', null);
   const subtitle = h('div', { className: 'muted small' });
   const banner = h('div', { className: 'banner', hidden: true });
@@ -102,7 +104,7 @@ export function runView(root, runId) {
         'div',
         { className: 'legend small' },
         h('span', { className: 'swatch samples' }),
-        ' samples/s (left) ',
+        rateUnit,
         h('span', { className: 'swatch tokens' }),
         ' completion tokens/s (right)',
       ),
@@ -122,19 +124,22 @@ export function runView(root, runId) {
   function update(next) {
     run = next;
     title.textContent = runTitle(run);
+    rateUnit.textContent = ` ${unitOf(run)}/s (left) `;
     document.title = `${runTitle(run)} · regen`;
     fill(
       statusEl,
-      badge(run.status),
+      badge(shownStatus(run)),
       run.dry_run ? h('span', { className: 'badge dry-run', title: 'A plan: only its calibration slice is answered, for the forecast' }, 'dry run') : null,
     );
     fill(subtitle, `${run.id} · ${run.model} · created ${when(run.created_at)}`, run.started_at ? ` · started ${when(run.started_at)}` : '');
     const gate = pausedByGate(run);
-    banner.hidden = !run.status_reason;
-    banner.className = `banner ${gate || run.status === 'failed' ? 'warn' : ''}`;
+    // A completed run's warnings say what its status_reason says, or say it alone when its gate is off.
+    const reason = run.status_reason ?? run.warnings?.map((w) => w.message).join('; ') ?? null;
+    banner.hidden = !reason;
+    banner.className = `banner ${gate || run.status === 'failed' || shownStatus(run) === 'completed_with_warnings' ? 'warn' : ''}`;
     fill(
       banner,
-      run.status_reason ? h('strong', null, run.status_reason) : null,
+      reason ? h('strong', null, reason) : null,
       gate ? h('div', null, 'The quality gate paused this run. Look at the flagged samples below; “Resume, overriding the gate” continues without it.') : null,
     );
     buttons.pause.hidden = !['queued', 'in_progress'].includes(run.status);
@@ -218,7 +223,7 @@ export function runView(root, runId) {
     fill(
       progressEl,
       h('div', { className: 'progress-line' }, h('span', { className: 'big-pct' }, pct(shown.fraction)), h('span', { className: 'muted' }, shown.label)),
-      progressBar(shown.fraction, run.status),
+      progressBar(shown.fraction, shownStatus(run)),
       h(
         'div',
         { className: 'stats' },

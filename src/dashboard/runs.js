@@ -2,7 +2,7 @@
 // The home page: every run with its progress, rate and ETA, and the endpoint pool; polled.
 import { client, unwrap } from './api.js';
 import { badge, fill, h, progressBar, route, table } from './dom.js';
-import { answered, eta, num, pct, rate, runTitle, when } from './format.js';
+import { answered, eta, num, pct, rate, runTitle, shownStatus, when } from './format.js';
 import { endpointsTable } from './panels.js';
 import { every } from './live.js';
 
@@ -103,7 +103,7 @@ function runsTable(runs, filtered) {
           h(
             'div',
             null,
-            badge(r.status),
+            badge(shownStatus(r)),
             r.dry_run ? h('span', { className: 'badge dry-run' }, 'dry run') : null,
             r.status_reason ? h('div', { className: 'small muted clip', title: r.status_reason }, r.status_reason) : null,
           ),
@@ -113,7 +113,7 @@ function runsTable(runs, filtered) {
         className: 'progress-cell',
         cell: (r) => {
           const { fraction, label } = answered(r);
-          return h('div', { title: label }, h('div', { className: 'pct' }, pct(fraction)), progressBar(fraction, r.status));
+          return h('div', { title: label }, h('div', { className: 'pct' }, pct(fraction)), progressBar(fraction, shownStatus(r)));
         },
       },
       {

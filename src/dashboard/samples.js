@@ -1,7 +1,8 @@
 // @ts-check
-// A run's samples filtered by status or flag (page by page), and one sample: its messages, its
-// reasoning and its content.
+// A run's samples filtered by status or flag (page by page), and one sample: how it went, where its
+// line is written, and its messages (conversation.js).
 import { client, unwrap } from './api.js';
+import { conversationView, requestView } from './conversation.js';
 import { badge, fill, h, route, table } from './dom.js';
 import { ms, num, when } from './format.js';
 
@@ -71,14 +72,6 @@ function samplesTable(runId, rows) {
   );
 }
 
-/** Message content is a string or a list of parts (text, images…); text is shown, the rest as JSON. */
-/** @param {unknown} content */
-function contentText(content) {
-  if (typeof content === 'string') return content;
-  if (Array.isArray(content)) return content.map((part) => (part && part.type === 'text' ? part.text : JSON.stringify(part))).join('\n');
-  return content == null ? '' : JSON.stringify(content, null, 2);
-}
-
 /**
  * @param {HTMLElement} root
  * @param {string} runId
@@ -113,39 +106,14 @@ export function sampleView(root, runId, customId) {
           meta('Latency', ms(s.latency_ms)),
           meta('Attempts', num(s.attempts)),
           meta('Endpoint', s.endpoint_id ?? '—'),
-          meta('Shard', `${s.shard} (line ${s.output_line ?? '—'})`),
+          meta('Variant', s.variant ?? '—'),
+          meta('Split', s.split ?? '—'),
+          meta('Shard', `${s.shard_key}${s.output_line ? ` (line ${num(s.output_line)})` : ''}`),
           meta('Done', when(s.completed_at)),
         ),
         s.error ? h('div', { className: 'banner warn' }, h('strong', null, s.error.code), ` ${s.error.status ?? ''} `, s.error.message) : null,
-        h('h2', null, 'Messages'),
-        h(
-          'section',
-          { className: 'messages' },
-          s.messages.map((m) =>
-            h(
-              'div',
-              { className: `message role-${m.role}` },
-              h('div', { className: 'role' }, m.tool_call_id ? `${m.role} → ${m.tool_call_id}` : m.role),
-              m.content == null && m.tool_calls ? null : h('pre', null, contentText(m.content)),
-              // A step's calls, each with the id its tool result answers.
-              Array.isArray(m.tool_calls) ? h('pre', { className: 'tool-calls' }, m.tool_calls.map(callText).join('\n')) : null,
-            ),
-          ),
-        ),
-        h('h2', null, 'Output'),
-        s.output
-          ? h(
-              'section',
-              { className: 'messages' },
-              h(
-                'details',
-                { className: 'message reasoning', open: true },
-                h('summary', { className: 'role' }, 'reasoning'),
-                h('pre', null, s.output.reasoning_content || '(empty)'),
-              ),
-              h('div', { className: 'message role-assistant' }, h('div', { className: 'role' }, 'content'), h('pre', null, s.output.content || '(empty)')),
-            )
-          : h('p', { className: 'muted' }, s.status === 'completed' ? 'The output is not available.' : 'No output yet.'),
+        s.metadata ? h('details', { open: true }, h('summary', null, 'Metadata'), h('pre', null, JSON.stringify(s.metadata, null, 2))) : null,
+        s.conversation && s.turns ? [h('h2', null, `Conversation (${conversationSize(s.turns)})`), conversationView(s.conversation, s.turns)] : requestView(s),
         s.params ? h('details', null, h('summary', null, 'Per-sample params'), h('pre', null, JSON.stringify(s.params, null, 2))) : null,
       );
     })
@@ -153,7 +121,9 @@ export function sampleView(root, runId, customId) {
   return () => {};
 }
 
-/** One tool call as the sample page shows it: `id: name(arguments)`. */
-function callText(/** @type {any} */ c) {
-  return `${c?.id ?? '?'}: ${c?.function?.name ?? '?'}(${c?.function?.arguments ?? ''})`;
+/** How many turns and tool-call steps a conversation's answered requests hold. */
+function conversationSize(/** @type {Schemas['SampleTurn'][]} */ turns) {
+  const steps = turns.filter((t) => t.tool_calls).length;
+  const replies = turns.length - steps;
+  return `${num(replies)} ${replies === 1 ? 'reply' : 'replies'}${steps > 0 ? `, ${num(steps)} tool-call ${steps === 1 ? 'step' : 'steps'}` : ''}`;
 }

@@ -32,6 +32,9 @@ function tune(sqlite: Database.Database, busyTimeoutMs: number): void {
   sqlite.pragma(`busy_timeout = ${busyTimeoutMs}`);
   sqlite.pragma('foreign_keys = ON');
   sqlite.pragma('cache_size = -16384');
+  // SQLite's own lower() folds ASCII only, so the runs list's name filter would never match "Étude"
+  // or "Ω" typed in another case; JavaScript folds as PostgreSQL's lower() does.
+  sqlite.function('lower', { deterministic: true }, (text: unknown) => (typeof text === 'string' ? text.toLowerCase() : text));
 }
 
 /** A SQLite connection's statements, prepared once per text. */

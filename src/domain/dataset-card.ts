@@ -159,7 +159,9 @@ export function datasetCard(run: CardRun, shards: readonly CardShard[]): string 
   out.push('\nFlagged samples are kept, with their `flags`; filter on that column to drop them.\n\n');
   out.push('## How the data was made\n\n');
   out.push(
-    "Each input prompt was sent to the model through SGLang's OpenAI-compatible chat completions API; the answer and, for thinking models, its reasoning were kept with the finish reason, token usage and the quality checks' flags. ",
+    run.turns
+      ? "Each conversation was regenerated turn by turn through SGLang's OpenAI-compatible chat completions API: every user turn was sent with the replies regenerated for the turns before it (a tool call's results are the source's, paired with the model's calls), and each reply and, for thinking models, its reasoning were kept with its finish reason, token usage and the quality checks' flags. "
+      : "Each input prompt was sent to the model through SGLang's OpenAI-compatible chat completions API; the answer and, for thinking models, its reasoning were kept with the finish reason, token usage and the quality checks' flags. ",
   );
   if (run.evalShare !== null) {
     out.push(

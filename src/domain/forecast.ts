@@ -123,6 +123,13 @@ export interface ForecastInput {
    * turns, each asked once the one before is answered): the run takes no less, however large the fleet.
    */
   chainSeconds?: number;
+  /**
+   * A conversation run (`regenerate: "all_assistant"`): its requests. What is left is counted in
+   * turns still to ask (a conversation under way has only its later turns left), each of the
+   * answered turns' mean length, so the forecast moves with every turn, not only when whole
+   * conversations end; `based_on_samples` then counts the answered turns.
+   */
+  turns?: { left: number; answered: number; tokens: number };
 }
 
 /** The forecast as the runner stores it (timestamps in ms); the API renders it. */
@@ -219,7 +226,10 @@ export function bootstrapMean(lengths: readonly number[], random: () => number):
  * Wall time is remaining tokens over the fleet's measured token rate at its caps.
  */
 export function computeForecast(f: ForecastInput, random: () => number): StoredForecast | null {
-  if (f.sliceOpen > 0 && f.slice.length < MIN_AHEAD) return null;
+  // A conversation run's answered turns are a basis before whole conversations are: a small run's
+  // slice is its whole input, and its first conversations end only near its own end.
+  const turns = f.turns && f.turns.answered >= MIN_AHEAD && f.turns.tokens > 0 ? f.turns : null;
+  if (f.sliceOpen > 0 && f.slice.length < MIN_AHEAD && !turns) return null;
   const done = f.whole ? 0 : f.completionTokens;
   const left = f.whole ? f.total : f.remaining;
   const entries = aheadEntries(f.slice, f.whole ? -1 : f.frontier);
@@ -241,11 +251,18 @@ export function computeForecast(f: ForecastInput, random: () => number): StoredF
     basedOn = f.slice.length;
   } else {
     const completed = f.total - f.remaining;
-    if (completed <= 0 || f.completionTokens <= 0) return null;
-    meanLength = f.completionTokens / completed;
+    if ((completed <= 0 || f.completionTokens <= 0) && !turns) return null;
+    meanLength = completed > 0 ? f.completionTokens / completed : 0;
     basedOn = completed;
   }
-  const tokensLeft = left * meanLength;
+  // Per turn for a conversation run: the slice's band keeps its relative width.
+  const units = turns ? Math.max(0, turns.left) : left;
+  const perUnit = turns ? turns.tokens / turns.answered : meanLength;
+  if (turns) {
+    band = band && meanLength > 0 ? { low: (band.low / meanLength) * perUnit, high: (band.high / meanLength) * perUnit } : null;
+    basedOn = turns.answered;
+  }
+  const tokensLeft = left === 0 ? 0 : units * perUnit;
   const rate = f.tokensPerSecond;
   // Nothing left takes no time, whatever the fleet: a run settling while no endpoint is up still ends.
   const chain = f.chainSeconds ?? 0;
@@ -265,8 +282,8 @@ export function computeForecast(f: ForecastInput, random: () => number): StoredF
     completion_tokens_remaining: Math.round(tokensLeft),
     wall_seconds_estimate: remaining === null ? null : tenths(elapsed + remaining),
     wall_seconds_remaining: remaining === null ? null : tenths(remaining),
-    low: remaining === null ? null : tenths(band ? wall(left * band.low)! : remaining),
-    high: remaining === null ? null : tenths(band ? wall(left * band.high)! : remaining),
+    low: remaining === null ? null : tenths(band ? wall(units * band.low)! : remaining),
+    high: remaining === null ? null : tenths(band ? wall(units * band.high)! : remaining),
     finishes_at: remaining === null ? null : Math.round(f.now + remaining * 1000),
     endpoints_for_deadline: endpointsForDeadline,
     fleet: { endpoints: f.endpoints, completion_tokens_per_second: Math.round(rate) },

@@ -64,6 +64,8 @@ export type ParsedLine =
       turns?: number;
       /** A completions or embeddings run's line: its raw prompt or input (its `messages` are then empty). */
       raw?: RawRequest;
+      /** The line's id (its custom_id) was a JSON number: SpecForge's format writes it back as one. */
+      numeric_id?: true;
     }
   | {
       ok: false;
@@ -160,7 +162,7 @@ export function parseInputLine(text: string, lineNo: number, opts: ParseOptions)
       const dropped = content.messages.filter((m) => m.role === 'assistant');
       const old = dropped.reduce((n, m) => n + textLength(m.content) + textLength(m.reasoning_content), 0);
       const turns = requestCount(messages);
-      return { ok: true, ...content, messages, old_answer_chars: dropped.length ? old : null, ...readMetadata(obj, exact), turns };
+      return { ok: true, ...content, messages, old_answer_chars: dropped.length ? old : null, ...readMetadata(obj, exact), turns, ...numericId(obj) };
     }
     const messages = applyRegenerate(content.messages, opts);
     const dropped = messages === content.messages ? null : content.messages[content.messages.length - 1];
@@ -170,6 +172,7 @@ export function parseInputLine(text: string, lineNo: number, opts: ParseOptions)
       messages,
       old_answer_chars: dropped ? textLength(dropped.content) + textLength(dropped.reasoning_content) : null,
       ...readMetadata(obj, exact),
+      ...numericId(obj),
     };
   } catch (err) {
     if (!(err instanceof LineRejected)) throw err;
@@ -221,6 +224,9 @@ function readMetadata(obj: JsonObject, exact: Map<string, string> | null): { met
   }
   return exact_metadata ? { metadata, exact_metadata } : { metadata };
 }
+
+/** Marks a line whose custom_id is its numeric `id`, written as it was. */
+const numericId = (obj: JsonObject): { numeric_id?: true } => ((obj.custom_id ?? null) === null && typeof obj.id === 'number' ? { numeric_id: true } : {});
 
 /** The id a refused line gave itself, so that its error can be matched to it; none when it is the fault. */
 function ownCustomId(obj: JsonObject, lineNo: number, exact: Map<string, string> | null): string | undefined {

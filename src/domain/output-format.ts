@@ -1,5 +1,5 @@
 import type { SplitName } from './assign.js';
-import { stringifyExact } from './exact-json.js';
+import { RawJson, stringifyExact } from './exact-json.js';
 import { MANIFEST_KEY } from './output-line.js';
 
 // How a run's shards are written (README "Output formats"). Every format starts from the same
@@ -82,12 +82,20 @@ function conversation(line: LineFields): Msg[] {
 }
 
 /**
- * SpecForge's regenerated line: the input object (its own fields, kept as `metadata`, with the
- * `id`) whose `conversations` are the regenerated ones, each answer with its `reasoning_content`
- * beside it, and `status: "success"` (failed samples go to the errors file, as SpecForge's do).
+ * Flags that make a line unfit to train on as SpecForge reads it (its validator refuses an empty
+ * answer; a cut one, by max_tokens or by the loop watch, is not the model's whole answer).
  */
-export function conversationsLine(line: LineFields): Record<string, unknown> {
-  const out: Record<string, unknown> = { ...(line.metadata ?? {}), id: line.custom_id };
+export const SPECFORGE_ERROR_FLAGS: readonly string[] = ['truncated', 'empty_content', 'repetitive'];
+
+/**
+ * SpecForge's regenerated line: the input object (its own fields, kept as `metadata`, with the
+ * `id`, a number again when the input's was) whose `conversations` are the regenerated ones, each
+ * answer with its `reasoning_content` beside it, and `status`: `"success"`, or `"error"` with the
+ * line's `flags` when an answer was cut or empty (SpecForge's tools read `status`; failed samples
+ * go to the errors file, as SpecForge's do).
+ */
+export function conversationsLine(line: LineFields, numericId = false): Record<string, unknown> {
+  const out: Record<string, unknown> = { ...(line.metadata ?? {}), id: numericId ? new RawJson(line.custom_id) : line.custom_id };
   // regen's own keys win over the input's fields of the same name (a line of regen's output fed
   // back in carries them): `sample_index` is written whenever a field could be taken for it.
   if (line.variant != null) out.variant = line.variant;
@@ -102,7 +110,10 @@ export function conversationsLine(line: LineFields): Record<string, unknown> {
     return msg;
   });
   if (line.tools) out.tools = line.tools;
-  out.status = 'success';
+  const unfit = line.flags.some((f) => SPECFORGE_ERROR_FLAGS.includes(f));
+  out.status = unfit ? 'error' : 'success';
+  if (unfit) out.flags = line.flags;
+  else delete out.flags;
   return out;
 }
 

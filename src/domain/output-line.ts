@@ -206,6 +206,8 @@ export function triesOf(s: { attempts: number; serverFaults: number }): number {
 export interface StoredMetadata {
   metadata?: Record<string, unknown>;
   metadata_json?: Record<string, string>;
+  /** The line's id was a JSON number (its custom_id is the number as written). */
+  numeric_id?: true;
 }
 
 /** The line's own fields as the output writes them: each a RawJson when they were kept as written. */

@@ -240,3 +240,21 @@ export function gateVerdict(r: GateInput, gate: GateSettings): string {
   const limit = `${Math.round(1000 * gate.max_flag_rate) / 10}%`;
   return `${VERDICT_PREFIX} ${parts.join(', ')} of ${r.completed} samples (flagged ${percent(r.flagged, r.completed)}, limit ${limit})`;
 }
+
+/**
+ * A completed run judged as a whole by the gate's rules, whatever its size: the gate waits for
+ * `min_samples`, which a run shorter than that never reaches, so without this a run whose every
+ * answer was cut would end a plain "completed". With the gate off the default limit judges, for
+ * the warning only. Null when the run is within the limit (or its checks are off).
+ */
+export function endVerdict(r: GateInput): string | null {
+  if (!r.quality || r.completed === 0) return null;
+  const gate = gateSettings(r) ?? (QUALITY_DEFAULTS.gate as GateSettings);
+  if ((r.flagged - r.flagToolMismatch) / r.completed <= gate.max_flag_rate) return null;
+  return `completed over the limit: ${gateVerdict(r, gate).slice(VERDICT_PREFIX.length + 1)}`;
+}
+
+/** The status reason a completed run ends with: the end verdict, when its gate is on and was not overridden (someone chose to go on past it). */
+export function endStatusReason(r: GateInput): string | null {
+  return gateSettings(r) === null || r.gateOverridden ? null : endVerdict(r);
+}

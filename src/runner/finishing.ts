@@ -4,6 +4,7 @@ import { cancelPendingSamples } from '../db/samples.js';
 import type { RunRow, ShardRow } from '../db/schema.js';
 import { closedOpenShards, listRunShards, recordUploadFailure } from '../db/shards.js';
 import { ACTIVE_RUN_STATUSES, isTerminalRun, type RunStatus } from '../domain/statuses.js';
+import { endStatusReason } from '../domain/quality.js';
 import { describeStoreError, FolderChangedError } from '../storage/index.js';
 import { backoffMs, storeBackoff } from '../domain/backoff.js';
 import { Coalesced } from './coalesced.js';
@@ -207,8 +208,12 @@ export class Finisher {
     const final = run.status === 'cancelling' ? 'cancelled' : 'completed';
     void writeManifest(deps, run, final)
       .then(async () => {
-        if (await transitionRun(deps.db, runId, [run.status as RunStatus], final, deps.clock())) {
-          deps.logger.info({ run_id: runId, status: final, completed: run.completed, failed: run.failed }, 'run status');
+        const statusReason = final === 'completed' ? endStatusReason(run) : null;
+        if (await transitionRun(deps.db, runId, [run.status as RunStatus], final, deps.clock(), { statusReason })) {
+          deps.logger[statusReason ? 'warn' : 'info'](
+            { run_id: runId, status: final, completed: run.completed, failed: run.failed, reason: statusReason },
+            'run status',
+          );
         }
         this.hooks.afterFinish(runId);
       })

@@ -2,6 +2,8 @@ import type { RunnerDeps } from '../deps.js';
 import { saveForecast } from '../db/forecasts.js';
 import { calibrationAnswers, dispatchFrontier, type SliceAnswer } from '../db/samples.js';
 import type { RunRow } from '../db/schema.js';
+import { unsettledConversations } from '../db/sample-turns.js';
+import { requestCount } from '../domain/conversation.js';
 import { computeForecast, seededRandom, type StoredForecast } from '../domain/forecast.js';
 import { samplesPerLine } from '../domain/params.js';
 import type { FleetShare } from '../domain/live-view.js';
@@ -220,11 +222,37 @@ export class Forecasts {
         elapsedSeconds: run.startedAt ? (now - run.startedAt) / 1000 : 0,
         deadlineSeconds: run.deadlineSeconds,
         now,
-        chainSeconds: chainSeconds(run, slotTokensPerSecond),
+        chainSeconds: await this.chainSeconds(run, slotTokensPerSecond),
+        ...(run.regenerate === 'all_assistant' && {
+          // A dry run forecasts every turn; its answered ones are the slice's.
+          turns: {
+            left: run.dryRun ? run.turnsTotal : run.turnsTotal - run.turnsCompleted - run.turnsFailed,
+            answered: run.turnsCompleted,
+            tokens: run.completionTokens,
+          },
+        }),
       },
       // Seeded per run and moment: the same figures give the same interval.
       seededRandom(`${run.id}:${now}`),
     );
+  }
+
+  /**
+   * A conversation run's critical path: its turns run one after another, each an answer of the
+   * answered turns' mean length at one slot's speed. While conversations wait to start, the longest
+   * of the input may be among them; once every one has started, the longest of what is left of
+   * those under way (read from their requests: no more rows than are claimed).
+   */
+  private async chainSeconds(run: RunRow, slotTokensPerSecond: number): Promise<number> {
+    if (run.turnsMax === 0 || run.turnsCompleted === 0 || slotTokensPerSecond <= 0) return 0;
+    const perTurn = run.completionTokens / run.turnsCompleted / slotTokensPerSecond;
+    if (run.dryRun || run.pending > 0) return run.turnsMax * perTurn;
+    let longest = 0;
+    for (const c of await unsettledConversations(this.deps.db, run.id, run.inProgress)) {
+      const { messages } = JSON.parse(c.request) as { messages: { role: string }[] };
+      longest = Math.max(longest, requestCount(messages) - c.turn);
+    }
+    return longest * perTurn;
   }
 
   /** Some endpoint serving the run is lent for part of the time only. */
@@ -232,15 +260,4 @@ export class Forecasts {
     for (const e of this.pool.live.values()) if (e.serves(run.model) && (e.row.schedule || e.row.lendUntil !== null)) return true;
     return false;
   }
-}
-
-/**
- * A conversation run's tail: its longest conversation, each turn an answer of the mean turn's
- * length at one slot's speed, while a conversation may still be waiting to start (an upper bound
- * of what is left of the longest chain, kept simple).
- */
-function chainSeconds(run: RunRow, slotTokensPerSecond: number): number {
-  if (run.turnsMax === 0 || run.turnsCompleted === 0 || slotTokensPerSecond <= 0) return 0;
-  if (!run.dryRun && run.pending === 0) return 0;
-  return (run.turnsMax * (run.completionTokens / run.turnsCompleted)) / slotTokensPerSecond;
 }

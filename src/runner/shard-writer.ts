@@ -20,6 +20,7 @@ import {
   type RawOutputLine,
   runUsage,
   type StagedOutput,
+  type StoredMetadata,
 } from '../domain/output-line.js';
 import { encodingOf } from '../domain/run-endpoint.js';
 import { type CardRun, datasetCard } from '../domain/dataset-card.js';
@@ -95,10 +96,10 @@ async function putVerified(deps: RunnerDeps, run: RunRow, key: string, body: Buf
 }
 
 /** A completed sample's record in the run's format, made from its output line (its fields kept as written stay so in every format). */
-export function recordOf(format: OutputFormat, line: OutputLine | RawOutputLine, split: string | null): ShardRecord {
+export function recordOf(format: OutputFormat, line: OutputLine | RawOutputLine, split: string | null, numericId = false): ShardRecord {
   // A raw run's lines are JSONL only (services/runs/create.ts checkRawEndpoint).
   if (format === 'jsonl' || isRawLine(line)) return lineText(line);
-  return format === 'parquet' ? parquetRow(line, split) : stringifyExact(conversationsLine(line));
+  return format === 'parquet' ? parquetRow(line, split) : stringifyExact(conversationsLine(line, numericId));
 }
 
 /** A shard's body; a Parquet shard read back must declare the rows it was written with. */
@@ -135,9 +136,11 @@ export async function uploadShard(deps: RunnerDeps, run: RunRow, listed: ShardRo
   for (const { s, output } of rows) {
     if (s.status === 'completed') {
       let record: ShardRecord;
-      if (output)
-        record = recordOf(format, outputRecord(s, JSON.parse(output) as StagedOutput, variants, run.params.tools, encodingOf(run.params)), shard.split);
-      else {
+      if (output) {
+        // SpecForge's format writes a numeric id back as a number; only it reads the flag.
+        const numericId = format === 'conversations' && (JSON.parse(s.request) as StoredMetadata).numeric_id === true;
+        record = recordOf(format, outputRecord(s, JSON.parse(output) as StagedOutput, variants, run.params.tools, encodingOf(run.params)), shard.split, numericId);
+      } else {
         previous ??= await previousRecords(deps, run, shard, format);
         const old = previous.get(lineKey(s.customId, s.sampleIndex));
         if (!old) throw new Error(`sample ${s.customId} has no output in staging or in the earlier shard`);

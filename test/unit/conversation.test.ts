@@ -263,6 +263,18 @@ describe('the forecast of a conversation run', () => {
     expect(computeForecast({ ...input, chainSeconds: 12 }, () => 0.5)).toMatchObject({ wall_seconds_remaining: 12, low: 12, high: 12 });
     expect(computeForecast({ ...input, chainSeconds: 2 }, () => 0.5)?.wall_seconds_remaining).toBe(5);
   });
+
+  it('counts what is left in turns, so it moves as conversations under way answer theirs', () => {
+    // 250 turns answered at 20 tokens each; the 50 conversations left still have 100 turns to ask: 2 s.
+    const turns = { left: 100, answered: 250, tokens: 5000 };
+    expect(computeForecast({ ...input, turns }, () => 0.5)).toMatchObject({ wall_seconds_remaining: 2, based_on_samples: 250 });
+    // The same conversations a few turns on: the forecast falls, though no conversation ended.
+    expect(computeForecast({ ...input, turns: { left: 40, answered: 310, tokens: 6200 } }, () => 0.5)?.wall_seconds_remaining).toBe(0.8);
+    // A small run whose slice is its whole input: answered turns are a basis before any conversation ends.
+    const small = { ...input, total: 20, remaining: 20, completionTokens: 600, sliceOpen: 20, turns: { left: 50, answered: 30, tokens: 600 } };
+    expect(computeForecast(small, () => 0.5)?.wall_seconds_remaining).toBe(1);
+    expect(computeForecast({ ...small, turns: { left: 75, answered: 5, tokens: 100 } }, () => 0.5)).toBeNull();
+  });
 });
 
 describe("a conversation's lines", () => {

@@ -10,6 +10,7 @@ import { listRunShards } from '../../src/db/shards.js';
 import type { RunnerDeps } from '../../src/deps.js';
 import { pickSplit } from '../../src/domain/assign.js';
 import { datasetCard } from '../../src/domain/dataset-card.js';
+import { stringifyExact } from '../../src/domain/exact-json.js';
 import { conversationsLine, type LineFields, parquetRow, shardErrorsObjectKey, shardObjectKey, splitShardIdx } from '../../src/domain/output-format.js';
 import { uploadShard } from '../../src/runner/shard-writer.js';
 import { Stores } from '../../src/storage/index.js';
@@ -85,6 +86,17 @@ describe('conversations', () => {
       ],
       status: 'success',
     });
+  });
+
+  it('writes a cut or empty answer as status "error" with its flags, and a numeric id as a number', () => {
+    for (const flags of [['truncated'], ['empty_content', 'truncated'], ['repetitive']]) {
+      const out = conversationsLine(line({ flags, content: '' }));
+      expect(out).toMatchObject({ status: 'error', flags });
+    }
+    // A flag that does not make the answer unfit keeps the line a success, without flags; an input's own `flags` field does not stand.
+    expect(conversationsLine(line({ flags: ['too_short'], metadata: { flags: 'x' } }))).not.toHaveProperty('flags');
+    expect(stringifyExact(conversationsLine(line({ custom_id: '9007199254740993' }), true))).toContain('"id":9007199254740993,');
+    expect(stringifyExact(conversationsLine(line({ custom_id: '42' })))).toContain('"id":"42",');
   });
 
   it('takes a conversation regenerated turn by turn as it is, and leaves reasoning out of an answer without any', () => {

@@ -10,6 +10,8 @@ function dryRun(forecast: { wall: number; low: number; high: number; tokens: num
     id: 'run_dry',
     status: 'completed',
     status_reason: null,
+    params: {},
+    turns: null,
     request_counts: { total: 200, pending: 0, in_progress: 0, completed: 200, failed: 0, cancelled: 0 },
     forecast: {
       computed_at: '2026-12-04T00:00:00.000Z',
@@ -43,6 +45,21 @@ describe('describePlan', () => {
     expect(row(text, 'wall time')).toBe('1d 3h (90% interval 1d 1h to 1d 6h)');
     expect(row(text, 'on 8 endpoint(s)')).toBe('6h 56m (90% interval 6h 15m to 7h 38m), like the ones measured');
     expect(row(text, 'endpoint-hours')).toBe('56');
+  });
+
+  it("counts the samples of n answers a line, and a conversation file's conversations and requests", () => {
+    const three = { ...dryRun({ wall: 20, low: 18, high: 22, tokens: 40_000, endpoints: 2 }), params: { n: 3 } } as Run;
+    expect(row(describePlan(three, { lines: 500, sampled: 200 }), 'samples')).toBe(
+      '1,500 (500 lines, n = 3; forecast from 200 calibration answers, dry run run_dry)',
+    );
+    // The sample's 200 conversations took 700 requests: the file's 1,000 about 3,500.
+    const conv = { ...dryRun({ wall: 20, low: 18, high: 22, tokens: 40_000, endpoints: 2 }), params: {}, turns: { total: 700 } } as Run;
+    conv.forecast!.based_on_samples = 700;
+    const text = describePlan(conv, { lines: 1000, sampled: 200 });
+    expect(row(text, 'conversations')).toBe('1,000 (forecast from 700 answered turns, dry run run_dry)');
+    expect(row(text, 'turns')).toBe("about 3,500 requests (user turns and tool-call steps, at the sample's rate a line)");
+    expect(row(describePlan(conv, { lines: 200, sampled: 200 }), 'turns')).toBe('700 requests (user turns and tool-call steps)');
+    expect(text).not.toMatch(/^samples/m);
   });
 
   it('prints endpoint counts with separators, a label as wide as its column still apart from its value', () => {

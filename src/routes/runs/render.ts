@@ -4,6 +4,7 @@ import { hitRate, type CacheUsage } from '../../db/cache-usage.js';
 import { joinUri } from '../../storage/index.js';
 import { FLAG_COLUMNS, flagCounts, flagsFromBits } from '../../domain/flags.js';
 import { runUsage, triesOf } from '../../domain/output-line.js';
+import { endVerdict } from '../../domain/quality.js';
 import { isTerminalRun } from '../../domain/statuses.js';
 import { layeredParams } from '../../domain/variants.js';
 import type { StoredForecast } from '../../domain/forecast.js';
@@ -130,7 +131,8 @@ export function renderRun(r: RunRow, live: RunProgress, now: number, variantRows
     },
     turns:
       r.regenerate === 'all_assistant'
-        ? { total: r.turnsTotal, completed: r.turnsCompleted, in_flight: r.inProgress, failed: r.turnsFailed, tool_steps: r.toolSteps }
+        ? // A conversation has one request out at a time: its requests in flight are the run's (progress.in_flight).
+          { total: r.turnsTotal, completed: r.turnsCompleted, in_flight: live.in_flight ?? 0, failed: r.turnsFailed, tool_steps: r.toolSteps }
         : null,
     quality: {
       flagged: r.flagged,
@@ -157,7 +159,14 @@ export function renderRun(r: RunRow, live: RunProgress, now: number, variantRows
     forecast: renderForecast(r, live),
     on_length: r.onLength as Run['on_length'],
     variants: renderVariants(r, variantRows),
+    ...renderEndWarnings(r),
   };
+}
+
+/** A completed run over the gate's limit says so in its warnings (the status_reason says it too when the gate is on and was not overridden). */
+function renderEndWarnings(r: RunRow): Pick<Run, 'warnings'> {
+  const verdict = r.status === 'completed' ? endVerdict(r) : null;
+  return verdict ? { warnings: [{ code: 'quality_over_limit', field: 'quality.gate', message: verdict }] } : {};
 }
 
 /** A run's prefix-cache figures by endpoint, for GET of one run. */
@@ -199,9 +208,13 @@ export function renderSample(s: SampleRow) {
   };
 }
 
-export function renderTurn(t: TurnRecord) {
+/** A conversation's request, `turn` the user turn it answers (turnLines counts them). */
+export function renderTurn(t: TurnRecord, turn: number) {
   return {
     index: t.idx,
+    turn,
+    step: t.step,
+    tool_calls: t.toolCalls,
     content: t.content,
     reasoning_content: t.reasoningContent,
     finish_reason: t.finishReason,

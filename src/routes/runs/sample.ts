@@ -7,6 +7,9 @@ import { metadataValues, type StoredMetadata } from '../../domain/output-line.js
 import { getRun } from '../../db/runs.js';
 import { getSample } from '../../db/samples.js';
 import { listTurns } from '../../db/sample-turns.js';
+import { turnLines, walk, type TurnRecord, type WalkSettings } from '../../domain/conversation.js';
+import { shardObjectKey, splitOfShardIdx, type OutputFormat } from '../../domain/output-format.js';
+import { walkSettings } from '../../domain/params.js';
 import { textProblem } from '../../domain/text.js';
 import { readSampleOutput } from '../../services/samples.js';
 import { jsonContent, RunIdParam } from '../common.js';
@@ -56,7 +59,9 @@ async function sampleDetail(deps: Deps, id: string, customId: string, sampleInde
   if (!sample) throw notFound('sample', sampleIndex === 0 ? customId : `${customId} (sample_index ${sampleIndex})`);
   const request = JSON.parse(sample.request) as { messages: unknown[]; params?: Record<string, unknown> } & StoredMetadata;
   const output = await readSampleOutput(deps, run, sample);
-  const turns = sample.turn === null ? null : (await listTurns(deps.db, sample.id)).map(renderTurn);
+  const records = sample.turn === null ? null : await listTurns(deps.db, sample.id);
+  const turns = records && turnLines(records).map((line, i) => renderTurn(records[i], line.turn));
+  const split = run.evalShare === null ? null : splitOfShardIdx(sample.shardIdx);
   return {
     ...renderSample(sample),
     messages: request.messages as { role: string; content: unknown }[],
@@ -64,8 +69,19 @@ async function sampleDetail(deps: Deps, id: string, customId: string, sampleInde
     variant: variantName(run.variants, sample.variant),
     metadata: metadataValues(request) ?? null,
     output,
-    ...(turns && { turns }),
+    ...(records && turns && { turns, conversation: conversationOf(request.messages as { role: string }[], records, walkSettings(run)) }),
+    split,
+    shard_key: shardObjectKey({ idx: sample.shardIdx, split }, run.outputFormat as OutputFormat),
   };
+}
+
+/**
+ * The regenerated conversation with each answer marked by the request it came from: the walk puts
+ * the answered requests' messages in order, so the k-th assistant message is the k-th request.
+ */
+function conversationOf(messages: readonly { role: string }[], records: readonly TurnRecord[], settings: WalkSettings) {
+  let request = 0;
+  return walk(messages, records, settings).messages.map((m) => (m.role === 'assistant' ? { ...m, request: request++ } : m));
 }
 
 export function registerGetSample(app: App) {

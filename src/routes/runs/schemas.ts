@@ -179,14 +179,17 @@ export const ValidateRunBody = CreateRunBody.partial({ input: true }).openapi('V
 
 export const RunWarning = z
   .object({
-    code: z.enum(['model_not_served']),
+    code: z.enum(['model_not_served', 'quality_over_limit']).openapi({
+      description:
+        "`model_not_served`: no endpoint serves the run's model; `quality_over_limit`: the run completed with a flagged share over the gate's limit (judged as a whole at its end, so a run shorter than the gate's `min_samples` is judged too)",
+    }),
     field: z.string().openapi({ description: 'The request field the warning is about' }),
     message: z.string(),
-    suggestions: z
-      .array(z.string())
-      .openapi({ description: 'The served model names closest to the one asked for, best first (whole names and last path segments compared)' }),
+    suggestions: z.array(z.string()).optional().openapi({
+      description: '`model_not_served`: the served model names closest to the one asked for, best first (whole names and last path segments compared)',
+    }),
   })
-  .openapi('RunWarning', { description: 'Something in the request that looks wrong but does not stop the run' });
+  .openapi('RunWarning', { description: 'Something that looks wrong but did not stop the run' });
 
 export const RunValidation = z
   .object({
@@ -295,7 +298,7 @@ export const Run = z
     request_counts: counts(['total', 'pending', 'in_progress', 'completed', 'failed', 'cancelled']),
     turns: counts(['total', 'completed', 'in_flight', 'failed', 'tool_steps']).nullable().openapi({
       description:
-        'A run with `regenerate: "all_assistant"`: its conversations\' requests, one a user turn and one a tool-call step (`request_counts` counts conversations). `total` once validated, the source\'s count of requests (an estimate for agentic conversations: the target may take more or fewer steps); `completed`, the requests answered; `in_flight`, the conversations with a request claimed or sent; `failed`, the requests that failed their conversation; `tool_steps`, the answered requests that called tools. Null for other runs',
+        'A run with `regenerate: "all_assistant"`: its conversations\' requests, one a user turn and one a tool-call step (`request_counts` counts conversations). `total` once validated, the source\'s count of requests (an estimate for agentic conversations: the target may take more or fewer steps); `completed`, the requests answered; `in_flight`, the requests sent and not yet answered, as `progress.in_flight` counts them (the conversations under way, claimed ahead included, are `request_counts.in_progress`); `failed`, the requests that failed their conversation; `tool_steps`, the answered requests that called tools. Null for other runs',
     }),
     quality: z.object({ flagged: z.number().int(), by_flag: counts(FLAGS) }),
     usage: counts(['prompt_tokens', 'completion_tokens', 'reasoning_tokens']),
@@ -335,10 +338,10 @@ export const Run = z
     forecast: Forecast.nullable(),
     on_length: z.enum(ON_LENGTH),
     variants: z.array(RunVariant).nullable().openapi({ description: "The run's variants with their counts, usage and quality; null when it has none" }),
-    warnings: z
-      .array(RunWarning)
-      .optional()
-      .openapi({ description: 'On the answer to the create request only: what looks wrong in it but did not stop the run (a model no endpoint serves)' }),
+    warnings: z.array(RunWarning).optional().openapi({
+      description:
+        'What looks wrong but did not stop the run: on the answer to the create request, a model no endpoint serves; on a completed run, a flagged share over the limit. Absent when there is none',
+    }),
   })
   .openapi('Run');
 export type Run = z.infer<typeof Run>;
@@ -379,7 +382,10 @@ export const Sample = z
 
 export const SampleTurn = z
   .object({
-    index: z.number().int(),
+    index: z.number().int().openapi({ description: "The request's place in the conversation, 0-based" }),
+    turn: z.number().int().openapi({ description: 'The user turn it answers, 0-based' }),
+    step: z.number().int().openapi({ description: "Its place in its user turn: 0 for the turn's first request, one more per tool-call step before it" }),
+    tool_calls: z.array(z.unknown()).nullable().openapi({ description: "The target's calls when the answer was a tool-call step; null for a text answer" }),
     content: z.string().nullable(),
     reasoning_content: z.string().nullable(),
     finish_reason: z.string().nullable(),
@@ -409,6 +415,15 @@ export const SampleDetail = Sample.extend({
     .array(SampleTurn)
     .optional()
     .openapi({ description: "A conversation's answered turns, in order (the stored messages are its system and user turns)" }),
+  conversation: z
+    .array(z.object({ role: z.string(), request: z.number().int().optional() }).passthrough())
+    .optional()
+    .openapi({
+      description:
+        "A conversation's regenerated messages in order, as its output line will hold them: system and user turns, each answered request (`request`, its index in `turns`) with its reasoning and tool calls, and the source's tool results paired with the target's call ids",
+    }),
+  split: z.enum(['train', 'eval']).nullable().openapi({ description: "The split the sample's line is written to; null when the run has no split" }),
+  shard_key: z.string().openapi({ description: "The object, under the run's output prefix, that holds (or will hold) the sample's line" }),
 }).openapi('SampleDetail');
 
 export const Shard = z

@@ -249,6 +249,7 @@ async function ingestHeld(deps: Deps, runId: string, hold: Hold, signal?: AbortS
             ...(parsed.raw ?? { messages: parsed.messages }),
             ...(parsed.params && { params: parsed.params }),
             ...(parsed.exact_metadata ? { metadata_json: parsed.exact_metadata } : parsed.metadata && { metadata: parsed.metadata }),
+            ...(parsed.numeric_id && { numeric_id: true }),
           });
           const old = parsed.old_answer_chars;
           batch.push({
