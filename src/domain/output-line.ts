@@ -1,5 +1,6 @@
 import { RawJson, stringifyExact } from './exact-json.js';
 import { flagsFromBits, type Flag } from './flags.js';
+import type { StagedIds } from './token-rows.js';
 import type { ToolCall } from './tools.js';
 
 // The lines of a run's output (docs/design.md "Runner"): shard-NNNNN.jsonl holds one OutputLine per
@@ -75,6 +76,8 @@ export interface StagedOutput {
   /** A plain or last_assistant answer's calls. */
   tool_calls?: ToolCall[];
   conversation?: StagedConversation;
+  /** The server's ids of each generation the line keeps (output.tokens): its training rows, written under tokens/. */
+  tokens?: StagedIds[];
 }
 
 export interface OutputLine {

@@ -10,6 +10,7 @@ import { jsonTextNestsDeeperThan, MAX_JSON_DEPTH } from '../domain/json-depth.js
 import { answerBytes } from '../domain/answer-bytes.js';
 import { layeredParams, type Variant } from '../domain/variants.js';
 import { AnswerRefused } from './answer-budget.js';
+import type { GenerationIds } from '../domain/token-rows.js';
 import type { TurnedAwayReason } from '../domain/turned-away.js';
 
 // One request to an endpoint: the body sent for a sample, what its answer means, and what its
@@ -176,6 +177,8 @@ export interface Answer {
   others?: OtherChoice[];
   /** What was mended in it, when anything was; a usage repair is the request's, on each of its choices. */
   repairs?: AnswerRepair[];
+  /** The server's token ids for it, when the run writes them (output.tokens) and they were checked. */
+  ids?: GenerationIds;
 }
 
 export type ParsedAnswer = { ok: true; answer: Answer } | { ok: false; error: SampleError };

@@ -81,6 +81,10 @@ export const CreateRunBody = z
           description:
             "Lets the run replace files of the names it writes (`shard-*`, `manifest.json`, `README.md` where it writes a card, `train/`, `eval/`, `tokens/`, `export*`) that its prefix already holds; without it such a prefix is a 409 naming the file. A prefix holding the run's input is refused either way",
         }),
+        tokens: z.boolean().optional().openapi({
+          description:
+            "Also writes training rows under `tokens/` (mirroring the text shards, JSONL or Parquet by `format`): per kept generation the server's own `input_ids` (prompt then generated) and a `loss_mask` (0 over the prompt, 1 over the generated ids), with `num_trainable`. Only endpoints that return token ids serve such a run",
+        }),
       })
       .strict()
       .optional(),
@@ -259,6 +263,7 @@ export const Run = z
     shard_size: z.number().int(),
     output_uri: z.string(),
     output_format: z.enum(OUTPUT_FORMATS),
+    output_tokens: z.boolean().openapi({ description: 'Whether the run writes training rows of token ids under `tokens/` (`output.tokens`)' }),
     output_overwrite: z
       .boolean()
       .openapi({ description: 'Whether the run may replace files of the names it writes that its prefix held when it was created (`output.overwrite`)' }),

@@ -34,7 +34,7 @@ export interface NewRun {
   input: { file_id: string } | { uri: string } | { requests: unknown[] };
   params?: Record<string, unknown>;
   shard_size?: number;
-  output?: { uri?: string; format?: OutputFormat; overwrite?: boolean };
+  output?: { uri?: string; format?: OutputFormat; overwrite?: boolean; tokens?: boolean };
   split?: { eval: number };
   regenerate?: RegenerateMode | null;
   on_invalid_line?: OnInvalidLine;
@@ -215,6 +215,7 @@ export async function createRun(
       outputFormat: body.output?.format ?? 'jsonl',
       evalShare: body.split?.eval ?? null,
       outputOverwrite: body.output?.overwrite ?? false,
+      outputTokens: body.output?.tokens ?? false,
       updatedAt: now,
       ...extra,
     };
