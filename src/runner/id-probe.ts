@@ -1,6 +1,6 @@
 import type { Logger } from '../logger.js';
 import type { LiveEndpoint } from './live-endpoint.js';
-import { ID_PARAMS, type IdMode, readIds } from './token-ids.js';
+import { ID_PARAMS, type IdMode, pickIds } from './token-ids.js';
 
 // Which token-id parameters an endpoint answers, found out by asking, not configured: the first
 // time a run that writes ids (output.tokens) would use it, and again after it restarts
@@ -23,9 +23,8 @@ async function answersWith(e: LiveEndpoint, model: string, mode: (typeof TRIED)[
   // A server that refuses the parameter does not have it; any other failure is not an answer.
   if (res.status === 400 || res.status === 422) return false;
   if (!res.ok) throw new Error(`the token-id probe got HTTP ${res.status}`);
-  const body = (await res.json()) as { usage?: { prompt_tokens?: number; completion_tokens?: number } };
-  const usage = { prompt_tokens: body.usage?.prompt_tokens ?? 0, completion_tokens: body.usage?.completion_tokens ?? 0, reasoning_tokens: 0, cached_tokens: 0 };
-  return typeof readIds(body, mode, 1, usage) !== 'string';
+  // Whether the ids come back at all: whether they can be trusted is each answer's check (token-ids.ts readIds).
+  return typeof pickIds(await res.json(), mode, 1) !== 'string';
 }
 
 /** Finds how `e` returns ids, once at a time; a probe that fails leaves the mode unknown, to be tried again. */

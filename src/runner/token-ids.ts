@@ -37,8 +37,8 @@ interface IdsResponse extends ChatResponse {
 
 const idList = (value: unknown): value is number[] => Array.isArray(value) && value.every((v) => Number.isInteger(v) && v >= 0 && v <= MAX_ID);
 
-/** Each choice's ids in order, or why they cannot be trusted: missing, out of range, or counted unlike the usage. */
-export function readIds(res: unknown, mode: Exclude<IdMode, 'none'>, count: number, usage: Usage): GenerationIds[] | string {
+/** The prompt's ids and each choice's generated ids where `mode` puts them, or what is missing. */
+export function pickIds(res: unknown, mode: Exclude<IdMode, 'none'>, count: number): { prompt: number[]; outputs: number[][] } | string {
   const r = (res ?? {}) as IdsResponse;
   const choices = r.choices ?? [];
   const choice = (i: number) => choices.find((c) => c?.index === i) ?? choices[i];
@@ -46,6 +46,14 @@ export function readIds(res: unknown, mode: Exclude<IdMode, 'none'>, count: numb
   const outputs = Array.from({ length: count }, (_, i) => (mode === 'sglext' ? (r.sglext?.output_ids as unknown[] | undefined)?.[i] : choice(i)?.token_ids));
   if (!idList(prompt)) return 'the endpoint answered without the prompt token ids asked for, or with ids outside the vocabulary';
   if (!outputs.every(idList)) return 'the endpoint answered without the generated token ids asked for, or with ids outside the vocabulary';
+  return { prompt, outputs };
+}
+
+/** Each choice's ids in order, or why they cannot be trusted: missing, out of range, or counted unlike the usage. */
+export function readIds(res: unknown, mode: Exclude<IdMode, 'none'>, count: number, usage: Usage): GenerationIds[] | string {
+  const picked = pickIds(res, mode, count);
+  if (typeof picked === 'string') return picked;
+  const { prompt, outputs } = picked;
   if (prompt.length !== usage.prompt_tokens) return `the endpoint sent ${prompt.length} prompt token ids for usage.prompt_tokens ${usage.prompt_tokens}`;
   const generated = outputs.reduce((n, ids) => n + ids.length, 0);
   if (generated !== usage.completion_tokens) return `the endpoint sent ${generated} generated token ids for usage.completion_tokens ${usage.completion_tokens}`;
