@@ -563,6 +563,7 @@ export interface components {
                     invalid_tool_arguments: number;
                     unknown_tool: number;
                     tool_mismatch: number;
+                    few_trainable: number;
                 };
             };
             usage: {
@@ -863,6 +864,8 @@ export interface components {
             output_uri: string;
             /** @enum {string} */
             output_format: "jsonl" | "conversations" | "parquet";
+            /** @description Whether the run writes training rows of token ids under `tokens/` (`output.tokens`) */
+            output_tokens: boolean;
             /** @description Whether the run may replace files of the names it writes that its prefix held when it was created (`output.overwrite`) */
             output_overwrite: boolean;
             split: {
@@ -929,6 +932,7 @@ export interface components {
                     invalid_tool_arguments: number;
                     unknown_tool: number;
                     tool_mismatch: number;
+                    few_trainable: number;
                 };
             };
             usage: {
@@ -1034,6 +1038,7 @@ export interface components {
                     invalid_tool_arguments: number;
                     unknown_tool: number;
                     tool_mismatch: number;
+                    few_trainable: number;
                 };
             };
             usage: {
@@ -1090,6 +1095,8 @@ export interface components {
                 format?: "jsonl" | "conversations" | "parquet";
                 /** @description Lets the run replace files of the names it writes (`shard-*`, `manifest.json`, `README.md` where it writes a card, `train/`, `eval/`, `tokens/`, `export*`) that its prefix already holds; without it such a prefix is a 409 naming the file. A prefix holding the run's input is refused either way */
                 overwrite?: boolean;
+                /** @description Also writes training rows under `tokens/` (mirroring the text shards, JSONL or Parquet by `format`): per kept generation the server's own `input_ids` (prompt then generated) and a `loss_mask` (0 over the prompt, 1 over the generated ids), with `num_trainable`. Only endpoints that return token ids serve such a run */
+                tokens?: boolean;
             };
             /** @description Splits the output into `train/` and `eval/`, each with its own shards; without it the shards sit at the prefix */
             split?: {
@@ -1203,6 +1210,7 @@ export interface components {
                 max_flag_rate?: number;
             };
             stop_loops?: boolean;
+            min_trainable_tokens?: number;
         };
         /**
          * @description Named params, each taken by a share of the samples in proportion to its weight, chosen by custom_id alone (the same input gets the same variant in every run). Params are laid run, variant, line; `n` is the run's only. Each output line names its `variant`
@@ -1301,6 +1309,8 @@ export interface components {
                 format?: "jsonl" | "conversations" | "parquet";
                 /** @description Lets the run replace files of the names it writes (`shard-*`, `manifest.json`, `README.md` where it writes a card, `train/`, `eval/`, `tokens/`, `export*`) that its prefix already holds; without it such a prefix is a 409 naming the file. A prefix holding the run's input is refused either way */
                 overwrite?: boolean;
+                /** @description Also writes training rows under `tokens/` (mirroring the text shards, JSONL or Parquet by `format`): per kept generation the server's own `input_ids` (prompt then generated) and a `loss_mask` (0 over the prompt, 1 over the generated ids), with `num_trainable`. Only endpoints that return token ids serve such a run */
+                tokens?: boolean;
             };
             /** @description Splits the output into `train/` and `eval/`, each with its own shards; without it the shards sit at the prefix */
             split?: {
@@ -1442,7 +1452,7 @@ export interface components {
         /** @enum {string} */
         SampleStatus: "pending" | "in_progress" | "completed" | "failed" | "cancelled";
         /** @enum {string} */
-        QualityFlag: "empty_content" | "missing_reasoning" | "truncated" | "repetitive" | "too_short" | "duplicate_content" | "think_in_content" | "short_for_run" | "tool_call_in_content" | "invalid_tool_arguments" | "unknown_tool" | "tool_mismatch";
+        QualityFlag: "empty_content" | "missing_reasoning" | "truncated" | "repetitive" | "too_short" | "duplicate_content" | "think_in_content" | "short_for_run" | "tool_call_in_content" | "invalid_tool_arguments" | "unknown_tool" | "tool_mismatch" | "few_trainable";
         SampleDetail: components["schemas"]["Sample"] & {
             messages: components["schemas"]["ChatMessage"][];
             /** @description The line's own params (the run's and its variant's are on the run) */
@@ -1506,6 +1516,7 @@ export interface components {
                 invalid_tool_arguments: components["schemas"]["QualityFlagStats"];
                 unknown_tool: components["schemas"]["QualityFlagStats"];
                 tool_mismatch: components["schemas"]["QualityFlagStats"];
+                few_trainable: components["schemas"]["QualityFlagStats"];
             };
             /** @description The run's quality settings with defaults filled in; false when checks are off */
             settings: false | {
@@ -1516,6 +1527,7 @@ export interface components {
                     max_flag_rate: number;
                 };
                 stop_loops: boolean;
+                min_trainable_tokens?: number;
             };
             /** @description Whether missing_reasoning is checked: the run's params turn thinking on (a line's own params may differ) */
             thinking_requested: boolean;
@@ -1565,7 +1577,7 @@ export interface components {
              * @description The flag most of its flagged answers carry
              * @enum {string|null}
              */
-            top_flag: "empty_content" | "missing_reasoning" | "truncated" | "repetitive" | "too_short" | "duplicate_content" | "think_in_content" | "short_for_run" | "tool_call_in_content" | "invalid_tool_arguments" | "unknown_tool" | "tool_mismatch" | null;
+            top_flag: "empty_content" | "missing_reasoning" | "truncated" | "repetitive" | "too_short" | "duplicate_content" | "think_in_content" | "short_for_run" | "tool_call_in_content" | "invalid_tool_arguments" | "unknown_tool" | "tool_mismatch" | "few_trainable" | null;
         };
         /** @description Buckets [ge, lt); the last has lt null (open-ended). */
         QualityHistogram: {

@@ -22,7 +22,7 @@ function record(r: SampleTurnRow): TurnRecord {
     latencyMs: r.latencyMs,
     attempts: r.attempts,
     flags: r.flags,
-    ids: r.tokenIds === null ? null : (JSON.parse(r.tokenIds) as GenerationIds),
+    ...(r.tokenIds !== null && { ids: JSON.parse(r.tokenIds) as GenerationIds }),
   };
 }
 

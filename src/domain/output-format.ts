@@ -43,6 +43,9 @@ function baseName(shard: { idx: number; split: string | null }): string {
 export const shardObjectKey = (shard: { idx: number; split: string | null }, format: OutputFormat): string =>
   `${baseName(shard)}.${format === 'parquet' ? 'parquet' : 'jsonl'}`;
 
+/** The training rows beside a shard (output.tokens): `tokens/[train/|eval/]shard-NNNNN.{jsonl|parquet}`, JSONL for both text formats. */
+export const tokensObjectKey = (shard: { idx: number; split: string | null }, format: OutputFormat): string => `tokens/${shardObjectKey(shard, format)}`;
+
 /** Failed samples' lines stay JSONL in every format. */
 export const shardErrorsObjectKey = (shard: { idx: number; split: string | null }): string => `${baseName(shard)}.errors.jsonl`;
 

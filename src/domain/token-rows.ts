@@ -1,5 +1,4 @@
 import { flagsFromBits, type Flag } from './flags.js';
-import { type OutputFormat, shardObjectKey } from './output-format.js';
 
 // Training rows (`output.tokens`): for each generation kept in the output, the server's own token
 // ids, prompt then generated, and a loss mask of 0 over the prompt and 1 over the generated ids,
@@ -93,9 +92,6 @@ export const TOKEN_FEATURES: readonly Record<string, unknown>[] = [
   { name: 'finish_reason', dtype: 'string' },
   { name: 'flags', sequence: 'string' },
 ];
-
-/** The tokens file beside a text shard: `tokens/[train/|eval/]shard-NNNNN.{jsonl|parquet}`, JSONL for both text formats. */
-export const tokensObjectKey = (shard: { idx: number; split: string | null }, format: OutputFormat): string => `tokens/${shardObjectKey(shard, format)}`;
 
 /** A row's identity in its shard: the generation it holds. */
 export const tokenRowKey = (r: Pick<TokenRow, 'custom_id' | 'sample_index' | 'turn' | 'step'>): string =>

@@ -1,8 +1,8 @@
 import { createHash } from 'node:crypto';
 import type { RunRow, ShardRow } from '../db/schema.js';
 import { lineKey } from '../domain/output-line.js';
-import type { OutputFormat } from '../domain/output-format.js';
-import { type StagedIds, type TokenRow, tokenRow, tokensObjectKey, type TrainableSpread, trainableSpread } from '../domain/token-rows.js';
+import { type OutputFormat, tokensObjectKey } from '../domain/output-format.js';
+import { type StagedIds, type TokenRow, tokenRow, type TrainableSpread, trainableSpread } from '../domain/token-rows.js';
 import { encodeTokenParquet, parquetRowCount, readParquetRows } from '../storage/parquet.js';
 import type { ObjectStore as Store } from '../storage/store.js';
 
