@@ -1,3 +1,4 @@
+import { spawnSync } from 'node:child_process';
 import { mkdirSync, writeFileSync } from 'node:fs';
 import { dirname, join } from 'node:path';
 import { DuckDBInstance } from '@duckdb/node-api';
@@ -7,7 +8,7 @@ import { answerIds, promptIds } from '../src/sim/token-ids.js';
 import { callsText } from '../src/sim/text.js';
 import { readParquetRows } from '../src/storage/parquet.js';
 import { spawnSimulator, type SimProcess } from './support/sim.js';
-import { call, spawnServer, tempDir, waitFor, type ServerProcess } from './support/server.js';
+import { call, REGEN, spawnServer, tempDir, waitFor, type ServerProcess } from './support/server.js';
 import { checkDatabase, createRun, registerEndpoint, uploadFile, waitForStatus } from './support/runner-checks.js';
 
 // Training rows (`output.tokens`) end to end on simulator processes: every generation kept in the
@@ -133,6 +134,16 @@ describe('output.tokens: training rows from the server ids', () => {
     expect(manifest.tokens.num_trainable.overall.rows).toBe(120);
     expect(card).toContain('config_name: "tokens"');
     expect(card).toContain('## Training rows');
+
+    // The run, the sample route and `regen status` show the trainable tokens.
+    const run = (await call(server!.url, `/v1/runs/${id}`)).body;
+    expect(run.num_trainable).toEqual(manifest.tokens.num_trainable);
+    const row = rows.find((r) => r.custom_id === 'p-3' && r.sample_index === 1);
+    expect((await call(server!.url, `/v1/runs/${id}/samples/p-3?sample_index=1`)).body.trainable_tokens).toBe(row.num_trainable);
+    const status = spawnSync(process.execPath, [...REGEN, 'status', id], { env: { ...process.env, REGEN_URL: server!.url }, encoding: 'utf8' });
+    expect(status.stdout).toMatch(
+      new RegExp(`trainable\\s+min ${run.num_trainable.overall.min}, p5 \\d+, median ${run.num_trainable.overall.median}, p95 \\d+, max \\d+ over 120 rows`),
+    );
   });
 
   it('a conversation run with a split and two variants, in Parquet: a row per turn, read back by DuckDB', async () => {

@@ -942,6 +942,13 @@ export interface components {
             };
             /** @description Prefix-cache hit rate of the run's answers: their `cached_tokens` over their prompt tokens (0 when the servers run without `--enable-cache-report`); null before any answer */
             cache_hit_rate: number | null;
+            /** @description On GET of one run with `output.tokens`: the spread of the training rows' trainable tokens (the loss mask's 1s) over the shards written so far, overall and per variant; null for a run without `output.tokens` */
+            num_trainable?: {
+                overall: components["schemas"]["TrainableSpread"];
+                variants: {
+                    [key: string]: components["schemas"]["TrainableSpread"];
+                };
+            } | null;
             /** @description On GET of one run: the same by the endpoint that answered */
             cache_by_endpoint?: {
                 endpoint_id: string;
@@ -984,6 +991,15 @@ export interface components {
             /** @description On the answer to the create request only: what looks wrong in it but did not stop the run (a model no endpoint serves) */
             warnings?: components["schemas"]["RunWarning"][];
         };
+        /** @description min, p5, median, p95 and max of the rows' trainable tokens (nearest rank); null with no rows */
+        TrainableSpread: {
+            rows: number;
+            min: number;
+            p5: number;
+            median: number;
+            p95: number;
+            max: number;
+        } | null;
         /** @description Where the run's events go and how their delivery stands; null when they go nowhere */
         RunWebhook: {
             /** @description The run's own webhook URL; for the server's default, its origin only: such a URL often carries a token, and it is the operator's, not the caller's */
@@ -1469,6 +1485,8 @@ export interface components {
                 reasoning_content: string | null;
                 content: string | null;
             } | null;
+            /** @description A completed sample of a run with `output.tokens`: the generated token ids its training rows train on (their loss masks' 1s, every kept turn and step of a conversation); null otherwise */
+            trainable_tokens: number | null;
             /** @description A conversation's answered turns, in order (the stored messages are its system and user turns) */
             turns?: components["schemas"]["SampleTurn"][];
         };

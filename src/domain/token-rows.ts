@@ -136,3 +136,20 @@ export function trainableSpread(rows: readonly Pick<TokenRow, 'num_trainable' | 
     variants: Object.fromEntries([...byVariant].map(([name, values]) => [name, spreadOf(values)])),
   };
 }
+
+/** The trainable-token counts of a shard's rows with their variants (shards.tokens_trainable): what the spread is made from. */
+export interface ShardTrainable {
+  n: number[];
+  v: (string | null)[];
+}
+
+/** The spread over the rows of the shards written so far, from their stored counts. */
+export function shardsSpread(shards: readonly { tokensTrainable: string | null }[]): TrainableSpread {
+  const rows: { num_trainable: number; variant: string | null }[] = [];
+  for (const s of shards) {
+    if (!s.tokensTrainable) continue;
+    const t = JSON.parse(s.tokensTrainable) as ShardTrainable;
+    for (const [i, n] of t.n.entries()) rows.push({ num_trainable: n, variant: t.v[i] ?? null });
+  }
+  return trainableSpread(rows);
+}

@@ -23,8 +23,8 @@ import {
   writesCard,
 } from '../domain/output-format.js';
 import { encodeParquet, parquetRowCount, readParquetRows } from '../storage/parquet.js';
-import type { TokenRow } from '../domain/token-rows.js';
-import { NO_TOKENS, previousTokenRows, sampleTokenRows, shardsSpread, writeTokenShard } from './token-shard.js';
+import { shardsSpread, type TokenRow } from '../domain/token-rows.js';
+import { NO_TOKENS, previousTokenRows, sampleTokenRows, writeTokenShard } from './token-shard.js';
 
 const sha256 = (b: Buffer) => createHash('sha256').update(b).digest('hex');
 

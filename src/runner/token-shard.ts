@@ -2,7 +2,7 @@ import { createHash } from 'node:crypto';
 import type { RunRow, ShardRow } from '../db/schema.js';
 import { lineKey } from '../domain/output-line.js';
 import { type OutputFormat, tokensObjectKey } from '../domain/output-format.js';
-import { type StagedIds, type TokenRow, tokenRow, type TrainableSpread, trainableSpread } from '../domain/token-rows.js';
+import { type ShardTrainable, type StagedIds, type TokenRow, tokenRow } from '../domain/token-rows.js';
 import { encodeTokenParquet, parquetRowCount, readParquetRows } from '../storage/parquet.js';
 import type { ObjectStore as Store } from '../storage/store.js';
 
@@ -55,12 +55,6 @@ export async function previousTokenRows(store: Store, shard: ShardRow): Promise<
   return map;
 }
 
-/** The trainable-token counts of a shard's rows, with their variants: what the loss mask's spread is made from. */
-export interface ShardTrainable {
-  n: number[];
-  v: (string | null)[];
-}
-
 /** The tokens file's body in the run's format family (Parquet for parquet, JSONL otherwise), and its read-back check. */
 export function encodeTokens(format: OutputFormat, rows: readonly TokenRow[], key: string): { body: Buffer; check?: (back: Buffer) => void } {
   if (format !== 'parquet') return { body: Buffer.from(rows.map((r) => JSON.stringify(r)).join('\n') + '\n') };
@@ -103,15 +97,4 @@ export async function writeTokenShard(
     tokensSha256: await put(key, body, check),
     tokensTrainable: JSON.stringify(trainable),
   };
-}
-
-/** The spread of the trainable tokens over the rows of the shards written so far. */
-export function shardsSpread(shards: readonly Pick<ShardRow, 'tokensTrainable'>[]): TrainableSpread {
-  const rows: { num_trainable: number; variant: string | null }[] = [];
-  for (const s of shards) {
-    if (!s.tokensTrainable) continue;
-    const t = JSON.parse(s.tokensTrainable) as ShardTrainable;
-    for (const [i, n] of t.n.entries()) rows.push({ num_trainable: n, variant: t.v[i] ?? null });
-  }
-  return trainableSpread(rows);
 }

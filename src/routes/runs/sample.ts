@@ -64,6 +64,8 @@ async function sampleDetail(deps: Deps, id: string, customId: string, sampleInde
     variant: variantName(run.variants, sample.variant),
     metadata: metadataValues(request) ?? null,
     output,
+    // With ids, a sample's completion tokens are exactly its rows' generated ids (token-ids.ts exactUsage).
+    trainable_tokens: run.outputTokens && sample.status === 'completed' ? (sample.completionTokens ?? 0) : null,
     ...(turns && { turns }),
   };
 }

@@ -248,6 +248,13 @@ export const RunVariant = z
   })
   .openapi('RunVariant', { description: 'A variant of a run: its samples (chosen by custom_id), how many are done, their flags and usage' });
 
+const SpreadSchema = z
+  .object({ rows: z.number().int(), min: z.number().int(), p5: z.number().int(), median: z.number().int(), p95: z.number().int(), max: z.number().int() })
+  .nullable()
+  .openapi('TrainableSpread', { description: "min, p5, median, p95 and max of the rows' trainable tokens (nearest rank); null with no rows" });
+
+const TrainableSpreadSchema = z.object({ overall: SpreadSchema, variants: z.record(z.string(), SpreadSchema) }).openapi('TrainableSpreads');
+
 export const Run = z
   .object({
     id: z.string(),
@@ -293,6 +300,10 @@ export const Run = z
     cache_hit_rate: z.number().nullable().openapi({
       description:
         "Prefix-cache hit rate of the run's answers: their `cached_tokens` over their prompt tokens (0 when the servers run without `--enable-cache-report`); null before any answer",
+    }),
+    num_trainable: TrainableSpreadSchema.nullable().optional().openapi({
+      description:
+        "On GET of one run with `output.tokens`: the spread of the training rows' trainable tokens (the loss mask's 1s) over the shards written so far, overall and per variant; null for a run without `output.tokens`",
     }),
     cache_by_endpoint: z
       .array(z.object({ endpoint_id: z.string(), prompt_tokens: z.number().int(), cached_tokens: z.number().int(), cache_hit_rate: z.number().nullable() }))
@@ -396,6 +407,10 @@ export const SampleDetail = Sample.extend({
     .nullable()
     .openapi({ description: "The input line's own fields, as its output line carries them; null when it had none" }),
   output: z.object({ reasoning_content: z.string().nullable(), content: z.string().nullable() }).nullable(),
+  trainable_tokens: z.number().int().nullable().openapi({
+    description:
+      "A completed sample of a run with `output.tokens`: the generated token ids its training rows train on (their loss masks' 1s, every kept turn and step of a conversation); null otherwise",
+  }),
   turns: z
     .array(SampleTurn)
     .optional()
