@@ -36,8 +36,12 @@ export const QUALITY_DEFAULTS: QualityConfig = {
   min_trainable_tokens: 16,
 };
 
-/** The settings a run keeps: what it asked for over the defaults, or null when checks are off. */
-export function qualityConfig(q: QualityRequest | undefined): QualityConfig | null {
+/**
+ * The settings a run keeps: what it asked for over the defaults, or null when checks are off.
+ * min_trainable_tokens only where it applies (a run that writes token ids) or was asked for, so
+ * other runs' settings read as they always have.
+ */
+export function qualityConfig(q: QualityRequest | undefined, writesTokens = false): QualityConfig | null {
   if (q === false) return null;
   const gate = q?.gate === false ? false : { ...(QUALITY_DEFAULTS.gate as GateSettings), ...(q?.gate ?? {}) };
   return {
@@ -45,7 +49,7 @@ export function qualityConfig(q: QualityRequest | undefined): QualityConfig | nu
     retry_flagged: q?.retry_flagged ?? QUALITY_DEFAULTS.retry_flagged,
     gate,
     stop_loops: q?.stop_loops ?? QUALITY_DEFAULTS.stop_loops,
-    min_trainable_tokens: q?.min_trainable_tokens ?? QUALITY_DEFAULTS.min_trainable_tokens,
+    ...((writesTokens || q?.min_trainable_tokens !== undefined) && { min_trainable_tokens: q?.min_trainable_tokens ?? QUALITY_DEFAULTS.min_trainable_tokens }),
   };
 }
 

@@ -195,7 +195,7 @@ export async function createRun(
         historyReasoning: body.history_reasoning ?? 'loop',
       }),
       onInvalidLine: body.on_invalid_line ?? 'fail',
-      quality: qualityConfig(body.quality),
+      quality: qualityConfig(body.quality, body.output?.tokens ?? false),
       requestTimeoutMs: body.request_timeout_ms ?? config.requestTimeoutMs,
       maxAttempts: body.max_attempts ?? config.maxAttempts,
       // A run without a webhook of its own takes the server's default URL; its secret stays in the config.
