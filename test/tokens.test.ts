@@ -360,6 +360,8 @@ describe('output.tokens: training rows from the server ids', () => {
       return run.status_reason?.includes('old-server return none') ? run : undefined;
     });
     expect(waiting.request_counts.completed).toBe(0);
+    // Nothing held claimed for it meanwhile: its samples wait pending.
+    await waitFor('no sample claimed', async () => ((await call(url, `/v1/runs/${id}`)).body.request_counts.in_progress === 0 ? true : undefined));
     // A run without output.tokens is served there as ever.
     const plain = await createRun(url, { model: 'old-model', input: { file_id: fileId }, params: { max_tokens: 256 } });
     expect((await waitForStatus(url, plain.id, TERMINAL)).status).toBe('completed');

@@ -138,9 +138,9 @@ export class EndpointPool {
     return e.capInfo(this.settings.defaultConcurrency).cap;
   }
 
-  /** Models some dispatchable endpoint serves now, as a test for a run's model. */
-  servesNow(model: string): boolean {
-    for (const e of this.live.values()) if (e.dispatchable && e.serves(model)) return true;
+  /** Whether some dispatchable endpoint serves the run now: its model, and for a run that writes token ids, not one found to return none. */
+  servesNow(run: { model: string; outputTokens: boolean }): boolean {
+    for (const e of this.live.values()) if (e.dispatchable && e.serves(run.model) && !(run.outputTokens && e.idMode === 'none')) return true;
     return false;
   }
 

@@ -55,9 +55,21 @@ export async function previousTokenRows(store: Store, shard: ShardRow): Promise<
   return map;
 }
 
+/**
+ * A row as a JSON line, the same text JSON.stringify gives, written by hand for its two long lists:
+ * ids joined, and the mask (zeros then ones, by construction) as repeated text, several times faster.
+ */
+export function tokenRowLine(r: TokenRow): string {
+  const head = JSON.stringify({ custom_id: r.custom_id, sample_index: r.sample_index, turn: r.turn, step: r.step, variant: r.variant, split: r.split });
+  const prompt = r.input_ids.length - r.num_trainable;
+  const mask = ('0,'.repeat(prompt) + '1,'.repeat(r.num_trainable)).slice(0, -1);
+  const tail = JSON.stringify({ num_trainable: r.num_trainable, finish_reason: r.finish_reason, flags: r.flags });
+  return `${head.slice(0, -1)},"input_ids":[${r.input_ids.join(',')}],"loss_mask":[${mask}],${tail.slice(1)}`;
+}
+
 /** The tokens file's body in the run's format family (Parquet for parquet, JSONL otherwise), and its read-back check. */
 export function encodeTokens(format: OutputFormat, rows: readonly TokenRow[], key: string): { body: Buffer; check?: (back: Buffer) => void } {
-  if (format !== 'parquet') return { body: Buffer.from(rows.map((r) => JSON.stringify(r)).join('\n') + '\n') };
+  if (format !== 'parquet') return { body: Buffer.from(rows.map(tokenRowLine).join('\n') + '\n') };
   const body = encodeTokenParquet(rows);
   const check = (back: Buffer) => {
     const count = parquetRowCount(back);
