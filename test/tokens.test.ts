@@ -312,6 +312,10 @@ describe('output.tokens: training rows from the server ids', () => {
     const { lines, rows } = await readRun(done.output_uri);
     expect(lines.size).toBe(300);
     expect(rows).toHaveLength(300);
+    // The sglext ids come back on a stream: the loop watch is kept. Only the probes were not
+    // streamed, one for each regen process (what a probe found lives in memory).
+    const stats = await s.stats();
+    expect(stats.streamed).toBe(stats.requests - 2);
     for (const row of rows) {
       const line = lines.get(`${row.custom_id}#0`);
       expectRow(row, line.messages, line.reasoning_content, line.content, line.finish_reason, line.usage.completion_tokens);
