@@ -6,18 +6,23 @@ import type { OutputFormat, ParquetRow } from '../src/domain/output-format.js';
 import { type CompletedSample, outputRecord } from '../src/domain/output-line.js';
 import { encodeShard, recordOf } from '../src/runner/shard-writer.js';
 import { Stores } from '../src/storage/index.js';
+import type { StagedIds } from '../src/domain/token-rows.js';
+import { encodeTokens, sampleTokenRows } from '../src/runner/token-shard.js';
 
 // One format's writing, in a process of its own so that its peak RSS is its own: `samples`
 // synthetic completed samples, `shardSize` at a time, through the shard writer's code path (the
 // output line, the format's record, the shard's bytes) into a local store, each shard read back and
 // checked (sha256, and for Parquet the row count) as an upload is. `parquet-wasm` writes the same
 // rows through parquet-wasm + apache-arrow (zstd), the writer not chosen, for the comparison.
+// `jsonl+tokens` and `parquet+tokens` also write each shard's training rows (output.tokens): the
+// sample's 80 prompt ids and 600 generated ids, staged with its text as the runner stages them.
 
 const [format, samplesArg, shardArg, dir, firstArg = '0'] = process.argv.slice(2) as [string, string, string, string, string?];
 const SAMPLES = Number(samplesArg);
 /** The first sample's number: rounds of one bench write different samples. */
 const FIRST = Number(firstArg);
 const SHARD = Number(shardArg);
+const TOKENS = format.endsWith('+tokens');
 
 // Text that does not compress to nothing: words drawn by a seeded generator from a 2,000-word vocabulary.
 let state = 12345;
@@ -37,7 +42,9 @@ const words = (chars: number) => {
   return out.join(' ');
 };
 
-function sample(i: number): { s: CompletedSample; staged: { content: string; reasoning_content: string; model: string } } {
+const ids = (n: number) => Array.from({ length: n }, () => Math.floor(rand() * 151_643));
+
+function sample(i: number): { s: CompletedSample; staged: { content: string; reasoning_content: string; model: string; tokens?: StagedIds[] } } {
   const request = JSON.stringify({
     messages: [
       { role: 'system', content: 'You are a helpful assistant.' },
@@ -60,7 +67,12 @@ function sample(i: number): { s: CompletedSample; staged: { content: string; rea
       serverFaults: 0,
       flags: i % 50 === 0 ? 4 : 0,
     },
-    staged: { content: words(800), reasoning_content: words(1600), model: 'bench-model' },
+    staged: {
+      content: words(800),
+      reasoning_content: words(1600),
+      model: 'bench-model',
+      ...(TOKENS && { tokens: [{ turn: null, step: null, finish_reason: 'stop', flags: 0, prompt: ids(80), output: ids(600) }] }),
+    },
   };
 }
 
@@ -95,8 +107,10 @@ function wasmParquet(rows: ParquetRow[]): Buffer {
 const sha256 = (b: Buffer) => createHash('sha256').update(b).digest('hex');
 const stores = new Stores({ forcePathStyle: false });
 const store = stores.forUri(`${pathToFileURL(dir).href}/`);
-const shardFormat = (format === 'parquet-wasm' ? 'parquet' : format) as OutputFormat;
+const shardFormat = (format === 'parquet-wasm' ? 'parquet' : format.replace('+tokens', '')) as OutputFormat;
 let bytes = 0;
+/** The staged outputs' bytes: what the staging table holds until a shard is written. */
+let stagedBytes = 0;
 let encodeMs = 0;
 const started = performance.now();
 const cpuStart = process.cpuUsage();
@@ -104,6 +118,7 @@ for (let first = 0, idx = 0; first < SAMPLES; first += SHARD, idx++) {
   const n = Math.min(SHARD, SAMPLES - first);
   const samples = Array.from({ length: n }, (_, k) => sample(FIRST + first + k));
   const t = performance.now();
+  for (const { staged } of samples) stagedBytes += Buffer.byteLength(JSON.stringify(staged));
   const records = samples.map(({ s, staged }) => recordOf(shardFormat, outputRecord(s, staged), null));
   const key = `shard-${String(idx).padStart(5, '0')}.${shardFormat === 'parquet' ? 'parquet' : 'jsonl'}`;
   const { body, check } = format === 'parquet-wasm' ? { body: wasmParquet(records as ParquetRow[]), check: undefined } : encodeShard(shardFormat, records, key);
@@ -113,6 +128,18 @@ for (let first = 0, idx = 0; first < SAMPLES; first += SHARD, idx++) {
   if (sha256(back) !== sha256(body)) throw new Error(`${key} read back differs`);
   check?.(back);
   bytes += body.length;
+  if (TOKENS) {
+    const t2 = performance.now();
+    const rows = samples.flatMap(({ s, staged }) => sampleTokenRows(s, staged.tokens, null, null));
+    const tokensKey = `tokens/${key}`;
+    const encoded = encodeTokens(shardFormat, rows, tokensKey);
+    encodeMs += performance.now() - t2;
+    await store.put(tokensKey, encoded.body);
+    const tokensBack = await store.get(tokensKey);
+    if (sha256(tokensBack) !== sha256(encoded.body)) throw new Error(`${tokensKey} read back differs`);
+    encoded.check?.(tokensBack);
+    bytes += encoded.body.length;
+  }
 }
 const wallMs = performance.now() - started;
 const cpu = process.cpuUsage(cpuStart);
@@ -125,6 +152,7 @@ process.stdout.write(
     cpuMs: (cpu.user + cpu.system) / 1000,
     encodeMs,
     bytes,
+    stagedBytes,
     peakRssMiB: process.resourceUsage().maxRSS / 1024,
   }) + '\n',
 );

@@ -27,6 +27,7 @@ interface Result {
   cpuMs: number;
   encodeMs: number;
   bytes: number;
+  stagedBytes: number;
   peakRssMiB: number;
 }
 
@@ -66,6 +67,7 @@ async function measureAll(formats: string[], samples: number): Promise<Map<strin
               cpuMs: t.cpuMs + r.cpuMs,
               encodeMs: t.encodeMs + r.encodeMs,
               bytes: t.bytes + r.bytes,
+              stagedBytes: t.stagedBytes + r.stagedBytes,
               peakRssMiB: Math.max(t.peakRssMiB, r.peakRssMiB),
             }
           : r,
@@ -92,8 +94,9 @@ export async function benchFormats(): Promise<Figure[]> {
   console.error(
     `formats: ${samples} samples, ${(free / 2 ** 30).toFixed(1)} GiB free in ${tmpdir()}${note}; df:\n${execFileSync('df', ['-h', tmpdir()]).toString().trim()}`,
   );
-  const main = await measureAll(['jsonl', 'parquet', 'conversations'], samples);
-  const [jsonl, parquet, conversations] = (['jsonl', 'parquet', 'conversations'] as const).map((f) => main.get(f)!) as [Result, Result, Result];
+  const formats = ['jsonl', 'parquet', 'conversations', 'jsonl+tokens', 'parquet+tokens'] as const;
+  const main = await measureAll([...formats], samples);
+  const [jsonl, parquet, conversations, jsonlTokens, parquetTokens] = formats.map((f) => main.get(f)!) as [Result, Result, Result, Result, Result];
   // The writer comparison, on a tenth of the samples: it chose the writer, it is not what runs.
   const writers = Math.max(SHARD, Math.round(samples / 10 / SHARD) * SHARD);
   const compared = await measureAll(['parquet', 'parquet-wasm'], writers);
@@ -125,6 +128,22 @@ export async function benchFormats(): Promise<Figure[]> {
     fig(`bytes written, Parquet (SNAPPY) vs JSONL, ${n} samples`, mib(parquet.bytes), mib(jsonl.bytes), 'MiB', true),
     fig(`bytes written, conversations vs JSONL, ${n} samples`, mib(conversations.bytes), mib(jsonl.bytes), 'MiB', true),
     fig('writer peak RSS, Parquet vs JSONL', parquet.peakRssMiB, jsonl.peakRssMiB, 'MiB', true),
+    // output.tokens: the text and its training rows (80 prompt + 600 generated ids a sample) against the text alone.
+    fig(`samples/s written, JSONL with tokens vs JSONL, ${n} samples`, rate(jsonlTokens), rate(jsonl), 'samples/s', false, '>= 0.67'),
+    fig(`samples/s written, Parquet with tokens vs Parquet, ${n} samples`, rate(parquetTokens), rate(parquet), 'samples/s', false, '>= 0.67'),
+    fig(`CPU seconds, JSONL with tokens vs JSONL, ${n} samples`, jsonlTokens.cpuMs / 1000, jsonl.cpuMs / 1000, 's', true),
+    fig(`CPU seconds, Parquet with tokens vs Parquet, ${n} samples`, parquetTokens.cpuMs / 1000, parquet.cpuMs / 1000, 's', true),
+    fig(`bytes written, JSONL with tokens vs JSONL, ${n} samples`, mib(jsonlTokens.bytes), mib(jsonl.bytes), 'MiB', true),
+    fig(`bytes written, Parquet with tokens vs Parquet, ${n} samples`, mib(parquetTokens.bytes), mib(parquet.bytes), 'MiB', true),
+    fig(
+      `staged bytes (database growth until a shard is written), with tokens vs without, ${n} samples`,
+      mib(jsonlTokens.stagedBytes),
+      mib(jsonl.stagedBytes),
+      'MiB',
+      true,
+    ),
+    fig('writer peak RSS, JSONL with tokens vs JSONL', jsonlTokens.peakRssMiB, jsonl.peakRssMiB, 'MiB', true),
+    fig('writer peak RSS, Parquet with tokens vs Parquet', parquetTokens.peakRssMiB, parquet.peakRssMiB, 'MiB', true),
     fig(
       `encode time (line → record → shard bytes), hyparquet-writer (SNAPPY) vs parquet-wasm + apache-arrow (ZSTD), ${writers.toLocaleString('en')} samples`,
       hyp.encodeMs / 1000,

@@ -14,7 +14,7 @@ const cfg = { min_completion_tokens: 10 };
 
 describe('flag bits', () => {
   it('gives each flag its own bit in FLAGS order', () => {
-    expect(FLAGS.map(flagBit)).toEqual([1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048]);
+    expect(FLAGS.map(flagBit)).toEqual([1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096]);
   });
 
   it('round-trips between flags and bits', () => {
@@ -23,12 +23,12 @@ describe('flag bits', () => {
     expect(bitsFromFlags(['too_short', 'too_short'])).toBe(16);
     expect(flagsFromBits(0)).toEqual([]);
     expect(flagsFromBits(5)).toEqual(['empty_content', 'truncated']);
-    expect(flagsFromBits(4095)).toEqual([...FLAGS]);
-    for (let bits = 0; bits < 4096; bits++) expect(bitsFromFlags(flagsFromBits(bits))).toBe(bits);
+    expect(flagsFromBits(8191)).toEqual([...FLAGS]);
+    for (let bits = 0; bits < 8192; bits++) expect(bitsFromFlags(flagsFromBits(bits))).toBe(bits);
   });
 
   it('ignores bits no flag owns', () => {
-    expect(flagsFromBits(4096 | 8)).toEqual(['repetitive']);
+    expect(flagsFromBits(8192 | 8)).toEqual(['repetitive']);
   });
 });
 

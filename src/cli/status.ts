@@ -63,6 +63,7 @@ function runDetail(r: Run): string {
     ['created', r.created_at + (r.started_at ? `, started ${r.started_at}` : '') + (r.finished_at ? `, finished ${r.finished_at}` : '')],
   ];
   if (r.manifest_uri) rows.push(['manifest', r.manifest_uri]);
+  if (r.output_tokens) rows.push(['trainable', trainableLine(r.num_trainable ?? null)]);
   if (r.invalid_lines.count)
     rows.push(['invalid lines', `${num(r.invalid_lines.count)}; first: line ${r.invalid_lines.errors[0]?.line}: ${r.invalid_lines.errors[0]?.message}`]);
   if (r.on_length !== 'keep')
@@ -70,6 +71,14 @@ function runDetail(r: Run): string {
   const width = Math.max(...rows.map(([k]) => k.length));
   const detail = rows.map(([k, v]) => `${k.padEnd(width)}  ${v}`).join('\n');
   return r.variants ? `${detail}\n\n${variantsTable(r.variants)}` : detail;
+}
+
+/** The training rows' trainable tokens, overall then per variant: "min 3, p5 6, median 6, p95 210, max 480 over 1,200 rows; think: …". */
+function trainableLine(spread: Run['num_trainable'] | null): string {
+  const one = (s: NonNullable<Run['num_trainable']>['overall']) =>
+    s ? `min ${num(s.min)}, p5 ${num(s.p5)}, median ${num(s.median)}, p95 ${num(s.p95)}, max ${num(s.max)} over ${num(s.rows)} rows` : 'no rows written yet';
+  if (!spread) return 'no rows written yet';
+  return [one(spread.overall), ...Object.entries(spread.variants).map(([name, s]) => `${name}: ${one(s)}`)].join('; ');
 }
 
 /** A run's variants, one row each: its share, how far it is, its flags and its tokens. */

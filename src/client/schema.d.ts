@@ -563,6 +563,7 @@ export interface components {
                     invalid_tool_arguments: number;
                     unknown_tool: number;
                     tool_mismatch: number;
+                    few_trainable: number;
                 };
             };
             usage: {
@@ -874,6 +875,8 @@ export interface components {
             output_expires_at: string | null;
             /** @description The output was deleted at output_expires_at; the run and its samples stay */
             output_expired: boolean;
+            /** @description Whether the run writes training rows of token ids under `tokens/` (`output.tokens`) */
+            output_tokens: boolean;
             /** @description Whether the run may replace files of the names it writes that its prefix held when it was created (`output.overwrite`) */
             output_overwrite: boolean;
             split: {
@@ -942,6 +945,7 @@ export interface components {
                     invalid_tool_arguments: number;
                     unknown_tool: number;
                     tool_mismatch: number;
+                    few_trainable: number;
                 };
             };
             usage: {
@@ -951,6 +955,13 @@ export interface components {
             };
             /** @description Prefix-cache hit rate of the run's answers: their `cached_tokens` over their prompt tokens (0 when the servers run without `--enable-cache-report`); null before any answer */
             cache_hit_rate: number | null;
+            /** @description On GET of one run with `output.tokens`: the spread of the training rows' trainable tokens (the loss mask's 1s) over the shards written so far, overall and per variant; null for a run without `output.tokens` */
+            num_trainable?: {
+                overall: components["schemas"]["TrainableSpread"];
+                variants: {
+                    [key: string]: components["schemas"]["TrainableSpread"];
+                };
+            } | null;
             /** @description On GET of one run: the same by the endpoint that answered */
             cache_by_endpoint?: {
                 endpoint_id: string;
@@ -993,6 +1004,15 @@ export interface components {
             /** @description What looks wrong but did not stop the run: on the answer to the create request, a model no endpoint serves; on a completed run, a flagged share over the limit. Absent when there is none */
             warnings?: components["schemas"]["RunWarning"][];
         };
+        /** @description min, p5, median, p95 and max of the rows' trainable tokens (nearest rank); null with no rows */
+        TrainableSpread: {
+            rows: number;
+            min: number;
+            p5: number;
+            median: number;
+            p95: number;
+            max: number;
+        } | null;
         /** @description Where the run's events go and how their delivery stands; null when they go nowhere */
         RunWebhook: {
             /** @description The run's own webhook URL; for the server's default, its origin only: such a URL often carries a token, and it is the operator's, not the caller's */
@@ -1047,6 +1067,7 @@ export interface components {
                     invalid_tool_arguments: number;
                     unknown_tool: number;
                     tool_mismatch: number;
+                    few_trainable: number;
                 };
             };
             usage: {
@@ -1115,6 +1136,8 @@ export interface components {
                 };
                 /** @description Lets the run replace files of the names it writes (`shard-*`, `manifest.json`, `README.md` where it writes a card, `train/`, `eval/`, `tokens/`, `export*`) that its prefix already holds; without it such a prefix is a 409 naming the file. A prefix holding the run's input is refused either way */
                 overwrite?: boolean;
+                /** @description Also writes training rows under `tokens/` (mirroring the text shards, JSONL or Parquet by `format`): per kept generation the server's own `input_ids` (prompt then generated) and a `loss_mask` (0 over the prompt, 1 over the generated ids), with `num_trainable`. Only endpoints that return token ids serve such a run */
+                tokens?: boolean;
             };
             /** @description Splits the output into `train/` and `eval/`, each with its own shards; without it the shards sit at the prefix */
             split?: {
@@ -1228,6 +1251,7 @@ export interface components {
                 max_flag_rate?: number;
             };
             stop_loops?: boolean;
+            min_trainable_tokens?: number;
         };
         /**
          * @description Named params, each taken by a share of the samples in proportion to its weight, chosen by custom_id alone (the same input gets the same variant in every run). Params are laid run, variant, line; `n` is the run's only. Each output line names its `variant`
@@ -1335,6 +1359,8 @@ export interface components {
                 };
                 /** @description Lets the run replace files of the names it writes (`shard-*`, `manifest.json`, `README.md` where it writes a card, `train/`, `eval/`, `tokens/`, `export*`) that its prefix already holds; without it such a prefix is a 409 naming the file. A prefix holding the run's input is refused either way */
                 overwrite?: boolean;
+                /** @description Also writes training rows under `tokens/` (mirroring the text shards, JSONL or Parquet by `format`): per kept generation the server's own `input_ids` (prompt then generated) and a `loss_mask` (0 over the prompt, 1 over the generated ids), with `num_trainable`. Only endpoints that return token ids serve such a run */
+                tokens?: boolean;
             };
             /** @description Splits the output into `train/` and `eval/`, each with its own shards; without it the shards sit at the prefix */
             split?: {
@@ -1476,7 +1502,7 @@ export interface components {
         /** @enum {string} */
         SampleStatus: "pending" | "in_progress" | "completed" | "failed" | "cancelled";
         /** @enum {string} */
-        QualityFlag: "empty_content" | "missing_reasoning" | "truncated" | "repetitive" | "too_short" | "duplicate_content" | "think_in_content" | "short_for_run" | "tool_call_in_content" | "invalid_tool_arguments" | "unknown_tool" | "tool_mismatch";
+        QualityFlag: "empty_content" | "missing_reasoning" | "truncated" | "repetitive" | "too_short" | "duplicate_content" | "think_in_content" | "short_for_run" | "tool_call_in_content" | "invalid_tool_arguments" | "unknown_tool" | "tool_mismatch" | "few_trainable";
         SampleDetail: components["schemas"]["Sample"] & {
             messages: components["schemas"]["ChatMessage"][];
             /** @description The line's own params (the run's and its variant's are on the run) */
@@ -1493,6 +1519,8 @@ export interface components {
                 reasoning_content: string | null;
                 content: string | null;
             } | null;
+            /** @description A completed sample of a run with `output.tokens`: the generated token ids its training rows train on (their loss masks' 1s, every kept turn and step of a conversation); null otherwise */
+            trainable_tokens: number | null;
             /** @description A conversation's answered turns, in order (the stored messages are its system and user turns) */
             turns?: components["schemas"]["SampleTurn"][];
             /** @description A conversation's regenerated messages in order, as its output line will hold them: system and user turns, each answered request (`request`, its index in `turns`) with its reasoning and tool calls, and the source's tool results paired with the target's call ids */
@@ -1561,6 +1589,7 @@ export interface components {
                 invalid_tool_arguments: components["schemas"]["QualityFlagStats"];
                 unknown_tool: components["schemas"]["QualityFlagStats"];
                 tool_mismatch: components["schemas"]["QualityFlagStats"];
+                few_trainable: components["schemas"]["QualityFlagStats"];
             };
             /** @description The run's quality settings with defaults filled in; false when checks are off */
             settings: false | {
@@ -1571,6 +1600,7 @@ export interface components {
                     max_flag_rate: number;
                 };
                 stop_loops: boolean;
+                min_trainable_tokens?: number;
             };
             /** @description Whether missing_reasoning is checked: the run's params turn thinking on (a line's own params may differ) */
             thinking_requested: boolean;
@@ -1620,7 +1650,7 @@ export interface components {
              * @description The flag most of its flagged answers carry
              * @enum {string|null}
              */
-            top_flag: "empty_content" | "missing_reasoning" | "truncated" | "repetitive" | "too_short" | "duplicate_content" | "think_in_content" | "short_for_run" | "tool_call_in_content" | "invalid_tool_arguments" | "unknown_tool" | "tool_mismatch" | null;
+            top_flag: "empty_content" | "missing_reasoning" | "truncated" | "repetitive" | "too_short" | "duplicate_content" | "think_in_content" | "short_for_run" | "tool_call_in_content" | "invalid_tool_arguments" | "unknown_tool" | "tool_mismatch" | "few_trainable" | null;
         };
         /** @description Buckets [ge, lt); the last has lt null (open-ended). */
         QualityHistogram: {

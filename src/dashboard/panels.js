@@ -22,6 +22,7 @@ const FLAG_HELP = {
   invalid_tool_arguments: 'a tool call’s arguments are not a JSON object',
   unknown_tool: 'a tool call names a function the line does not offer',
   tool_mismatch: 'the source’s tool results could not be paired with the calls (not judged by the gate)',
+  few_trainable: 'fewer generated token ids than quality.min_trainable_tokens: a loss mask that trains on almost nothing (output.tokens)',
 };
 
 /** What each source of an endpoint's cap means, for the cell's tooltip. */

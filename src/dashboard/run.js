@@ -247,6 +247,13 @@ export function runView(root, runId) {
           : null,
         stat('Tokens', num(run.usage.completion_tokens), `${num(run.usage.reasoning_tokens)} reasoning · ${num(run.usage.prompt_tokens)} prompt`),
         stat('Prefix cache', run.cache_hit_rate == null ? '—' : pct(run.cache_hit_rate), cacheByEndpoint(run, endpointNames)),
+        run.num_trainable?.overall
+          ? stat(
+              'Trainable tokens',
+              `median ${num(run.num_trainable.overall.median)}`,
+              `min ${num(run.num_trainable.overall.min)} · p5 ${num(run.num_trainable.overall.p5)} · p95 ${num(run.num_trainable.overall.p95)} · max ${num(run.num_trainable.overall.max)} over ${num(run.num_trainable.overall.rows)} rows`,
+            )
+          : null,
       ),
       h(
         'div',

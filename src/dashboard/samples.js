@@ -103,6 +103,7 @@ export function sampleView(root, runId, customId) {
           meta('Finish reason', s.finish_reason ?? '—'),
           meta('Completion tokens', s.usage ? num(s.usage.completion_tokens) : '—'),
           meta('Reasoning tokens', s.usage ? num(s.usage.reasoning_tokens) : '—'),
+          s.trainable_tokens == null ? null : meta('Trainable tokens', num(s.trainable_tokens)),
           meta('Latency', ms(s.latency_ms)),
           meta('Attempts', num(s.attempts)),
           meta('Endpoint', s.endpoint_id ?? '—'),

@@ -126,11 +126,12 @@ const SQL = {
      endpoint_id = ?, affinity_endpoint_id = ?, error_code = null, error_message = null, error_status = null, lease_owner = null, lease_expires_at = null
      ${GUARD} and turn = ?`,
   storeTurn: `insert into sample_turns (sample_id, idx, run_id, content, reasoning_content, finish_reason, prompt_tokens, completion_tokens, reasoning_tokens,
-     cached_tokens, endpoint_id, latency_ms, attempts, flags, step, tool_calls) values (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+     cached_tokens, endpoint_id, latency_ms, attempts, flags, step, tool_calls, token_ids) values (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
      on conflict (sample_id, idx) do update set content = excluded.content, reasoning_content = excluded.reasoning_content,
      finish_reason = excluded.finish_reason, prompt_tokens = excluded.prompt_tokens, completion_tokens = excluded.completion_tokens,
      reasoning_tokens = excluded.reasoning_tokens, cached_tokens = excluded.cached_tokens, endpoint_id = excluded.endpoint_id,
-     latency_ms = excluded.latency_ms, attempts = excluded.attempts, flags = excluded.flags, step = excluded.step, tool_calls = excluded.tool_calls`,
+     latency_ms = excluded.latency_ms, attempts = excluded.attempts, flags = excluded.flags, step = excluded.step, tool_calls = excluded.tool_calls,
+     token_ids = excluded.token_ids`,
   affinity: `update samples set affinity_endpoint_id = ? where id = ?`,
   release: `update samples set ${RELEASE_LEASE} ${GUARD}`,
   cancel: `update samples set status = 'cancelled', lease_owner = null, lease_expires_at = null ${GUARD}`,
@@ -312,25 +313,28 @@ async function storeTurns(tx: DbOrTx, batch: Outcome[], applied: boolean[]): Pro
       t.flags,
       t.step,
       toolCallsText(t),
+      idsText(t),
     ]);
     if (o.kind === 'completed') await tx.exec(SQL.affinity, [o.endpointId, o.sampleId]);
   }
 }
 
 const toolCallsText = (t: TurnRecord) => (t.toolCalls ? JSON.stringify(t.toolCalls) : null);
+const idsText = (t: TurnRecord) => (t.ids ? JSON.stringify(t.ids) : null);
 
 /** PostgreSQL: storeTurns in two statements, whatever the batch's size. */
 async function storeTurnsAtOnce(tx: DbOrTx, answered: (Extract<Outcome, { kind: 'turn' | 'completed' }> & { turn: TurnRecord })[]): Promise<void> {
   const col = <T>(f: (t: TurnRecord) => T) => answered.map((o) => f(o.turn));
   await tx.exec(
     `insert into sample_turns (sample_id, idx, run_id, content, reasoning_content, finish_reason, prompt_tokens, completion_tokens, reasoning_tokens,
-       cached_tokens, endpoint_id, latency_ms, attempts, flags, step, tool_calls)
+       cached_tokens, endpoint_id, latency_ms, attempts, flags, step, tool_calls, token_ids)
      select * from unnest(?::bigint[], ?::int[], ?::text[], ?::text[], ?::text[], ?::text[], ?::int[], ?::int[], ?::int[], ?::int[], ?::text[], ?::int[],
-       ?::int[], ?::int[], ?::int[], ?::text[])
+       ?::int[], ?::int[], ?::int[], ?::text[], ?::text[])
      on conflict (sample_id, idx) do update set content = excluded.content, reasoning_content = excluded.reasoning_content,
        finish_reason = excluded.finish_reason, prompt_tokens = excluded.prompt_tokens, completion_tokens = excluded.completion_tokens,
        reasoning_tokens = excluded.reasoning_tokens, cached_tokens = excluded.cached_tokens, endpoint_id = excluded.endpoint_id,
-       latency_ms = excluded.latency_ms, attempts = excluded.attempts, flags = excluded.flags, step = excluded.step, tool_calls = excluded.tool_calls`,
+       latency_ms = excluded.latency_ms, attempts = excluded.attempts, flags = excluded.flags, step = excluded.step, tool_calls = excluded.tool_calls,
+       token_ids = excluded.token_ids`,
     [
       answered.map((o) => o.sampleId),
       col((t) => t.idx),
@@ -348,6 +352,7 @@ async function storeTurnsAtOnce(tx: DbOrTx, answered: (Extract<Outcome, { kind: 
       col((t) => t.flags),
       col((t) => t.step),
       col(toolCallsText),
+      col(idsText),
     ],
   );
   const last = answered.filter((o) => o.kind === 'completed');

@@ -121,6 +121,7 @@ export const runs = pgTable(
     flagInvalidToolArguments: bigintNumber('flag_invalid_tool_arguments').notNull().default(0),
     flagUnknownTool: bigintNumber('flag_unknown_tool').notNull().default(0),
     flagToolMismatch: bigintNumber('flag_tool_mismatch').notNull().default(0),
+    flagFewTrainable: bigintNumber('flag_few_trainable').notNull().default(0),
     promptTokens: bigintNumber('prompt_tokens').notNull().default(0),
     completionTokens: bigintNumber('completion_tokens').notNull().default(0),
     reasoningTokens: bigintNumber('reasoning_tokens').notNull().default(0),
@@ -158,6 +159,7 @@ export const runs = pgTable(
     // The share of samples written under eval/ (the rest under train/); null: no split, shards at the prefix's root.
     evalShare: doublePrecision('eval_share'),
     outputOverwrite: boolean('output_overwrite').notNull().default(false),
+    outputTokens: boolean('output_tokens').notNull().default(false),
     outputFolder: text('output_folder'),
     predictedSamples: bigintNumber('predicted_samples').notNull().default(0),
     forecast: jsonb('forecast').$type<StoredForecast | null>(),
@@ -194,6 +196,11 @@ export const shards = pgTable(
     errorsBytes: bigintNumber('errors_bytes'),
     errorsLines: integer('errors_lines'),
     errorsSha256: text('errors_sha256'),
+    tokensKey: text('tokens_key'),
+    tokensBytes: bigintNumber('tokens_bytes'),
+    tokensRows: integer('tokens_rows'),
+    tokensSha256: text('tokens_sha256'),
+    tokensTrainable: text('tokens_trainable'),
     uploadAttempts: integer('upload_attempts').notNull().default(0),
     generation: integer('generation').notNull().default(0),
     lastError: text('last_error'),
@@ -294,6 +301,7 @@ export const runVariants = pgTable(
     flagInvalidToolArguments: bigintNumber('flag_invalid_tool_arguments').notNull().default(0),
     flagUnknownTool: bigintNumber('flag_unknown_tool').notNull().default(0),
     flagToolMismatch: bigintNumber('flag_tool_mismatch').notNull().default(0),
+    flagFewTrainable: bigintNumber('flag_few_trainable').notNull().default(0),
     promptTokens: bigintNumber('prompt_tokens').notNull().default(0),
     completionTokens: bigintNumber('completion_tokens').notNull().default(0),
     reasoningTokens: bigintNumber('reasoning_tokens').notNull().default(0),
@@ -335,6 +343,7 @@ export const sampleTurns = pgTable(
     step: integer('step').notNull().default(0),
     // The target's tool calls (JSON), when the answer was a step; null for a text answer.
     toolCalls: text('tool_calls'),
+    tokenIds: text('token_ids'),
   },
   (t) => [primaryKey({ columns: [t.sampleId, t.idx] }), index('sample_turns_run_idx').on(t.runId)],
 );

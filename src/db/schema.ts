@@ -117,6 +117,7 @@ export const runs = sqliteTable(
     flagInvalidToolArguments: integer('flag_invalid_tool_arguments').notNull().default(0),
     flagUnknownTool: integer('flag_unknown_tool').notNull().default(0),
     flagToolMismatch: integer('flag_tool_mismatch').notNull().default(0),
+    flagFewTrainable: integer('flag_few_trainable').notNull().default(0),
     promptTokens: integer('prompt_tokens').notNull().default(0),
     completionTokens: integer('completion_tokens').notNull().default(0),
     reasoningTokens: integer('reasoning_tokens').notNull().default(0),
@@ -166,6 +167,8 @@ export const runs = sqliteTable(
     evalShare: real('eval_share'),
     // The run may replace files of the names it writes that it found in its prefix (output.overwrite).
     outputOverwrite: integer('output_overwrite', { mode: 'boolean' }).notNull().default(false),
+    // The server's token ids and loss masks are written under tokens/ beside the text (output.tokens).
+    outputTokens: integer('output_tokens', { mode: 'boolean' }).notNull().default(false),
     // A local output folder's identity when the run took it ("device:inode"); null on S3 and for older runs.
     outputFolder: text('output_folder'),
     // Samples with a predicted length: length-aware dispatch needs some.
@@ -207,6 +210,12 @@ export const shards = sqliteTable(
     errorsBytes: integer('errors_bytes'),
     errorsLines: integer('errors_lines'),
     errorsSha256: text('errors_sha256'),
+    // The shard's training rows under tokens/ (output.tokens), and their trainable-token counts (JSON) for the loss mask's spread.
+    tokensKey: text('tokens_key'),
+    tokensBytes: integer('tokens_bytes'),
+    tokensRows: integer('tokens_rows'),
+    tokensSha256: text('tokens_sha256'),
+    tokensTrainable: text('tokens_trainable'),
     uploadAttempts: integer('upload_attempts').notNull().default(0),
     // Bumped whenever samples of the shard are put back in the queue, so an upload that started
     // before can tell it is stale and must not mark the shard uploaded.
@@ -322,6 +331,7 @@ export const runVariants = sqliteTable(
     flagInvalidToolArguments: integer('flag_invalid_tool_arguments').notNull().default(0),
     flagUnknownTool: integer('flag_unknown_tool').notNull().default(0),
     flagToolMismatch: integer('flag_tool_mismatch').notNull().default(0),
+    flagFewTrainable: integer('flag_few_trainable').notNull().default(0),
     promptTokens: integer('prompt_tokens').notNull().default(0),
     completionTokens: integer('completion_tokens').notNull().default(0),
     reasoningTokens: integer('reasoning_tokens').notNull().default(0),
@@ -364,6 +374,8 @@ export const sampleTurns = sqliteTable(
     step: integer('step').notNull().default(0),
     // The target's tool calls (JSON), when the answer was a step; null for a text answer.
     toolCalls: text('tool_calls'),
+    // The server's token ids for the request (JSON { prompt, output }), when its run writes them (output.tokens).
+    tokenIds: text('token_ids'),
   },
   (t) => [primaryKey({ columns: [t.sampleId, t.idx] }), index('sample_turns_run_idx').on(t.runId)],
 );

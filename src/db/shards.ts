@@ -137,7 +137,22 @@ export async function shardSamplesWithOutput(db: DbOrTx, runId: string, shard: P
     .orderBy(asc(samples.seq));
 }
 
-export type UploadedShard = Pick<ShardRow, 'key' | 'bytes' | 'lines' | 'sha256' | 'errorsKey' | 'errorsBytes' | 'errorsLines' | 'errorsSha256'> & {
+export type UploadedShard = Pick<
+  ShardRow,
+  | 'key'
+  | 'bytes'
+  | 'lines'
+  | 'sha256'
+  | 'errorsKey'
+  | 'errorsBytes'
+  | 'errorsLines'
+  | 'errorsSha256'
+  | 'tokensKey'
+  | 'tokensBytes'
+  | 'tokensRows'
+  | 'tokensSha256'
+  | 'tokensTrainable'
+> & {
   lineOf: { id: number; line: number }[];
   errorCount: number;
 };

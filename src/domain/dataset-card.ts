@@ -1,4 +1,5 @@
 import { PARQUET_FEATURES, type OutputFormat } from './output-format.js';
+import { type Spread, TOKEN_FEATURES, type TrainableSpread } from './token-rows.js';
 
 // The dataset card written beside a run's shards (README.md): YAML front matter that Hugging Face
 // `datasets` reads (`configs` with the data files of each split, and for Parquet the `features`),
@@ -30,6 +31,8 @@ export interface CardRun {
   turns?: { completed: number; toolSteps: number } | null;
   usage: { prompt_tokens: number; completion_tokens: number; reasoning_tokens: number };
   quality: { flagged: number; by_flag: Record<string, number>; settings: unknown };
+  /** A run with output.tokens: its training rows' files by split, and the spread of their trainable tokens. */
+  tokens?: { shards: readonly CardShard[]; spread: TrainableSpread } | null;
 }
 
 type Yaml = string | number | boolean | null | Yaml[] | { [k: string]: Yaml };
@@ -118,13 +121,27 @@ export function percent(share: number): string {
 
 export function datasetCard(run: CardRun, shards: readonly CardShard[]): string {
   const splits = cardSplits(shards).filter((s) => s.files.length > 0);
+  const info: Record<string, Yaml> = {
+    ...(run.format === 'parquet' && { features: PARQUET_FEATURES as Yaml }),
+    splits: splits.map((s) => ({ name: s.split, num_examples: s.rows })),
+  };
   const front: Record<string, Yaml> = {
     configs: [{ config_name: 'default', data_files: splits.map((s) => ({ split: s.split, path: s.files })) }],
-    dataset_info: {
-      ...(run.format === 'parquet' && { features: PARQUET_FEATURES as Yaml }),
-      splits: splits.map((s) => ({ name: s.split, num_examples: s.rows })),
-    },
+    dataset_info: info,
   };
+  // The training rows are a second config, split like the text: `load_dataset(path, "tokens")`.
+  const tokenSplits = run.tokens ? cardSplits(run.tokens.shards).filter((s) => s.files.length > 0) : [];
+  if (run.tokens) {
+    (front.configs as Yaml[]).push({ config_name: 'tokens', data_files: tokenSplits.map((s) => ({ split: s.split, path: s.files })) });
+    front.dataset_info = [
+      { config_name: 'default', ...info },
+      {
+        config_name: 'tokens',
+        ...(run.format === 'parquet' && { features: TOKEN_FEATURES as Yaml }),
+        splits: tokenSplits.map((s) => ({ name: s.split, num_examples: s.rows })),
+      },
+    ];
+  }
   const errorFiles = shards.filter((s) => s.errorsKey).length;
   const out: string[] = [];
   out.push(`---\n${yaml(front)}---\n\n`);
@@ -157,6 +174,7 @@ export function datasetCard(run: CardRun, shards: readonly CardShard[]): string 
   out.push(`${run.quality.flagged} of ${c.completed} completed samples flagged${flags.length ? ':' : '.'}\n`);
   if (flags.length) out.push('\n| flag | samples |\n| --- | --- |\n' + flags.map(([f, n]) => `| ${f} | ${n} |\n`).join(''));
   out.push('\nFlagged samples are kept, with their `flags`; filter on that column to drop them.\n\n');
+  if (run.tokens) out.push(tokensSection(run.tokens.spread, tokenSplits));
   out.push('## How the data was made\n\n');
   out.push(
     run.turns
@@ -172,5 +190,22 @@ export function datasetCard(run: CardRun, shards: readonly CardShard[]): string 
     `Samples that failed are not in the data: ${errorFiles ? `their errors are in the ${errorFiles} \`*.errors.jsonl\` file(s) beside the shards` : 'none failed'}. ` +
       '`manifest.json` lists every file with its size, row count and sha256.\n',
   );
+  return out.join('');
+}
+
+const spreadCells = (s: Spread | null): string => (s ? `${s.rows} | ${s.min} | ${s.p5} | ${s.median} | ${s.p95} | ${s.max}` : '0 | | | | |');
+
+/** The training rows: where they are, what a row holds, and the spread of the loss mask's trainable tokens. */
+function tokensSection(spread: TrainableSpread, splits: readonly { split: string; files: string[]; rows: number }[]): string {
+  const rows = splits.reduce((n, s) => n + s.rows, 0);
+  const out = [
+    '## Training rows\n\n',
+    `${rows} rows under \`tokens/\` (config \`tokens\`), one per generation kept in the data: each answer, and each turn and tool-call step of a conversation. ` +
+      "`input_ids` are the server's own token ids, the prompt as its chat template rendered it followed by the generated ids; `loss_mask` is 0 over the prompt and 1 over the generated ids; `num_trainable` is the mask's sum.\n\n",
+    'Trainable tokens per row:\n\n| rows of | count | min | p5 | median | p95 | max |\n| --- | --- | --- | --- | --- | --- | --- |\n',
+    `| all | ${spreadCells(spread.overall)} |\n`,
+    ...Object.entries(spread.variants).map(([name, s]) => `| ${markdownText(name)} | ${spreadCells(s)} |\n`),
+    '\n',
+  ];
   return out.join('');
 }

@@ -16,6 +16,8 @@ export const FLAGS = [
   'unknown_tool',
   /** The source's tool results could not be paired with the target's calls: describes the data, not the server. */
   'tool_mismatch',
+  /** Fewer generated (trainable) tokens than quality.min_trainable_tokens in an answer not cut: runs with output.tokens. */
+  'few_trainable',
 ] as const;
 export type Flag = (typeof FLAGS)[number];
 

@@ -15,8 +15,8 @@ export const isOutputFormat = (s: string): s is OutputFormat => (OUTPUT_FORMATS 
 /** Written beside the shards of a run in a dataset format (parquet, or any run with a split). */
 export const CARD_KEY = 'README.md';
 
-/** A run writes a dataset card unless it is a plain JSONL run without a split (its output stays as it always was). */
-export const writesCard = (format: OutputFormat, evalShare: number | null): boolean => format !== 'jsonl' || evalShare !== null;
+/** A run writes a dataset card unless it is a plain JSONL run without a split or training rows (its output stays as it always was). */
+export const writesCard = (format: OutputFormat, evalShare: number | null, tokens = false): boolean => format !== 'jsonl' || evalShare !== null || tokens;
 
 /**
  * The beginnings of the keys a run writes at its prefix (a name, or a folder ending in `/`): shards
@@ -24,8 +24,8 @@ export const writesCard = (format: OutputFormat, evalShare: number | null): bool
  * and `tokens/` and `export…`, kept for a run's token files and exports. A prefix that already holds
  * one, and that no run owns, holds someone's data the run would replace.
  */
-export function writtenKeyStarts(format: OutputFormat, evalShare: number | null): string[] {
-  return ['shard-', MANIFEST_KEY, ...(writesCard(format, evalShare) ? [CARD_KEY] : []), 'train/', 'eval/', 'tokens/', 'export'];
+export function writtenKeyStarts(format: OutputFormat, evalShare: number | null, tokens = false): string[] {
+  return ['shard-', MANIFEST_KEY, ...(writesCard(format, evalShare, tokens) ? [CARD_KEY] : []), 'train/', 'eval/', 'tokens/', 'export'];
 }
 
 // A split run numbers its shards per split; the shard's index in the run interleaves the two, so
@@ -42,6 +42,9 @@ function baseName(shard: { idx: number; split: string | null }): string {
 /** The shard's object: `[train/|eval/]shard-NNNNN.{jsonl|parquet}` (conversations are JSONL too). */
 export const shardObjectKey = (shard: { idx: number; split: string | null }, format: OutputFormat): string =>
   `${baseName(shard)}.${format === 'parquet' ? 'parquet' : 'jsonl'}`;
+
+/** The training rows beside a shard (output.tokens): `tokens/[train/|eval/]shard-NNNNN.{jsonl|parquet}`, JSONL for both text formats. */
+export const tokensObjectKey = (shard: { idx: number; split: string | null }, format: OutputFormat): string => `tokens/${shardObjectKey(shard, format)}`;
 
 /** Failed samples' lines stay JSONL in every format. */
 export const shardErrorsObjectKey = (shard: { idx: number; split: string | null }): string => `${baseName(shard)}.errors.jsonl`;

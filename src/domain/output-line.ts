@@ -1,5 +1,6 @@
 import { RawJson, stringifyExact } from './exact-json.js';
 import { flagsFromBits, type Flag } from './flags.js';
+import type { StagedIds } from './token-rows.js';
 import type { ToolCall } from './tools.js';
 import { isRaw, type RawRequest } from './raw-request.js';
 import { type EncodingFormat, encodeEmbedding, encodingOf } from './run-endpoint.js';
@@ -79,6 +80,8 @@ export interface StagedOutput {
   conversation?: StagedConversation;
   /** An embeddings run's answer. */
   embedding?: number[];
+  /** The server's ids of each generation the line keeps (output.tokens): its training rows, written under tokens/. */
+  tokens?: StagedIds[];
 }
 
 /**

@@ -117,6 +117,8 @@ export const QualitySettings = z.union([
       ])
       .optional(),
     stop_loops: z.boolean().optional(),
+    // Runs with output.tokens: a generation with fewer generated ids, not cut by max_tokens, is flagged few_trainable (default 16; 0 turns it off).
+    min_trainable_tokens: z.number().int().min(0).max(1_000_000).optional(),
   }),
 ]);
 

@@ -1,5 +1,6 @@
 import { bitsFromFlags, FLAGS, flagCounts, type Flag, type FlagCounterKey } from './flags.js';
 import { argumentsValid, callMarkupIn, type ToolCall } from './tools.js';
+import { fewTrainable } from './token-rows.js';
 
 // Quality checks run on every completed sample (docs/design.md "Quality"), and the gate pauses a run
 // whose flagged share is over its limit.
@@ -10,6 +11,8 @@ export interface QualityConfig {
   gate: { min_samples: number; max_flag_rate: number } | false;
   /** Stream each answer and cut it once it loops (README "The quality gate"). Absent on runs made before it existed: on. */
   stop_loops: boolean;
+  /** A generation with fewer generated ids is flagged few_trainable (runs with output.tokens). Absent on runs made before it existed: the default. */
+  min_trainable_tokens?: number;
 }
 export type GateSettings = Exclude<QualityConfig['gate'], false>;
 
@@ -21,6 +24,7 @@ export type QualityRequest =
       retry_flagged?: number;
       gate?: false | { min_samples?: number; max_flag_rate?: number };
       stop_loops?: boolean;
+      min_trainable_tokens?: number;
     };
 
 export const QUALITY_DEFAULTS: QualityConfig = {
@@ -28,10 +32,16 @@ export const QUALITY_DEFAULTS: QualityConfig = {
   retry_flagged: 1,
   gate: { min_samples: 200, max_flag_rate: 0.2 },
   stop_loops: true,
+  // The six-token loss mask of an empty think block and "OK." (README "Training rows") is far below it.
+  min_trainable_tokens: 16,
 };
 
-/** The settings a run keeps: what it asked for over the defaults, or null when checks are off. */
-export function qualityConfig(q: QualityRequest | undefined): QualityConfig | null {
+/**
+ * The settings a run keeps: what it asked for over the defaults, or null when checks are off.
+ * min_trainable_tokens only where it applies (a run that writes token ids) or was asked for, so
+ * other runs' settings read as they always have.
+ */
+export function qualityConfig(q: QualityRequest | undefined, writesTokens = false): QualityConfig | null {
   if (q === false) return null;
   const gate = q?.gate === false ? false : { ...(QUALITY_DEFAULTS.gate as GateSettings), ...(q?.gate ?? {}) };
   return {
@@ -39,6 +49,7 @@ export function qualityConfig(q: QualityRequest | undefined): QualityConfig | nu
     retry_flagged: q?.retry_flagged ?? QUALITY_DEFAULTS.retry_flagged,
     gate,
     stop_loops: q?.stop_loops ?? QUALITY_DEFAULTS.stop_loops,
+    ...((writesTokens || q?.min_trainable_tokens !== undefined) && { min_trainable_tokens: q?.min_trainable_tokens ?? QUALITY_DEFAULTS.min_trainable_tokens }),
   };
 }
 
@@ -59,6 +70,8 @@ export interface QualityInput {
   tools?: ReadonlySet<string> | null;
   /** A raw prompt's completion (`/v1/completions`): no chat template wraps it, so a think tag in its text is the model's own. */
   raw?: boolean;
+  /** The generated token ids the server returned (output.tokens), or null/absent when the run writes none. */
+  trainable_tokens?: number | null;
 }
 
 /** Whether an answer is a tool-call step. */
@@ -69,6 +82,8 @@ export function isStep(input: Pick<QualityInput, 'tool_calls'>): boolean {
 export interface QualityCheckConfig {
   /** 0 disables the too_short check. */
   min_completion_tokens: number;
+  /** Below it a generation with ids is flagged few_trainable; absent, the default. */
+  min_trainable_tokens?: number;
 }
 
 export function computeFlags(input: QualityInput, cfg: QualityCheckConfig): number {
@@ -83,6 +98,8 @@ export function computeFlags(input: QualityInput, cfg: QualityCheckConfig): numb
   if (!step && input.completion_tokens < cfg.min_completion_tokens) flags.push('too_short');
   if (!input.raw && hasThinkTag(input.content)) flags.push('think_in_content');
   if (input.tools && !step && callMarkupIn(input.content)) flags.push('tool_call_in_content');
+  const least = cfg.min_trainable_tokens ?? (QUALITY_DEFAULTS.min_trainable_tokens as number);
+  if (!step && typeof input.trainable_tokens === 'number' && fewTrainable(input.trainable_tokens, input.finish_reason, least)) flags.push('few_trainable');
   for (const call of input.tool_calls ?? []) {
     if (!argumentsValid(call.function.arguments) && !flags.includes('invalid_tool_arguments')) flags.push('invalid_tool_arguments');
     if (input.tools && !input.tools.has(call.function.name) && !flags.includes('unknown_tool')) flags.push('unknown_tool');

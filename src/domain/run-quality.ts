@@ -209,7 +209,14 @@ export class RunQuality {
   private facts(window: QualityWindow, gate: GateSettings): VerdictFacts {
     // The words name the largest group's commonest text and median: the run's, when it has no variants.
     const largest = [...this.peers.values()].sort((a, b) => b.lengths.total - a.lengths.total)[0];
-    return { window, gate, topContent: largest?.contents.top() ?? null, medianTokens: largest?.lengths.median() ?? null, model: this.cfg.model };
+    return {
+      window,
+      gate,
+      topContent: largest?.contents.top() ?? null,
+      medianTokens: largest?.lengths.median() ?? null,
+      model: this.cfg.model,
+      minTrainable: this.cfg.min_trainable_tokens,
+    };
   }
 }
 
@@ -224,6 +231,8 @@ export interface VerdictFacts {
   /** The run's median completion length (LengthHistogram.median). */
   medianTokens: number | null;
   model: string;
+  /** quality.min_trainable_tokens, for the few_trainable words. */
+  minTrainable?: number;
 }
 
 // Hints named for at most this many flags, the commonest first: the rest are in the counts.
@@ -240,7 +249,7 @@ export function explainVerdict(f: VerdictFacts): string {
 
 /** "quality gate: endpoint gpu-3: 87% of its last 50 answers flagged against 0% on the other endpoints: …" */
 export function explainQuarantine(q: EndpointQuarantine, f: Omit<VerdictFacts, 'window'>): string {
-  const hint = HINTS[q.flag](f);
+  const hint = HINTS[q.flag]({ ...f, share: q.flagShare });
   return `${VERDICT_PREFIX} endpoint ${q.endpointId}: ${percent(q.share, 1)} of its last ${q.samples} answers flagged against ${percent(q.peerShare, 1)} on the other endpoints: ${q.flag} ${percent(q.flagShare, 1)}; ${hint}`;
 }
 
@@ -262,17 +271,19 @@ function hints(f: VerdictFacts): string {
   // A server without a reasoning parser also leaves reasoning_content empty: think_in_content is
   // the cause of missing_reasoning, so it is named first whenever it is over the limit.
   // Likewise a server without a tool-call parser: its calls land in content, whatever else fires.
-  for (const flag of ['think_in_content', 'tool_call_in_content'] as const) {
+  // And a loss mask of a few tokens: the training rows are useless, whatever flag the text raises.
+  for (const flag of ['think_in_content', 'tool_call_in_content', 'few_trainable'] as const) {
     const cause = named.indexOf(flag);
     if (cause > 0 && counts[flag] > f.gate.max_flag_rate * f.window.size) named.unshift(...named.splice(cause, 1));
   }
   return named
     .slice(0, MAX_HINTS)
-    .map((flag) => `; ${HINTS[flag](f)}`)
+    .map((flag) => `; ${HINTS[flag]({ ...f, share: counts[flag] / f.window.size })}`)
     .join('');
 }
 
-type HintFacts = Omit<VerdictFacts, 'window'>;
+/** What a hint reads: the facts, and the share of the window its flag holds when known. */
+type HintFacts = Omit<VerdictFacts, 'window'> & { share?: number };
 
 /** What each flag means on a server, and what to check. */
 const HINTS: Record<Flag, (f: HintFacts) => string> = {
@@ -290,6 +301,8 @@ const HINTS: Record<Flag, (f: HintFacts) => string> = {
   invalid_tool_arguments: () => "tool calls' arguments are not a JSON object: check the tool-call parser and the tools' schemas",
   unknown_tool: () => "tool calls name functions the line's tools do not offer: check the tools sent and the tool-call parser",
   tool_mismatch: () => "the source's tool results could not be paired with the target's calls (the data, not the server)",
+  few_trainable: ({ share, minTrainable }) =>
+    `${share === undefined ? 'many' : percent(share, 1)} of rows have fewer than ${minTrainable ?? 16} trainable tokens: the loss mask would train the drafter on almost nothing; check the chat template and thinking (an empty think block and a throwaway answer), and the stop settings`,
   short_for_run: ({ medianTokens }) =>
     `answers are far shorter than the run's median${medianTokens === null ? '' : ` (median ${Math.round(medianTokens)} tokens)`}: check the chat template and the stop settings`,
 };

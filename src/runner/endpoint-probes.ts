@@ -235,6 +235,7 @@ export class EndpointProbes {
       e.load = null;
       e.loadRoute = 'loads';
       e.hasMetrics = true;
+      e.idMode = null;
     }
   }
 

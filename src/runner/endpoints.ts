@@ -4,6 +4,7 @@ import { backoffMs, requestBackoff } from '../domain/backoff.js';
 import type { EndpointRow } from '../db/schema.js';
 import type { EndpointState } from '../domain/statuses.js';
 import type { Logger } from '../logger.js';
+import { servesIds } from './id-probe.js';
 import { Coalesced } from './coalesced.js';
 import { IDLE_ENDPOINT, type EndpointLive } from '../domain/live-view.js';
 import { LiveEndpoint } from './live-endpoint.js';
@@ -139,9 +140,9 @@ export class EndpointPool {
     return e.capInfo(this.settings.defaultConcurrency).cap;
   }
 
-  /** Models some dispatchable endpoint serves now, as a test for a run's model. */
-  servesNow(model: string): boolean {
-    for (const e of this.live.values()) if (e.dispatchable && e.serves(model)) return true;
+  /** Whether some dispatchable endpoint serves the run now: its model, and for a run that writes token ids, not one found to return none. */
+  servesNow(run: { model: string; outputTokens: boolean }): boolean {
+    for (const e of this.live.values()) if (e.dispatchable && e.serves(run.model) && !(run.outputTokens && e.idMode === 'none')) return true;
     return false;
   }
 
@@ -177,6 +178,11 @@ export class EndpointPool {
     e.row = { ...e.row, priorityRefusedAt: at };
     this.logger.warn({ endpoint_id: e.row.id, url: e.row.url, message }, 'the server refuses the priority field: regen sends none there');
     await updateEndpoint(this.db, e.row.id, { priorityRefusedAt: at, updatedAt: at });
+  }
+
+  /** Whether `e` may take a sample of `run`: a run that writes token ids only where they come back (id-probe.ts). */
+  servesIds(e: LiveEndpoint, run: { outputTokens: boolean; model: string }): boolean {
+    return servesIds(e, run, this.logger);
   }
 
   /** Whether any endpoint serves `model` now: here, or ready by its row when another replica drives it. */

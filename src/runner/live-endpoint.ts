@@ -9,6 +9,7 @@ import { lent } from '../domain/schedule.js';
 import { type AdaptiveCap, type Load, YieldCap } from './capacity.js';
 import { agentFetch, endpointAgent, streamPost, type StreamRequest, type WholeAnswer } from './http-fetch.js';
 import { LatencyRing, RateWindow } from './rates.js';
+import type { IdMode } from './token-ids.js';
 
 const MINUTE_MS = 60_000;
 /** The gateway's header that puts a request in the class it sheds first (docs/sglang.md "Priority"). */
@@ -39,6 +40,10 @@ export class LiveEndpoint {
   /** Which load route the server has: /v1/loads (v0.5.8+), else /metrics (with --enable-metrics), else none. */
   loadRoute: 'loads' | 'metrics' | 'none' = 'loads';
   hasMetrics = true;
+  /** How the server returns token ids, once a run that writes them has probed it (id-probe.ts); null until then, and again after a restart. */
+  idMode: IdMode | null = null;
+  /** That probe while it runs. */
+  idProbe: Promise<void> | null = null;
   load: Load | null = null;
   adaptive: AdaptiveCap | null = null;
   readonly rate = new RateWindow();

@@ -1,3 +1,4 @@
+import { conversationIds } from '../domain/token-rows.js';
 import type { Outcome } from '../db/results.js';
 import type { OnLength } from '../domain/params.js';
 import { totalUsage, type TurnRecord, turnCount, turnLines, unionFlags, walk } from '../domain/conversation.js';
@@ -128,6 +129,7 @@ export function settleAnswer(a: Attempt, run: SettleRun, answer: Answer, latency
   const c = a.conversation;
   if (!c) {
     if (answer.toolCalls) output.tool_calls = answer.toolCalls;
+    if (answer.ids) output.tokens = [{ turn: null, step: null, finish_reason: answer.finishReason, flags, ...answer.ids }];
     return {
       retried: null,
       outcome: { ...base(a), kind: 'completed', usage, finishReason: answer.finishReason, latencyMs, flags, chars, output: JSON.stringify(output), at: now },
@@ -148,6 +150,7 @@ export function settleAnswer(a: Attempt, run: SettleRun, answer: Answer, latency
     latencyMs,
     attempts: a.attempts + a.serverFaults,
     flags,
+    ...(answer.ids && { ids: answer.ids }),
   };
   const turns = [...c.history, turn];
   // The conversation's flags are any turn's: a flagged turn flags its conversation.
@@ -156,6 +159,7 @@ export function settleAnswer(a: Attempt, run: SettleRun, answer: Answer, latency
   if (after.mismatch) return settleMismatch(a, run, turn, after, output, now);
   if (turn.toolCalls || at.turn + 1 < turnCount(c.messages)) return { retried: null, outcome: { ...base(a), kind: 'turn', turn, flags: union } };
   output.conversation = conversationOf(after.messages, turns);
+  output.tokens = conversationIds(turns);
   // The sample's row gets the whole conversation's tokens and time: the forecast's slice measures
   // conversations (every turn's tokens), and the run's counters already hold the earlier turns'.
   return {
@@ -210,6 +214,7 @@ function settleMismatch(a: Attempt, run: SettleRun, turn: TurnRecord, at: Return
   const stored = { ...turn, flags: turn.flags | flagBit('tool_mismatch') };
   const line: StagedOutput = { ...output, content: last?.content ?? null, reasoning_content: last?.reasoningContent ?? null };
   line.conversation = conversationOf(at.messages.slice(0, at.complete), kept);
+  line.tokens = conversationIds(kept);
   return {
     retried: null,
     outcome: {
@@ -250,4 +255,11 @@ export function settleFailed(a: Attempt, error: SampleError, now: number): Settl
 /** Regen aborted the request itself (or cut its answer to keep its memory budget): a cancel ends the sample, anything else gives it back unspent. */
 export function settleAbort(a: Attempt, reason: 'cancel' | 'release'): Settled {
   return { retried: null, outcome: { ...base(a), kind: reason === 'cancel' ? 'cancelled' : 'release' } };
+}
+
+/** The turn a claimed conversation is at, or null for a single request. */
+export function claimedConversation(sample: { turn: number | null; request: string; history?: TurnRecord[] }): ConversationTurn | null {
+  if (sample.turn === null) return null;
+  const { messages } = JSON.parse(sample.request) as { messages: { role: string }[] };
+  return { turn: sample.turn, messages, history: sample.history ?? [] };
 }

@@ -59,7 +59,7 @@ export function fillSlots(
 
   function offer(best: LiveEndpoint, slot: Slot): 'sent' | 'held' | 'none' {
     for (const run of active) {
-      if (!isDispatchable(run.status) || !best.serves(run.model) || claims.isDrained(run.id)) continue;
+      if (!isDispatchable(run.status) || !best.serves(run.model) || claims.isDrained(run.id) || !pool.servesIds(best, run)) continue;
       const group = claims.take(
         run.id,
         () => claimSizeFor(pool, run.model),

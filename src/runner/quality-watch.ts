@@ -16,6 +16,7 @@ import { checkGate, pauseForGate } from './gate.js';
 /** What a run's checks are built with. */
 const checksOf = (run: RunRow, quality: NonNullable<RunRow['quality']>) => ({
   min_completion_tokens: quality.min_completion_tokens,
+  min_trainable_tokens: quality.min_trainable_tokens,
   model: run.model,
   variants: run.variants?.map((v) => v.name),
 });

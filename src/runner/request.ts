@@ -11,6 +11,7 @@ import { answerBytes } from '../domain/answer-bytes.js';
 import { layeredParams, type Variant } from '../domain/variants.js';
 import { AnswerRefused } from './answer-budget.js';
 import { isRaw, rawBody } from '../domain/raw-request.js';
+import type { GenerationIds } from '../domain/token-rows.js';
 import type { TurnedAwayReason } from '../domain/turned-away.js';
 
 // One request to an endpoint: the body sent for a sample, what its answer means, and what its
@@ -185,6 +186,8 @@ export interface Answer {
   repairs?: AnswerRepair[];
   /** An embeddings run's answer (raw-requests.ts parseEmbedding). */
   embedding?: number[];
+  /** The server's token ids for it, when the run writes them (output.tokens) and they were checked. */
+  ids?: GenerationIds;
 }
 
 export type ParsedAnswer = { ok: true; answer: Answer } | { ok: false; error: SampleError };

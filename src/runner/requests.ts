@@ -8,7 +8,7 @@ import { AnswerBudget, type AnswerLease, AnswerShed, heldTextBytes } from './ans
 import type { AnswerInit } from './http-fetch.js';
 import { toolNames } from '../domain/tools.js';
 import type { AnswerRepair } from '../domain/metrics.js';
-import { type ConversationTurn, settleAbort, settleAnswer, settleError, settleFailed, type Attempt, type Settled } from './outcomes.js';
+import { claimedConversation, settleAbort, settleAnswer, settleError, settleFailed, type Attempt, type Settled } from './outcomes.js';
 import { AnswerSheds } from './answer-sheds.js';
 import { type Answer, answerByteLimit, answerLimits, type AnswerLimits, askedMaxTokens, buildRequest, classifyError, tokenBudget } from './request.js';
 import type { ResultWriter } from './results.js';
@@ -18,6 +18,7 @@ import { choiceOrder, otherChoices, requestSample, shareUsage } from './choices.
 import { StreamedAnswer } from './stream-answer.js';
 import { postBuffered, readAnswers, streamable } from './raw-requests.js';
 import { runEndpoint } from '../domain/run-endpoint.js';
+import { exactUsage, ID_PARAMS, type IdMode, namesIdParam, streamsIds, withIds } from './token-ids.js';
 
 /** Why regen aborted a request: to cancel its run, to give its sample back, or because its answer looped. */
 export type AbortReason = 'cancel' | 'release' | 'loop';
@@ -45,6 +46,8 @@ export interface Flight {
   sentPriority: boolean;
   /** The names of the functions the request offered (its `tools`), or null. */
   tools: Set<string> | null;
+  /** How the request asked for the server's token ids (output.tokens), or null when it did not. */
+  idMode: Exclude<IdMode, 'none'> | null;
 }
 
 /**
@@ -92,6 +95,9 @@ export class Requests {
     const { body, thinking } = buildRequest(run, requestSample(group as [Claimed, ...Claimed[]]), Math.random, group.length);
     const sentPriority = e.sendsPriority;
     if (sentPriority) body.priority = e.row.requestPriority;
+    // Dispatch sends a run that writes ids only where the probe found how to ask for them (pump.ts).
+    const idMode = run.outputTokens && e.idMode !== null && e.idMode !== 'none' ? e.idMode : null;
+    if (idMode) Object.assign(body, ID_PARAMS[idMode]);
     const controller = new AbortController();
     const limits = answerLimits(body, e.row.maxModelLen);
     const flight: Flight = {
@@ -108,6 +114,7 @@ export class Requests {
       lease: this.answers.lease(answerByteLimit(body, limits)),
       sentPriority,
       tools: toolNames(body.tools),
+      idMode,
     };
     // Keyed by the first sample: one request, one slot, however many answers it asks.
     this.flights.set(sample.id, flight);
@@ -116,9 +123,10 @@ export class Requests {
     // Streamed only when loops are to be stopped: a buffered answer costs less to read (BENCHMARKS.md).
     // A request that asks for log probabilities stays buffered: the streamed record does not gather
     // them chunk by chunk, and they are kept whole on the output line. So does one of several
-    // choices (`n`): the stream's record holds one (a looping choice is flagged when it ends).
+    // choices (`n`): the stream's record holds one (a looping choice is flagged when it ends). So
+    // does one whose ids come back only unstreamed (return_token_ids).
     const answer =
-      stopsLoops(run.quality) && streamable(body) && limits.choices === 1
+      stopsLoops(run.quality) && streamable(body) && limits.choices === 1 && streamsIds(idMode)
         ? this.stream(flight, body)
         : postBuffered(e, body, {
             signal: controller.signal,
@@ -198,7 +206,7 @@ export class Requests {
       variant: sample.variant ?? null,
       maxTokens: f.maxTokens,
       contextLength: f.limits.contextLength,
-      conversation: conversationOf(sample),
+      conversation: claimedConversation(sample),
     };
   }
 
@@ -215,7 +223,8 @@ export class Requests {
     const e = f.endpoint;
     e.consecutiveFailures = 0;
     e.yieldCap.answered(this.pool.capOf(e));
-    const parsed = readAnswers(runEndpoint(f.run.endpoint), res, f.limits, f.group.length);
+    const read = readAnswers(runEndpoint(f.run.endpoint), res, f.limits, f.group.length);
+    const parsed = f.idMode ? withIds(read, res, f.idMode) : read;
     if (f.abortReason && parsed.some((p) => !p.ok)) {
       this.onError(f, null);
       return;
@@ -231,7 +240,7 @@ export class Requests {
       this.hooks.answered(f.run, e.row.id, tokens, latencyMs, now);
     }
     if (answered) this.sheds.answered(f.run);
-    const usages = answered ? shareUsage(answered.usage, answers) : [];
+    const usages = answered ? exactUsage(shareUsage(answered.usage, answers), answers) : [];
     this.countRepairs(answers);
     const quality = this.hooks.qualityOf(f.run);
     // A failed choice's backoff is its request's: the answers of a line that come back together stay together.
@@ -254,6 +263,7 @@ export class Requests {
         thinking_requested: f.thinking,
         tool_calls: answer.toolCalls,
         tools: f.tools,
+        trainable_tokens: answer.ids?.output.length ?? null,
       };
       // An embedding has no text to judge: parseEmbedding checked its values.
       const flags = quality && !answer.embedding ? quality.check({ ...input, raw: f.run.endpoint === '/v1/completions' }, e.row.id, sample.variant ?? null) : 0;
@@ -337,6 +347,12 @@ export class Requests {
       for (const s of f.group) this.settle(settleAbort(this.attempt(f, s), 'release'));
       return;
     }
+    if (verdict.kind === 'error' && f.idMode && namesIdParam(verdict.error.status, verdict.error.message)) {
+      // regen asked for ids wrongly (the server changed under it): probed again, the samples back unspent.
+      e.idMode = null;
+      for (const s of f.group) this.settle(settleAbort(this.attempt(f, s), 'release'));
+      return;
+    }
     if (verdict.kind === 'endpoint_refused') {
       e.consecutiveFailures = 0;
       void this.guard('marking an endpoint', () => this.pool.setState(e, 'starting', verdict.reason));
@@ -374,11 +390,4 @@ export class Requests {
       if (f) this.abort(f, reason);
     }
   }
-}
-
-/** The turn a claimed conversation is at, or null for a single request. */
-function conversationOf(sample: Claimed): ConversationTurn | null {
-  if (sample.turn === null) return null;
-  const { messages } = JSON.parse(sample.request) as { messages: { role: string }[] };
-  return { turn: sample.turn, messages, history: sample.history ?? [] };
 }

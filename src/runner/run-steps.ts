@@ -1,3 +1,4 @@
+import { idsReason } from './id-probe.js';
 import type { RunnerDeps } from '../deps.js';
 import { setStatusReason, transitionRun } from '../db/runs.js';
 import { cancelPendingSamples, dropCancelledSamples } from '../db/samples.js';
@@ -46,12 +47,17 @@ export class RunSteps {
   async sayWhyWaiting(run: RunRow, served: boolean): Promise<void> {
     const ours = run.statusReason?.startsWith(WAITING_PREFIX) ?? false;
     const busy = !served && this.pool.turnedAwayOnly(run.model);
-    const reason = served
+    // A run that writes token ids waits, too, while the endpoints serving it return none.
+    const noIds = served && run.outputTokens ? idsReason(this.pool.live.values(), run.model) : null;
+    const waits = !served || noIds !== null;
+    const reason = !waits
       ? null
-      : busy
-        ? `${WAITING_PREFIX} ${BUSY_REASON}`
-        : `${WAITING_PREFIX} no ready endpoint serves model ${JSON.stringify(run.model)}; ${this.pool.describeServed()}`;
-    if (reason === run.statusReason || (served && !ours) || (!served && run.statusReason && !ours)) return;
+      : noIds
+        ? `${WAITING_PREFIX} ${noIds}`
+        : busy
+          ? `${WAITING_PREFIX} ${BUSY_REASON}`
+          : `${WAITING_PREFIX} no ready endpoint serves model ${JSON.stringify(run.model)}; ${this.pool.describeServed()}`;
+    if (reason === run.statusReason || (!waits && !ours) || (waits && run.statusReason && !ours)) return;
     if (await setStatusReason(this.deps.db, run.id, reason, DISPATCHABLE_RUN_STATUSES)) {
       if (reason) this.deps.logger.warn({ run_id: run.id, model: run.model, reason }, 'run waits for an endpoint');
       run.statusReason = reason;

@@ -338,7 +338,7 @@ export class Runner implements RunnerView {
     const dispatchable = new Set<string>();
     for (const r of this.active) {
       if (!isDispatchable(r.status)) continue;
-      if (this.pool.servesNow(r.model)) dispatchable.add(r.id);
+      if (this.pool.servesNow(r)) dispatchable.add(r.id);
       // Whether any process can serve it: the leading one says so once for all.
       if (this.fleet.leads) await this.runSteps.sayWhyWaiting(r, this.pool.servedAnywhere(r.model));
     }

@@ -36,6 +36,8 @@ import {
   writesCard,
 } from '../domain/output-format.js';
 import { encodeParquet, parquetRowCount, readParquetRows } from '../storage/parquet.js';
+import { shardsSpread, type TokenRow } from '../domain/token-rows.js';
+import { NO_TOKENS, previousTokenRows, sampleTokenRows, writeTokenShard } from './token-shard.js';
 
 const sha256 = (b: Buffer) => createHash('sha256').update(b).digest('hex');
 
@@ -85,7 +87,7 @@ async function previousRecords(deps: RunnerDeps, run: RunRow, shard: ShardRow, f
   return map;
 }
 
-async function putVerified(deps: RunnerDeps, run: RunRow, key: string, body: Buffer, check?: (back: Buffer) => void): Promise<string> {
+export async function putVerified(deps: RunnerDeps, run: RunRow, key: string, body: Buffer, check?: (back: Buffer) => void): Promise<string> {
   const store = outputStore(deps, run);
   const digest = sha256(body);
   await store.put(key, body);
@@ -130,21 +132,29 @@ export async function uploadShard(deps: RunnerDeps, run: RunRow, listed: ShardRo
   const rows = await shardSamplesWithOutput(deps.db, run.id, shard);
   const positions = await failedPositions(deps, run, rows);
   let previous: Map<string, ShardRecord> | undefined;
+  let previousRows: Map<string, TokenRow[]> | undefined;
   const records: ShardRecord[] = [];
+  const tokenRows: TokenRow[] = [];
   const lineOf: { id: number; line: number }[] = [];
   const errors: string[] = [];
   for (const { s, output } of rows) {
     if (s.status === 'completed') {
       let record: ShardRecord;
       if (output) {
+        const staged = JSON.parse(output) as StagedOutput;
         // SpecForge's format writes a numeric id back as a number; only it reads the flag.
         const numericId = format === 'conversations' && (JSON.parse(s.request) as StoredMetadata).numeric_id === true;
-        record = recordOf(format, outputRecord(s, JSON.parse(output) as StagedOutput, variants, run.params.tools, encodingOf(run.params)), shard.split, numericId);
+        record = recordOf(format, outputRecord(s, staged, variants, run.params.tools, encodingOf(run.params)), shard.split, numericId);
+        if (run.outputTokens) tokenRows.push(...sampleTokenRows(s, staged.tokens, variants, shard.split));
       } else {
         previous ??= await previousRecords(deps, run, shard, format);
         const old = previous.get(lineKey(s.customId, s.sampleIndex));
         if (!old) throw new Error(`sample ${s.customId} has no output in staging or in the earlier shard`);
         record = old;
+        if (run.outputTokens) {
+          previousRows ??= await previousTokenRows(outputStore(deps, run), shard);
+          tokenRows.push(...(previousRows.get(lineKey(s.customId, s.sampleIndex)) ?? []));
+        }
       }
       records.push(record);
       lineOf.push({ id: s.id, line: records.length });
@@ -175,20 +185,28 @@ export async function uploadShard(deps: RunnerDeps, run: RunRow, listed: ShardRo
   } else if (shard.errorsKey) {
     await store.delete(shard.errorsKey);
   }
-  const written = { ...shardMeta, ...errorsMeta };
+  // The training rows go with the text: written and checked before the shard is marked uploaded.
+  const tokensMeta = run.outputTokens ? await writeTokenShard(run, shard, tokenRows, (k, b, c) => putVerified(deps, run, k, b, c), store) : NO_TOKENS;
+  const written = { ...shardMeta, ...errorsMeta, ...tokensMeta };
   return await markShardUploaded(deps.db, run.id, shard, { ...written, lineOf, errorCount: errors.length }, deps.clock());
 }
 
 /** The card beside the shards, written before the manifest that lists it; null for a run that writes none. */
 async function writeCard(deps: RunnerDeps, run: RunRow, shards: readonly ShardRow[], finalStatus: string) {
   const format = run.outputFormat as OutputFormat;
-  if (!writesCard(format, run.evalShare)) return null;
+  if (!writesCard(format, run.evalShare, run.outputTokens)) return null;
   const counts = { total: run.total, completed: run.completed, failed: run.failed, cancelled: run.cancelled };
   const quality = { flagged: run.flagged, by_flag: flagCounts(run), settings: run.quality ?? false };
   const variants: CardRun['variants'] = run.variants ?? null;
   const turns = run.regenerate === 'all_assistant' ? { completed: run.turnsCompleted, toolSteps: run.toolSteps } : null;
+  const tokens = run.outputTokens
+    ? {
+        shards: shards.map((s) => ({ key: s.tokensKey, split: s.split, lines: s.tokensRows, errorsKey: null, errorsLines: null })),
+        spread: shardsSpread(shards),
+      }
+    : null;
   const card = datasetCard(
-    { ...run, name: run.name ?? `${run.id} (${finalStatus})`, status: finalStatus, format, variants, counts, turns, usage: runUsage(run), quality },
+    { ...run, name: run.name ?? `${run.id} (${finalStatus})`, status: finalStatus, format, variants, counts, turns, usage: runUsage(run), quality, tokens },
     shards,
   );
   const body = Buffer.from(card);
@@ -206,6 +224,7 @@ export async function writeManifest(deps: RunnerDeps, run: RunRow, finalStatus: 
     ...all.flatMap((s) => [
       ...(s.key ? [{ key: s.key, kind: format === 'parquet' ? 'parquet' : 'jsonl', split: s.split, bytes: s.bytes, count: s.lines, sha256: s.sha256 }] : []),
       ...(s.errorsKey ? [{ key: s.errorsKey, kind: 'errors', split: s.split, bytes: s.errorsBytes, count: s.errorsLines, sha256: s.errorsSha256 }] : []),
+      ...(s.tokensKey ? [{ key: s.tokensKey, kind: 'tokens', split: s.split, bytes: s.tokensBytes, count: s.tokensRows, sha256: s.tokensSha256 }] : []),
     ]),
     ...(card ? [{ key: card.key, kind: 'card', split: null, bytes: card.bytes, count: null, sha256: card.sha256 }] : []),
   ];
@@ -239,6 +258,10 @@ export async function writeManifest(deps: RunnerDeps, run: RunRow, finalStatus: 
         })
       : null,
     card: card?.key ?? null,
+    // A run with output.tokens: its training rows' format and count, and the spread of their trainable tokens (README "Training rows").
+    tokens: run.outputTokens
+      ? { format: format === 'parquet' ? 'parquet' : 'jsonl', rows: all.reduce((n, s) => n + (s.tokensRows ?? 0), 0), num_trainable: shardsSpread(all) }
+      : null,
     files,
     shards: all.map((s) => ({
       index: s.idx,
@@ -253,6 +276,7 @@ export async function writeManifest(deps: RunnerDeps, run: RunRow, finalStatus: 
       errors_bytes: s.errorsBytes,
       errors_lines: s.errorsLines,
       errors_sha256: s.errorsSha256,
+      ...(run.outputTokens && { tokens_key: s.tokensKey, tokens_bytes: s.tokensBytes, tokens_rows: s.tokensRows, tokens_sha256: s.tokensSha256 }),
     })),
   };
   await putVerified(deps, run, MANIFEST_KEY, Buffer.from(JSON.stringify(manifest, null, 2) + '\n'));

@@ -11,6 +11,8 @@ interface Chunk {
   model?: string;
   choices?: { delta?: { content?: unknown; reasoning_content?: unknown; tool_calls?: unknown }; finish_reason?: string | null }[];
   usage?: ChatResponse['usage'] | null;
+  /** SGLang's token ids (return_input_ids / return_output_ids), in a last event with no choices. */
+  sglext?: unknown;
   error?: { message?: unknown; code?: unknown };
 }
 
@@ -39,6 +41,7 @@ export class StreamedAnswer {
   private finishReason: string | null = null;
   private hadChoice = false;
   private usage: ChatResponse['usage'];
+  private sglext: unknown;
   /** Events that carried text: SGLang sends one a token (its default stream_interval of 1). */
   textEvents = 0;
 
@@ -58,6 +61,7 @@ export class StreamedAnswer {
     this.created ??= chunk.created;
     this.model ??= chunk.model;
     if (chunk.usage) this.usage = chunk.usage;
+    if (chunk.sglext) this.sglext = chunk.sglext;
     const choice = chunk.choices?.[0];
     if (!choice) return NO_TEXT;
     this.hadChoice = true;
@@ -84,8 +88,9 @@ export class StreamedAnswer {
   }
 
   /** The buffered answer this stream stands for: content "" when empty, reasoning_content null when empty, as SGLang sends them. */
-  response(): ChatResponse {
+  response(): ChatResponse & { sglext?: unknown } {
     return {
+      ...(this.sglext !== undefined && { sglext: this.sglext }),
       id: this.id,
       created: this.created,
       model: this.model,

@@ -1,6 +1,7 @@
 import { randomUUID } from 'node:crypto';
 import { SimHttpError } from './http.js';
 import { isRecord, type Knobs } from './options.js';
+import { parseIdAsk, promptIds, replyIds, wantsIds, type IdAsk } from './token-ids.js';
 import { answerSequence, CHARS_PER_TOKEN, callsText, countPromptTokens, digestOf, fillerText, hashSeed, promptSequence, seededRandom } from './text.js';
 
 /** Qwen's <|im_end|>: the token SGLang reports in `matched_stop` when generation stops on its own. */
@@ -54,6 +55,9 @@ export interface ChatRequest {
   priority: number | null;
   /** The functions "[tools=…]" asks this request to call; empty when it answers with text. */
   calls: string[];
+  /** The token ids asked for, and the prompt's when any were. */
+  ids: IdAsk;
+  promptIds: number[] | null;
 }
 
 /** The functions the request's step calls: the "[tools=…]" marker's list for its step, the steps taken since the last user message. */
@@ -125,7 +129,10 @@ export function parseChatRequest(body: unknown, knobs: Knobs): ChatRequest {
   }
   const { priority } = body;
   if (priority !== undefined && priority !== null && !Number.isInteger(priority)) throw badRequest('`priority` must be an integer.');
+  const ids = parseIdAsk(body, knobs);
   return {
+    ids,
+    promptIds: wantsIds(ids) ? promptIds(messages) : null,
     priority: (priority as number | undefined) ?? null,
     digest: digestOf(messages),
     model: typeof body.model === 'string' ? body.model : knobs.model,
@@ -274,6 +281,8 @@ export interface ReplyPlan {
   cachedTokens: number;
   /** Aborted after this share of the generation (0 gives the empty text aborts often have), or undefined. */
   abortAt: number | undefined;
+  /** The first choice's ids come back one short of its usage (tokenIdMismatchRate). */
+  skewIds?: boolean;
 }
 
 /** `text` cut into `tokens` pieces of about equal length (some empty when the text is shorter). */
@@ -329,6 +338,14 @@ export function buildReply(request: ChatRequest, knobs: Knobs, plan: ReplyPlan):
   const completionTokens = choices.reduce((sum, c) => sum + tokensOf(c), 0);
   const reasoningTokens = choices.reduce((sum, c) => sum + c.out.reasoningTokens, 0);
   const cached = knobs.enableCacheReport === 1 && plan.cachedTokens > 0;
+  const ids = request.promptIds
+    ? replyIds(
+        request.ids,
+        request.promptIds,
+        choices.map(({ out }) => ({ finishReason: out.finishReason, text: out.reasoning + out.content, tokens: tokensOf({ out } as ChoiceOut) })),
+        plan.skewIds === true,
+      )
+    : null;
   // With a parser the think block streams as reasoning_content deltas; without, it is content like the rest.
   const pieces = !request.stream
     ? []
@@ -366,6 +383,7 @@ export function buildReply(request: ChatRequest, knobs: Knobs, plan: ReplyPlan):
           : null,
         finish_reason: out.finishReason,
         matched_stop: out.finishReason === 'stop' ? EOS_TOKEN_ID : null,
+        ...ids?.perChoice[index],
       })),
       usage: {
         prompt_tokens: request.promptTokens,
@@ -375,6 +393,7 @@ export function buildReply(request: ChatRequest, knobs: Knobs, plan: ReplyPlan):
         prompt_tokens_details: cached ? { cached_tokens: plan.cachedTokens } : null,
       },
       metadata: { weight_version: WEIGHT_VERSION },
+      ...(ids?.sglext && { sglext: ids.sglext }),
     },
   };
 }
@@ -387,6 +406,7 @@ interface ReplyBody {
   model: string;
   choices: { finish_reason: string; matched_stop: number | null }[];
   usage: object;
+  sglext?: object;
 }
 
 function chunk(body: ReplyBody, choices: object[], usage: object | null = null): string {
@@ -416,9 +436,15 @@ export function streamPiece(reply: Reply, piece: Piece): string {
   return piece.text === '' ? '' : chunk(reply.body as ReplyBody, [delta({ [piece.field]: piece.text }, null, piece.index)]);
 }
 
-/** The finish event of each choice, the usage event with empty choices when asked for, and `data: [DONE]`. */
+/**
+ * The finish event of each choice, the usage event with empty choices when asked for, the sglext
+ * ids in a last event with empty choices when asked for, and `data: [DONE]`.
+ */
 export function streamTail(reply: Reply, includeUsage: boolean): string {
   const body = reply.body as ReplyBody;
   const finish = body.choices.map((c, i) => chunk(body, [delta({}, c, i)])).join('');
-  return `${finish}${includeUsage ? chunk(body, [], body.usage) : ''}data: [DONE]\n\n`;
+  const ids = body.sglext
+    ? `data: ${JSON.stringify({ id: body.id, object: 'chat.completion.chunk', created: body.created, model: body.model, choices: [], usage: null, sglext: body.sglext })}\n\n`
+    : '';
+  return `${finish}${includeUsage ? chunk(body, [], body.usage) : ''}${ids}data: [DONE]\n\n`;
 }

@@ -74,6 +74,15 @@ export interface SimOptions {
   prioritySchedulingPreemptionThreshold?: number;
   /** 1 (`--disable-priority-preemption`): priority orders the queue only. */
   disablePriorityPreemption?: number;
+  /**
+   * Which token-id parameters the server knows (docs/sglang.md "Token ids"): `sglext` (current
+   * SGLang: `return_token_ids` unstreamed, `return_input_ids`/`return_output_ids` streamed too),
+   * `token_ids` (only `return_token_ids` and `return_prompt_token_ids`), `none` (an older server
+   * that ignores them all).
+   */
+  tokenIdApi?: 'sglext' | 'token_ids' | 'none';
+  /** Share of replies whose first choice's ids are one short of its usage: a server whose ids cannot be trusted. */
+  tokenIdMismatchRate?: number;
   /** Called when the `dieAfter`-th chat request arrives; by default the server drops every connection and stops listening. */
   onDie?: () => void;
   /** Called with the final stats once a drain has finished the last request, just before the server closes. */
@@ -126,6 +135,8 @@ export const DEFAULTS: Readonly<Knobs> = {
   defaultPriorityValue: null,
   prioritySchedulingPreemptionThreshold: 10,
   disablePriorityPreemption: 0,
+  tokenIdApi: 'sglext',
+  tokenIdMismatchRate: 0,
 };
 
 export class SimOptionError extends Error {}
@@ -184,6 +195,8 @@ const RULES: Record<keyof Knobs, Rule> = {
   defaultPriorityValue: { expect: 'an integer or null', ok: (v) => v === null || isInteger(v) },
   prioritySchedulingPreemptionThreshold: { expect: 'an integer', ok: isInteger },
   disablePriorityPreemption: flag,
+  tokenIdApi: { expect: '"sglext", "token_ids" or "none"', ok: (v) => v === 'sglext' || v === 'token_ids' || v === 'none' },
+  tokenIdMismatchRate: rate,
 };
 
 export const KNOB_NAMES = Object.keys(RULES) as (keyof Knobs)[];

@@ -104,6 +104,7 @@ interface Faults {
   error: 500 | 503 | undefined;
   degenerate: boolean;
   abortAt: number | undefined;
+  skewIds: boolean;
 }
 
 interface RankCache {
@@ -127,6 +128,8 @@ class SimServer {
   #random: Random;
   // Its own stream, so that turning aborts on leaves the other faults' sequence as it was.
   #abortRandom: Random;
+  // Its own stream too, for tokenIdMismatchRate.
+  #idRandom: Random;
   // The same for the gateway's turn-aways.
   #turnAwayRandom: Random;
   readonly #counts = {
@@ -158,6 +161,7 @@ class SimServer {
     this.#given = given;
     this.#random = seededRandom(knobs.seed);
     this.#abortRandom = seededRandom(hashSeed(`${knobs.seed}:abort`));
+    this.#idRandom = seededRandom(hashSeed(`${knobs.seed}:ids`));
     this.#turnAwayRandom = seededRandom(hashSeed(`${knobs.seed}:turn-away`));
     const onStart = (): void => {
       this.#maxRunningSeen = Math.max(
@@ -205,6 +209,7 @@ class SimServer {
     if (checked.seed !== undefined) {
       this.#random = seededRandom(checked.seed);
       this.#abortRandom = seededRandom(hashSeed(`${checked.seed}:abort`));
+      this.#idRandom = seededRandom(hashSeed(`${checked.seed}:ids`));
       this.#turnAwayRandom = seededRandom(hashSeed(`${checked.seed}:turn-away`));
     }
     if (checked.keepAliveMs !== undefined) this.http.keepAliveTimeout = checked.keepAliveMs;
@@ -532,7 +537,8 @@ class SimServer {
     const abort = this.#abortRandom() < k.abortRate;
     // Half of the aborts come back empty, as most do on a real server; the rest part-way through.
     const abortShare = Math.max(0, this.#abortRandom() * 2 - 1);
-    return { reset, hang, error: error ? (error500 ? 500 : 503) : undefined, degenerate, abortAt: abort ? abortShare : undefined };
+    const skewIds = this.#idRandom() < k.tokenIdMismatchRate;
+    return { reset, hang, error: error ? (error500 ? 500 : 503) : undefined, degenerate, abortAt: abort ? abortShare : undefined, skewIds };
   }
 
   // SGLang's DP controller sends each request to the least loaded rank.
@@ -559,7 +565,7 @@ class SimServer {
     };
     // SGLang always computes the prompt's last token again, even on a full match.
     const cachedTokens = Math.max(0, Math.min(matched.length, request.promptTokens - 1));
-    const reply = buildReply(request, this.#knobs, { degenerate: faults.degenerate, cachedTokens, abortAt: faults.abortAt });
+    const reply = buildReply(request, this.#knobs, { degenerate: faults.degenerate, cachedTokens, abortAt: faults.abortAt, skewIds: faults.skewIds });
     const kv = this.#knobs.kvTokens > 0;
     let settled = false;
     let timer: NodeJS.Timeout | undefined;
@@ -587,7 +593,10 @@ class SimServer {
       this.#checkDrained();
     };
     const answer = (): void => {
-      sendJson(res, 200, shape ? shape(reply.body as unknown as Record<string, unknown>) : reply.body, { 'x-sim-digest': request.digest, 'x-sim-queued-ms': queuedMs.toFixed(1) });
+      sendJson(res, 200, shape ? shape(reply.body as unknown as Record<string, unknown>) : reply.body, {
+        'x-sim-digest': request.digest,
+        'x-sim-queued-ms': queuedMs.toFixed(1),
+      });
       done();
     };
     // Paced at tokensPerSecond from the first token; unpaced (all at once) at zero latency and in the KV model, which times decode itself.

@@ -6,6 +6,8 @@ import { jsonContent, RunIdParam } from '../common.js';
 import { getRunWithCacheUsage } from '../../db/cache-usage.js';
 import { renderCacheByEndpoint, renderRun } from './render.js';
 import { Run } from './schemas.js';
+import { listRunShards } from '../../db/shards.js';
+import { shardsSpread } from '../../domain/token-rows.js';
 
 const route = createRoute({
   method: 'get',
@@ -26,6 +28,10 @@ export function registerGetRun(app: App) {
     const { run } = found;
     const variants = run.variants?.length ? await listRunVariants(deps.db, id) : [];
     const cacheByEndpoint = renderCacheByEndpoint(found.cacheUsage);
-    return c.json({ ...renderRun(run, deps.runner.runProgress(id), deps.clock(), variants), cache_by_endpoint: cacheByEndpoint }, 200);
+    const trainable = run.outputTokens ? shardsSpread(await listRunShards(deps.db, id)) : null;
+    return c.json(
+      { ...renderRun(run, deps.runner.runProgress(id), deps.clock(), variants), num_trainable: trainable, cache_by_endpoint: cacheByEndpoint },
+      200,
+    );
   });
 }

@@ -39,6 +39,7 @@ const SettingsInForce = z
       retry_flagged: z.number().int(),
       gate: z.union([z.literal(false), z.object({ min_samples: z.number().int(), max_flag_rate: z.number() })]),
       stop_loops: z.boolean(),
+      min_trainable_tokens: z.number().int().optional(),
     }),
   ])
   .openapi({ description: "The run's quality settings with defaults filled in; false when checks are off" });

@@ -102,6 +102,7 @@ export function renderRun(r: RunRow, live: RunProgress, now: number, variantRows
     output_uri: r.outputUri,
     output_format: r.outputFormat as Run['output_format'],
     output_overwrite: r.outputOverwrite,
+    output_tokens: r.outputTokens,
     split: r.evalShare === null ? null : { eval: r.evalShare },
     priority: r.priority,
     metadata: r.metadata,

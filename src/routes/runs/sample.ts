@@ -72,6 +72,8 @@ async function sampleDetail(deps: Deps, id: string, customId: string, sampleInde
     ...(records && turns && { turns, conversation: conversationOf(request.messages as { role: string }[], records, walkSettings(run)) }),
     split,
     shard_key: shardObjectKey({ idx: sample.shardIdx, split }, run.outputFormat as OutputFormat),
+    // With ids, a sample's completion tokens are exactly its rows' generated ids (token-ids.ts exactUsage).
+    trainable_tokens: run.outputTokens && sample.status === 'completed' ? (sample.completionTokens ?? 0) : null,
   };
 }
 

@@ -90,6 +90,10 @@ export const CreateRunBody = z
           description:
             "Lets the run replace files of the names it writes (`shard-*`, `manifest.json`, `README.md` where it writes a card, `train/`, `eval/`, `tokens/`, `export*`) that its prefix already holds; without it such a prefix is a 409 naming the file. A prefix holding the run's input is refused either way",
         }),
+        tokens: z.boolean().optional().openapi({
+          description:
+            "Also writes training rows under `tokens/` (mirroring the text shards, JSONL or Parquet by `format`): per kept generation the server's own `input_ids` (prompt then generated) and a `loss_mask` (0 over the prompt, 1 over the generated ids), with `num_trainable`. Only endpoints that return token ids serve such a run",
+        }),
       })
       .strict()
       .optional(),
@@ -256,6 +260,13 @@ export const RunVariant = z
   })
   .openapi('RunVariant', { description: 'A variant of a run: its samples (chosen by custom_id), how many are done, their flags and usage' });
 
+const SpreadSchema = z
+  .object({ rows: z.number().int(), min: z.number().int(), p5: z.number().int(), median: z.number().int(), p95: z.number().int(), max: z.number().int() })
+  .nullable()
+  .openapi('TrainableSpread', { description: "min, p5, median, p95 and max of the rows' trainable tokens (nearest rank); null with no rows" });
+
+const TrainableSpreadSchema = z.object({ overall: SpreadSchema, variants: z.record(z.string(), SpreadSchema) }).openapi('TrainableSpreads');
+
 export const Run = z
   .object({
     id: z.string(),
@@ -275,6 +286,7 @@ export const Run = z
       description: 'When the output is deleted (`output.expires_after` from the finish); null when it is kept',
     }),
     output_expired: z.boolean().openapi({ description: 'The output was deleted at output_expires_at; the run and its samples stay' }),
+    output_tokens: z.boolean().openapi({ description: 'Whether the run writes training rows of token ids under `tokens/` (`output.tokens`)' }),
     output_overwrite: z
       .boolean()
       .openapi({ description: 'Whether the run may replace files of the names it writes that its prefix held when it was created (`output.overwrite`)' }),
@@ -305,6 +317,10 @@ export const Run = z
     cache_hit_rate: z.number().nullable().openapi({
       description:
         "Prefix-cache hit rate of the run's answers: their `cached_tokens` over their prompt tokens (0 when the servers run without `--enable-cache-report`); null before any answer",
+    }),
+    num_trainable: TrainableSpreadSchema.nullable().optional().openapi({
+      description:
+        "On GET of one run with `output.tokens`: the spread of the training rows' trainable tokens (the loss mask's 1s) over the shards written so far, overall and per variant; null for a run without `output.tokens`",
     }),
     cache_by_endpoint: z
       .array(z.object({ endpoint_id: z.string(), prompt_tokens: z.number().int(), cached_tokens: z.number().int(), cache_hit_rate: z.number().nullable() }))
@@ -411,6 +427,10 @@ export const SampleDetail = Sample.extend({
     .nullable()
     .openapi({ description: "The input line's own fields, as its output line carries them; null when it had none" }),
   output: z.object({ reasoning_content: z.string().nullable(), content: z.string().nullable() }).nullable(),
+  trainable_tokens: z.number().int().nullable().openapi({
+    description:
+      "A completed sample of a run with `output.tokens`: the generated token ids its training rows train on (their loss masks' 1s, every kept turn and step of a conversation); null otherwise",
+  }),
   turns: z
     .array(SampleTurn)
     .optional()

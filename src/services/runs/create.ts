@@ -36,7 +36,7 @@ export interface NewRun {
   input: { file_id: string } | { uri: string } | { requests: unknown[] };
   params?: Record<string, unknown>;
   shard_size?: number;
-  output?: { uri?: string; format?: OutputFormat; overwrite?: boolean; expires_after?: { seconds: number } };
+  output?: { uri?: string; format?: OutputFormat; overwrite?: boolean; expires_after?: { seconds: number }; tokens?: boolean };
   split?: { eval: number };
   endpoint?: RunEndpoint;
   regenerate?: RegenerateMode | null;
@@ -83,6 +83,7 @@ export function checkRawEndpoint(body: Pick<NewRun, 'endpoint' | 'regenerate' | 
   const format = body.output?.format ?? 'jsonl';
   if (format !== 'jsonl') refuse('output.format', 'only "jsonl" holds a raw prompt\'s or an input\'s output lines');
   if (body.split) refuse('split', 'a split is written in a dataset format, which needs chat messages');
+  if (body.output?.tokens) refuse('output.tokens', 'training rows are made from chat requests and their answers');
   if (endpoint === '/v1/embeddings' && typeof body.params?.n === 'number' && body.params.n > 1) refuse('params.n', 'an embedding has one answer');
 }
 
@@ -225,7 +226,7 @@ export async function createRun(
         historyReasoning: body.history_reasoning ?? 'loop',
       }),
       onInvalidLine: body.on_invalid_line ?? 'fail',
-      quality: qualityConfig(body.quality),
+      quality: qualityConfig(body.quality, body.output?.tokens ?? false),
       requestTimeoutMs: body.request_timeout_ms ?? config.requestTimeoutMs,
       maxAttempts: body.max_attempts ?? config.maxAttempts,
       // A run without a webhook of its own takes the server's default URL; its secret stays in the config.
@@ -245,6 +246,7 @@ export async function createRun(
       outputFormat: body.output?.format ?? 'jsonl',
       evalShare: body.split?.eval ?? null,
       outputOverwrite: body.output?.overwrite ?? false,
+      outputTokens: body.output?.tokens ?? false,
       updatedAt: now,
       ...extra,
     };

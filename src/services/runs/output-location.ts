@@ -70,7 +70,7 @@ function defaultOutputsUri(config: Pick<Config, 'outputUri'>): string {
 
 /** What a new run asks of its output, as its body says: the prefix, how it is written, and the input it must not replace. */
 export interface OutputAsk {
-  output?: { uri?: string; format?: OutputFormat; overwrite?: boolean };
+  output?: { uri?: string; format?: OutputFormat; overwrite?: boolean; tokens?: boolean };
   split?: { eval: number };
   input?: { file_id: string } | { uri: string } | { requests: unknown[] };
 }
@@ -131,7 +131,9 @@ async function checkContents(deps: Deps, uri: string, ask: OutputAsk): Promise<v
   const store = deps.stores.forUri(uri);
   let found: (string | null)[];
   try {
-    found = await Promise.all(writtenKeyStarts(ask.output?.format ?? 'jsonl', ask.split?.eval ?? null).map((start) => store.findKey(start)));
+    found = await Promise.all(
+      writtenKeyStarts(ask.output?.format ?? 'jsonl', ask.split?.eval ?? null, ask.output?.tokens ?? false).map((start) => store.findKey(start)),
+    );
   } catch (err) {
     throw bad(`the location cannot be listed (${describeStoreError(err)})`);
   }

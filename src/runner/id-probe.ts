@@ -1,0 +1,63 @@
+import type { Logger } from '../logger.js';
+import type { LiveEndpoint } from './live-endpoint.js';
+import { ID_PARAMS, type IdMode, pickIds } from './token-ids.js';
+
+// Which token-id parameters an endpoint answers, found out by asking, not configured: the first
+// time a run that writes ids (output.tokens) would use it, and again after it restarts
+// (endpoint-probes.ts forgets the mode) or answers a 400 naming an id parameter (requests.ts).
+
+/** A probe asks one token: the cost of knowing is one tiny request per parameter tried. */
+const PROBE_BODY = { messages: [{ role: 'user', content: 'Say OK.' }], max_tokens: 1, temperature: 0 };
+const PROBE_TIMEOUT_MS = 30_000;
+
+/** The modes tried, best first: sglext ids come back on a stream too, return_token_ids only unstreamed. */
+const TRIED = ['sglext', 'token_ids'] as const;
+
+async function answersWith(e: LiveEndpoint, model: string, mode: (typeof TRIED)[number]): Promise<boolean> {
+  const res = await fetch(`${e.row.url}/v1/chat/completions`, {
+    method: 'POST',
+    headers: { 'content-type': 'application/json', ...e.extraHeaders, ...(e.row.apiKey && { authorization: `Bearer ${e.row.apiKey}` }) },
+    body: JSON.stringify({ ...PROBE_BODY, model, ...ID_PARAMS[mode] }),
+    signal: AbortSignal.timeout(PROBE_TIMEOUT_MS),
+  });
+  // A server that refuses the parameter does not have it; any other failure is not an answer.
+  if (res.status === 400 || res.status === 422) return false;
+  if (!res.ok) throw new Error(`the token-id probe got HTTP ${res.status}`);
+  // Whether the ids come back at all: whether they can be trusted is each answer's check (token-ids.ts readIds).
+  return typeof pickIds(await res.json(), mode, 1) !== 'string';
+}
+
+/** Finds how `e` returns ids, once at a time; a probe that fails leaves the mode unknown, to be tried again. */
+export function probeIds(e: LiveEndpoint, model: string, logger: Logger): void {
+  if (e.idProbe || e.idMode !== null) return;
+  e.idProbe = (async () => {
+    let found: IdMode = 'none';
+    for (const mode of TRIED) {
+      if (await answersWith(e, model, mode)) {
+        found = mode;
+        break;
+      }
+    }
+    e.idMode = found;
+    logger.info({ endpoint_id: e.row.id, url: e.row.url, token_ids: found }, 'probed how the endpoint returns token ids');
+  })()
+    .catch((err: Error) => logger.warn({ endpoint_id: e.row.id, err: { message: err.message } }, 'the token-id probe failed; it is tried again'))
+    .finally(() => {
+      e.idProbe = null;
+    });
+}
+
+/** Whether `e` may take a sample of `run` now: a run that writes ids only where they come back; unknown starts a probe. */
+export function servesIds(e: LiveEndpoint, run: { outputTokens: boolean; model: string }, logger: Logger): boolean {
+  if (!run.outputTokens) return true;
+  if (e.idMode === null) probeIds(e, run.model, logger);
+  return e.idMode !== null && e.idMode !== 'none';
+}
+
+/** Why no endpoint serves a run that writes ids, or null when one does (or none was asked yet). */
+export function idsReason(endpoints: Iterable<LiveEndpoint>, model: string): string | null {
+  const without = [...endpoints].filter((e) => e.serves(model) && e.idMode === 'none');
+  const serving = [...endpoints].filter((e) => e.serves(model) && e.idMode !== 'none');
+  if (!without.length || serving.length) return null;
+  return `waiting for an endpoint that returns token ids (output.tokens): ${without.map((e) => e.row.name).join(', ')} return none; SGLang returns them since return_token_ids (PR #30917), or launch a newer server`;
+}

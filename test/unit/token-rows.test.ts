@@ -1,0 +1,53 @@
+import { describe, expect, it } from 'vitest';
+import { spreadOf, tokenRow, trainableSpread } from '../../src/domain/token-rows.js';
+import { tokenRowLine } from '../../src/runner/token-shard.js';
+import { readIds } from '../../src/runner/token-ids.js';
+
+const usage = (prompt: number, completion: number) => ({ prompt_tokens: prompt, completion_tokens: completion, reasoning_tokens: 0, cached_tokens: 0 });
+const place = { customId: 'a"\u2028', sampleIndex: 1, turn: 2, step: 0, variant: 'think', split: 'eval', finishReason: 'stop', flags: 5 };
+
+describe('training rows', () => {
+  it('masks the prompt 0 and the generated ids 1, and writes the line JSON.stringify writes', () => {
+    const row = tokenRow(place, { prompt: [7, 8, 9], output: [4, 5] });
+    expect(row).toMatchObject({ input_ids: [7, 8, 9, 4, 5], loss_mask: [0, 0, 0, 1, 1], num_trainable: 2, flags: ['empty_content', 'truncated'] });
+    for (const ids of [
+      { prompt: [1], output: [] },
+      { prompt: [], output: [2] },
+      { prompt: [], output: [] },
+      { prompt: [3, 4], output: [5, 6, 7] },
+    ]) {
+      const r = tokenRow({ ...place, variant: null, split: null, turn: null, step: null, finishReason: null }, ids);
+      expect(tokenRowLine(r)).toBe(JSON.stringify(r));
+    }
+    expect(tokenRowLine(row)).toBe(JSON.stringify(row));
+  });
+
+  it('gives min, p5, median, p95 and max by nearest rank, overall and per variant', () => {
+    expect(spreadOf([])).toBeNull();
+    const values = Array.from({ length: 100 }, (_, i) => i + 1);
+    expect(spreadOf(values)).toEqual({ rows: 100, min: 1, p5: 5, median: 50, p95: 95, max: 100 });
+    const spread = trainableSpread([
+      { num_trainable: 6, variant: 'a' },
+      { num_trainable: 600, variant: 'b' },
+      { num_trainable: 8, variant: null },
+    ]);
+    expect(spread.overall).toMatchObject({ rows: 3, min: 6, median: 8, max: 600 });
+    expect(Object.keys(spread.variants)).toEqual(['a', 'b']);
+  });
+
+  it('takes ids only when their counts are the usage, wherever the server puts them', () => {
+    const sglext = { choices: [{ index: 0 }, { index: 1 }], sglext: { input_ids: [1, 2, 3], output_ids: [[4], [5, 6]] } };
+    expect(readIds(sglext, 'sglext', 2, usage(3, 3))).toEqual([
+      { prompt: [1, 2, 3], output: [4] },
+      { prompt: [1, 2, 3], output: [5, 6] },
+    ]);
+    expect(readIds(sglext, 'sglext', 2, usage(3, 4))).toMatch(/3 generated token ids for usage.completion_tokens 4/);
+    expect(readIds(sglext, 'sglext', 2, usage(2, 3))).toMatch(/3 prompt token ids for usage.prompt_tokens 2/);
+    // SGLang's per-choice prompt ids, and vLLM's at the top level.
+    expect(readIds({ choices: [{ prompt_token_ids: [1], token_ids: [2] }] }, 'token_ids', 1, usage(1, 1))).toEqual([{ prompt: [1], output: [2] }]);
+    expect(readIds({ prompt_token_ids: [1], choices: [{ token_ids: [2] }] }, 'token_ids', 1, usage(1, 1))).toEqual([{ prompt: [1], output: [2] }]);
+    expect(readIds({ choices: [{ token_ids: [2] }] }, 'token_ids', 1, usage(0, 1))).toMatch(/without the prompt token ids/);
+    expect(readIds({ prompt_token_ids: [1], choices: [{ token_ids: [2 ** 31] }] }, 'token_ids', 1, usage(1, 1))).toMatch(/outside the vocabulary/);
+    expect(readIds({ prompt_token_ids: [1], choices: [{ token_ids: [1.5] }] }, 'token_ids', 1, usage(1, 1))).toMatch(/outside the vocabulary/);
+  });
+});
