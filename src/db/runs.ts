@@ -283,19 +283,28 @@ export async function dueOutputExpiries(db: DbOrTx, now: number, limit: number):
       and(
         inArray(runs.status, [...TERMINAL_RUN_STATUSES]),
         sql`${runs.outputExpiredAt} is null`,
-        sql`${runs.finishedAt} + ${runs.outputExpiresAfter} * 1000 <= ${now}`,
+        // 64-bit arithmetic: on PostgreSQL an integer column times an integer is 32-bit, past which 25 of the 30 allowed days overflow.
+        sql`${runs.finishedAt} + ${runs.outputExpiresAfter} * cast(1000 as bigint) <= ${now}`,
       ),
     )
     .limit(limit);
 }
 
-/** Marks a run's output deleted (its row, samples and counters stay). */
-export async function markOutputExpired(db: DbOrTx, id: string, at: number): Promise<void> {
-  const { runs } = db.t;
-  await db.write((w) =>
-    w.q
+/**
+ * Marks a run's output deleted (its row, samples and counters stay), if it is still ended: a retry
+ * that reopened it meanwhile keeps its output. The answers of its conversations' turns (and their
+ * token ids) go with it. Returns whether it was marked.
+ */
+export async function markOutputExpired(db: DbOrTx, id: string, at: number): Promise<boolean> {
+  const { runs, sampleTurns } = db.t;
+  return await db.tx(async (tx) => {
+    const marked = await tx.q
       .update(runs)
       .set({ outputExpiredAt: at })
-      .where(and(eq(runs.id, id), sql`${runs.outputExpiredAt} is null`)),
-  );
+      .where(and(eq(runs.id, id), sql`${runs.outputExpiredAt} is null`, inArray(runs.status, [...TERMINAL_RUN_STATUSES])))
+      .returning({ id: runs.id });
+    if (marked.length === 0) return false;
+    await tx.q.delete(sampleTurns).where(eq(sampleTurns.runId, id));
+    return true;
+  });
 }

@@ -154,15 +154,16 @@ export function parseInputLine(text: string, lineNo: number, opts: ParseOptions)
     const line = text.endsWith('\r') ? text.slice(0, -1) : text;
     obj = parseJsonObject(line);
     checkStorable(obj, text);
-    exact = exactMembers(obj, line);
+    const consumed = consumedFields(opts.endpoint);
+    exact = exactMembers(obj, line, consumed);
     const content = readLine(obj, lineNo, opts, exact);
-    if (content.raw) return { ok: true, ...content, old_answer_chars: null, ...readMetadata(obj, exact) };
+    if (content.raw) return { ok: true, ...content, old_answer_chars: null, ...readMetadata(obj, exact, consumed) };
     if (opts.regenerate === 'all_assistant') {
       const messages = walkConversation(content.messages);
       const dropped = content.messages.filter((m) => m.role === 'assistant');
       const old = dropped.reduce((n, m) => n + textLength(m.content) + textLength(m.reasoning_content), 0);
       const turns = requestCount(messages);
-      return { ok: true, ...content, messages, old_answer_chars: dropped.length ? old : null, ...readMetadata(obj, exact), turns, ...numericId(obj) };
+      return { ok: true, ...content, messages, old_answer_chars: dropped.length ? old : null, ...readMetadata(obj, exact, consumed), turns, ...numericId(obj) };
     }
     const messages = applyRegenerate(content.messages, opts);
     const dropped = messages === content.messages ? null : content.messages[content.messages.length - 1];
@@ -171,7 +172,7 @@ export function parseInputLine(text: string, lineNo: number, opts: ParseOptions)
       ...content,
       messages,
       old_answer_chars: dropped ? textLength(dropped.content) + textLength(dropped.reasoning_content) : null,
-      ...readMetadata(obj, exact),
+      ...readMetadata(obj, exact, consumed),
       ...numericId(obj),
     };
   } catch (err) {
@@ -182,15 +183,19 @@ export function parseInputLine(text: string, lineNo: number, opts: ParseOptions)
 }
 
 /** The fields of a line that regen reads itself, in any of its formats: the rest are the line's metadata. */
-const CONSUMED_FIELDS = new Set(['custom_id', 'id', 'messages', 'conversations', 'prompt', 'input', 'params', 'body', 'method', 'url', 'tools', 'tool_choice']);
+const CHAT_FIELDS = ['custom_id', 'id', 'messages', 'conversations', 'prompt', 'params', 'body', 'method', 'url', 'tools', 'tool_choice'];
+const CONSUMED_FIELDS = new Set(CHAT_FIELDS);
+/** An embeddings line's `input` is its request; anywhere else (Alpaca's instruction/input/output, say) it is the line's own field. */
+const EMBEDDINGS_CONSUMED_FIELDS = new Set([...CHAT_FIELDS, 'input']);
+const consumedFields = (endpoint: RunEndpoint | undefined) => (endpoint === '/v1/embeddings' ? EMBEDDINGS_CONSUMED_FIELDS : CONSUMED_FIELDS);
 /**
  * The line's members as it wrote them, when its numeric id or its own fields hold a number that
  * parsing changed; else null. A line whose id is a string and whose own fields hold no number (the
  * common line) costs one look at its keys, one whose numbers have none of the shapes of a changed
  * number one regular expression.
  */
-function exactMembers(obj: JsonObject, line: string): Map<string, string> | null {
-  const written = Object.keys(obj).filter((key) => !CONSUMED_FIELDS.has(key) && holdsNumber(obj[key]));
+function exactMembers(obj: JsonObject, line: string, consumed: ReadonlySet<string>): Map<string, string> | null {
+  const written = Object.keys(obj).filter((key) => !consumed.has(key) && holdsNumber(obj[key]));
   if (typeof obj.id === 'number' && (obj.custom_id ?? null) === null) written.push('id');
   if (written.length === 0 || !mayLoseNumbers(line)) return null;
   const members = objectMembers(line);
@@ -204,10 +209,14 @@ export const MAX_METADATA_BYTES = 64 * 1024;
  * The line's fields regen does not consume (null when it has none), and their source text when the
  * line holds numbers parsing changes (`exact`); refused past MAX_METADATA_BYTES.
  */
-function readMetadata(obj: JsonObject, exact: Map<string, string> | null): { metadata: JsonObject | null; exact_metadata?: Record<string, string> } {
+function readMetadata(
+  obj: JsonObject,
+  exact: Map<string, string> | null,
+  consumed: ReadonlySet<string>,
+): { metadata: JsonObject | null; exact_metadata?: Record<string, string> } {
   let metadata: JsonObject | null = null;
   for (const key of Object.keys(obj)) {
-    if (CONSUMED_FIELDS.has(key)) continue;
+    if (consumed.has(key)) continue;
     metadata ??= {};
     // An assignment to `__proto__` would set the prototype: the field would vanish.
     if (key === '__proto__') Object.defineProperty(metadata, key, { value: obj[key], enumerable: true, writable: true, configurable: true });

@@ -1,5 +1,5 @@
 import type { SplitName } from './assign.js';
-import { RawJson, stringifyExact } from './exact-json.js';
+import { objectMembers, RawJson, stringifyExact } from './exact-json.js';
 import { MANIFEST_KEY } from './output-line.js';
 
 // How a run's shards are written (README "Output formats"). Every format starts from the same
@@ -232,6 +232,17 @@ export const PARQUET_FEATURES: readonly Record<string, unknown>[] = [
   { name: 'tool_calls', list: CALL_FEATURES },
 ];
 
+/**
+ * A stored line parsed. SpecForge's format writes a numeric id as the literal its custom_id was
+ * read from: that literal comes back as the id, not the number, which may print otherwise (`1e21`,
+ * `-0`) or not be exact (past 2^53).
+ */
+export function parseStoredLine(format: OutputFormat, text: string): Record<string, unknown> {
+  const record = JSON.parse(text) as Record<string, unknown>;
+  if (format === 'conversations' && typeof record.id === 'number') record.id = objectMembers(text).get('id');
+  return record;
+}
+
 /** A stored record's custom_id and answer, whichever format holds it (the sample route reads them back). */
 export function answerOfRecord(
   format: OutputFormat,
@@ -244,7 +255,8 @@ export function answerOfRecord(
       custom_id: record.custom_id as string,
       sample_index: sampleIndex,
       reasoning_content: (record.reasoning_content as string | null) ?? null,
-      content: (record.content as string | null) ?? null,
+      // A completions run's line holds its answer as `text`.
+      content: ((record.content ?? record.text) as string | null) ?? null,
     };
   }
   const last = (record.conversations as Msg[]).at(-1) ?? {};

@@ -42,7 +42,7 @@ function textOrTokens(value: unknown, path: string): string | null {
 }
 
 /** The raw endpoints' own params, checked where SGLang would take a wrong one silently or fail the whole request. */
-function paramsProblem(endpoint: RunEndpoint, params: unknown, at: string): string | null {
+export function paramsProblem(endpoint: RunEndpoint, params: unknown, at: string): string | null {
   if (typeof params !== 'object' || params === null) return null;
   const p = params as Record<string, unknown>;
   if (endpoint === '/v1/completions') {

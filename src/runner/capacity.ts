@@ -34,6 +34,8 @@ const GROWTH = 1.25;
 const BACKOFF = 0.85;
 /** KV usage at which the pool counts as full (SGLang's guide: above 0.9). */
 const FULL_TOKEN_USAGE = 0.9;
+/** Retractions the guide calls rare: about one a minute. */
+const RARE_RETRACTIONS_PER_MS = 1 / 60_000;
 /** How long a level that made the server retract is remembered before it is tried again. */
 const KNEE_MEMORY_MS = 60_000;
 /** In-flight share of the cap at which regen, not its supply of samples, is what limits the server. */
@@ -60,8 +62,6 @@ export class AdaptiveCap {
   private last: Load | null = null;
   /** The in-flight level at which the server last retracted, and when. */
   private knee: { level: number; at: number } | null = null;
-  /** The retractions of the last minute, by reading. */
-  private recent: { at: number; count: number }[] = [];
 
   constructor(private ceiling: number) {
     this.value = Math.max(MIN_CAP, Math.min(ceiling, START_CAP));
@@ -77,39 +77,23 @@ export class AdaptiveCap {
     this.value = Math.min(this.value, this.ceiling);
   }
 
-  /** Retractions in this reading: `none`, within what the guide calls rare over the last minute (`rare`), or `often`. */
-  private retractions(prev: Load | null, load: Load): 'none' | 'rare' | 'often' {
-    const count = newRetractions(prev, load);
-    this.recent = this.recent.filter((r) => load.at - r.at < RARE_WINDOW_MS);
-    if (count === 0) return 'none';
-    this.recent.push({ at: load.at, count });
-    return this.recent.reduce((a, r) => a + r.count, 0) > RARE_RETRACTIONS ? 'often' : 'rare';
-  }
-
   observe(load: Load, inFlight: number): void {
     const prev = this.last;
     this.last = load;
     if (this.knee && load.at - this.knee.at > KNEE_MEMORY_MS) this.knee = null;
+    const elapsed = prev ? Math.max(1, load.at - prev.at) : 1;
     const band = queueBand(load.running);
-    const level = Math.min(this.value, inFlight);
-    const retracted = this.retractions(prev, load);
     let next = this.value;
-    if (retracted !== 'none') {
-      // The level that made the server retract is the knee for a minute. A rare retraction only
-      // steps below it: the pool is about full there, the place to be. More, and the cap goes well
-      // below, where the pool drains the retracted requests.
+    if (retracting(prev, load, elapsed)) {
+      const level = Math.min(this.value, inFlight);
       this.knee = { level, at: load.at };
-      next = retracted === 'often' ? Math.floor(level * BACKOFF) : Math.min(this.value, level - 1);
+      next = Math.floor(level * BACKOFF);
     } else if (load.waiting > band.high) {
       next = this.value - (load.waiting - band.high);
     } else if (inFlight >= this.value * SATURATED && load.waiting < band.low) {
       const full = load.tokenUsage !== null && load.tokenUsage >= FULL_TOKEN_USAGE;
-      // A full pool takes no more running requests: only the queue may grow, to its band. A server
-      // that queues nothing while full admits by its running limit alone, so what regen adds runs and
-      // the pool overflows into retractions: there the cap creeps up one request a reading, and the
-      // overflow it finds is a request or two, not a band's worth.
-      const queues = load.waiting > 0 || load.running < inFlight;
-      next = !full ? Math.ceil(this.value * GROWTH) : queues ? this.value + (band.low - load.waiting) : this.value + 1;
+      // A full pool takes no more running requests: only the queue may grow, to its band.
+      next = full ? this.value + (band.low - load.waiting) : Math.ceil(this.value * GROWTH);
       if (this.knee) next = Math.min(next, this.knee.level - 1);
       next = Math.max(next, this.value);
     }
@@ -117,17 +101,13 @@ export class AdaptiveCap {
   }
 }
 
-/** Retractions the guide calls rare: about one a minute. */
-const RARE_RETRACTIONS = 1;
-const RARE_WINDOW_MS = 60_000;
-
-/** Requests the server retracted since the last reading (0 when it cannot say), or, from a gauge alone, 1 when it rose. */
-function newRetractions(prev: Load | null, load: Load): number {
+/** More retractions since the last reading than the guide calls rare. */
+function retracting(prev: Load | null, load: Load, elapsedMs: number): boolean {
   // Without a counter, only a gauge that rises says the server retracts again; one that stays up
   // is the same retracted requests waiting to run.
-  if (load.retracted === null) return (load.retractedNow ?? 0) > (prev?.retractedNow ?? 0) ? RARE_RETRACTIONS + 1 : 0;
-  if (!prev || prev.retracted === null) return 0;
-  return Math.max(0, load.retracted - prev.retracted);
+  if (load.retracted === null) return (load.retractedNow ?? 0) > (prev?.retractedNow ?? 0);
+  if (!prev || prev.retracted === null) return false;
+  return load.retracted - prev.retracted > Math.max(1, elapsedMs * RARE_RETRACTIONS_PER_MS);
 }
 
 /** The most regen sends a server that can run `maxRunning`: that, plus the low end of the queue band. */

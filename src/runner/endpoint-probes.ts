@@ -236,6 +236,7 @@ export class EndpointProbes {
       e.loadRoute = 'loads';
       e.hasMetrics = true;
       e.idMode = null;
+      e.idRefusals = 0;
     }
   }
 

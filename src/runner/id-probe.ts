@@ -61,3 +61,22 @@ export function idsReason(endpoints: Iterable<LiveEndpoint>, model: string): str
   if (!without.length || serving.length) return null;
   return `waiting for an endpoint that returns token ids (output.tokens): ${without.map((e) => e.row.name).join(', ')} return none; SGLang returns them since return_token_ids (PR #30917), or launch a newer server`;
 }
+
+/**
+ * Requests refused for their id parameters while the probe, asking unstreamed, found them taken: a
+ * server that takes them only some ways would be probed and asked again for ever. Past this many
+ * since it started, it counts as returning none.
+ */
+const MAX_ID_REFUSALS = 3;
+
+/** An answer refused the id parameters: probed again, or, refused too often, taken for a server without ids. */
+export function idRefused(e: LiveEndpoint, logger: Logger): void {
+  e.idRefusals++;
+  e.idMode = e.idRefusals >= MAX_ID_REFUSALS ? 'none' : null;
+  if (e.idMode === 'none') {
+    logger.warn(
+      { endpoint_id: e.row.id, refusals: e.idRefusals },
+      'the endpoint keeps refusing the token-id parameters its probe found: it serves no run that writes ids until it restarts',
+    );
+  }
+}

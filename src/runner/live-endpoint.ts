@@ -44,6 +44,8 @@ export class LiveEndpoint {
   idMode: IdMode | null = null;
   /** That probe while it runs. */
   idProbe: Promise<void> | null = null;
+  /** Answers that refused the id parameters the probe found since the server started (id-probe.ts idRefused). */
+  idRefusals = 0;
   load: Load | null = null;
   adaptive: AdaptiveCap | null = null;
   readonly rate = new RateWindow();

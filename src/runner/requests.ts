@@ -19,6 +19,7 @@ import { StreamedAnswer } from './stream-answer.js';
 import { postBuffered, readAnswers, streamable } from './raw-requests.js';
 import { runEndpoint } from '../domain/run-endpoint.js';
 import { exactUsage, ID_PARAMS, type IdMode, namesIdParam, streamsIds, withIds } from './token-ids.js';
+import { idRefused } from './id-probe.js';
 
 /** Why regen aborted a request: to cancel its run, to give its sample back, or because its answer looped. */
 export type AbortReason = 'cancel' | 'release' | 'loop';
@@ -349,7 +350,7 @@ export class Requests {
     }
     if (verdict.kind === 'error' && f.idMode && namesIdParam(verdict.error.status, verdict.error.message)) {
       // regen asked for ids wrongly (the server changed under it): probed again, the samples back unspent.
-      e.idMode = null;
+      idRefused(e, this.deps.logger);
       for (const s of f.group) this.settle(settleAbort(this.attempt(f, s), 'release'));
       return;
     }

@@ -26,6 +26,7 @@ import { encodingOf } from '../domain/run-endpoint.js';
 import { type CardRun, datasetCard } from '../domain/dataset-card.js';
 import {
   answerOfRecord,
+  parseStoredLine,
   CARD_KEY,
   conversationsLine,
   type OutputFormat,
@@ -81,7 +82,7 @@ async function previousRecords(deps: RunnerDeps, run: RunRow, shard: ShardRow, f
   }
   for (const line of bytes.toString('utf8').split('\n')) {
     if (!line) continue;
-    const answer = answerOfRecord(format, JSON.parse(line) as Record<string, unknown>);
+    const answer = answerOfRecord(format, parseStoredLine(format, line));
     map.set(lineKey(answer.custom_id, answer.sample_index), line);
   }
   return map;

@@ -5,7 +5,7 @@
 import type { Deps } from '../deps.js';
 import { shardPage } from '../db/batches.js';
 import { dueFileExpiries, markFileExpired } from '../db/files.js';
-import { dueOutputExpiries, markOutputExpired } from '../db/runs.js';
+import { dueOutputExpiries, getRunValidatingFile, markOutputExpired } from '../db/runs.js';
 import type { RunRow } from '../db/schema.js';
 import { CARD_KEY, isOutputFormat, writesCard } from '../domain/output-format.js';
 import { MANIFEST_KEY } from '../domain/output-line.js';
@@ -47,19 +47,39 @@ export class ExpirySweeper {
   async sweep(): Promise<void> {
     const { db, clock, logger, stores, config } = this.deps;
     const now = clock();
-    for (const file of await dueFileExpiries(db, now, SWEEP_PAGE)) {
-      await stores.forUri(config.outputUri).delete(file.objectKey);
-      await markFileExpired(db, file.id, clock());
-      logger.info({ file_id: file.id }, 'file expired: content deleted');
-    }
-    for (const run of await dueOutputExpiries(db, now, SWEEP_PAGE)) {
-      await this.deleteOutput(run);
-      await markOutputExpired(db, run.id, clock());
-      logger.info({ run_id: run.id, batch_id: run.batchId ?? undefined }, 'run output expired: shards, manifest and card deleted');
-    }
+    // One object that cannot be deleted (a store refusing, a replaced output folder) holds up its own
+    // row only: it is logged and tried again on the next sweep, and the rows after it go on.
+    const each = async <T>(rows: T[], what: (row: T) => Record<string, unknown>, fn: (row: T) => Promise<void>) => {
+      for (const row of rows) {
+        await fn(row).catch((err: Error) =>
+          logger.warn({ ...what(row), err: { message: err.message } }, 'expired output could not be deleted; tried again on the next sweep'),
+        );
+      }
+    };
+    await each(
+      await dueFileExpiries(db, now, SWEEP_PAGE),
+      (file) => ({ file_id: file.id }),
+      async (file) => {
+        // A run still reading it (or to read it again after a crash) keeps it until it is validated.
+        if (await getRunValidatingFile(db, file.id)) return;
+        await stores.forUri(config.outputUri).delete(file.objectKey);
+        await markFileExpired(db, file.id, clock());
+        logger.info({ file_id: file.id }, 'file expired: content deleted');
+      },
+    );
+    await each(
+      await dueOutputExpiries(db, now, SWEEP_PAGE),
+      (run) => ({ run_id: run.id }),
+      async (run) => {
+        await this.deleteOutput(run);
+        if (await markOutputExpired(db, run.id, clock())) {
+          logger.info({ run_id: run.id, batch_id: run.batchId ?? undefined }, 'run output expired: shards, token rows, manifest and card deleted');
+        }
+      },
+    );
   }
 
-  /** Every object the run wrote: its shards and their error files, the card, the manifest last (what readers look for first). */
+  /** Every object the run wrote: its shards, their error files and token rows, the card, the manifest last (what readers look for first). */
   private async deleteOutput(run: RunRow): Promise<void> {
     const store = this.deps.stores.forOutput(run.outputUri, run.outputFolder);
     for (let after = -1; ; ) {
@@ -67,11 +87,11 @@ export class ExpirySweeper {
       if (page.length === 0) break;
       for (const shard of page) {
         after = shard.idx;
-        for (const key of [shard.key, shard.errorsKey]) if (key) await store.delete(key);
+        for (const key of [shard.key, shard.errorsKey, shard.tokensKey]) if (key) await store.delete(key);
       }
     }
     // Only a run that writes a card owns the name: a plain JSONL run's prefix may hold a README.md of someone else's.
-    if (writesCard(isOutputFormat(run.outputFormat) ? run.outputFormat : 'jsonl', run.evalShare)) await store.delete(CARD_KEY);
+    if (writesCard(isOutputFormat(run.outputFormat) ? run.outputFormat : 'jsonl', run.evalShare, run.outputTokens)) await store.delete(CARD_KEY);
     await store.delete(run.manifestKey ?? MANIFEST_KEY);
   }
 }

@@ -2,7 +2,7 @@ import type { Deps } from '../deps.js';
 import type { RunRow, SampleRow } from '../db/schema.js';
 import { getStagedOutput } from '../db/staging.js';
 import type { StagedOutput } from '../domain/output-line.js';
-import { answerOfRecord, type OutputFormat } from '../domain/output-format.js';
+import { answerOfRecord, type OutputFormat, parseStoredLine } from '../domain/output-format.js';
 import { ApiError } from '../errors.js';
 import { readParquetRows } from '../storage/parquet.js';
 
@@ -38,7 +38,7 @@ export async function readSampleOutput(
     }
   } else {
     const line = bytes.toString('utf8').split('\n')[s.outputLine - 1];
-    record = line ? (JSON.parse(line) as Record<string, unknown>) : undefined;
+    record = line ? parseStoredLine(format, line) : undefined;
   }
   if (!record) return null;
   const o = answerOfRecord(format, record);

@@ -42,14 +42,11 @@ describe('AdaptiveCap', () => {
     expect(c.cap).toBeGreaterThan(80);
   });
 
-  it('takes a retraction a minute as rare, as SGLang does: one step below the level that made it, not a cut', () => {
+  it('takes a retraction a minute as rare, as SGLang does', () => {
     const c = new AdaptiveCap(2048);
     c.observe(load(0, { running: 64, waiting: 10, tokenUsage: 0.95, retracted: 0 }), 64);
     c.observe(load(1000, { running: 64, waiting: 10, tokenUsage: 0.95, retracted: 1 }), 64);
-    expect(c.cap).toBe(63);
-    // A second within the minute is not rare.
-    c.observe(load(20_000, { running: 63, waiting: 10, tokenUsage: 0.95, retracted: 2 }), 63);
-    expect(c.cap).toBe(Math.floor(63 * 0.85));
+    expect(c.cap).toBe(64);
   });
 
   it('shrinks a queue past the top of its band', () => {
@@ -57,33 +54,6 @@ describe('AdaptiveCap', () => {
     const { high } = queueBand(40);
     c.observe(load(0, { running: 40, waiting: high + 10, tokenUsage: 0.95 }), 64);
     expect(c.cap).toBe(54);
-  });
-
-  it('on a full pool whose server queues nothing, adds one request a reading', () => {
-    const c = new AdaptiveCap(2048);
-    c.observe(load(0, { running: 64, waiting: 0, tokenUsage: 0.95 }), 64);
-    expect(c.cap).toBe(65);
-  });
-
-  it('finds the knee of a server that admits past its pool with a retraction or two a minute', () => {
-    // A server like SGLang launched with a running limit far past its KV pool: it queues nothing,
-    // runs what it is sent, and retracts what does not fit.
-    const knee = 100;
-    const c = new AdaptiveCap(serverCeiling(2048));
-    let retracted = 0;
-    let after = 0;
-    const seen: number[] = [];
-    const minutes = 10;
-    for (let t = 0; t < minutes * 60_000; t += 250) {
-      const inFlight = c.cap;
-      if (inFlight > knee) retracted += inFlight - knee;
-      if (t === 60_000) after = retracted;
-      c.observe(load(t, { running: inFlight, waiting: 0, tokenUsage: Math.min(1, inFlight / knee), retracted }), inFlight);
-      if (t > 60_000) seen.push(c.cap);
-    }
-    const mean = seen.reduce((a, b) => a + b, 0) / seen.length;
-    expect(mean).toBeGreaterThan(0.95 * knee);
-    expect((retracted - after) / (minutes - 1)).toBeLessThanOrEqual(2);
   });
 
   it('settles just under the knee of a server that retracts past it', () => {

@@ -64,7 +64,8 @@ async function sampleDetail(deps: Deps, id: string, customId: string, sampleInde
   const split = run.evalShare === null ? null : splitOfShardIdx(sample.shardIdx);
   return {
     ...renderSample(sample),
-    messages: request.messages as { role: string; content: unknown }[],
+    // A completions or embeddings run's request is a raw prompt or an input, not messages.
+    messages: (request.messages ?? []) as { role: string; content: unknown }[],
     params: request.params ?? null,
     variant: variantName(run.variants, sample.variant),
     metadata: metadataValues(request) ?? null,

@@ -81,6 +81,7 @@ export async function createBatch(deps: Deps, body: NewBatch): Promise<RunRow> {
   checkExpiry(body.output_expires_after?.seconds, 'output_expires_after.seconds', deps.config.minExpirySeconds);
   const file = await getFile(deps.db, body.input_file_id);
   if (!file) throw new ApiError('not_found', `file ${JSON.stringify(body.input_file_id.slice(0, 100))} does not exist`, { field: 'input_file_id' });
+  if (file.expiredAt !== null) throw new ApiError('not_found', `file ${file.id} expired and its content was deleted`, { field: 'input_file_id' });
   const model = await peekModel(deps, file, body.endpoint);
   const batchId = newId('batch');
   const { run } = await createRun(

@@ -1,4 +1,5 @@
 import type { Deps } from '../../deps.js';
+import { outputExpiresAt } from '../../domain/expiry.js';
 import { ApiError, notFound } from '../../errors.js';
 import { requeueRunSamples } from '../../db/requeue.js';
 import { getRun, transitionRun } from '../../db/runs.js';
@@ -57,10 +58,14 @@ export async function retryRun(deps: Deps, id: string, only: 'failed' | 'flagged
   const run = await mustGet(deps, id);
   if (!RETRYABLE_RUN_STATUSES.includes(run.status as RunStatus)) throw new ApiError('conflict', `cannot retry samples of a run that is ${run.status}`);
   if (run.total === 0) throw new ApiError('conflict', 'the run has no samples');
-  // Its shards are deleted: a retry would write a manifest of shards that are gone.
-  if (run.outputExpiredAt !== null) throw new ApiError('conflict', "the run's output expired and was deleted; start a new run");
+  // Its shards are deleted, or are being: a retry would write a manifest of shards that are gone.
+  // Refused from the moment the lifetime ends, not from the sweep's mark, so the two never race.
   const { db } = deps;
   const now = deps.clock();
+  const expiresAt = outputExpiresAt(run);
+  if (run.outputExpiredAt !== null || (expiresAt !== null && expiresAt <= now)) {
+    throw new ApiError('conflict', "the run's output expired and was deleted; start a new run");
+  }
   const requeued = await requeueRunSamples(db, id, only, now);
   // A run failed because its shards could not be written keeps its answers, as does one cancelled
   // once all its samples had ended: a retry writes them.

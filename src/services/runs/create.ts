@@ -19,6 +19,7 @@ import {
   type ToolPairing,
 } from '../../domain/params.js';
 import { layeredParams, type Variant } from '../../domain/variants.js';
+import { paramsProblem } from '../../domain/raw-request.js';
 import { DEFAULT_RUN_ENDPOINT, type RunEndpoint } from '../../domain/run-endpoint.js';
 import { expiryProblem } from '../../domain/expiry.js';
 import { answerBufferProblem } from '../../domain/answer-bytes.js';
@@ -73,7 +74,7 @@ export function checkCalibration(body: Pick<NewRun, 'calibration' | 'dry_run'>):
  * A completions or embeddings run (`endpoint`): its lines are raw prompts or inputs, so what reads
  * chat messages (regenerate, the conversation formats) cannot apply, and an embedding is one vector.
  */
-export function checkRawEndpoint(body: Pick<NewRun, 'endpoint' | 'regenerate' | 'output' | 'params' | 'split'>): void {
+export function checkRawEndpoint(body: Pick<NewRun, 'endpoint' | 'regenerate' | 'output' | 'params' | 'split' | 'variants'>): void {
   const endpoint = body.endpoint ?? DEFAULT_RUN_ENDPOINT;
   if (endpoint === DEFAULT_RUN_ENDPOINT) return;
   const refuse = (field: string, why: string) => {
@@ -85,6 +86,11 @@ export function checkRawEndpoint(body: Pick<NewRun, 'endpoint' | 'regenerate' | 
   if (body.split) refuse('split', 'a split is written in a dataset format, which needs chat messages');
   if (body.output?.tokens) refuse('output.tokens', 'training rows are made from chat requests and their answers');
   if (endpoint === '/v1/embeddings' && typeof body.params?.n === 'number' && body.params.n > 1) refuse('params.n', 'an embedding has one answer');
+  // The run's and each variant's params, as a line's own are checked: a wrong one would fail every request.
+  for (const [at, params] of [['params.', body.params], ...(body.variants ?? []).map((v, i) => [`variants[${i}].params.`, v.params] as const)] as const) {
+    const problem = paramsProblem(endpoint, params, at);
+    if (problem) throw new ApiError('validation_failed', problem, { field: problem.slice(0, problem.indexOf(' ')).replace(/:$/, '') });
+  }
 }
 
 /** An output lifetime (`output.expires_after`, a batch's `output_expires_after`) within OpenAI's bounds, or none. */
@@ -129,6 +135,9 @@ export async function checkInput(deps: Deps, input: { file_id: string } | { uri:
     const file = await getFile(deps.db, input.file_id);
     if (!file) {
       throw new ApiError('not_found', `input.file_id: file ${JSON.stringify(input.file_id.slice(0, 100))} does not exist`, { field: 'input.file_id' });
+    }
+    if (file.expiredAt !== null) {
+      throw new ApiError('not_found', `input.file_id: file ${file.id} expired and its content was deleted`, { field: 'input.file_id' });
     }
     return { input: { file_id: file.id }, name: file.filename };
   }

@@ -3,7 +3,7 @@ import type { DbOrTx } from '../../db/client.js';
 import { servedModels } from '../../db/endpoints.js';
 import { closestModels, servesModel } from '../../domain/models.js';
 import { newId } from '../../ids.js';
-import { checkAnswerBuffer, checkCalibration, checkInput, checkSamplesPerLine, type NewRun } from './create.js';
+import { checkAnswerBuffer, checkCalibration, checkExpiry, checkInput, checkRawEndpoint, checkSamplesPerLine, type NewRun } from './create.js';
 import { outputUriFor } from './output-location.js';
 
 /** Something in a run's request that looks wrong but does not stop the run. */
@@ -48,6 +48,8 @@ export type RunDraft = Omit<NewRun, 'input'> & { input?: NewRun['input'] };
 export async function validateRun(deps: Deps, body: RunDraft): Promise<RunWarning[]> {
   checkCalibration(body);
   checkSamplesPerLine(body);
+  checkRawEndpoint(body);
+  checkExpiry(body.output?.expires_after?.seconds, 'output.expires_after.seconds', deps.config.minExpirySeconds);
   checkAnswerBuffer(body, deps.config.answerBufferBytes);
   if (body.input && !('requests' in body.input)) await checkInput(deps, body.input);
   await outputUriFor(deps, newId('run'), body);
