@@ -190,6 +190,60 @@ describe("a run's output.expires_after", () => {
     }
   });
 
+  it("deletes a conversation run's token rows and card and drops its turns, beside a run kept 30 days (64-bit sums on PostgreSQL)", async () => {
+    const { server, api } = await serverWithEndpoint();
+    try {
+      const conversation = (i: number) => ({
+        custom_id: `c-${i}`,
+        messages: [
+          { role: 'user', content: `first ${i}` },
+          { role: 'assistant', content: 'old' },
+          { role: 'user', content: `second ${i}` },
+          { role: 'assistant', content: 'old' },
+        ],
+      });
+      // Finished first, with the longest lifetime allowed: its sum overflowed PostgreSQL's 32-bit
+      // integers and failed every sweep, so no other run's output went either.
+      const kept = await api('/v1/runs', {
+        method: 'POST',
+        json: { model: MODEL, params: { max_tokens: 8 }, output: { expires_after: { seconds: 30 * 86_400 } }, input: { requests: [{ prompt: 'a' }] } },
+      });
+      expect(kept.status, JSON.stringify(kept.body)).toBe(201);
+      await finished(api, kept.body.id);
+      const created = await api('/v1/runs', {
+        method: 'POST',
+        json: {
+          model: MODEL,
+          regenerate: 'all_assistant',
+          params: { max_tokens: 8 },
+          quality: { enabled: false },
+          output: { tokens: true, expires_after: { seconds: 4 } },
+          input: { requests: [conversation(0), conversation(1)] },
+        },
+      });
+      expect(created.status, JSON.stringify(created.body)).toBe(201);
+      const run = await finished(api, created.body.id);
+      expect(run.status).toBe('completed');
+      const prefix = fileURLToPath(run.output_uri);
+      const written = ['shard-00000.jsonl', 'tokens/shard-00000.jsonl', 'README.md', 'manifest.json'];
+      for (const key of written) expect(existsSync(join(prefix, key)), key).toBe(true);
+      expect((await api(`/v1/runs/${run.id}/samples/c-0`)).body.turns).toHaveLength(2);
+
+      const expired = await waitFor('the output to expire', async () => {
+        const r = (await api(`/v1/runs/${run.id}`)).body;
+        return r.output_expired ? r : undefined;
+      });
+      expect(expired.status).toBe('completed');
+      for (const key of written) expect(existsSync(join(prefix, key)), key).toBe(false);
+      const sample = (await api(`/v1/runs/${run.id}/samples/c-0`)).body;
+      expect(sample).toMatchObject({ status: 'completed', output: null });
+      expect(sample.turns ?? []).toEqual([]);
+      expect((await api(`/v1/runs/${kept.body.id}`)).body.output_expired).toBe(false);
+    } finally {
+      await server.cleanup();
+    }
+  });
+
   it('deletes the objects from S3 too', async () => {
     const bucketName = 'regen-expiry';
     const s3dir = tempDir('regen-s3rver-');

@@ -11,7 +11,16 @@ import type { RunnerDeps } from '../../src/deps.js';
 import { pickSplit } from '../../src/domain/assign.js';
 import { datasetCard } from '../../src/domain/dataset-card.js';
 import { stringifyExact } from '../../src/domain/exact-json.js';
-import { conversationsLine, type LineFields, parquetRow, shardErrorsObjectKey, shardObjectKey, splitShardIdx } from '../../src/domain/output-format.js';
+import {
+  answerOfRecord,
+  conversationsLine,
+  type LineFields,
+  parquetRow,
+  parseStoredLine,
+  shardErrorsObjectKey,
+  shardObjectKey,
+  splitShardIdx,
+} from '../../src/domain/output-format.js';
 import { uploadShard } from '../../src/runner/shard-writer.js';
 import { Stores } from '../../src/storage/index.js';
 import { encodeParquet, parquetRowCount } from '../../src/storage/parquet.js';
@@ -357,5 +366,17 @@ describe('the dataset card', () => {
     ] as const) {
       expect(datasetCard(cardRun({ evalShare: share }), shards)).toContain(`puts ${shown} of samples in \`eval\``);
     }
+  });
+});
+
+describe("SpecForge's numeric ids read back", () => {
+  it('as the literal the line was written from, even where the number prints otherwise or is not exact', () => {
+    for (const id of ['7', '1e21', '-0', '9007199254740993']) {
+      const text = stringifyExact(conversationsLine(line({ custom_id: id }), true));
+      expect(answerOfRecord('conversations', parseStoredLine('conversations', text)).custom_id).toBe(id);
+    }
+    // A string id stays a string.
+    const text = stringifyExact(conversationsLine(line({ custom_id: 'c-1' })));
+    expect(answerOfRecord('conversations', parseStoredLine('conversations', text)).custom_id).toBe('c-1');
   });
 });

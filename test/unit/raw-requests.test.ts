@@ -12,6 +12,15 @@ const parse = (line: unknown, opts: Parameters<typeof parseInputLine>[2]) => par
 const batchLine = (url: string, body: Record<string, unknown>) => ({ custom_id: 'c', method: 'POST', url, body: { model: 'm', ...body } });
 
 describe('a completions or embeddings line', () => {
+  it("reads `input` as the request of an embeddings line only: a chat line's own `input` (Alpaca's) stays its metadata", () => {
+    const chat = { regenerate: null, choicesInBody: false } as const;
+    expect(parse({ custom_id: 'a', messages: [{ role: 'user', content: 'q' }], instruction: 'i', input: 'x' }, chat)).toMatchObject({
+      ok: true,
+      metadata: { instruction: 'i', input: 'x' },
+    });
+    expect(parse({ custom_id: 'e', input: 'embed me', note: 'n' }, embeddings)).toMatchObject({ ok: true, metadata: { note: 'n' } });
+  });
+
   it('keeps a prompt or an input as the request, its other fields as params', () => {
     expect(parse(batchLine('/v1/completions', { prompt: [1, 2], echo: true, n: 2 }), completions)).toMatchObject({
       ok: true,
