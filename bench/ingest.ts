@@ -54,7 +54,7 @@ async function rawPg(url: string, n: number): Promise<number> {
 }
 
 /** Upload → queued through regen's API on a fresh server; its rate and peak RSS. */
-async function regenIngest(dataDir: string, file: string, env: Record<string, string>): Promise<{ rate: number; peak: number }> {
+export async function regenIngest(dataDir: string, file: string, env: Record<string, string>): Promise<{ rate: number; peak: number }> {
   const server = await spawnServer(dataDir, env);
   try {
     const t0 = performance.now();

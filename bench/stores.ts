@@ -4,7 +4,8 @@ import { spawnSimulator, type SimProcess } from '../src/sim/spawn.js';
 import { CuttingProxy } from '../test/support/faults.js';
 import { createTestDatabase, type TestDatabase } from '../test/support/pg.js';
 import { spawnServer, tempDir, type ServerProcess } from '../test/support/server.js';
-import { json, scaled, submitPrompts, until, uploadFile, writePrompts, type Figure } from './support.js';
+import { regenIngest } from './ingest.js';
+import { json, scaled, submitPrompts, until, writePrompts, type Figure } from './support.js';
 
 // SQLite against PostgreSQL, side by side in one run: ingest of one file, and dispatch with one
 // replica and with three (each driving its share of the two endpoints: one each for two of them,
@@ -29,28 +30,7 @@ async function commits(url: string): Promise<number> {
 
 /** Upload → queued rate of one file on a fresh server. */
 async function ingestRate(dataDir: string, file: string, env: Record<string, string>): Promise<number> {
-  const server = await spawnServer(dataDir, env);
-  try {
-    const t0 = performance.now();
-    const fileId = await uploadFile(server.url, file);
-    const run = await json<{ id: string }>(server.url, '/v1/runs', {
-      method: 'POST',
-      headers: { 'content-type': 'application/json' },
-      body: JSON.stringify({ model: MODEL, input: { file_id: fileId } }),
-    });
-    const done = await until(
-      'the run to be queued',
-      async () => {
-        const r = await json<{ status: string; request_counts: { total: number } }>(server.url, `/v1/runs/${run.id}`);
-        if (r.status === 'failed') throw new Error('ingest failed');
-        return r.status === 'queued' ? r : undefined;
-      },
-      900_000,
-    );
-    return done.request_counts.total / ((performance.now() - t0) / 1000);
-  } finally {
-    await server.kill('SIGTERM');
-  }
+  return (await regenIngest(dataDir, file, env)).rate;
 }
 
 /** Samples a second from first dispatch to completion, on `replicas` servers sharing the store. */

@@ -263,14 +263,7 @@ export function outputRecord(
     reasoning_content: out.reasoning_content,
     content: out.content,
     finish_reason: s.finishReason,
-    usage: conv
-      ? conv.usage
-      : {
-          prompt_tokens: s.promptTokens ?? 0,
-          completion_tokens: s.completionTokens ?? 0,
-          reasoning_tokens: s.reasoningTokens ?? 0,
-          cached_tokens: s.cachedTokens ?? 0,
-        },
+    usage: conv ? conv.usage : usageOf(s),
     model: out.model,
     response_id: out.response_id ?? null,
     created: out.created ?? null,
@@ -287,6 +280,16 @@ export function outputRecord(
     ...(out.tool_calls && { tool_calls: out.tool_calls }),
   };
   return line;
+}
+
+/** A single request's usage as its sample recorded it. */
+function usageOf(s: CompletedSample) {
+  return {
+    prompt_tokens: s.promptTokens ?? 0,
+    completion_tokens: s.completionTokens ?? 0,
+    reasoning_tokens: s.reasoningTokens ?? 0,
+    cached_tokens: s.cachedTokens ?? 0,
+  };
 }
 
 function rawOutputRecord(
@@ -312,12 +315,7 @@ function rawOutputRecord(
     sample_index: s.sampleIndex,
     ...answer,
     finish_reason: s.finishReason,
-    usage: {
-      prompt_tokens: s.promptTokens ?? 0,
-      completion_tokens: s.completionTokens ?? 0,
-      reasoning_tokens: s.reasoningTokens ?? 0,
-      cached_tokens: s.cachedTokens ?? 0,
-    },
+    usage: usageOf(s),
     model: out.model,
     response_id: out.response_id ?? null,
     created: out.created ?? null,
