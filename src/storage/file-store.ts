@@ -15,6 +15,14 @@ export async function folderIdentity(path: string): Promise<string> {
 }
 
 /**
+ * The folders this process made again at a run's path, by path: the remake under way, then the
+ * identity it gave. A run's shards upload side by side, each through a store made from the run's
+ * row as it was read, so one upload may find the folder another remade a moment before, before the
+ * run's row says so. That folder is the run's, not one put in its place.
+ */
+const remadeHere = new Map<string, Promise<string>>();
+
+/**
  * A local folder as an object store. Writes go to a temp file in the folder's own TEMP_FOLDER and
  * are renamed into place, so a reader of the folder never sees half an object, and a crash leaves
  * at most a stray temp file under a dot name no `shard-*` glob matches, swept on the next start.
@@ -55,7 +63,11 @@ export class FileStore implements ObjectStore {
       throw err;
     }
     if (!now.isFolder) return false;
-    if (now.identity !== this.folder) throw new FolderChangedError();
+    if (now.identity !== this.folder) {
+      const remade = await remadeHere.get(this.dir)?.catch(() => null);
+      if (remade !== now.identity) throw new FolderChangedError();
+      this.folder = remade;
+    }
     return true;
   }
 
@@ -66,8 +78,10 @@ export class FileStore implements ObjectStore {
   private async mustOwn(): Promise<void> {
     if (await this.stillOwned()) return;
     if (realLocation(this.dir) !== resolve(this.dir)) throw new FolderChangedError();
-    await mkdir(this.dir, { recursive: true });
-    const folder = await folderIdentity(this.dir);
+    // Set before the folder exists again, so no other upload of the run can see it unannounced.
+    const remaking = mkdir(this.dir, { recursive: true }).then(() => folderIdentity(this.dir));
+    remadeHere.set(this.dir, remaking);
+    const folder = await remaking;
     await this.remade?.(folder);
     this.folder = folder;
   }
