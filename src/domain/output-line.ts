@@ -89,28 +89,14 @@ export interface StagedOutput {
  * answered, or its `input` and the `embedding` (floats, or base64 as the request's
  * encoding_format asked), with the same bookkeeping as a chat line.
  */
-export interface RawOutputLine {
-  custom_id: string;
-  sample_index: number;
+export type RawOutputLine = Omit<OutputLine, 'messages' | 'reasoning_content' | 'content' | 'choices' | 'turns' | 'tools' | 'tool_calls'> & {
   prompt?: string | number[];
   text?: string | null;
   /** Choices 1…n−1 of a completion that asked `n` in an OpenAI batch line's body. */
   choices?: { index: number; text: string | null; finish_reason: string | null; logprobs?: unknown }[];
   input?: string | number[];
   embedding?: number[] | string;
-  finish_reason: string | null;
-  usage: Usage;
-  model: string;
-  response_id: string | null;
-  created: number | null;
-  logprobs?: ChoiceLogprobs;
-  endpoint_id: string | null;
-  latency_ms: number | null;
-  attempts: number;
-  flags: Flag[];
-  variant?: string;
-  metadata?: Record<string, unknown>;
-}
+};
 
 export const isRawLine = (line: OutputLine | RawOutputLine): line is RawOutputLine => !('messages' in line);
 
