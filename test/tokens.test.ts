@@ -382,9 +382,11 @@ describe('output.tokens: training rows from the server ids', () => {
   });
 
   it('a "six-token" server pauses the run within 300 samples, naming the trainable-token share', async () => {
-    const s = await sim({ model: 'six-model', 'degenerate-rate': 1 });
-    await registerEndpoint(server!.url, s.url, { name: 'six' });
-    const prompts = Array.from({ length: 600 }, (_, i) => JSON.stringify({ custom_id: `x-${i}`, messages: [{ role: 'user', content: `Six question ${i}` }] }));
+    // Paced (16 at a time, 20 ms each) and long enough that the run cannot end before the gate has
+    // judged it: at the other tests' pace it answered all 600 first once, in the suite.
+    const s = await sim({ model: 'six-model', 'degenerate-rate': 1, 'max-running': 16, 'ttft-ms': 20 });
+    await registerEndpoint(server!.url, s.url, { name: 'six', max_concurrency: 16 });
+    const prompts = Array.from({ length: 1200 }, (_, i) => JSON.stringify({ custom_id: `x-${i}`, messages: [{ role: 'user', content: `Six question ${i}` }] }));
     const fileId = await uploadFile(server!.url, prompts.join('\n') + '\n');
     const { id } = await createRun(server!.url, {
       model: 'six-model',
