@@ -4,6 +4,7 @@
 import { readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
+import { DuckDBInstance } from '@duckdb/node-api';
 import OpenAI, { BadRequestError, toFile } from 'openai';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { openaiViolations } from './support/openai-schemas.js';
@@ -215,6 +216,102 @@ describe("regen's own runs with an endpoint", () => {
     expect(el.usage.prompt_tokens).toBeGreaterThan(0);
   });
 
+  it('writes Parquet with a split: the text, and the embedding as list<float32>, read back by DuckDB, with its features on the card', async () => {
+    const inputs = Array.from({ length: 24 }, (_, i) => ({ id: `e${i}`, input: `embed number ${i}` }));
+    const create = async (json: Record<string, unknown>) => {
+      const res = await api('/v1/runs', { method: 'POST', json: { model: MODEL, output: { format: 'parquet' }, split: { eval: 0.3 }, ...json } });
+      expect(res.status, JSON.stringify(res.body)).toBe(201);
+      return finished(res.body.id);
+    };
+    // The line asks base64: Parquet holds floats whatever the encoding a JSON line would take.
+    const e = await create({ endpoint: '/v1/embeddings', input: { requests: [...inputs.slice(1), { ...inputs[0], encoding_format: 'base64' }] } });
+    const c = await create({
+      endpoint: '/v1/completions',
+      params: { max_tokens: 8 },
+      input: {
+        requests: [
+          { id: 'p1', prompt: 'Once' },
+          { id: 'p2', prompt: [5, 6] },
+        ],
+      },
+    });
+    expect([e.status, c.status]).toEqual(['completed', 'completed']);
+
+    const duck = await (await DuckDBInstance.create(':memory:')).connect();
+    const folder = fileURLToPath(e.output_uri);
+    const manifest = JSON.parse(readFileSync(join(folder, 'manifest.json'), 'utf8'));
+    const shards = manifest.files.filter((f: any) => f.kind === 'parquet');
+    expect(new Set(shards.map((f: any) => f.split))).toEqual(new Set(['train', 'eval']));
+    const paths = shards.map((f: any) => `'${join(folder, f.key)}'`).join(',');
+    const types = await duck.runAndReadAll(`select column_name, column_type from (describe select * from read_parquet([${paths}]))`);
+    const typeOf = Object.fromEntries(types.getRowObjectsJson().map((r: any) => [r.column_name, r.column_type]));
+    expect(typeOf).toMatchObject({ custom_id: 'VARCHAR', input: 'VARCHAR', embedding: 'FLOAT[]', split: 'VARCHAR', attempts: 'INTEGER' });
+    expect(typeOf).not.toHaveProperty('messages');
+    const rows = (
+      await duck.runAndReadAll(`select custom_id, input, embedding, split from read_parquet([${paths}]) order by custom_id`)
+    ).getRowObjectsJson() as any[];
+    expect(rows.map((r) => r.custom_id).sort()).toEqual(inputs.map((i) => i.id).sort());
+    for (const r of rows) {
+      expect(r.input).toBe(inputs.find((i) => i.id === r.custom_id)!.input);
+      expect(r.embedding).toHaveLength(SIM_DIMENSIONS);
+      // The simulator's vectors are unit vectors: the floats are the vector, not bytes or text.
+      expect(Math.hypot(...r.embedding.map(Number))).toBeCloseTo(1, 4);
+    }
+    const card = readFileSync(join(folder, 'README.md'), 'utf8');
+    expect(card).toContain('Embeddings computed by the model');
+    expect(card).toMatch(/- name: "embedding"\n\s+sequence: "float32"/);
+    expect(card).not.toContain('"messages"');
+
+    const cFolder = fileURLToPath(c.output_uri);
+    const cShards = JSON.parse(readFileSync(join(cFolder, 'manifest.json'), 'utf8')).files.filter((f: any) => f.kind === 'parquet');
+    const cPaths = cShards.map((f: any) => `'${join(cFolder, f.key)}'`).join(',');
+    const cRows = (await duck.runAndReadAll(`select custom_id, prompt, text from read_parquet([${cPaths}]) order by custom_id`)).getRowObjectsJson() as any[];
+    expect(cRows.map((r) => [r.custom_id, r.prompt])).toEqual([
+      ['p1', 'Once'],
+      ['p2', '[5,6]'],
+    ]);
+    expect(cRows.every((r) => typeof r.text === 'string' && r.text.length > 0)).toBe(true);
+    // The sample route reads a Parquet completion's text back.
+    const sample = await api(`/v1/runs/${c.id}/samples/p1`);
+    expect(sample.status, JSON.stringify(sample.body)).toBe(200);
+    expect(sample.body.output).toMatchObject({ content: cRows[0].text });
+  });
+
+  it("keeps an embeddings run's vectors one size when a server of another size serves the same model name", async () => {
+    const other = await spawnSimulator({ model: MODEL, 'max-running': 8, 'ttft-ms': 5, 'embedding-dimensions': SIM_DIMENSIONS / 2 });
+    const ep = await api('/v1/endpoints', { method: 'POST', json: { url: other.url } });
+    try {
+      expect(ep.status, JSON.stringify(ep.body)).toBeLessThan(300);
+      await waitFor('the second endpoint to be ready', async () => ((await api(`/v1/endpoints/${ep.body.id}`)).body.state === 'ready' ? true : undefined));
+      const res = await api('/v1/runs', {
+        method: 'POST',
+        json: { model: MODEL, endpoint: '/v1/embeddings', input: { requests: Array.from({ length: 40 }, (_, i) => ({ id: `v${i}`, input: `vector ${i}` })) } },
+      });
+      expect(res.status, JSON.stringify(res.body)).toBe(201);
+      const run = await finished(res.body.id);
+      const folder = fileURLToPath(run.output_uri);
+      const manifest = JSON.parse(readFileSync(join(folder, 'manifest.json'), 'utf8'));
+      const written = manifest.files
+        .filter((f: any) => f.kind === 'jsonl')
+        .flatMap((f: any) =>
+          readFileSync(join(folder, f.key), 'utf8')
+            .trimEnd()
+            .split('\n')
+            .map((l: string) => JSON.parse(l)),
+        );
+      expect(written.length).toBeGreaterThan(0);
+      const sizes = new Set(written.map((l: any) => l.embedding.length));
+      expect(sizes.size, `sizes written: ${[...sizes]}`).toBe(1);
+      // Both servers were asked: the other size was met and refused, not merely never seen.
+      const asked = async (url: string) => ((await call(url, '/sim/stats')).body as { requests: number }).requests;
+      expect(await asked(other.url)).toBeGreaterThan(0);
+      expect(await asked(sim.url)).toBeGreaterThan(0);
+    } finally {
+      await api(`/v1/endpoints/${ep.body.id}`, { method: 'DELETE' });
+      await other.stop();
+    }
+  });
+
   it('refuses what a raw run cannot do, naming the field', async () => {
     const refused = async (json: Record<string, unknown>, field: string) => {
       const res = await api('/v1/runs', { method: 'POST', json: { model: MODEL, input: { requests: [{ prompt: 'x' }] }, ...json } });
@@ -222,7 +319,7 @@ describe("regen's own runs with an endpoint", () => {
       expect(res.body.field).toBe(field);
     };
     await refused({ endpoint: '/v1/completions', regenerate: 'last_assistant' }, 'regenerate');
-    await refused({ endpoint: '/v1/embeddings', output: { format: 'parquet' } }, 'output.format');
+    await refused({ endpoint: '/v1/embeddings', output: { format: 'conversations' } }, 'output.format');
     await refused({ endpoint: '/v1/responses' }, 'endpoint');
   });
 });

@@ -188,6 +188,19 @@ describe('regen CLI', () => {
     expect(detail.stdout).toMatch(/manifest\s+file:\/\/.*manifest\.json/);
   });
 
+  it('submits an embeddings file with --endpoint, and refuses a route regen does not run', async () => {
+    const path = join(files.dir, 'embed.jsonl');
+    writeFileSync(path, Array.from({ length: 12 }, (_, i) => JSON.stringify({ id: `e${i}`, input: `text to embed ${i}` })).join('\n') + '\n');
+    const res = await regen(['submit', path, '--model', 'sim-model', '--endpoint', '/v1/embeddings', '--format', 'parquet', '--watch']);
+    expect(res.code, res.stderr).toBe(0);
+    const run = await getRun(res.stdout.trim().split('\n')[0]);
+    expect(run).toMatchObject({ status: 'completed', endpoint: '/v1/embeddings', output_format: 'parquet', request_counts: { total: 12, completed: 12 } });
+
+    const refused = await regen(['submit', path, '--model', 'sim-model', '--endpoint', '/v1/responses']);
+    expect(refused.code).toBe(2);
+    expect(refused.stderr).toContain('--endpoint');
+  });
+
   it('pauses, resumes and cancels a run', async () => {
     await sim.configure({ ttftMs: 300 });
     const submitted = await regen(['submit', prompts('slow', 3000), '--model', 'sim-model', '--name', 'slow']);

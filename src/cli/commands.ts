@@ -1,4 +1,5 @@
 import { InvalidArgumentError, Option, type Command } from 'commander';
+import { RUN_ENDPOINTS } from '../domain/run-endpoint.js';
 import { ApiCallError, DEFAULT_SERVER, UsageError } from './client.js';
 
 // Exit codes: 0 done, 1 the server refused or the run failed, 2 a usage error (here or a request
@@ -103,6 +104,12 @@ export function registerClientCommands(program: Command): void {
         '--on-length <what>',
         'an answer cut by max_tokens: keep (flagged truncated, the default), retry (with max_tokens doubled, up to the context), fail',
       ).choices(['keep', 'retry', 'fail']),
+    )
+    .addOption(
+      new Option(
+        '--endpoint <route>',
+        "the server route each line goes to: /v1/chat/completions (the default), /v1/completions (a line's `prompt`, sent raw) or /v1/embeddings (a line's `input`)",
+      ).choices([...RUN_ENDPOINTS]),
     )
     .option('--variants <json>', 'the run\'s variants, a JSON array inline or @file: [{"name": "think", "weight": 3, "params": {…}}, …]')
     .addOption(

@@ -7,6 +7,7 @@ import { ApiCallError, Client, UsageError, type ClientOptions } from './client.j
 import { num, statusWithReason, TERMINAL } from './format.js';
 import { parseParams } from './params.js';
 import type { RegenerateMode } from '../domain/params.js';
+import type { RunEndpoint } from '../domain/run-endpoint.js';
 import { watchRun } from './watch.js';
 
 export interface SubmitOptions extends ClientOptions {
@@ -21,6 +22,7 @@ export interface SubmitOptions extends ClientOptions {
   variants?: string;
   format?: 'jsonl' | 'conversations' | 'parquet';
   evalShare?: number;
+  endpoint?: RunEndpoint;
   watch?: boolean;
 }
 
@@ -107,6 +109,7 @@ export async function submitCommand(file: string, opts: SubmitOptions): Promise<
     ...(opts.name !== undefined && { name: opts.name }),
     ...(Object.keys(params).length > 0 && { params }),
     ...(opts.shardSize !== undefined && { shard_size: opts.shardSize }),
+    ...(opts.endpoint !== undefined && { endpoint: opts.endpoint }),
     ...(opts.regenerate !== undefined && { regenerate: opts.regenerate }),
     ...(opts.onInvalidLine !== undefined && { on_invalid_line: opts.onInvalidLine }),
     ...(opts.onLength !== undefined && { on_length: opts.onLength }),

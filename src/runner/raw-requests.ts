@@ -1,4 +1,4 @@
-import type { RunEndpoint } from '../domain/run-endpoint.js';
+import { runEndpoint } from '../domain/run-endpoint.js';
 import type { SampleError } from '../domain/sample-errors.js';
 import { wellFormedText } from '../domain/text.js';
 import type { LiveEndpoint } from './live-endpoint.js';
@@ -17,9 +17,38 @@ export function postBuffered(e: LiveEndpoint, body: Record<string, unknown>, opt
   return e.client.chat.completions.create(body as never, options);
 }
 
-/** Reads a 200 answer by what its run asked: an embedding, else one choice's text per sample (parseAnswers). */
-export function readAnswers(endpoint: RunEndpoint, res: unknown, limits: AnswerLimits, count: number): ParsedAnswer[] {
-  return endpoint === '/v1/embeddings' ? [parseEmbedding(res, limits)] : parseAnswers(res, limits, count);
+/**
+ * The embeddings runs whose vector size this process remembers: one number a run, the oldest
+ * forgotten past this many (a run forgotten learns its size again from its next answer).
+ */
+const REMEMBERED_RUNS = 256;
+
+/**
+ * Reads 200 answers by what their run asked: an embedding, else one choice's text per sample
+ * (parseAnswers). Every vector of an embeddings run must be as long as its first: an index holds
+ * one size, and a server of another size under the same model name (another model, or one cut to
+ * fewer dimensions) would otherwise mix two models' vectors unnoticed. A run that asks
+ * `dimensions` is held to them; one that does not takes the size of the first vector this process
+ * reads for it (kept per process: each replica learns it from its own first answer).
+ */
+export class AnswerReader {
+  readonly #sizes = new Map<string, number>();
+
+  read(run: { id: string; endpoint: string | null }, res: unknown, limits: AnswerLimits, count: number): ParsedAnswer[] {
+    if (runEndpoint(run.endpoint) !== '/v1/embeddings') return parseAnswers(res, limits, count);
+    const parsed = parseEmbedding(res, limits);
+    if (!parsed.ok || limits.dimensions !== undefined) return [parsed];
+    const size = parsed.answer.embedding?.length ?? 0;
+    const learned = this.#sizes.get(run.id);
+    if (learned === undefined) {
+      if (this.#sizes.size >= REMEMBERED_RUNS) this.#sizes.delete(this.#sizes.keys().next().value as string);
+      this.#sizes.set(run.id, size);
+    }
+    if (learned === undefined || learned === size) return [parsed];
+    return [
+      malformed(`the endpoint answered an embedding of ${size} dimensions where the run's others have ${learned}: it may serve another model of the same name`),
+    ];
+  }
 }
 
 const malformed = (message: string): ParsedAnswer => ({ ok: false, error: { code: 'malformed_response', message, status: null } satisfies SampleError });

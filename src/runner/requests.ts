@@ -16,8 +16,7 @@ import type { RunQuality } from '../domain/run-quality.js';
 import type { SampleError } from '../domain/sample-errors.js';
 import { choiceOrder, otherChoices, requestSample, shareUsage } from './choices.js';
 import { StreamedAnswer } from './stream-answer.js';
-import { postBuffered, readAnswers, streamable } from './raw-requests.js';
-import { runEndpoint } from '../domain/run-endpoint.js';
+import { AnswerReader, postBuffered, streamable } from './raw-requests.js';
 import { exactUsage, ID_PARAMS, type IdMode, namesIdParam, streamsIds, withIds } from './token-ids.js';
 import { idRefused } from './id-probe.js';
 
@@ -61,6 +60,7 @@ export class Requests {
   private readonly flights = new Map<number, Flight>();
   private readonly answers: AnswerBudget;
   private readonly sheds: AnswerSheds;
+  private readonly reader = new AnswerReader();
   /** Per run, the requests endpoints turned away while this process dispatched it (the run page shows them). */
   readonly turnedAway = new Map<string, number>();
 
@@ -224,7 +224,7 @@ export class Requests {
     const e = f.endpoint;
     e.consecutiveFailures = 0;
     e.yieldCap.answered(this.pool.capOf(e));
-    const read = readAnswers(runEndpoint(f.run.endpoint), res, f.limits, f.group.length);
+    const read = this.reader.read(f.run, res, f.limits, f.group.length);
     const parsed = f.idMode ? withIds(read, res, f.idMode) : read;
     if (f.abortReason && parsed.some((p) => !p.ok)) {
       this.onError(f, null);

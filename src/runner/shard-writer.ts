@@ -36,6 +36,7 @@ import {
   shardObjectKey,
   writesCard,
 } from '../domain/output-format.js';
+import { type RawParquetRow, rawParquetRow } from '../domain/raw-row.js';
 import { encodeParquet, parquetRowCount, readParquetRows } from '../storage/parquet.js';
 import { shardsSpread, type TokenRow } from '../domain/token-rows.js';
 import { NO_TOKENS, previousTokenRows, sampleTokenRows, writeTokenShard } from './token-shard.js';
@@ -50,7 +51,7 @@ export const outputStore = (deps: Pick<RunnerDeps, 'stores' | 'db'>, run: Pick<R
   deps.stores.forOutput(run.outputUri, run.outputFolder, (folder) => setOutputFolder(deps.db, run.id, folder));
 
 /** What a shard holds a completed sample as: a line of text, or a Parquet row. */
-export type ShardRecord = string | ParquetRow;
+export type ShardRecord = string | ParquetRow | RawParquetRow;
 
 /** Where each failed conversation stopped: the user turn and step of the request that failed it, from the requests it had answered. */
 async function failedPositions(
@@ -100,15 +101,16 @@ export async function putVerified(deps: RunnerDeps, run: RunRow, key: string, bo
 
 /** A completed sample's record in the run's format, made from its output line (its fields kept as written stay so in every format). */
 export function recordOf(format: OutputFormat, line: OutputLine | RawOutputLine, split: string | null, numericId = false): ShardRecord {
-  // A raw run's lines are JSONL only (services/runs/create.ts checkRawEndpoint).
-  if (format === 'jsonl' || isRawLine(line)) return lineText(line);
+  // A raw run's lines are JSONL or Parquet (services/runs/create.ts checkRawEndpoint).
+  if (isRawLine(line)) return format === 'parquet' ? rawParquetRow(line, split) : lineText(line);
+  if (format === 'jsonl') return lineText(line);
   return format === 'parquet' ? parquetRow(line, split) : stringifyExact(conversationsLine(line, numericId));
 }
 
 /** A shard's body; a Parquet shard read back must declare the rows it was written with. */
 export function encodeShard(format: OutputFormat, records: ShardRecord[], key: string): { body: Buffer; check?: (back: Buffer) => void } {
   if (format !== 'parquet') return { body: Buffer.from(records.join('\n') + '\n') };
-  const body = encodeParquet(records as ParquetRow[]);
+  const body = encodeParquet(records as ParquetRow[] | RawParquetRow[]);
   const check = (back: Buffer) => {
     const rows = parquetRowCount(back);
     if (rows !== records.length) throw new Error(`verification of ${key} failed: ${rows} rows read back, ${records.length} written`);

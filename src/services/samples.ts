@@ -3,8 +3,16 @@ import type { RunRow, SampleRow } from '../db/schema.js';
 import { getStagedOutput } from '../db/staging.js';
 import type { StagedOutput } from '../domain/output-line.js';
 import { answerOfRecord, type OutputFormat, parseStoredLine } from '../domain/output-format.js';
+import { type RunEndpoint, runEndpoint } from '../domain/run-endpoint.js';
 import { ApiError } from '../errors.js';
 import { readParquetRows } from '../storage/parquet.js';
+
+/** The Parquet columns that hold an answer, by the route a run's requests went to (an embedding's vector is no text to show). */
+const ANSWER_COLUMNS: Record<RunEndpoint, string[]> = {
+  '/v1/chat/completions': ['reasoning_content', 'content'],
+  '/v1/completions': ['text'],
+  '/v1/embeddings': [],
+};
 
 /** A sample's output: from staging while its shard is open, else the line of the uploaded shard. */
 export async function readSampleOutput(
@@ -32,7 +40,11 @@ export async function readSampleOutput(
   if (format === 'parquet') {
     // output_line is the sample's row, counted from 1 as lines are.
     try {
-      [record] = await readParquetRows(bytes, { start: s.outputLine - 1, end: s.outputLine }, ['custom_id', 'sample_index', 'reasoning_content', 'content']);
+      [record] = await readParquetRows(bytes, { start: s.outputLine - 1, end: s.outputLine }, [
+        'custom_id',
+        'sample_index',
+        ...ANSWER_COLUMNS[runEndpoint(run.endpoint)],
+      ]);
     } catch {
       record = undefined;
     }

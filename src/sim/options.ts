@@ -83,6 +83,8 @@ export interface SimOptions {
   tokenIdApi?: 'sglext' | 'token_ids' | 'none';
   /** Share of replies whose first choice's ids are one short of its usage: a server whose ids cannot be trusted. */
   tokenIdMismatchRate?: number;
+  /** The embedding model's vector size, when a request asks no `dimensions` (two servers of one model name with different sizes serve two models). */
+  embeddingDimensions?: number;
   /** Called when the `dieAfter`-th chat request arrives; by default the server drops every connection and stops listening. */
   onDie?: () => void;
   /** Called with the final stats once a drain has finished the last request, just before the server closes. */
@@ -137,6 +139,7 @@ export const DEFAULTS: Readonly<Knobs> = {
   disablePriorityPreemption: 0,
   tokenIdApi: 'sglext',
   tokenIdMismatchRate: 0,
+  embeddingDimensions: 32,
 };
 
 export class SimOptionError extends Error {}
@@ -197,6 +200,7 @@ const RULES: Record<keyof Knobs, Rule> = {
   disablePriorityPreemption: flag,
   tokenIdApi: { expect: '"sglext", "token_ids" or "none"', ok: (v) => v === 'sglext' || v === 'token_ids' || v === 'none' },
   tokenIdMismatchRate: rate,
+  embeddingDimensions: positive,
 };
 
 export const KNOB_NAMES = Object.keys(RULES) as (keyof Knobs)[];

@@ -5,9 +5,6 @@ import { CHARS_PER_TOKEN, hashSeed, seededRandom } from './text.js';
 // far as regen relies on them: a raw prompt answered as a `text_completion`, and an input embedded
 // as a deterministic unit vector.
 
-/** The vector size of the simulated embedding model, when the request asks no `dimensions`. */
-export const EMBEDDING_DIMENSIONS = 32;
-
 const badRequest = (message: string): SimHttpError => new SimHttpError(400, message, 'Bad Request');
 const isRecord = (v: unknown): v is Record<string, unknown> => typeof v === 'object' && v !== null && !Array.isArray(v);
 
@@ -64,10 +61,11 @@ export function asTextCompletion(body: Record<string, unknown>, echo: string | n
  * input gets the same embedding on every run; `dimensions` sets its size. "[nan]" in the input
  * makes a broken answer, a value null (what a NaN becomes when a client's JSON writer meets one).
  */
-export function embeddingReply(body: unknown, model: string, contextLength: number): Record<string, unknown> {
+export function embeddingReply(body: unknown, model: { model: string; contextLength: number; embeddingDimensions: number }): Record<string, unknown> {
+  const { contextLength } = model;
   if (!isRecord(body)) throw badRequest('The request body must be a JSON object.');
   const text = promptText(body.input, 'input');
-  const dimensions = body.dimensions ?? EMBEDDING_DIMENSIONS;
+  const dimensions = body.dimensions ?? model.embeddingDimensions;
   if (!(Number.isInteger(dimensions) && (dimensions as number) > 0)) throw badRequest('`dimensions` must be a positive integer.');
   const promptTokens = Math.max(1, Array.isArray(body.input) ? body.input.length : Math.ceil(text.length / CHARS_PER_TOKEN));
   if (promptTokens >= contextLength) {
@@ -81,7 +79,7 @@ export function embeddingReply(body: unknown, model: string, contextLength: numb
   return {
     object: 'list',
     data: [{ object: 'embedding', embedding, index: 0 }],
-    model: typeof body.model === 'string' ? body.model : model,
+    model: typeof body.model === 'string' ? body.model : model.model,
     usage: { prompt_tokens: promptTokens, total_tokens: promptTokens },
   };
 }

@@ -291,7 +291,7 @@ class SimServer {
         this.#counts.requests++;
         this.#requireStarted();
         this.#counts.completed++;
-        return sendJson(res, 200, embeddingReply(await readJson(req, MAX_BODY_BYTES), this.#knobs.model, this.#knobs.contextLength));
+        return sendJson(res, 200, embeddingReply(await readJson(req, MAX_BODY_BYTES), this.#knobs));
       case 'GET /health':
       case 'GET /health_generate':
         return this.#health(res);

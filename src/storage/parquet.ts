@@ -1,6 +1,7 @@
 import { parquetMetadata, parquetReadObjects } from 'hyparquet';
 import { parquetWriteBuffer } from 'hyparquet-writer';
 import type { ParquetRow } from '../domain/output-format.js';
+import { isRawParquetRow, type RawParquetRow } from '../domain/raw-row.js';
 import type { TokenRow } from '../domain/token-rows.js';
 
 // Parquet shards through hyparquet-writer (pure JavaScript; chosen over parquet-wasm for speed,
@@ -55,14 +56,49 @@ const COLUMNS: { name: keyof ParquetRow; schema: Element[] }[] = [
   { name: 'tool_calls', schema: calls('tool_calls') },
 ];
 
-const SCHEMA: Element[] = [{ name: 'root', num_children: COLUMNS.length }, ...COLUMNS.flatMap((c) => c.schema)];
+/** The columns every row of a completions or embeddings run has, after its answer's two. */
+const RAW_TAIL: { name: keyof RawParquetRow; schema: Element[] }[] = [
+  { name: 'finish_reason', schema: [str('finish_reason')] },
+  { name: 'usage', schema: [{ name: 'usage', repetition_type: 'OPTIONAL', num_children: USAGE.length }, ...USAGE.map((u) => int(u))] },
+  { name: 'flags', schema: list('flags', [str('element')]) },
+  { name: 'variant', schema: [str('variant')] },
+  { name: 'split', schema: [str('split')] },
+  { name: 'metadata', schema: [str('metadata')] },
+  { name: 'endpoint_id', schema: [str('endpoint_id')] },
+  { name: 'latency_ms', schema: [int('latency_ms')] },
+  { name: 'attempts', schema: [int('attempts', 'REQUIRED')] },
+  { name: 'model', schema: [str('model', 'REQUIRED')] },
+];
 
-/** One shard's rows as a Parquet file. */
-export function encodeParquet(rows: readonly ParquetRow[]): Buffer {
-  const columnData = COLUMNS.map((c) => ({ name: c.name, data: rows.map((r) => r[c.name]) }));
+const RAW_HEAD: { name: keyof RawParquetRow; schema: Element[] }[] = [
+  { name: 'custom_id', schema: [str('custom_id', 'REQUIRED')] },
+  { name: 'sample_index', schema: [int('sample_index', 'REQUIRED')] },
+];
+
+/** A completions run's rows: the raw prompt and the text answered. */
+const COMPLETION_COLUMNS = [...RAW_HEAD, { name: 'prompt' as const, schema: [str('prompt')] }, { name: 'text' as const, schema: [str('text')] }, ...RAW_TAIL];
+
+/** An embeddings run's rows: the input and its vector, list<float32> as an index or a trainer's Arrow reads it. */
+const EMBEDDING_COLUMNS = [
+  ...RAW_HEAD,
+  { name: 'input' as const, schema: [str('input')] },
+  { name: 'embedding' as const, schema: list('embedding', [{ name: 'element', type: 'FLOAT', repetition_type: 'REQUIRED' }]) },
+  ...RAW_TAIL,
+];
+
+function write<Row>(columns: readonly { name: keyof Row; schema: Element[] }[], rows: readonly Row[]): Buffer {
+  const schema: Element[] = [{ name: 'root', num_children: columns.length }, ...columns.flatMap((c) => c.schema)];
+  const columnData = columns.map((c) => ({ name: c.name, data: rows.map((r) => r[c.name]) }));
   // One row group up to 100K rows: a shard is read whole, and fewer groups write faster.
-  const buf = parquetWriteBuffer({ columnData, schema: SCHEMA, rowGroupSize: 100_000, codec: 'SNAPPY' } as Parameters<typeof parquetWriteBuffer>[0]);
+  const buf = parquetWriteBuffer({ columnData, schema, rowGroupSize: 100_000, codec: 'SNAPPY' } as Parameters<typeof parquetWriteBuffer>[0]);
   return Buffer.from(buf);
+}
+
+/** One shard's rows as a Parquet file: a chat run's, or a completions or embeddings run's. */
+export function encodeParquet(rows: readonly ParquetRow[] | readonly RawParquetRow[]): Buffer {
+  const first = rows[0];
+  if (first === undefined || !isRawParquetRow(first)) return write(COLUMNS, rows as readonly ParquetRow[]);
+  return write('embedding' in first ? EMBEDDING_COLUMNS : COMPLETION_COLUMNS, rows as readonly RawParquetRow[]);
 }
 
 /** Training rows (output.tokens): the ids as list<int32>, the loss mask as list<int8>, as a trainer's Arrow reads them. */

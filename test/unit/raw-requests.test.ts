@@ -4,7 +4,8 @@ import { describe, expect, it } from 'vitest';
 import { parseInputLine } from '../../src/domain/input-line.js';
 import { encodeEmbedding } from '../../src/domain/run-endpoint.js';
 import { buildRequest } from '../../src/runner/request.js';
-import { parseEmbedding, readAnswers } from '../../src/runner/raw-requests.js';
+import { AnswerReader, parseEmbedding } from '../../src/runner/raw-requests.js';
+import type { AnswerLimits } from '../../src/runner/request.js';
 
 const completions = { regenerate: null, choicesInBody: true, endpoint: '/v1/completions' } as const;
 const embeddings = { regenerate: null, choicesInBody: true, endpoint: '/v1/embeddings' } as const;
@@ -108,7 +109,28 @@ describe('an embedding answer', () => {
       'the endpoint answered an embedding of 2 dimensions, not the 3 asked',
     ]);
     expect(message(answer([0.1], 101))?.[1]).toMatch(/usage\.prompt_tokens 101, not a whole number within the context/);
-    expect(readAnswers('/v1/embeddings', answer([0.1, Number.NaN]), limits, 1)[0].ok).toBe(false);
+    expect(new AnswerReader().read({ id: 'r', endpoint: '/v1/embeddings' }, answer([0.1, Number.NaN]), limits, 1)[0].ok).toBe(false);
+  });
+
+  it("holds every vector of a run to its first one's size, each run to its own, and to the size a run asks", () => {
+    const reader = new AnswerReader();
+    const read = (run: string, embedding: number[], l: AnswerLimits = limits) => {
+      const [p] = reader.read({ id: run, endpoint: '/v1/embeddings' }, answer(embedding), l, 1);
+      return p.ok ? 'ok' : p.error.message;
+    };
+    expect(read('a', [0.6, 0.8])).toBe('ok');
+    expect(read('a', [0, 1])).toBe('ok');
+    expect(read('a', [1, 0, 0])).toBe(
+      "the endpoint answered an embedding of 3 dimensions where the run's others have 2: it may serve another model of the same name",
+    );
+    expect(read('b', [1, 0, 0])).toBe('ok');
+    expect(read('b', [1])).toMatch(/of 1 dimensions where the run's others have 3/);
+    // A broken first answer teaches nothing: the next good one sets the size.
+    expect(read('c', [Number.NaN, 1])).toMatch(/not a finite number/);
+    expect(read('c', [1, 0, 0, 0])).toBe('ok');
+    expect(read('c', [1, 0])).toMatch(/where the run's others have 4/);
+    expect(read('d', [1, 0], { ...limits, dimensions: 2 })).toBe('ok');
+    expect(read('d', [1, 0, 0], { ...limits, dimensions: 3 })).toBe('ok');
   });
 
   it("goes out in OpenAI's base64: the little-endian float32s", () => {

@@ -81,9 +81,8 @@ export function checkRawEndpoint(body: Pick<NewRun, 'endpoint' | 'regenerate' | 
     throw new ApiError('validation_failed', `${field}: ${why} (the run's endpoint is "${endpoint}")`, { field });
   };
   if (body.regenerate) refuse('regenerate', 'regenerating assistant turns needs chat messages');
-  const format = body.output?.format ?? 'jsonl';
-  if (format !== 'jsonl') refuse('output.format', 'only "jsonl" holds a raw prompt\'s or an input\'s output lines');
-  if (body.split) refuse('split', 'a split is written in a dataset format, which needs chat messages');
+  if (body.output?.format === 'conversations')
+    refuse('output.format', 'SpecForge\'s shape is a conversation; "jsonl" or "parquet" hold a raw prompt\'s or an input\'s output');
   if (body.output?.tokens) refuse('output.tokens', 'training rows are made from chat requests and their answers');
   if (endpoint === '/v1/embeddings' && typeof body.params?.n === 'number' && body.params.n > 1) refuse('params.n', 'an embedding has one answer');
   // The run's and each variant's params, as a line's own are checked: a wrong one would fail every request.
