@@ -1,5 +1,5 @@
 import { parquetMetadata, parquetReadObjects } from 'hyparquet';
-import { parquetWriteBuffer } from 'hyparquet-writer';
+import { ByteWriter, ParquetWriter, parquetWriteBuffer } from 'hyparquet-writer';
 import type { ParquetRow } from '../domain/output-format.js';
 import type { TokenRow } from '../domain/token-rows.js';
 
@@ -63,6 +63,40 @@ export function encodeParquet(rows: readonly ParquetRow[]): Buffer {
   // One row group up to 100K rows: a shard is read whole, and fewer groups write faster.
   const buf = parquetWriteBuffer({ columnData, schema: SCHEMA, rowGroupSize: 100_000, codec: 'SNAPPY' } as Parameters<typeof parquetWriteBuffer>[0]);
   return Buffer.from(buf);
+}
+
+/** A writer whose bytes are taken as they are written: the buffer holds one row group at most. */
+class TakenWriter extends ByteWriter {
+  /** The bytes written since the last take (copied: the buffer is written over next). */
+  take(): Buffer {
+    const bytes = Buffer.from(this.getBytes());
+    this.index = 0;
+    return bytes;
+  }
+}
+
+/**
+ * One Parquet file of shard rows written a row group at a time, each group's bytes handed back as
+ * soon as it is written, so that a file of any size is streamed: a run's export (services/runs/export.ts).
+ */
+export class ParquetRowStream {
+  private readonly out = new TakenWriter();
+  private readonly writer = new ParquetWriter({ writer: this.out, schema: SCHEMA as never, codec: 'SNAPPY' });
+
+  /** Writes the rows as one row group; returns the file's bytes since the last call (its header first). */
+  group(rows: readonly ParquetRow[]): Buffer {
+    if (rows.length) {
+      const columnData = COLUMNS.map((c) => ({ name: c.name, data: rows.map((r) => r[c.name]) }));
+      void this.writer.write({ columnData, rowGroupSize: rows.length } as Parameters<ParquetWriter['write']>[0]);
+    }
+    return this.out.take();
+  }
+
+  /** The file's last bytes: the footer that lists the row groups. */
+  finish(): Buffer {
+    void this.writer.finish();
+    return this.out.take();
+  }
 }
 
 /** Training rows (output.tokens): the ids as list<int32>, the loss mask as list<int8>, as a trainer's Arrow reads them. */
