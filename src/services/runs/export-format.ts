@@ -2,7 +2,7 @@ import { objectMembers } from '../../domain/exact-json.js';
 import { type LineFields, type OutputFormat, type ParquetRow, parquetRow } from '../../domain/output-format.js';
 import { ParquetRowStream, readParquetRows } from '../../storage/parquet.js';
 
-// How an export writes the shards it reads (README "Exporting a run"): lines of a JSONL shard as
+// How an export writes the shards it reads (README "Exporting a run as one file"): lines of a JSONL shard as
 // they were written, a Parquet shard's rows as JSON lines, or either as rows of one Parquet file.
 
 export const EXPORT_FORMATS = ['jsonl', 'parquet'] as const;

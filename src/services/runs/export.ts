@@ -12,7 +12,7 @@ import { ApiError, notFound } from '../../errors.js';
 import { describeStoreError, type ObjectStore } from '../../storage/index.js';
 import { type ExportFormat, exportWriter, ownExportFormat } from './export-format.js';
 
-// One file of a run's shards (README "Exporting a run"), for a tool that takes one: read shard by
+// One file of a run's shards (README "Exporting a run as one file"), for a tool that takes one: read shard by
 // shard from the output store, each checked against the manifest's sha256 before any of its bytes
 // go out, and written out as it is read.
 
