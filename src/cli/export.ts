@@ -4,7 +4,7 @@ import { open, rename, rm } from 'node:fs/promises';
 import { basename, dirname, join } from 'node:path';
 import { Readable } from 'node:stream';
 import type { ReadableStream as WebStream } from 'node:stream/web';
-import { ApiCallError, Client, type ClientOptions } from './client.js';
+import { ApiCallError, Client, type ClientOptions, UsageError } from './client.js';
 
 export interface ExportOptions extends ClientOptions {
   split?: 'train' | 'eval';
@@ -13,16 +13,27 @@ export interface ExportOptions extends ClientOptions {
   output?: string;
 }
 
+/** Writes the body to stdout; a reader that stops reading (`| head`) ends the export, not the process with a stack. */
 async function toStdout(body: AsyncIterable<Buffer>): Promise<void> {
-  for await (const chunk of body) {
-    if (!process.stdout.write(chunk)) await once(process.stdout, 'drain');
+  let closed: Error | null = null;
+  const onError = (err: Error) => (closed = err);
+  process.stdout.on('error', onError);
+  try {
+    for await (const chunk of body) {
+      if (closed) throw closed;
+      if (!process.stdout.write(chunk)) await once(process.stdout, 'drain');
+    }
+  } finally {
+    process.stdout.off('error', onError);
   }
 }
 
 /** Writes the body beside `path` and renames it into place once whole and on disk: a reader never finds half a file there. */
 async function toFile(body: AsyncIterable<Buffer>, path: string): Promise<void> {
   const temp = join(dirname(path), `.${basename(path)}.${randomBytes(4).toString('hex')}.tmp`);
-  const file = await open(temp, 'wx');
+  const file = await open(temp, 'wx').catch((err: NodeJS.ErrnoException) => {
+    throw new UsageError(`-o: cannot write beside ${path} (${err.code ?? err.message})`);
+  });
   try {
     for await (const chunk of body) await file.write(chunk);
     await file.sync();

@@ -65,7 +65,10 @@ export function encodeParquet(rows: readonly ParquetRow[]): Buffer {
   return Buffer.from(buf);
 }
 
-/** A writer whose bytes are taken as they are written: the buffer holds one row group at most. */
+/**
+ * A writer whose bytes are taken as they are written: the buffer holds one row group at most. It has
+ * no flush, so the Parquet writer's calls are synchronous (they return no promise to wait for).
+ */
 class TakenWriter extends ByteWriter {
   /** The bytes written since the last take (copied: the buffer is written over next). */
   take(): Buffer {
@@ -87,14 +90,14 @@ export class ParquetRowStream {
   group(rows: readonly ParquetRow[]): Buffer {
     if (rows.length) {
       const columnData = COLUMNS.map((c) => ({ name: c.name, data: rows.map((r) => r[c.name]) }));
-      void this.writer.write({ columnData, rowGroupSize: rows.length } as Parameters<ParquetWriter['write']>[0]);
+      this.writer.write({ columnData, rowGroupSize: rows.length } as Parameters<ParquetWriter['write']>[0]);
     }
     return this.out.take();
   }
 
   /** The file's last bytes: the footer that lists the row groups. */
   finish(): Buffer {
-    void this.writer.finish();
+    this.writer.finish();
     return this.out.take();
   }
 }
