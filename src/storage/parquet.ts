@@ -90,14 +90,14 @@ export class ParquetRowStream {
   group(rows: readonly ParquetRow[]): Buffer {
     if (rows.length) {
       const columnData = COLUMNS.map((c) => ({ name: c.name, data: rows.map((r) => r[c.name]) }));
-      this.writer.write({ columnData, rowGroupSize: rows.length } as Parameters<ParquetWriter['write']>[0]);
+      void this.writer.write({ columnData, rowGroupSize: rows.length } as Parameters<ParquetWriter['write']>[0]);
     }
     return this.out.take();
   }
 
   /** The file's last bytes: the footer that lists the row groups. */
   finish(): Buffer {
-    this.writer.finish();
+    void this.writer.finish();
     return this.out.take();
   }
 }
