@@ -1,7 +1,7 @@
 // Completions and embeddings through OpenAI's Batch API (the official `openai` SDK, every line held
 // to OpenAI's schemas) and through regen's own runs (`endpoint`), against the simulator's
 // /v1/completions and /v1/embeddings.
-import { readFileSync } from 'node:fs';
+import { readFileSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { DuckDBInstance } from '@duckdb/node-api';
@@ -257,6 +257,22 @@ describe("regen's own runs with an endpoint", () => {
       // The simulator's vectors are unit vectors: the floats are the vector, not bytes or text.
       expect(Math.hypot(...r.embedding.map(Number))).toBeCloseTo(1, 4);
     }
+    // Exported as one file, in its own format and as JSON lines: the same vectors.
+    const exported = await fetch(`${server.url}/v1/runs/${e.id}/export`, { headers: auth });
+    expect(exported.status, exported.status === 200 ? '' : await exported.clone().text()).toBe(200);
+    const whole = join(folder, '..', `${e.id}.parquet`);
+    writeFileSync(whole, Buffer.from(await exported.arrayBuffer()));
+    const back = (await duck.runAndReadAll(`select custom_id, embedding from read_parquet('${whole}') order by custom_id`)).getRowObjectsJson() as any[];
+    expect(back.map((r) => [r.custom_id, r.embedding])).toEqual(rows.map((r) => [r.custom_id, r.embedding]));
+    const asLines = await fetch(`${server.url}/v1/runs/${e.id}/export?format=jsonl`, { headers: auth });
+    expect(asLines.status).toBe(200);
+    const lines = (await asLines.text())
+      .trimEnd()
+      .split('\n')
+      .map((l) => JSON.parse(l));
+    expect(lines).toHaveLength(inputs.length);
+    expect(lines.every((l) => Array.isArray(l.embedding) && l.embedding.length === SIM_DIMENSIONS)).toBe(true);
+
     const card = readFileSync(join(folder, 'README.md'), 'utf8');
     expect(card).toContain('Embeddings computed by the model');
     expect(card).toMatch(/- name: "embedding"\n\s+sequence: "float32"/);

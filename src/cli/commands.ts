@@ -73,7 +73,7 @@ function sharing(cmd: Command): Command {
     .option('--drain-grace <ms|none>', 'off schedule, give back the requests still running after this long (default: let them finish)');
 }
 
-/** The commands that talk to a running server: submit, status, endpoints, runs. */
+/** The commands that talk to a running server: submit, plan, status, export, endpoints, runs. */
 export function registerClientCommands(program: Command): void {
   client(program.command('submit'))
     .description('check the run, upload a JSONL file of prompts and create the run; prints the run id, then how it stands once its input is validated')
@@ -150,6 +150,17 @@ export function registerClientCommands(program: Command): void {
     .argument('[run]', 'a run id')
     .option('--watch', 'with a run: follow it with a progress bar until it ends')
     .action((runId, opts) => run(async () => (await import('./status.js')).statusCommand(runId, opts)));
+
+  client(program.command('export'))
+    .description("write a run's completed samples as one file, each shard checked against the run's manifest (for tools that take one file)")
+    .argument('<run>', 'a run id: one that ended with its shards written')
+    .addOption(new Option('--split <split>', 'only this split of a run made with a split').choices(['train', 'eval']))
+    .option('--variant <name>', 'only the samples of this variant')
+    .addOption(
+      new Option('--format <format>', "the file's format: the run's own by default (jsonl for jsonl and conversations runs)").choices(['jsonl', 'parquet']),
+    )
+    .option('-o, --output <file>', 'write to this file (whole or not at all: written beside it, then renamed); default stdout')
+    .action((runId, opts) => run(async () => (await import('./export.js')).exportCommand(runId, opts)));
 
   const endpoints = program.command('endpoints').description('the SGLang servers the runs are sent to');
   sharing(

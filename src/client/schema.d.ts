@@ -342,6 +342,26 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/runs/{id}/export": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * A run's completed samples as one file, streamed: JSONL or Parquet, of one split or variant if asked
+         * @description For a run that ended with its shards written (completed, or cancelled with its manifest). Each shard is checked against the manifest's sha256 before any of its bytes are sent: a mismatch in the first is a 409 naming the shard; in a later one the answer is cut off (the connection closes before the end of the body), so that no reader takes the file for whole.
+         */
+        get: operations["exportRun"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/runs/{id}/quality": {
         parameters: {
             query?: never;
@@ -3145,6 +3165,81 @@ export interface operations {
             };
             /** @description Not Found */
             404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Unprocessable Content */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Service Unavailable */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+        };
+    };
+    exportRun: {
+        parameters: {
+            query?: {
+                /** @description Only the samples of this split (a run made with `split`) */
+                split?: "train" | "eval";
+                /** @description Only the samples of this variant (a run made with `variants`) */
+                variant?: string;
+                /** @description The file's format: the run's own by default (jsonl for jsonl and conversations runs). A chat run in jsonl exports as parquet with the rows a Parquet run writes; a Parquet run as jsonl with one JSON object a row */
+                format?: "jsonl" | "parquet";
+            };
+            header?: never;
+            path: {
+                id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The file, streamed */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/jsonl": string;
+                    "application/vnd.apache.parquet": string;
+                };
+            };
+            /** @description Unauthorized */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Not Found */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Conflict */
+            409: {
                 headers: {
                     [name: string]: unknown;
                 };

@@ -25,7 +25,8 @@ export function pickWeighted(customId: string, weights: readonly number[], salt:
   return weights.length - 1;
 }
 
-export type SplitName = 'train' | 'eval';
+export const SPLIT_NAMES = ['train', 'eval'] as const;
+export type SplitName = (typeof SPLIT_NAMES)[number];
 
 /** `eval` for a stable `evalShare` of custom ids, `train` for the rest. */
 export function pickSplit(customId: string, evalShare: number): SplitName {

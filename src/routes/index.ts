@@ -14,6 +14,7 @@ import { registerListFiles } from './files/list.js';
 import { registerUploadFile } from './files/upload.js';
 import { registerRunActions } from './runs/actions.js';
 import { registerCreateRun } from './runs/create.js';
+import { registerExportRun } from './runs/export.js';
 import { registerRunEvents } from './runs/events.js';
 import { registerRunForecasts } from './runs/forecasts.js';
 import { registerGetRun } from './runs/get.js';
@@ -50,6 +51,7 @@ export function registerRoutes(app: App): void {
   registerListShards(app);
   registerListSamples(app);
   registerGetSample(app);
+  registerExportRun(app);
   registerRunQuality(app);
   registerRunForecasts(app);
   registerRunHistory(app);

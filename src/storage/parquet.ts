@@ -1,7 +1,8 @@
 import { parquetMetadata, parquetReadObjects } from 'hyparquet';
-import { parquetWriteBuffer } from 'hyparquet-writer';
+import { ByteWriter, ParquetWriter, parquetWriteBuffer } from 'hyparquet-writer';
 import type { ParquetRow } from '../domain/output-format.js';
 import { isRawParquetRow, type RawParquetRow } from '../domain/raw-row.js';
+import type { RunEndpoint } from '../domain/run-endpoint.js';
 import type { TokenRow } from '../domain/token-rows.js';
 
 // Parquet shards through hyparquet-writer (pure JavaScript; chosen over parquet-wasm for speed,
@@ -86,19 +87,68 @@ const EMBEDDING_COLUMNS = [
   ...RAW_TAIL,
 ];
 
-function write<Row>(columns: readonly { name: keyof Row; schema: Element[] }[], rows: readonly Row[]): Buffer {
-  const schema: Element[] = [{ name: 'root', num_children: columns.length }, ...columns.flatMap((c) => c.schema)];
-  const columnData = columns.map((c) => ({ name: c.name, data: rows.map((r) => r[c.name]) }));
-  // One row group up to 100K rows: a shard is read whole, and fewer groups write faster.
-  const buf = parquetWriteBuffer({ columnData, schema, rowGroupSize: 100_000, codec: 'SNAPPY' } as Parameters<typeof parquetWriteBuffer>[0]);
-  return Buffer.from(buf);
+type Column = { name: string; schema: Element[] };
+
+const schemaOf = (columns: readonly Column[]): Element[] => [{ name: 'root', num_children: columns.length }, ...columns.flatMap((c) => c.schema)];
+
+/** The columns of a run's rows, by the route its requests went to. */
+function columnsOf(endpoint: RunEndpoint): readonly Column[] {
+  if (endpoint === '/v1/embeddings') return EMBEDDING_COLUMNS;
+  return endpoint === '/v1/completions' ? COMPLETION_COLUMNS : COLUMNS;
 }
 
 /** One shard's rows as a Parquet file: a chat run's, or a completions or embeddings run's. */
 export function encodeParquet(rows: readonly ParquetRow[] | readonly RawParquetRow[]): Buffer {
   const first = rows[0];
-  if (first === undefined || !isRawParquetRow(first)) return write(COLUMNS, rows as readonly ParquetRow[]);
-  return write('embedding' in first ? EMBEDDING_COLUMNS : COMPLETION_COLUMNS, rows as readonly RawParquetRow[]);
+  const columns = first === undefined || !isRawParquetRow(first) ? COLUMNS : 'embedding' in first ? EMBEDDING_COLUMNS : COMPLETION_COLUMNS;
+  const columnData = columns.map((c) => ({ name: c.name, data: rows.map((r) => (r as unknown as Record<string, unknown>)[c.name]) }));
+  // One row group up to 100K rows: a shard is read whole, and fewer groups write faster.
+  const buf = parquetWriteBuffer({ columnData, schema: schemaOf(columns), rowGroupSize: 100_000, codec: 'SNAPPY' } as Parameters<typeof parquetWriteBuffer>[0]);
+  return Buffer.from(buf);
+}
+
+/**
+ * A writer whose bytes are taken as they are written: the buffer holds one row group at most. It has
+ * no flush, so the Parquet writer's calls are synchronous (they return no promise to wait for).
+ */
+class TakenWriter extends ByteWriter {
+  /** The bytes written since the last take (copied: the buffer is written over next). */
+  take(): Buffer {
+    const bytes = Buffer.from(this.getBytes());
+    this.index = 0;
+    return bytes;
+  }
+}
+
+/**
+ * One Parquet file of shard rows written a row group at a time, each group's bytes handed back as
+ * soon as it is written, so that a file of any size is streamed: a run's export (services/runs/export.ts).
+ */
+export class ParquetRowStream {
+  private readonly out = new TakenWriter();
+  private readonly columns: readonly Column[];
+  private readonly writer: ParquetWriter;
+
+  /** A file of rows of a run whose requests went to `endpoint` (chat, completions or embeddings). */
+  constructor(endpoint: RunEndpoint) {
+    this.columns = columnsOf(endpoint);
+    this.writer = new ParquetWriter({ writer: this.out, schema: schemaOf(this.columns) as never, codec: 'SNAPPY' });
+  }
+
+  /** Writes the rows as one row group; returns the file's bytes since the last call (its header first). */
+  group(rows: readonly (ParquetRow | RawParquetRow)[]): Buffer {
+    if (rows.length) {
+      const columnData = this.columns.map((c) => ({ name: c.name, data: rows.map((r) => (r as unknown as Record<string, unknown>)[c.name]) }));
+      void this.writer.write({ columnData, rowGroupSize: rows.length } as Parameters<ParquetWriter['write']>[0]);
+    }
+    return this.out.take();
+  }
+
+  /** The file's last bytes: the footer that lists the row groups. */
+  finish(): Buffer {
+    void this.writer.finish();
+    return this.out.take();
+  }
 }
 
 /** Training rows (output.tokens): the ids as list<int32>, the loss mask as list<int8>, as a trainer's Arrow reads them. */
@@ -116,7 +166,7 @@ const TOKEN_COLUMNS: { name: keyof TokenRow; schema: Element[] }[] = [
   { name: 'flags', schema: list('flags', [str('element')]) },
 ];
 
-const TOKEN_SCHEMA: Element[] = [{ name: 'root', num_children: TOKEN_COLUMNS.length }, ...TOKEN_COLUMNS.flatMap((c) => c.schema)];
+const TOKEN_SCHEMA = schemaOf(TOKEN_COLUMNS);
 
 /** One shard's training rows as a Parquet file. */
 export function encodeTokenParquet(rows: readonly TokenRow[]): Buffer {

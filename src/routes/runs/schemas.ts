@@ -1,4 +1,5 @@
 import { z } from '@hono/zod-openapi';
+import { SPLIT_NAMES } from '../../domain/assign.js';
 import { FLAGS } from '../../domain/flags.js';
 import { DEFAULT_CALIBRATION_SAMPLES, MAX_CALIBRATION_SAMPLES } from '../../domain/forecast.js';
 import { nestsDeeperThan, tooDeepMessage } from '../../domain/json-depth.js';
@@ -442,7 +443,7 @@ export const SampleDetail = Sample.extend({
       description:
         "A conversation's regenerated messages in order, as its output line will hold them: system and user turns, each answered request (`request`, its index in `turns`) with its reasoning and tool calls, and the source's tool results paired with the target's call ids",
     }),
-  split: z.enum(['train', 'eval']).nullable().openapi({ description: "The split the sample's line is written to; null when the run has no split" }),
+  split: z.enum(SPLIT_NAMES).nullable().openapi({ description: "The split the sample's line is written to; null when the run has no split" }),
   shard_key: z.string().openapi({ description: "The object, under the run's output prefix, that holds (or will hold) the sample's line" }),
 }).openapi('SampleDetail');
 
