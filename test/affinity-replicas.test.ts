@@ -52,6 +52,7 @@ await describePg('prefix-cache affinity across replicas', () => {
     await expectCountersMatchRecount(follower.url, done);
     const share = cacheShare(await readConversations(done.output_uri, conversations, s3Endpoint()));
     console.log(`affinity, ${tag}: ${JSON.stringify({ ...share, share: Number(share.share.toFixed(4)) })}`);
+    if (agentic) expect(share.afterStep.cached / share.afterStep.ideal).toBeGreaterThanOrEqual(0.99);
     return share;
   }
 

@@ -85,7 +85,11 @@ export function makeAgenticConversations(n: number, tag: string): { conversation
       source.push(user);
       for (const [s, calls] of turn.entries()) {
         const ids = calls.map((_, c) => `src_${id}_${k}_${s}_${c}`);
-        source.push({ role: 'assistant', content: null, tool_calls: calls.map((fn, c) => ({ id: ids[c], type: 'function', function: { name: fn, arguments: '{}' } })) });
+        source.push({
+          role: 'assistant',
+          content: null,
+          tool_calls: calls.map((fn, c) => ({ id: ids[c], type: 'function', function: { name: fn, arguments: '{}' } })),
+        });
         for (const [c, callId] of ids.entries()) source.push({ role: 'tool', content: toolResult(id, k, s, c), tool_call_id: callId });
       }
       source.push({ role: 'assistant', content: 'an old reply' });
@@ -134,7 +138,10 @@ export async function readConversations(outputUri: string, conversations: Conver
       k++;
       for (const [s, calls] of (c!.steps?.[k] ?? []).entries()) {
         const step = line.messages[at++];
-        expect(step.tool_calls.map((t: any) => t.function.name), `${c!.id} turn ${k} step ${s}`).toEqual(calls);
+        expect(
+          step.tool_calls.map((t: any) => t.function.name),
+          `${c!.id} turn ${k} step ${s}`,
+        ).toEqual(calls);
         for (const [n, call] of step.tool_calls.entries()) expect(JSON.parse(call.function.arguments)).toEqual({ digest: digestOf(sent), call: n });
         // Thinking off: the step goes back as its content (none) and its calls.
         sent.push({ role: 'assistant', content: null, tool_calls: step.tool_calls });
@@ -161,6 +168,8 @@ export async function readConversations(outputUri: string, conversations: Conver
  * less the token a server always computes.
  * `moved` counts the requests sent to another endpoint than the one before, `movedIdeal` their part
  * of the ideal (what a move costs), and `movedAgain` the conversations that moved more than once.
+ * `afterStep` is the same sum over the requests that follow a tool-call step where it was answered:
+ * those find the step's call message cached, or lose a few percent of their prompt.
  */
 export function cacheShare(lines: any[]): {
   cached: number;
@@ -170,6 +179,7 @@ export function cacheShare(lines: any[]): {
   moved: number;
   movedIdeal: number;
   movedAgain: number;
+  afterStep: { cached: number; ideal: number };
 } {
   let cached = 0;
   let ideal = 0;
@@ -177,6 +187,7 @@ export function cacheShare(lines: any[]): {
   let moved = 0;
   let movedIdeal = 0;
   let movedAgain = 0;
+  const afterStep = { cached: 0, ideal: 0 };
   for (const line of lines) {
     let moves = 0;
     for (const [k, t] of line.turns.entries()) {
@@ -186,12 +197,17 @@ export function cacheShare(lines: any[]): {
       const before = line.turns[k - 1];
       const best = Math.min(t.usage.prompt_tokens - 1, before.usage.prompt_tokens + before.usage.completion_tokens + 1);
       ideal += best;
-      if (t.endpoint_id === before.endpoint_id) continue;
+      if (t.endpoint_id === before.endpoint_id) {
+        if (before.finish_reason !== 'tool_calls') continue;
+        afterStep.cached += t.usage.cached_tokens;
+        afterStep.ideal += best;
+        continue;
+      }
       moved++;
       movedIdeal += best;
       moves++;
     }
     if (moves > 1) movedAgain++;
   }
-  return { cached, ideal, share: cached / ideal, turns, moved, movedIdeal, movedAgain };
+  return { cached, ideal, share: cached / ideal, turns, moved, movedIdeal, movedAgain, afterStep };
 }
