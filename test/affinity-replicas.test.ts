@@ -107,4 +107,21 @@ await describePg('prefix-cache affinity across replicas', () => {
     expect(got.movedAgain).toBe(0);
     expect(got.cached / (got.ideal - got.movedIdeal)).toBeGreaterThanOrEqual(0.95);
   }, 300_000);
+
+  it('agentic, a replica killed -9 mid-run: the steps of the conversations it did not move keep their cache', async () => {
+    const [survivor, victim] = replicas.filter(alive);
+    const got = await conversationRun(
+      survivor.url,
+      'agentic-kill',
+      async (id) => {
+        await waitForRun(survivor.url, id, 'a third done', (r) => doneOf(r) >= CONVERSATIONS / 3, 120_000, 50);
+        await victim.kill('SIGKILL');
+        await waitForSpread(dbUrl, urls, [survivor], "the dead replica's endpoints driven again");
+        return survivor;
+      },
+      true,
+    );
+    expect(got.movedAgain).toBe(0);
+    expect(got.cached / (got.ideal - got.movedIdeal)).toBeGreaterThanOrEqual(0.95);
+  }, 300_000);
 });
