@@ -7,6 +7,7 @@ import { mulberry32 } from '../src/domain/forecast.js';
 import { spawnSimulator, type SimProcess } from '../src/sim/spawn.js';
 import { promptSequence } from '../src/sim/text.js';
 import { spawnServer, tempDir } from '../test/support/server.js';
+import { benchAgentic } from './agentic.js';
 import { benchConversationEta } from './conversation-eta.js';
 import { json, percentile, scaled, sleep, until, type Figure } from './support.js';
 
@@ -26,7 +27,9 @@ import { json, percentile, scaled, sleep, until, type Figure } from './support.j
 // reference's speed without thinking.
 // For a focused rerun: BENCH_CONV_THINKING=true|false runs one of the two, BENCH_CONV_MODES a
 // comma-separated list of words of the ways' names (`affinity,reference`), BENCH_CONV_ORDER gives
-// regen's runs a dispatch_order, BENCH_CONV_TIMELINE a file for regen's slots in use over time.
+// regen's runs a dispatch_order, BENCH_CONV_TIMELINE a file for regen's slots in use over time,
+// BENCH_CONV_WORKLOADS a comma-separated list of the workloads to run (`eta,plain,agentic`, all by
+// default; bench/agentic.ts has the agentic one).
 const MODEL = 'bench-conv';
 const SERVERS = 4;
 const SLOTS = 32;
@@ -337,8 +340,9 @@ async function sharedPrefix(base: string, sims: SimProcess[], n: number): Promis
 }
 
 export async function benchConversations(): Promise<Figure[]> {
+  const workloads = process.env.BENCH_CONV_WORKLOADS?.split(',') ?? ['eta', 'plain', 'agentic'];
   // The ETA's error first: a minute on two slow servers of their own.
-  const eta = await benchConversationEta();
+  const eta = workloads.includes('eta') ? await benchConversationEta() : [];
   const n = scaled(2000, 40);
   const convs = conversations(n);
   const tmp = tempDir('regen-bench-conv-');
@@ -367,7 +371,8 @@ export async function benchConversations(): Promise<Figure[]> {
   };
   try {
     const onlyThinking = process.env.BENCH_CONV_THINKING;
-    for (const thinking of [true, false].filter((t) => onlyThinking === undefined || String(t) === onlyThinking)) {
+    const plain = workloads.includes('plain');
+    for (const thinking of [true, false].filter((t) => plain && (onlyThinking === undefined || String(t) === onlyThinking))) {
       const results: Record<string, Tally> = {};
       const allModes = ['regen, affinity', 'regen, least loaded', 'round robin', 'cache-aware reference'] as const;
       const only = process.env.BENCH_CONV_MODES?.split(',');
@@ -460,6 +465,8 @@ export async function benchConversations(): Promise<Figure[]> {
         });
       }
     }
+    if (workloads.includes('agentic'))
+      figures.push(...(await benchAgentic(servers['regen, affinity'].url, startSims, { slots: SLOTS, kvTokens: KV_TOKENS }, outputLines)));
   } finally {
     for (const server of Object.values(servers)) await server.kill('SIGKILL');
     tmp.cleanup();

@@ -1,5 +1,5 @@
 import { afterAll, expect, it } from 'vitest';
-import { CACHE_SIM, cacheShare, makeConversations, PLAIN, readConversations } from './support/affinity.js';
+import { CACHE_SIM, cacheShare, makeAgenticConversations, makeConversations, PLAIN, readConversations } from './support/affinity.js';
 import { doneOf, faultRig, waitForEnd, waitForRun } from './support/fault-rig.js';
 import { describePg } from './support/pg.js';
 import { alive, replicaDatabases, replicaDirs, replicaEnv, serveReplicas, startSims, waitForSpread } from './support/replicas.js';
@@ -9,8 +9,9 @@ import type { ServerProcess } from './support/server.js';
 // Prefix-cache affinity with several live replicas on one PostgreSQL database. Each replica sends
 // only to the endpoints it drives, yet a conversation's next turn must reach the endpoint whose
 // cache holds its prefix, whichever replica drives it: the share of prompt tokens served from the
-// simulators' caches stays within 5% of the ideal with 2 and 3 replicas, and a kill -9 of one
-// loses no conversation and costs the cache only the conversations it moved.
+// simulators' caches stays within 5% of the ideal with 2 and 3 replicas, for plain conversations
+// and agentic ones (each tool-call step a request whose prefix holds the step before it), and a
+// kill -9 of one loses no conversation and costs the cache only the conversations it moved.
 
 const CONVERSATIONS = 240;
 const SHARD_SIZE = 60;
@@ -32,9 +33,9 @@ await describePg('prefix-cache affinity across replicas', () => {
   let dbUrl = '';
   let env: Record<string, string> = {};
 
-  /** A run of fresh conversations tagged `tag` through `base`; `during` runs while it goes. */
-  async function conversationRun(base: string, tag: string, during?: (id: string) => Promise<ServerProcess>) {
-    const { conversations, jsonl } = makeConversations(CONVERSATIONS, tag);
+  /** A run of fresh conversations tagged `tag` through `base`, agentic ones when `agentic`; `during` runs while it goes. */
+  async function conversationRun(base: string, tag: string, during?: (id: string) => Promise<ServerProcess>, agentic = false) {
+    const { conversations, jsonl } = agentic ? makeAgenticConversations(CONVERSATIONS, tag) : makeConversations(CONVERSATIONS, tag);
     const fileId = await uploadFile(base, jsonl);
     const { id } = await createRun(base, {
       model: CACHE_SIM.model,
@@ -51,6 +52,7 @@ await describePg('prefix-cache affinity across replicas', () => {
     await expectCountersMatchRecount(follower.url, done);
     const share = cacheShare(await readConversations(done.output_uri, conversations, s3Endpoint()));
     console.log(`affinity, ${tag}: ${JSON.stringify({ ...share, share: Number(share.share.toFixed(4)) })}`);
+    if (agentic) expect(share.afterStep.cached / share.afterStep.ideal).toBeGreaterThanOrEqual(0.99);
     return share;
   }
 
@@ -71,6 +73,11 @@ await describePg('prefix-cache affinity across replicas', () => {
     expect(share).toBeGreaterThanOrEqual(0.95);
   }, 300_000);
 
+  it('holds for tool-call steps on two live replicas: each step reaches the endpoint that holds its prefix', async () => {
+    const { share } = await conversationRun(replicas[0].url, 'agentic-two', undefined, true);
+    expect(share).toBeGreaterThanOrEqual(0.95);
+  }, 300_000);
+
   it('holds on three live replicas, the third joining mid-run', async () => {
     const { share } = await conversationRun(replicas[1].url, 'three', async (id) => {
       await waitForRun(replicas[0].url, id, 'a quarter done', (r) => doneOf(r) >= CONVERSATIONS / 4, 120_000, 50);
@@ -78,6 +85,12 @@ await describePg('prefix-cache affinity across replicas', () => {
       await waitForSpread(dbUrl, urls, replicas, 'every replica to drive an endpoint');
       return replicas[0];
     });
+    expect(share).toBeGreaterThanOrEqual(0.95);
+  }, 300_000);
+
+  it('holds for tool-call steps on three live replicas', async () => {
+    expect(replicas.filter(alive)).toHaveLength(3);
+    const { share } = await conversationRun(replicas[2].url, 'agentic-three', undefined, true);
     expect(share).toBeGreaterThanOrEqual(0.95);
   }, 300_000);
 
@@ -91,6 +104,23 @@ await describePg('prefix-cache affinity across replicas', () => {
     });
     // A conversation of the dead replica's endpoints may move once, if a live one ran out of work
     // before they were driven again; it loses its cache there, and only there.
+    expect(got.movedAgain).toBe(0);
+    expect(got.cached / (got.ideal - got.movedIdeal)).toBeGreaterThanOrEqual(0.95);
+  }, 300_000);
+
+  it('agentic, a replica killed -9 mid-run: the steps of the conversations it did not move keep their cache', async () => {
+    const [survivor, victim] = replicas.filter(alive);
+    const got = await conversationRun(
+      survivor.url,
+      'agentic-kill',
+      async (id) => {
+        await waitForRun(survivor.url, id, 'a third done', (r) => doneOf(r) >= CONVERSATIONS / 3, 120_000, 50);
+        await victim.kill('SIGKILL');
+        await waitForSpread(dbUrl, urls, [survivor], "the dead replica's endpoints driven again");
+        return survivor;
+      },
+      true,
+    );
     expect(got.movedAgain).toBe(0);
     expect(got.cached / (got.ideal - got.movedIdeal)).toBeGreaterThanOrEqual(0.95);
   }, 300_000);

@@ -5,7 +5,7 @@ import { Stores } from '../src/storage/index.js';
 import { call, startTestServer, tempDir } from './support/server.js';
 import { openTestStore } from './support/store.js';
 import { checkOutput, createRun, listAllSamples, registerEndpoint, uploadFile, waitForStatus } from './support/runner-checks.js';
-import { CACHE_SIM, cacheShare, makeConversations, readConversations } from './support/affinity.js';
+import { CACHE_SIM, cacheShare, makeAgenticConversations, makeConversations, readConversations } from './support/affinity.js';
 
 const MODEL = 'affinity-sim';
 const CONVERSATIONS = 200;
@@ -115,6 +115,7 @@ describe('prefix-cache affinity on one process, conversations of several turns',
   beforeAll(async () => {
     turnSims.push(...(await Promise.all([1, 2, 3, 4].map((seed) => spawnSimulator({ ...CACHE_SIM, seed })))));
     one = await startTestServer({}, dir.dir);
+    for (const sim of turnSims) await registerEndpoint(one.url, sim.url, { max_concurrency: 8 });
   });
 
   afterAll(async () => {
@@ -126,7 +127,6 @@ describe('prefix-cache affinity on one process, conversations of several turns',
   it("serves each turn's earlier prompt from the cache of the endpoint that answered it, within 5% of the ideal", async () => {
     const n = 240;
     const { conversations, jsonl } = makeConversations(n, 'one');
-    for (const sim of turnSims) await registerEndpoint(one.url, sim.url, { max_concurrency: 8 });
     const fileId = await uploadFile(one.url, jsonl);
     const run = await createRun(one.url, {
       model: CACHE_SIM.model,
@@ -142,5 +142,29 @@ describe('prefix-cache affinity on one process, conversations of several turns',
     const share = cacheShare(await readConversations(done.output_uri, conversations));
     console.log(`affinity, one process: ${JSON.stringify(share)}`);
     expect(share.share).toBeGreaterThanOrEqual(0.95);
+  }, 300_000);
+
+  it("serves each tool-call step's earlier prompt, its call message included, from the same cache, within 5% of the ideal", async () => {
+    const n = 160;
+    const { conversations, jsonl, requests } = makeAgenticConversations(n, 'agent');
+    const fileId = await uploadFile(one.url, jsonl);
+    const run = await createRun(one.url, {
+      model: CACHE_SIM.model,
+      input: { file_id: fileId },
+      regenerate: 'all_assistant',
+      params: PLAIN,
+      quality: false,
+      shard_size: 40,
+    });
+    const done = await waitForStatus(one.url, run.id, ['completed', 'failed', 'paused', 'cancelled'], 240_000);
+    expect(done.status, done.status_reason).toBe('completed');
+    expect(done.request_counts).toMatchObject({ total: n, completed: n, failed: 0 });
+    expect(done.turns.completed).toBe(requests);
+    const share = cacheShare(await readConversations(done.output_uri, conversations));
+    console.log(`affinity, one process, agentic: ${JSON.stringify(share)}`);
+    expect(share.turns).toBe(requests);
+    expect(share.share).toBeGreaterThanOrEqual(0.95);
+    // A step's call message is in the cache beside its prompt: the request after it computes only the tool results.
+    expect(share.afterStep.cached / share.afterStep.ideal).toBeGreaterThanOrEqual(0.99);
   }, 300_000);
 });

@@ -48,15 +48,16 @@ export async function requeueRunSamples(db: Db, runId: string, only: 'failed' | 
 
 /**
  * Conversations go back to their first failed or flagged turn: the turns before it are kept, it
- * and the ones after are asked again. Returns the turns uncounted: answered ones dropped, failed ones.
+ * and the ones after are asked again. Returns the turns uncounted: answered ones dropped (and the
+ * tool-call steps among them), failed ones.
  */
 async function rewindConversations(
   tx: Db,
   picked: readonly { id: number; turn: number | null }[],
   only: 'failed' | 'flagged',
-): Promise<{ completed: number; failed: number }> {
+): Promise<{ completed: number; failed: number; toolSteps: number }> {
   const conversations = picked.filter((s): s is { id: number; turn: number } => s.turn !== null);
-  const counted = { completed: 0, failed: 0 };
+  const counted = { completed: 0, failed: 0, toolSteps: 0 };
   if (!conversations.length) return counted;
   const flagged =
     only === 'flagged'
@@ -67,7 +68,9 @@ async function rewindConversations(
       : null;
   for (const s of conversations) {
     const from = flagged ? (flagged.get(s.id) ?? 0) : s.turn;
-    counted.completed += await dropTurnsFrom(tx, s.id, from);
+    const dropped = await dropTurnsFrom(tx, s.id, from);
+    counted.completed += dropped.requests;
+    counted.toolSteps += dropped.toolSteps;
     if (!flagged) counted.failed++;
     if (from !== s.turn) await setSampleTurn(tx, s.id, from);
   }

@@ -196,12 +196,12 @@ export async function uncountRequeued(
     byFlag: Record<Flag, number>;
     reopenedUploaded: number;
     now: number;
-    /** Conversations': the answered turns dropped to be asked again, and the failed turns to be asked again. */
-    turns?: { completed: number; failed: number };
+    /** Conversations': the answered turns dropped to be asked again (the tool-call steps among them), and the failed turns to be asked again. */
+    turns?: { completed: number; failed: number; toolSteps: number };
   },
 ): Promise<void> {
   const { runs } = db.t;
-  const turns = r.turns ?? { completed: 0, failed: 0 };
+  const turns = r.turns ?? { completed: 0, failed: 0, toolSteps: 0 };
   const counters =
     r.only === 'failed'
       ? { failed: sql`${runs.failed} - ${r.n}` }
@@ -219,6 +219,7 @@ export async function uncountRequeued(
         shardsUploaded: sql`${runs.shardsUploaded} - ${r.reopenedUploaded}`,
         turnsCompleted: sql`${runs.turnsCompleted} - ${turns.completed}`,
         turnsFailed: sql`${runs.turnsFailed} - ${turns.failed}`,
+        toolSteps: sql`${runs.toolSteps} - ${turns.toolSteps}`,
         manifestKey: null,
         updatedAt: r.now,
       })

@@ -1,4 +1,4 @@
-import { and, asc, eq, gte, inArray } from 'drizzle-orm';
+import { and, asc, eq, gte, inArray, sql } from 'drizzle-orm';
 import type { TurnRecord } from '../domain/conversation.js';
 import type { ToolCall } from '../domain/tools.js';
 import type { GenerationIds } from '../domain/token-rows.js';
@@ -73,16 +73,16 @@ export async function firstFlaggedTurns(db: DbOrTx, sampleIds: readonly number[]
   return out;
 }
 
-/** Drops a sample's turns from `from` on: they are to be asked again. Returns how many. */
-export async function dropTurnsFrom(db: DbOrTx, sampleId: number, from: number): Promise<number> {
+/** Drops a sample's turns from `from` on: they are to be asked again. Returns how many, and how many of them were tool-call steps. */
+export async function dropTurnsFrom(db: DbOrTx, sampleId: number, from: number): Promise<{ requests: number; toolSteps: number }> {
   const { sampleTurns } = db.t;
   const gone = await db.write((w) =>
     w.q
       .delete(sampleTurns)
       .where(and(eq(sampleTurns.sampleId, sampleId), gte(sampleTurns.idx, from)))
-      .returning({ idx: sampleTurns.idx }),
+      .returning({ step: sql<number>`case when ${sampleTurns.toolCalls} is null then 0 else 1 end` }),
   );
-  return gone.length;
+  return { requests: gone.length, toolSteps: gone.filter((r) => Number(r.step) === 1).length };
 }
 
 /** A run's conversations not yet settled, with the request each is at (at most `limit`): what is left of their chains. */
