@@ -29,6 +29,10 @@ export function unpackIds(list: StagedIdList): Int32Array | number[] {
   return ids;
 }
 
+/** How many ids a staged list holds, without decoding it. */
+export const idCount = (list: StagedIdList): number =>
+  typeof list === 'string' ? Buffer.byteLength(list, 'base64') / Int32Array.BYTES_PER_ELEMENT : list.length;
+
 /** A generation's ids as staged with its sample's text until the shard is written: where it stands in the line, and its verdicts. */
 export interface StagedIds {
   turn: number | null;

@@ -83,6 +83,11 @@ export interface SimOptions {
   tokenIdApi?: 'sglext' | 'token_ids' | 'none';
   /** Share of replies whose first choice's ids are one short of its usage: a server whose ids cannot be trusted. */
   tokenIdMismatchRate?: number;
+  /**
+   * The next this many requests asking for token ids are refused with a 400 naming the parameter,
+   * as by a server restarted as a version without it, and then taken again: set at run time.
+   */
+  refuseIdRequests?: number;
   /** Called when the `dieAfter`-th chat request arrives; by default the server drops every connection and stops listening. */
   onDie?: () => void;
   /** Called with the final stats once a drain has finished the last request, just before the server closes. */
@@ -137,6 +142,7 @@ export const DEFAULTS: Readonly<Knobs> = {
   disablePriorityPreemption: 0,
   tokenIdApi: 'sglext',
   tokenIdMismatchRate: 0,
+  refuseIdRequests: 0,
 };
 
 export class SimOptionError extends Error {}
@@ -197,6 +203,7 @@ const RULES: Record<keyof Knobs, Rule> = {
   disablePriorityPreemption: flag,
   tokenIdApi: { expect: '"sglext", "token_ids" or "none"', ok: (v) => v === 'sglext' || v === 'token_ids' || v === 'none' },
   tokenIdMismatchRate: rate,
+  refuseIdRequests: count,
 };
 
 export const KNOB_NAMES = Object.keys(RULES) as (keyof Knobs)[];
