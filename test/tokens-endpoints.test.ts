@@ -82,9 +82,8 @@ describe('output.tokens and its endpoints', () => {
     const stats = await s.stats();
     // The refusal was used up: an empty patch answers the knobs as they are.
     expect((await fetch(`${s.url}/sim/config`, { method: 'POST', body: '{}' }).then((r) => r.json())).refuseIdRequests).toBe(0);
-    // The 40 answers and two probes, the first and the one after the refusal; the refused request is an error.
+    // The 40 answers and two probes: the first, and the one after the refusal.
     expect(stats.completed).toBe(40 + 2);
-    expect(stats.errors).toBeGreaterThanOrEqual(1);
   });
 
   it('the endpoints left out for want of ids are named on the run and in regen status while another serves it', async () => {
