@@ -6,7 +6,7 @@ import type { OutputFormat, ParquetRow } from '../src/domain/output-format.js';
 import { type CompletedSample, outputRecord } from '../src/domain/output-line.js';
 import { encodeShard, recordOf } from '../src/runner/shard-writer.js';
 import { Stores } from '../src/storage/index.js';
-import type { StagedIds } from '../src/domain/token-rows.js';
+import { type StagedIds, stagedIds } from '../src/domain/token-rows.js';
 import { encodeTokens, sampleTokenRows } from '../src/runner/token-shard.js';
 
 // One format's writing, in a process of its own so that its peak RSS is its own: `samples`
@@ -71,7 +71,7 @@ function sample(i: number): { s: CompletedSample; staged: { content: string; rea
       content: words(800),
       reasoning_content: words(1600),
       model: 'bench-model',
-      ...(TOKENS && { tokens: [{ turn: null, step: null, finish_reason: 'stop', flags: 0, prompt: ids(80), output: ids(600) }] }),
+      ...(TOKENS && { tokens: [{ turn: null, step: null, finish_reason: 'stop', flags: 0, ...stagedIds({ prompt: ids(80), output: ids(600) }) }] }),
     },
   };
 }
@@ -118,8 +118,13 @@ for (let first = 0, idx = 0; first < SAMPLES; first += SHARD, idx++) {
   const n = Math.min(SHARD, SAMPLES - first);
   const samples = Array.from({ length: n }, (_, k) => sample(FIRST + first + k));
   const t = performance.now();
-  for (const { staged } of samples) stagedBytes += Buffer.byteLength(JSON.stringify(staged));
-  const records = samples.map(({ s, staged }) => recordOf(shardFormat, outputRecord(s, staged), null));
+  // Staged as the runner stages them: as JSON text, parsed again when the shard is written.
+  const staged = samples.map((x) => {
+    const text = JSON.stringify(x.staged);
+    stagedBytes += Buffer.byteLength(text);
+    return JSON.parse(text) as typeof x.staged;
+  });
+  const records = samples.map(({ s }, k) => recordOf(shardFormat, outputRecord(s, staged[k]!), null));
   const key = `shard-${String(idx).padStart(5, '0')}.${shardFormat === 'parquet' ? 'parquet' : 'jsonl'}`;
   const { body, check } = format === 'parquet-wasm' ? { body: wasmParquet(records as ParquetRow[]), check: undefined } : encodeShard(shardFormat, records, key);
   encodeMs += performance.now() - t;
@@ -130,7 +135,7 @@ for (let first = 0, idx = 0; first < SAMPLES; first += SHARD, idx++) {
   bytes += body.length;
   if (TOKENS) {
     const t2 = performance.now();
-    const rows = samples.flatMap(({ s, staged }) => sampleTokenRows(s, staged.tokens, null, null));
+    const rows = samples.flatMap(({ s }, k) => sampleTokenRows(s, staged[k]!.tokens, null, null));
     const tokensKey = `tokens/${key}`;
     const encoded = encodeTokens(shardFormat, rows, tokensKey);
     encodeMs += performance.now() - t2;

@@ -64,6 +64,8 @@ function runDetail(r: Run): string {
   ];
   if (r.manifest_uri) rows.push(['manifest', r.manifest_uri]);
   if (r.output_tokens) rows.push(['trainable', trainableLine(r.num_trainable ?? null)]);
+  if (r.progress.without_ids.length)
+    rows.push(['without ids', `not sent to ${r.progress.without_ids.map((e) => `${e.name} (${e.endpoint_id}): ${e.reason}`).join('; ')}`]);
   if (r.invalid_lines.count)
     rows.push(['invalid lines', `${num(r.invalid_lines.count)}; first: line ${r.invalid_lines.errors[0]?.line}: ${r.invalid_lines.errors[0]?.message}`]);
   if (r.on_length !== 'keep')

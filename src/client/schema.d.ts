@@ -608,6 +608,12 @@ export interface components {
                 in_flight: number;
                 /** @description Requests endpoints turned away for a while (429, a gateway shedding bulk traffic): their samples went back to the queue with no attempt charged. Counted while the run is dispatched, by the processes dispatching it now */
                 turned_away: number;
+                /** @description A run with `output.tokens`, while dispatched: the endpoints serving its model that it is not sent to because they return no token ids (they keep serving other runs), and why; empty otherwise. With none left the run waits, its `status_reason` says so */
+                without_ids: {
+                    endpoint_id: string;
+                    name: string;
+                    reason: string;
+                }[];
             };
             forecast: components["schemas"]["Forecast"];
         };
@@ -1006,6 +1012,12 @@ export interface components {
                 in_flight: number;
                 /** @description Requests endpoints turned away for a while (429, a gateway shedding bulk traffic): their samples went back to the queue with no attempt charged. Counted while the run is dispatched, by the processes dispatching it now */
                 turned_away: number;
+                /** @description A run with `output.tokens`, while dispatched: the endpoints serving its model that it is not sent to because they return no token ids (they keep serving other runs), and why; empty otherwise. With none left the run waits, its `status_reason` says so */
+                without_ids: {
+                    endpoint_id: string;
+                    name: string;
+                    reason: string;
+                }[];
             };
             manifest_uri: string | null;
             webhook: components["schemas"]["RunWebhook"];

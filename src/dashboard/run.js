@@ -242,6 +242,10 @@ export function runView(root, runId) {
         stat('In flight', num(p.in_flight), `${num(Math.max(0, c.in_progress - p.in_flight))} claimed ahead · ${num(c.pending)} pending`),
         // Turned away for a while by endpoints busy with other traffic: asked again, nothing charged.
         p.turned_away ? stat('Turned away', num(p.turned_away), 'by endpoints busy with other traffic; no attempt charged') : null,
+        // A run writing token ids is not sent to endpoints that return none; they serve other runs.
+        p.without_ids?.length
+          ? stat('Without token ids', p.without_ids.map((e) => e.name).join(', '), p.without_ids.map((e) => `${e.name}: ${e.reason}`).join(' · '))
+          : null,
         run.turns
           ? stat('Turns', `${num(run.turns.completed)} / ${num(run.turns.total)}`, `${num(run.turns.in_flight)} in flight · ${num(run.turns.failed)} failed`)
           : null,

@@ -206,3 +206,12 @@ export async function listRunShards(db: DbOrTx, runId: string): Promise<ShardRow
   const { shards } = db.t;
   return await db.q.select().from(shards).where(eq(shards.runId, runId)).orderBy(asc(shards.idx));
 }
+
+export async function getShard(db: DbOrTx, runId: string, idx: number): Promise<ShardRow | null> {
+  const { shards } = db.t;
+  const [row] = await db.q
+    .select()
+    .from(shards)
+    .where(and(eq(shards.runId, runId), eq(shards.idx, idx)));
+  return row ?? null;
+}

@@ -10,6 +10,14 @@ export interface RunProgress {
   turned_away?: number;
   /** The latest forecast, fresher than the one the run's row keeps; null when the runner has none. */
   forecast: StoredForecast | null;
+  /** A run with output.tokens: the endpoints serving its model that it is not sent to, as they return no token ids; absent when none. */
+  without_ids?: EndpointWithoutIds[];
+}
+
+export interface EndpointWithoutIds {
+  endpoint_id: string;
+  name: string;
+  reason: string;
 }
 
 export interface EndpointLive {

@@ -10,12 +10,37 @@ export interface GenerationIds {
   output: number[];
 }
 
+/**
+ * A list of ids as staged: the base64 of their int32 bytes, written and read whole (a JSON array is
+ * written and parsed a number at a time: most of a tokens shard's time, BENCHMARKS.md "Token rows").
+ * Rows staged before hold the array itself, read as it was.
+ */
+export type StagedIdList = string | number[];
+
+/** Ids in the platform's byte order, little-endian on every machine Node runs regen on. */
+export const packIds = (ids: readonly number[]): string => Buffer.from(Int32Array.from(ids).buffer).toString('base64');
+
+export function unpackIds(list: StagedIdList): Int32Array | number[] {
+  if (typeof list !== 'string') return list;
+  const bytes = Buffer.from(list, 'base64');
+  // Copied out: a decoded Buffer may sit at an offset an Int32Array cannot start at.
+  const ids = new Int32Array(bytes.length / Int32Array.BYTES_PER_ELEMENT);
+  new Uint8Array(ids.buffer).set(bytes);
+  return ids;
+}
+
+/** How many ids a staged list holds, without decoding it. */
+export const idCount = (list: StagedIdList): number =>
+  typeof list === 'string' ? Buffer.byteLength(list, 'base64') / Int32Array.BYTES_PER_ELEMENT : list.length;
+
 /** A generation's ids as staged with its sample's text until the shard is written: where it stands in the line, and its verdicts. */
-export interface StagedIds extends GenerationIds {
+export interface StagedIds {
   turn: number | null;
   step: number | null;
   finish_reason: string | null;
   flags: number;
+  prompt: StagedIdList;
+  output: StagedIdList;
 }
 
 /**
@@ -28,12 +53,19 @@ export function conversationIds(
   const out: StagedIds[] = [];
   let turn = 0;
   for (const t of turns) {
-    if (t.ids) out.push({ turn, step: t.step, finish_reason: t.finishReason, flags: t.flags, prompt: t.ids.prompt, output: t.ids.output });
+    if (t.ids) out.push({ turn, step: t.step, finish_reason: t.finishReason, flags: t.flags, ...stagedIds(t.ids) });
     if (!t.toolCalls) turn++;
   }
   return out.length ? out : undefined;
 }
 
+/** A generation's ids packed for staging. */
+export const stagedIds = (ids: GenerationIds): Pick<StagedIds, 'prompt' | 'output'> => ({ prompt: packIds(ids.prompt), output: packIds(ids.output) });
+
+/**
+ * A training row as its files hold it, but for `loss_mask`: zeros over the prompt, ones over the
+ * generated ids (the last num_trainable), it is written from the counts.
+ */
 export interface TokenRow {
   custom_id: string;
   sample_index: number;
@@ -43,8 +75,7 @@ export interface TokenRow {
   step: number | null;
   variant: string | null;
   split: string | null;
-  input_ids: number[];
-  loss_mask: number[];
+  input_ids: Int32Array | number[];
   num_trainable: number;
   finish_reason: string | null;
   flags: Flag[];
@@ -61,8 +92,10 @@ export interface RowPlace {
   flags: number;
 }
 
-export function tokenRow(at: RowPlace, ids: GenerationIds): TokenRow {
-  const mask = new Array<number>(ids.prompt.length + ids.output.length).fill(0, 0, ids.prompt.length).fill(1, ids.prompt.length);
+export function tokenRow(at: RowPlace, ids: { prompt: ArrayLike<number>; output: ArrayLike<number> }): TokenRow {
+  const inputIds = new Int32Array(ids.prompt.length + ids.output.length);
+  inputIds.set(ids.prompt);
+  inputIds.set(ids.output, ids.prompt.length);
   return {
     custom_id: at.customId,
     sample_index: at.sampleIndex,
@@ -70,8 +103,7 @@ export function tokenRow(at: RowPlace, ids: GenerationIds): TokenRow {
     step: at.step,
     variant: at.variant,
     split: at.split,
-    input_ids: ids.prompt.concat(ids.output),
-    loss_mask: mask,
+    input_ids: inputIds,
     num_trainable: ids.output.length,
     finish_reason: at.finishReason,
     flags: flagsFromBits(at.flags),

@@ -1,3 +1,5 @@
+import type { EndpointWithoutIds } from '../domain/live-view.js';
+import { withoutIds } from './id-probe.js';
 import type { Db } from '../db/client.js';
 import { getEndpoint, listEndpoints, updateEndpoint, updateEndpointIfState } from '../db/endpoints.js';
 import { backoffMs, requestBackoff } from '../domain/backoff.js';
@@ -216,6 +218,11 @@ export class EndpointPool {
       free += Math.max(0, cap - e.inFlight.size);
     }
     return { free, total };
+  }
+
+  /** The endpoints serving `run`'s model that it is not sent to, as they return no token ids; undefined when none or it writes none. */
+  withoutIds(run: { outputTokens: boolean; model: string }): EndpointWithoutIds[] | undefined {
+    return withoutIds(this.live.values(), run);
   }
 
   /** What the endpoints serve, for a run that none can serve: "ep_x (/models/Qwen3-27B, ready)". */

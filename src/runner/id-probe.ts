@@ -1,3 +1,4 @@
+import type { EndpointWithoutIds } from '../domain/live-view.js';
 import type { Logger } from '../logger.js';
 import type { LiveEndpoint } from './live-endpoint.js';
 import { ID_PARAMS, type IdMode, pickIds } from './token-ids.js';
@@ -54,12 +55,33 @@ export function servesIds(e: LiveEndpoint, run: { outputTokens: boolean; model: 
   return e.idMode !== null && e.idMode !== 'none';
 }
 
+/** The endpoints serving `model` that return no token ids, and why: those a run that writes ids is not sent to. */
+function endpointsWithoutIds(endpoints: Iterable<LiveEndpoint>, model: string): EndpointWithoutIds[] {
+  return [...endpoints]
+    .filter((e) => e.serves(model) && e.idMode === 'none')
+    .map((e) => ({
+      endpoint_id: e.row.id,
+      name: e.row.name,
+      reason:
+        e.idRefusals >= MAX_ID_REFUSALS
+          ? `refused the token-id parameters its probe found ${e.idRefusals} times since it started`
+          : 'returns no token ids: its probe found neither return_input_ids nor return_token_ids',
+    }));
+}
+
+/** What a run's live view says of the endpoints it is not sent to for want of ids; undefined when none (or it writes no ids). */
+export function withoutIds(endpoints: Iterable<LiveEndpoint>, run: { outputTokens: boolean; model: string }): EndpointWithoutIds[] | undefined {
+  if (!run.outputTokens) return undefined;
+  const without = endpointsWithoutIds(endpoints, run.model);
+  return without.length ? without : undefined;
+}
+
 /** Why no endpoint serves a run that writes ids, or null when one does (or none was asked yet). */
 export function idsReason(endpoints: Iterable<LiveEndpoint>, model: string): string | null {
-  const without = [...endpoints].filter((e) => e.serves(model) && e.idMode === 'none');
-  const serving = [...endpoints].filter((e) => e.serves(model) && e.idMode !== 'none');
-  if (!without.length || serving.length) return null;
-  return `waiting for an endpoint that returns token ids (output.tokens): ${without.map((e) => e.row.name).join(', ')} return none; SGLang returns them since return_token_ids (PR #30917), or launch a newer server`;
+  const all = [...endpoints];
+  const without = endpointsWithoutIds(all, model);
+  if (!without.length || all.some((e) => e.serves(model) && e.idMode !== 'none')) return null;
+  return `waiting for an endpoint that returns token ids (output.tokens): ${without.map((e) => e.name).join(', ')} return none; SGLang returns them since return_token_ids (PR #30917), or launch a newer server`;
 }
 
 /**

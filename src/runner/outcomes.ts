@@ -1,4 +1,4 @@
-import { conversationIds } from '../domain/token-rows.js';
+import { conversationIds, stagedIds } from '../domain/token-rows.js';
 import type { Outcome } from '../db/results.js';
 import type { OnLength } from '../domain/params.js';
 import { totalUsage, type TurnRecord, turnCount, turnLines, unionFlags, walk } from '../domain/conversation.js';
@@ -129,7 +129,7 @@ export function settleAnswer(a: Attempt, run: SettleRun, answer: Answer, latency
   const c = a.conversation;
   if (!c) {
     if (answer.toolCalls) output.tool_calls = answer.toolCalls;
-    if (answer.ids) output.tokens = [{ turn: null, step: null, finish_reason: answer.finishReason, flags, ...answer.ids }];
+    if (answer.ids) output.tokens = [{ turn: null, step: null, finish_reason: answer.finishReason, flags, ...stagedIds(answer.ids) }];
     return {
       retried: null,
       outcome: { ...base(a), kind: 'completed', usage, finishReason: answer.finishReason, latencyMs, flags, chars, output: JSON.stringify(output), at: now },

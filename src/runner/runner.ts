@@ -263,10 +263,10 @@ export class Runner implements RunnerView {
       const forecast = this.forecasts.get(run.id);
       const in_flight = inFlight.get(run.id) ?? 0;
       const turned_away = this.requests.turnedAway.get(run.id);
-      if (!r && !forecast && !in_flight && !turned_away) continue;
-      runs[run.id] = r
-        ? { samples_per_second: r.samples, completion_tokens_per_second: r.tokens, forecast, in_flight, turned_away }
-        : { ...IDLE_PROGRESS, forecast, in_flight, turned_away };
+      const without_ids = this.pool.withoutIds(run);
+      if (!r && !forecast && !in_flight && !turned_away && !without_ids) continue;
+      const live = { forecast, in_flight, turned_away, without_ids };
+      runs[run.id] = r ? { samples_per_second: r.samples, completion_tokens_per_second: r.tokens, ...live } : { ...IDLE_PROGRESS, ...live };
     }
     const own: RunnerSnapshot = { runs, endpoints: this.pool.snapshot(now), role: this.role() };
     if (withFleet) own.fleet = { ...this.forecasts.share(now), ...this.quality.share() };

@@ -2,8 +2,9 @@ import { createHash } from 'node:crypto';
 import type { RunRow, ShardRow } from '../db/schema.js';
 import { lineKey } from '../domain/output-line.js';
 import { type OutputFormat, tokensObjectKey } from '../domain/output-format.js';
-import { type ShardTrainable, type StagedIds, type TokenRow, tokenRow } from '../domain/token-rows.js';
-import { encodeTokenParquet, parquetRowCount, readParquetRows } from '../storage/parquet.js';
+import { type ShardTrainable, type StagedIds, type TokenRow, tokenRow, unpackIds } from '../domain/token-rows.js';
+import { parquetRowCount, readParquetRows } from '../storage/parquet.js';
+import { encodeTokenParquet } from '../storage/token-parquet.js';
 import type { ObjectStore as Store } from '../storage/store.js';
 
 // A shard's training rows (output.tokens), written beside its text from the same staged outputs,
@@ -23,7 +24,7 @@ export function sampleTokenRows(s: RowSample, staged: readonly StagedIds[] | und
   return (staged ?? []).map((g) =>
     tokenRow(
       { customId: s.customId, sampleIndex: s.sampleIndex, turn: g.turn, step: g.step, variant, split, finishReason: g.finish_reason, flags: g.flags },
-      g,
+      { prompt: unpackIds(g.prompt), output: unpackIds(g.output) },
     ),
   );
 }
@@ -34,18 +35,16 @@ export async function previousTokenRows(store: Store, shard: ShardRow): Promise<
   if (!shard.tokensKey) return map;
   const bytes = await store.get(shard.tokensKey);
   if (createHash('sha256').update(bytes).digest('hex') !== shard.tokensSha256) throw new Error(`${shard.tokensKey} no longer holds the rows written before`);
-  const rows = shard.tokensKey.endsWith('.parquet')
-    ? ((await readParquetRows(bytes)) as unknown as TokenRow[]).map((r) => ({
-        ...r,
-        sample_index: Number(r.sample_index),
-        input_ids: [...r.input_ids],
-        loss_mask: [...r.loss_mask],
-      }))
-    : bytes
-        .toString('utf8')
-        .split('\n')
-        .filter((l) => l !== '')
-        .map((l) => JSON.parse(l) as TokenRow);
+  // The mask is written again from the counts, as it was.
+  const rows = (
+    shard.tokensKey.endsWith('.parquet')
+      ? await readParquetRows(bytes)
+      : bytes
+          .toString('utf8')
+          .split('\n')
+          .filter((l) => l !== '')
+          .map((l) => JSON.parse(l) as Record<string, unknown>)
+  ).map(({ loss_mask: _, ...r }) => ({ ...r, sample_index: Number(r.sample_index) }) as TokenRow);
   for (const r of rows) {
     const key = lineKey(r.custom_id, r.sample_index);
     const list = map.get(key);
@@ -55,21 +54,58 @@ export async function previousTokenRows(store: Store, shard: ShardRow): Promise<
   return map;
 }
 
+/** Bytes a row's ids and mask can take: ten digits and a comma an id, a digit and a comma its mask. */
+const ID_BYTES = 11;
+const MASK_BYTES = 2;
+const ZERO = 0x30;
+
+/** Writes `v` (0 ≤ v < 2^31) in decimal at `at`; returns where it ends. */
+function writeUint(buf: Buffer, at: number, v: number): number {
+  let end = at + (v < 10 ? 1 : v < 100 ? 2 : v < 1e3 ? 3 : v < 1e4 ? 4 : v < 1e5 ? 5 : v < 1e6 ? 6 : v < 1e7 ? 7 : v < 1e8 ? 8 : v < 1e9 ? 9 : 10);
+  const stop = end;
+  do {
+    const q = Math.floor(v / 10);
+    buf[--end] = ZERO + v - q * 10;
+    v = q;
+  } while (v > 0);
+  return stop;
+}
+
 /**
- * A row as a JSON line, the same text JSON.stringify gives, written by hand for its two long lists:
- * ids joined, and the mask (zeros then ones, by construction) as repeated text, several times faster.
+ * The rows as JSON lines, the same text JSON.stringify writes, its two long lists written as bytes
+ * (ids digit by digit, the mask a repeated "0," then "1,"): a tenth of the time of stringifying them.
  */
-export function tokenRowLine(r: TokenRow): string {
-  const head = JSON.stringify({ custom_id: r.custom_id, sample_index: r.sample_index, turn: r.turn, step: r.step, variant: r.variant, split: r.split });
-  const prompt = r.input_ids.length - r.num_trainable;
-  const mask = ('0,'.repeat(prompt) + '1,'.repeat(r.num_trainable)).slice(0, -1);
-  const tail = JSON.stringify({ num_trainable: r.num_trainable, finish_reason: r.finish_reason, flags: r.flags });
-  return `${head.slice(0, -1)},"input_ids":[${r.input_ids.join(',')}],"loss_mask":[${mask}],${tail.slice(1)}`;
+export function tokenLines(rows: readonly TokenRow[]): Buffer {
+  const heads = rows.map((r) =>
+    JSON.stringify({ custom_id: r.custom_id, sample_index: r.sample_index, turn: r.turn, step: r.step, variant: r.variant, split: r.split }),
+  );
+  const tails = rows.map((r) => JSON.stringify({ num_trainable: r.num_trainable, finish_reason: r.finish_reason, flags: r.flags }));
+  let size = 0;
+  for (const [i, r] of rows.entries()) size += Buffer.byteLength(heads[i]!) + Buffer.byteLength(tails[i]!) + r.input_ids.length * (ID_BYTES + MASK_BYTES) + 64;
+  const buf = Buffer.allocUnsafe(size);
+  let at = 0;
+  for (const [i, r] of rows.entries()) {
+    at += buf.write(heads[i]!.slice(0, -1), at);
+    at += buf.write(',"input_ids":[', at);
+    const ids = r.input_ids;
+    for (let k = 0; k < ids.length; k++) {
+      if (k) buf[at++] = 0x2c;
+      at = writeUint(buf, at, ids[k]!);
+    }
+    at += buf.write('],"loss_mask":[', at);
+    const prompt = ids.length - r.num_trainable;
+    buf.fill('0,', at, at + MASK_BYTES * prompt);
+    buf.fill('1,', at + MASK_BYTES * prompt, at + MASK_BYTES * ids.length);
+    // The last comma gives way to the list's end.
+    at += MASK_BYTES * ids.length - (ids.length ? 1 : 0);
+    at += buf.write(`],${tails[i]!.slice(1)}\n`, at);
+  }
+  return buf.subarray(0, at);
 }
 
 /** The tokens file's body in the run's format family (Parquet for parquet, JSONL otherwise), and its read-back check. */
 export function encodeTokens(format: OutputFormat, rows: readonly TokenRow[], key: string): { body: Buffer; check?: (back: Buffer) => void } {
-  if (format !== 'parquet') return { body: Buffer.from(rows.map(tokenRowLine).join('\n') + '\n') };
+  if (format !== 'parquet') return { body: tokenLines(rows) };
   const body = encodeTokenParquet(rows);
   const check = (back: Buffer) => {
     const count = parquetRowCount(back);

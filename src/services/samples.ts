@@ -4,6 +4,8 @@ import { getStagedOutput } from '../db/staging.js';
 import type { StagedOutput } from '../domain/output-line.js';
 import { answerOfRecord, type OutputFormat, parseStoredLine } from '../domain/output-format.js';
 import { type RunEndpoint, runEndpoint } from '../domain/run-endpoint.js';
+import { getShard } from '../db/shards.js';
+import { idCount } from '../domain/token-rows.js';
 import { ApiError } from '../errors.js';
 import { readParquetRows } from '../storage/parquet.js';
 
@@ -59,4 +61,36 @@ export async function readSampleOutput(
     throw new ApiError('storage_unavailable', 'the stored shard no longer matches this run; its output cannot be shown');
   }
   return { reasoning_content: o.reasoning_content, content: o.content };
+}
+
+/**
+ * A completed sample's trainable tokens in a run with output.tokens: the loss mask's 1s over its
+ * training rows, staged or written (an answer whose ids did not come back, as a stream cut for
+ * looping, has no row and counts 0); null otherwise, or once the output expired.
+ */
+export async function readTrainable(deps: Pick<Deps, 'db' | 'stores'>, run: RunRow, s: SampleRow): Promise<number | null> {
+  if (!run.outputTokens || s.status !== 'completed') return null;
+  const staged = await getStagedOutput(deps.db, s.id);
+  if (staged) return ((JSON.parse(staged) as StagedOutput).tokens ?? []).reduce((n, g) => n + idCount(g.output), 0);
+  if (run.outputExpiredAt !== null) return null;
+  // A shard none of whose samples had ids writes no tokens file.
+  const shard = await getShard(deps.db, run.id, s.shardIdx);
+  if (!shard?.tokensKey) return 0;
+  const format = run.outputFormat as OutputFormat;
+  let bytes: Buffer;
+  try {
+    bytes = await deps.stores.forUri(run.outputUri).get(shard.tokensKey);
+  } catch {
+    throw new ApiError('storage_unavailable', 'the object store could not return this sample; try again');
+  }
+  const rows =
+    format === 'parquet'
+      ? await readParquetRows(bytes, undefined, ['custom_id', 'sample_index', 'num_trainable'])
+      : // Only the sample's own lines are parsed: each starts with its custom_id and sample_index.
+        bytes
+          .toString('utf8')
+          .split('\n')
+          .filter((l) => l.startsWith(`${JSON.stringify({ custom_id: s.customId, sample_index: s.sampleIndex }).slice(0, -1)},`))
+          .map((l) => JSON.parse(l) as Record<string, unknown>);
+  return rows.filter((r) => r.custom_id === s.customId && Number(r.sample_index) === s.sampleIndex).reduce((n, r) => n + Number(r.num_trainable), 0);
 }

@@ -85,6 +85,11 @@ export interface SimOptions {
   tokenIdMismatchRate?: number;
   /** The embedding model's vector size, when a request asks no `dimensions` (two servers of one model name with different sizes serve two models). */
   embeddingDimensions?: number;
+  /**
+   * The next this many requests asking for token ids are refused with a 400 naming the parameter,
+   * as by a server restarted as a version without it, and then taken again: set at run time.
+   */
+  refuseIdRequests?: number;
   /** Called when the `dieAfter`-th chat request arrives; by default the server drops every connection and stops listening. */
   onDie?: () => void;
   /** Called with the final stats once a drain has finished the last request, just before the server closes. */
@@ -140,6 +145,7 @@ export const DEFAULTS: Readonly<Knobs> = {
   tokenIdApi: 'sglext',
   tokenIdMismatchRate: 0,
   embeddingDimensions: 32,
+  refuseIdRequests: 0,
 };
 
 export class SimOptionError extends Error {}
@@ -201,6 +207,7 @@ const RULES: Record<keyof Knobs, Rule> = {
   tokenIdApi: { expect: '"sglext", "token_ids" or "none"', ok: (v) => v === 'sglext' || v === 'token_ids' || v === 'none' },
   tokenIdMismatchRate: rate,
   embeddingDimensions: positive,
+  refuseIdRequests: count,
 };
 
 export const KNOB_NAMES = Object.keys(RULES) as (keyof Knobs)[];

@@ -28,6 +28,16 @@ export interface IdAsk {
   outputIds: boolean;
 }
 
+/** Every token-id parameter a request may carry, in the order a refusal names the first. */
+const ID_PARAM_NAMES = [
+  'return_token_ids',
+  'return_prompt_token_ids',
+  'return_input_ids',
+  'return_output_ids',
+  'return_input_ids_in_sglext',
+  'return_output_ids_in_sglext',
+] as const;
+
 const asked = (body: Record<string, unknown>, name: string): boolean => body[name] === true || body[`${name}_in_sglext`] === true;
 
 /**
@@ -43,6 +53,12 @@ export function parseIdAsk(body: Record<string, unknown>, knobs: Knobs): IdAsk {
     inputIds: api === 'sglext' && asked(body, 'return_input_ids'),
     outputIds: api === 'sglext' && asked(body, 'return_output_ids'),
   };
+  const named = ID_PARAM_NAMES.find((name) => body[name] === true);
+  if (named && knobs.refuseIdRequests > 0) {
+    knobs.refuseIdRequests--;
+    // pydantic's words for a field the request model does not have.
+    throw new SimHttpError(400, `1 validation error for ChatCompletionRequest\n${named}\n  Extra inputs are not permitted`);
+  }
   // serving_chat.py refuses these two on a stream, in this order, before anything is generated.
   if (body.stream === true && ask.promptTokenIds) {
     throw new SimHttpError(400, 'return_prompt_token_ids is not supported with streaming. Please set stream=false when using return_prompt_token_ids=true.');

@@ -3,21 +3,11 @@ import { ByteWriter, ParquetWriter, parquetWriteBuffer } from 'hyparquet-writer'
 import type { ParquetRow } from '../domain/output-format.js';
 import { isRawParquetRow, type RawParquetRow } from '../domain/raw-row.js';
 import type { RunEndpoint } from '../domain/run-endpoint.js';
-import type { TokenRow } from '../domain/token-rows.js';
+import { type Element, int, list, str } from './parquet-schema.js';
 
 // Parquet shards through hyparquet-writer (pure JavaScript; chosen over parquet-wasm for speed,
 // BENCHMARKS.md "Parquet writers"), read back through hyparquet. Pages are SNAPPY-compressed: the
 // writer's own codec; zstd would need a compressor it does not ship (Node 20's zlib has none).
-
-type Element = { name: string; type?: string; converted_type?: string; repetition_type?: string; num_children?: number };
-
-const str = (name: string, repetition_type = 'OPTIONAL'): Element => ({ name, type: 'BYTE_ARRAY', converted_type: 'UTF8', repetition_type });
-const int = (name: string, repetition_type = 'OPTIONAL'): Element => ({ name, type: 'INT32', repetition_type });
-const list = (name: string, element: Element[]): Element[] => [
-  { name, repetition_type: 'OPTIONAL', converted_type: 'LIST', num_children: 1 },
-  { name: 'list', repetition_type: 'REPEATED', num_children: 1 },
-  ...element,
-];
 
 const USAGE = ['prompt_tokens', 'completion_tokens', 'reasoning_tokens', 'cached_tokens'] as const;
 
@@ -149,30 +139,6 @@ export class ParquetRowStream {
     void this.writer.finish();
     return this.out.take();
   }
-}
-
-/** Training rows (output.tokens): the ids as list<int32>, the loss mask as list<int8>, as a trainer's Arrow reads them. */
-const TOKEN_COLUMNS: { name: keyof TokenRow; schema: Element[] }[] = [
-  { name: 'custom_id', schema: [str('custom_id', 'REQUIRED')] },
-  { name: 'sample_index', schema: [int('sample_index', 'REQUIRED')] },
-  { name: 'turn', schema: [int('turn')] },
-  { name: 'step', schema: [int('step')] },
-  { name: 'variant', schema: [str('variant')] },
-  { name: 'split', schema: [str('split')] },
-  { name: 'input_ids', schema: list('input_ids', [int('element', 'REQUIRED')]) },
-  { name: 'loss_mask', schema: list('loss_mask', [{ name: 'element', type: 'INT32', converted_type: 'INT_8', repetition_type: 'REQUIRED' }]) },
-  { name: 'num_trainable', schema: [int('num_trainable', 'REQUIRED')] },
-  { name: 'finish_reason', schema: [str('finish_reason')] },
-  { name: 'flags', schema: list('flags', [str('element')]) },
-];
-
-const TOKEN_SCHEMA = schemaOf(TOKEN_COLUMNS);
-
-/** One shard's training rows as a Parquet file. */
-export function encodeTokenParquet(rows: readonly TokenRow[]): Buffer {
-  const columnData = TOKEN_COLUMNS.map((c) => ({ name: c.name, data: rows.map((r) => r[c.name]) }));
-  const buf = parquetWriteBuffer({ columnData, schema: TOKEN_SCHEMA, rowGroupSize: 100_000, codec: 'SNAPPY' } as Parameters<typeof parquetWriteBuffer>[0]);
-  return Buffer.from(buf);
 }
 
 const arrayBufferOf = (b: Buffer): ArrayBuffer => b.buffer.slice(b.byteOffset, b.byteOffset + b.byteLength) as ArrayBuffer;

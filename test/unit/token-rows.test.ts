@@ -1,25 +1,43 @@
 import { describe, expect, it } from 'vitest';
-import { spreadOf, tokenRow, trainableSpread } from '../../src/domain/token-rows.js';
-import { tokenRowLine } from '../../src/runner/token-shard.js';
+import { packIds, spreadOf, type TokenRow, tokenRow, trainableSpread, unpackIds } from '../../src/domain/token-rows.js';
+import { tokenLines } from '../../src/runner/token-shard.js';
+import { readParquetRows } from '../../src/storage/parquet.js';
+import { encodeTokenParquet } from '../../src/storage/token-parquet.js';
 import { readIds } from '../../src/runner/token-ids.js';
 
 const usage = (prompt: number, completion: number) => ({ prompt_tokens: prompt, completion_tokens: completion, reasoning_tokens: 0, cached_tokens: 0 });
 const place = { customId: 'a"\u2028', sampleIndex: 1, turn: 2, step: 0, variant: 'think', split: 'eval', finishReason: 'stop', flags: 5 };
 
 describe('training rows', () => {
-  it('masks the prompt 0 and the generated ids 1, and writes the line JSON.stringify writes', () => {
+  it('masks the prompt 0 and the generated ids 1, in the JSON line JSON.stringify writes and in Parquet as written', async () => {
     const row = tokenRow(place, { prompt: [7, 8, 9], output: [4, 5] });
-    expect(row).toMatchObject({ input_ids: [7, 8, 9, 4, 5], loss_mask: [0, 0, 0, 1, 1], num_trainable: 2, flags: ['empty_content', 'truncated'] });
-    for (const ids of [
-      { prompt: [1], output: [] },
-      { prompt: [], output: [2] },
-      { prompt: [], output: [] },
-      { prompt: [3, 4], output: [5, 6, 7] },
-    ]) {
-      const r = tokenRow({ ...place, variant: null, split: null, turn: null, step: null, finishReason: null }, ids);
-      expect(tokenRowLine(r)).toBe(JSON.stringify(r));
-    }
-    expect(tokenRowLine(row)).toBe(JSON.stringify(row));
+    expect({ ...row, input_ids: [...row.input_ids] }).toMatchObject({ input_ids: [7, 8, 9, 4, 5], num_trainable: 2, flags: ['empty_content', 'truncated'] });
+    const rows = [
+      row,
+      ...[
+        { prompt: [1], output: [] },
+        { prompt: [], output: [2] },
+        { prompt: [], output: [] },
+        { prompt: [3, 4], output: [5, 6, 7] },
+        { prompt: [0, 9, 10, 99, 100, 2 ** 31 - 1], output: [151_642] },
+      ].map((ids) => tokenRow({ ...place, variant: null, split: null, turn: null, step: null, finishReason: null }, ids)),
+    ];
+    // What each row's file holds: its ids, and the mask of zeros then ones.
+    const plain = (r: TokenRow) => {
+      const ids = [...r.input_ids];
+      const { num_trainable, finish_reason, flags, ...head } = r;
+      const loss_mask = ids.map((_, i) => (i < ids.length - num_trainable ? 0 : 1));
+      return { ...head, input_ids: ids, loss_mask, num_trainable, finish_reason, flags };
+    };
+    expect(tokenLines(rows).toString()).toBe(rows.map((r) => JSON.stringify(plain(r)) + '\n').join(''));
+    expect(await readParquetRows(encodeTokenParquet(rows))).toEqual(rows.map(plain));
+  });
+
+  it('stages ids packed and reads both the packed and the older array form', () => {
+    const ids = [0, 1, 151_642, 2 ** 31 - 1];
+    expect([...unpackIds(packIds(ids))]).toEqual(ids);
+    expect(unpackIds(ids)).toBe(ids);
+    expect([...unpackIds(packIds([]))]).toEqual([]);
   });
 
   it('gives min, p5, median, p95 and max by nearest rank, overall and per variant', () => {

@@ -45,6 +45,7 @@ export function renderProgress(r: RunRow, live: RunProgress, now: number): Run['
     elapsed_seconds: Math.round(elapsedMs / 1000),
     in_flight: live.in_flight ?? 0,
     turned_away: live.turned_away ?? 0,
+    without_ids: dispatching ? (live.without_ids ?? []) : [],
   };
 }
 

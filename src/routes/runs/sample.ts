@@ -11,7 +11,7 @@ import { turnLines, walk, type TurnRecord, type WalkSettings } from '../../domai
 import { shardObjectKey, splitOfShardIdx, type OutputFormat } from '../../domain/output-format.js';
 import { walkSettings } from '../../domain/params.js';
 import { textProblem } from '../../domain/text.js';
-import { readSampleOutput } from '../../services/samples.js';
+import { readSampleOutput, readTrainable } from '../../services/samples.js';
 import { jsonContent, RunIdParam } from '../common.js';
 import { renderSample, renderTurn } from './render.js';
 import { SampleDetail } from './schemas.js';
@@ -73,8 +73,7 @@ async function sampleDetail(deps: Deps, id: string, customId: string, sampleInde
     ...(records && turns && { turns, conversation: conversationOf(request.messages as { role: string }[], records, walkSettings(run)) }),
     split,
     shard_key: shardObjectKey({ idx: sample.shardIdx, split }, run.outputFormat as OutputFormat),
-    // With ids, a sample's completion tokens are exactly its rows' generated ids (token-ids.ts exactUsage).
-    trainable_tokens: run.outputTokens && sample.status === 'completed' ? (sample.completionTokens ?? 0) : null,
+    trainable_tokens: await readTrainable(deps, run, sample),
   };
 }
 

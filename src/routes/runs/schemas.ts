@@ -345,6 +345,10 @@ export const Run = z
         description:
           'Requests endpoints turned away for a while (429, a gateway shedding bulk traffic): their samples went back to the queue with no attempt charged. Counted while the run is dispatched, by the processes dispatching it now',
       }),
+      without_ids: z.array(z.object({ endpoint_id: z.string(), name: z.string(), reason: z.string() })).openapi({
+        description:
+          'A run with `output.tokens`, while dispatched: the endpoints serving its model that it is not sent to because they return no token ids (they keep serving other runs), and why; empty otherwise. With none left the run waits, its `status_reason` says so',
+      }),
     }),
     manifest_uri: z.string().nullable(),
     webhook: RunWebhook.nullable(),

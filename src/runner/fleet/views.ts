@@ -28,6 +28,8 @@ export class PeerViews {
               in_flight: (mine.in_flight ?? 0) + (p.in_flight ?? 0),
               turned_away: (mine.turned_away ?? 0) + (p.turned_away ?? 0),
               forecast: mine.forecast ?? p.forecast,
+              // Each replica probes the endpoints it drives: together they name every one.
+              without_ids: mine.without_ids || p.without_ids ? [...(mine.without_ids ?? []), ...(p.without_ids ?? [])] : undefined,
             }
           : p;
       }

@@ -1,0 +1,146 @@
+import { spawnSync } from 'node:child_process';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { Stores } from '../src/storage/index.js';
+import { spawnSimulator, type SimProcess } from './support/sim.js';
+import { call, REGEN, spawnServer, tempDir, waitFor, type ServerProcess } from './support/server.js';
+import { createRun, registerEndpoint, uploadFile, waitForStatus } from './support/runner-checks.js';
+
+// Token rows (`output.tokens`) and the endpoints that serve them, on simulator processes: a 400
+// naming an id parameter is regen's mistake (the endpoint is probed again, the sample asked again
+// with nothing charged); the endpoints left out for want of ids are named on the run while others
+// serve it; a sample's trainable tokens are the loss mask's 1s written, none for an answer whose
+// ids never came back (a stream cut for looping).
+
+const TERMINAL = ['completed', 'failed', 'paused', 'cancelled'];
+const data = tempDir('regen-tokens-ep-');
+const sims: SimProcess[] = [];
+let server: ServerProcess | null = null;
+
+async function sim(flags: Record<string, string | number>): Promise<SimProcess> {
+  const s = await spawnSimulator({ 'ttft-ms': 10, 'tokens-per-second': 3000, 'completion-tokens': 24, 'reasoning-tokens': 16, ...flags });
+  sims.push(s);
+  return s;
+}
+
+beforeAll(async () => {
+  server = await spawnServer(data.dir);
+});
+
+afterAll(async () => {
+  await server?.kill('SIGKILL');
+  await Promise.all(sims.map((s) => s.stop()));
+  data.cleanup();
+});
+
+async function tokensRun(model: string, n: number, tag: string, extra: Record<string, unknown> = {}): Promise<string> {
+  const lines = Array.from({ length: n }, (_, i) =>
+    JSON.stringify({ custom_id: `${tag}-${i}`, messages: [{ role: 'user', content: `Question ${i} of ${tag}` }] }),
+  );
+  const fileId = await uploadFile(server!.url, lines.join('\n') + '\n');
+  const { id } = await createRun(server!.url, { model, input: { file_id: fileId }, params: { max_tokens: 256 }, output: { tokens: true }, ...extra });
+  return id;
+}
+
+/** Every text line and training row of a finished run. */
+async function readOutput(outputUri: string): Promise<{ lines: any[]; rows: any[] }> {
+  const stores = new Stores({ forcePathStyle: false });
+  try {
+    const store = stores.forUri(outputUri);
+    const manifest = JSON.parse((await store.get('manifest.json')).toString('utf8'));
+    const out = { lines: [] as any[], rows: [] as any[] };
+    for (const f of manifest.files.filter((x: any) => x.kind === 'jsonl' || x.kind === 'tokens')) {
+      const parsed = (await store.get(f.key))
+        .toString('utf8')
+        .trimEnd()
+        .split('\n')
+        .map((t) => JSON.parse(t));
+      (f.kind === 'tokens' ? out.rows : out.lines).push(...parsed);
+    }
+    return out;
+  } finally {
+    stores.close();
+  }
+}
+
+describe('output.tokens and its endpoints', () => {
+  it('a 400 naming an id parameter: the endpoint is probed again and the sample asked again, nothing charged', async () => {
+    // Two answers at a time, 100 ms each: the run is still going when the server changes under it.
+    const s = await sim({ model: 'refuse-model', 'max-running': 2, 'ttft-ms': 100 });
+    await registerEndpoint(server!.url, s.url, { name: 'refusing', max_concurrency: 2 });
+    const id = await tokensRun('refuse-model', 40, 'r');
+    await waitFor('a few answers', async () => ((await call(server!.url, `/v1/runs/${id}`)).body.request_counts.completed >= 4 ? true : undefined));
+    // As a server restarted as a version without the parameter, once: the next request asking ids gets a 400 naming it.
+    const res = await fetch(`${s.url}/sim/config`, { method: 'POST', body: JSON.stringify({ refuseIdRequests: 1 }) });
+    expect(res.status).toBe(200);
+    const done = await waitForStatus(server!.url, id, TERMINAL);
+    expect(done.status, done.status_reason).toBe('completed');
+    const { lines, rows } = await readOutput(done.output_uri);
+    expect(lines).toHaveLength(40);
+    expect(rows).toHaveLength(40);
+    // No sample was charged for the refusal: one attempt each, none failed.
+    expect(lines.every((l) => l.attempts === 1)).toBe(true);
+    const stats = await s.stats();
+    // The refusal was used up: an empty patch answers the knobs as they are.
+    expect((await fetch(`${s.url}/sim/config`, { method: 'POST', body: '{}' }).then((r) => r.json())).refuseIdRequests).toBe(0);
+    // The 40 answers and two probes: the first, and the one after the refusal.
+    expect(stats.completed).toBe(40 + 2);
+  });
+
+  it('the endpoints left out for want of ids are named on the run and in regen status while another serves it', async () => {
+    const old = await sim({ model: 'mixed-model', 'token-id-api': 'none' });
+    await registerEndpoint(server!.url, old.url, { name: 'no-ids-server' });
+    // Paced so the run is still dispatched when it is read: 60 answers two at a time, 100 ms each.
+    const newer = await sim({ model: 'mixed-model', 'max-running': 2, 'ttft-ms': 100 });
+    const ep = await registerEndpoint(server!.url, newer.url, { name: 'ids-server', max_concurrency: 2 });
+    const id = await tokensRun('mixed-model', 60, 'm');
+    const url = server!.url;
+    const running = await waitFor('the run to name the endpoint left out', async () => {
+      const run = (await call(url, `/v1/runs/${id}`)).body;
+      return run.status === 'in_progress' && run.progress.without_ids.length ? run : undefined;
+    });
+    expect(running.progress.without_ids).toEqual([
+      { endpoint_id: expect.stringMatching(/^ep_/), name: 'no-ids-server', reason: expect.stringMatching(/returns no token ids/) },
+    ]);
+    expect(running.progress.without_ids[0].endpoint_id).not.toBe(ep.id);
+    // Not waiting: another endpoint serves it.
+    expect(running.status_reason).toBeNull();
+    const status = spawnSync(process.execPath, [...REGEN, 'status', id], { env: { ...process.env, REGEN_URL: url }, encoding: 'utf8' });
+    expect(status.stdout).toMatch(/without ids\s+not sent to no-ids-server \(ep_\w+\): returns no token ids/);
+    const done = await waitForStatus(url, id, TERMINAL);
+    expect(done.status).toBe('completed');
+    // A finished run is sent nowhere: the list is empty.
+    expect(done.progress.without_ids).toEqual([]);
+    // The endpoint without ids answered only its probes (one a parameter tried).
+    expect((await old.stats()).completed).toBe(2);
+  });
+
+  it("a sample's trainable tokens are its rows' loss-mask 1s: none for an answer cut for looping, whose ids never came back", async () => {
+    // At 400 tokens/s a looping answer is cut after a few hundred tokens, long before its max_tokens.
+    const s = await sim({ model: 'loop-model', 'completion-tokens': 60, 'reasoning-tokens': 40, 'tokens-per-second': 400, seed: 5 });
+    await registerEndpoint(server!.url, s.url, { name: 'looping' });
+    const lines = Array.from({ length: 12 }, (_, i) =>
+      JSON.stringify({ custom_id: `l-${i}`, messages: [{ role: 'user', content: `Question ${i}${i === 3 ? ' [loop]' : ''}` }] }),
+    );
+    const fileId = await uploadFile(server!.url, lines.join('\n') + '\n');
+    // Kept as cut (no retry of the flagged), so it is a completed sample with no row.
+    const { id } = await createRun(server!.url, {
+      model: 'loop-model',
+      input: { file_id: fileId },
+      params: { max_tokens: 20_000, chat_template_kwargs: { enable_thinking: true } },
+      quality: { retry_flagged: 0, gate: false },
+      output: { tokens: true },
+    });
+    const done = await waitForStatus(server!.url, id, TERMINAL);
+    expect(done.status, done.status_reason).toBe('completed');
+    const { rows } = await readOutput(done.output_uri);
+    const looped = (await call(server!.url, `/v1/runs/${id}/samples/l-3`)).body;
+    expect(looped.status).toBe('completed');
+    expect(looped.usage.completion_tokens).toBeGreaterThan(0);
+    expect(rows.some((r) => r.custom_id === 'l-3')).toBe(false);
+    expect(looped.trainable_tokens).toBe(0);
+    // Another sample: its row's ones, read from the written tokens file.
+    const row = rows.find((r) => r.custom_id === 'l-5');
+    expect(row.loss_mask.filter((m: number) => m === 1)).toHaveLength(row.num_trainable);
+    expect((await call(server!.url, `/v1/runs/${id}/samples/l-5`)).body.trainable_tokens).toBe(row.num_trainable);
+  });
+});
