@@ -1448,6 +1448,11 @@ export interface components {
             index: number;
             /** @enum {string} */
             status: "open" | "uploaded";
+            /**
+             * @description The split whose samples the shard holds; null when the run has no split
+             * @enum {string|null}
+             */
+            split: "train" | "eval" | null;
             samples: number;
             done: number;
             key: string | null;

@@ -62,10 +62,10 @@ export class RunSteps {
       : ahead
         ? `${BEHIND_PREFIX} run ${ahead.id}${ahead.name ? ` (${JSON.stringify(ahead.name)})` : ''}, ahead of it in the order (priority ${ahead.priority}, then age): it holds the slots of the endpoints serving model ${JSON.stringify(run.model)}`
         : noIds
-        ? `${WAITING_PREFIX} ${noIds}`
-        : busy
-          ? `${WAITING_PREFIX} ${BUSY_REASON}`
-          : `${WAITING_PREFIX} no ready endpoint serves model ${JSON.stringify(run.model)}; ${this.pool.describeServed()}`;
+          ? `${WAITING_PREFIX} ${noIds}`
+          : busy
+            ? `${WAITING_PREFIX} ${BUSY_REASON}`
+            : `${WAITING_PREFIX} no ready endpoint serves model ${JSON.stringify(run.model)}; ${this.pool.describeServed()}`;
     if (reason === run.statusReason || (!waits && !ours) || (waits && run.statusReason && !ours)) return;
     if (await setStatusReason(this.deps.db, run.id, reason, DISPATCHABLE_RUN_STATUSES)) {
       if (reason) this.deps.logger.warn({ run_id: run.id, model: run.model, reason }, 'run waits for an endpoint');

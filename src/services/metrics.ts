@@ -124,7 +124,7 @@ export class Metrics implements ProcessMetrics {
   });
   private readonly runTurns = new Gauge({
     name: 'regen_run_turns',
-    help: 'A conversation run\'s requests (user turns and tool-call steps), as its `turns` counts them: total, completed, failed, in_flight (its samples count conversations)',
+    help: "A conversation run's requests (user turns and tool-call steps), as its `turns` counts them: total, completed, failed, in_flight (its samples count conversations)",
     labelNames: ['run_id', 'status'] as const,
     registers: [this.registry],
   });

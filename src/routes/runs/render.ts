@@ -177,7 +177,13 @@ function renderEndWarnings(r: RunRow): Pick<Run, 'warnings'> {
 
 /** A run's prefix-cache figures by endpoint, for GET of one run. */
 export function renderCacheByEndpoint(usage: readonly (CacheUsage & { endpointName: string | null })[]): NonNullable<Run['cache_by_endpoint']> {
-  return usage.map((u) => ({ endpoint_id: u.endpointId, endpoint_name: u.endpointName, prompt_tokens: u.promptTokens, cached_tokens: u.cachedTokens, cache_hit_rate: hitRate(u) }));
+  return usage.map((u) => ({
+    endpoint_id: u.endpointId,
+    endpoint_name: u.endpointName,
+    prompt_tokens: u.promptTokens,
+    cached_tokens: u.cachedTokens,
+    cache_hit_rate: hitRate(u),
+  }));
 }
 
 const round = (n: number) => Math.round(n * 100) / 100;
@@ -240,6 +246,7 @@ export function renderShard(s: ShardRow) {
     object: 'shard' as const,
     index: s.idx,
     status: s.status as 'open' | 'uploaded',
+    split: s.split as 'train' | 'eval' | null,
     samples: s.sampleCount,
     done: s.terminalCount,
     key: s.key,

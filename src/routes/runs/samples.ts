@@ -32,9 +32,19 @@ export function registerListSamples(app: App) {
     await checkCursor(q.after, 'sample of this run', async (after) => (await getSample(db, id, after)) !== undefined);
     const { rows, limit } = await listSamples(db, id, q);
     const conversations = run.regenerate === 'all_assistant';
-    const answered = conversations ? await answeredTurnCounts(db, rows.map((s) => s.id)) : null;
+    const answered = conversations
+      ? await answeredTurnCounts(
+          db,
+          rows.map((s) => s.id),
+        )
+      : null;
     return c.json(
-      page(rows, limit, (s) => s.customId, (s) => renderSample(s, variantName(run.variants, s.variant), answered && (answered.get(s.id) ?? 0))),
+      page(
+        rows,
+        limit,
+        (s) => s.customId,
+        (s) => renderSample(s, variantName(run.variants, s.variant), answered && (answered.get(s.id) ?? 0)),
+      ),
       200,
     );
   });

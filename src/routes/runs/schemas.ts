@@ -354,7 +354,7 @@ export const Run = z
       }),
       samples_in_flight: z.number().int().openapi({
         description:
-          'The samples the requests in flight answer: with `params.n` > 1 one request asks for a line\'s n answers, so this is up to n × `in_flight`; equal to `in_flight` otherwise',
+          "The samples the requests in flight answer: with `params.n` > 1 one request asks for a line's n answers, so this is up to n × `in_flight`; equal to `in_flight` otherwise",
       }),
       turned_away: z.number().int().openapi({
         description:
@@ -474,6 +474,7 @@ export const Shard = z
     object: z.literal('shard'),
     index: z.number().int(),
     status: z.enum(SHARD_STATUSES),
+    split: z.enum(['train', 'eval']).nullable().openapi({ description: 'The split whose samples the shard holds; null when the run has no split' }),
     samples: z.number().int(),
     done: z.number().int(),
     key: z.string().nullable(),
