@@ -52,11 +52,12 @@ export async function getRunWithCacheUsage(
 ): Promise<{ run: RunRow; cacheUsage: (CacheUsage & { endpointName: string | null })[] } | undefined> {
   const { runs } = db.t;
   // Each endpoint's row as [endpoint_id, prompt_tokens, cached_tokens, name], aggregated into one JSON array; the
-  // name is null once the endpoint is deleted.
+  // name is null once the endpoint is deleted. The name comes from a subquery of its own, not a join: `runs.id`
+  // is written unqualified here, and an endpoints table in this scope would capture it.
   const usage =
     db.dialect === 'pg'
-      ? sql<unknown>`(select json_agg(json_build_array(u.endpoint_id, u.prompt_tokens, u.cached_tokens, e.name)) from run_endpoint_usage u left join endpoints e on e.id = u.endpoint_id where u.run_id = ${runs.id})`
-      : sql<unknown>`(select json_group_array(json_array(u.endpoint_id, u.prompt_tokens, u.cached_tokens, e.name)) from run_endpoint_usage u left join endpoints e on e.id = u.endpoint_id where u.run_id = ${runs.id})`;
+      ? sql<unknown>`(select json_agg(json_build_array(u.endpoint_id, u.prompt_tokens, u.cached_tokens, (select e.name from endpoints e where e.id = u.endpoint_id))) from run_endpoint_usage u where u.run_id = ${runs.id})`
+      : sql<unknown>`(select json_group_array(json_array(u.endpoint_id, u.prompt_tokens, u.cached_tokens, (select e.name from endpoints e where e.id = u.endpoint_id))) from run_endpoint_usage u where u.run_id = ${runs.id})`;
   const [row] = await db.q.select({ run: runs, usage }).from(runs).where(eq(runs.id, id)).limit(1);
   if (!row) return undefined;
   // node-postgres parses json itself; SQLite hands the text over; PostgreSQL's aggregate of no rows is null.
