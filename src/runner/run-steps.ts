@@ -54,7 +54,7 @@ export class RunSteps {
     const noIds = served && run.outputTokens ? idsReason(this.pool.live.values(), run.model) : null;
     const ahead =
       served && noIds === null && run.status === 'queued'
-        ? active.slice(0, active.indexOf(run)).find((a) => a.model === run.model && a.status === 'in_progress')
+        ? active.slice(0, active.indexOf(run)).find((a) => a.status === 'in_progress' && this.pool.sharedBy(a.model, run.model))
         : undefined;
     const waits = !served || noIds !== null || ahead !== undefined;
     const reason = !waits
