@@ -183,8 +183,10 @@ describe.skipIf(!haveChromium)('units across the API, /metrics, the CLI and the 
     // The shards by split, adding up to the run's conversations.
     const splits = await page.locator('.shard-split').allTextContents();
     expect(splits.map((s) => s.replace(/^ · /, '').split(' ')[0])).toEqual(['train', 'eval']);
-    const done = splits.map((s) => Number(/(\d+) of \d+ samples done/.exec(s)![1]));
+    const done = splits.map((s) => Number(/(\d+) of \d+ conversations done/.exec(s)![1]));
     expect(done.reduce((a, b) => a + b, 0)).toBe(CONVERSATIONS);
+    // The forecast rests on answered turns, its calibration slice on conversations: each named.
+    expect(await page.locator('.forecast').textContent()).toMatch(/Based on[\d,]+ turns answered \(calibration slice of [\d,]+ conversations\)/);
     await page.screenshot({ path: `${SHOTS}units-conversations-1440.png`, fullPage: true });
 
     // The samples list: each conversation's variant and its answered turns.

@@ -41,7 +41,8 @@ export function progressCard(run) {
       { className: 'stats' },
       stat(
         finished ? 'Average rate' : 'Rate',
-        `${rate(p.samples_per_second)} ${unit}/s`,
+        // The unit in a smaller type: "conversations/s" beside the figure fits a 1024 px page's column.
+        [rate(p.samples_per_second), h('span', { className: 'unit' }, ` ${unit}/s`)],
         [run.turns ? `${rate(p.turns_per_second)} turns/s · ` : '', `${rate(p.completion_tokens_per_second)} tokens/s`].join(''),
       ),
       finished

@@ -185,7 +185,13 @@ export function runView(root, runId) {
               f.endpoints_for_deadline == null ? '–' : `${num(f.endpoints_for_deadline)} endpoint(s) like these`,
             )
           : null,
-        row('Based on', `${num(f.based_on_samples)} calibration answers (slice of ${num(run.calibration.samples)})`),
+        // A conversation run's forecast rests on its answered turns; its calibration slice counts conversations.
+        row(
+          'Based on',
+          run.turns
+            ? `${num(f.based_on_samples)} turns answered (calibration slice of ${num(run.calibration.samples)} conversations)`
+            : `${num(f.based_on_samples)} calibration answers (slice of ${num(run.calibration.samples)})`,
+        ),
       ),
     );
   }
@@ -278,7 +284,7 @@ export function runView(root, runId) {
       tasks.push(
         unwrap(client.GET('/v1/runs/{id}/shards', { params: { path, query: { limit: 1000 } } })).then((s) => {
           fill(shardsHead, `${num(run.shards.uploaded)} of ${num(run.shards.total)} uploaded · ${num(run.shard_size)} ${unitOf(run)} each`);
-          fill(shardsEl, shardGrid(s.data, run.shards.total, TERMINAL.includes(run.status)));
+          fill(shardsEl, shardGrid(s.data, run.shards.total, TERMINAL.includes(run.status), unitOf(run)));
         }),
       );
     }
