@@ -183,7 +183,11 @@ describe('regen CLI', () => {
 
     const detail = await regen(['status', runId]);
     expect(detail.code, detail.stderr).toBe(0);
-    expect(detail.stdout).toContain(`run       ${runId} (cli-run)`);
+    expect(detail.stdout).toMatch(new RegExp(`^run\\s+${runId} \\(cli-run\\)$`, 'm'));
+    // Each count names its unit: the requests in flight, the samples done.
+    expect(detail.stdout).toMatch(/^in flight\s+0 samples$/m);
+    expect(detail.stdout).toMatch(/^samples\s+240 completed, 0 failed, 0 claimed ahead, 0 pending$/m);
+    expect(detail.stdout).toMatch(/^setup\s+regenerate last_assistant, n 1, split none, format jsonl, card none$/m);
     expect(detail.stdout).toMatch(/shards\s+5 of 5 uploaded/);
     expect(detail.stdout).toMatch(/manifest\s+file:\/\/.*manifest\.json/);
   });

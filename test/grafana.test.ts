@@ -70,9 +70,11 @@ describe('the Grafana dashboard (grafana/regen.json)', () => {
   it('has the dashboard page’s panels, each reading the chosen Prometheus', () => {
     const titles = panels.map((p) => p.title);
     for (const want of [
-      'Fleet throughput (samples/s)',
+      'Fleet throughput (requests/s)',
       'Fleet throughput (tokens/s)',
       'Run throughput (samples/s)',
+      'Run throughput (turns/s)',
+      'In flight per run (requests and samples)',
       'Run throughput (tokens/s)',
       'In flight and cap per endpoint',
       'Progress',

@@ -12,7 +12,7 @@ import {
   uploadFile,
   waitForStatus,
 } from './support/runner-checks.js';
-import { startTestServer, waitFor } from './support/server.js';
+import { call, startTestServer, waitFor } from './support/server.js';
 
 // Runs go by priority, then age (README "How a run behaves"): a run of higher priority takes the
 // slots of the endpoints that serve it as they free, ahead of a run already under way.
@@ -89,4 +89,32 @@ describe('runs of different priority on one fleet', () => {
     }
     for (const sim of sims) expect((await sim.stats()).maxRunningSeen).toBeLessThanOrEqual(CAP);
   }, 300_000);
+});
+
+describe('a run queued behind another', () => {
+  it('says which run it waits behind while that one holds the slots, and drops the reason once it runs', async () => {
+    const base = server.url;
+    // One request a second, two at a time: the run ahead lasts minutes unless cancelled.
+    const slow = await spawnSimulator({ model: 'queue-model', 'ttft-ms': 10, 'tokens-per-second': 20, 'completion-tokens': 20, seed: 33 });
+    try {
+      await registerEndpoint(base, slow.url, { max_concurrency: 2 });
+      const input = (n: number, tag: string) => ({ requests: Array.from({ length: n }, (_, i) => ({ custom_id: `${tag}-${i}`, prompt: `${tag} ${i}` })) });
+      const ahead = await createRun(base, { name: 'the long one', model: 'queue-model', priority: 5, input: input(300, 'ahead') });
+      await waitForStatus(base, ahead.id, ['in_progress']);
+      const behind = await createRun(base, { model: 'queue-model', input: input(4, 'behind') });
+      const waiting = await waitFor('the queued run to say why it waits', async () => {
+        const r = await getRun(base, behind.id);
+        return r.status_reason ? r : undefined;
+      });
+      expect(waiting.status).toBe('queued');
+      expect(waiting.status_reason).toBe(
+        `waiting behind run ${ahead.id} ("the long one"), ahead of it in the order (priority 5, then age): it holds the slots of the endpoints serving model "queue-model"`,
+      );
+      expect((await call(base, `/v1/runs/${ahead.id}/cancel`, { method: 'POST', json: {} })).status).toBe(200);
+      const done = await waitForStatus(base, behind.id, ['completed']);
+      expect(done.status_reason).toBeNull();
+    } finally {
+      await slow.stop();
+    }
+  }, 120_000);
 });

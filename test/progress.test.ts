@@ -21,22 +21,22 @@ const T0 = Date.UTC(2031, 0, 1, 12, 0, 0);
 
 describe('RateWindow', () => {
   it('reports nothing before the first completion', () => {
-    expect(new RateWindow().rates(T0)).toEqual({ samples: 0, tokens: 0 });
+    expect(new RateWindow().rates(T0)).toEqual({ samples: 0, tokens: 0, turns: 0 });
   });
 
   it('divides by the time since the first completion while that is shorter than the window', () => {
     const w = new RateWindow(60);
     const clock = fakeClock(T0);
     for (let s = 0; s < 20; s++) {
-      w.add(clock.now(), 4, 400);
+      w.add(clock.now(), 4, 400, 12);
       clock.advance(1000);
     }
-    // 80 samples in 20 seconds.
-    expect(w.rates(clock.now())).toEqual({ samples: 4, tokens: 400 });
+    // 80 samples (conversations, of 240 turns) in 20 seconds.
+    expect(w.rates(clock.now())).toEqual({ samples: 4, tokens: 400, turns: 12 });
     // A burst in the very first second does not divide by zero.
     const first = new RateWindow(60);
     first.add(T0, 7, 70);
-    expect(first.rates(T0 + 300)).toEqual({ samples: 7, tokens: 70 });
+    expect(first.rates(T0 + 300)).toEqual({ samples: 7, tokens: 70, turns: 0 });
   });
 
   it('forgets what is older than the window, so a slowdown shows within a minute', () => {
@@ -60,7 +60,7 @@ describe('RateWindow', () => {
     const w = new RateWindow(60);
     w.add(T0, 50, 5000);
     expect(w.rates(T0 + 30_000).samples).toBeCloseTo(50 / 30, 5);
-    expect(w.rates(T0 + 61_000)).toEqual({ samples: 0, tokens: 0 });
+    expect(w.rates(T0 + 61_000)).toEqual({ samples: 0, tokens: 0, turns: 0 });
   });
 });
 
@@ -109,10 +109,12 @@ describe('renderProgress', () => {
       fraction: 152 / 1000,
       samples_per_second: 5,
       completion_tokens_per_second: 250,
+      turns_per_second: null,
       // 848 samples left at 5 a second.
       eta_seconds: Math.ceil(848 / 5),
       elapsed_seconds: 30,
       in_flight: 0,
+      samples_in_flight: 0,
       turned_away: 0,
     });
   });
@@ -132,9 +134,11 @@ describe('renderProgress', () => {
       fraction: 0,
       samples_per_second: 0,
       completion_tokens_per_second: 0,
+      turns_per_second: null,
       eta_seconds: null,
       elapsed_seconds: 0,
       in_flight: 0,
+      samples_in_flight: 0,
       turned_away: 0,
     });
   });
@@ -181,9 +185,11 @@ describe('the runner reads time from deps.clock', () => {
       fraction: 1,
       samples_per_second: 0,
       completion_tokens_per_second: 0,
+      turns_per_second: null,
       eta_seconds: 0,
       elapsed_seconds: 0,
       in_flight: 0,
+      samples_in_flight: 0,
       turned_away: 0,
     });
     expect(done.usage.completion_tokens).toBeGreaterThan(0);

@@ -1,6 +1,6 @@
 import type { components } from '../client/index.js';
 import { Client, type ClientOptions } from './client.js';
-import { unitOf } from '../dashboard/format.js';
+import { answersPerLine, requestUnit, unitOf } from '../dashboard/format.js';
 import { answered, duration, num, pct, rate, runStatus, table, TERMINAL, WAITING, warnColour, warned } from './format.js';
 import { watchRun } from './watch.js';
 
@@ -14,14 +14,15 @@ function runsTable(runs: Run[]): string {
   if (!runs.length) return 'no runs yet; submit one with `regen submit prompts.jsonl --model M`';
   return table(
     // The reason goes last: it is long, and shown only for a run that waits (queued, paused).
-    ['RUN', 'NAME', 'STATUS', 'PROGRESS', 'DONE/TOTAL', 'RATE/S', 'ETA', 'FLAGGED', 'CREATED', 'REASON'],
+    ['RUN', 'NAME', 'STATUS', 'PROGRESS', 'DONE/TOTAL', 'RATE', 'ETA', 'FLAGGED', 'CREATED', 'REASON'],
     runs.map((r) => [
       r.id,
       r.name ?? '-',
       r.dry_run ? `${r.status} (dry run)` : runStatus(r),
       pct(answered(r).fraction),
       `${num(answered(r).count)}/${num(r.request_counts.total)}`,
-      rate(r.progress.samples_per_second),
+      // A conversation run's rate counts conversations: each rate names its unit.
+      `${rate(r.progress.samples_per_second)} ${unitOf(r)}/s`,
       eta(r),
       flagged(r),
       r.created_at.slice(0, 19).replace('T', ' '),
@@ -44,24 +45,42 @@ function runDetail(r: Run): string {
   const flags = Object.entries(r.quality.by_flag)
     .filter(([, n]) => n > 0)
     .map(([f, n]) => `${f} ${num(n)} (${pct(n / completed)})`);
+  const unit = unitOf(r);
+  const n = answersPerLine(r);
+  const claimed = Math.max(0, c.in_progress - r.progress.samples_in_flight);
   const rows: [string, string][] = [
     ['run', `${r.id}${r.name ? ` (${r.name})` : ''}${r.dry_run ? ', a dry run: its calibration slice only, for the forecast' : ''}`],
     ['model', r.model],
     ['status', statusLine(r)],
+    ['setup', setupLine(r)],
     ['progress', `${pct(answered(r).fraction)}, ${answered(r).label}`],
     [
-      'samples',
-      `${num(c.completed)} completed, ${num(c.failed)} failed, ${num(r.progress.in_flight)} in flight (${num(Math.max(0, c.in_progress - r.progress.in_flight))} more claimed ahead), ${num(c.pending)} pending${c.cancelled ? `, ${num(c.cancelled)} cancelled` : ''}`,
+      unit,
+      `${num(c.completed)} completed, ${num(c.failed)} failed, ${num(claimed)} claimed ahead, ${num(c.pending)} pending${c.cancelled ? `, ${num(c.cancelled)} cancelled` : ''}`,
     ],
-    ['rate', `${rate(r.progress.samples_per_second)} ${unitOf(r)}/s, ${rate(r.progress.completion_tokens_per_second)} completion tokens/s`],
+    ['in flight', `${num(r.progress.in_flight)} ${requestUnit(r)}${n > 1 ? ` (${num(r.progress.samples_in_flight)} samples, n = ${n})` : ''}`],
+    ...(r.turns
+      ? ([
+          [
+            'turns',
+            `${num(r.turns.completed)} of ${num(r.turns.total)} answered, ${num(r.turns.in_flight)} in flight, ${num(r.turns.failed)} failed${r.turns.tool_steps ? `, ${num(r.turns.tool_steps)} tool-call steps` : ''}`,
+          ],
+        ] as [string, string][])
+      : []),
+    [
+      'rate',
+      `${rate(r.progress.samples_per_second)} ${unit}/s, ${r.turns ? `${rate(r.progress.turns_per_second ?? 0)} turns/s, ` : ''}${rate(r.progress.completion_tokens_per_second)} completion tokens/s`,
+    ],
     ['eta', `${eta(r)} (elapsed ${duration(r.progress.elapsed_seconds)})`],
     ['quality', `${flagged(r)} flagged${flags.length ? `: ${flags.join(', ')}` : ''}`],
     ['tokens', `${num(r.usage.prompt_tokens)} prompt, ${num(r.usage.completion_tokens)} completion (${num(r.usage.reasoning_tokens)} reasoning)`],
-    ['shards', `${num(r.shards.uploaded)} of ${num(r.shards.total)} uploaded, ${num(r.shard_size)} samples each`],
+    ['cache', cacheLine(r)],
+    ['shards', `${num(r.shards.uploaded)} of ${num(r.shards.total)} uploaded, ${num(r.shard_size)} ${unit} each`],
     ['params', JSON.stringify(r.params)],
     ['output', r.output_uri],
     ['created', r.created_at + (r.started_at ? `, started ${r.started_at}` : '') + (r.finished_at ? `, finished ${r.finished_at}` : '')],
   ];
+  if (r.card_uri) rows.push(['card', r.card_uri]);
   if (r.manifest_uri) rows.push(['manifest', r.manifest_uri]);
   if (r.output_tokens) rows.push(['trainable', trainableLine(r.num_trainable ?? null)]);
   if (r.progress.without_ids.length)
@@ -73,6 +92,24 @@ function runDetail(r: Run): string {
   const width = Math.max(...rows.map(([k]) => k.length));
   const detail = rows.map(([k, v]) => `${k.padEnd(width)}  ${v}`).join('\n');
   return r.variants ? `${detail}\n\n${variantsTable(r.variants)}` : detail;
+}
+
+/** How the run is set up, as the page's progress card says it: what it regenerates, answers a line, split, format, card. */
+function setupLine(r: Run): string {
+  return [
+    `regenerate ${r.regenerate ?? 'none (prompts answered as given)'}`,
+    `n ${answersPerLine(r)}`,
+    `split ${r.split ? `${pct(r.split.eval, 0)} eval, the rest train` : 'none'}`,
+    `format ${r.output_format}`,
+    `card ${r.card_uri ? 'README.md beside the shards' : 'none'}`,
+  ].join(', ');
+}
+
+/** The share of prompt tokens served from the servers' prefix caches, then by endpoint (named as the endpoints list names them). */
+function cacheLine(r: Run): string {
+  if (r.cache_hit_rate == null) return 'no prompt tokens answered yet';
+  const by = (r.cache_by_endpoint ?? []).map((e) => `${e.endpoint_name ?? e.endpoint_id} ${e.cache_hit_rate == null ? '-' : pct(e.cache_hit_rate)}`);
+  return `${pct(r.cache_hit_rate)} of prompt tokens from prefix caches${by.length ? ` (${by.join(', ')})` : ''}`;
 }
 
 /** The training rows' trainable tokens, overall then per variant: "min 3, p5 6, median 6, p95 210, max 480 over 1,200 rows; think: …". */

@@ -23,7 +23,7 @@ function payload(run: RunProgress) {
     rate: rate(p.samples_per_second),
     // A conversation run counts conversations as its samples; its turns are the requests.
     unit: run.turns ? `conversations (${num(run.turns.completed)}/${num(run.turns.total)} turns)` : 'samples',
-    rate_unit: run.turns ? 'conversations' : 'samples',
+    rate_unit: run.turns ? `conversations/s, ${rate(p.turns_per_second ?? 0)} turns/s` : 'samples/s',
     eta_text: eta,
     flags: `${num(run.quality.flagged)} flagged${c.completed ? ` (${pct(run.quality.flagged / c.completed)})` : ''}, ${num(c.failed)} failed`,
     status: statusWithReason(run),
@@ -36,7 +36,7 @@ function payload(run: RunProgress) {
  */
 export async function watchRun(client: Client, runId: string): Promise<number> {
   const bar = new cliProgress.SingleBar({
-    format: '{bar} {pct} | {done}/{all} {unit} | {rate} {rate_unit}/s | ETA {eta_text} | {flags} | {status}',
+    format: '{bar} {pct} | {done}/{all} {unit} | {rate} {rate_unit} | ETA {eta_text} | {flags} | {status}',
     barCompleteChar: '█',
     barIncompleteChar: '░',
     barsize: 30,

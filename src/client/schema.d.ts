@@ -601,11 +601,15 @@ export interface components {
                 samples_per_second: number;
                 /** @description Completion tokens per second, over the same time as `samples_per_second` */
                 completion_tokens_per_second: number;
+                /** @description A conversation run (`regenerate: "all_assistant"`): its requests (`turns`: user turns and tool-call steps) answered per second, over the same time as `samples_per_second`, which counts its conversations. Null for other runs */
+                turns_per_second: number | null;
                 eta_seconds: number | null;
                 /** @description From the start to now, or to the finish once the run has finished */
                 elapsed_seconds: number;
-                /** @description Requests sent to an endpoint and not yet answered: never more than the caps allow. `request_counts.in_progress` counts these and the samples claimed ahead of dispatch */
+                /** @description Requests sent to an endpoint and not yet answered: never more than the caps allow. `request_counts.in_progress` counts the samples they answer (`samples_in_flight`) and those claimed ahead of dispatch */
                 in_flight: number;
+                /** @description The samples the requests in flight answer: with `params.n` > 1 one request asks for a line's n answers, so this is up to n × `in_flight`; equal to `in_flight` otherwise */
+                samples_in_flight: number;
                 /** @description Requests endpoints turned away for a while (429, a gateway shedding bulk traffic): their samples went back to the queue with no attempt charged. Counted while the run is dispatched, by the processes dispatching it now */
                 turned_away: number;
                 /** @description A run with `output.tokens`, while dispatched: the endpoints serving its model that it is not sent to because they return no token ids (they keep serving other runs), and why; empty otherwise. With none left the run waits, its `status_reason` says so */
@@ -991,6 +995,8 @@ export interface components {
             /** @description On GET of one run: the same by the endpoint that answered */
             cache_by_endpoint?: {
                 endpoint_id: string;
+                /** @description The endpoint's name; null once it is deleted */
+                endpoint_name: string | null;
                 prompt_tokens: number;
                 cached_tokens: number;
                 cache_hit_rate: number | null;
@@ -1005,11 +1011,15 @@ export interface components {
                 samples_per_second: number;
                 /** @description Completion tokens per second, over the same time as `samples_per_second` */
                 completion_tokens_per_second: number;
+                /** @description A conversation run (`regenerate: "all_assistant"`): its requests (`turns`: user turns and tool-call steps) answered per second, over the same time as `samples_per_second`, which counts its conversations. Null for other runs */
+                turns_per_second: number | null;
                 eta_seconds: number | null;
                 /** @description From the start to now, or to the finish once the run has finished */
                 elapsed_seconds: number;
-                /** @description Requests sent to an endpoint and not yet answered: never more than the caps allow. `request_counts.in_progress` counts these and the samples claimed ahead of dispatch */
+                /** @description Requests sent to an endpoint and not yet answered: never more than the caps allow. `request_counts.in_progress` counts the samples they answer (`samples_in_flight`) and those claimed ahead of dispatch */
                 in_flight: number;
+                /** @description The samples the requests in flight answer: with `params.n` > 1 one request asks for a line's n answers, so this is up to n × `in_flight`; equal to `in_flight` otherwise */
+                samples_in_flight: number;
                 /** @description Requests endpoints turned away for a while (429, a gateway shedding bulk traffic): their samples went back to the queue with no attempt charged. Counted while the run is dispatched, by the processes dispatching it now */
                 turned_away: number;
                 /** @description A run with `output.tokens`, while dispatched: the endpoints serving its model that it is not sent to because they return no token ids (they keep serving other runs), and why; empty otherwise. With none left the run waits, its `status_reason` says so */
@@ -1020,6 +1030,8 @@ export interface components {
                 }[];
             };
             manifest_uri: string | null;
+            /** @description Where the run's dataset card (`README.md`, for Hugging Face `datasets`) is written as the run finishes: a run in Parquet or SpecForge's format, with a split or with `output.tokens`. Null for a run that writes none */
+            card_uri: string | null;
             webhook: components["schemas"]["RunWebhook"];
             calibration: {
                 samples: number;
@@ -1468,6 +1480,11 @@ export interface components {
             index: number;
             /** @enum {string} */
             status: "open" | "uploaded";
+            /**
+             * @description The split whose samples the shard holds; null when the run has no split
+             * @enum {string|null}
+             */
+            split: "train" | "eval" | null;
             samples: number;
             done: number;
             key: string | null;
@@ -1530,6 +1547,10 @@ export interface components {
             completed_at: string | null;
             /** @description A conversation's (`regenerate: "all_assistant"`): the assistant turn being asked, or the one that failed it (0-based); null for other samples */
             turn: number | null;
+            /** @description A conversation's (`regenerate: "all_assistant"`): its requests answered so far (user turns and tool-call steps); null for other samples */
+            turns_answered: number | null;
+            /** @description The name of the sample's variant; null when the run has none */
+            variant: string | null;
         };
         /** @enum {string} */
         SampleStatus: "pending" | "in_progress" | "completed" | "failed" | "cancelled";
@@ -1541,8 +1562,6 @@ export interface components {
             params: {
                 [key: string]: unknown;
             } | null;
-            /** @description The name of the sample's variant; null when the run has none */
-            variant: string | null;
             /** @description The input line's own fields, as its output line carries them; null when it had none */
             metadata: {
                 [key: string]: unknown;

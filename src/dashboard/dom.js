@@ -74,9 +74,10 @@ export function badge(status) {
 }
 
 /**
- * A table from column definitions: [{label, cell: (row) => node|string, className}]
+ * A table from column definitions: [{label, cell: (row) => node|string, className, title}], `title`
+ * the header's tooltip.
  * @template T
- * @param {{ label: string, className?: string, cell: (row: T) => Child }[]} columns
+ * @param {{ label: string, className?: string, title?: string, cell: (row: T) => Child }[]} columns
  * @param {T[]} rows
  * @param {string} empty
  */
@@ -91,7 +92,7 @@ export function table(columns, rows, empty) {
       h(
         'tr',
         null,
-        columns.map((c) => h('th', { className: c.className }, c.label)),
+        columns.map((c) => h('th', { className: c.className, title: c.title }, c.label)),
       ),
     ),
     h(

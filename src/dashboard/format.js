@@ -46,6 +46,21 @@ export function duration(seconds) {
 export const unitOf = (run) => (run.turns ? 'conversations' : 'samples');
 
 /**
+ * The answers a line asks for (params.n), 1 when it asks one.
+ * @param {{ params?: unknown, turns?: unknown }} run
+ */
+export function answersPerLine(run) {
+  const n = /** @type {Record<string, unknown>} */ (run.params ?? {}).n;
+  return typeof n === 'number' && Number.isInteger(n) && n > 1 ? n : 1;
+}
+
+/**
+ * What one request of the run is: a conversation's turn, a line's request for its n answers, or a sample.
+ * @param {{ params?: unknown, turns?: unknown }} run
+ */
+export const requestUnit = (run) => (run.turns ? 'turns' : answersPerLine(run) > 1 ? 'requests' : 'samples');
+
+/**
  * The share a run's bar shows, and its words: samples done (answered, failed or cancelled), except
  * for a run being or having been cancelled, whose cancelled samples were never answered: its bar
  * shows the answered share.

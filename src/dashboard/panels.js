@@ -97,8 +97,15 @@ export function endpointsTable(endpoints, model, quality = null) {
             progressBar(e.max_concurrency ? e.in_flight / e.max_concurrency : 0, 'mini'),
           ),
       },
-      { label: 'Samples/s', className: 'num', cell: (e) => rate(e.stats.samples_per_second) },
-      { label: 'Tokens/s', className: 'num', cell: (e) => rate(e.stats.completion_tokens_per_second) },
+      // An endpoint counts requests (a sample's, a conversation's turn, a line's n answers at once), over all runs;
+      // its tokens under them, in one column: a second one widened the table past a 1024 px card.
+      {
+        label: 'Requests/s',
+        title: 'requests answered a second over the last minute, all runs: a conversation’s turn, or a line’s one request for its n answers',
+        className: 'num',
+        cell: (e) =>
+          h('div', null, rate(e.stats.samples_per_second), h('div', { className: 'small muted' }, `${rate(e.stats.completion_tokens_per_second)} tokens/s`)),
+      },
       { label: 'p50', className: 'num', cell: (e) => ms(e.stats.p50_latency_ms) },
       {
         label: 'Server load',
@@ -125,7 +132,12 @@ export function endpointsTable(endpoints, model, quality = null) {
           );
         },
       },
-      { label: 'Done / failed', className: 'num', cell: (e) => `${num(e.stats.completed)} / ${num(e.stats.failed)}` },
+      {
+        label: 'Answers done / failed (all runs)',
+        title: 'answers this endpoint gave and failed over every run: a conversation’s turns, each of a line’s n answers',
+        className: 'num',
+        cell: (e) => `${num(e.stats.completed)} / ${num(e.stats.failed)}`,
+      },
       ...(quality
         ? [
             {
@@ -173,8 +185,9 @@ const shardState = (s) => (s.status === 'uploaded' ? 'uploaded' : s.done >= s.sa
  * @param {Schemas['Shard'][]} shards
  * @param {number} total
  * @param {boolean} ended
+ * @param {string} unit what the run's samples are: samples, or a conversation run's conversations
  */
-export function shardGrid(shards, total, ended) {
+export function shardGrid(shards, total, ended, unit) {
   /** @type {Record<string, number>} */
   const counts = { uploaded: 0, writing: 0, partial: 0, open: 0 };
   const cells = shards.map((s) => {
@@ -191,6 +204,7 @@ export function shardGrid(shards, total, ended) {
   return h(
     'div',
     null,
+    splitBreakdown(shards, unit),
     h(
       'div',
       { className: 'legend small shard-summary' },
@@ -220,6 +234,32 @@ export function shardGrid(shards, total, ended) {
           attention.length > SHARDS_LISTED ? h('li', { className: 'muted' }, `and ${num(attention.length - SHARDS_LISTED)} more`) : null,
         )
       : null,
+  );
+}
+
+/**
+ * A split run's shards by split: how many, how many uploaded, their samples done; null without a split.
+ * @param {Schemas['Shard'][]} shards
+ * @param {string} unit
+ */
+function splitBreakdown(shards, unit) {
+  const splits = /** @type {const} */ (['train', 'eval']).map((split) => ({ split, of: shards.filter((s) => s.split === split) }));
+  if (splits.every((s) => !s.of.length)) return null;
+  return h(
+    'div',
+    { className: 'small shard-splits' },
+    splits.map(({ split, of }, i) => {
+      const uploaded = of.filter((s) => s.status === 'uploaded').length;
+      const done = of.reduce((t, s) => t + s.done, 0);
+      const samples = of.reduce((t, s) => t + s.samples, 0);
+      return h(
+        'span',
+        { className: `shard-split split-${split}` },
+        i ? ' · ' : '',
+        h('strong', null, split),
+        ` ${num(of.length)} shards, ${num(uploaded)} uploaded, ${num(done)} of ${num(samples)} ${unit} done`,
+      );
+    }),
   );
 }
 

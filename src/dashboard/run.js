@@ -3,10 +3,11 @@
 // quality flags with example samples, failures, and the pause / resume / cancel buttons.
 import { client, unwrap } from './api.js';
 import { drawForecast, drawThroughput } from './chart.js';
-import { badge, fill, h, progressBar, route } from './dom.js';
-import { answered, at, duration, eta, num, pausedByGate, pct, rate, runTitle, shownStatus, TERMINAL, unitOf, when } from './format.js';
+import { badge, fill, h, route } from './dom.js';
+import { at, duration, num, pausedByGate, pct, rate, runTitle, shownStatus, TERMINAL, unitOf, when } from './format.js';
 import { every, followRun } from './live.js';
 import { endpointsTable, failuresList, gateText, qualityTable, shardGrid, variantsTable } from './panels.js';
+import { progressCard } from './run-progress.js';
 
 /** @typedef {import('../client/schema.js').components['schemas']} Schemas */
 
@@ -26,8 +27,6 @@ export function runView(root, runId) {
   /** @type {{ t: number, sps: number, tps: number }[]} */
   let recent = [];
   let historyAt = 0;
-  /** Endpoint names by id, from the endpoints panel's last read: the cache figures name their endpoint. */
-  const endpointNames = new Map();
   // The chart spans the run from its start to its end: until the first answer is recorded its rate
   // was 0, and after the last recorded point of an ended run nothing more was answered (its shards
   // and manifest were written). Without these the chart would start late when the first answer took
@@ -186,7 +185,13 @@ export function runView(root, runId) {
               f.endpoints_for_deadline == null ? '–' : `${num(f.endpoints_for_deadline)} endpoint(s) like these`,
             )
           : null,
-        row('Based on', `${num(f.based_on_samples)} calibration answers (slice of ${num(run.calibration.samples)})`),
+        // A conversation run's forecast rests on its answered turns; its calibration slice counts conversations.
+        row(
+          'Based on',
+          run.turns
+            ? `${num(f.based_on_samples)} turns answered (calibration slice of ${num(run.calibration.samples)} conversations)`
+            : `${num(f.based_on_samples)} calibration answers (slice of ${num(run.calibration.samples)})`,
+        ),
       ),
     );
   }
@@ -203,70 +208,7 @@ export function runView(root, runId) {
   }
 
   function renderProgress() {
-    const c = run.request_counts;
-    const p = run.progress;
-    const shown = answered(run);
-    const finished = TERMINAL.includes(run.status);
-    /**
-     * @param {string} label
-     * @param {import('./dom.js').Child} value
-     * @param {import('./dom.js').Child} [extra]
-     */
-    const stat = (label, value, extra) =>
-      h(
-        'div',
-        { className: 'stat' },
-        h('div', { className: 'label' }, label),
-        h('div', { className: 'value' }, value),
-        extra ? h('div', { className: 'small muted' }, extra) : null,
-      );
-    fill(
-      progressEl,
-      h('div', { className: 'progress-line' }, h('span', { className: 'big-pct' }, pct(shown.fraction)), h('span', { className: 'muted' }, shown.label)),
-      progressBar(shown.fraction, shownStatus(run)),
-      h(
-        'div',
-        { className: 'stats' },
-        // A conversation run counts conversations as its samples; its turns are the requests.
-        stat(
-          finished ? 'Average rate' : 'Rate',
-          `${rate(p.samples_per_second)} ${run.turns ? 'conversations' : 'samples'}/s`,
-          `${rate(p.completion_tokens_per_second)} tokens/s`,
-        ),
-        finished
-          ? stat('Took', duration(p.elapsed_seconds), run.finished_at ? `ended ${at(run.finished_at)}` : '')
-          : stat('ETA', eta(run), `elapsed ${duration(p.elapsed_seconds)}`),
-        stat('Completed', num(c.completed)),
-        stat('Failed', num(c.failed)),
-        // Sent and not answered; the samples claimed ahead of dispatch (also in_progress in the API) apart.
-        stat('In flight', num(p.in_flight), `${num(Math.max(0, c.in_progress - p.in_flight))} claimed ahead · ${num(c.pending)} pending`),
-        // Turned away for a while by endpoints busy with other traffic: asked again, nothing charged.
-        p.turned_away ? stat('Turned away', num(p.turned_away), 'by endpoints busy with other traffic; no attempt charged') : null,
-        // A run writing token ids is not sent to endpoints that return none; they serve other runs.
-        p.without_ids?.length
-          ? stat('Without token ids', p.without_ids.map((e) => e.name).join(', '), p.without_ids.map((e) => `${e.name}: ${e.reason}`).join(' · '))
-          : null,
-        run.turns
-          ? stat('Turns', `${num(run.turns.completed)} / ${num(run.turns.total)}`, `${num(run.turns.in_flight)} in flight · ${num(run.turns.failed)} failed`)
-          : null,
-        stat('Tokens', num(run.usage.completion_tokens), `${num(run.usage.reasoning_tokens)} reasoning · ${num(run.usage.prompt_tokens)} prompt`),
-        stat('Prefix cache', run.cache_hit_rate == null ? '—' : pct(run.cache_hit_rate), cacheByEndpoint(run, endpointNames)),
-        run.num_trainable?.overall
-          ? stat(
-              'Trainable tokens',
-              `median ${num(run.num_trainable.overall.median)}`,
-              `min ${num(run.num_trainable.overall.min)} · p5 ${num(run.num_trainable.overall.p5)} · p95 ${num(run.num_trainable.overall.p95)} · max ${num(run.num_trainable.overall.max)} over ${num(run.num_trainable.overall.rows)} rows`,
-            )
-          : null,
-      ),
-      h(
-        'div',
-        { className: 'small muted output' },
-        'Output: ',
-        h('code', null, run.output_uri),
-        run.manifest_uri ? [' · manifest ', h('code', null, run.manifest_uri)] : null,
-      ),
-    );
+    fill(progressEl, progressCard(run));
   }
 
   /** A progress event (the run's changing fields) or a poll (the whole run): one more point on the chart. */
@@ -316,7 +258,6 @@ export function runView(root, runId) {
     /** @type {Promise<unknown>[]} */
     const tasks = [
       unwrap(client.GET('/v1/endpoints', { params: { query: { limit: 100 } } })).then((eps) => {
-        for (const e of eps.data) endpointNames.set(e.id, e.name);
         fill(endpointsEl, endpointsTable(eps.data, run.model, quality));
       }),
       // The history comes from the server, so a page opened mid-run shows the whole story.
@@ -342,8 +283,8 @@ export function runView(root, runId) {
       seen.shardsAt = Date.now();
       tasks.push(
         unwrap(client.GET('/v1/runs/{id}/shards', { params: { path, query: { limit: 1000 } } })).then((s) => {
-          fill(shardsHead, `${num(run.shards.uploaded)} of ${num(run.shards.total)} uploaded · ${num(run.shard_size)} samples each`);
-          fill(shardsEl, shardGrid(s.data, run.shards.total, TERMINAL.includes(run.status)));
+          fill(shardsHead, `${num(run.shards.uploaded)} of ${num(run.shards.total)} uploaded · ${num(run.shard_size)} ${unitOf(run)} each`);
+          fill(shardsEl, shardGrid(s.data, run.shards.total, TERMINAL.includes(run.status), unitOf(run)));
         }),
       );
     }
@@ -415,15 +356,4 @@ export function runView(root, runId) {
   return () => {
     for (const stop of stops) stop();
   };
-}
-
-/**
- * The prompt tokens served from the servers' prefix caches, by endpoint (GET of one run only).
- * @param {Schemas['Run']} run
- * @param {Map<string, string>} names endpoint names by id; an endpoint not (yet) read shows its id
- */
-function cacheByEndpoint(run, names) {
-  const by = run.cache_by_endpoint ?? [];
-  if (!by.length) return 'of prompt tokens (cached_tokens)';
-  return by.map((e) => `${names.get(e.endpoint_id) ?? e.endpoint_id.slice(0, 10)} ${e.cache_hit_rate == null ? '—' : pct(e.cache_hit_rate)}`).join(' · ');
 }

@@ -56,20 +56,23 @@ export function samplesView(root, runId, query) {
  * @param {Schemas['Sample'][]} rows
  */
 function samplesTable(runId, rows) {
-  return table(
-    [
-      { label: 'Sample', cell: (s) => h('a', { href: route('runs', runId, 'samples', s.custom_id) }, s.custom_id) },
-      { label: 'Status', cell: (s) => badge(s.status) },
-      { label: 'Flags', cell: (s) => s.flags.map((f) => h('code', { className: 'flag' }, f)) },
-      { label: 'Finish', cell: (s) => s.finish_reason ?? '—' },
-      { label: 'Tokens', className: 'num', cell: (s) => (s.usage ? num(s.usage.completion_tokens) : '—') },
-      { label: 'Latency', className: 'num', cell: (s) => ms(s.latency_ms) },
-      { label: 'Attempts', className: 'num', cell: (s) => num(s.attempts) },
-      { label: 'Error', cell: (s) => (s.error ? h('span', { className: 'small clip', title: s.error.message }, `${s.error.code}: ${s.error.message}`) : '') },
-    ],
-    rows,
-    'No samples match.',
+  /** @type {{ label: string, className?: string, cell: (s: Schemas['Sample']) => import('./dom.js').Child }[]} */
+  const columns = [
+    { label: 'Sample', cell: (s) => h('a', { href: route('runs', runId, 'samples', s.custom_id) }, s.custom_id) },
+    { label: 'Status', cell: (s) => badge(s.status) },
+  ];
+  if (rows.some((s) => s.variant !== null)) columns.push({ label: 'Variant', cell: (s) => h('code', null, s.variant ?? '—') });
+  // A conversation's requests answered so far: its turns and tool-call steps.
+  if (rows.some((s) => s.turns_answered !== null)) columns.push({ label: 'Turns', className: 'num', cell: (s) => num(s.turns_answered) });
+  columns.push(
+    { label: 'Flags', cell: (s) => s.flags.map((f) => h('code', { className: 'flag' }, f)) },
+    { label: 'Finish', cell: (s) => s.finish_reason ?? '—' },
+    { label: 'Tokens', className: 'num', cell: (s) => (s.usage ? num(s.usage.completion_tokens) : '—') },
+    { label: 'Latency', className: 'num', cell: (s) => ms(s.latency_ms) },
+    { label: 'Attempts', className: 'num', cell: (s) => num(s.attempts) },
+    { label: 'Error', cell: (s) => (s.error ? h('span', { className: 'small clip', title: s.error.message }, `${s.error.code}: ${s.error.message}`) : '') },
   );
+  return table(columns, rows, 'No samples match.');
 }
 
 /**

@@ -46,19 +46,24 @@ const compare = (a: string, b: string) => (a < b ? -1 : a > b ? 1 : 0);
  * A run's row and its answered prompt and cached tokens by endpoint (in endpoint order), read in
  * one statement: a client polling a run costs one round trip a read on PostgreSQL.
  */
-export async function getRunWithCacheUsage(db: DbOrTx, id: string): Promise<{ run: RunRow; cacheUsage: CacheUsage[] } | undefined> {
+export async function getRunWithCacheUsage(
+  db: DbOrTx,
+  id: string,
+): Promise<{ run: RunRow; cacheUsage: (CacheUsage & { endpointName: string | null })[] } | undefined> {
   const { runs } = db.t;
-  // Each endpoint's row as [endpoint_id, prompt_tokens, cached_tokens], aggregated into one JSON array.
+  // Each endpoint's row as [endpoint_id, prompt_tokens, cached_tokens, name], aggregated into one JSON array; the
+  // name is null once the endpoint is deleted. The name comes from a subquery of its own, not a join: `runs.id`
+  // is written unqualified here, and an endpoints table in this scope would capture it.
   const usage =
     db.dialect === 'pg'
-      ? sql<unknown>`(select json_agg(json_build_array(u.endpoint_id, u.prompt_tokens, u.cached_tokens)) from run_endpoint_usage u where u.run_id = ${runs.id})`
-      : sql<unknown>`(select json_group_array(json_array(u.endpoint_id, u.prompt_tokens, u.cached_tokens)) from run_endpoint_usage u where u.run_id = ${runs.id})`;
+      ? sql<unknown>`(select json_agg(json_build_array(u.endpoint_id, u.prompt_tokens, u.cached_tokens, (select e.name from endpoints e where e.id = u.endpoint_id))) from run_endpoint_usage u where u.run_id = ${runs.id})`
+      : sql<unknown>`(select json_group_array(json_array(u.endpoint_id, u.prompt_tokens, u.cached_tokens, (select e.name from endpoints e where e.id = u.endpoint_id))) from run_endpoint_usage u where u.run_id = ${runs.id})`;
   const [row] = await db.q.select({ run: runs, usage }).from(runs).where(eq(runs.id, id)).limit(1);
   if (!row) return undefined;
   // node-postgres parses json itself; SQLite hands the text over; PostgreSQL's aggregate of no rows is null.
-  const parsed = (typeof row.usage === 'string' ? JSON.parse(row.usage) : (row.usage ?? [])) as [string, number | string, number | string][];
+  const parsed = (typeof row.usage === 'string' ? JSON.parse(row.usage) : (row.usage ?? [])) as [string, number | string, number | string, string | null][];
   const cacheUsage = parsed
-    .map(([endpointId, prompt, cached]) => ({ endpointId, promptTokens: Number(prompt), cachedTokens: Number(cached) }))
+    .map(([endpointId, prompt, cached, name]) => ({ endpointId, promptTokens: Number(prompt), cachedTokens: Number(cached), endpointName: name }))
     .sort((a, b) => compare(a.endpointId, b.endpointId));
   return { run: row.run as RunRow, cacheUsage };
 }

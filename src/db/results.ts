@@ -61,8 +61,8 @@ export type Outcome =
   | (Base & { kind: 'cancelled' });
 
 export interface FlushReport {
-  /** Runs whose counters moved, with the completions added and the conversations moved on to their next turn. */
-  runs: Map<string, { completed: number; tokens: number; turns?: number }>;
+  /** Runs whose counters moved, with the completions added, the conversations moved on to their next turn and the turns answered. */
+  runs: Map<string, { completed: number; tokens: number; turns?: number; turnsAnswered?: number }>;
   /** Shards whose last sample just became terminal. */
   closedShards: { runId: string; idx: number }[];
   dropped: number;
@@ -224,12 +224,14 @@ export async function applyOutcomes(tx: DbOrTx, owner: string, batch: Outcome[],
       const r = report.runs.get(o.runId) ?? { completed: 0, tokens: 0 };
       r.completed++;
       r.tokens += (o.turn?.usage ?? o.usage).completion_tokens;
+      if (o.turn) r.turnsAnswered = (r.turnsAnswered ?? 0) + 1;
       report.runs.set(o.runId, r);
     }
     if (o.kind === 'turn') {
       const r = report.runs.get(o.runId) ?? { completed: 0, tokens: 0 };
       r.tokens += o.turn.usage.completion_tokens;
       r.turns = (r.turns ?? 0) + 1;
+      r.turnsAnswered = (r.turnsAnswered ?? 0) + 1;
       report.runs.set(o.runId, r);
     }
   }

@@ -249,6 +249,10 @@ export async function recentRunSampleCounts(db: DbOrTx, finishedSince: number) {
       promptTokens: runs.promptTokens,
       completionTokens: runs.completionTokens,
       cachedTokens: runs.cachedTokens,
+      regenerate: runs.regenerate,
+      turnsTotal: runs.turnsTotal,
+      turnsCompleted: runs.turnsCompleted,
+      turnsFailed: runs.turnsFailed,
     })
     .from(runs)
     .where(or(notInArray(runs.status, [...TERMINAL_RUN_STATUSES]), gte(runs.finishedAt, finishedSince)));

@@ -73,6 +73,20 @@ export async function firstFlaggedTurns(db: DbOrTx, sampleIds: readonly number[]
   return out;
 }
 
+/** How many requests of each of these samples are answered (those with none are left out). */
+export async function answeredTurnCounts(db: DbOrTx, sampleIds: readonly number[]): Promise<Map<number, number>> {
+  const out = new Map<number, number>();
+  for (let i = 0; i < sampleIds.length; i += IDS_PER_STATEMENT) {
+    const ids = sampleIds.slice(i, i + IDS_PER_STATEMENT);
+    const { rows } = await db.exec<{ sample_id: number | string; n: number | string }>(
+      `select sample_id, count(*) as n from sample_turns where sample_id in (${ids.map(() => '?').join(', ')}) group by sample_id`,
+      ids,
+    );
+    for (const r of rows) out.set(Number(r.sample_id), Number(r.n));
+  }
+  return out;
+}
+
 /** Drops a sample's turns from `from` on: they are to be asked again. Returns how many, and how many of them were tool-call steps. */
 export async function dropTurnsFrom(db: DbOrTx, sampleId: number, from: number): Promise<{ requests: number; toolSteps: number }> {
   const { sampleTurns } = db.t;

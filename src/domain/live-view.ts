@@ -4,8 +4,12 @@ import type { StoredForecast } from './forecast.js';
 export interface RunProgress {
   samples_per_second: number;
   completion_tokens_per_second: number;
+  /** A conversation run's turns answered a second; absent for other runs and from older replicas' views. */
+  turns_per_second?: number;
   /** Requests sent and not yet answered (not the samples claimed ahead); absent from older replicas' views. */
   in_flight?: number;
+  /** The samples those requests answer: with params.n > 1 a request answers up to n of a line's samples. */
+  samples_in_flight?: number;
   /** Requests of the run endpoints turned away for a while (429, a gateway's shedding), since this process took it up; absent when none. */
   turned_away?: number;
   /** The latest forecast, fresher than the one the run's row keeps; null when the runner has none. */

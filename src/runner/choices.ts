@@ -93,3 +93,13 @@ export function otherChoices(res: unknown, limits: AnswerLimits): OtherChoice[] 
         : { index: i + 1, content: null, reasoning_content: null, finish_reason: null },
     );
 }
+
+/** Each run's requests in flight, and the samples they answer: with params.n > 1 a request answers several. */
+export function inFlightByRun(flights: Iterable<{ run: { id: string }; group: readonly unknown[] }>): Map<string, [requests: number, samples: number]> {
+  const byRun = new Map<string, [requests: number, samples: number]>();
+  for (const f of flights) {
+    const [requests, samples] = byRun.get(f.run.id) ?? [0, 0];
+    byRun.set(f.run.id, [requests + 1, samples + f.group.length]);
+  }
+  return byRun;
+}

@@ -7,42 +7,49 @@ import { Ring } from '../domain/ring.js';
 export class RateWindow {
   private readonly buckets: Float64Array;
   private readonly tokens: Float64Array;
+  /** A conversation run's answered turns (its requests), counted beside its finished conversations. */
+  private readonly turns: Float64Array;
   private readonly stamps: Float64Array;
   private firstAt: number | null = null;
 
   constructor(private readonly seconds = 60) {
     this.buckets = new Float64Array(seconds);
     this.tokens = new Float64Array(seconds);
+    this.turns = new Float64Array(seconds);
     this.stamps = new Float64Array(seconds).fill(-1);
   }
 
-  add(now: number, samples: number, tokens: number): void {
+  add(now: number, samples: number, tokens: number, turns = 0): void {
     const sec = Math.floor(now / 1000);
     const i = sec % this.seconds;
     if (this.stamps[i] !== sec) {
       this.stamps[i] = sec;
       this.buckets[i] = 0;
       this.tokens[i] = 0;
+      this.turns[i] = 0;
     }
     this.buckets[i] += samples;
     this.tokens[i] += tokens;
+    this.turns[i] += turns;
     this.firstAt ??= now;
   }
 
   /** Per-second rates over the window, or over the time since the first event when that is shorter. */
-  rates(now: number): { samples: number; tokens: number } {
-    if (this.firstAt === null) return { samples: 0, tokens: 0 };
+  rates(now: number): { samples: number; tokens: number; turns: number } {
+    if (this.firstAt === null) return { samples: 0, tokens: 0, turns: 0 };
     const sec = Math.floor(now / 1000);
     let s = 0;
     let t = 0;
+    let u = 0;
     for (let i = 0; i < this.seconds; i++) {
       if (this.stamps[i] > sec - this.seconds) {
         s += this.buckets[i];
         t += this.tokens[i];
+        u += this.turns[i];
       }
     }
     const span = Math.min(this.seconds, Math.max(1, (now - this.firstAt) / 1000));
-    return { samples: s / span, tokens: t / span };
+    return { samples: s / span, tokens: t / span, turns: u / span };
   }
 }
 

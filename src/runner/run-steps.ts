@@ -10,6 +10,8 @@ import { BUSY_REASON } from '../domain/turned-away.js';
 
 /** Starts the status_reason of a run that no endpoint can serve now. */
 const WAITING_PREFIX = 'waiting for an endpoint:';
+/** Starts the status_reason of a queued run whose endpoints are all taken by a run ahead of it in the order. */
+const BEHIND_PREFIX = 'waiting behind';
 
 /** The moves of a run's status and reason that dispatch itself makes: started, waiting, a dry run's end. */
 export class RunSteps {
@@ -42,21 +44,28 @@ export class RunSteps {
    * A run no dispatchable endpoint serves says so in its status_reason, with what the endpoints
    * serve, so that a name mismatch or a fleet still loading is seen at once; the reason goes when
    * an endpoint serves it. One whose endpoints only turn it away for a while (429, a gateway's
-   * shedding) says they are busy with other traffic.
+   * shedding) says they are busy with other traffic. A queued run that is served but gets no slot
+   * names the run ahead of it in the order (`active`: priority, then age) that holds them.
    */
-  async sayWhyWaiting(run: RunRow, served: boolean): Promise<void> {
-    const ours = run.statusReason?.startsWith(WAITING_PREFIX) ?? false;
+  async sayWhyWaiting(run: RunRow, served: boolean, active: readonly RunRow[]): Promise<void> {
+    const ours = [WAITING_PREFIX, BEHIND_PREFIX].some((p) => run.statusReason?.startsWith(p));
     const busy = !served && this.pool.turnedAwayOnly(run.model);
     // A run that writes token ids waits, too, while the endpoints serving it return none.
     const noIds = served && run.outputTokens ? idsReason(this.pool.live.values(), run.model) : null;
-    const waits = !served || noIds !== null;
+    const ahead =
+      served && noIds === null && run.status === 'queued'
+        ? active.slice(0, active.indexOf(run)).find((a) => a.status === 'in_progress' && this.pool.sharedBy(a.model, run.model))
+        : undefined;
+    const waits = !served || noIds !== null || ahead !== undefined;
     const reason = !waits
       ? null
-      : noIds
-        ? `${WAITING_PREFIX} ${noIds}`
-        : busy
-          ? `${WAITING_PREFIX} ${BUSY_REASON}`
-          : `${WAITING_PREFIX} no ready endpoint serves model ${JSON.stringify(run.model)}; ${this.pool.describeServed()}`;
+      : ahead
+        ? `${BEHIND_PREFIX} run ${ahead.id}${ahead.name ? ` (${JSON.stringify(ahead.name)})` : ''}, ahead of it in the order (priority ${ahead.priority}, then age): it holds the slots of the endpoints serving model ${JSON.stringify(run.model)}`
+        : noIds
+          ? `${WAITING_PREFIX} ${noIds}`
+          : busy
+            ? `${WAITING_PREFIX} ${BUSY_REASON}`
+            : `${WAITING_PREFIX} no ready endpoint serves model ${JSON.stringify(run.model)}; ${this.pool.describeServed()}`;
     if (reason === run.statusReason || (!waits && !ours) || (waits && run.statusReason && !ours)) return;
     if (await setStatusReason(this.deps.db, run.id, reason, DISPATCHABLE_RUN_STATUSES)) {
       if (reason) this.deps.logger.warn({ run_id: run.id, model: run.model, reason }, 'run waits for an endpoint');

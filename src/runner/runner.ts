@@ -21,6 +21,7 @@ import { RunnerLock } from './lock.js';
 import { fillSlots } from './pump.js';
 import { QualityWatch } from './quality-watch.js';
 import { RateWindow } from './rates.js';
+import { inFlightByRun } from './choices.js';
 import { Requests } from './requests.js';
 import { ResultWriter, type FlushReport } from './results.js';
 import { RunSteps } from './run-steps.js';
@@ -256,17 +257,16 @@ export class Runner implements RunnerView {
   private ownSnapshot(withFleet = false): RunnerSnapshot {
     const now = this.deps.clock();
     const runs: RunnerSnapshot['runs'] = {};
-    const inFlight = new Map<string, number>();
-    for (const f of this.requests.all()) inFlight.set(f.run.id, (inFlight.get(f.run.id) ?? 0) + f.group.length);
+    const inFlight = inFlightByRun(this.requests.all());
     for (const run of this.active) {
       const r = this.runRates.get(run.id)?.rates(now);
       const forecast = this.forecasts.get(run.id);
-      const in_flight = inFlight.get(run.id) ?? 0;
-      const turned_away = this.requests.turnedAway.get(run.id);
-      const without_ids = this.pool.withoutIds(run);
-      if (!r && !forecast && !in_flight && !turned_away && !without_ids) continue;
-      const live = { forecast, in_flight, turned_away, without_ids };
-      runs[run.id] = r ? { samples_per_second: r.samples, completion_tokens_per_second: r.tokens, ...live } : { ...IDLE_PROGRESS, ...live };
+      const [in_flight, samples_in_flight] = inFlight.get(run.id) ?? [0, 0];
+      const counts = { in_flight, samples_in_flight, turned_away: this.requests.turnedAway.get(run.id), without_ids: this.pool.withoutIds(run) };
+      if (!r && !forecast && !in_flight && !counts.turned_away && !counts.without_ids) continue;
+      runs[run.id] = r
+        ? { samples_per_second: r.samples, completion_tokens_per_second: r.tokens, turns_per_second: r.turns, forecast, ...counts }
+        : { ...IDLE_PROGRESS, forecast, ...counts };
     }
     const own: RunnerSnapshot = { runs, endpoints: this.pool.snapshot(now), role: this.role() };
     if (withFleet) own.fleet = { ...this.forecasts.share(now), ...this.quality.share() };
@@ -340,7 +340,7 @@ export class Runner implements RunnerView {
       if (!isDispatchable(r.status)) continue;
       if (this.pool.servesNow(r)) dispatchable.add(r.id);
       // Whether any process can serve it: the leading one says so once for all.
-      if (this.fleet.leads) await this.runSteps.sayWhyWaiting(r, this.pool.servedAnywhere(r.model));
+      if (this.fleet.leads) await this.runSteps.sayWhyWaiting(r, this.pool.servedAnywhere(r.model), this.active);
     }
 
     for (const runId of [...this.claims.runs()]) if (!dispatchable.has(runId)) this.claims.release(runId);
@@ -379,10 +379,10 @@ export class Runner implements RunnerView {
   private async afterFlush(r: FlushReport): Promise<void> {
     const now = this.deps.clock();
     for (const [runId, d] of r.runs) {
-      if (d.completed) {
+      if (d.completed || d.turnsAnswered) {
         let w = this.runRates.get(runId);
         if (!w) this.runRates.set(runId, (w = new RateWindow()));
-        w.add(now, d.completed, d.tokens);
+        w.add(now, d.completed, d.tokens, d.turnsAnswered);
       }
       const run = await getRun(this.deps.db, runId);
       if (run && (await this.quality.judge(run))) {

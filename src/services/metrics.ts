@@ -122,6 +122,24 @@ export class Metrics implements ProcessMetrics {
     labelNames: ['run_id', 'status'] as const,
     registers: [this.registry],
   });
+  private readonly runTurns = new Gauge({
+    name: 'regen_run_turns',
+    help: "A conversation run's requests (user turns and tool-call steps), as its `turns` counts them: total, completed, failed, in_flight (its samples count conversations)",
+    labelNames: ['run_id', 'status'] as const,
+    registers: [this.registry],
+  });
+  private readonly runInFlight = new Gauge({
+    name: 'regen_run_in_flight',
+    help: "A live run's requests sent and not yet answered (progress.in_flight), by the processes dispatching it",
+    labelNames: ['run_id'] as const,
+    registers: [this.registry],
+  });
+  private readonly runSamplesInFlight = new Gauge({
+    name: 'regen_run_samples_in_flight',
+    help: 'The samples those requests answer (progress.samples_in_flight): up to n a request with params.n > 1',
+    labelNames: ['run_id'] as const,
+    registers: [this.registry],
+  });
   // Counters read from the run's own columns at scrape time, so they survive a restart (and with
   // several replicas each exports the same figure: take their max, not their sum).
   private readonly loopsStopped = new Counter({
@@ -296,7 +314,7 @@ export class Metrics implements ProcessMetrics {
     return this.registry.contentType;
   }
 
-  private async readRuns({ db, now }: MetricsSource): Promise<void> {
+  private async readRuns({ db, now, runner }: MetricsSource): Promise<void> {
     // Everything is read before any gauge is reset, so two renders at once cannot interleave their
     // resets and increments.
     const [byStatus, outbox, recent] = await Promise.all([
@@ -305,12 +323,19 @@ export class Metrics implements ProcessMetrics {
       recentRunSampleCounts(db, now - FINISHED_RUN_VISIBLE_MS),
     ]);
     this.runCount.reset();
-    this.runSamples.reset();
+    for (const g of [this.runSamples, this.runTurns, this.runInFlight, this.runSamplesInFlight]) g.reset();
     for (const c of [this.loopsStopped, this.loopTokensSaved, this.runTokens.prompt, this.runTokens.completion, this.runTokens.cached]) c.reset();
     for (const status of RUN_STATUSES) this.runCount.set({ status }, byStatus.find((r) => r.status === status)?.n ?? 0);
     for (const status of DELIVERY_STATUSES) this.webhookEvents.set({ status }, outbox.find((r) => r.status === status)?.n ?? 0);
     for (const r of recent) {
       for (const status of SAMPLE_STATUSES) this.runSamples.set({ run_id: r.id, status }, r[status]);
+      const live = runner.runProgress(r.id);
+      this.runInFlight.set({ run_id: r.id }, live.in_flight ?? 0);
+      this.runSamplesInFlight.set({ run_id: r.id }, live.samples_in_flight ?? live.in_flight ?? 0);
+      if (r.regenerate === 'all_assistant') {
+        const turns = { total: r.turnsTotal, completed: r.turnsCompleted, failed: r.turnsFailed, in_flight: live.in_flight ?? 0 };
+        for (const [status, n] of Object.entries(turns)) this.runTurns.set({ run_id: r.id, status }, n);
+      }
       const labels = { run_id: r.id, model: r.model };
       this.loopsStopped.inc(labels, r.loopsStopped);
       this.loopTokensSaved.inc(labels, r.loopTokensSaved);

@@ -13,6 +13,7 @@ import type { TurnRecord } from '../../domain/conversation.js';
 import { iso } from '../common.js';
 import { runEndpoint } from '../../domain/run-endpoint.js';
 import { outputExpiresAt } from '../../domain/expiry.js';
+import { CARD_KEY, type OutputFormat, writesCard } from '../../domain/output-format.js';
 import type { Run } from './schemas.js';
 
 /**
@@ -33,17 +34,20 @@ export function renderProgress(r: RunRow, live: RunProgress, now: number): Run['
   const elapsedMs = r.startedAt ? Math.max(0, end - r.startedAt) : 0;
   const finished = isTerminalRun(r.status) && r.finishedAt !== null && elapsedMs > 0;
   const rates = finished
-    ? { samples: r.completed / (elapsedMs / 1000), tokens: r.completionTokens / (elapsedMs / 1000) }
+    ? { samples: r.completed / (elapsedMs / 1000), tokens: r.completionTokens / (elapsedMs / 1000), turns: r.turnsCompleted / (elapsedMs / 1000) }
     : moving
-      ? { samples: live.samples_per_second, tokens: live.completion_tokens_per_second }
-      : { samples: 0, tokens: 0 };
+      ? { samples: live.samples_per_second, tokens: live.completion_tokens_per_second, turns: live.turns_per_second ?? 0 }
+      : { samples: 0, tokens: 0, turns: 0 };
+  const inFlight = live.in_flight ?? 0;
   return {
     fraction: r.total ? done / r.total : 0,
     samples_per_second: round(rates.samples),
     completion_tokens_per_second: round(rates.tokens),
+    turns_per_second: r.regenerate === 'all_assistant' ? round(rates.turns) : null,
     eta_seconds: r.total > 0 && remaining === 0 ? 0 : dispatching && !r.dryRun ? eta(remaining, rates.samples, live.forecast) : null,
     elapsed_seconds: Math.round(elapsedMs / 1000),
-    in_flight: live.in_flight ?? 0,
+    in_flight: inFlight,
+    samples_in_flight: live.samples_in_flight ?? inFlight,
     turned_away: live.turned_away ?? 0,
     without_ids: dispatching ? (live.without_ids ?? []) : [],
   };
@@ -145,6 +149,7 @@ export function renderRun(r: RunRow, live: RunProgress, now: number, variantRows
     shards: { total: r.shardsTotal, uploaded: r.shardsUploaded },
     progress: renderProgress(r, live, now),
     manifest_uri: r.manifestKey ? joinUri(r.outputUri, r.manifestKey) : null,
+    card_uri: writesCard(r.outputFormat as OutputFormat, r.evalShare, r.outputTokens) ? joinUri(r.outputUri, CARD_KEY) : null,
     webhook: r.webhookUrl
       ? {
           url: r.webhookSecret ? r.webhookUrl : new URL(r.webhookUrl).origin,
@@ -172,13 +177,20 @@ function renderEndWarnings(r: RunRow): Pick<Run, 'warnings'> {
 }
 
 /** A run's prefix-cache figures by endpoint, for GET of one run. */
-export function renderCacheByEndpoint(usage: readonly CacheUsage[]): NonNullable<Run['cache_by_endpoint']> {
-  return usage.map((u) => ({ endpoint_id: u.endpointId, prompt_tokens: u.promptTokens, cached_tokens: u.cachedTokens, cache_hit_rate: hitRate(u) }));
+export function renderCacheByEndpoint(usage: readonly (CacheUsage & { endpointName: string | null })[]): NonNullable<Run['cache_by_endpoint']> {
+  return usage.map((u) => ({
+    endpoint_id: u.endpointId,
+    endpoint_name: u.endpointName,
+    prompt_tokens: u.promptTokens,
+    cached_tokens: u.cachedTokens,
+    cache_hit_rate: hitRate(u),
+  }));
 }
 
 const round = (n: number) => Math.round(n * 100) / 100;
 
-export function renderSample(s: SampleRow) {
+/** A sample as lists show it; `variant` its variant's name, `turnsAnswered` a conversation's answered requests (null for other samples). */
+export function renderSample(s: SampleRow, variant: string | null, turnsAnswered: number | null) {
   return {
     object: 'sample' as const,
     custom_id: s.customId,
@@ -207,6 +219,8 @@ export function renderSample(s: SampleRow) {
     output_line: s.outputLine,
     completed_at: iso(s.completedAt),
     turn: s.turn,
+    turns_answered: turnsAnswered,
+    variant,
   };
 }
 
@@ -233,6 +247,7 @@ export function renderShard(s: ShardRow) {
     object: 'shard' as const,
     index: s.idx,
     status: s.status as 'open' | 'uploaded',
+    split: s.split as 'train' | 'eval' | null,
     samples: s.sampleCount,
     done: s.terminalCount,
     key: s.key,

@@ -63,11 +63,10 @@ async function sampleDetail(deps: Deps, id: string, customId: string, sampleInde
   const turns = records && turnLines(records).map((line, i) => renderTurn(records[i], line.turn));
   const split = run.evalShare === null ? null : splitOfShardIdx(sample.shardIdx);
   return {
-    ...renderSample(sample),
+    ...renderSample(sample, variantName(run.variants, sample.variant), records?.length ?? null),
     // A completions or embeddings run's request is a raw prompt or an input, not messages.
     messages: (request.messages ?? []) as { role: string; content: unknown }[],
     params: request.params ?? null,
-    variant: variantName(run.variants, sample.variant),
     metadata: metadataValues(request) ?? null,
     output,
     ...(records && turns && { turns, conversation: conversationOf(request.messages as { role: string }[], records, walkSettings(run)) }),

@@ -4,6 +4,8 @@ import { notFound, problemResponses } from '../../errors.js';
 import { getRun } from '../../db/runs.js';
 import { getSample, listSamples } from '../../db/samples.js';
 import { checkCursor, jsonContent, listOf, page, pageQuery, RunIdParam } from '../common.js';
+import { answeredTurnCounts } from '../../db/sample-turns.js';
+import { variantName } from '../../domain/variants.js';
 import { renderSample } from './render.js';
 import { Flag, Sample, SampleStatus } from './schemas.js';
 
@@ -23,13 +25,26 @@ export function registerListSamples(app: App) {
   app.openapi(route, async (c) => {
     const { db } = c.get('deps');
     const { id } = c.req.valid('param');
-    if (!(await getRun(db, id))) throw notFound('run', id);
+    const run = await getRun(db, id);
+    if (!run) throw notFound('run', id);
     const q = c.req.valid('query');
     // A custom_id has no order of its own: the cursor is placed by the sample it names, so it must name one.
     await checkCursor(q.after, 'sample of this run', async (after) => (await getSample(db, id, after)) !== undefined);
     const { rows, limit } = await listSamples(db, id, q);
+    const conversations = run.regenerate === 'all_assistant';
+    const answered = conversations
+      ? await answeredTurnCounts(
+          db,
+          rows.map((s) => s.id),
+        )
+      : null;
     return c.json(
-      page(rows, limit, (s) => s.customId, renderSample),
+      page(
+        rows,
+        limit,
+        (s) => s.customId,
+        (s) => renderSample(s, variantName(run.variants, s.variant), answered && (answered.get(s.id) ?? 0)),
+      ),
       200,
     );
   });

@@ -324,7 +324,15 @@ export const Run = z
         "On GET of one run with `output.tokens`: the spread of the training rows' trainable tokens (the loss mask's 1s) over the shards written so far, overall and per variant; null for a run without `output.tokens`",
     }),
     cache_by_endpoint: z
-      .array(z.object({ endpoint_id: z.string(), prompt_tokens: z.number().int(), cached_tokens: z.number().int(), cache_hit_rate: z.number().nullable() }))
+      .array(
+        z.object({
+          endpoint_id: z.string(),
+          endpoint_name: z.string().nullable().openapi({ description: "The endpoint's name; null once it is deleted" }),
+          prompt_tokens: z.number().int(),
+          cached_tokens: z.number().int(),
+          cache_hit_rate: z.number().nullable(),
+        }),
+      )
       .optional()
       .openapi({ description: 'On GET of one run: the same by the endpoint that answered' }),
     shards: counts(['total', 'uploaded']),
@@ -335,11 +343,19 @@ export const Run = z
           'Samples completed per second: over the last minute while the run is worked on, its average over `elapsed_seconds` once it has finished, 0 while paused',
       }),
       completion_tokens_per_second: z.number().openapi({ description: 'Completion tokens per second, over the same time as `samples_per_second`' }),
+      turns_per_second: z.number().nullable().openapi({
+        description:
+          'A conversation run (`regenerate: "all_assistant"`): its requests (`turns`: user turns and tool-call steps) answered per second, over the same time as `samples_per_second`, which counts its conversations. Null for other runs',
+      }),
       eta_seconds: z.number().nullable(),
       elapsed_seconds: z.number().openapi({ description: 'From the start to now, or to the finish once the run has finished' }),
       in_flight: z.number().int().openapi({
         description:
-          'Requests sent to an endpoint and not yet answered: never more than the caps allow. `request_counts.in_progress` counts these and the samples claimed ahead of dispatch',
+          'Requests sent to an endpoint and not yet answered: never more than the caps allow. `request_counts.in_progress` counts the samples they answer (`samples_in_flight`) and those claimed ahead of dispatch',
+      }),
+      samples_in_flight: z.number().int().openapi({
+        description:
+          "The samples the requests in flight answer: with `params.n` > 1 one request asks for a line's n answers, so this is up to n × `in_flight`; equal to `in_flight` otherwise",
       }),
       turned_away: z.number().int().openapi({
         description:
@@ -351,6 +367,10 @@ export const Run = z
       }),
     }),
     manifest_uri: z.string().nullable(),
+    card_uri: z.string().nullable().openapi({
+      description:
+        "Where the run's dataset card (`README.md`, for Hugging Face `datasets`) is written as the run finishes: a run in Parquet or SpecForge's format, with a split or with `output.tokens`. Null for a run that writes none",
+    }),
     webhook: RunWebhook.nullable(),
     calibration: z.object({ samples: z.number().int() }),
     dry_run: z.boolean(),
@@ -398,6 +418,10 @@ export const Sample = z
       description:
         'A conversation\'s (`regenerate: "all_assistant"`): the assistant turn being asked, or the one that failed it (0-based); null for other samples',
     }),
+    turns_answered: z.number().int().nullable().openapi({
+      description: 'A conversation\'s (`regenerate: "all_assistant"`): its requests answered so far (user turns and tool-call steps); null for other samples',
+    }),
+    variant: z.string().nullable().openapi({ description: "The name of the sample's variant; null when the run has none" }),
   })
   .openapi('Sample');
 
@@ -426,7 +450,6 @@ export const SampleTurn = z
 export const SampleDetail = Sample.extend({
   messages: z.array(Message),
   params: z.record(z.string(), z.unknown()).nullable().openapi({ description: "The line's own params (the run's and its variant's are on the run)" }),
-  variant: z.string().nullable().openapi({ description: "The name of the sample's variant; null when the run has none" }),
   metadata: z
     .record(z.string(), z.unknown())
     .nullable()
@@ -456,6 +479,7 @@ export const Shard = z
     object: z.literal('shard'),
     index: z.number().int(),
     status: z.enum(SHARD_STATUSES),
+    split: z.enum(['train', 'eval']).nullable().openapi({ description: 'The split whose samples the shard holds; null when the run has no split' }),
     samples: z.number().int(),
     done: z.number().int(),
     key: z.string().nullable(),

@@ -25,7 +25,9 @@ export class PeerViews {
           ? {
               samples_per_second: mine.samples_per_second + p.samples_per_second,
               completion_tokens_per_second: mine.completion_tokens_per_second + p.completion_tokens_per_second,
+              turns_per_second: (mine.turns_per_second ?? 0) + (p.turns_per_second ?? 0),
               in_flight: (mine.in_flight ?? 0) + (p.in_flight ?? 0),
+              samples_in_flight: (mine.samples_in_flight ?? mine.in_flight ?? 0) + (p.samples_in_flight ?? p.in_flight ?? 0),
               turned_away: (mine.turned_away ?? 0) + (p.turned_away ?? 0),
               forecast: mine.forecast ?? p.forecast,
               // Each replica probes the endpoints it drives: together they name every one.
