@@ -133,15 +133,31 @@ describe('prefix-cache affinity on one process, conversations of several turns',
       input: { file_id: fileId },
       regenerate: 'all_assistant',
       params: PLAIN,
+      // Two variants that change no prompt: each reads its own cache rate.
+      variants: [
+        { name: 'cool', weight: 1, params: { temperature: 0.3 } },
+        { name: 'warm', weight: 1, params: { temperature: 0.9 } },
+      ],
       quality: false,
       shard_size: 60,
     });
     const done = await waitForStatus(one.url, run.id, ['completed', 'failed', 'paused', 'cancelled'], 240_000);
     expect(done.status, done.status_reason).toBe('completed');
     expect(done.request_counts).toMatchObject({ total: n, completed: n, failed: 0 });
-    const share = cacheShare(await readConversations(done.output_uri, conversations));
+    const lines = await readConversations(done.output_uri, conversations);
+    const share = cacheShare(lines);
     console.log(`affinity, one process: ${JSON.stringify(share)}`);
     expect(share.share).toBeGreaterThanOrEqual(0.95);
+    // Each variant's cache figures are its lines' usage, every turn's, added up from the files.
+    for (const v of done.variants as any[]) {
+      const own = lines.filter((l) => l.variant === v.name);
+      expect(own.length).toBeGreaterThan(0);
+      const prompt = own.reduce((t, l) => t + l.usage.prompt_tokens, 0);
+      const cached = own.reduce((t, l) => t + l.usage.cached_tokens, 0);
+      expect(v.usage).toMatchObject({ prompt_tokens: prompt, cached_tokens: cached });
+      expect(cached).toBeGreaterThan(0);
+      expect(v.cache_hit_rate).toBeCloseTo(cached / prompt, 3);
+    }
   }, 300_000);
 
   it("serves each tool-call step's earlier prompt, its call message included, from the same cache, within 5% of the ideal", async () => {

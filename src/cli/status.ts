@@ -124,7 +124,7 @@ function trainableLine(spread: Run['num_trainable'] | null): string {
 function variantsTable(variants: NonNullable<Run['variants']>): string {
   const weights = variants.reduce((t, v) => t + v.weight, 0);
   return table(
-    ['VARIANT', 'WEIGHT', 'DONE/TOTAL', 'FAILED', 'FLAGGED', 'TOP FLAG', 'COMPLETION TOKENS', 'REASONING'],
+    ['VARIANT', 'WEIGHT', 'DONE/TOTAL', 'FAILED', 'FLAGGED', 'TOP FLAG', 'COMPLETION TOKENS', 'REASONING', 'CACHE'],
     variants.map((v) => {
       const c = v.request_counts;
       const top = Object.entries(v.quality.by_flag).sort((a, b) => b[1] - a[1])[0];
@@ -137,9 +137,10 @@ function variantsTable(variants: NonNullable<Run['variants']>): string {
         top && top[1] > 0 ? `${top[0]} ${num(top[1])}` : '-',
         num(v.usage.completion_tokens),
         num(v.usage.reasoning_tokens),
+        v.cache_hit_rate == null ? '-' : pct(v.cache_hit_rate),
       ];
     }),
-    [1, 2, 3, 4, 6, 7],
+    [1, 2, 3, 4, 6, 7, 8],
   );
 }
 

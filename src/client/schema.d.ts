@@ -1118,7 +1118,10 @@ export interface components {
                 prompt_tokens: number;
                 completion_tokens: number;
                 reasoning_tokens: number;
+                cached_tokens: number;
             };
+            /** @description The variant's answers' `cached_tokens` over their prompt tokens, as the run's `cache_hit_rate`; null before any answer */
+            cache_hit_rate: number | null;
         };
         /** @description Something that looks wrong but did not stop the run */
         RunWarning: {

@@ -388,6 +388,8 @@ export function variantsTable(variants) {
       { label: 'Top flag', cell: topFlag },
       { label: 'Completion tokens', className: 'num', cell: (v) => num(v.usage.completion_tokens) },
       { label: 'Reasoning', className: 'num', cell: (v) => num(v.usage.reasoning_tokens) },
+      // Prompt tokens from the prefix cache: a variant whose params change the prompt (a system prompt, thinking) reuses less.
+      { label: 'Prefix cache', className: 'num', cell: (v) => (v.cache_hit_rate == null ? '—' : pct(v.cache_hit_rate)) },
     ],
     variants,
     '',

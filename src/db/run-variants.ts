@@ -19,9 +19,20 @@ export interface VariantDelta {
   prompt: number;
   completion: number;
   reasoning: number;
+  /** Prompt tokens served from the prefix cache: the variant's cache rate over `prompt`. */
+  cached: number;
 }
 
-export const newVariantDelta = (): VariantDelta => ({ completed: 0, failed: 0, flagged: 0, flags: FLAGS.map(() => 0), prompt: 0, completion: 0, reasoning: 0 });
+export const newVariantDelta = (): VariantDelta => ({
+  completed: 0,
+  failed: 0,
+  flagged: 0,
+  flags: FLAGS.map(() => 0),
+  prompt: 0,
+  completion: 0,
+  reasoning: 0,
+  cached: 0,
+});
 
 /** Adds one outcome to its variant's delta. */
 export function addToVariantDelta(d: VariantDelta, kind: 'completed' | 'failed' | 'other', flags: number, usage: Usage | null): void {
@@ -34,17 +45,18 @@ export function addToVariantDelta(d: VariantDelta, kind: 'completed' | 'failed' 
     d.prompt += usage.prompt_tokens;
     d.completion += usage.completion_tokens;
     d.reasoning += usage.reasoning_tokens;
+    d.cached += usage.cached_tokens;
   }
 }
 
 const MOVE = `update run_variants set completed = completed + ?, failed = failed + ?, flagged = flagged + ?,
    ${FLAG_COLUMNS.map(({ column }) => `${column} = ${column} + ?`).join(', ')},
-   prompt_tokens = prompt_tokens + ?, completion_tokens = completion_tokens + ?, reasoning_tokens = reasoning_tokens + ?
-   where run_id = ? and idx = ?`;
+   prompt_tokens = prompt_tokens + ?, completion_tokens = completion_tokens + ?, reasoning_tokens = reasoning_tokens + ?,
+   cached_tokens = cached_tokens + ? where run_id = ? and idx = ?`;
 
 /** Moves one variant's counters by a delta (negative to take back); call inside the writer's transaction. */
 export async function moveVariantCounters(tx: DbOrTx, runId: string, idx: number, d: VariantDelta): Promise<void> {
-  await tx.exec(MOVE, [d.completed, d.failed, d.flagged, ...d.flags, d.prompt, d.completion, d.reasoning, runId, idx]);
+  await tx.exec(MOVE, [d.completed, d.failed, d.flagged, ...d.flags, d.prompt, d.completion, d.reasoning, d.cached, runId, idx]);
 }
 
 /** The variants' rows of a run, each with its sample count, as ingest lays them out (replacing any earlier ones). */

@@ -305,6 +305,7 @@ export const runVariants = pgTable(
     promptTokens: bigintNumber('prompt_tokens').notNull().default(0),
     completionTokens: bigintNumber('completion_tokens').notNull().default(0),
     reasoningTokens: bigintNumber('reasoning_tokens').notNull().default(0),
+    cachedTokens: bigintNumber('cached_tokens').notNull().default(0),
   },
   (t) => [primaryKey({ columns: [t.runId, t.idx] })],
 );

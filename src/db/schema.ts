@@ -335,6 +335,7 @@ export const runVariants = sqliteTable(
     promptTokens: integer('prompt_tokens').notNull().default(0),
     completionTokens: integer('completion_tokens').notNull().default(0),
     reasoningTokens: integer('reasoning_tokens').notNull().default(0),
+    cachedTokens: integer('cached_tokens').notNull().default(0),
   },
   (t) => [primaryKey({ columns: [t.runId, t.idx] })],
 );

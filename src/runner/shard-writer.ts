@@ -255,7 +255,12 @@ export async function writeManifest(deps: RunnerDeps, run: RunRow, finalStatus: 
             weight: v.weight,
             params: v.params ?? {},
             counts: { total: c?.total ?? 0, completed: c?.completed ?? 0, failed: c?.failed ?? 0 },
-            usage: { prompt_tokens: c?.promptTokens ?? 0, completion_tokens: c?.completionTokens ?? 0, reasoning_tokens: c?.reasoningTokens ?? 0 },
+            usage: {
+              prompt_tokens: c?.promptTokens ?? 0,
+              completion_tokens: c?.completionTokens ?? 0,
+              reasoning_tokens: c?.reasoningTokens ?? 0,
+              cached_tokens: c?.cachedTokens ?? 0,
+            },
             quality: { flagged: c?.flagged ?? 0, by_flag: c ? flagCounts(c) : null },
           };
         })

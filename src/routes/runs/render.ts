@@ -84,7 +84,13 @@ export function renderVariants(r: RunRow, rows: readonly RunVariantRow[]): Run['
       effective_params: layeredParams(r.params, v.params, null),
       request_counts: { total: c?.total ?? 0, completed: c?.completed ?? 0, failed: c?.failed ?? 0 },
       quality: { flagged: c?.flagged ?? 0, by_flag: c ? flagCounts(c) : flagCounts(ZERO_FLAGS) },
-      usage: { prompt_tokens: c?.promptTokens ?? 0, completion_tokens: c?.completionTokens ?? 0, reasoning_tokens: c?.reasoningTokens ?? 0 },
+      usage: {
+        prompt_tokens: c?.promptTokens ?? 0,
+        completion_tokens: c?.completionTokens ?? 0,
+        reasoning_tokens: c?.reasoningTokens ?? 0,
+        cached_tokens: c?.cachedTokens ?? 0,
+      },
+      cache_hit_rate: c ? hitRate(c) : null,
     };
   });
 }

@@ -257,7 +257,10 @@ export const RunVariant = z
     }),
     request_counts: counts(['total', 'completed', 'failed']),
     quality: z.object({ flagged: z.number().int(), by_flag: counts(FLAGS) }),
-    usage: counts(['prompt_tokens', 'completion_tokens', 'reasoning_tokens']),
+    usage: counts(['prompt_tokens', 'completion_tokens', 'reasoning_tokens', 'cached_tokens']),
+    cache_hit_rate: z.number().nullable().openapi({
+      description: "The variant's answers' `cached_tokens` over their prompt tokens, as the run's `cache_hit_rate`; null before any answer",
+    }),
   })
   .openapi('RunVariant', { description: 'A variant of a run: its samples (chosen by custom_id), how many are done, their flags and usage' });
 

@@ -1,0 +1,1 @@
+ALTER TABLE `run_variants` ADD `cached_tokens` integer DEFAULT 0 NOT NULL;

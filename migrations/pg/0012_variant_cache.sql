@@ -1,0 +1,1 @@
+ALTER TABLE "run_variants" ADD COLUMN "cached_tokens" bigint DEFAULT 0 NOT NULL;
