@@ -1,6 +1,6 @@
 import { randomBytes } from 'node:crypto';
 import { once } from 'node:events';
-import { open, rename, rm } from 'node:fs/promises';
+import { open, rename, rm, stat } from 'node:fs/promises';
 import { basename, dirname, join } from 'node:path';
 import { Readable } from 'node:stream';
 import type { ReadableStream as WebStream } from 'node:stream/web';
@@ -43,7 +43,16 @@ async function toFile(body: AsyncIterable<Buffer>, path: string): Promise<void> 
     throw err;
   }
   await file.close();
-  await rename(temp, path);
+  await rename(temp, path).catch(async (err: NodeJS.ErrnoException) => {
+    await rm(temp, { force: true });
+    throw new UsageError(`-o: cannot put the file at ${path} (${err.code ?? err.message})`);
+  });
+}
+
+/** `-o` names a file to write, not a folder: refused before anything is asked of the server. */
+async function checkOutputPath(path: string): Promise<void> {
+  const at = await stat(path).catch(() => null);
+  if (path.endsWith('/') || at?.isDirectory()) throw new UsageError(`-o: ${path} is a folder; name the file to write, say ${join(path, 'run.parquet')}`);
 }
 
 /**
@@ -52,6 +61,7 @@ async function toFile(body: AsyncIterable<Buffer>, path: string): Promise<void> 
  * (2 for a refused parameter); with `-o` no file is left behind.
  */
 export async function exportCommand(runId: string, opts: ExportOptions): Promise<number> {
+  if (opts.output !== undefined) await checkOutputPath(opts.output);
   const client = new Client(opts);
   const query = { split: opts.split, variant: opts.variant, format: opts.format };
   const { data, error, response } = await client.api.GET('/v1/runs/{id}/export', { params: { path: { id: runId }, query }, parseAs: 'stream' });

@@ -1164,7 +1164,7 @@ export interface components {
                 requests: unknown[];
             };
             /**
-             * @description The server route each request goes to: `/v1/chat/completions` (the default: lines carry messages), `/v1/completions` (a line's `prompt`, text or token ids, sent raw with no chat template; output lines carry `text`) or `/v1/embeddings` (a line's `input`; output lines carry `embedding`, floats, or base64 with `params.encoding_format`). Such runs write `jsonl` or `parquet` (the embedding as list<float32>); every vector of an embeddings run has one size
+             * @description The server route each request goes to: `/v1/chat/completions` (the default: lines carry messages), `/v1/completions` (a line's `prompt`, text or token ids, sent raw with no chat template; output lines carry `text`) or `/v1/embeddings` (a line's `input`; output lines carry `embedding`, floats, or base64 with `params.encoding_format`). Such runs write `jsonl` or `parquet` (the embedding as list<float32>); a regen process holds an embeddings run's vectors to one size (the `dimensions` asked, else the first it reads; per process)
              * @enum {string}
              */
             endpoint?: "/v1/chat/completions" | "/v1/completions" | "/v1/embeddings";
@@ -1387,7 +1387,7 @@ export interface components {
                 requests: unknown[];
             };
             /**
-             * @description The server route each request goes to: `/v1/chat/completions` (the default: lines carry messages), `/v1/completions` (a line's `prompt`, text or token ids, sent raw with no chat template; output lines carry `text`) or `/v1/embeddings` (a line's `input`; output lines carry `embedding`, floats, or base64 with `params.encoding_format`). Such runs write `jsonl` or `parquet` (the embedding as list<float32>); every vector of an embeddings run has one size
+             * @description The server route each request goes to: `/v1/chat/completions` (the default: lines carry messages), `/v1/completions` (a line's `prompt`, text or token ids, sent raw with no chat template; output lines carry `text`) or `/v1/embeddings` (a line's `input`; output lines carry `embedding`, floats, or base64 with `params.encoding_format`). Such runs write `jsonl` or `parquet` (the embedding as list<float32>); a regen process holds an embeddings run's vectors to one size (the `dimensions` asked, else the first it reads; per process)
              * @enum {string}
              */
             endpoint?: "/v1/chat/completions" | "/v1/completions" | "/v1/embeddings";

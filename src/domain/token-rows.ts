@@ -39,9 +39,21 @@ export interface StagedIds {
   step: number | null;
   finish_reason: string | null;
   flags: number;
-  prompt: StagedIdList;
-  output: StagedIdList;
+  /**
+   * The ids packed (packIds), under names of their own: a replica of the version that staged arrays
+   * as `prompt` and `output`, meeting these during a rolling upgrade, finds no ids and fails the
+   * shard's write (asked again once it is gone) instead of writing the text as ids.
+   */
+  prompt_packed?: string;
+  output_packed?: string;
+  /** The arrays staged before the ids were packed. */
+  prompt?: number[];
+  output?: number[];
 }
+
+/** A staged generation's prompt ids and generated ids, packed or as arrays. */
+export const stagedPrompt = (g: StagedIds): StagedIdList => g.prompt_packed ?? g.prompt ?? [];
+export const stagedOutput = (g: StagedIds): StagedIdList => g.output_packed ?? g.output ?? [];
 
 /**
  * The ids of a conversation's requests that have them, each at its user turn (a turn's steps
@@ -60,7 +72,10 @@ export function conversationIds(
 }
 
 /** A generation's ids packed for staging. */
-export const stagedIds = (ids: GenerationIds): Pick<StagedIds, 'prompt' | 'output'> => ({ prompt: packIds(ids.prompt), output: packIds(ids.output) });
+export const stagedIds = (ids: GenerationIds): Pick<StagedIds, 'prompt_packed' | 'output_packed'> => ({
+  prompt_packed: packIds(ids.prompt),
+  output_packed: packIds(ids.output),
+});
 
 /**
  * A training row as its files hold it, but for `loss_mask`: zeros over the prompt, ones over the

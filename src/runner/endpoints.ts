@@ -187,13 +187,13 @@ export class EndpointPool {
     return servesIds(e, run, this.logger);
   }
 
-  /** Whether any endpoint serves `model` now: here, or ready by its row when another replica drives it. */
   /** Whether some ready endpoint serves both models: runs of the two then want the same slots. */
   sharedBy(a: string, b: string): boolean {
     for (const e of this.live.values()) if (e.serves(a) && e.serves(b) && (e.dispatchable || (!e.driven && e.state === 'ready'))) return true;
     return false;
   }
 
+  /** Whether any endpoint serves `model` now: here, or ready by its row when another replica drives it. */
   servedAnywhere(model: string): boolean {
     for (const e of this.live.values()) if (e.serves(model) && (e.dispatchable || (!e.driven && e.state === 'ready'))) return true;
     return false;

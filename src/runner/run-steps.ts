@@ -52,8 +52,9 @@ export class RunSteps {
     const busy = !served && this.pool.turnedAwayOnly(run.model);
     // A run that writes token ids waits, too, while the endpoints serving it return none.
     const noIds = served && run.outputTokens ? idsReason(this.pool.live.values(), run.model) : null;
+    // Behind another only while no slot serving it is free here (a free one is filled this same tick).
     const ahead =
-      served && noIds === null && run.status === 'queued'
+      served && noIds === null && run.status === 'queued' && this.pool.slotsFor(run.model).free === 0
         ? active.slice(0, active.indexOf(run)).find((a) => a.status === 'in_progress' && this.pool.sharedBy(a.model, run.model))
         : undefined;
     const waits = !served || noIds !== null || ahead !== undefined;

@@ -2,7 +2,7 @@ import { createHash } from 'node:crypto';
 import type { RunRow, ShardRow } from '../db/schema.js';
 import { lineKey } from '../domain/output-line.js';
 import { type OutputFormat, tokensObjectKey } from '../domain/output-format.js';
-import { type ShardTrainable, type StagedIds, type TokenRow, tokenRow, unpackIds } from '../domain/token-rows.js';
+import { type ShardTrainable, type StagedIds, stagedOutput, stagedPrompt, type TokenRow, tokenRow, unpackIds } from '../domain/token-rows.js';
 import { parquetRowCount, readParquetRows } from '../storage/parquet.js';
 import { encodeTokenParquet } from '../storage/token-parquet.js';
 import type { ObjectStore as Store } from '../storage/store.js';
@@ -24,7 +24,7 @@ export function sampleTokenRows(s: RowSample, staged: readonly StagedIds[] | und
   return (staged ?? []).map((g) =>
     tokenRow(
       { customId: s.customId, sampleIndex: s.sampleIndex, turn: g.turn, step: g.step, variant, split, finishReason: g.finish_reason, flags: g.flags },
-      { prompt: unpackIds(g.prompt), output: unpackIds(g.output) },
+      { prompt: unpackIds(stagedPrompt(g)), output: unpackIds(stagedOutput(g)) },
     ),
   );
 }

@@ -1,5 +1,16 @@
 import { describe, expect, it } from 'vitest';
-import { packIds, spreadOf, type TokenRow, tokenRow, trainableSpread, unpackIds } from '../../src/domain/token-rows.js';
+import {
+  idCount,
+  packIds,
+  spreadOf,
+  stagedIds,
+  stagedOutput,
+  stagedPrompt,
+  type TokenRow,
+  tokenRow,
+  trainableSpread,
+  unpackIds,
+} from '../../src/domain/token-rows.js';
 import { tokenLines } from '../../src/runner/token-shard.js';
 import { readParquetRows } from '../../src/storage/parquet.js';
 import { encodeTokenParquet } from '../../src/storage/token-parquet.js';
@@ -38,6 +49,15 @@ describe('training rows', () => {
     expect([...unpackIds(packIds(ids))]).toEqual(ids);
     expect(unpackIds(ids)).toBe(ids);
     expect([...unpackIds(packIds([]))]).toEqual([]);
+    // Packed under names of their own: a replica that staged arrays finds no `prompt` or `output` in them.
+    const staged = { turn: null, step: null, finish_reason: 'stop', flags: 0, ...stagedIds({ prompt: [1, 2], output: [3] }) };
+    expect(staged).not.toHaveProperty('prompt');
+    expect(staged).not.toHaveProperty('output');
+    expect([...unpackIds(stagedPrompt(staged))]).toEqual([1, 2]);
+    expect(idCount(stagedOutput(staged))).toBe(1);
+    const older = { turn: null, step: null, finish_reason: 'stop', flags: 0, prompt: [1, 2], output: [3, 4] };
+    expect([...unpackIds(stagedPrompt(older))]).toEqual([1, 2]);
+    expect(idCount(stagedOutput(older))).toBe(2);
   });
 
   it('gives min, p5, median, p95 and max by nearest rank, overall and per variant', () => {

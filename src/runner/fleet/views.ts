@@ -1,6 +1,5 @@
-import type { FleetShare } from '../../domain/live-view.js';
 import type { ReplicaRow } from '../../db/replicas.js';
-import type { RunnerSnapshot } from '../../domain/live-view.js';
+import type { EndpointWithoutIds, FleetShare, RunnerSnapshot } from '../../domain/live-view.js';
 
 /** The other replicas' last published views, and what this process makes of them. */
 export class PeerViews {
@@ -31,7 +30,7 @@ export class PeerViews {
               turned_away: (mine.turned_away ?? 0) + (p.turned_away ?? 0),
               forecast: mine.forecast ?? p.forecast,
               // Each replica probes the endpoints it drives: together they name every one.
-              without_ids: mine.without_ids || p.without_ids ? [...(mine.without_ids ?? []), ...(p.without_ids ?? [])] : undefined,
+              without_ids: mine.without_ids || p.without_ids ? uniqueEndpoints([...(mine.without_ids ?? []), ...(p.without_ids ?? [])]) : undefined,
             }
           : p;
       }
@@ -60,3 +59,6 @@ export class PeerViews {
     return this.views.flatMap((v) => (v.fleet ? [v.fleet] : []));
   }
 }
+
+/** Each endpoint once: an endpoint whose drive moved is still known to the replica that probed it before. */
+const uniqueEndpoints = (list: EndpointWithoutIds[]): EndpointWithoutIds[] => [...new Map(list.map((e) => [e.endpoint_id, e])).values()];

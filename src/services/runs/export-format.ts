@@ -72,7 +72,8 @@ export function exportWriter(source: OutputFormat, target: ExportFormat, variant
           : lines(bytes)
               .map((l) => rowOfLine(l, split))
               .filter((r) => ofVariant(variant, r));
-      pending.push(...rows);
+      // One at a time: spreading a shard of 100,000 rows into push's arguments can pass the stack's limit.
+      for (const row of rows) pending.push(row);
       if (pending.length < ROW_GROUP_ROWS) return EMPTY;
       const group = pending;
       pending = [];

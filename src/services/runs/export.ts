@@ -139,19 +139,27 @@ export async function exportRun(deps: Pick<Deps, 'db' | 'stores' | 'logger' | 'c
     .sort((a, b) => Number(a.split === 'eval') - Number(b.split === 'eval'));
   const first = shards.length ? await verifiedShard(store, shards[0]) : null;
   const writer = exportWriter(run.outputFormat as OutputFormat, format, variant, runEndpoint(run.endpoint));
+  // Whatever stops the stream, reading, checking or writing a shard, the log names the run and where.
+  const stopped = (at: string | null, err: unknown) => {
+    deps.logger.error({ run_id: run.id, shard: at, err: { message: (err as Error).message } }, 'export stopped');
+    return err;
+  };
   async function* chunks() {
     for (const [i, shard] of shards.entries()) {
-      let bytes: Buffer;
+      let out: Buffer;
       try {
-        bytes = i === 0 ? first! : await verifiedShard(store, shard);
+        out = await writer.shard(i === 0 ? first! : await verifiedShard(store, shard), shard.split);
       } catch (err) {
-        deps.logger.error({ run_id: run!.id, shard: shard.key, err: { message: (err as Error).message } }, 'export stopped');
-        throw err;
+        throw stopped(shard.key, err);
       }
-      const out = await writer.shard(bytes, shard.split);
       if (out.length) yield out;
     }
-    const end = writer.end();
+    let end: Buffer;
+    try {
+      end = writer.end();
+    } catch (err) {
+      throw stopped(null, err);
+    }
     if (end.length) yield end;
   }
   const filename = [run.id, opts.split, variant].filter(Boolean).join('-') + (format === 'parquet' ? '.parquet' : '.jsonl');
