@@ -188,6 +188,11 @@ describe('export of a split Parquet run with variants', () => {
     const split = await regen(['export', run.id, '--split', 'test']);
     expect(split.code).toBe(2);
     expect(split.stderr).toContain('--split');
+    // -o names a file: a folder is refused before anything is asked, and nothing is left in it.
+    const folder = await regen(['export', run.id, '-o', scratch.dir]);
+    expect(folder.code).toBe(2);
+    expect(folder.stderr).toContain(`-o: ${scratch.dir} is a folder`);
+    expect(readdirSync(scratch.dir).filter((f) => f.endsWith('.tmp'))).toEqual([]);
   });
 });
 
