@@ -60,13 +60,13 @@ async function check(db: Db): Promise<void> {
   const a = await getRunWithCacheUsage(db, 'run_a');
   expect(a?.run).toMatchObject({ id: 'run_a', status: 'in_progress', outputUri: 'file:///x/run_a/' });
   expect(a?.cacheUsage).toEqual([
-    { endpointId: 'ep_1', promptTokens: 1500, cachedTokens: 1300 },
-    { endpointId: 'ep_2', promptTokens: 40, cachedTokens: 0 },
+    { endpointId: 'ep_1', endpointName: null, promptTokens: 1500, cachedTokens: 1300 },
+    { endpointId: 'ep_2', endpointName: null, promptTokens: 40, cachedTokens: 0 },
   ]);
   expect((await getRunWithCacheUsage(db, 'run_b'))?.cacheUsage).toEqual([
-    { endpointId: 'ep_1', promptTokens: 7, cachedTokens: 7 },
-    { endpointId: 'ep_2', promptTokens: 100, cachedTokens: 10 },
-    { endpointId: 'ep_3', promptTokens: 3, cachedTokens: 0 },
+    { endpointId: 'ep_1', endpointName: null, promptTokens: 7, cachedTokens: 7 },
+    { endpointId: 'ep_2', endpointName: null, promptTokens: 100, cachedTokens: 10 },
+    { endpointId: 'ep_3', endpointName: null, promptTokens: 3, cachedTokens: 0 },
   ]);
   // A run with no answers yet has its row and no usage; an unknown run, nothing.
   const c = await getRunWithCacheUsage(db, 'run_c');

@@ -181,7 +181,9 @@ describe('regen status of a cancelled run', () => {
     expect(row).not.toContain('100.0%');
 
     const detail = await regen(['status', runId]);
-    expect(detail.stdout).toContain(`progress  ${share}, ${completed} of ${total} samples answered · ${cancelled} cancelled`);
+    expect(detail.stdout).toMatch(
+      new RegExp(`^progress\\s+${share.replace('.', '\\.')}, ${completed} of ${total} samples answered · ${cancelled} cancelled$`, 'm'),
+    );
 
     const watched = await regen(['status', runId, '--watch']);
     expect(watched.code).toBe(1);

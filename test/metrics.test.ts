@@ -307,7 +307,7 @@ describe('logs', () => {
         .map((l) => l.state);
     // The runner thread's lines reach this thread as messages, after the state they tell of is in the
     // database: the API can answer "ready" before the line is here, so the test waits for the line.
-    const lineFor = (n: number) => waitFor(`${n} endpoint state lines`, async () => (states().length >= n ? true : undefined), 15_000).catch(() => undefined);
+    const lineFor = (n: number) => waitFor(`${n} endpoint state lines`, async () => (states().length >= n ? true : undefined), 60_000).catch(() => undefined);
     const endpointLines = () =>
       JSON.stringify(
         parsed()

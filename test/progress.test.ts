@@ -116,6 +116,7 @@ describe('renderProgress', () => {
       in_flight: 0,
       samples_in_flight: 0,
       turned_away: 0,
+      without_ids: [],
     });
   });
 
@@ -140,6 +141,7 @@ describe('renderProgress', () => {
       in_flight: 0,
       samples_in_flight: 0,
       turned_away: 0,
+      without_ids: [],
     });
   });
 
@@ -191,6 +193,7 @@ describe('the runner reads time from deps.clock', () => {
       in_flight: 0,
       samples_in_flight: 0,
       turned_away: 0,
+      without_ids: [],
     });
     expect(done.usage.completion_tokens).toBeGreaterThan(0);
     expect(done.started_at).toBe(new Date(T0).toISOString());
