@@ -1,8 +1,6 @@
 import { mulberry32 } from '../src/domain/forecast.js';
 import type { SimProcess } from '../src/sim/spawn.js';
-import { PrefixCache } from '../src/sim/prefix-cache.js';
-import { promptSequence } from '../src/sim/text.js';
-import { json, percentile, scaled, sleep, until, type Figure } from './support.js';
+import { cacheAwareRouter, json, percentile, scaled, sleep, until, type Figure } from './support.js';
 
 // Agentic conversations on the conversations bench's servers: each user turn may take tool-call
 // steps (the simulator calls the tools its "[tools=…]" marker names, one step after another), each
@@ -98,19 +96,9 @@ async function statsOf(sims: SimProcess[]): Promise<{ prompt: number; cached: nu
 
 /** The reference: every conversation walked request by request, each to the server SGLang's cache_aware policy picks. */
 async function reference(sims: SimProcess[], convs: Conversation[], slots: number, kvTokens: number): Promise<Tally> {
-  const trees = sims.map(() => new PrefixCache(() => kvTokens));
+  const router = cacheAwareRouter(sims.length, kvTokens);
   const load = sims.map(() => 0);
-  const route = (messages: Message[]): number => {
-    const tokens = promptSequence(messages);
-    let best = -1;
-    let bestLength = 0;
-    for (const [i, tree] of trees.entries()) {
-      const { length } = tree.match(tokens);
-      if (length > bestLength) [best, bestLength] = [i, length];
-    }
-    if (best >= 0 && bestLength / tokens.length > 0.5) return best;
-    return load.indexOf(Math.min(...load));
-  };
+  const route = (messages: Message[]): number => router.route(messages, load);
   const requests: Tally['requests'] = convs.map(() => []);
   const latencies: number[] = [];
   const before = await statsOf(sims);
@@ -135,7 +123,7 @@ async function reference(sims: SimProcess[], convs: Conversation[], slots: numbe
     load[server]--;
     const { content, tool_calls } = body.choices[0].message;
     const reply: Message = tool_calls ? { role: 'assistant', content: null, tool_calls } : { role: 'assistant', content };
-    trees[server].insert(promptSequence([...messages, reply]));
+    router.sent(server, [...messages, reply]);
     return { reply, calls: tool_calls, usage: body.usage };
   };
   const worker = async (): Promise<void> => {

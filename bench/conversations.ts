@@ -2,14 +2,13 @@ import { readdirSync, readFileSync, statSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { gunzipSync } from 'node:zlib';
-import { PrefixCache } from '../src/sim/prefix-cache.js';
 import { mulberry32 } from '../src/domain/forecast.js';
 import { spawnSimulator, type SimProcess } from '../src/sim/spawn.js';
 import { promptSequence } from '../src/sim/text.js';
 import { spawnServer, tempDir } from '../test/support/server.js';
 import { benchAgentic } from './agentic.js';
 import { benchConversationEta } from './conversation-eta.js';
-import { json, percentile, scaled, sleep, until, type Figure } from './support.js';
+import { cacheAwareRouter, json, percentile, scaled, sleep, until, type Figure } from './support.js';
 
 // Multi-turn regeneration on 4 simulated servers with prefix caches (SGLang's radix cache, in the
 // KV pool), four ways side by side, thinking on and off:
@@ -176,27 +175,6 @@ async function walk(
 function roundRobin(): (messages: Message[], load: number[]) => number {
   let i = 0;
   return (_m, load) => i++ % load.length;
-}
-
-/** SGLang's model gateway cache_aware policy: an approximate tree per worker; the best match over half the prompt, else the least loaded. */
-function cacheAware(): { route: (messages: Message[], load: number[]) => number; sent: (server: number, messages: Message[]) => void } {
-  const trees = Array.from({ length: SERVERS }, () => new PrefixCache(() => KV_TOKENS));
-  return {
-    route: (messages, load) => {
-      const tokens = promptSequence(messages);
-      let best = -1;
-      let bestLength = 0;
-      for (const [i, tree] of trees.entries()) {
-        const { length } = tree.match(tokens);
-        if (length > bestLength) [best, bestLength] = [i, length];
-      }
-      if (best >= 0 && bestLength / tokens.length > 0.5) return best;
-      return load.indexOf(Math.min(...load));
-    },
-    sent: (server, messages) => {
-      trees[server].insert(promptSequence(messages));
-    },
-  };
 }
 
 /** Lines of every output shard a run wrote (its output_uri is a local folder here). */
@@ -400,7 +378,7 @@ export async function benchConversations(): Promise<Figure[]> {
           let got: Omit<Tally, 'ideal'> & { prompts: number[][]; answers: number[][] };
           if (mode === 'round robin') got = await walk(sims, convs, thinking, roundRobin(), () => {});
           else if (mode === 'cache-aware reference') {
-            const policy = cacheAware();
+            const policy = cacheAwareRouter(SERVERS, KV_TOKENS);
             got = await walk(sims, convs, thinking, policy.route, policy.sent);
           } else got = await regenRun(server.url, sims, convs, thinking);
           results[mode] = { ...got, ideal: idealCached(got.prompts, got.answers, thinking) };

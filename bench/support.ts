@@ -1,4 +1,6 @@
 import { createReadStream, createWriteStream, readFileSync } from 'node:fs';
+import { PrefixCache } from '../src/sim/prefix-cache.js';
+import { promptSequence } from '../src/sim/text.js';
 import { cpus } from 'node:os';
 import { once } from 'node:events';
 
@@ -100,4 +102,29 @@ export async function submitPrompts(base: string, n: number, run: Record<string,
     body: JSON.stringify({ ...run, input: { file_id: file.id } }),
   });
   return created.id;
+}
+
+/**
+ * The cache-aware reference's routing (SGLang's model gateway cache_aware policy, an approximate tree a server): a request goes to the server whose
+ * radix tree matches more than half of its prompt, else to the least loaded; `sent` records what a
+ * server's cache now holds.
+ */
+export function cacheAwareRouter(servers: number, kvTokens: number) {
+  const trees = Array.from({ length: servers }, () => new PrefixCache(() => kvTokens));
+  return {
+    route(messages: Record<string, unknown>[], load: readonly number[]): number {
+      const tokens = promptSequence(messages);
+      let best = -1;
+      let bestLength = 0;
+      for (const [i, tree] of trees.entries()) {
+        const { length } = tree.match(tokens);
+        if (length > bestLength) [best, bestLength] = [i, length];
+      }
+      if (best >= 0 && bestLength / tokens.length > 0.5) return best;
+      return load.indexOf(Math.min(...load));
+    },
+    sent(server: number, messages: Record<string, unknown>[]): void {
+      trees[server].insert(promptSequence(messages));
+    },
+  };
 }
