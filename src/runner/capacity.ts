@@ -40,15 +40,20 @@ const RARE_RETRACTIONS_PER_MS = 1 / 60_000;
 const KNEE_MEMORY_MS = 60_000;
 /** In-flight share of the cap at which regen, not its supply of samples, is what limits the server. */
 const SATURATED = 0.95;
-/** SGLang's recommended waiting queue is 100 to 2000; smaller servers get a proportionally shorter one. */
+/**
+ * SGLang's recommended waiting queue is 100 to 2000; smaller servers get a proportionally shorter
+ * one, half their running batch: answers of like length end together, and a queue that holds half
+ * a batch refills those slots at once where an eighth left them idle for regen's turnover of the
+ * burst (30–200 ms measured, 4 servers × 64 slots, 1 s answers; BENCHMARKS.md 2026-12-06, pace).
+ */
 const QUEUE_LOW_MAX = 100;
 const QUEUE_HIGH_MAX = 2000;
 const QUEUE_MIN = 4;
 
 /** The waiting queue the cap aims for on a server running `running` requests. */
 export function queueBand(running: number): { low: number; high: number } {
-  const low = Math.max(QUEUE_MIN, Math.min(QUEUE_LOW_MAX, Math.ceil(running / 8)));
-  const high = Math.max(2 * low, Math.min(QUEUE_HIGH_MAX, Math.ceil(running / 2)));
+  const low = Math.max(QUEUE_MIN, Math.min(QUEUE_LOW_MAX, Math.ceil(running / 2)));
+  const high = Math.max(2 * low, Math.min(QUEUE_HIGH_MAX, running));
   return { low, high };
 }
 
@@ -63,8 +68,17 @@ export class AdaptiveCap {
   /** The in-flight level at which the server last retracted, and when. */
   private knee: { level: number; at: number } | null = null;
 
-  constructor(private ceiling: number) {
-    this.value = Math.max(MIN_CAP, Math.min(ceiling, START_CAP));
+  /**
+   * `serverRunning` is what the server says it runs at once, when it says: one that runs no more
+   * than START_CAP cannot over-commit its KV pool with what waits in its queue, so the cap starts at
+   * its ceiling, the first wave's answers finding their successors queued.
+   */
+  constructor(
+    private ceiling: number,
+    serverRunning: number | null = null,
+  ) {
+    const start = serverRunning !== null && serverRunning <= START_CAP ? ceiling : START_CAP;
+    this.value = Math.max(MIN_CAP, Math.min(ceiling, start));
   }
 
   get cap(): number {
