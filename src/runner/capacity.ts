@@ -68,17 +68,8 @@ export class AdaptiveCap {
   /** The in-flight level at which the server last retracted, and when. */
   private knee: { level: number; at: number } | null = null;
 
-  /**
-   * `serverRunning` is what the server says it runs at once, when it says: one that runs no more
-   * than START_CAP cannot over-commit its KV pool with what waits in its queue, so the cap starts at
-   * its ceiling, the first wave's answers finding their successors queued.
-   */
-  constructor(
-    private ceiling: number,
-    serverRunning: number | null = null,
-  ) {
-    const start = serverRunning !== null && serverRunning <= START_CAP ? ceiling : START_CAP;
-    this.value = Math.max(MIN_CAP, Math.min(ceiling, start));
+  constructor(private ceiling: number) {
+    this.value = Math.max(MIN_CAP, Math.min(ceiling, START_CAP));
   }
 
   get cap(): number {

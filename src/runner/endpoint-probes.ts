@@ -191,7 +191,7 @@ export class EndpointProbes {
     this.fitCeiling(e);
     // The adaptive cap starts low, before the first load reading, rather than at a running limit
     // that SGLang sets far past what its KV pool holds.
-    if (this.settings.adaptiveConcurrency && e.loadRoute !== 'none') e.adaptive ??= new AdaptiveCap(this.ceiling(e), e.row.serverMaxRunning);
+    if (this.settings.adaptiveConcurrency && e.loadRoute !== 'none') e.adaptive ??= new AdaptiveCap(this.ceiling(e));
     if (e.capInfo(this.settings.defaultConcurrency).source === 'default') this.warnDefault(e);
   }
 
@@ -297,7 +297,7 @@ export class EndpointProbes {
     } else e.sharedCap = null;
     if (!this.settings.adaptiveConcurrency) return;
     const before = e.adaptive?.cap ?? null;
-    e.adaptive ??= new AdaptiveCap(this.ceiling(e), e.row.serverMaxRunning);
+    e.adaptive ??= new AdaptiveCap(this.ceiling(e));
     e.adaptive.observe(load, e.inFlight.size);
     if (e.adaptive.cap !== before) this.onChange();
   }

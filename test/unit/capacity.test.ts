@@ -11,14 +11,6 @@ describe('AdaptiveCap', () => {
     expect(new AdaptiveCap(20).cap).toBe(20);
   });
 
-  it('starts a server that runs no more than the start at its ceiling, its queue filled from the first wave', () => {
-    expect(new AdaptiveCap(serverCeiling(64), 64).cap).toBe(64 + queueBand(64).low);
-    expect(new AdaptiveCap(serverCeiling(16), 16).cap).toBe(serverCeiling(16));
-    // A server that says it runs more, as SGLang's default 2048 far past its KV pool, starts low.
-    expect(new AdaptiveCap(serverCeiling(2048), 2048).cap).toBe(64);
-    expect(new AdaptiveCap(serverCeiling(2048), null).cap).toBe(64);
-  });
-
   it('grows while regen fills its cap, the queue is short and the KV pool has room', () => {
     const c = new AdaptiveCap(2048);
     c.observe(load(0, { running: 64, tokenUsage: 0.3 }), 64);
