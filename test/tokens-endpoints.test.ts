@@ -7,7 +7,8 @@ import { createRun, registerEndpoint, uploadFile, waitForStatus } from './suppor
 
 // Token rows (`output.tokens`) and the endpoints that serve them, on simulator processes: a 400
 // naming an id parameter is regen's mistake (the endpoint is probed again, the sample asked again
-// with nothing charged); the endpoints left out for want of ids are named on the run while others
+// with nothing charged), and one that refuses them three times since its start serves no such run,
+// its samples given back unspent to another; the endpoints left out for want of ids are named on the run while others
 // serve it; a sample's trainable tokens are the loss mask's 1s written, none for an answer whose
 // ids never came back (a stream cut for looping).
 
@@ -75,8 +76,10 @@ describe('output.tokens and its endpoints', () => {
     const done = await waitForStatus(server!.url, id, TERMINAL);
     expect(done.status, done.status_reason).toBe('completed');
     const { lines, rows } = await readOutput(done.output_uri);
+    // Each sample written exactly once, text and row.
+    expect(new Set(lines.map((l) => l.custom_id)).size).toBe(40);
     expect(lines).toHaveLength(40);
-    expect(rows).toHaveLength(40);
+    expect(rows.map((r) => r.custom_id).sort()).toEqual(lines.map((l) => l.custom_id).sort());
     // No sample was charged for the refusal: one attempt each, none failed.
     expect(lines.every((l) => l.attempts === 1)).toBe(true);
     const stats = await s.stats();
@@ -84,6 +87,37 @@ describe('output.tokens and its endpoints', () => {
     expect((await fetch(`${s.url}/sim/config`, { method: 'POST', body: '{}' }).then((r) => r.json())).refuseIdRequests).toBe(0);
     // The 40 answers and two probes: the first, and the one after the refusal.
     expect(stats.completed).toBe(40 + 2);
+  });
+
+  it('a server that refuses the id parameters three times since its start serves no such run: its samples go back unspent', async () => {
+    // Its probes, unstreamed, find the sglext ids; its streamed requests are refused for them.
+    // One request at a time, so the refusals and re-probes alternate: probe, refusal, three times.
+    const s = await sim({ model: 'half-model', 'refuse-streamed-ids': 1 });
+    await registerEndpoint(server!.url, s.url, { name: 'half-ids', max_concurrency: 1 });
+    const id = await tokensRun('half-model', 20, 'h');
+    const url = server!.url;
+    const waiting = await waitFor('the run to wait for an endpoint with ids', async () => {
+      const run = (await call(url, `/v1/runs/${id}`)).body;
+      return run.status_reason && run.progress.without_ids?.length ? run : undefined;
+    });
+    expect(waiting.status_reason).toMatch(/waiting for an endpoint that returns token ids.*half-ids return none/);
+    expect(waiting.progress.without_ids).toEqual([
+      { endpoint_id: expect.stringMatching(/^ep_/), name: 'half-ids', reason: 'refused the token-id parameters its probe found 3 times since it started' },
+    ]);
+    // Nothing charged: no sample failed or finished, none is in flight.
+    expect(waiting.request_counts).toMatchObject({ completed: 0, failed: 0 });
+    // Three probes answered (the first and one after each of the first two refusals), nothing else.
+    expect((await s.stats()).completed).toBe(3);
+    // Another server that returns ids takes the samples given back.
+    await registerEndpoint(url, (await sim({ model: 'half-model' })).url, { name: 'whole-ids' });
+    const done = await waitForStatus(url, id, TERMINAL);
+    expect(done.status, done.status_reason).toBe('completed');
+    const { lines, rows } = await readOutput(done.output_uri);
+    expect(new Set(lines.map((l) => l.custom_id)).size).toBe(20);
+    expect(lines.every((l) => l.attempts === 1)).toBe(true);
+    expect(rows.map((r) => r.custom_id).sort()).toEqual(lines.map((l) => l.custom_id).sort());
+    // Until it restarts, the refusing server is sent no more of it.
+    expect((await s.stats()).completed).toBe(3);
   });
 
   it('the endpoints left out for want of ids are named on the run and in regen status while another serves it', async () => {

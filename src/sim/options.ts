@@ -90,6 +90,12 @@ export interface SimOptions {
    * as by a server restarted as a version without it, and then taken again: set at run time.
    */
   refuseIdRequests?: number;
+  /**
+   * 1: every request asking for token ids on a stream is refused with a 400 naming the parameter,
+   * while unstreamed ones (a probe's) are answered: a server, or a proxy before it, that takes the
+   * parameters only some ways.
+   */
+  refuseStreamedIds?: number;
   /** Called when the `dieAfter`-th chat request arrives; by default the server drops every connection and stops listening. */
   onDie?: () => void;
   /** Called with the final stats once a drain has finished the last request, just before the server closes. */
@@ -146,6 +152,7 @@ export const DEFAULTS: Readonly<Knobs> = {
   tokenIdMismatchRate: 0,
   embeddingDimensions: 32,
   refuseIdRequests: 0,
+  refuseStreamedIds: 0,
 };
 
 export class SimOptionError extends Error {}
@@ -208,6 +215,7 @@ const RULES: Record<keyof Knobs, Rule> = {
   tokenIdMismatchRate: rate,
   embeddingDimensions: positive,
   refuseIdRequests: count,
+  refuseStreamedIds: flag,
 };
 
 export const KNOB_NAMES = Object.keys(RULES) as (keyof Knobs)[];

@@ -38,6 +38,10 @@ const ID_PARAM_NAMES = [
   'return_output_ids_in_sglext',
 ] as const;
 
+/** pydantic's words for a field the request model does not have. */
+const unknownField = (name: string): SimHttpError =>
+  new SimHttpError(400, `1 validation error for ChatCompletionRequest\n${name}\n  Extra inputs are not permitted`);
+
 const asked = (body: Record<string, unknown>, name: string): boolean => body[name] === true || body[`${name}_in_sglext`] === true;
 
 /**
@@ -54,10 +58,10 @@ export function parseIdAsk(body: Record<string, unknown>, knobs: Knobs): IdAsk {
     outputIds: api === 'sglext' && asked(body, 'return_output_ids'),
   };
   const named = ID_PARAM_NAMES.find((name) => body[name] === true);
+  if (named && body.stream === true && knobs.refuseStreamedIds === 1) throw unknownField(named);
   if (named && knobs.refuseIdRequests > 0) {
     knobs.refuseIdRequests--;
-    // pydantic's words for a field the request model does not have.
-    throw new SimHttpError(400, `1 validation error for ChatCompletionRequest\n${named}\n  Extra inputs are not permitted`);
+    throw unknownField(named);
   }
   // serving_chat.py refuses these two on a stream, in this order, before anything is generated.
   if (body.stream === true && ask.promptTokenIds) {
