@@ -77,10 +77,10 @@ export interface SimOptions {
   /**
    * Which token-id parameters the server knows (docs/sglang.md "Token ids"): `sglext` (current
    * SGLang: `return_token_ids` unstreamed, `return_input_ids`/`return_output_ids` streamed too),
-   * `token_ids` (only `return_token_ids` and `return_prompt_token_ids`), `none` (an older server
-   * that ignores them all).
+   * `token_ids` (only `return_token_ids` and `return_prompt_token_ids`), `vllm` (vLLM's
+   * `return_token_ids`, streamed too), `none` (an older server that ignores them all).
    */
-  tokenIdApi?: 'sglext' | 'token_ids' | 'none';
+  tokenIdApi?: 'sglext' | 'token_ids' | 'vllm' | 'none';
   /** Share of replies whose first choice's ids are one short of its usage: a server whose ids cannot be trusted. */
   tokenIdMismatchRate?: number;
   /** The embedding model's vector size, when a request asks no `dimensions` (two servers of one model name with different sizes serve two models). */
@@ -211,7 +211,7 @@ const RULES: Record<keyof Knobs, Rule> = {
   defaultPriorityValue: { expect: 'an integer or null', ok: (v) => v === null || isInteger(v) },
   prioritySchedulingPreemptionThreshold: { expect: 'an integer', ok: isInteger },
   disablePriorityPreemption: flag,
-  tokenIdApi: { expect: '"sglext", "token_ids" or "none"', ok: (v) => v === 'sglext' || v === 'token_ids' || v === 'none' },
+  tokenIdApi: { expect: '"sglext", "token_ids", "vllm" or "none"', ok: (v) => v === 'sglext' || v === 'token_ids' || v === 'vllm' || v === 'none' },
   tokenIdMismatchRate: rate,
   embeddingDimensions: positive,
   refuseIdRequests: count,
