@@ -97,6 +97,31 @@ describe('simulator: token ids as SGLang returns them', () => {
     expect(old).toContain('data: [DONE]');
   });
 
+  it("vLLM's return_token_ids: prompt ids at the top level, and on a stream the first event's prompt ids and each event's generated ids", async () => {
+    const sim = await start({ tokenIdApi: 'vllm' });
+    const reply = await (await post(sim, { messages, n: 2, return_token_ids: true })).json();
+    expect(reply.prompt_token_ids).toEqual(promptIds(messages));
+    expect(reply.choices.every((c: any) => c.prompt_token_ids === undefined)).toBe(true);
+    expect(reply.choices[0].token_ids.length + reply.choices[1].token_ids.length).toBe(reply.usage.completion_tokens);
+    // vLLM has no return_prompt_token_ids nor sglext ids.
+    const other = await (await post(sim, { messages, return_prompt_token_ids: true, return_input_ids: true })).json();
+    expect(other.prompt_token_ids).toBeUndefined();
+    expect(other.sglext).toBeUndefined();
+
+    const body = { messages, stream: true, stream_options: { include_usage: true }, return_token_ids: true };
+    const unstreamed = await (await post(sim, { ...body, stream: false })).json();
+    const streamed = await events(await post(sim, body));
+    expect(streamed[0].prompt_token_ids).toEqual(promptIds(messages));
+    expect(streamed.slice(1).every((e) => e.prompt_token_ids === undefined)).toBe(true);
+    // Several events carry ids, and put together in order they are the choice's, as unstreamed.
+    const carrying = streamed.filter((e) => e.choices[0]?.token_ids);
+    expect(carrying.length).toBeGreaterThan(1);
+    const ids = carrying.flatMap((e) => e.choices[0].token_ids);
+    expect(ids).toEqual(unstreamed.choices[0].token_ids);
+    expect(ids.at(-1)).toBe(IM_END);
+    expect(ids).toHaveLength(streamed.at(-1).usage.completion_tokens);
+  });
+
   it('tokenIdMismatchRate makes ids disagree with usage', async () => {
     const sim = await start({ tokenIdMismatchRate: 1 });
     const reply = await (await post(sim, { messages, return_token_ids: true })).json();

@@ -1,5 +1,6 @@
 import { spawnSync } from 'node:child_process';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { promptIds } from '../src/sim/token-ids.js';
 import { Stores } from '../src/storage/index.js';
 import { spawnSimulator, type SimProcess } from './support/sim.js';
 import { call, REGEN, spawnServer, tempDir, waitFor, type ServerProcess } from './support/server.js';
@@ -7,9 +8,10 @@ import { createRun, registerEndpoint, uploadFile, waitForStatus } from './suppor
 
 // Token rows (`output.tokens`) and the endpoints that serve them, on simulator processes: a 400
 // naming an id parameter is regen's mistake (the endpoint is probed again, the sample asked again
-// with nothing charged); the endpoints left out for want of ids are named on the run while others
+// with nothing charged), and one that refuses them three times since its start serves no such run,
+// its samples given back unspent to another; the endpoints left out for want of ids are named on the run while others
 // serve it; a sample's trainable tokens are the loss mask's 1s written, none for an answer whose
-// ids never came back (a stream cut for looping).
+// ids never came back (a stream cut for looping); a vLLM endpoint streams its ids, keeping the loop watch.
 
 const TERMINAL = ['completed', 'failed', 'paused', 'cancelled'];
 const data = tempDir('regen-tokens-ep-');
@@ -75,8 +77,10 @@ describe('output.tokens and its endpoints', () => {
     const done = await waitForStatus(server!.url, id, TERMINAL);
     expect(done.status, done.status_reason).toBe('completed');
     const { lines, rows } = await readOutput(done.output_uri);
+    // Each sample written exactly once, text and row.
+    expect(new Set(lines.map((l) => l.custom_id)).size).toBe(40);
     expect(lines).toHaveLength(40);
-    expect(rows).toHaveLength(40);
+    expect(rows.map((r) => r.custom_id).sort()).toEqual(lines.map((l) => l.custom_id).sort());
     // No sample was charged for the refusal: one attempt each, none failed.
     expect(lines.every((l) => l.attempts === 1)).toBe(true);
     const stats = await s.stats();
@@ -84,6 +88,37 @@ describe('output.tokens and its endpoints', () => {
     expect((await fetch(`${s.url}/sim/config`, { method: 'POST', body: '{}' }).then((r) => r.json())).refuseIdRequests).toBe(0);
     // The 40 answers and two probes: the first, and the one after the refusal.
     expect(stats.completed).toBe(40 + 2);
+  });
+
+  it('a server that refuses the id parameters three times since its start serves no such run: its samples go back unspent', async () => {
+    // Its probes, unstreamed, find the sglext ids; its streamed requests are refused for them.
+    // One request at a time, so the refusals and re-probes alternate: probe, refusal, three times.
+    const s = await sim({ model: 'half-model', 'refuse-streamed-ids': 1 });
+    await registerEndpoint(server!.url, s.url, { name: 'half-ids', max_concurrency: 1 });
+    const id = await tokensRun('half-model', 20, 'h');
+    const url = server!.url;
+    const waiting = await waitFor('the run to wait for an endpoint with ids', async () => {
+      const run = (await call(url, `/v1/runs/${id}`)).body;
+      return run.status_reason && run.progress.without_ids?.length ? run : undefined;
+    });
+    expect(waiting.status_reason).toMatch(/waiting for an endpoint that returns token ids.*half-ids return none/);
+    expect(waiting.progress.without_ids).toEqual([
+      { endpoint_id: expect.stringMatching(/^ep_/), name: 'half-ids', reason: 'refused the token-id parameters its probe found 3 times since it started' },
+    ]);
+    // Nothing charged: no sample failed or finished, none is in flight.
+    expect(waiting.request_counts).toMatchObject({ completed: 0, failed: 0 });
+    // Three probes answered (the first and one after each of the first two refusals), nothing else.
+    expect((await s.stats()).completed).toBe(3);
+    // Another server that returns ids takes the samples given back.
+    await registerEndpoint(url, (await sim({ model: 'half-model' })).url, { name: 'whole-ids' });
+    const done = await waitForStatus(url, id, TERMINAL);
+    expect(done.status, done.status_reason).toBe('completed');
+    const { lines, rows } = await readOutput(done.output_uri);
+    expect(new Set(lines.map((l) => l.custom_id)).size).toBe(20);
+    expect(lines.every((l) => l.attempts === 1)).toBe(true);
+    expect(rows.map((r) => r.custom_id).sort()).toEqual(lines.map((l) => l.custom_id).sort());
+    // Until it restarts, the refusing server is sent no more of it.
+    expect((await s.stats()).completed).toBe(3);
   });
 
   it('the endpoints left out for want of ids are named on the run and in regen status while another serves it', async () => {
@@ -110,8 +145,44 @@ describe('output.tokens and its endpoints', () => {
     expect(done.status).toBe('completed');
     // A finished run is sent nowhere: the list is empty.
     expect(done.progress.without_ids).toEqual([]);
-    // The endpoint without ids answered only its probes (one a parameter tried).
-    expect((await old.stats()).completed).toBe(2);
+    // The endpoint without ids answered only its probes: sglext, return_token_ids streamed, then unstreamed.
+    expect((await old.stats()).completed).toBe(3);
+  });
+
+  it("a vLLM endpoint streams its ids: the loop watch is kept, and the rows are the server's ids", async () => {
+    // As the loop test below: at 400 tokens/s a looping answer streamed is cut after a few hundred
+    // tokens; asked unstreamed it would run its 20,000 max_tokens.
+    const s = await sim({ model: 'vllm-model', 'token-id-api': 'vllm', 'completion-tokens': 60, 'reasoning-tokens': 40, 'tokens-per-second': 400, seed: 5 });
+    await registerEndpoint(server!.url, s.url, { name: 'vllm' });
+    const content = (i: number) => `Question ${i}${i === 3 ? ' [loop]' : ''}`;
+    const lines = Array.from({ length: 12 }, (_, i) => JSON.stringify({ custom_id: `v-${i}`, messages: [{ role: 'user', content: content(i) }] }));
+    const fileId = await uploadFile(server!.url, lines.join('\n') + '\n');
+    const { id } = await createRun(server!.url, {
+      model: 'vllm-model',
+      input: { file_id: fileId },
+      params: { max_tokens: 20_000, chat_template_kwargs: { enable_thinking: true } },
+      quality: { retry_flagged: 0, gate: false },
+      output: { tokens: true },
+    });
+    const done = await waitForStatus(server!.url, id, TERMINAL);
+    expect(done.status, done.status_reason).toBe('completed');
+    const looped = (await call(server!.url, `/v1/runs/${id}/samples/v-3`)).body;
+    expect(looped.usage.completion_tokens).toBeGreaterThan(0);
+    expect(looped.usage.completion_tokens).toBeLessThan(2000);
+    const { lines: written, rows } = await readOutput(done.output_uri);
+    // Every other sample one row: the prompt's ids as the simulator tokenized it, then the answer's, read off the stream.
+    expect(rows.map((r) => r.custom_id).sort()).toEqual(
+      written
+        .map((l) => l.custom_id)
+        .filter((c) => c !== 'v-3')
+        .sort(),
+    );
+    for (const row of rows) {
+      const prompt = promptIds([{ role: 'user', content: content(Number(row.custom_id.split('-')[1])) }]);
+      expect(row.input_ids.slice(0, prompt.length)).toEqual(prompt);
+      expect(row.loss_mask).toEqual([...prompt.map(() => 0), ...Array(row.input_ids.length - prompt.length).fill(1)]);
+      expect(row.num_trainable).toBe(written.find((l) => l.custom_id === row.custom_id).usage.completion_tokens);
+    }
   });
 
   it("a sample's trainable tokens are its rows' loss-mask 1s: none for an answer cut for looping, whose ids never came back", async () => {

@@ -375,8 +375,8 @@ describe('output.tokens: training rows from the server ids', () => {
     const done = await waitForStatus(url, id, TERMINAL);
     expect(done.status, done.status_reason).toBe('completed');
     expect(done.status_reason).toBeNull();
-    // The old server answered only the plain run and the probes (one a parameter tried); the newer one was never asked to stream ids.
-    expect((await old.stats()).completed).toBe(20 + 2);
+    // The old server answered only the plain run and the probes (sglext, return_token_ids streamed, then unstreamed); the newer one refused to stream ids.
+    expect((await old.stats()).completed).toBe(20 + 3);
     expect((await newer.stats()).streamed).toBe(0);
     expect((await readRun(done.output_uri)).rows).toHaveLength(20);
   });

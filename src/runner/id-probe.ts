@@ -1,6 +1,7 @@
 import type { EndpointWithoutIds } from '../domain/live-view.js';
 import type { Logger } from '../logger.js';
 import type { LiveEndpoint } from './live-endpoint.js';
+import { StreamedAnswer } from './stream-answer.js';
 import { ID_PARAMS, type IdMode, pickIds } from './token-ids.js';
 
 // Which token-id parameters an endpoint answers, found out by asking, not configured: the first
@@ -11,21 +12,43 @@ import { ID_PARAMS, type IdMode, pickIds } from './token-ids.js';
 const PROBE_BODY = { messages: [{ role: 'user', content: 'Say OK.' }], max_tokens: 1, temperature: 0 };
 const PROBE_TIMEOUT_MS = 30_000;
 
-/** The modes tried, best first: sglext ids come back on a stream too, return_token_ids only unstreamed. */
-const TRIED = ['sglext', 'token_ids'] as const;
+/**
+ * The modes tried, best first: sglext ids come back on a stream; return_token_ids is tried on a
+ * stream (vLLM streams its ids, SGLang refuses them there), then unstreamed.
+ */
+const TRIED = ['sglext', 'streamed_token_ids', 'token_ids'] as const;
+const STREAMED: ReadonlySet<IdMode> = new Set(['streamed_token_ids']);
+
+/** A streamed probe's events put back together as one answer, as the runner reads a stream. */
+function readStream(text: string): unknown {
+  const answer = new StreamedAnswer();
+  for (const event of text.split('\n\n')) {
+    const data = event.startsWith('data: ') ? event.slice('data: '.length).trim() : '';
+    if (data && data !== '[DONE]') answer.add(data);
+  }
+  return answer.response();
+}
 
 async function answersWith(e: LiveEndpoint, model: string, mode: (typeof TRIED)[number]): Promise<boolean> {
+  const stream = STREAMED.has(mode) ? { stream: true, stream_options: { include_usage: true } } : {};
   const res = await fetch(`${e.row.url}/v1/chat/completions`, {
     method: 'POST',
     headers: { 'content-type': 'application/json', ...e.extraHeaders, ...(e.row.apiKey && { authorization: `Bearer ${e.row.apiKey}` }) },
-    body: JSON.stringify({ ...PROBE_BODY, model, ...ID_PARAMS[mode] }),
+    body: JSON.stringify({ ...PROBE_BODY, model, ...stream, ...ID_PARAMS[mode] }),
     signal: AbortSignal.timeout(PROBE_TIMEOUT_MS),
   });
   // A server that refuses the parameter does not have it; any other failure is not an answer.
   if (res.status === 400 || res.status === 422) return false;
   if (!res.ok) throw new Error(`the token-id probe got HTTP ${res.status}`);
   // Whether the ids come back at all: whether they can be trusted is each answer's check (token-ids.ts readIds).
-  return typeof pickIds(await res.json(), mode, 1) !== 'string';
+  if (!STREAMED.has(mode)) return typeof pickIds(await res.json(), mode, 1) !== 'string';
+  const text = await res.text();
+  try {
+    return typeof pickIds(readStream(text), mode, 1) !== 'string';
+  } catch {
+    // A stream regen cannot read returns it no ids.
+    return false;
+  }
 }
 
 /** Finds how `e` returns ids, once at a time; a probe that fails leaves the mode unknown, to be tried again. */

@@ -9,10 +9,12 @@ interface Chunk {
   id?: string;
   created?: number;
   model?: string;
-  choices?: { delta?: { content?: unknown; reasoning_content?: unknown; tool_calls?: unknown }; finish_reason?: string | null }[];
+  choices?: { delta?: { content?: unknown; reasoning_content?: unknown; tool_calls?: unknown }; finish_reason?: string | null; token_ids?: unknown }[];
   usage?: ChatResponse['usage'] | null;
   /** SGLang's token ids (return_input_ids / return_output_ids), in a last event with no choices. */
   sglext?: unknown;
+  /** vLLM's return_token_ids: the prompt's ids on the first event; each choice's generated ids come in pieces on its events. */
+  prompt_token_ids?: unknown;
   error?: { message?: unknown; code?: unknown };
 }
 
@@ -42,6 +44,9 @@ export class StreamedAnswer {
   private hadChoice = false;
   private usage: ChatResponse['usage'];
   private sglext: unknown;
+  private promptIds: unknown;
+  /** vLLM's generated ids, each event's piece in order; null until one came (a piece that is no list of numbers is kept, for readIds to refuse). */
+  private tokenIds: unknown[] | null = null;
   /** Events that carried text: SGLang sends one a token (its default stream_interval of 1). */
   textEvents = 0;
 
@@ -62,9 +67,15 @@ export class StreamedAnswer {
     this.model ??= chunk.model;
     if (chunk.usage) this.usage = chunk.usage;
     if (chunk.sglext) this.sglext = chunk.sglext;
+    if (chunk.prompt_token_ids != null) this.promptIds = chunk.prompt_token_ids;
     const choice = chunk.choices?.[0];
     if (!choice) return NO_TEXT;
     this.hadChoice = true;
+    if (choice.token_ids != null) {
+      this.tokenIds ??= [];
+      if (Array.isArray(choice.token_ids)) for (const id of choice.token_ids) this.tokenIds.push(id);
+      else this.tokenIds.push(choice.token_ids);
+    }
     if (choice.finish_reason) this.finishReason = choice.finish_reason;
     const content = typeof choice.delta?.content === 'string' ? choice.delta.content : '';
     const reasoning = typeof choice.delta?.reasoning_content === 'string' ? choice.delta.reasoning_content : '';
@@ -88,9 +99,10 @@ export class StreamedAnswer {
   }
 
   /** The buffered answer this stream stands for: content "" when empty, reasoning_content null when empty, as SGLang sends them. */
-  response(): ChatResponse & { sglext?: unknown } {
+  response(): ChatResponse & { sglext?: unknown; prompt_token_ids?: unknown } {
     return {
       ...(this.sglext !== undefined && { sglext: this.sglext }),
+      ...(this.promptIds !== undefined && { prompt_token_ids: this.promptIds }),
       id: this.id,
       created: this.created,
       model: this.model,
@@ -107,6 +119,7 @@ export class StreamedAnswer {
                 }),
               },
               finish_reason: this.finishReason,
+              ...(this.tokenIds && { token_ids: this.tokenIds }),
             },
           ]
         : [],

@@ -7,14 +7,17 @@ import type { ChatResponse, ParsedAnswer } from './request.js';
 
 /**
  * How an endpoint returns ids, as its probe found (id-probe.ts): `sglext` (SGLang's
- * return_input_ids / return_output_ids, streamed too), `token_ids` (SGLang's or vLLM's
- * return_token_ids, asked unstreamed), or `none` (a server that returns no ids).
+ * return_input_ids / return_output_ids, streamed too), `streamed_token_ids` (vLLM's
+ * return_token_ids, whose stream carries the prompt's ids on its first event and each choice's
+ * generated ids piece by piece), `token_ids` (SGLang's return_token_ids, refused on a stream, so
+ * asked unstreamed), or `none` (a server that returns no ids).
  */
-export type IdMode = 'sglext' | 'token_ids' | 'none';
+export type IdMode = 'sglext' | 'streamed_token_ids' | 'token_ids' | 'none';
 
 /** What each mode sends; also the names a 400 about ids mentions. */
 export const ID_PARAMS: Record<Exclude<IdMode, 'none'>, Record<string, true>> = {
   sglext: { return_input_ids_in_sglext: true, return_output_ids_in_sglext: true },
+  streamed_token_ids: { return_token_ids: true },
   token_ids: { return_token_ids: true },
 };
 
@@ -23,8 +26,8 @@ const ID_PARAM_PATTERN = /return_(input|output|prompt)?_?(token_)?ids/;
 /** A 400 whose message names an id parameter: regen asked wrongly, the sample did nothing. */
 export const namesIdParam = (status: number | null, message: string): boolean => status === 400 && ID_PARAM_PATTERN.test(message);
 
-/** Only SGLang's sglext ids come back on a stream; return_token_ids is refused there (SGLang) or sent piecemeal (vLLM). */
-export const streamsIds = (mode: IdMode | null): boolean => mode === null || mode === 'sglext';
+/** Whether ids come back on a stream: SGLang's sglext ones and vLLM's return_token_ids do, SGLang's return_token_ids is refused there. */
+export const streamsIds = (mode: IdMode | null): boolean => mode !== 'token_ids';
 
 /** The largest id a tokenizer may have when the server does not say its vocabulary. */
 const MAX_ID = 2 ** 31 - 1;

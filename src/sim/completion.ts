@@ -254,6 +254,8 @@ export interface Reply {
   generated: number[];
   /** The answer token by token, for a streamed reply: one SSE chunk each (SGLang's default stream_interval of 1). */
   pieces: Piece[];
+  /** vLLM's streamed ids: each choice's generated ids its pieces did not carry, sent on its finish event. */
+  finishIds: number[][] | null;
 }
 
 export interface Piece {
@@ -263,6 +265,27 @@ export interface Piece {
   text: string;
   /** A tool call's fragment: its index among the calls, and its id and name on its first fragment. */
   call?: { index: number; id?: string; name?: string };
+  /** vLLM's return_token_ids on a stream: the generated ids this event carries. */
+  tokenIds?: number[];
+}
+
+/** Whether a piece is sent: SGLang skips empty deltas, a call's fragments always go. */
+const sent = (p: Piece): boolean => p.call !== undefined || p.text !== '';
+
+/**
+ * vLLM's streamed ids (return_token_ids): each choice's generated ids spread in order over the
+ * events that carry its pieces, the last share on its finish event, so that the events' ids put
+ * together are the choice's.
+ */
+function spreadIds(pieces: Piece[], outputs: number[][]): { pieces: Piece[]; finish: number[][] } {
+  const events = outputs.map((_, i) => pieces.filter((p) => p.index === i && sent(p)).length + 1);
+  const share = (i: number, k: number) =>
+    outputs[i].slice(Math.floor((k * outputs[i].length) / events[i]), Math.floor(((k + 1) * outputs[i].length) / events[i]));
+  const seen = outputs.map(() => 0);
+  return {
+    pieces: pieces.map((p) => (sent(p) ? { ...p, tokenIds: share(p.index, seen[p.index]++) } : p)),
+    finish: outputs.map((_, i) => share(i, events[i] - 1)),
+  };
 }
 
 /** A choice's calls as SGLang streams them: each call's id and name with empty arguments, then its arguments in pieces. */
@@ -347,7 +370,7 @@ export function buildReply(request: ChatRequest, knobs: Knobs, plan: ReplyPlan):
       )
     : null;
   // With a parser the think block streams as reasoning_content deltas; without, it is content like the rest.
-  const pieces = !request.stream
+  const text = !request.stream
     ? []
     : interleave(
         choices.map(({ out, content, reasoning, toolCalls }, i) =>
@@ -358,9 +381,11 @@ export function buildReply(request: ChatRequest, knobs: Knobs, plan: ReplyPlan):
               : [...cut(i, 'reasoning_content', reasoning, out.reasoningTokens), ...cut(i, 'content', content, out.contentTokens)],
         ),
       );
+  const { pieces, finish } = ids?.streamed ? spreadIds(text, ids.streamed) : { pieces: text, finish: null };
   return {
     completionTokens,
     decodeTokens: Math.max(...choices.map(tokensOf)),
+    finishIds: finish,
     // A step's calls are generated text: the template renders them back in the next request's prompt.
     generated: answerSequence(request.thinking && parser ? choices[0].out.reasoning : null, choices[0].toolCalls ? choices[0].out.content : choices[0].content),
     pieces,
@@ -394,6 +419,7 @@ export function buildReply(request: ChatRequest, knobs: Knobs, plan: ReplyPlan):
       },
       metadata: { weight_version: WEIGHT_VERSION },
       ...(ids?.sglext && { sglext: ids.sglext }),
+      ...(ids?.rootPrompt && { prompt_token_ids: ids.rootPrompt }),
     },
   };
 }
@@ -407,11 +433,15 @@ interface ReplyBody {
   choices: { finish_reason: string; matched_stop: number | null }[];
   usage: object;
   sglext?: object;
+  prompt_token_ids?: number[];
 }
 
-function chunk(body: ReplyBody, choices: object[], usage: object | null = null): string {
-  return `data: ${JSON.stringify({ id: body.id, object: 'chat.completion.chunk', created: body.created, model: body.model, choices, usage })}\n\n`;
+function chunk(body: ReplyBody, choices: object[], usage: object | null = null, extra: object = {}): string {
+  return `data: ${JSON.stringify({ id: body.id, object: 'chat.completion.chunk', created: body.created, model: body.model, choices, usage, ...extra })}\n\n`;
 }
+
+/** A choice's event with the ids it carries (vLLM's return_token_ids), when it carries any. */
+const withIds = (choice: object, ids: number[] | undefined) => (ids ? { ...choice, token_ids: ids } : choice);
 
 const delta = (d: object, finish: { finish_reason: string; matched_stop: number | null } | null = null, index = 0) => ({
   index,
@@ -421,9 +451,10 @@ const delta = (d: object, finish: { finish_reason: string; matched_stop: number 
   matched_stop: finish?.matched_stop ?? null,
 });
 
-/** The first event: the assistant role with empty content. */
+/** The first event: the assistant role with empty content, and vLLM's prompt ids when asked. */
 export function streamHead(reply: Reply): string {
-  return chunk(reply.body as ReplyBody, [delta({ role: 'assistant', content: '' })]);
+  const body = reply.body as ReplyBody;
+  return chunk(body, [delta({ role: 'assistant', content: '' })], null, body.prompt_token_ids ? { prompt_token_ids: body.prompt_token_ids } : {});
 }
 
 /** One token's event; an empty piece sends nothing, as SGLang skips empty deltas. */
@@ -431,9 +462,9 @@ export function streamPiece(reply: Reply, piece: Piece): string {
   if (piece.call) {
     const { index, id, name } = piece.call;
     const call = { index, ...(id && { id, type: 'function' }), function: { ...(name && { name }), arguments: piece.text } };
-    return chunk(reply.body as ReplyBody, [delta({ tool_calls: [call] }, null, piece.index)]);
+    return chunk(reply.body as ReplyBody, [withIds(delta({ tool_calls: [call] }, null, piece.index), piece.tokenIds)]);
   }
-  return piece.text === '' ? '' : chunk(reply.body as ReplyBody, [delta({ [piece.field]: piece.text }, null, piece.index)]);
+  return piece.text === '' ? '' : chunk(reply.body as ReplyBody, [withIds(delta({ [piece.field]: piece.text }, null, piece.index), piece.tokenIds)]);
 }
 
 /**
@@ -442,7 +473,7 @@ export function streamPiece(reply: Reply, piece: Piece): string {
  */
 export function streamTail(reply: Reply, includeUsage: boolean): string {
   const body = reply.body as ReplyBody;
-  const finish = body.choices.map((c, i) => chunk(body, [delta({}, c, i)])).join('');
+  const finish = body.choices.map((c, i) => chunk(body, [withIds(delta({}, c, i), reply.finishIds?.[i])])).join('');
   const ids = body.sglext
     ? `data: ${JSON.stringify({ id: body.id, object: 'chat.completion.chunk', created: body.created, model: body.model, choices: [], usage: null, sglext: body.sglext })}\n\n`
     : '';

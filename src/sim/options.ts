@@ -77,10 +77,10 @@ export interface SimOptions {
   /**
    * Which token-id parameters the server knows (docs/sglang.md "Token ids"): `sglext` (current
    * SGLang: `return_token_ids` unstreamed, `return_input_ids`/`return_output_ids` streamed too),
-   * `token_ids` (only `return_token_ids` and `return_prompt_token_ids`), `none` (an older server
-   * that ignores them all).
+   * `token_ids` (only `return_token_ids` and `return_prompt_token_ids`), `vllm` (vLLM's
+   * `return_token_ids`, streamed too), `none` (an older server that ignores them all).
    */
-  tokenIdApi?: 'sglext' | 'token_ids' | 'none';
+  tokenIdApi?: 'sglext' | 'token_ids' | 'vllm' | 'none';
   /** Share of replies whose first choice's ids are one short of its usage: a server whose ids cannot be trusted. */
   tokenIdMismatchRate?: number;
   /** The embedding model's vector size, when a request asks no `dimensions` (two servers of one model name with different sizes serve two models). */
@@ -90,6 +90,12 @@ export interface SimOptions {
    * as by a server restarted as a version without it, and then taken again: set at run time.
    */
   refuseIdRequests?: number;
+  /**
+   * 1: every request asking for token ids on a stream is refused with a 400 naming the parameter,
+   * while unstreamed ones (a probe's) are answered: a server, or a proxy before it, that takes the
+   * parameters only some ways.
+   */
+  refuseStreamedIds?: number;
   /** Called when the `dieAfter`-th chat request arrives; by default the server drops every connection and stops listening. */
   onDie?: () => void;
   /** Called with the final stats once a drain has finished the last request, just before the server closes. */
@@ -146,6 +152,7 @@ export const DEFAULTS: Readonly<Knobs> = {
   tokenIdMismatchRate: 0,
   embeddingDimensions: 32,
   refuseIdRequests: 0,
+  refuseStreamedIds: 0,
 };
 
 export class SimOptionError extends Error {}
@@ -204,10 +211,11 @@ const RULES: Record<keyof Knobs, Rule> = {
   defaultPriorityValue: { expect: 'an integer or null', ok: (v) => v === null || isInteger(v) },
   prioritySchedulingPreemptionThreshold: { expect: 'an integer', ok: isInteger },
   disablePriorityPreemption: flag,
-  tokenIdApi: { expect: '"sglext", "token_ids" or "none"', ok: (v) => v === 'sglext' || v === 'token_ids' || v === 'none' },
+  tokenIdApi: { expect: '"sglext", "token_ids", "vllm" or "none"', ok: (v) => v === 'sglext' || v === 'token_ids' || v === 'vllm' || v === 'none' },
   tokenIdMismatchRate: rate,
   embeddingDimensions: positive,
   refuseIdRequests: count,
+  refuseStreamedIds: flag,
 };
 
 export const KNOB_NAMES = Object.keys(RULES) as (keyof Knobs)[];

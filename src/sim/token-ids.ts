@@ -18,6 +18,8 @@ const TEXT_VOCAB = 151643;
 
 /** Which ids a request asked for, as the server's version understands them. */
 export interface IdAsk {
+  /** vLLM's `return_token_ids`: prompt_token_ids at the top level, each choice's token_ids; streamed too. */
+  vllm: boolean;
   /** `return_token_ids`: choices[].prompt_token_ids and choices[].token_ids; refused on a stream. */
   tokenIds: boolean;
   /** `return_prompt_token_ids`: choices[].prompt_token_ids only; refused on a stream. */
@@ -38,26 +40,33 @@ const ID_PARAM_NAMES = [
   'return_output_ids_in_sglext',
 ] as const;
 
+/** pydantic's words for a field the request model does not have. */
+const unknownField = (name: string): SimHttpError =>
+  new SimHttpError(400, `1 validation error for ChatCompletionRequest\n${name}\n  Extra inputs are not permitted`);
+
 const asked = (body: Record<string, unknown>, name: string): boolean => body[name] === true || body[`${name}_in_sglext`] === true;
 
 /**
  * The ids `body` asks for. The `tokenIdApi` knob is the server's version: `sglext` knows every
  * parameter, `token_ids` only `return_token_ids` and `return_prompt_token_ids` (before the sglext
- * ones), `none` none (an older server, whose protocol ignores fields it does not know).
+ * ones), `vllm` is vLLM's `return_token_ids` (PR #22587), `none` none (an older server, whose
+ * protocol ignores fields it does not know).
  */
 export function parseIdAsk(body: Record<string, unknown>, knobs: Knobs): IdAsk {
   const api = knobs.tokenIdApi;
+  const sglang = api === 'sglext' || api === 'token_ids';
   const ask: IdAsk = {
-    tokenIds: api !== 'none' && body.return_token_ids === true,
-    promptTokenIds: api !== 'none' && body.return_prompt_token_ids === true,
+    vllm: api === 'vllm' && body.return_token_ids === true,
+    tokenIds: sglang && body.return_token_ids === true,
+    promptTokenIds: sglang && body.return_prompt_token_ids === true,
     inputIds: api === 'sglext' && asked(body, 'return_input_ids'),
     outputIds: api === 'sglext' && asked(body, 'return_output_ids'),
   };
   const named = ID_PARAM_NAMES.find((name) => body[name] === true);
+  if (named && body.stream === true && knobs.refuseStreamedIds === 1) throw unknownField(named);
   if (named && knobs.refuseIdRequests > 0) {
     knobs.refuseIdRequests--;
-    // pydantic's words for a field the request model does not have.
-    throw new SimHttpError(400, `1 validation error for ChatCompletionRequest\n${named}\n  Extra inputs are not permitted`);
+    throw unknownField(named);
   }
   // serving_chat.py refuses these two on a stream, in this order, before anything is generated.
   if (body.stream === true && ask.promptTokenIds) {
@@ -72,7 +81,7 @@ export function parseIdAsk(body: Record<string, unknown>, knobs: Knobs): IdAsk {
   return ask;
 }
 
-export const wantsIds = (ask: IdAsk): boolean => ask.tokenIds || ask.promptTokenIds || ask.inputIds || ask.outputIds;
+export const wantsIds = (ask: IdAsk): boolean => ask.vllm || ask.tokenIds || ask.promptTokenIds || ask.inputIds || ask.outputIds;
 
 const textId = (text: string, start: number): number => hashSeed(text.slice(start, start + CHARS_PER_TOKEN)) % TEXT_VOCAB;
 
@@ -116,15 +125,19 @@ export interface ChoiceIds {
   tokens: number;
 }
 
-/** The ids a reply carries: per-choice fields and the response-level sglext, each only when asked. */
+/**
+ * The ids a reply carries, each only when asked: per-choice fields (SGLang's prompt_token_ids and
+ * token_ids; vLLM's token_ids), the top-level prompt_token_ids (vLLM's) and sglext, and each
+ * choice's generated ids for a stream to send piece by piece (vLLM's).
+ */
 export function replyIds(ask: IdAsk, prompt: number[], choices: ChoiceIds[], skew: boolean) {
   const outputs = choices.map((c) => answerIds(c.text, c.tokens, c.finishReason === 'stop' || c.finishReason === 'tool_calls'));
   // A server whose ids disagree with its usage (the tokenIdMismatchRate knob): one id short.
   if (skew && outputs[0].length > 0) outputs[0] = outputs[0].slice(1);
   const perChoice = outputs.map((ids) => ({
     ...((ask.tokenIds || ask.promptTokenIds) && { prompt_token_ids: prompt }),
-    ...(ask.tokenIds && { token_ids: ids }),
+    ...((ask.tokenIds || ask.vllm) && { token_ids: ids }),
   }));
   const sglext = ask.inputIds || ask.outputIds ? { ...(ask.inputIds && { input_ids: prompt }), ...(ask.outputIds && { output_ids: outputs }) } : null;
-  return { perChoice, sglext };
+  return { perChoice, sglext, rootPrompt: ask.vllm ? prompt : null, streamed: ask.vllm ? outputs : null };
 }
