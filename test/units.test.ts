@@ -129,6 +129,7 @@ describe.skipIf(!haveChromium)('units across the API, /metrics, the CLI and the 
     expect(run.progress.samples_per_second).toBeCloseTo(CONVERSATIONS / elapsed, 1);
     expect(run.progress.turns_per_second).toBeCloseTo((CONVERSATIONS * TURNS) / elapsed, 1);
     expect(run.progress.turns_per_second).toBeGreaterThan(run.progress.samples_per_second);
+    expect(run.progress.requests_per_second).toBeNull();
     expect(run.card_uri).toBe(`${run.output_uri.replace(/\/?$/, '/')}README.md`);
     const byName = new Map(run.cache_by_endpoint.map((e: any) => [e.endpoint_name, e]));
     expect([...byName.keys()].sort()).toEqual(NAMES.filter((n) => byName.has(n)).sort());
@@ -185,6 +186,9 @@ describe.skipIf(!haveChromium)('units across the API, /metrics, the CLI and the 
     expect(splits.map((s) => s.replace(/^ · /, '').split(' ')[0])).toEqual(['train', 'eval']);
     const done = splits.map((s) => Number(/(\d+) of \d+ conversations done/.exec(s)![1]));
     expect(done.reduce((a, b) => a + b, 0)).toBe(CONVERSATIONS);
+    // The CLI's shards row breaks them down the same way.
+    const shardsRow = detailRow(detail, 'shards');
+    for (const s of splits) expect(shardsRow).toContain(s.replace(/^ · /, ''));
     // The forecast rests on answered turns, its calibration slice on conversations: each named.
     expect(await page.locator('.forecast').textContent()).toMatch(/Based on[\d,]+ turns answered \(calibration slice of [\d,]+ conversations\)/);
     await page.screenshot({ path: `${SHOTS}units-conversations-1440.png`, fullPage: true });
@@ -237,11 +241,18 @@ describe.skipIf(!haveChromium)('units across the API, /metrics, the CLI and the 
     const detail = await regenStatus(run.id);
     expect(detail).toMatch(new RegExp(`samples\\s+${LINES * N} completed, 0 failed, 0 claimed ahead, 0 pending`));
     expect(detail).toMatch(/in flight\s+0 requests \(0 samples, n = 3\)/);
-    expect(detailRow(detail, 'rate')).toMatch(new RegExp(`^${cliRate(run.progress.samples_per_second).replace('.', '\\.')} samples/s, `));
+    // The requests rate beside the samples rate: each request answers a line's three samples.
+    expect(run.progress.requests_per_second).toBeCloseTo(run.progress.samples_per_second / N, 1);
+    expect(detailRow(detail, 'rate')).toMatch(
+      new RegExp(
+        `^${cliRate(run.progress.samples_per_second).replace('.', '\\.')} samples/s, ${cliRate(run.progress.requests_per_second).replace('.', '\\.')} requests/s, `,
+      ),
+    );
     expect(detail).toMatch(/setup\s+regenerate none \(prompts answered as given\), n 3, split none, format jsonl, card none/);
 
     const { page, problems, close } = await openRunPage(1024, run.id);
     expect(await statValue(page, 'Average rate').textContent()).toBe(`${pageRate(run.progress.samples_per_second)} samples/s`);
+    expect(await statExtra(page, 'Average rate').textContent()).toContain(`${pageRate(run.progress.requests_per_second)} requests/s`);
     expect(await statValue(page, 'In flight (requests)').textContent()).toBe('0');
     expect(await statExtra(page, 'In flight (requests)').textContent()).toContain('0 samples (n = 3)');
     expect(await page.locator('.setting-n').textContent()).toBe('3');

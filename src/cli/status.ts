@@ -5,6 +5,10 @@ import { answered, duration, num, pct, rate, runStatus, table, TERMINAL, WAITING
 import { watchRun } from './watch.js';
 
 type Run = components['schemas']['Run'];
+type Shard = components['schemas']['Shard'];
+
+/** Shards a page of the list holds: the largest the API gives. */
+const SHARDS_PAGE = 1000;
 
 const eta = (r: Run) =>
   TERMINAL.includes(r.status) ? 'done' : r.status === 'paused' ? 'paused' : r.progress.eta_seconds == null ? '-' : duration(r.progress.eta_seconds);
@@ -39,7 +43,7 @@ function statusLine(r: Run): string {
   return warned(r) ? warnColour(line, process.stdout) : line;
 }
 
-function runDetail(r: Run): string {
+function runDetail(r: Run, shards: readonly Shard[] = []): string {
   const c = r.request_counts;
   const completed = c.completed;
   const flags = Object.entries(r.quality.by_flag)
@@ -69,13 +73,13 @@ function runDetail(r: Run): string {
       : []),
     [
       'rate',
-      `${rate(r.progress.samples_per_second)} ${unit}/s, ${r.turns ? `${rate(r.progress.turns_per_second ?? 0)} turns/s, ` : ''}${rate(r.progress.completion_tokens_per_second)} completion tokens/s`,
+      `${rate(r.progress.samples_per_second)} ${unit}/s, ${r.turns ? `${rate(r.progress.turns_per_second ?? 0)} turns/s, ` : ''}${n > 1 ? `${rate(r.progress.requests_per_second ?? 0)} requests/s, ` : ''}${rate(r.progress.completion_tokens_per_second)} completion tokens/s`,
     ],
     ['eta', `${eta(r)} (elapsed ${duration(r.progress.elapsed_seconds)})`],
     ['quality', `${flagged(r)} flagged${flags.length ? `: ${flags.join(', ')}` : ''}`],
     ['tokens', `${num(r.usage.prompt_tokens)} prompt, ${num(r.usage.completion_tokens)} completion (${num(r.usage.reasoning_tokens)} reasoning)`],
     ['cache', cacheLine(r)],
-    ['shards', `${num(r.shards.uploaded)} of ${num(r.shards.total)} uploaded, ${num(r.shard_size)} ${unit} each`],
+    ['shards', `${num(r.shards.uploaded)} of ${num(r.shards.total)} uploaded, ${num(r.shard_size)} ${unit} each${splitLine(shards, unit)}`],
     ['params', JSON.stringify(r.params)],
     ['output', r.output_uri],
     ['created', r.created_at + (r.started_at ? `, started ${r.started_at}` : '') + (r.finished_at ? `, finished ${r.finished_at}` : '')],
@@ -92,6 +96,35 @@ function runDetail(r: Run): string {
   const width = Math.max(...rows.map(([k]) => k.length));
   const detail = rows.map(([k, v]) => `${k.padEnd(width)}  ${v}`).join('\n');
   return r.variants ? `${detail}\n\n${variantsTable(r.variants)}` : detail;
+}
+
+/**
+ * A split run's shards by split, as the page's shards card says it: "; train 3 shards, 2 uploaded,
+ * 120 of 300 conversations done · eval …"; empty without a split.
+ */
+function splitLine(shards: readonly Shard[], unit: string): string {
+  const parts = (['train', 'eval'] as const).flatMap((split) => {
+    const of = shards.filter((s) => s.split === split);
+    if (!of.length) return [];
+    const uploaded = of.filter((s) => s.status === 'uploaded').length;
+    const done = of.reduce((t, s) => t + s.done, 0);
+    const samples = of.reduce((t, s) => t + s.samples, 0);
+    return [`${split} ${num(of.length)} shards, ${num(uploaded)} uploaded, ${num(done)} of ${num(samples)} ${unit} done`];
+  });
+  return parts.length ? `; ${parts.join(' · ')}` : '';
+}
+
+/** A split run's shards, every page of them; none for a run without a split (its breakdown would be empty). */
+async function splitShards(client: Client, r: Run): Promise<Shard[]> {
+  if (!r.split) return [];
+  const shards: Shard[] = [];
+  let after: string | undefined;
+  for (;;) {
+    const page = await client.get('/v1/runs/{id}/shards', { params: { path: { id: r.id }, query: { limit: SHARDS_PAGE, ...(after && { after }) } } });
+    shards.push(...page.data);
+    if (!page.has_more || page.last_id === null) return shards;
+    after = page.last_id;
+  }
 }
 
 /** How the run is set up, as the page's progress card says it: what it regenerates, answers a line, split, format, card. */
@@ -153,6 +186,6 @@ export async function statusCommand(runId: string | undefined, opts: ClientOptio
     return 0;
   }
   const run = await client.get('/v1/runs/{id}', { params: { path: { id: runId } } });
-  process.stdout.write(runDetail(run) + '\n');
+  process.stdout.write(runDetail(run, await splitShards(client, run)) + '\n');
   return opts.watch ? watchRun(client, run.id) : 0;
 }

@@ -23,7 +23,11 @@ function payload(run: RunProgress) {
     rate: rate(p.samples_per_second),
     // A conversation run counts conversations as its samples; its turns are the requests.
     unit: run.turns ? `conversations (${num(run.turns.completed)}/${num(run.turns.total)} turns)` : 'samples',
-    rate_unit: run.turns ? `conversations/s, ${rate(p.turns_per_second ?? 0)} turns/s` : 'samples/s',
+    rate_unit: run.turns
+      ? `conversations/s, ${rate(p.turns_per_second ?? 0)} turns/s`
+      : p.requests_per_second != null
+        ? `samples/s, ${rate(p.requests_per_second)} requests/s`
+        : 'samples/s',
     eta_text: eta,
     flags: `${num(run.quality.flagged)} flagged${c.completed ? ` (${pct(run.quality.flagged / c.completed)})` : ''}, ${num(c.failed)} failed`,
     status: statusWithReason(run),

@@ -603,6 +603,8 @@ export interface components {
                 completion_tokens_per_second: number;
                 /** @description A conversation run (`regenerate: "all_assistant"`): its requests (`turns`: user turns and tool-call steps) answered per second, over the same time as `samples_per_second`, which counts its conversations. Null for other runs */
                 turns_per_second: number | null;
+                /** @description A run with `params.n` > 1: its requests answered per second, each answering a line's n samples (`samples_per_second` ÷ n), over the same time. Null for other runs */
+                requests_per_second: number | null;
                 eta_seconds: number | null;
                 /** @description From the start to now, or to the finish once the run has finished */
                 elapsed_seconds: number;
@@ -1013,6 +1015,8 @@ export interface components {
                 completion_tokens_per_second: number;
                 /** @description A conversation run (`regenerate: "all_assistant"`): its requests (`turns`: user turns and tool-call steps) answered per second, over the same time as `samples_per_second`, which counts its conversations. Null for other runs */
                 turns_per_second: number | null;
+                /** @description A run with `params.n` > 1: its requests answered per second, each answering a line's n samples (`samples_per_second` ÷ n), over the same time. Null for other runs */
+                requests_per_second: number | null;
                 eta_seconds: number | null;
                 /** @description From the start to now, or to the finish once the run has finished */
                 elapsed_seconds: number;

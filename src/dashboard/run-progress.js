@@ -43,7 +43,11 @@ export function progressCard(run) {
         finished ? 'Average rate' : 'Rate',
         // The unit in a smaller type: "conversations/s" beside the figure fits a 1024 px page's column.
         [rate(p.samples_per_second), h('span', { className: 'unit' }, ` ${unit}/s`)],
-        [run.turns ? `${rate(p.turns_per_second)} turns/s · ` : '', `${rate(p.completion_tokens_per_second)} tokens/s`].join(''),
+        [
+          run.turns ? `${rate(p.turns_per_second)} turns/s · ` : '',
+          n > 1 ? `${rate(p.requests_per_second ?? 0)} requests/s · ` : '',
+          `${rate(p.completion_tokens_per_second)} tokens/s`,
+        ].join(''),
       ),
       finished
         ? stat('Took', duration(p.elapsed_seconds), run.finished_at ? `ended ${at(run.finished_at)}` : '')

@@ -1,5 +1,5 @@
 import { asc, eq } from 'drizzle-orm';
-import type { DbOrTx } from './client.js';
+import { type DbOrTx, IDS_PER_STATEMENT } from './client.js';
 import type { StoredForecast } from '../domain/forecast.js';
 
 /** Keeps a run's latest forecast on its row, and, when `point` says so, one more point of its history. */
@@ -25,4 +25,54 @@ export async function saveForecast(db: DbOrTx, runId: string, forecast: StoredFo
 export async function forecastHistory(db: DbOrTx, runId: string) {
   const { forecasts } = db.t;
   return await db.q.select().from(forecasts).where(eq(forecasts.runId, runId)).orderBy(asc(forecasts.at));
+}
+
+/**
+ * A conversation run's answered requests at each position of their conversation (0-based, as
+ * sample_turns.idx counts them): how many and their completion tokens. One pass over the run's
+ * turns: the forecast reads it every so often, not every second (runner/forecast-turns.ts).
+ */
+export async function turnLengthsByPosition(db: DbOrTx, runId: string): Promise<{ n: number; tokens: number }[]> {
+  const { rows } = await db.exec<{ idx: number; n: number | string; tokens: number | string | null }>(
+    'select idx, count(*) as n, sum(completion_tokens) as tokens from sample_turns where run_id = ? group by idx',
+    [runId],
+  );
+  const out: { n: number; tokens: number }[] = [];
+  for (const r of rows) out[r.idx] = { n: Number(r.n), tokens: Number(r.tokens ?? 0) };
+  return Array.from(out, (p) => p ?? { n: 0, tokens: 0 });
+}
+
+/** The requests (JSON) of a run's calibration slice: a random sample of its conversations, a few hundred at most. */
+export async function calibrationRequests(db: DbOrTx, runId: string): Promise<string[]> {
+  const from =
+    db.dialect === 'pg' ? 'samples where run_id = ? and calibration' : 'samples indexed by samples_calibration_idx where run_id = ? and calibration = 1';
+  const { rows } = await db.exec<{ request: string }>(`select request from ${from}`, [runId]);
+  return rows.map((r) => r.request);
+}
+
+/**
+ * The conversations under way: a turn claimed or in flight (in_progress), or answered up to a
+ * turn and waiting for the next (pending past turn 0): their ids and the request each is at (0-based).
+ */
+export async function underwayConversations(db: DbOrTx, runId: string): Promise<{ id: number; turn: number }[]> {
+  const { rows } = await db.exec<{ id: number | string; turn: number | null }>(
+    `select id, turn from samples where run_id = ? and status = 'in_progress'
+     union all select id, turn from samples where run_id = ? and status = 'pending' and turn > 0`,
+    [runId, runId],
+  );
+  return rows.map((r) => ({ id: Number(r.id), turn: r.turn ?? 0 }));
+}
+
+/** The requests (JSON) of these samples, by id. */
+export async function requestsOf(db: DbOrTx, ids: readonly number[]): Promise<Map<number, string>> {
+  const out = new Map<number, string>();
+  for (let i = 0; i < ids.length; i += IDS_PER_STATEMENT) {
+    const chunk = ids.slice(i, i + IDS_PER_STATEMENT);
+    const { rows } = await db.exec<{ id: number | string; request: string }>(
+      `select id, request from samples where id in (${chunk.map(() => '?').join(', ')})`,
+      chunk,
+    );
+    for (const r of rows) out.set(Number(r.id), r.request);
+  }
+  return out;
 }

@@ -98,12 +98,3 @@ export async function dropTurnsFrom(db: DbOrTx, sampleId: number, from: number):
   );
   return { requests: gone.length, toolSteps: gone.filter((r) => Number(r.step) === 1).length };
 }
-
-/** A run's conversations not yet settled, with the request each is at (at most `limit`): what is left of their chains. */
-export async function unsettledConversations(db: DbOrTx, runId: string, limit: number): Promise<{ request: string; turn: number }[]> {
-  const { rows } = await db.exec<{ request: string; turn: number | null }>(
-    `select request, turn from samples where run_id = ? and status in ('pending', 'in_progress') limit ?`,
-    [runId, limit],
-  );
-  return rows.map((r) => ({ request: r.request, turn: r.turn ?? 0 }));
-}

@@ -126,10 +126,63 @@ export interface ForecastInput {
   /**
    * A conversation run (`regenerate: "all_assistant"`): its requests. What is left is counted in
    * turns still to ask (a conversation under way has only its later turns left), each of the
-   * answered turns' mean length, so the forecast moves with every turn, not only when whole
-   * conversations end; `based_on_samples` then counts the answered turns.
+   * answered turns' mean length at its position in its conversation (`positions`), so the forecast
+   * moves with every turn, not only when whole conversations end; `based_on_samples` then counts
+   * the answered turns.
    */
-  turns?: { left: number; answered: number; tokens: number };
+  turns?: { left: number; answered: number; tokens: number; positions?: TurnPositions };
+}
+
+/**
+ * Where a conversation run's turns fall: `lengths[k]`, the answered requests at position k of
+ * their conversation (0-based) and their completion tokens, read every so often (their shape
+ * changes slowly; the level comes from the run's own counters, always fresh); `ahead[k]`, how many
+ * requests at position k are still to ask, expected (conversations not started count at the
+ * calibration slice's share of conversations that reach k).
+ */
+export interface TurnPositions {
+  lengths: readonly { n: number; tokens: number }[];
+  ahead: readonly number[];
+}
+
+/**
+ * Answers of the mean of all turns each position's mean is shrunk with: a position few
+ * conversations have reached yet leans on the mean of all, not on its one or two answers, and one
+ * with hundreds stands on its own (at 10, a position of 90 answers keeps 90% of its own mean).
+ */
+export const POSITION_PRIOR_TURNS = 10;
+
+/**
+ * The expected completion tokens of a request at each position: its answered turns' mean, shrunk
+ * towards the mean of all of them, as a share of that mean (1 for a position as long as the rest).
+ */
+export function positionShares(lengths: readonly { n: number; tokens: number }[]): number[] {
+  let n = 0;
+  let tokens = 0;
+  for (const p of lengths) {
+    n += p.n;
+    tokens += p.tokens;
+  }
+  if (n === 0 || tokens <= 0) return lengths.map(() => 1);
+  const all = tokens / n;
+  return lengths.map((p) => (p.tokens + POSITION_PRIOR_TURNS * all) / (p.n + POSITION_PRIOR_TURNS) / all);
+}
+
+/**
+ * The mean length of the turns ahead as a share of the answered turns' mean: each position's share
+ * weighed by the requests expected ahead at it. 1 without positions, or with nothing learned yet.
+ */
+export function aheadShare(positions: TurnPositions | undefined): number {
+  if (!positions) return 1;
+  const shares = positionShares(positions.lengths);
+  let weight = 0;
+  let sum = 0;
+  for (const [k, count] of positions.ahead.entries()) {
+    if (count <= 0) continue;
+    weight += count;
+    sum += count * (shares[k] ?? 1);
+  }
+  return weight > 0 ? sum / weight : 1;
 }
 
 /** The forecast as the runner stores it (timestamps in ms); the API renders it. */
@@ -257,7 +310,9 @@ export function computeForecast(f: ForecastInput, random: () => number): StoredF
   }
   // Per turn for a conversation run: the slice's band keeps its relative width.
   const units = turns ? Math.max(0, turns.left) : left;
-  const perUnit = turns ? turns.tokens / turns.answered : meanLength;
+  // A conversation's later turns may run longer or shorter than its first: the turns ahead are
+  // weighed by where they fall in their conversations.
+  const perUnit = turns ? (turns.tokens / turns.answered) * aheadShare(turns.positions) : meanLength;
   if (turns) {
     band = band && meanLength > 0 ? { low: (band.low / meanLength) * perUnit, high: (band.high / meanLength) * perUnit } : null;
     basedOn = turns.answered;

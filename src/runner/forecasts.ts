@@ -2,12 +2,11 @@ import type { RunnerDeps } from '../deps.js';
 import { saveForecast } from '../db/forecasts.js';
 import { calibrationAnswers, dispatchFrontier, type SliceAnswer } from '../db/samples.js';
 import type { RunRow } from '../db/schema.js';
-import { unsettledConversations } from '../db/sample-turns.js';
-import { requestCount } from '../domain/conversation.js';
 import { computeForecast, seededRandom, type StoredForecast } from '../domain/forecast.js';
 import { samplesPerLine } from '../domain/params.js';
 import type { FleetShare } from '../domain/live-view.js';
 import type { EndpointPool } from './endpoints.js';
+import { ForecastTurns, type TurnsAhead } from './forecast-turns.js';
 import { RateWindow } from './rates.js';
 import { lentShare } from '../domain/schedule.js';
 
@@ -73,13 +72,16 @@ export class Forecasts {
   private readonly latest = new Map<string, StoredForecast>();
   private readonly computedAt = new Map<string, number>();
   private readonly savedAt = new Map<string, number>();
+  private readonly turns: ForecastTurns;
 
   constructor(
     private readonly deps: RunnerDeps,
     private readonly pool: EndpointPool,
     /** PostgreSQL: what the other replicas publish of the endpoints they drive. */
     private readonly remote: () => FleetShare = () => ({ caps: {}, speeds: {} }),
-  ) {}
+  ) {
+    this.turns = new ForecastTurns(deps.db);
+  }
 
   /**
    * What this process knows of the endpoints it dispatches to, for the other replicas: each
@@ -116,6 +118,7 @@ export class Forecasts {
 
   forget(runId: string): void {
     for (const m of [this.windows, this.slices, this.latest, this.computedAt, this.savedAt]) m.delete(runId);
+    this.turns.forget(runId);
   }
 
   /** The run's slice, read again while part of it is still to be answered. */
@@ -181,12 +184,13 @@ export class Forecasts {
     this.computedAt.set(run.id, now);
     const slice = await this.slice(run.id);
     const frontier = run.dryRun ? -1 : await dispatchFrontier(this.deps.db, run.id);
+    const turns = run.regenerate === 'all_assistant' ? await this.turns.read(run, now) : null;
     // The time left decides which hours of each endpoint's schedule count, and those the time
     // left: from a day's (a schedule's cycle), each pass weighs the rates over the time the last one found.
     let horizonMs = LENDING_HORIZON_START_MS;
     let forecast: StoredForecast | null = null;
     for (let pass = 0; pass < LENDING_PASSES; pass++) {
-      forecast = await this.forecastOver(run, now, slice, frontier, horizonMs);
+      forecast = await this.forecastOver(run, now, slice, frontier, turns, horizonMs);
       const remaining = forecast?.wall_seconds_remaining;
       if (!remaining || !this.lends(run)) break;
       horizonMs = remaining * 1000;
@@ -205,7 +209,14 @@ export class Forecasts {
   }
 
   /** The run's forecast with the endpoints' rates weighed by their lent share of the next `horizonMs`. */
-  private async forecastOver(run: RunRow, now: number, slice: Slice, frontier: number, horizonMs: number): Promise<StoredForecast | null> {
+  private async forecastOver(
+    run: RunRow,
+    now: number,
+    slice: Slice,
+    frontier: number,
+    turns: TurnsAhead | null,
+    horizonMs: number,
+  ): Promise<StoredForecast | null> {
     const { tokensPerSecond, endpoints, slotTokensPerSecond } = await this.fleetRate(run, now, horizonMs);
     return computeForecast(
       {
@@ -222,13 +233,14 @@ export class Forecasts {
         elapsedSeconds: run.startedAt ? (now - run.startedAt) / 1000 : 0,
         deadlineSeconds: run.deadlineSeconds,
         now,
-        chainSeconds: await this.chainSeconds(run, slotTokensPerSecond),
-        ...(run.regenerate === 'all_assistant' && {
+        chainSeconds: chainSeconds(run, turns, slotTokensPerSecond),
+        ...(turns && {
           // A dry run forecasts every turn; its answered ones are the slice's.
           turns: {
             left: run.dryRun ? run.turnsTotal : run.turnsTotal - run.turnsCompleted - run.turnsFailed,
             answered: run.turnsCompleted,
             tokens: run.completionTokens,
+            positions: turns.positions,
           },
         }),
       },
@@ -237,27 +249,19 @@ export class Forecasts {
     );
   }
 
-  /**
-   * A conversation run's critical path: its turns run one after another, each an answer of the
-   * answered turns' mean length at one slot's speed. While conversations wait to start, the longest
-   * of the input may be among them; once every one has started, the longest of what is left of
-   * those under way (read from their requests: no more rows than are claimed).
-   */
-  private async chainSeconds(run: RunRow, slotTokensPerSecond: number): Promise<number> {
-    if (run.turnsMax === 0 || run.turnsCompleted === 0 || slotTokensPerSecond <= 0) return 0;
-    const perTurn = run.completionTokens / run.turnsCompleted / slotTokensPerSecond;
-    if (run.dryRun || run.pending > 0) return run.turnsMax * perTurn;
-    let longest = 0;
-    for (const c of await unsettledConversations(this.deps.db, run.id, run.inProgress)) {
-      const { messages } = JSON.parse(c.request) as { messages: { role: string }[] };
-      longest = Math.max(longest, requestCount(messages) - c.turn);
-    }
-    return longest * perTurn;
-  }
-
   /** Some endpoint serving the run is lent for part of the time only. */
   private lends(run: RunRow): boolean {
     for (const e of this.pool.live.values()) if (e.serves(run.model) && (e.row.schedule || e.row.lendUntil !== null)) return true;
     return false;
   }
+}
+
+/**
+ * A conversation run's critical path: the longest chain of requests ahead (while conversations wait
+ * to start, the longest of the input may be among them), each turn at its position's length at one
+ * slot's speed.
+ */
+function chainSeconds(run: RunRow, turns: TurnsAhead | null, slotTokensPerSecond: number): number {
+  if (!turns || run.turnsCompleted === 0 || slotTokensPerSecond <= 0) return 0;
+  return (turns.longestChain * run.completionTokens) / run.turnsCompleted / slotTokensPerSecond;
 }

@@ -1,7 +1,7 @@
 import { describe, expect, it } from 'vitest';
 import { regeneratedMessages, type TurnRecord, turnCount, turnMessages } from '../../src/domain/conversation.js';
 import { flagBit } from '../../src/domain/flags.js';
-import { computeForecast } from '../../src/domain/forecast.js';
+import { aheadShare, computeForecast, POSITION_PRIOR_TURNS, positionShares } from '../../src/domain/forecast.js';
 import { errorLine, outputLine } from '../../src/domain/output-line.js';
 import { parseInputLine } from '../../src/domain/input-line.js';
 import { type Attempt, settleAnswer, settleError } from '../../src/runner/outcomes.js';
@@ -262,6 +262,26 @@ describe('the forecast of a conversation run', () => {
     expect(computeForecast(input, () => 0.5)?.wall_seconds_remaining).toBe(5);
     expect(computeForecast({ ...input, chainSeconds: 12 }, () => 0.5)).toMatchObject({ wall_seconds_remaining: 12, low: 12, high: 12 });
     expect(computeForecast({ ...input, chainSeconds: 2 }, () => 0.5)?.wall_seconds_remaining).toBe(5);
+  });
+
+  it('weighs the turns ahead by their position in their conversations', () => {
+    // First turns answered at 10 tokens, second turns at 30 (100 of each): the mean of all is 20.
+    const lengths = [
+      { n: 100, tokens: 1000 },
+      { n: 100, tokens: 3000 },
+    ];
+    const shares = positionShares(lengths);
+    expect(shares[0]).toBeCloseTo((1000 + POSITION_PRIOR_TURNS * 20) / (100 + POSITION_PRIOR_TURNS) / 20);
+    expect(shares[1]).toBeCloseTo((3000 + POSITION_PRIOR_TURNS * 20) / (100 + POSITION_PRIOR_TURNS) / 20);
+    // 100 turns left, all second turns: 100 × 20 × shares[1] tokens at 1000 a second.
+    const turns = { left: 100, answered: 200, tokens: 4000, positions: { lengths, ahead: [0, 100] } };
+    expect(computeForecast({ ...input, turns }, () => 0.5)?.completion_tokens_remaining).toBe(Math.round(100 * 20 * shares[1]));
+    // Half first, half second turns: the mean of all again.
+    const even = { ...turns, positions: { lengths, ahead: [50, 50] } };
+    expect(computeForecast({ ...input, turns: even }, () => 0.5)?.completion_tokens_remaining).toBe(2000);
+    // A position no answer has reached yet takes the mean of all.
+    expect(aheadShare({ lengths, ahead: [0, 0, 10] })).toBe(1);
+    expect(aheadShare(undefined)).toBe(1);
   });
 
   it('counts what is left in turns, so it moves as conversations under way answer theirs', () => {

@@ -7,6 +7,7 @@ import { runUsage, triesOf } from '../../domain/output-line.js';
 import { endVerdict } from '../../domain/quality.js';
 import { isTerminalRun } from '../../domain/statuses.js';
 import { layeredParams } from '../../domain/variants.js';
+import { samplesPerLine } from '../../domain/params.js';
 import type { StoredForecast } from '../../domain/forecast.js';
 import type { RunProgress } from '../../domain/live-view.js';
 import type { TurnRecord } from '../../domain/conversation.js';
@@ -44,6 +45,8 @@ export function renderProgress(r: RunRow, live: RunProgress, now: number): Run['
     samples_per_second: round(rates.samples),
     completion_tokens_per_second: round(rates.tokens),
     turns_per_second: r.regenerate === 'all_assistant' ? round(rates.turns) : null,
+    // A request answers a line's n samples, so the requests go at the samples' rate over n.
+    requests_per_second: samplesPerLine(r.params) > 1 ? round(rates.samples / samplesPerLine(r.params)) : null,
     eta_seconds: r.total > 0 && remaining === 0 ? 0 : dispatching && !r.dryRun ? eta(remaining, rates.samples, live.forecast) : null,
     elapsed_seconds: Math.round(elapsedMs / 1000),
     in_flight: inFlight,

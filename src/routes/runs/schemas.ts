@@ -350,6 +350,10 @@ export const Run = z
         description:
           'A conversation run (`regenerate: "all_assistant"`): its requests (`turns`: user turns and tool-call steps) answered per second, over the same time as `samples_per_second`, which counts its conversations. Null for other runs',
       }),
+      requests_per_second: z.number().nullable().openapi({
+        description:
+          "A run with `params.n` > 1: its requests answered per second, each answering a line's n samples (`samples_per_second` ÷ n), over the same time. Null for other runs",
+      }),
       eta_seconds: z.number().nullable(),
       elapsed_seconds: z.number().openapi({ description: 'From the start to now, or to the finish once the run has finished' }),
       in_flight: z.number().int().openapi({
