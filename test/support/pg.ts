@@ -74,7 +74,7 @@ const TEMPLATE_ENV = 'REGEN_TEST_TEMPLATE';
  * Makes this run's migrated template (its name in TEMPLATE_ENV for every worker and child process
  * after this) and returns what drops it; nothing when the server cannot be reached. Copying it
  * costs PostgreSQL about half what creating a database and applying every migration does
- * (BENCHMARKS.md, Test suite).
+ * (README, Development).
  *
  * `migrate` opens the database the way a server does, which applies the migrations, and closes it:
  * CREATE DATABASE … TEMPLATE refuses a template anyone is connected to, so the template then takes
