@@ -1,6 +1,7 @@
 import { randomBytes } from 'node:crypto';
 import pg from 'pg';
 import { describe } from 'vitest';
+import { pidAlive } from './build.js';
 
 /** The server tests create their databases on, through its maintenance database. */
 const ADMIN_URL = process.env.REGEN_TEST_PG_URL ?? 'postgres://postgres@127.0.0.1:5432/postgres';
@@ -82,17 +83,13 @@ const TEMPLATE_ENV = 'REGEN_TEST_TEMPLATE';
  */
 export async function makeTemplateDatabase(migrate: (url: string) => Promise<void>): Promise<(() => Promise<void>) | undefined> {
   if (await pgUnavailableReason()) return undefined;
-  const name = `regen_test_template_${runTag()}`;
-  const quoted = pg.escapeIdentifier(name);
-  await withAdmin((client) => client.query(`create database ${quoted}`));
-  const drop = () =>
-    withAdmin(async (client) => {
-      await client.query(`alter database ${quoted} is_template false`);
-      await client.query(`drop database if exists ${quoted} with (force)`);
-    });
+  await dropDeadTemplates();
+  const name = `${TEMPLATE_PREFIX}${process.pid}_${runTag()}`;
+  await withAdmin((client) => client.query(`create database ${pg.escapeIdentifier(name)}`));
+  const drop = () => withAdmin((client) => dropTemplate(client, name));
   try {
     await migrate(urlOf(name));
-    await withAdmin((client) => client.query(`alter database ${quoted} with is_template true allow_connections false`));
+    await withAdmin((client) => client.query(`alter database ${pg.escapeIdentifier(name)} with is_template true allow_connections false`));
   } catch (err) {
     await drop();
     throw err;
@@ -102,6 +99,33 @@ export async function makeTemplateDatabase(migrate: (url: string) => Promise<voi
     delete process.env[TEMPLATE_ENV];
     await drop();
   };
+}
+
+/** A template's name: this prefix, the pid of the run that made it, and the run's tag. */
+const TEMPLATE_PREFIX = 'regen_test_template_';
+
+async function dropTemplate(client: pg.Client, name: string): Promise<void> {
+  const quoted = pg.escapeIdentifier(name);
+  // PostgreSQL drops no database marked as a template.
+  await client.query(`alter database ${quoted} is_template false`);
+  await client.query(`drop database if exists ${quoted} with (force)`);
+}
+
+/**
+ * Drops the templates of runs no longer alive (a run stopped before its teardown leaves its own):
+ * only when the server is this machine's, whose pids they carry.
+ */
+async function dropDeadTemplates(): Promise<void> {
+  if (!['127.0.0.1', 'localhost', '[::1]'].includes(new URL(ADMIN_URL).hostname)) return;
+  await withAdmin(async (client) => {
+    const { rows } = await client.query<{ datname: string }>('select datname from pg_database where datname like $1', [
+      `${TEMPLATE_PREFIX.replace(/_/g, '\\_')}%`,
+    ]);
+    for (const { datname } of rows) {
+      const pid = /^(\d+)_/.exec(datname.slice(TEMPLATE_PREFIX.length))?.[1];
+      if (pid && !pidAlive(Number(pid))) await dropTemplate(client, datname);
+    }
+  });
 }
 
 function urlOf(name: string): string {
