@@ -57,7 +57,7 @@ await describePg('prefix-cache affinity across replicas', () => {
   }
 
   it('holds on two live replicas: each turn reaches the endpoint that holds its prefix', async () => {
-    const database = await databases.create('affinity-replicas');
+    const database = await databases.create('affinity-replicas', { migrated: true });
     dbUrl = database.url;
     env = await replicaEnv(rig, database);
     const sims = await startSims(

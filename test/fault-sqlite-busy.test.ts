@@ -78,7 +78,9 @@ const DEFAULT_BUSY_TIMEOUT_MS = 10_000;
 const busyLines = (log: string) => log.split('\n').filter((l) => /SQLITE_BUSY|database is locked/.test(l));
 
 // SQLite's own write lock: PostgreSQL has no such lock to hold (its faults are a lost connection, tested apart).
-describe.skipIf(onPg)('SQLITE_BUSY from another process holding the write lock', () => {
+// The two tests run at once: each has its own server, simulators and database file, and most of
+// their time is locks held and waited out.
+describe.skipIf(onPg).concurrent('SQLITE_BUSY from another process holding the write lock', () => {
   it('with a 250 ms busy_timeout: every kind of write fails for 3 s at a time, and is retried', async () => {
     const SAMPLES = 1200;
     const t = await setup('m-busy-short', SAMPLES, { REGEN_DB_BUSY_TIMEOUT_MS: '250' });

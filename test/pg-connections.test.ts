@@ -27,8 +27,9 @@ afterAll(async () => {
   for (const d of databases) await d.drop();
 });
 
+// The databases are copies of the migrated template: what is tested here is a store already in use.
 async function store(name: string): Promise<{ db: Db; url: string }> {
-  const database = await createTestDatabase(name);
+  const database = await createTestDatabase(name, { migrated: true });
   databases.push(database);
   const db = await openDb(database.url);
   opened.push(db);
@@ -64,7 +65,7 @@ async function dbNow(c: pg.Client): Promise<number> {
 
 /** A test database behind a proxy that can cut it off; `url` goes through the proxy, `port` is the server's own. */
 async function proxiedDatabase(name: string): Promise<{ proxy: CuttingProxy; url: string; port: string }> {
-  const database = await createTestDatabase(name);
+  const database = await createTestDatabase(name, { migrated: true });
   databases.push(database);
   const through = new URL(database.url);
   const port = through.port;

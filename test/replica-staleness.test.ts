@@ -43,7 +43,7 @@ const s3Endpoint = () => `http://127.0.0.1:${rig.s3!.port}`;
 
 await describePg('replicas judged by their heartbeats, on one PostgreSQL', () => {
   it('a coordinator stalled past its heartbeat is replaced, its endpoint driven by the other; woken, it stops, rejoins, and takes over again', async () => {
-    const database = await databases.create('replica-stall');
+    const database = await databases.create('replica-stall', { migrated: true });
     const env = await replicaEnv(rig, database, { REGEN_REPLICA_STALE_MS: String(STALE_MS) });
     // Slow enough that the run is far from done after the stall: about 14 answers a second at each
     // cap, so the 600 samples take 20 s at least, the stall and the rejoin about 10 s. The
@@ -103,7 +103,7 @@ await describePg('replicas judged by their heartbeats, on one PostgreSQL', () =>
   }, 300_000);
 
   it('a replica stopped while its requests run past the heartbeat staleness keeps its endpoint and leases until they end: nothing is sent twice, no endpoint runs past its cap', async () => {
-    const database = await databases.create('replica-drain');
+    const database = await databases.create('replica-drain', { migrated: true });
     const env = await replicaEnv(rig, database, { REGEN_REPLICA_STALE_MS: String(STALE_MS), REGEN_SHUTDOWN_GRACE_MS: '60000' });
     // Each answer takes longer than a replica's heartbeat may be silent before it is taken for dead.
     const sims = await startSims(

@@ -38,6 +38,7 @@ const s3Endpoint = () => `http://127.0.0.1:${rig.s3!.port}`;
 
 await describePg('three replicas on one PostgreSQL', () => {
   it('share the API and the fleet, one replica per endpoint, and kills -9 of two of them, one after the other, lose and duplicate nothing', async () => {
+    // Empty: the three replicas starting on it at once take turns at its migrations (the others start on a migrated copy).
     const database = await databases.create('replicas');
     const env = await replicaEnv(rig, database);
     // About 100 answers a second at each cap: the run takes 5 s at least, each kill's takeover about one.
@@ -114,7 +115,7 @@ await describePg('three replicas on one PostgreSQL', () => {
   }, 300_000);
 
   it('two runs for different models share the fleet by priority, through a takeover; a replica restarted on the database rejoins and serves them', async () => {
-    const database = await databases.create('replica-priority');
+    const database = await databases.create('replica-priority', { migrated: true });
     const env = await replicaEnv(rig, database);
     const sims = await startSims(
       rig,
@@ -204,7 +205,7 @@ await describePg('three replicas on one PostgreSQL', () => {
   }, 300_000);
 
   it('an endpoint driven alone by one replica is judged against the peers another drives: the broken one is quarantined', async () => {
-    const database = await databases.create('replica-quality');
+    const database = await databases.create('replica-quality', { migrated: true });
     const env = await replicaEnv(rig, database);
     const [good, bad] = await startSims(rig, [
       { 'max-running': 16, 'ttft-ms': 20, 'tokens-per-second': 4000, seed: 31 },

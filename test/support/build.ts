@@ -59,7 +59,8 @@ function compileTree(from: string, to: string): void {
   }
 }
 
-function pidAlive(pid: number): boolean {
+/** Whether a process of this machine is alive: the owner of a build, or of a test template database (test/support/pg.ts). */
+export function pidAlive(pid: number): boolean {
   if (!Number.isInteger(pid) || pid <= 0) return false;
   try {
     process.kill(pid, 0);

@@ -81,12 +81,12 @@ export function startSims(rig: FaultRig, flags: Record<string, string | number>[
   return Promise.all(flags.map((f) => rig.sim(f)));
 }
 
-/** Databases of their own for a file's tests, dropped after them. */
-export function replicaDatabases(): { create(name: string): Promise<TestDatabase>; drop(): Promise<void> } {
+/** Databases of their own for a file's tests (empty, or copies of the migrated template: createTestDatabase), dropped after them. */
+export function replicaDatabases(): { create(name: string, options?: { migrated?: boolean }): Promise<TestDatabase>; drop(): Promise<void> } {
   const made: TestDatabase[] = [];
   return {
-    async create(name) {
-      const d = await createTestDatabase(name);
+    async create(name, options) {
+      const d = await createTestDatabase(name, options);
       made.push(d);
       return d;
     },

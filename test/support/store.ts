@@ -4,7 +4,7 @@ import { createTestDatabase, type TestDatabase } from './pg.js';
 
 /**
  * The store the suite runs on: SQLite files (the default), or with REGEN_TEST_STORE=pg a
- * PostgreSQL database of its own for each data folder a test starts a server on. The vitest
+ * PostgreSQL database of its own, migrated, for each data folder a test starts a server on. The vitest
  * project `pg` (vitest.config.ts) sets it, so the same tests run on both.
  */
 export const TEST_STORE: 'sqlite' | 'pg' = process.env.REGEN_TEST_STORE === 'pg' ? 'pg' : 'sqlite';
@@ -15,7 +15,7 @@ function databaseFor(dataDir: string): Promise<TestDatabase> {
   const key = resolve(dataDir);
   let db = databases.get(key);
   if (!db) {
-    db = createTestDatabase('suite');
+    db = createTestDatabase('suite', { migrated: true });
     databases.set(key, db);
   }
   return db;
