@@ -16,6 +16,13 @@ const ENDED = ['completed', 'failed', 'cancelled'];
 const SIM = { 'completion-tokens': 40, 'reasoning-tokens': 0, 'tokens-per-second': 200, 'max-running': 8 };
 const CAP = 2;
 const MINUTE_MS = 60_000;
+/**
+ * How far ahead of the server's clock a lend ends or a window opens: past any set-up a loaded
+ * machine takes (minutes at a load of 40 on 2 cores), so only the test's jump reaches it.
+ */
+const LEAD_MS = 10 * MINUTE_MS;
+/** Longer than any jump: the replica's own heartbeat must not look stale after one. */
+const STALE_MS = 60 * MINUTE_MS;
 
 const sims: SimProcess[] = [];
 const cleanups: (() => Promise<void>)[] = [];
@@ -45,7 +52,7 @@ async function clockedServer(): Promise<{ base: string; now: () => number; jumpT
       REGEN_LOG_LEVEL: 'silent',
       REGEN_PROBE_INTERVAL_MS: '200',
       REGEN_RUNNER_THREAD: 'false',
-      REGEN_REPLICA_STALE_MS: String(10 * MINUTE_MS),
+      REGEN_REPLICA_STALE_MS: String(STALE_MS),
     },
     { data: dataDir, port: '0' },
   );
@@ -79,8 +86,8 @@ describe('lend_until', () => {
   it('after it the endpoint gets no new request, what ran there finishes, and the run completes on the others', { timeout: 300_000 }, async () => {
     const [lent, kept] = await twoSims();
     const { base, now, jumpTo } = await clockedServer();
-    // A minute of the server's clock, ended by a jump once the lent endpoint is at work.
-    const until = now() + MINUTE_MS;
+    // Ended by a jump once the lent endpoint is at work.
+    const until = now() + LEAD_MS;
     const a = await registerEndpoint(base, lent.url, { max_concurrency: CAP, lend_until: new Date(until).toISOString() });
     await registerEndpoint(base, kept.url, { max_concurrency: CAP });
     // Two endpoints at two slots of 0.2 s make 20 a second, and the kept one alone 10: a few
@@ -124,8 +131,8 @@ describe('a schedule window', () => {
     await waitFor('the scheduled endpoint ready', async () => ((await call(base, `/v1/endpoints/${e.id}`)).body.state === 'ready' ? true : undefined));
     const n = 100;
     const runId = await start(base, n, 'window');
-    // The window is the next whole minute but one, and the clock stays short of it until the run is under way.
-    const windowStart = Math.ceil(now() / MINUTE_MS) * MINUTE_MS + MINUTE_MS;
+    // A whole minute, and the clock stays short of it until the run is under way.
+    const windowStart = Math.ceil((now() + LEAD_MS) / MINUTE_MS) * MINUTE_MS;
     const patched = await call(base, `/v1/endpoints/${e.id}`, { method: 'PATCH', json: { schedule: window(windowStart) } });
     expect(patched.body.next_window_at).toBe(new Date(windowStart).toISOString());
     // Every look while the run is dispatched on the other endpoint, before the window, finds this one
