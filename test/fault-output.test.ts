@@ -4,7 +4,7 @@ import { fileURLToPath, pathToFileURL } from 'node:url';
 import { describe, expect, it } from 'vitest';
 import { TEMP_FOLDER } from '../src/storage/location.js';
 import { faultRig, readOutput, waitForEnd, waitForRun } from './support/fault-rig.js';
-import { call, waitFor } from './support/server.js';
+import { call, waitFor, type ServerProcess } from './support/server.js';
 import { createRun, registerEndpoint, uploadFile, type Prompts } from './support/runner-checks.js';
 
 // The output location fails, or regen dies while writing to it: nothing partial where readers
@@ -17,6 +17,25 @@ const rig = faultRig();
  */
 const FAST_RETRY = { REGEN_STORE_RETRY_MS: '20' };
 const FINAL = /^(shard-\d{5}(\.errors)?\.jsonl|manifest\.json)$/;
+
+/**
+ * One server for each environment, shared by the tests that neither kill it nor break its store:
+ * each has its own model, endpoint, run and output prefix. A server's start is seconds of CPU on
+ * a loaded machine.
+ */
+const shared = new Map<string, Promise<{ server: ServerProcess; data: string }>>();
+function sharedServer(env: Record<string, string> = {}): Promise<{ server: ServerProcess; data: string }> {
+  const key = JSON.stringify(env);
+  let started = shared.get(key);
+  if (!started) {
+    const data = rig.dir('regen-shared-');
+    started = rig.serve(data, env).then((server) => ({ server, data }));
+    shared.set(key, started);
+    // A start that failed fails its own test only: the next one starts the server again.
+    started.catch(() => shared.delete(key));
+  }
+  return started;
+}
 
 const sim = (model: string, extra: Record<string, number> = {}) => rig.sim({ model, 'max-running': 64, 'ttft-ms': 5, 'tokens-per-second': 100_000, ...extra });
 
@@ -91,8 +110,7 @@ describe('writing the output', () => {
   });
 
   it('a file in the way of output.uri is refused at creation, naming output.uri', async () => {
-    const data = rig.dir('regen-inway-');
-    const server = await rig.serve(data);
+    const { server, data } = await sharedServer();
     writeFileSync(join(data, 'blocked'), 'a file, not a folder');
     const res = await call(server.url, '/v1/runs', {
       method: 'POST',
@@ -127,9 +145,8 @@ describe('writing the output', () => {
 
   it('shards that cannot be written: the run says why after 3 attempts, fails after 10, and a retry writes them once the store is fixed', async () => {
     const SAMPLES = 60;
-    const data = rig.dir('regen-blocked-');
     const s = await sim('m-blocked');
-    const server = await rig.serve(data, FAST_RETRY);
+    const { server } = await sharedServer(FAST_RETRY);
     const base = server.url;
     await registerEndpoint(base, s.url);
     const prompts = bigPrompts(SAMPLES, 10);
@@ -156,10 +173,9 @@ describe('writing the output', () => {
 
   it('a run failed by its uploads while answers are in flight keeps those samples, and a retry writes them', async () => {
     const SAMPLES = 80;
-    const data = rig.dir('regen-inflight-');
     // Slow answers, four at a time (12 s for all of them): the escalation (about 3 s of retries) lands while requests are out.
     const s = await sim('m-inflight', { 'max-running': 4, 'ttft-ms': 600 });
-    const server = await rig.serve(data, FAST_RETRY);
+    const { server } = await sharedServer(FAST_RETRY);
     const base = server.url;
     await registerEndpoint(base, s.url, { max_concurrency: 4 });
     const prompts = bigPrompts(SAMPLES, 10);
@@ -244,10 +260,9 @@ describe('writing the output', () => {
 
   it('a run cancelled early writes no empty shard files; the manifest lists the empty shards', async () => {
     const SAMPLES = 400;
-    const data = rig.dir('regen-empty-');
     // Slow answers, a few at a time: most shards are still untouched when the cancel lands.
     const s = await sim('m-empty', { 'max-running': 4, 'ttft-ms': 300 });
-    const server = await rig.serve(data);
+    const { server } = await sharedServer();
     await registerEndpoint(server.url, s.url, { max_concurrency: 4 });
     const prompts = bigPrompts(SAMPLES, 10);
     const fileId = await uploadFile(server.url, prompts.jsonl);
