@@ -29,13 +29,14 @@ export async function forecastHistory(db: DbOrTx, runId: string) {
 
 /**
  * A conversation run's answered requests at each position of their conversation (0-based, as
- * sample_turns.idx counts them): how many and their completion tokens. One pass over the run's
- * turns: the forecast reads it every so often, not every second (runner/forecast-turns.ts).
+ * sample_turns.idx counts them): how many and their completion tokens, over at most `limit` of its
+ * turns, so a read costs the same on a run of millions (runner/forecast-turns.ts).
  */
-export async function turnLengthsByPosition(db: DbOrTx, runId: string): Promise<{ n: number; tokens: number }[]> {
+export async function turnLengthsByPosition(db: DbOrTx, runId: string, limit: number): Promise<{ n: number; tokens: number }[]> {
   const { rows } = await db.exec<{ idx: number; n: number | string; tokens: number | string | null }>(
-    'select idx, count(*) as n, sum(completion_tokens) as tokens from sample_turns where run_id = ? group by idx',
-    [runId],
+    `select idx, count(*) as n, sum(completion_tokens) as tokens
+     from (select idx, completion_tokens from sample_turns where run_id = ? limit ?) as answered group by idx`,
+    [runId, limit],
   );
   const out: { n: number; tokens: number }[] = [];
   for (const r of rows) out[r.idx] = { n: Number(r.n), tokens: Number(r.tokens ?? 0) };
@@ -51,15 +52,22 @@ export async function calibrationRequests(db: DbOrTx, runId: string): Promise<st
 }
 
 /**
+ * The statement behind underwayConversations. SQLite's planner takes the claim index for its second
+ * arm, and so walks every pending sample of the run (millions at a large run's start) to find the
+ * few between turns: the index is named, as the claim names it (db/samples.ts).
+ */
+export function underwaySql(dialect: DbOrTx['dialect']): string {
+  const betweenTurns = dialect === 'pg' ? 'samples' : 'samples indexed by samples_underway_idx';
+  return `select id, turn from samples where run_id = ? and status = 'in_progress'
+     union all select id, turn from ${betweenTurns} where run_id = ? and status = 'pending' and turn > 0`;
+}
+
+/**
  * The conversations under way: a turn claimed or in flight (in_progress), or answered up to a
  * turn and waiting for the next (pending past turn 0): their ids and the request each is at (0-based).
  */
 export async function underwayConversations(db: DbOrTx, runId: string): Promise<{ id: number; turn: number }[]> {
-  const { rows } = await db.exec<{ id: number | string; turn: number | null }>(
-    `select id, turn from samples where run_id = ? and status = 'in_progress'
-     union all select id, turn from samples where run_id = ? and status = 'pending' and turn > 0`,
-    [runId, runId],
-  );
+  const { rows } = await db.exec<{ id: number | string; turn: number | null }>(underwaySql(db.dialect), [runId, runId]);
   return rows.map((r) => ({ id: Number(r.id), turn: r.turn ?? 0 }));
 }
 

@@ -6,12 +6,13 @@ import { positionShares, type TurnPositions } from '../domain/forecast.js';
 
 /**
  * The answered turns' lengths by position are read again at most this often, and at most every
- * 1/POSITION_READS of the run's elapsed time: each read is one pass over the run's turns, so a run
- * of millions of them reads a few hundred times in a month (their shape settles early; the level
- * comes from the run's counters every second).
+ * 1/POSITION_READS of the run's elapsed time, over at most POSITION_TURNS of them: their shape
+ * settles early (the level comes from the run's counters every second), so once a read finds that
+ * many the run's shape is kept and never read again, and no read grows with the run.
  */
 const POSITIONS_MIN_MS = 5000;
 const POSITION_READS = 50;
+const POSITION_TURNS = 20_000;
 
 interface RunTurns {
   lengths: { n: number; tokens: number }[];
@@ -47,8 +48,9 @@ export class ForecastTurns {
     let r = this.runs.get(run.id);
     if (!r) this.runs.set(run.id, (r = { lengths: [], lengthsAt: -Infinity, sliceCounts: null, counts: new Map() }));
     const elapsed = run.startedAt ? now - run.startedAt : 0;
-    if (now - r.lengthsAt >= Math.max(POSITIONS_MIN_MS, elapsed / POSITION_READS)) {
-      r.lengths = await turnLengthsByPosition(this.db, run.id);
+    const settled = r.lengths.reduce((n, p) => n + p.n, 0) >= POSITION_TURNS;
+    if (!settled && now - r.lengthsAt >= Math.max(POSITIONS_MIN_MS, elapsed / POSITION_READS)) {
+      r.lengths = await turnLengthsByPosition(this.db, run.id, POSITION_TURNS);
       r.lengthsAt = now;
     }
     r.sliceCounts ??= (await calibrationRequests(this.db, run.id)).map(countOf);
@@ -71,8 +73,8 @@ export class ForecastTurns {
       }
       longestChain = Math.max(longestChain, chain);
     }
-    const settled = run.completed + run.failed + run.cancelled;
-    const unstarted = run.dryRun ? run.total : Math.max(0, run.total - settled - underway.length);
+    const ended = run.completed + run.failed + run.cancelled;
+    const unstarted = run.dryRun ? run.total : Math.max(0, run.total - ended - underway.length);
     if (unstarted > 0) {
       // The conversations not started reach each position as the slice's do; the longest of them may be among them.
       const slice = r.sliceCounts.length ? r.sliceCounts : [run.turnsMax];
