@@ -1,3 +1,7 @@
+import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { DuckDBInstance } from '@duckdb/node-api';
 import { describe, expect, it } from 'vitest';
 import {
   idCount,
@@ -45,6 +49,39 @@ describe('training rows', () => {
     };
     expect(tokenLines(rows).toString()).toBe(rows.map((r) => JSON.stringify(plain(r)) + '\n').join(''));
     expect(await readParquetRows(encodeTokenParquet(rows))).toEqual(rows.map(plain));
+  });
+
+  it('writes a shard of ids longer than a page in pages of whole rows, read back alike by hyparquet and DuckDB', async () => {
+    // 2.9 MB of ids: rows sharing pages, an empty row, and a row longer than a page alone in its own.
+    // DuckDB sums an empty list to null.
+    const lengths = [100_000, 200_000, 0, 300_000, 5, 120_000];
+    const rows = lengths.map((n, i) => {
+      const ids = Array.from({ length: n }, (_, k) => (k * 7919 + i) % 151_643);
+      return rowOf({ ...place, customId: `r${i}` }, { prompt: ids.slice(0, n >> 2), output: ids.slice(n >> 2) });
+    });
+    const body = encodeTokenParquet(rows);
+    const back = await readParquetRows(body);
+    expect(back.map((r) => [r.custom_id, [...(r.input_ids as number[])], (r.loss_mask as number[]).reduce((a, b) => a + b, 0)])).toEqual(
+      rows.map((r) => [r.custom_id, [...r.input_ids], r.num_trainable]),
+    );
+    const dir = mkdtempSync(join(tmpdir(), 'regen-token-pages-'));
+    try {
+      writeFileSync(join(dir, 'tokens.parquet'), body);
+      const duck = await (await DuckDBInstance.create(':memory:')).connect();
+      const read = await duck.runAndReadAll(
+        `select custom_id, len(input_ids)::int as n, list_sum(input_ids)::bigint as sum, list_sum(loss_mask)::int as trainable from read_parquet('${join(dir, 'tokens.parquet')}') order by custom_id`,
+      );
+      expect(read.getRowObjectsJson()).toEqual(
+        rows.map((r) => ({
+          custom_id: r.custom_id,
+          n: r.input_ids.length,
+          sum: r.input_ids.length ? String(r.input_ids.reduce((a, b) => a + b, 0)) : null,
+          trainable: r.num_trainable || null,
+        })),
+      );
+    } finally {
+      rmSync(dir, { recursive: true, force: true });
+    }
   });
 
   it('stages ids packed and reads both the packed and the older array form', () => {
