@@ -75,7 +75,7 @@ describe('training rows', () => {
         rows.map((r) => ({
           custom_id: r.custom_id,
           n: r.input_ids.length,
-          sum: r.input_ids.length ? String(r.input_ids.reduce((a, b) => a + b, 0)) : null,
+          sum: r.input_ids.length ? String([...r.input_ids].reduce((a, b) => a + b, 0)) : null,
           trainable: r.num_trainable || null,
         })),
       );
