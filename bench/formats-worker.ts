@@ -6,7 +6,7 @@ import type { OutputFormat, ParquetRow } from '../src/domain/output-format.js';
 import { type CompletedSample, outputRecord } from '../src/domain/output-line.js';
 import { encodeShard, recordOf } from '../src/runner/shard-writer.js';
 import { Stores } from '../src/storage/index.js';
-import { type StagedIds, stagedIds } from '../src/domain/token-rows.js';
+import { type GenerationIds, type StagedIds, stagedIds } from '../src/domain/token-rows.js';
 import { encodeTokens, sampleTokenRows } from '../src/runner/token-shard.js';
 
 // One format's writing, in a process of its own so that its peak RSS is its own: `samples`
@@ -16,6 +16,8 @@ import { encodeTokens, sampleTokenRows } from '../src/runner/token-shard.js';
 // rows through parquet-wasm + apache-arrow (zstd), the writer not chosen, for the comparison.
 // `jsonl+tokens` and `parquet+tokens` also write each shard's training rows (output.tokens): the
 // sample's 80 prompt ids and 600 generated ids, staged with its text as the runner stages them.
+// Times and CPU count the writing only: each shard's synthetic samples (random words and ids, as an
+// answer would bring them) are made with the clock stopped, as no writer makes them.
 
 const [format, samplesArg, shardArg, dir, firstArg = '0'] = process.argv.slice(2) as [string, string, string, string, string?];
 const SAMPLES = Number(samplesArg);
@@ -44,7 +46,14 @@ const words = (chars: number) => {
 
 const ids = (n: number) => Array.from({ length: n }, () => Math.floor(rand() * 151_643));
 
-function sample(i: number): { s: CompletedSample; staged: { content: string; reasoning_content: string; model: string; tokens?: StagedIds[] } } {
+interface Staged {
+  content: string;
+  reasoning_content: string;
+  model: string;
+  tokens?: StagedIds[];
+}
+
+function sample(i: number): { s: CompletedSample; staged: Staged; ids?: GenerationIds } {
   const request = JSON.stringify({
     messages: [
       { role: 'system', content: 'You are a helpful assistant.' },
@@ -71,8 +80,8 @@ function sample(i: number): { s: CompletedSample; staged: { content: string; rea
       content: words(800),
       reasoning_content: words(1600),
       model: 'bench-model',
-      ...(TOKENS && { tokens: [{ turn: null, step: null, finish_reason: 'stop', flags: 0, ...stagedIds({ prompt: ids(80), output: ids(600) }) }] }),
     },
+    ...(TOKENS && { ids: { prompt: ids(80), output: ids(600) } }),
   };
 }
 
@@ -112,18 +121,21 @@ let bytes = 0;
 /** The staged outputs' bytes: what the staging table holds until a shard is written. */
 let stagedBytes = 0;
 let encodeMs = 0;
-const started = performance.now();
-const cpuStart = process.cpuUsage();
+let wallMs = 0;
+let cpuUs = 0;
 for (let first = 0, idx = 0; first < SAMPLES; first += SHARD, idx++) {
   const n = Math.min(SHARD, SAMPLES - first);
   const samples = Array.from({ length: n }, (_, k) => sample(FIRST + first + k));
-  const t = performance.now();
-  // Staged as the runner stages them: as JSON text, parsed again when the shard is written.
+  const started = performance.now();
+  const cpuStart = process.cpuUsage();
+  // Staged as the runner stages them: the ids packed, as JSON text, parsed again when the shard is written.
   const staged = samples.map((x) => {
-    const text = JSON.stringify(x.staged);
+    const tokens: StagedIds[] | undefined = x.ids && [{ turn: null, step: null, finish_reason: 'stop', flags: 0, ...stagedIds(x.ids) }];
+    const text = JSON.stringify({ ...x.staged, ...(tokens && { tokens }) });
     stagedBytes += Buffer.byteLength(text);
-    return JSON.parse(text) as typeof x.staged;
+    return JSON.parse(text) as Staged;
   });
+  const t = performance.now();
   const records = samples.map(({ s }, k) => recordOf(shardFormat, outputRecord(s, staged[k]!), null));
   const key = `shard-${String(idx).padStart(5, '0')}.${shardFormat === 'parquet' ? 'parquet' : 'jsonl'}`;
   const { body, check } = format === 'parquet-wasm' ? { body: wasmParquet(records as ParquetRow[]), check: undefined } : encodeShard(shardFormat, records, key);
@@ -145,16 +157,17 @@ for (let first = 0, idx = 0; first < SAMPLES; first += SHARD, idx++) {
     encoded.check?.(tokensBack);
     bytes += encoded.body.length;
   }
+  wallMs += performance.now() - started;
+  const cpu = process.cpuUsage(cpuStart);
+  cpuUs += cpu.user + cpu.system;
 }
-const wallMs = performance.now() - started;
-const cpu = process.cpuUsage(cpuStart);
 stores.close();
 process.stdout.write(
   JSON.stringify({
     format,
     samples: SAMPLES,
     wallMs,
-    cpuMs: (cpu.user + cpu.system) / 1000,
+    cpuMs: cpuUs / 1000,
     encodeMs,
     bytes,
     stagedBytes,

@@ -79,7 +79,7 @@ function chunk(
   name: string,
   start: number,
   w: Writer,
-  p: Page,
+  slots: number,
   uncompressed: number,
   encodings: string[],
   dictionaryAt?: number,
@@ -91,7 +91,7 @@ function chunk(
       encodings,
       path_in_schema: [name, 'list', 'element'],
       codec: 'SNAPPY',
-      num_values: BigInt(p.slots),
+      num_values: BigInt(slots),
       total_compressed_size: BigInt(w.offset - start),
       total_uncompressed_size: BigInt(uncompressed),
       data_page_offset: BigInt(dataAt ?? start),
@@ -101,18 +101,48 @@ function chunk(
   } as ColumnChunk;
 }
 
+/**
+ * Bytes of ids a page holds at most (hyparquet-writer's own page size). Compressed a page at a time,
+ * a shard's ids took half the time they took whole (BENCHMARKS.md "Token rows").
+ */
+const PAGE_BYTES = 1 << 20;
+
+/** The rows in runs whose ids fit a page, a page starting at a row (a longer row alone in its page). */
+function pages(rows: readonly TokenRow[]): TokenRow[][] {
+  const out: TokenRow[][] = [];
+  let page: TokenRow[] = [];
+  let bytes = 0;
+  for (const r of rows) {
+    const size = r.input_ids.length * Int32Array.BYTES_PER_ELEMENT;
+    if (page.length && bytes + size > PAGE_BYTES) {
+      out.push(page);
+      page = [];
+      bytes = 0;
+    }
+    page.push(r);
+    bytes += size;
+  }
+  if (page.length || !out.length) out.push(page);
+  return out;
+}
+
 /** The `input_ids` column chunk: every row's ids, prompt then generated, as int32 values. */
 export function writeInputIds(w: Writer, rows: readonly TokenRow[], compress: Compress): ColumnChunk {
-  const p = listLevels(rows);
-  const ids = new Int32Array(p.slots - p.empty);
-  let at = 0;
-  for (const r of rows) {
-    ids.set(r.input_ids, at);
-    at += r.input_ids.length;
-  }
   const start = w.offset;
-  const size = dataPage(w, p, rows.length, 'PLAIN', new Uint8Array(ids.buffer), compress);
-  return chunk('input_ids', start, w, p, size, ['PLAIN']);
+  let size = 0;
+  let slots = 0;
+  for (const page of pages(rows)) {
+    const p = listLevels(page);
+    const ids = new Int32Array(p.slots - p.empty);
+    let at = 0;
+    for (const r of page) {
+      ids.set(r.input_ids, at);
+      at += r.input_ids.length;
+    }
+    size += dataPage(w, p, page.length, 'PLAIN', new Uint8Array(ids.buffer), compress);
+    slots += p.slots;
+  }
+  return chunk('input_ids', start, w, slots, size, ['PLAIN']);
 }
 
 /** The dictionary the mask's values index: 0 and 1, PLAIN int32. */
@@ -142,5 +172,5 @@ export function writeLossMask(w: Writer, rows: readonly TokenRow[], compress: Co
   }
   const dataAt = w.offset;
   const size = dataPage(w, p, rows.length, 'RLE_DICTIONARY', values.getBytes(), compress);
-  return chunk('loss_mask', start, w, p, dictionarySize + size, ['PLAIN', 'RLE_DICTIONARY'], start, dataAt);
+  return chunk('loss_mask', start, w, p.slots, dictionarySize + size, ['PLAIN', 'RLE_DICTIONARY'], start, dataAt);
 }

@@ -1,6 +1,11 @@
+import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { DuckDBInstance } from '@duckdb/node-api';
 import { describe, expect, it } from 'vitest';
 import {
   idCount,
+  joinIds,
   packIds,
   spreadOf,
   stagedIds,
@@ -9,7 +14,6 @@ import {
   type TokenRow,
   tokenRow,
   trainableSpread,
-  unpackIds,
 } from '../../src/domain/token-rows.js';
 import { tokenLines } from '../../src/runner/token-shard.js';
 import { readParquetRows } from '../../src/storage/parquet.js';
@@ -17,11 +21,14 @@ import { encodeTokenParquet } from '../../src/storage/token-parquet.js';
 import { readIds } from '../../src/runner/token-ids.js';
 
 const usage = (prompt: number, completion: number) => ({ prompt_tokens: prompt, completion_tokens: completion, reasoning_tokens: 0, cached_tokens: 0 });
+/** A row of a generation's ids as the server returned them. */
+const rowOf = (at: Parameters<typeof tokenRow>[0], ids: { prompt: number[]; output: number[] }) =>
+  tokenRow(at, [...ids.prompt, ...ids.output], ids.output.length);
 const place = { customId: 'a"\u2028', sampleIndex: 1, turn: 2, step: 0, variant: 'think', split: 'eval', finishReason: 'stop', flags: 5 };
 
 describe('training rows', () => {
   it('masks the prompt 0 and the generated ids 1, in the JSON line JSON.stringify writes and in Parquet as written', async () => {
-    const row = tokenRow(place, { prompt: [7, 8, 9], output: [4, 5] });
+    const row = rowOf(place, { prompt: [7, 8, 9], output: [4, 5] });
     expect({ ...row, input_ids: [...row.input_ids] }).toMatchObject({ input_ids: [7, 8, 9, 4, 5], num_trainable: 2, flags: ['empty_content', 'truncated'] });
     const rows = [
       row,
@@ -31,7 +38,7 @@ describe('training rows', () => {
         { prompt: [], output: [] },
         { prompt: [3, 4], output: [5, 6, 7] },
         { prompt: [0, 9, 10, 99, 100, 2 ** 31 - 1], output: [151_642] },
-      ].map((ids) => tokenRow({ ...place, variant: null, split: null, turn: null, step: null, finishReason: null }, ids)),
+      ].map((ids) => rowOf({ ...place, variant: null, split: null, turn: null, step: null, finishReason: null }, ids)),
     ];
     // What each row's file holds: its ids, and the mask of zeros then ones.
     const plain = (r: TokenRow) => {
@@ -44,19 +51,56 @@ describe('training rows', () => {
     expect(await readParquetRows(encodeTokenParquet(rows))).toEqual(rows.map(plain));
   });
 
+  it('writes a shard of ids longer than a page in pages of whole rows, read back alike by hyparquet and DuckDB', async () => {
+    // 2.9 MB of ids: rows sharing pages, an empty row, and a row longer than a page alone in its own.
+    // DuckDB sums an empty list to null.
+    const lengths = [100_000, 200_000, 0, 300_000, 5, 120_000];
+    const rows = lengths.map((n, i) => {
+      const ids = Array.from({ length: n }, (_, k) => (k * 7919 + i) % 151_643);
+      return rowOf({ ...place, customId: `r${i}` }, { prompt: ids.slice(0, n >> 2), output: ids.slice(n >> 2) });
+    });
+    const body = encodeTokenParquet(rows);
+    const back = await readParquetRows(body);
+    expect(back.map((r) => [r.custom_id, [...(r.input_ids as number[])], (r.loss_mask as number[]).reduce((a, b) => a + b, 0)])).toEqual(
+      rows.map((r) => [r.custom_id, [...r.input_ids], r.num_trainable]),
+    );
+    const dir = mkdtempSync(join(tmpdir(), 'regen-token-pages-'));
+    try {
+      writeFileSync(join(dir, 'tokens.parquet'), body);
+      const duck = await (await DuckDBInstance.create(':memory:')).connect();
+      const read = await duck.runAndReadAll(
+        `select custom_id, len(input_ids)::int as n, list_sum(input_ids)::bigint as sum, list_sum(loss_mask)::int as trainable from read_parquet('${join(dir, 'tokens.parquet')}') order by custom_id`,
+      );
+      expect(read.getRowObjectsJson()).toEqual(
+        rows.map((r) => ({
+          custom_id: r.custom_id,
+          n: r.input_ids.length,
+          sum: r.input_ids.length ? String([...r.input_ids].reduce((a, b) => a + b, 0)) : null,
+          trainable: r.num_trainable || null,
+        })),
+      );
+    } finally {
+      rmSync(dir, { recursive: true, force: true });
+    }
+  });
+
   it('stages ids packed and reads both the packed and the older array form', () => {
     const ids = [0, 1, 151_642, 2 ** 31 - 1];
-    expect([...unpackIds(packIds(ids))]).toEqual(ids);
-    expect(unpackIds(ids)).toBe(ids);
-    expect([...unpackIds(packIds([]))]).toEqual([]);
+    expect([...joinIds(packIds(ids))]).toEqual(ids);
+    expect([...joinIds(ids)]).toEqual(ids);
+    expect([...joinIds(packIds([]))]).toEqual([]);
+    // Packed and array lists joined in order, as a row's prompt then generated ids.
+    expect([...joinIds(packIds([5, 6]), [7], packIds([]), packIds([2 ** 31 - 1]))]).toEqual([5, 6, 7, 2 ** 31 - 1]);
+    // Packed text that is not whole int32 values is refused, never written as ids.
+    expect(() => joinIds(packIds([1]).slice(0, -4))).toThrow(/whole int32/);
     // Packed under names of their own: a replica that staged arrays finds no `prompt` or `output` in them.
     const staged = { turn: null, step: null, finish_reason: 'stop', flags: 0, ...stagedIds({ prompt: [1, 2], output: [3] }) };
     expect(staged).not.toHaveProperty('prompt');
     expect(staged).not.toHaveProperty('output');
-    expect([...unpackIds(stagedPrompt(staged))]).toEqual([1, 2]);
+    expect([...joinIds(stagedPrompt(staged))]).toEqual([1, 2]);
     expect(idCount(stagedOutput(staged))).toBe(1);
     const older = { turn: null, step: null, finish_reason: 'stop', flags: 0, prompt: [1, 2], output: [3, 4] };
-    expect([...unpackIds(stagedPrompt(older))]).toEqual([1, 2]);
+    expect([...joinIds(stagedPrompt(older))]).toEqual([1, 2]);
     expect(idCount(stagedOutput(older))).toBe(2);
   });
 
