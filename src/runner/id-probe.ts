@@ -1,6 +1,7 @@
 import type { EndpointWithoutIds } from '../domain/live-view.js';
 import type { Logger } from '../logger.js';
 import type { LiveEndpoint } from './live-endpoint.js';
+import { EventStreamParser } from './sse.js';
 import { StreamedAnswer } from './stream-answer.js';
 import { ID_PARAMS, type IdMode, pickIds } from './token-ids.js';
 
@@ -20,12 +21,9 @@ const TRIED = ['sglext', 'streamed_token_ids', 'token_ids'] as const;
 const STREAMED: ReadonlySet<IdMode> = new Set(['streamed_token_ids']);
 
 /** A streamed probe's events put back together as one answer, as the runner reads a stream. */
-function readStream(text: string): unknown {
+export function readStream(text: string): unknown {
   const answer = new StreamedAnswer();
-  for (const event of text.split('\n\n')) {
-    const data = event.startsWith('data: ') ? event.slice('data: '.length).trim() : '';
-    if (data && data !== '[DONE]') answer.add(data);
-  }
+  for (const data of new EventStreamParser().push(text)) if (data.trim() !== '[DONE]') answer.add(data);
   return answer.response();
 }
 
