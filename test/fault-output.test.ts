@@ -22,6 +22,8 @@ const FINAL = /^(shard-\d{5}(\.errors)?\.jsonl|manifest\.json)$/;
  * One server for each environment, shared by the tests that neither kill it nor break its store:
  * each has its own model, endpoint, run and output prefix. A server's start is seconds of CPU on
  * a loaded machine.
+ * Those tests run one after another (no `concurrent` here): a shared server's logs and counters
+ * then belong to one test at a time.
  */
 const shared = new Map<string, Promise<{ server: ServerProcess; data: string }>>();
 function sharedServer(env: Record<string, string> = {}): Promise<{ server: ServerProcess; data: string }> {

@@ -106,8 +106,8 @@ export function idsReason(endpoints: Iterable<LiveEndpoint>, model: string): str
 }
 
 /**
- * Requests refused for their id parameters while the probe, asking unstreamed, found them taken: a
- * server that takes them only some ways would be probed and asked again for ever. Past this many
+ * Requests refused for their id parameters while the probe found them taken (a server that takes
+ * them unstreamed, say, and refuses them on a stream): it would be probed and asked again for ever. Past this many
  * since it started, it counts as returning none.
  */
 const MAX_ID_REFUSALS = 3;

@@ -27,7 +27,7 @@ const ID_PARAM_PATTERN = /return_(input|output|prompt)?_?(token_)?ids/;
 export const namesIdParam = (status: number | null, message: string): boolean => status === 400 && ID_PARAM_PATTERN.test(message);
 
 /** Whether ids come back on a stream: SGLang's sglext ones and vLLM's return_token_ids do, SGLang's return_token_ids is refused there. */
-export const streamsIds = (mode: IdMode | null): boolean => mode !== 'token_ids';
+export const streamsIds = (mode: IdMode | null): boolean => mode === null || mode === 'sglext' || mode === 'streamed_token_ids';
 
 /** The largest id a tokenizer may have when the server does not say its vocabulary. */
 const MAX_ID = 2 ** 31 - 1;

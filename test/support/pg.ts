@@ -89,7 +89,12 @@ export async function makeTemplateDatabase(migrate: (url: string) => Promise<voi
   const drop = () => withAdmin((client) => dropTemplate(client, name));
   try {
     await migrate(urlOf(name));
-    await withAdmin((client) => client.query(`alter database ${pg.escapeIdentifier(name)} with is_template true allow_connections false`));
+    await withAdmin(async (client) => {
+      await client.query(`alter database ${pg.escapeIdentifier(name)} with is_template true allow_connections false`);
+      // A backend of the closed migration pool may still be exiting, and a copy made while one is
+      // there waits, then fails ("being accessed by other users"): ended here, before any copy.
+      await client.query('select pg_terminate_backend(pid) from pg_stat_activity where datname = $1 and pid <> pg_backend_pid()', [name]);
+    });
   } catch (err) {
     await drop();
     throw err;
