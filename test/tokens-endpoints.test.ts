@@ -1,6 +1,6 @@
 import { spawnSync } from 'node:child_process';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { promptIds } from '../src/sim/token-ids.js';
+import { answerIds, promptIds } from '../src/sim/token-ids.js';
 import { Stores } from '../src/storage/index.js';
 import { spawnSimulator, type SimProcess } from './support/sim.js';
 import { call, REGEN, spawnServer, tempDir, waitFor, type ServerProcess } from './support/server.js';
@@ -22,6 +22,28 @@ async function sim(flags: Record<string, string | number>): Promise<SimProcess> 
   const s = await spawnSimulator({ 'ttft-ms': 10, 'tokens-per-second': 3000, 'completion-tokens': 24, 'reasoning-tokens': 16, ...flags });
   sims.push(s);
   return s;
+}
+
+/**
+ * A run of 12 questions, the fourth looping (`[loop]`), with token rows, on a simulator of its own
+ * (60 + 40 tokens an answer at 400 a second), answers kept as cut; resolves once it has ended.
+ */
+async function loopingRun(tag: string, flags: Record<string, string | number> & { model: string }) {
+  const s = await sim({ 'completion-tokens': 60, 'reasoning-tokens': 40, 'tokens-per-second': 400, seed: 5, ...flags });
+  await registerEndpoint(server!.url, s.url, { name: `${tag}-endpoint` });
+  const content = (i: number) => `Question ${i}${i === 3 ? ' [loop]' : ''}`;
+  const lines = Array.from({ length: 12 }, (_, i) => JSON.stringify({ custom_id: `${tag}-${i}`, messages: [{ role: 'user', content: content(i) }] }));
+  const fileId = await uploadFile(server!.url, lines.join('\n') + '\n');
+  const { id } = await createRun(server!.url, {
+    model: flags.model,
+    input: { file_id: fileId },
+    params: { max_tokens: 20_000, chat_template_kwargs: { enable_thinking: true } },
+    quality: { retry_flagged: 0, gate: false },
+    output: { tokens: true },
+  });
+  const done = await waitForStatus(server!.url, id, TERMINAL);
+  expect(done.status, done.status_reason).toBe('completed');
+  return { id, done, content };
 }
 
 beforeAll(async () => {
@@ -152,20 +174,7 @@ describe('output.tokens and its endpoints', () => {
   it("a vLLM endpoint streams its ids: the loop watch is kept, and the rows are the server's ids", async () => {
     // As the loop test below: at 400 tokens/s a looping answer streamed is cut after a few hundred
     // tokens; asked unstreamed it would run its 20,000 max_tokens.
-    const s = await sim({ model: 'vllm-model', 'token-id-api': 'vllm', 'completion-tokens': 60, 'reasoning-tokens': 40, 'tokens-per-second': 400, seed: 5 });
-    await registerEndpoint(server!.url, s.url, { name: 'vllm' });
-    const content = (i: number) => `Question ${i}${i === 3 ? ' [loop]' : ''}`;
-    const lines = Array.from({ length: 12 }, (_, i) => JSON.stringify({ custom_id: `v-${i}`, messages: [{ role: 'user', content: content(i) }] }));
-    const fileId = await uploadFile(server!.url, lines.join('\n') + '\n');
-    const { id } = await createRun(server!.url, {
-      model: 'vllm-model',
-      input: { file_id: fileId },
-      params: { max_tokens: 20_000, chat_template_kwargs: { enable_thinking: true } },
-      quality: { retry_flagged: 0, gate: false },
-      output: { tokens: true },
-    });
-    const done = await waitForStatus(server!.url, id, TERMINAL);
-    expect(done.status, done.status_reason).toBe('completed');
+    const { id, done, content } = await loopingRun('v', { model: 'vllm-model', 'token-id-api': 'vllm' });
     const looped = (await call(server!.url, `/v1/runs/${id}/samples/v-3`)).body;
     expect(looped.usage.completion_tokens).toBeGreaterThan(0);
     expect(looped.usage.completion_tokens).toBeLessThan(2000);
@@ -179,30 +188,19 @@ describe('output.tokens and its endpoints', () => {
     );
     for (const row of rows) {
       const prompt = promptIds([{ role: 'user', content: content(Number(row.custom_id.split('-')[1])) }]);
-      expect(row.input_ids.slice(0, prompt.length)).toEqual(prompt);
-      expect(row.loss_mask).toEqual([...prompt.map(() => 0), ...Array(row.input_ids.length - prompt.length).fill(1)]);
-      expect(row.num_trainable).toBe(written.find((l) => l.custom_id === row.custom_id).usage.completion_tokens);
+      const line = written.find((l) => l.custom_id === row.custom_id);
+      const answer = answerIds(`${line.reasoning_content ?? ''}${line.content ?? ''}`, line.usage.completion_tokens, line.finish_reason === 'stop');
+      // The streamed pieces put back in order: exactly the ids the simulator made for this answer.
+      expect(row.input_ids).toEqual([...prompt, ...answer]);
+      expect(row.loss_mask).toEqual([...prompt.map(() => 0), ...answer.map(() => 1)]);
+      expect(row.num_trainable).toBe(line.usage.completion_tokens);
     }
   });
 
   it("a sample's trainable tokens are its rows' loss-mask 1s: none for an answer cut for looping, whose ids never came back", async () => {
     // At 400 tokens/s a looping answer is cut after a few hundred tokens, long before its max_tokens.
-    const s = await sim({ model: 'loop-model', 'completion-tokens': 60, 'reasoning-tokens': 40, 'tokens-per-second': 400, seed: 5 });
-    await registerEndpoint(server!.url, s.url, { name: 'looping' });
-    const lines = Array.from({ length: 12 }, (_, i) =>
-      JSON.stringify({ custom_id: `l-${i}`, messages: [{ role: 'user', content: `Question ${i}${i === 3 ? ' [loop]' : ''}` }] }),
-    );
-    const fileId = await uploadFile(server!.url, lines.join('\n') + '\n');
     // Kept as cut (no retry of the flagged), so it is a completed sample with no row.
-    const { id } = await createRun(server!.url, {
-      model: 'loop-model',
-      input: { file_id: fileId },
-      params: { max_tokens: 20_000, chat_template_kwargs: { enable_thinking: true } },
-      quality: { retry_flagged: 0, gate: false },
-      output: { tokens: true },
-    });
-    const done = await waitForStatus(server!.url, id, TERMINAL);
-    expect(done.status, done.status_reason).toBe('completed');
+    const { id, done } = await loopingRun('l', { model: 'loop-model' });
     const { rows } = await readOutput(done.output_uri);
     const looped = (await call(server!.url, `/v1/runs/${id}/samples/l-3`)).body;
     expect(looped.status).toBe('completed');
