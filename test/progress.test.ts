@@ -87,6 +87,7 @@ function run(over: Partial<RunRow>): RunRow {
     cancelled: 0,
     startedAt: T0,
     finishedAt: null,
+    params: {},
     ...over,
   } as RunRow;
 }
@@ -110,6 +111,7 @@ describe('renderProgress', () => {
       samples_per_second: 5,
       completion_tokens_per_second: 250,
       turns_per_second: null,
+      requests_per_second: null,
       // 848 samples left at 5 a second.
       eta_seconds: Math.ceil(848 / 5),
       elapsed_seconds: 30,
@@ -136,6 +138,7 @@ describe('renderProgress', () => {
       samples_per_second: 0,
       completion_tokens_per_second: 0,
       turns_per_second: null,
+      requests_per_second: null,
       eta_seconds: null,
       elapsed_seconds: 0,
       in_flight: 0,
@@ -188,6 +191,7 @@ describe('the runner reads time from deps.clock', () => {
       samples_per_second: 0,
       completion_tokens_per_second: 0,
       turns_per_second: null,
+      requests_per_second: null,
       eta_seconds: 0,
       elapsed_seconds: 0,
       in_flight: 0,

@@ -258,6 +258,7 @@ describe.skipIf(!haveChromium)('units across the API, /metrics, the CLI and the 
     expect(await page.locator('.setting-n').textContent()).toBe('3');
     expect(await page.locator('.shard-split').count()).toBe(0);
     expect(problems).toEqual([]);
+    await page.screenshot({ path: `${SHOTS}units-n3-1024.png`, fullPage: true });
     await close();
   });
 });
