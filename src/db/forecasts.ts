@@ -1,6 +1,7 @@
 import { asc, eq } from 'drizzle-orm';
 import { type DbOrTx, IDS_PER_STATEMENT } from './client.js';
 import type { StoredForecast } from '../domain/forecast.js';
+import { sliceFrom } from './samples.js';
 
 /** Keeps a run's latest forecast on its row, and, when `point` says so, one more point of its history. */
 export async function saveForecast(db: DbOrTx, runId: string, forecast: StoredForecast, point: { fraction: number } | null): Promise<void> {
@@ -45,9 +46,7 @@ export async function turnLengthsByPosition(db: DbOrTx, runId: string, limit: nu
 
 /** The requests (JSON) of a run's calibration slice: a random sample of its conversations, a few hundred at most. */
 export async function calibrationRequests(db: DbOrTx, runId: string): Promise<string[]> {
-  const from =
-    db.dialect === 'pg' ? 'samples where run_id = ? and calibration' : 'samples indexed by samples_calibration_idx where run_id = ? and calibration = 1';
-  const { rows } = await db.exec<{ request: string }>(`select request from ${from}`, [runId]);
+  const { rows } = await db.exec<{ request: string }>(`select request from ${sliceFrom(db.dialect)}`, [runId]);
   return rows.map((r) => r.request);
 }
 

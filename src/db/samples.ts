@@ -323,6 +323,11 @@ export async function markCalibration(db: DbOrTx, runId: string, seqs: readonly 
   });
 }
 
+/** A run's calibration slice, as the FROM and WHERE of a statement with the run id its one parameter (its own index named on SQLite). */
+export function sliceFrom(dialect: Db['dialect']): string {
+  return dialect === 'pg' ? 'samples where run_id = ? and calibration' : 'samples indexed by samples_calibration_idx where run_id = ? and calibration = 1';
+}
+
 /** A calibration answer: its input position, completion tokens, latency and the endpoint that gave it. */
 export type SliceAnswer = [seq: number, tokens: number, latencyMs: number, endpointId: string, variant: number | null];
 
@@ -331,8 +336,7 @@ export async function calibrationAnswers(db: Db, runId: string): Promise<{ answe
   // INDEXED BY on SQLite, and sorted here: to skip a sort of the slice's few hundred rows, the
   // planner walks samples_run_seq_idx through the whole run (2.6 s a read on a 10M-sample run,
   // every forecast while the slice is open, and at every start).
-  const from =
-    db.dialect === 'pg' ? 'samples where run_id = ? and calibration' : 'samples indexed by samples_calibration_idx where run_id = ? and calibration = 1';
+  const from = sliceFrom(db.dialect);
   const { rows } = await db.exec<{
     seq: number;
     status: string;

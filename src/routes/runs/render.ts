@@ -40,13 +40,14 @@ export function renderProgress(r: RunRow, live: RunProgress, now: number): Run['
       ? { samples: live.samples_per_second, tokens: live.completion_tokens_per_second, turns: live.turns_per_second ?? 0 }
       : { samples: 0, tokens: 0, turns: 0 };
   const inFlight = live.in_flight ?? 0;
+  const perLine = samplesPerLine(r.params);
   return {
     fraction: r.total ? done / r.total : 0,
     samples_per_second: round(rates.samples),
     completion_tokens_per_second: round(rates.tokens),
     turns_per_second: r.regenerate === 'all_assistant' ? round(rates.turns) : null,
     // A request answers a line's n samples, so the requests go at the samples' rate over n.
-    requests_per_second: samplesPerLine(r.params) > 1 ? round(rates.samples / samplesPerLine(r.params)) : null,
+    requests_per_second: perLine > 1 ? round(rates.samples / perLine) : null,
     eta_seconds: r.total > 0 && remaining === 0 ? 0 : dispatching && !r.dryRun ? eta(remaining, rates.samples, live.forecast) : null,
     elapsed_seconds: Math.round(elapsedMs / 1000),
     in_flight: inFlight,
