@@ -26,10 +26,27 @@ const LEASE_MS = 24 * 3600_000;
 /** A run's buffer is refilled once it holds no more than this share of its last claim, so the pump finds samples waiting. */
 const REFILL_AT = 0.25;
 /**
- * A run's claim under way keeps the slots of the runs behind it this long (see isClaiming): a
- * claim takes milliseconds; one held up by a slow database must not idle the fleet meanwhile.
+ * A run's claim under way keeps the slots of the runs behind it (see isClaiming) for twice as long
+ * as its claims have lately taken (CLAIM_TIME_DECAY), within these bounds: a claim takes milliseconds on a quiet
+ * database, and one held up by a slow database must not idle the fleet for long. A fixed half
+ * second was too short on a loaded machine, where claims took seconds: each refill of a
+ * high-priority run handed the slots that freed meanwhile to a lower one (test/replicas.test.ts).
  */
-const CLAIM_HOLD_MS = 500;
+const MIN_HOLD_MS = 500;
+const MAX_HOLD_MS = 10_000;
+/**
+ * A run's claim time is its latest claim's duration, or what the longest before it has decayed to
+ * at this rate a claim, if longer: one slow claim holds the slots at once, and quick ones bring
+ * the hold back down within a few claims.
+ */
+const CLAIM_TIME_DECAY = 0.7;
+/**
+ * A claim asks at most this many times the pump's own claim size (claimSize: the fleet's free
+ * slots, at least half of them) when the run took more than that while its last claim was under
+ * way: enough to bridge a slow claim, not so much that one replica holds a run's last samples
+ * while another's slots go to a run behind it.
+ */
+const MAX_CLAIM_GROWTH = 4;
 /** Samples held for busy endpoints do not stop a claim for a free slot elsewhere, up to this many in a buffer. */
 const MAX_BUFFERED = 2 * MAX_CLAIM;
 
@@ -45,6 +62,15 @@ interface RunBuffer {
   /** Nothing was due at the last claim this tick. */
   drained: boolean;
   lastClaim: number;
+  /** How long this run's claims take, ms (CLAIM_TIME_DECAY). */
+  claimMs: number;
+  /**
+   * Samples the slots wanted while the claim under way ran: those taken from the buffer, and a
+   * slot that found it empty. The next claim starts while the buffer still holds the last one's
+   * demand, and asks for twice it (MAX_CLAIM_GROWTH), so the run's slots do not wait on its claims.
+   */
+  wanted: number;
+  demand: number;
 }
 
 /** A claim that failed: it may still have been made (the connection cut at its commit). */
@@ -106,14 +132,19 @@ export class ClaimBuffer {
 
   private bufferOf(runId: string): RunBuffer {
     let b = this.buffers.get(runId);
-    if (!b) this.buffers.set(runId, (b = { samples: [], held: 0, claiming: null, claimedAt: 0, generation: 0, drained: false, lastClaim: 0 }));
+    if (!b)
+      this.buffers.set(
+        runId,
+        (b = { samples: [], held: 0, claiming: null, claimedAt: 0, generation: 0, drained: false, lastClaim: 0, claimMs: 0, wanted: 0, demand: 0 }),
+      );
     return b;
   }
 
-  /** A claim of the run's began less than CLAIM_HOLD_MS ago and is still under way. */
+  /** A claim of the run's is under way, and began less than twice its claim time ago (MIN_HOLD_MS to MAX_HOLD_MS). */
   isClaiming(runId: string): boolean {
     const b = this.buffers.get(runId);
-    return b?.claiming != null && performance.now() - b.claimedAt < CLAIM_HOLD_MS;
+    if (b?.claiming == null) return false;
+    return performance.now() - b.claimedAt < Math.min(MAX_HOLD_MS, Math.max(MIN_HOLD_MS, 2 * b.claimMs));
   }
 
   /** The run had nothing due at its last claim this tick, and holds nothing. */
@@ -156,8 +187,12 @@ export class ClaimBuffer {
       takeSiblings(b.samples, first.customId, perLine, group!);
       for (const s of group!.slice(1)) if (s.affinityEndpointId !== null) b.held--;
     }
-    const low = b.samples.length <= b.lastClaim * REFILL_AT || (first === null && b.samples.length < MAX_BUFFERED);
-    if (!b.claiming && !b.drained && low) this.refill(runId, b, claimSize() * perLine, onClaim, order, window, perLine > 1);
+    if (b.claiming !== null) b.wanted += group?.length ?? perLine;
+    const low = b.samples.length <= Math.max(b.lastClaim * REFILL_AT, b.demand) || (first === null && b.samples.length < MAX_BUFFERED);
+    if (!b.claiming && !b.drained && low) {
+      const base = claimSize() * perLine;
+      this.refill(runId, b, Math.min(MAX_CLAIM_GROWTH * base, Math.max(base, 2 * b.demand)), onClaim, order, window, perLine > 1);
+    }
     return group;
   }
 
@@ -181,6 +216,7 @@ export class ClaimBuffer {
     const leaseExpiresAt = (this.lastExpiry = Math.max(now + LEASE_MS, this.lastExpiry + 1));
     let xid: string | null = null;
     b.claimedAt = performance.now();
+    b.wanted = 0;
     // The claim is over before its samples land: a pump they start sees no claim under way, and
     // starts the next one when the buffer runs low.
     b.claiming = claimSamples(
@@ -193,11 +229,13 @@ export class ClaimBuffer {
       (rows) => {
         b.claiming = null;
         b.lastClaim = limit;
+        this.timed(b);
         if (rows.length === 0) b.drained = true;
         this.land(runId, b, generation, rows, onClaim);
       },
       (err: unknown) => {
         b.claiming = null;
+        this.timed(b);
         // Tried again next tick: a busy database must not be asked again at once by every pump.
         b.drained = true;
         // Failed as seen from here; made, perhaps, on the server. Read again on the next ticks.
@@ -207,6 +245,13 @@ export class ClaimBuffer {
         this.onClaimed();
       },
     );
+  }
+
+  /** A claim of the buffer's ended: its duration updates the claim time, what its slots wanted meanwhile is the next one's demand. */
+  private timed(b: RunBuffer): void {
+    const took = performance.now() - b.claimedAt;
+    b.claimMs = Math.max(took, CLAIM_TIME_DECAY * b.claimMs);
+    b.demand = b.wanted;
   }
 
   /** landed(), whose failure is not the claim's: its samples are in the buffer, not to be read again. */
