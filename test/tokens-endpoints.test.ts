@@ -1,4 +1,6 @@
 import { spawnSync } from 'node:child_process';
+import { existsSync } from 'node:fs';
+import { chromium } from 'playwright-core';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { answerIds, promptIds } from '../src/sim/token-ids.js';
 import { Stores } from '../src/storage/index.js';
@@ -10,10 +12,14 @@ import { createRun, registerEndpoint, uploadFile, waitForStatus } from './suppor
 // naming an id parameter is regen's mistake (the endpoint is probed again, the sample asked again
 // with nothing charged), and one that refuses them three times since its start serves no such run,
 // its samples given back unspent to another; the endpoints left out for want of ids are named on the run while others
-// serve it; a sample's trainable tokens are the loss mask's 1s written, none for an answer whose
+// serve it (in `regen status` and on the run page); a sample's trainable tokens are the loss mask's 1s written, none for an answer whose
 // ids never came back (a stream cut for looping); a vLLM endpoint streams its ids, keeping the loop watch.
 
 const TERMINAL = ['completed', 'failed', 'paused', 'cancelled'];
+const CHROMIUM = '/usr/bin/chromium';
+const haveChromium = existsSync(CHROMIUM);
+if (!haveChromium && process.env.CI === 'true') throw new Error(`${CHROMIUM} is missing: the token endpoints test reads the run page in it on CI`);
+if (!haveChromium) console.warn(`\n*** ${CHROMIUM} is missing: the run page's "Without token ids" is not looked at ***\n`);
 const data = tempDir('regen-tokens-ep-');
 const sims: SimProcess[] = [];
 let server: ServerProcess | null = null;
@@ -163,6 +169,25 @@ describe('output.tokens and its endpoints', () => {
     expect(running.status_reason).toBeNull();
     const status = spawnSync(process.execPath, [...REGEN, 'status', id], { env: { ...process.env, REGEN_URL: url }, encoding: 'utf8' });
     expect(status.stdout).toMatch(/without ids\s+not sent to no-ids-server \(ep_\w+\): returns no token ids/);
+    if (haveChromium) {
+      // The page says it too, with the reason under it. Answers held at 2 s meanwhile, so the run is
+      // still dispatched however long the browser takes to start.
+      await newer.configure({ ttftMs: 2000 });
+      const browser = await chromium.launch({
+        executablePath: CHROMIUM,
+        args: ['--headless', '--no-sandbox', '--disable-gpu', '--disable-background-networking'],
+      });
+      try {
+        const page = await browser.newPage();
+        await page.goto(`${url}/#/runs/${id}`);
+        const stat = page.locator('.stat', { has: page.locator('.label', { hasText: 'Without token ids' }) });
+        await expect.poll(() => stat.locator('.value').textContent(), { timeout: 30_000 }).toBe('no-ids-server');
+        expect(await stat.locator('.small').textContent()).toMatch(/^no-ids-server: returns no token ids/);
+      } finally {
+        await browser.close();
+        await newer.configure({ ttftMs: 100 });
+      }
+    }
     const done = await waitForStatus(url, id, TERMINAL);
     expect(done.status).toBe('completed');
     // A finished run is sent nowhere: the list is empty.
