@@ -227,7 +227,7 @@ describe('output formats and the split', () => {
     }
   });
 
-  it('refuses an unknown format and a split share out of range, naming the field', async () => {
+  it('refuses an unknown format and a split share out of range or missing, naming the field', async () => {
     const bad = await call(server.url, '/v1/runs', {
       method: 'POST',
       json: { model: MODEL, input: { file_id: fileId }, output: { format: 'csv' } },
@@ -237,6 +237,10 @@ describe('output formats and the split', () => {
     const share = await call(server.url, '/v1/runs', { method: 'POST', json: { model: MODEL, input: { file_id: fileId }, split: { eval: 1.5 } } });
     expect(share.status).toBe(422);
     expect(JSON.stringify(share.body)).toContain('split.eval');
+    // A split without its share says the share is missing, in those words.
+    const empty = await call(server.url, '/v1/runs', { method: 'POST', json: { model: MODEL, input: { file_id: fileId }, split: {} } });
+    expect(empty.status).toBe(422);
+    expect(empty.body.errors).toContainEqual({ field: 'split.eval', message: 'required, a number' });
   });
 });
 

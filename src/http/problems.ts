@@ -9,13 +9,21 @@ export function fieldError(field: string, message: string): ApiError {
   return new ApiError('validation_failed', `${field}: ${message}`, { field, errors: [{ field, message }] });
 }
 
+/** A missing field says so ("required, a number"), where zod's own words are "expected number, received undefined". */
+function messageOf(issue: ReturnType<typeof readableIssues>[number]): string {
+  if (issue.code === 'invalid_type' && issue.message.endsWith('received undefined')) return `required, ${article(issue.expected)} ${issue.expected}`;
+  return issue.message;
+}
+
+const article = (word: string) => (/^[aeiou]/.test(word) ? 'an' : 'a');
+
 export function validationError(err: ZodError, where: string): ApiError {
   const errors = readableIssues(err.issues)
     .slice(0, 20)
     .map((i) => ({
       // A strict object refuses keys at its own path; name the first refused key, which is what users look for.
       field: fieldPath(i.code === 'unrecognized_keys' && i.keys.length ? [...i.path, i.keys[0]] : i.path) || where,
-      message: i.message,
+      message: messageOf(i),
     }));
   const first = errors[0];
   return new ApiError('validation_failed', first ? `${first.field}: ${first.message}` : `invalid ${where}`, {
