@@ -64,13 +64,13 @@ interface RunBuffer {
   lastClaim: number;
   /** How long this run's claims take, ms (CLAIM_TIME_DECAY). */
   claimMs: number;
-  /**
-   * Samples the slots wanted while the claim under way ran: those taken from the buffer, and a
-   * slot that found it empty. The next claim starts while the buffer still holds the last one's
-   * demand, and asks for twice it (MAX_CLAIM_GROWTH), so the run's slots do not wait on its claims.
-   */
-  wanted: number;
-  demand: number;
+  /** Samples taken from the buffer while the last claim was under way. */
+  takenWhileClaiming: number;
+  /** A slot found the buffer empty while the last claim was under way: the run's claims are slower than its slots. */
+  ranDry: boolean;
+  /** The same two for the claim under way. */
+  taking: number;
+  dry: boolean;
 }
 
 /** A claim that failed: it may still have been made (the connection cut at its commit). */
@@ -135,7 +135,20 @@ export class ClaimBuffer {
     if (!b)
       this.buffers.set(
         runId,
-        (b = { samples: [], held: 0, claiming: null, claimedAt: 0, generation: 0, drained: false, lastClaim: 0, claimMs: 0, wanted: 0, demand: 0 }),
+        (b = {
+          samples: [],
+          held: 0,
+          claiming: null,
+          claimedAt: 0,
+          generation: 0,
+          drained: false,
+          lastClaim: 0,
+          claimMs: 0,
+          takenWhileClaiming: 0,
+          ranDry: false,
+          taking: 0,
+          dry: false,
+        }),
       );
     return b;
   }
@@ -187,13 +200,26 @@ export class ClaimBuffer {
       takeSiblings(b.samples, first.customId, perLine, group!);
       for (const s of group!.slice(1)) if (s.affinityEndpointId !== null) b.held--;
     }
-    if (b.claiming !== null) b.wanted += group?.length ?? perLine;
-    const low = b.samples.length <= Math.max(b.lastClaim * REFILL_AT, b.demand) || (first === null && b.samples.length < MAX_BUFFERED);
-    if (!b.claiming && !b.drained && low) {
-      const base = claimSize() * perLine;
-      this.refill(runId, b, Math.min(MAX_CLAIM_GROWTH * base, Math.max(base, 2 * b.demand)), onClaim, order, window, perLine > 1);
+    if (b.claiming !== null) {
+      if (group) b.taking += group.length;
+      else b.dry = true;
     }
+    // The next claim starts while the buffer still holds what the slots took during the last one
+    // (up to half of it), so that they do not wait on it.
+    const ahead = Math.max(b.lastClaim * REFILL_AT, Math.min(b.takenWhileClaiming, b.lastClaim / 2));
+    const low = b.samples.length <= ahead || (first === null && b.samples.length < MAX_BUFFERED);
+    if (!b.claiming && !b.drained && low) this.refill(runId, b, this.claimLimit(b, claimSize() * perLine), onClaim, order, window, perLine > 1);
     return group;
+  }
+
+  /**
+   * How many samples the next claim asks: `base` (the pump's claim size), or, for a run whose slots
+   * outran its last claim, twice that claim; for one whose slots took much while it ran, twice
+   * that; never more than MAX_CLAIM_GROWTH times `base`.
+   */
+  private claimLimit(b: RunBuffer, base: number): number {
+    const wanted = b.ranDry ? 2 * b.lastClaim : 2 * b.takenWhileClaiming;
+    return Math.min(MAX_CLAIM_GROWTH * base, Math.max(base, wanted));
   }
 
   /** The sample the slot takes: the first, unless some are held for an endpoint (pickForSlot). */
@@ -216,7 +242,8 @@ export class ClaimBuffer {
     const leaseExpiresAt = (this.lastExpiry = Math.max(now + LEASE_MS, this.lastExpiry + 1));
     let xid: string | null = null;
     b.claimedAt = performance.now();
-    b.wanted = 0;
+    b.taking = 0;
+    b.dry = false;
     // The claim is over before its samples land: a pump they start sees no claim under way, and
     // starts the next one when the buffer runs low.
     b.claiming = claimSamples(
@@ -247,11 +274,12 @@ export class ClaimBuffer {
     );
   }
 
-  /** A claim of the buffer's ended: its duration updates the claim time, what its slots wanted meanwhile is the next one's demand. */
+  /** A claim of the buffer's ended: its duration updates the claim time; what its slots took meanwhile, and whether they found none, size the next. */
   private timed(b: RunBuffer): void {
     const took = performance.now() - b.claimedAt;
     b.claimMs = Math.max(took, CLAIM_TIME_DECAY * b.claimMs);
-    b.demand = b.wanted;
+    b.takenWhileClaiming = b.taking;
+    b.ranDry = b.dry;
   }
 
   /** landed(), whose failure is not the claim's: its samples are in the buffer, not to be read again. */
