@@ -1,10 +1,9 @@
-import { createHash } from 'node:crypto';
 import { pathToFileURL } from 'node:url';
 import * as arrow from 'apache-arrow';
 import * as pq from 'parquet-wasm/node';
 import type { OutputFormat, ParquetRow } from '../src/domain/output-format.js';
 import { type CompletedSample, outputRecord } from '../src/domain/output-line.js';
-import { encodeShard, recordOf } from '../src/runner/shard-writer.js';
+import { encodeShard, putChecked, recordOf } from '../src/runner/shard-writer.js';
 import { Stores } from '../src/storage/index.js';
 import { type GenerationIds, type StagedIds, stagedIds } from '../src/domain/token-rows.js';
 import { encodeTokens, sampleTokenRows } from '../src/runner/token-shard.js';
@@ -12,12 +11,14 @@ import { encodeTokens, sampleTokenRows } from '../src/runner/token-shard.js';
 // One format's writing, in a process of its own so that its peak RSS is its own: `samples`
 // synthetic completed samples, `shardSize` at a time, through the shard writer's code path (the
 // output line, the format's record, the shard's bytes) into a local store, each shard read back and
-// checked (sha256, and for Parquet the row count) as an upload is. `parquet-wasm` writes the same
-// rows through parquet-wasm + apache-arrow (zstd), the writer not chosen, for the comparison.
+// checked by the upload's own putChecked (the bytes compared, and for Parquet the row count).
+// `parquet-wasm` writes the same rows through parquet-wasm + apache-arrow (zstd), the writer not
+// chosen, for the comparison.
 // `jsonl+tokens` and `parquet+tokens` also write each shard's training rows (output.tokens): the
 // sample's 80 prompt ids and 600 generated ids, staged with its text as the runner stages them.
 // Times and CPU count the writing only: each shard's synthetic samples (random words and ids, as an
-// answer would bring them) are made with the clock stopped, as no writer makes them.
+// answer would bring them) are made, and their garbage collected, with the clock stopped, as no
+// writer makes them.
 
 const [format, samplesArg, shardArg, dir, firstArg = '0'] = process.argv.slice(2) as [string, string, string, string, string?];
 const SAMPLES = Number(samplesArg);
@@ -113,7 +114,6 @@ function wasmParquet(rows: ParquetRow[]): Buffer {
   return Buffer.from(pq.writeParquet(pq.Table.fromIPCStream(arrow.tableToIPC(table, 'stream')), props));
 }
 
-const sha256 = (b: Buffer) => createHash('sha256').update(b).digest('hex');
 const stores = new Stores({ forcePathStyle: false });
 const store = stores.forUri(`${pathToFileURL(dir).href}/`);
 const shardFormat = (format === 'parquet-wasm' ? 'parquet' : format.replace('+tokens', '')) as OutputFormat;
@@ -126,6 +126,10 @@ let cpuUs = 0;
 for (let first = 0, idx = 0; first < SAMPLES; first += SHARD, idx++) {
   const n = Math.min(SHARD, SAMPLES - first);
   const samples = Array.from({ length: n }, (_, k) => sample(FIRST + first + k));
+  // Collected with the clock stopped too: making the samples left garbage (the words, the ids' arrays
+  // a server's answer would have brought long before), and the samples themselves, young, would be
+  // copied by every collection the writing triggers. No writer holds a shard's ids as fresh arrays.
+  (globalThis as { gc?: () => void }).gc?.();
   const started = performance.now();
   const cpuStart = process.cpuUsage();
   // Staged as the runner stages them: the ids packed, as JSON text, parsed again when the shard is written.
@@ -140,10 +144,7 @@ for (let first = 0, idx = 0; first < SAMPLES; first += SHARD, idx++) {
   const key = `shard-${String(idx).padStart(5, '0')}.${shardFormat === 'parquet' ? 'parquet' : 'jsonl'}`;
   const { body, check } = format === 'parquet-wasm' ? { body: wasmParquet(records as ParquetRow[]), check: undefined } : encodeShard(shardFormat, records, key);
   encodeMs += performance.now() - t;
-  await store.put(key, body);
-  const back = await store.get(key);
-  if (sha256(back) !== sha256(body)) throw new Error(`${key} read back differs`);
-  check?.(back);
+  await putChecked(store, key, body, check);
   bytes += body.length;
   if (TOKENS) {
     const t2 = performance.now();
@@ -151,10 +152,7 @@ for (let first = 0, idx = 0; first < SAMPLES; first += SHARD, idx++) {
     const tokensKey = `tokens/${key}`;
     const encoded = encodeTokens(shardFormat, rows, tokensKey);
     encodeMs += performance.now() - t2;
-    await store.put(tokensKey, encoded.body);
-    const tokensBack = await store.get(tokensKey);
-    if (sha256(tokensBack) !== sha256(encoded.body)) throw new Error(`${tokensKey} read back differs`);
-    encoded.check?.(tokensBack);
+    await putChecked(store, tokensKey, encoded.body, encoded.check);
     bytes += encoded.body.length;
   }
   wallMs += performance.now() - started;

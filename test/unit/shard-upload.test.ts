@@ -7,7 +7,7 @@ import { closeDb, openDb } from '../../src/db/client.js';
 import { getRun } from '../../src/db/runs.js';
 import { closedOpenShards, listRunShards } from '../../src/db/shards.js';
 import type { RunnerDeps } from '../../src/deps.js';
-import { uploadShard } from '../../src/runner/shard-writer.js';
+import { putChecked, uploadShard } from '../../src/runner/shard-writer.js';
 import { Stores } from '../../src/storage/index.js';
 import { tempDir } from '../support/server.js';
 
@@ -59,5 +59,37 @@ it('an upload started from a shard row listed before another upload of it ended 
   } finally {
     stores.close();
     await closeDb(db);
+  }
+});
+
+it('records the digest of the bytes stored, and refuses bytes read back that differ from the body, by one byte or in length', async () => {
+  const out = join(tmp.dir, 'checked');
+  mkdirSync(out);
+  const stores = new Stores({ forcePathStyle: false });
+  try {
+    const store = stores.forUri(`${pathToFileURL(out).href}/`);
+    const body = Buffer.from('{"input_ids":[1,2,3],"loss_mask":[0,1,1]}\n');
+    const digest = await putChecked(store, 'tokens/shard-00000.jsonl', body);
+    expect(digest).toBe(
+      createHash('sha256')
+        .update(readFileSync(join(out, 'tokens/shard-00000.jsonl')))
+        .digest('hex'),
+    );
+    // A store that hands back other bytes than it was given: the same length with one byte changed, or one byte short.
+    const changed = (back: Buffer) => Buffer.concat([back.subarray(0, 5), Buffer.from([back[5]! ^ 1]), back.subarray(6)]);
+    for (const alter of [changed, (back: Buffer) => back.subarray(1)]) {
+      const faulty = { ...store, put: store.put.bind(store), get: async (key: string) => alter(await store.get(key)) } as typeof store;
+      await expect(putChecked(faulty, 'tokens/shard-00001.jsonl', body)).rejects.toThrow(
+        'verification of tokens/shard-00001.jsonl failed: the stored bytes differ',
+      );
+    }
+    // The format's own check reads what came back.
+    await expect(
+      putChecked(store, 'shard-00002.jsonl', body, () => {
+        throw new Error('0 rows read back');
+      }),
+    ).rejects.toThrow('0 rows read back');
+  } finally {
+    stores.close();
   }
 });

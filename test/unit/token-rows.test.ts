@@ -26,6 +26,14 @@ const rowOf = (at: Parameters<typeof tokenRow>[0], ids: { prompt: number[]; outp
   tokenRow(at, [...ids.prompt, ...ids.output], ids.output.length);
 const place = { customId: 'a"\u2028', sampleIndex: 1, turn: 2, step: 0, variant: 'think', split: 'eval', finishReason: 'stop', flags: 5 };
 
+/** What a row's file holds: its ids, and the mask of zeros then ones. */
+const plain = (r: TokenRow) => {
+  const ids = [...r.input_ids];
+  const { num_trainable, finish_reason, flags, ...head } = r;
+  const loss_mask = ids.map((_, i) => (i < ids.length - num_trainable ? 0 : 1));
+  return { ...head, input_ids: ids, loss_mask, num_trainable, finish_reason, flags };
+};
+
 describe('training rows', () => {
   it('masks the prompt 0 and the generated ids 1, in the JSON line JSON.stringify writes and in Parquet as written', async () => {
     const row = rowOf(place, { prompt: [7, 8, 9], output: [4, 5] });
@@ -40,15 +48,50 @@ describe('training rows', () => {
         { prompt: [0, 9, 10, 99, 100, 2 ** 31 - 1], output: [151_642] },
       ].map((ids) => rowOf({ ...place, variant: null, split: null, turn: null, step: null, finishReason: null }, ids)),
     ];
-    // What each row's file holds: its ids, and the mask of zeros then ones.
-    const plain = (r: TokenRow) => {
-      const ids = [...r.input_ids];
-      const { num_trainable, finish_reason, flags, ...head } = r;
-      const loss_mask = ids.map((_, i) => (i < ids.length - num_trainable ? 0 : 1));
-      return { ...head, input_ids: ids, loss_mask, num_trainable, finish_reason, flags };
-    };
     expect(tokenLines(rows).toString()).toBe(rows.map((r) => JSON.stringify(plain(r)) + '\n').join(''));
     expect(await readParquetRows(encodeTokenParquet(rows))).toEqual(rows.map(plain));
+  });
+
+  it('writes the text JSON.stringify writes for random rows: ids of every length of digits, empty generations, long rows', () => {
+    // A seeded generator, so that a failure comes back the same.
+    let state = 36;
+    const random = () => {
+      state = (Math.imul(state, 1103515245) + 12345) >>> 0;
+      return state / 2 ** 32;
+    };
+    const below = (n: number) => Math.floor(random() * n);
+    // Each id as likely to have 1 digit as 10: the boundaries of every group of four digits are crossed.
+    const id = () => {
+      const digits = 1 + below(10);
+      const edge = [0, 9, 10, 99, 100, 999, 1000, 9999, 10_000, 99_999_999, 100_000_000, 2 ** 31 - 1][below(12)]!;
+      return below(4) === 0 ? edge : Math.min(2 ** 31 - 1, below(10 ** digits));
+    };
+    const ids = (n: number) => Array.from({ length: n }, id);
+    const lengths = [0, 1, 2, 3, 5, 80, 600, 5000];
+    const rows: TokenRow[] = [];
+    for (let i = 0; i < 300; i++) {
+      const generation = { prompt: ids(lengths[below(lengths.length)]!), output: ids(lengths[below(lengths.length)]!) };
+      const at = {
+        customId: below(2) ? `s${i}` : `é"\\\u2028${i}`,
+        sampleIndex: below(4),
+        turn: below(2) ? null : below(9),
+        step: below(2) ? null : below(3),
+        variant: below(2) ? null : 'thinking',
+        split: [null, 'train', 'eval'][below(3)]!,
+        finishReason: [null, 'stop', 'length'][below(3)]!,
+        flags: below(64),
+      };
+      const row = rowOf(at, generation);
+      // A row as staged (an Int32Array of the joined ids) or as read back from an earlier file (an array).
+      rows.push(below(2) ? { ...row, input_ids: [...row.input_ids] } : row);
+    }
+    // No ids at all, and a row of nothing but the largest id.
+    rows.push(rowOf(place, { prompt: [], output: [] }), rowOf(place, { prompt: [2 ** 31 - 1], output: [2 ** 31 - 1, 0] }));
+    const text = tokenLines(rows).toString();
+    expect(text).toBe(rows.map((r) => JSON.stringify(plain(r)) + '\n').join(''));
+    // One row at a time writes the same.
+    expect(rows.map((r) => tokenLines([r]).toString()).join('')).toBe(text);
+    expect(tokenLines([]).length).toBe(0);
   });
 
   it('writes a shard of ids longer than a page in pages of whole rows, read back alike by hyparquet and DuckDB', async () => {
@@ -91,6 +134,11 @@ describe('training rows', () => {
     expect([...joinIds(packIds([]))]).toEqual([]);
     // Packed and array lists joined in order, as a row's prompt then generated ids.
     expect([...joinIds(packIds([5, 6]), [7], packIds([]), packIds([2 ** 31 - 1]))]).toEqual([5, 6, 7, 2 ** 31 - 1]);
+    // Lists longer than any packed before, then shorter: each packs its own ids and nothing of the last.
+    const long = Array.from({ length: 5000 }, (_, i) => i * 429_497);
+    expect([...joinIds(packIds(long))]).toEqual(long);
+    expect([...joinIds(packIds([3]))]).toEqual([3]);
+    expect(packIds([3])).toBe(Buffer.from(Int32Array.of(3).buffer).toString('base64'));
     // Packed text that is not whole int32 values is refused, never written as ids.
     expect(() => joinIds(packIds([1]).slice(0, -4))).toThrow(/whole int32/);
     // Packed under names of their own: a replica that staged arrays finds no `prompt` or `output` in them.
