@@ -132,7 +132,12 @@ export class Runner implements RunnerView {
       () => this.writer.flush(),
       () => this.fleet.peerShares(),
     );
-    this.forecasts = new Forecasts(deps, this.pool, () => this.fleet.peersShare());
+    this.forecasts = new Forecasts(
+      deps,
+      this.pool,
+      () => this.fleet.peersShare(),
+      () => this.requests.all(),
+    );
     this.history = new HistoryRecorder(
       deps,
       () => this.snapshot(),
