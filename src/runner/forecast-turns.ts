@@ -9,7 +9,10 @@ import type { ConversationsAhead } from '../domain/forecast-chains.js';
  * The answered turns' lengths by position are read again at most this often, and at most every
  * 1/POSITION_READS of the run's elapsed time, over at most POSITION_TURNS of them: their shape
  * settles early (the level comes from the run's counters every second), so once a read finds that
- * many the run's shape is kept and never read again, and no read grows with the run.
+ * many the run's shape is kept and never read again, and no read grows with the run. Until then a
+ * read also follows as soon as the run's answered turns have doubled since the last: the first
+ * seconds' reads find few, and the spread of lengths (the forecast's uncertainty over a run's
+ * longest conversation) would otherwise stay unknown through the first third of a short run.
  */
 const POSITIONS_MIN_MS = 5000;
 const POSITION_READS = 50;
@@ -50,8 +53,9 @@ export class ForecastTurns {
     let r = this.runs.get(run.id);
     if (!r) this.runs.set(run.id, (r = { lengths: [], lengthsAt: -Infinity, sliceCounts: null, counts: new Map() }));
     const elapsed = run.startedAt ? now - run.startedAt : 0;
-    const settled = r.lengths.reduce((n, p) => n + p.n, 0) >= POSITION_TURNS;
-    if (!settled && now - r.lengthsAt >= Math.max(POSITIONS_MIN_MS, elapsed / POSITION_READS)) {
+    const read = r.lengths.reduce((n, p) => n + p.n, 0);
+    const doubled = run.turnsCompleted >= 2 * Math.max(1, read);
+    if (read < POSITION_TURNS && (doubled || now - r.lengthsAt >= Math.max(POSITIONS_MIN_MS, elapsed / POSITION_READS))) {
       r.lengths = await turnLengthsByPosition(this.db, run.id, POSITION_TURNS);
       r.lengthsAt = now;
     }
