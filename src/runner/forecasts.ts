@@ -81,15 +81,15 @@ export class Forecasts {
   private readonly latest = new Map<string, StoredForecast>();
   private readonly computedAt = new Map<string, number>();
   private readonly savedAt = new Map<string, number>();
-  /** Per conversation run: its turns' wait between one answer and the next request, over the request's own time, and when last read. */
-  private readonly waits = new Map<string, { at: number; share: number }>();
+  /** Per conversation run: its conversations waiting between turns and in flight, each smoothed, and when last read. */
+  private readonly waits = new Map<string, { at: number; waiting: number; inFlight: number }>();
   private readonly turns: ForecastTurns;
 
   constructor(
     private readonly deps: RunnerDeps,
     private readonly pool: EndpointPool,
     /** PostgreSQL: what the other replicas publish of the endpoints they drive. */
-    private readonly remote: () => FleetShare = () => ({ caps: {}, speeds: {} }),
+    private readonly peers: { peersShare(): FleetShare } = { peersShare: () => ({ caps: {}, speeds: {} }) },
     /** The requests this process has in flight: how long a conversation run's turns have been out. */
     private readonly flights: () => Iterable<Flight> = () => [],
   ) {
@@ -162,7 +162,7 @@ export class Forecasts {
     const sliceSpeed = (await this.slice(run.id)).speed;
     // On PostgreSQL the endpoints other replicas drive count as they publish them.
     const own = this.share(now);
-    const remote = this.pool.live.size > Object.keys(own.caps).length ? this.remote() : { caps: {}, speeds: {} };
+    const remote = this.pool.live.size > Object.keys(own.caps).length ? this.peers.peersShare() : { caps: {}, speeds: {} };
     // With params.n > 1 a slot holds one request for a line's n answers, decoded side by side over
     // one prefill: a slice answer's latency is its whole request's, its tokens about 1/n of them,
     // so a slot makes n times its slice answers' speed. (The answers of the last minute are
@@ -294,19 +294,24 @@ export class Forecasts {
 
   /**
    * A conversation run's wait between a turn's answer and its next request (the answer written,
-   * the next turn claimed and sent), as a share of a request's time: while the fleet has free
-   * slots, a conversation under way and not in flight waits on regen alone, and by Little's law
-   * those waiting over those in flight is the wait over the request time. Read only where this
-   * process sends every request (one replica), smoothed over the last seconds; with the slots all
-   * busy the wait is the fleet's, which the dispatch played forward already counts.
+   * the next turn claimed and sent), as a share of a request's time: while every conversation
+   * under way has a slot, one not in flight waits on regen alone, and by Little's law those
+   * waiting over those in flight is the wait over the request time. Both are smoothed over the
+   * last seconds, and read only where this process sends every request (one replica) and once the
+   * run has answered a turn for each conversation under way: before that they wait for the first
+   * dispatch, once, not between turns. With more conversations than slots the wait is the fleet's,
+   * which the dispatch played forward counts already.
    */
   private waitShare(run: RunRow, now: number, underway: number, inFlight: number, slots: number): number {
-    const last = this.waits.get(run.id);
-    if (last?.at === now) return last.share;
+    let last = this.waits.get(run.id);
     const alone = [...this.pool.live.values()].every((e) => e.driven || !e.serves(run.model));
-    const reading = alone && inFlight > 0 && inFlight < slots ? Math.max(0, underway - inFlight) / inFlight : null;
-    const share = reading === null ? (last?.share ?? 0) : last ? last.share + WAIT_WEIGHT * (reading - last.share) : reading;
-    this.waits.set(run.id, { at: now, share });
-    return share;
+    if (last?.at !== now && alone && underway <= slots && inFlight > 0 && run.turnsCompleted >= underway) {
+      const waiting = Math.max(0, underway - inFlight);
+      last = last
+        ? { at: now, waiting: last.waiting + WAIT_WEIGHT * (waiting - last.waiting), inFlight: last.inFlight + WAIT_WEIGHT * (inFlight - last.inFlight) }
+        : { at: now, waiting, inFlight };
+      this.waits.set(run.id, last);
+    }
+    return last && last.inFlight > 0 ? last.waiting / last.inFlight : 0;
   }
 }
