@@ -74,6 +74,7 @@ describe('the Grafana dashboard (grafana/regen.json)', () => {
       'Fleet throughput (tokens/s)',
       'Run throughput (samples/s)',
       'Run throughput (turns/s)',
+      'Run throughput (requests/s)',
       'In flight per run (requests and samples)',
       'Run throughput (tokens/s)',
       'In flight and cap per endpoint',

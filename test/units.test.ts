@@ -142,6 +142,7 @@ describe.skipIf(!haveChromium)('units across the API, /metrics, the CLI and the 
     for (const status of ['total', 'completed', 'failed', 'in_flight'] as const)
       expect(series(metrics, 'regen_run_turns', labels(status)), status).toBe(run.turns[status]);
     expect(series(metrics, 'regen_run_in_flight', `run_id="${run.id}"`)).toBe(run.progress.in_flight);
+    expect(metrics).not.toContain(`regen_run_requests{run_id="${run.id}"`);
 
     // The CLI: the detail and the list, each rate with its unit.
     const detail = await regenStatus(run.id);
@@ -237,6 +238,16 @@ describe.skipIf(!haveChromium)('units across the API, /metrics, the CLI and the 
     expect(series(metrics, 'regen_run_in_flight', `run_id="${run.id}"`)).toBe(0);
     expect(series(metrics, 'regen_run_samples_in_flight', `run_id="${run.id}"`)).toBe(0);
     expect(metrics).not.toContain(`regen_run_turns{run_id="${run.id}"`);
+    // Its requests, each a line's three samples: the counts behind the requests/s below, over the run's time.
+    const requests = (status: string) => series(metrics, 'regen_run_requests', `run_id="${run.id}",status="${status}"`);
+    expect({ total: requests('total'), completed: requests('completed'), failed: requests('failed'), in_flight: requests('in_flight') }).toEqual({
+      total: LINES,
+      completed: LINES,
+      failed: 0,
+      in_flight: 0,
+    });
+    const elapsed = (Date.parse(run.finished_at) - Date.parse(run.started_at)) / 1000;
+    expect(run.progress.requests_per_second).toBeCloseTo(requests('completed')! / elapsed, 1);
 
     const detail = await regenStatus(run.id);
     expect(detail).toMatch(new RegExp(`samples\\s+${LINES * N} completed, 0 failed, 0 claimed ahead, 0 pending`));

@@ -30,18 +30,27 @@ export async function forecastHistory(db: DbOrTx, runId: string) {
 
 /**
  * A conversation run's answered requests at each position of their conversation (0-based, as
- * sample_turns.idx counts them): how many and their completion tokens, over at most `limit` of its
- * turns, so a read costs the same on a run of millions (runner/forecast-turns.ts).
+ * sample_turns.idx counts them): how many, their completion tokens and the sum of their squares
+ * (for the lengths' spread; summed as numbers, not integers, which PostgreSQL would overflow past
+ * 46,340 tokens), over at most `limit` of its turns, so a read costs the same on a run of millions
+ * (runner/forecast-turns.ts).
  */
-export async function turnLengthsByPosition(db: DbOrTx, runId: string, limit: number): Promise<{ n: number; tokens: number }[]> {
-  const { rows } = await db.exec<{ idx: number; n: number | string; tokens: number | string | null }>(
-    `select idx, count(*) as n, sum(completion_tokens) as tokens
+export async function turnLengthsByPosition(db: DbOrTx, runId: string, limit: number): Promise<PositionLengths[]> {
+  const { rows } = await db.exec<{ idx: number; n: number | string; tokens: number | string | null; squares: number | string | null }>(
+    `select idx, count(*) as n, sum(completion_tokens) as tokens, sum(1.0 * completion_tokens * completion_tokens) as squares
      from (select idx, completion_tokens from sample_turns where run_id = ? limit ?) as answered group by idx`,
     [runId, limit],
   );
-  const out: { n: number; tokens: number }[] = [];
-  for (const r of rows) out[r.idx] = { n: Number(r.n), tokens: Number(r.tokens ?? 0) };
-  return Array.from(out, (p) => p ?? { n: 0, tokens: 0 });
+  const out: PositionLengths[] = [];
+  for (const r of rows) out[r.idx] = { n: Number(r.n), tokens: Number(r.tokens ?? 0), squares: Number(r.squares ?? 0) };
+  return Array.from(out, (p) => p ?? { n: 0, tokens: 0, squares: 0 });
+}
+
+/** The answered requests at one position: how many, their completion tokens and those tokens' squares summed. */
+export interface PositionLengths {
+  n: number;
+  tokens: number;
+  squares: number;
 }
 
 /** The requests (JSON) of a run's calibration slice: a random sample of its conversations, a few hundred at most. */

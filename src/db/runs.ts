@@ -239,6 +239,7 @@ export async function recentRunSampleCounts(db: DbOrTx, finishedSince: number) {
     .select({
       id: runs.id,
       model: runs.model,
+      total: runs.total,
       pending: runs.pending,
       in_progress: runs.inProgress,
       completed: runs.completed,
@@ -250,6 +251,7 @@ export async function recentRunSampleCounts(db: DbOrTx, finishedSince: number) {
       completionTokens: runs.completionTokens,
       cachedTokens: runs.cachedTokens,
       regenerate: runs.regenerate,
+      params: runs.params,
       turnsTotal: runs.turnsTotal,
       turnsCompleted: runs.turnsCompleted,
       turnsFailed: runs.turnsFailed,

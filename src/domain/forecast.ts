@@ -119,8 +119,10 @@ export interface ForecastInput {
   deadlineSeconds: number | null;
   now: number;
   /**
-   * The longest chain of requests still to run one after another, in seconds (a conversation's
-   * turns, each asked once the one before is answered): the run takes no less, however large the fleet.
+   * A conversation run: how long its conversations ahead take on the fleet's slots, in seconds
+   * (a conversation's turns run one after another, each asked once the one before is answered, so
+   * the fleet idles once fewer conversations are left than it has slots: domain/forecast-chains.ts).
+   * The run takes no less, whatever the fleet's rate.
    */
   chainSeconds?: number;
   /**

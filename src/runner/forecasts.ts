@@ -7,6 +7,9 @@ import { samplesPerLine } from '../domain/params.js';
 import type { FleetShare } from '../domain/live-view.js';
 import type { EndpointPool } from './endpoints.js';
 import { ForecastTurns, type TurnsAhead } from './forecast-turns.js';
+import { censoredMean, conversationSeconds } from '../domain/forecast-chains.js';
+import { positionShares } from '../domain/forecast.js';
+import type { Flight } from './requests.js';
 import { RateWindow } from './rates.js';
 import { lentShare } from '../domain/schedule.js';
 
@@ -22,6 +25,12 @@ const HISTORY_POINTS = 200;
 
 /** An endpoint's calibration answers need this many before their speed stands for the endpoint's. */
 const MIN_SLICE_ANSWERS = 10;
+
+/**
+ * The weight of each second's reading in a conversation run's wait between turns: about the last
+ * ten seconds count, as few conversations are between turns at any one moment.
+ */
+const WAIT_WEIGHT = 0.1;
 
 /**
  * A run's calibration slice as last read: re-read while some of it is still open, kept once it is
@@ -72,13 +81,17 @@ export class Forecasts {
   private readonly latest = new Map<string, StoredForecast>();
   private readonly computedAt = new Map<string, number>();
   private readonly savedAt = new Map<string, number>();
+  /** Per conversation run: its conversations waiting between turns and in flight, each smoothed, and when last read. */
+  private readonly waits = new Map<string, { at: number; waiting: number; inFlight: number }>();
   private readonly turns: ForecastTurns;
 
   constructor(
     private readonly deps: RunnerDeps,
     private readonly pool: EndpointPool,
     /** PostgreSQL: what the other replicas publish of the endpoints they drive. */
-    private readonly remote: () => FleetShare = () => ({ caps: {}, speeds: {} }),
+    private readonly peers: { peersShare(): FleetShare } = { peersShare: () => ({ caps: {}, speeds: {} }) },
+    /** The requests this process has in flight: how long a conversation run's turns have been out. */
+    private readonly flights: () => Iterable<Flight> = () => [],
   ) {
     this.turns = new ForecastTurns(deps.db);
   }
@@ -117,7 +130,7 @@ export class Forecasts {
   }
 
   forget(runId: string): void {
-    for (const m of [this.windows, this.slices, this.latest, this.computedAt, this.savedAt]) m.delete(runId);
+    for (const m of [this.windows, this.slices, this.latest, this.computedAt, this.savedAt, this.waits]) m.delete(runId);
     this.turns.forget(runId);
   }
 
@@ -141,11 +154,15 @@ export class Forecasts {
    * each weighed by the share of the next `horizonMs` it is lent (schedule, lend_until): a fleet
    * lent by night does a night's work a day.
    */
-  async fleetRate(run: RunRow, now: number, horizonMs: number): Promise<{ tokensPerSecond: number; endpoints: number; slotTokensPerSecond: number }> {
+  async fleetRate(
+    run: RunRow,
+    now: number,
+    horizonMs: number,
+  ): Promise<{ tokensPerSecond: number; endpoints: number; slotTokensPerSecond: number; slots: number }> {
     const sliceSpeed = (await this.slice(run.id)).speed;
     // On PostgreSQL the endpoints other replicas drive count as they publish them.
     const own = this.share(now);
-    const remote = this.pool.live.size > Object.keys(own.caps).length ? this.remote() : { caps: {}, speeds: {} };
+    const remote = this.pool.live.size > Object.keys(own.caps).length ? this.peers.peersShare() : { caps: {}, speeds: {} };
     // With params.n > 1 a slot holds one request for a line's n answers, decoded side by side over
     // one prefill: a slice answer's latency is its whole request's, its tokens about 1/n of them,
     // so a slot makes n times its slice answers' speed. (The answers of the last minute are
@@ -154,6 +171,7 @@ export class Forecasts {
     let tokensPerSecond = 0;
     let slotSpeeds = 0;
     let endpoints = 0;
+    let slots = 0;
     for (const e of this.pool.live.values()) {
       if (!e.serves(run.model)) continue;
       const from = e.row.id in own.caps ? own : remote;
@@ -164,9 +182,10 @@ export class Forecasts {
       if (perMs === undefined) continue;
       tokensPerSecond += cap * perMs * 1000 * lentShare(e.row, now, now + horizonMs);
       slotSpeeds += perMs * 1000;
+      slots += cap;
       endpoints++;
     }
-    return { tokensPerSecond, endpoints, slotTokensPerSecond: endpoints ? slotSpeeds / endpoints : 0 };
+    return { tokensPerSecond, endpoints, slotTokensPerSecond: endpoints ? slotSpeeds / endpoints : 0, slots };
   }
 
   /** Computes the forecast of each run being dispatched, at most once a FORECAST_MS each. */
@@ -217,7 +236,7 @@ export class Forecasts {
     turns: TurnsAhead | null,
     horizonMs: number,
   ): Promise<StoredForecast | null> {
-    const { tokensPerSecond, endpoints, slotTokensPerSecond } = await this.fleetRate(run, now, horizonMs);
+    const { tokensPerSecond, endpoints, slotTokensPerSecond, slots } = await this.fleetRate(run, now, horizonMs);
     return computeForecast(
       {
         whole: run.dryRun,
@@ -233,7 +252,7 @@ export class Forecasts {
         elapsedSeconds: run.startedAt ? (now - run.startedAt) / 1000 : 0,
         deadlineSeconds: run.deadlineSeconds,
         now,
-        chainSeconds: chainSeconds(run, turns, slotTokensPerSecond),
+        chainSeconds: turns ? this.conversationSeconds(run, now, turns, slots, slotTokensPerSecond) : 0,
         ...(turns && {
           // A dry run forecasts every turn; its answered ones are the slice's.
           turns: {
@@ -254,14 +273,45 @@ export class Forecasts {
     for (const e of this.pool.live.values()) if (e.serves(run.model) && (e.row.schedule || e.row.lendUntil !== null)) return true;
     return false;
   }
-}
 
-/**
- * A conversation run's critical path: the longest chain of requests ahead (while conversations wait
- * to start, the longest of the input may be among them), each turn at its position's length at one
- * slot's speed.
- */
-function chainSeconds(run: RunRow, turns: TurnsAhead | null, slotTokensPerSecond: number): number {
-  if (!turns || run.turnsCompleted === 0 || slotTokensPerSecond <= 0) return 0;
-  return (turns.longestChain * run.completionTokens) / run.turnsCompleted / slotTokensPerSecond;
+  /**
+   * How long a conversation run's conversations ahead take on the fleet's slots, each request at
+   * its position's length at one slot's speed, and the run's wait between turns after it
+   * (domain/forecast-chains.ts). The mean length counts the run's requests in flight here as at
+   * least what they have generated so far, at that speed: the answered ones alone are the short
+   * ones of those sent together.
+   */
+  private conversationSeconds(run: RunRow, now: number, turns: TurnsAhead, slots: number, slotTokensPerSecond: number): number {
+    if (run.turnsCompleted === 0 || slotTokensPerSecond <= 0 || slots <= 0) return 0;
+    const bounds: number[] = [];
+    for (const f of this.flights()) if (f.run.id === run.id) bounds.push((Math.max(0, now - f.sentAt) / 1000) * slotTokensPerSecond);
+    const mean = censoredMean({ n: run.turnsCompleted, tokens: run.completionTokens }, bounds, turns.spread);
+    const shares = positionShares(turns.positions.lengths);
+    const wait = 1 + this.waitShare(run, now, turns.conversations.underway.length, bounds.length, slots);
+    const turnSeconds = Array.from({ length: Math.max(1, run.turnsMax) }, (_, k) => (wait * (shares[k] ?? 1) * mean) / slotTokensPerSecond);
+    return conversationSeconds(turns.conversations, { slots, turnSeconds, spread: turns.spread }, seededRandom(`${run.id}:${now}:conversations`));
+  }
+
+  /**
+   * A conversation run's wait between a turn's answer and its next request (the answer written,
+   * the next turn claimed and sent), as a share of a request's time: while every conversation
+   * under way has a slot, one not in flight waits on regen alone, and by Little's law those
+   * waiting over those in flight is the wait over the request time. Both are smoothed over the
+   * last seconds, and read only where this process sends every request (one replica) and once the
+   * run has answered a turn for each conversation under way: before that they wait for the first
+   * dispatch, once, not between turns. With more conversations than slots the wait is the fleet's,
+   * which the dispatch played forward counts already.
+   */
+  private waitShare(run: RunRow, now: number, underway: number, inFlight: number, slots: number): number {
+    let last = this.waits.get(run.id);
+    const alone = [...this.pool.live.values()].every((e) => e.driven || !e.serves(run.model));
+    if (last?.at !== now && alone && underway <= slots && inFlight > 0 && run.turnsCompleted >= underway) {
+      const waiting = Math.max(0, underway - inFlight);
+      last = last
+        ? { at: now, waiting: last.waiting + WAIT_WEIGHT * (waiting - last.waiting), inFlight: last.inFlight + WAIT_WEIGHT * (inFlight - last.inFlight) }
+        : { at: now, waiting, inFlight };
+      this.waits.set(run.id, last);
+    }
+    return last && last.inFlight > 0 ? last.waiting / last.inFlight : 0;
+  }
 }

@@ -48,6 +48,8 @@ export interface Flight {
   tools: Set<string> | null;
   /** How the request asked for the server's token ids (output.tokens), or null when it did not. */
   idMode: Exclude<IdMode, 'none'> | null;
+  /** When it was sent (the clock's ms): a conversation forecast reads how long its requests have been out. */
+  sentAt: number;
 }
 
 /**
@@ -116,11 +118,12 @@ export class Requests {
       sentPriority,
       tools: toolNames(body.tools),
       idMode,
+      sentAt: this.deps.clock(),
     };
     // Keyed by the first sample: one request, one slot, however many answers it asks.
     this.flights.set(sample.id, flight);
     e.inFlight.set(sample.id, controller);
-    const started = this.deps.clock();
+    const started = flight.sentAt;
     // Streamed only when loops are to be stopped: a buffered answer costs less to read (BENCHMARKS.md).
     // A request that asks for log probabilities stays buffered: the streamed record does not gather
     // them chunk by chunk, and they are kept whole on the output line. So does one of several

@@ -132,7 +132,7 @@ export class Runner implements RunnerView {
       () => this.writer.flush(),
       () => this.fleet.peerShares(),
     );
-    this.forecasts = new Forecasts(deps, this.pool, () => this.fleet.peersShare());
+    this.forecasts = new Forecasts(deps, this.pool, this.fleet, () => this.requests.all());
     this.history = new HistoryRecorder(
       deps,
       () => this.snapshot(),

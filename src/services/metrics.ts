@@ -10,6 +10,7 @@ import { DELIVERY_STATUSES } from '../domain/webhooks.js';
 import { FLAGS, flagBit } from '../domain/flags.js';
 import { RETRY_REASONS, type RetryReason } from '../domain/sample-errors.js';
 import { ANSWER_REPAIRS, type AnswerRepair } from '../domain/metrics.js';
+import { samplesPerLine } from '../domain/params.js';
 import type { TurnedAwayReason } from '../domain/turned-away.js';
 import { ENDPOINT_STATES, RUN_STATUSES, SAMPLE_STATUSES } from '../domain/statuses.js';
 import type { MetricsSource, ProcessMetrics } from '../deps.js';
@@ -125,6 +126,12 @@ export class Metrics implements ProcessMetrics {
   private readonly runTurns = new Gauge({
     name: 'regen_run_turns',
     help: "A conversation run's requests (user turns and tool-call steps), as its `turns` counts them: total, completed, failed, in_flight (its samples count conversations)",
+    labelNames: ['run_id', 'status'] as const,
+    registers: [this.registry],
+  });
+  private readonly runRequests = new Gauge({
+    name: 'regen_run_requests',
+    help: "A run with params.n > 1: its requests, each asking for a line's n answers, as progress.requests_per_second counts them (its samples over n): total, completed, failed, in_flight",
     labelNames: ['run_id', 'status'] as const,
     registers: [this.registry],
   });
@@ -323,7 +330,7 @@ export class Metrics implements ProcessMetrics {
       recentRunSampleCounts(db, now - FINISHED_RUN_VISIBLE_MS),
     ]);
     this.runCount.reset();
-    for (const g of [this.runSamples, this.runTurns, this.runInFlight, this.runSamplesInFlight]) g.reset();
+    for (const g of [this.runSamples, this.runTurns, this.runRequests, this.runInFlight, this.runSamplesInFlight]) g.reset();
     for (const c of [this.loopsStopped, this.loopTokensSaved, this.runTokens.prompt, this.runTokens.completion, this.runTokens.cached]) c.reset();
     for (const status of RUN_STATUSES) this.runCount.set({ status }, byStatus.find((r) => r.status === status)?.n ?? 0);
     for (const status of DELIVERY_STATUSES) this.webhookEvents.set({ status }, outbox.find((r) => r.status === status)?.n ?? 0);
@@ -335,6 +342,13 @@ export class Metrics implements ProcessMetrics {
       if (r.regenerate === 'all_assistant') {
         const turns = { total: r.turnsTotal, completed: r.turnsCompleted, failed: r.turnsFailed, in_flight: live.in_flight ?? 0 };
         for (const [status, n] of Object.entries(turns)) this.runTurns.set({ run_id: r.id, status }, n);
+      }
+      const perLine = samplesPerLine(r.params);
+      if (perLine > 1) {
+        // Each request answers a line's n samples, so its counts are the samples' over n, as the
+        // API's rate is (an answer asked again alone is a request of its own, not counted apart).
+        const requests = { total: r.total / perLine, completed: r.completed / perLine, failed: r.failed / perLine, in_flight: live.in_flight ?? 0 };
+        for (const [status, n] of Object.entries(requests)) this.runRequests.set({ run_id: r.id, status }, n);
       }
       const labels = { run_id: r.id, model: r.model };
       this.loopsStopped.inc(labels, r.loopsStopped);

@@ -3,13 +3,13 @@ import { afterAll, describe, expect, it } from 'vitest';
 import { closeDb, openDb, sqliteClient, type Db } from '../../src/db/client.js';
 import { turnLengthsByPosition, underwaySql } from '../../src/db/forecasts.js';
 import { getRun } from '../../src/db/runs.js';
-import { positionShares } from '../../src/domain/forecast.js';
-import { ForecastTurns } from '../../src/runner/forecast-turns.js';
+import { ForecastTurns, spreadOf } from '../../src/runner/forecast-turns.js';
 import { tempDir } from '../support/server.js';
 
 // What the forecast of a conversation run gathers on a real SQLite store: the answered turns'
 // lengths by position, and the requests still ahead at each position from the conversations under
-// way (from the request each is at) and from those not started (as the calibration slice's reach it).
+// way (from the request each is at) and from those not started (as the calibration slice's reach it),
+// and the conversations themselves, for the dispatch the forecast plays forward.
 
 const NOW = 1_700_000_000_000;
 const tmp = tempDir('regen-forecast-turns-');
@@ -61,7 +61,7 @@ async function seed(db: Db, samples: Seeded[], turns: { sample: number; idx: num
 }
 
 describe('the turns a conversation forecast reads', () => {
-  it('counts the requests ahead by position from the conversations under way and the slice, and the longest chain', async () => {
+  it('counts the requests ahead by position from the conversations under way and the slice, and the conversations ahead', async () => {
     const db = await openDb(join(tmp.dir, 'ahead.db'));
     try {
       await seed(
@@ -84,23 +84,38 @@ describe('the turns a conversation forecast reads', () => {
       );
       const run = (await getRun(db, 'run_t'))!;
       const read = await new ForecastTurns(db).read(run, NOW + 1000);
+      // Position 0: 100 three times; position 1: 300 twice.
       const lengths = [
-        { n: 3, tokens: 300 },
-        { n: 2, tokens: 600 },
+        { n: 3, tokens: 300, squares: 30_000 },
+        { n: 2, tokens: 600, squares: 180_000 },
       ];
       expect(read.positions.lengths).toEqual(lengths);
       // Under way: [0, 1, 2, 1]. Not started: 6 − 1 completed − 2 under way = 3, reaching each
       // position as the slice's two conversations (1 and 4 requests) do: 3 × [2, 1, 1, 1] / 2.
       expect(read.positions.ahead).toEqual([3, 2.5, 3.5, 2.5]);
-      const shares = positionShares(lengths);
-      const share = (k: number) => shares[k] ?? 1;
-      const chains = [share(1) + share(2) + share(3), share(2), share(0) + share(1) + share(2) + share(3)];
-      expect(read.longestChain).toBeCloseTo(Math.max(...chains), 9);
-      // Later positions are longer here, so the chain is not a count of turns.
-      expect(read.longestChain).toBeGreaterThan(4);
+      expect(read.conversations).toEqual({
+        underway: [
+          { next: 1, requests: 4 },
+          { next: 2, requests: 3 },
+        ],
+        unstarted: 3,
+        requestCounts: [1, 4],
+      });
+      // Every answer is its position's mean: no spread within a position, though the positions differ.
+      expect(read.spread).toBe(0);
     } finally {
       await closeDb(db);
     }
+  });
+
+  it('measures the spread of the lengths within each position, over the mean of all', () => {
+    // Position 0: 50 and 150 (deviations of 50); position 1: 300 twice. Mean of all 200.
+    const spread = spreadOf([
+      { n: 2, tokens: 200, squares: 50 * 50 + 150 * 150 },
+      { n: 2, tokens: 600, squares: 2 * 300 * 300 },
+    ]);
+    expect(spread).toBeCloseTo(Math.sqrt((2 * 50 * 50) / 4) / 200, 9);
+    expect(spreadOf([{ n: 1, tokens: 100, squares: 10_000 }])).toBe(0);
   });
 
   it('reads the lengths over a bounded number of turns, and finds the conversations between turns by their own index', async () => {
