@@ -30,21 +30,25 @@ const REFILL_AT = 0.25;
  * as its claims have lately taken (CLAIM_TIME_DECAY), within these bounds: a claim takes milliseconds on a quiet
  * database, and one held up by a slow database must not idle the fleet for long. A fixed half
  * second was too short on a loaded machine, where claims took seconds: each refill of a
- * high-priority run handed the slots that freed meanwhile to a lower one (test/replicas.test.ts).
+ * high-priority run handed the slots that freed meanwhile to a lower one (test/replicas.test.ts,
+ * failing at a load of 12–60; its claims took up to 8 s there, hence the ceiling).
  */
 const MIN_HOLD_MS = 500;
 const MAX_HOLD_MS = 10_000;
 /**
  * A run's claim time is its latest claim's duration, or what the longest before it has decayed to
  * at this rate a claim, if longer: one slow claim holds the slots at once, and quick ones bring
- * the hold back down within a few claims.
+ * the hold back down within a few claims (from 8 s to the floor in ten).
  */
 const CLAIM_TIME_DECAY = 0.7;
 /**
  * A claim asks at most this many times the pump's own claim size (claimSize: the fleet's free
  * slots, at least half of them) when the run took more than that while its last claim was under
  * way: enough to bridge a slow claim, not so much that one replica holds a run's last samples
- * while another's slots go to a run behind it.
+ * while another's slots go to a run behind it. Measured under load on the replicas test's fleet
+ * (12 slots, claims of 3 to 24): its claims took 67 ms at the median and 0.6 s at the 99th
+ * percentile against a slot's answer every 10 ms or so, so a claim asked about a claim time's
+ * worth; four times the pump's size covers that.
  */
 const MAX_CLAIM_GROWTH = 4;
 /** Samples held for busy endpoints do not stop a claim for a free slot elsewhere, up to this many in a buffer. */
@@ -69,8 +73,10 @@ interface RunBuffer {
   /** A slot found the buffer empty while the last claim was under way: the run's claims are slower than its slots. */
   ranDry: boolean;
   /** The same two for the claim under way. */
-  taking: number;
-  dry: boolean;
+  takenThisClaim: number;
+  emptyThisClaim: boolean;
+  /** The last claim found samples: a run with nothing due claims every tick, and those claims hold no slot past MIN_HOLD_MS. */
+  lastFound: boolean;
 }
 
 /** A claim that failed: it may still have been made (the connection cut at its commit). */
@@ -146,18 +152,23 @@ export class ClaimBuffer {
           claimMs: 0,
           takenWhileClaiming: 0,
           ranDry: false,
-          taking: 0,
-          dry: false,
+          takenThisClaim: 0,
+          emptyThisClaim: false,
+          lastFound: false,
         }),
       );
     return b;
   }
 
-  /** A claim of the run's is under way, and began less than twice its claim time ago (MIN_HOLD_MS to MAX_HOLD_MS). */
+  /**
+   * A claim of the run's is under way, and began less than twice its claim time ago (MIN_HOLD_MS
+   * to MAX_HOLD_MS), or less than MIN_HOLD_MS ago when the last one found nothing.
+   */
   isClaiming(runId: string): boolean {
     const b = this.buffers.get(runId);
     if (b?.claiming == null) return false;
-    return performance.now() - b.claimedAt < Math.min(MAX_HOLD_MS, Math.max(MIN_HOLD_MS, 2 * b.claimMs));
+    const holdMs = b.lastFound ? Math.min(MAX_HOLD_MS, Math.max(MIN_HOLD_MS, 2 * b.claimMs)) : MIN_HOLD_MS;
+    return performance.now() - b.claimedAt < holdMs;
   }
 
   /** The run had nothing due at its last claim this tick, and holds nothing. */
@@ -201,8 +212,9 @@ export class ClaimBuffer {
       for (const s of group!.slice(1)) if (s.affinityEndpointId !== null) b.held--;
     }
     if (b.claiming !== null) {
-      if (group) b.taking += group.length;
-      else b.dry = true;
+      // Samples held for busy endpoints are not an empty buffer: the run's claims kept up.
+      if (group) b.takenThisClaim += group.length;
+      else if (b.samples.length === 0) b.emptyThisClaim = true;
     }
     // The next claim starts while the buffer still holds what the slots took during the last one
     // (up to half of it), so that they do not wait on it.
@@ -242,8 +254,8 @@ export class ClaimBuffer {
     const leaseExpiresAt = (this.lastExpiry = Math.max(now + LEASE_MS, this.lastExpiry + 1));
     let xid: string | null = null;
     b.claimedAt = performance.now();
-    b.taking = 0;
-    b.dry = false;
+    b.takenThisClaim = 0;
+    b.emptyThisClaim = false;
     // The claim is over before its samples land: a pump they start sees no claim under way, and
     // starts the next one when the buffer runs low.
     b.claiming = claimSamples(
@@ -256,13 +268,13 @@ export class ClaimBuffer {
       (rows) => {
         b.claiming = null;
         b.lastClaim = limit;
-        this.timed(b);
+        this.claimEnded(b, rows.length > 0);
         if (rows.length === 0) b.drained = true;
         this.land(runId, b, generation, rows, onClaim);
       },
       (err: unknown) => {
         b.claiming = null;
-        this.timed(b);
+        this.claimEnded(b, false);
         // Tried again next tick: a busy database must not be asked again at once by every pump.
         b.drained = true;
         // Failed as seen from here; made, perhaps, on the server. Read again on the next ticks.
@@ -275,11 +287,12 @@ export class ClaimBuffer {
   }
 
   /** A claim of the buffer's ended: its duration updates the claim time; what its slots took meanwhile, and whether they found none, size the next. */
-  private timed(b: RunBuffer): void {
+  private claimEnded(b: RunBuffer, found: boolean): void {
+    b.lastFound = found;
     const took = performance.now() - b.claimedAt;
     b.claimMs = Math.max(took, CLAIM_TIME_DECAY * b.claimMs);
-    b.takenWhileClaiming = b.taking;
-    b.ranDry = b.dry;
+    b.takenWhileClaiming = b.takenThisClaim;
+    b.ranDry = b.emptyThisClaim;
   }
 
   /** landed(), whose failure is not the claim's: its samples are in the buffer, not to be read again. */

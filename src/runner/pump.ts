@@ -71,9 +71,10 @@ export function fillSlots(
       );
       if (!group) {
         // A run ahead in the order whose claim is under way keeps the slot: its claim lands in
-        // milliseconds, where a run behind it would hold the slot for a whole request. Each
-        // refill of a high-priority run would otherwise hand a lower one the slots that free
-        // meanwhile (a third of the fleet, measured: test/replicas.test.ts).
+        // milliseconds on a quiet database (seconds on a loaded one: the hold follows the run's
+        // claim time, ClaimBuffer.isClaiming), where a run behind it would hold the slot for a
+        // whole request. Each refill of a high-priority run would otherwise hand a lower one the
+        // slots that free meanwhile (a third of the fleet, measured: test/replicas.test.ts).
         if (claims.isClaiming(run.id)) return 'held';
         continue;
       }
