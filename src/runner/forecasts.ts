@@ -208,8 +208,12 @@ export class Forecasts {
     // left: from a day's (a schedule's cycle), each pass weighs the rates over the time the last one found.
     let horizonMs = LENDING_HORIZON_START_MS;
     let forecast: StoredForecast | null = null;
+    // The conversations' play does not depend on the horizon (the slots and their speed do not): played once.
+    let chainSeconds: number | undefined;
+    const chain = (slots: number, slotTokensPerSecond: number) =>
+      (chainSeconds ??= turns ? this.conversationSeconds(run, now, turns, slots, slotTokensPerSecond) : 0);
     for (let pass = 0; pass < LENDING_PASSES; pass++) {
-      forecast = await this.forecastOver(run, now, slice, frontier, turns, horizonMs);
+      forecast = await this.forecastOver(run, now, slice, frontier, turns, horizonMs, chain);
       const remaining = forecast?.wall_seconds_remaining;
       if (!remaining || !this.lends(run)) break;
       horizonMs = remaining * 1000;
@@ -235,6 +239,7 @@ export class Forecasts {
     frontier: number,
     turns: TurnsAhead | null,
     horizonMs: number,
+    chain: (slots: number, slotTokensPerSecond: number) => number,
   ): Promise<StoredForecast | null> {
     const { tokensPerSecond, endpoints, slotTokensPerSecond, slots } = await this.fleetRate(run, now, horizonMs);
     return computeForecast(
@@ -252,7 +257,7 @@ export class Forecasts {
         elapsedSeconds: run.startedAt ? (now - run.startedAt) / 1000 : 0,
         deadlineSeconds: run.deadlineSeconds,
         now,
-        chainSeconds: turns ? this.conversationSeconds(run, now, turns, slots, slotTokensPerSecond) : 0,
+        chainSeconds: chain(slots, slotTokensPerSecond),
         ...(turns && {
           // A dry run forecasts every turn; its answered ones are the slice's.
           turns: {
@@ -284,12 +289,16 @@ export class Forecasts {
   private conversationSeconds(run: RunRow, now: number, turns: TurnsAhead, slots: number, slotTokensPerSecond: number): number {
     if (run.turnsCompleted === 0 || slotTokensPerSecond <= 0 || slots <= 0) return 0;
     const bounds: number[] = [];
-    for (const f of this.flights()) if (f.run.id === run.id) bounds.push((Math.max(0, now - f.sentAt) / 1000) * slotTokensPerSecond);
+    // A request out longer than three answered means' worth is stalled or queued at its server, not
+    // that long: it counts as that (an hour out would otherwise make every turn four times longer).
+    const longest = (3 * run.completionTokens) / run.turnsCompleted;
+    for (const f of this.flights()) if (f.run.id === run.id) bounds.push(Math.min(longest, (Math.max(0, now - f.sentAt) / 1000) * slotTokensPerSecond));
     const mean = censoredMean({ n: run.turnsCompleted, tokens: run.completionTokens }, bounds, turns.spread);
     const shares = positionShares(turns.positions.lengths);
     const wait = 1 + this.waitShare(run, now, turns.conversations.underway.length, bounds.length, slots);
     const turnSeconds = Array.from({ length: Math.max(1, run.turnsMax) }, (_, k) => (wait * (shares[k] ?? 1) * mean) / slotTokensPerSecond);
-    return conversationSeconds(turns.conversations, { slots, turnSeconds, spread: turns.spread }, seededRandom(`${run.id}:${now}:conversations`));
+    const seconds = conversationSeconds(turns.conversations, { slots, turnSeconds, spread: turns.spread }, seededRandom(`${run.id}:${now}:conversations`));
+    return Number.isFinite(seconds) ? seconds : 0;
   }
 
   /**
@@ -305,7 +314,10 @@ export class Forecasts {
   private waitShare(run: RunRow, now: number, underway: number, inFlight: number, slots: number): number {
     let last = this.waits.get(run.id);
     const alone = [...this.pool.live.values()].every((e) => e.driven || !e.serves(run.model));
-    if (last?.at !== now && alone && underway <= slots && inFlight > 0 && run.turnsCompleted >= underway) {
+    // Not read now (a replica joined, the fleet shrank below the conversations): none is counted,
+    // rather than one read when it could be.
+    if (!(alone && underway <= slots && inFlight > 0 && run.turnsCompleted >= underway)) return 0;
+    if (last?.at !== now) {
       const waiting = Math.max(0, underway - inFlight);
       last = last
         ? { at: now, waiting: last.waiting + WAIT_WEIGHT * (waiting - last.waiting), inFlight: last.inFlight + WAIT_WEIGHT * (inFlight - last.inFlight) }

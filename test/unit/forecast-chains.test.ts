@@ -46,12 +46,40 @@ describe('the time the conversations ahead take', () => {
   it('plays a part of a large run, the rest at the fleet’s full rate before it', () => {
     // A million conversations of 3 turns of 1 s on 1,000 slots: 3,000 s, whatever part is played.
     const ahead = { underway: [], unstarted: 1_000_000, requestCounts: [3] };
-    const started = performance.now();
-    const seconds = conversationSeconds(ahead, { slots: 1000, turnSeconds: [1], spread: 0 }, random());
+    let draws = 0;
+    const counted = random();
+    const countingDraws = () => {
+      draws++;
+      return counted();
+    };
+    const seconds = conversationSeconds(ahead, { slots: 1000, turnSeconds: [1], spread: 0.3 }, countingDraws);
     expect(seconds).toBeGreaterThan(3000 * 0.99);
     expect(seconds).toBeLessThan(3000 * 1.01);
-    // Bounded work: a generous limit that still fails if every conversation were played.
-    expect(performance.now() - started).toBeLessThan(2000);
+    // Bounded work, counted in random draws (a conversation's turn count, each request's length: about
+    // three a request): playing every conversation would take millions.
+    expect(draws).toBeGreaterThan(0);
+    expect(draws).toBeLessThan(100_000);
+  });
+
+  it('plays a part of a fleet that holds far more conversations under way than can be played, ending about when the whole would', () => {
+    // 300,000 conversations under way with 3 turns left each, on 100,000 slots of 1 s turns: 9 s.
+    const underway = Array.from({ length: 300_000 }, () => ({ next: 1, requests: 4 }));
+    let draws = 0;
+    const counted = random();
+    const countingDraws = () => {
+      draws++;
+      return counted();
+    };
+    // Lengths varying by 1%, so that each request played draws.
+    const seconds = conversationSeconds({ underway, unstarted: 0, requestCounts: [4] }, { slots: 100_000, turnSeconds: [1], spread: 0.01 }, countingDraws);
+    expect(Math.abs(seconds - 9)).toBeLessThan(0.5);
+    expect(draws).toBeLessThan(100_000);
+  });
+
+  it('never answers NaN: a slice whose conversations ask nothing, a mean of nothing', () => {
+    const seconds = conversationSeconds({ underway: [], unstarted: 70_000, requestCounts: [0, 0] }, { slots: 10, turnSeconds: [1], spread: 0.4 }, random());
+    expect(Number.isFinite(seconds)).toBe(true);
+    expect(censoredMean({ n: 5, tokens: 0 }, [0], 0.4)).toBe(0);
   });
 });
 
