@@ -11,9 +11,13 @@ export function fieldError(field: string, message: string): ApiError {
 
 /** A missing field says so ("required, a number"), where zod's own words are "expected number, received undefined". */
 function messageOf(issue: ReturnType<typeof readableIssues>[number]): string {
-  if (issue.code === 'invalid_type' && issue.message.endsWith('received undefined')) return `required, ${article(issue.expected)} ${issue.expected}`;
+  if (issue.code === 'invalid_type' && issue.message.endsWith('received undefined') && KINDS.has(issue.expected))
+    return `required, ${article(issue.expected)} ${issue.expected}`;
   return issue.message;
 }
+
+/** The kinds a missing field is named by; any other (`nonoptional`, say) keeps zod's own words. */
+const KINDS = new Set(['string', 'number', 'int', 'boolean', 'object', 'array', 'bigint']);
 
 const article = (word: string) => (/^[aeiou]/.test(word) ? 'an' : 'a');
 
