@@ -10,12 +10,17 @@ import { createRun, registerEndpoint } from './support/runner-checks.js';
 // really took from there (on the chains fleet the time left falls little between the two, so the
 // ETA need not fall either). The ±15% goal is the bench's (`npm run bench
 // conversation-eta`): the forecast's speed is measured from earlier answers, so a machine whose load
-// changes during the run (this suite's) moves the error by tens of percent either way. What this
-// test holds under any load is the difference from the forecast that counted conversations left,
-// not turns: on the chains fleet it said 2 s where 17 s were left (−88%), and 3 s at two thirds.
+// changes during the run (this suite's) moves the error either way. What this test holds under any
+// load is the difference from the forecasts before: the one that counted conversations left, not
+// turns, said 2 s on the chains fleet where 17 s were left (−88%).
 
-/** Far enough from the old forecast's −76% and −88%, wide enough for a loaded machine (+116% at a load average of 24). */
-const LOADED_ERROR = { below: -0.5, above: 1.5 } as const;
+/**
+ * Far from the forecasts before the dispatch was played forward (turns counted as conversations:
+ * −76% and −88%; the longest chain at mean lengths: −24% to +83% under load), wide enough for a
+ * loaded machine: the played forecast read −0.4% to +11.3% in this suite at a load of 12, and
+ * within ±11% in the bench at loads of 6 to 15.
+ */
+const LOADED_ERROR = { below: -0.35, above: 0.6 } as const;
 
 const started: { stop(): Promise<unknown> }[] = [];
 
