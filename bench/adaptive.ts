@@ -59,6 +59,17 @@ async function setup(
   }
 }
 
+/** How long the simulator's stats are waited for: past it, fetch would wait minutes for a thrashing server's headers. */
+const STATS_TIMEOUT_MS = 10_000;
+
+function withTimeout<T>(promise: Promise<T>, ms: number): Promise<T> {
+  let timer: NodeJS.Timeout | undefined;
+  const late = new Promise<never>((_, reject) => {
+    timer = setTimeout(() => reject(new Error(`no answer in ${ms} ms`)), ms);
+  });
+  return Promise.race([promise, late]).finally(() => clearTimeout(timer));
+}
+
 interface Window {
   /** Completions per second. */
   rate: number;
@@ -77,7 +88,7 @@ async function measure(rig: { server: ServerProcess; sim: SimProcess; runId: str
   await sleep(warmMs);
   const completed = async () => (await json<{ request_counts: { completed: number } }>(rig.server.url, `/v1/runs/${rig.runId}`)).request_counts.completed;
   // A server thrashing at thousands of requests may not answer its stats in time: its count is then unknown.
-  const retracted = async () => (await rig.sim.stats().catch(() => ({ retracted: Number.NaN }))).retracted;
+  const retracted = async () => (await withTimeout(rig.sim.stats(), STATS_TIMEOUT_MS).catch(() => ({ retracted: Number.NaN }))).retracted;
   const [a, r0] = [await completed(), await retracted()];
   const t0 = Date.now();
   await sleep(ms);

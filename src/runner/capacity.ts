@@ -58,6 +58,20 @@ const FIT_TOKEN_USAGE = 0.85;
 const RARE_RETRACTIONS_PER_MS = 1 / 60_000;
 /** How long a level that made the server retract is remembered before it is tried again. */
 const KNEE_MEMORY_MS = 60_000;
+/**
+ * The lifetimes the largest share is taken over. Readings a few hundred milliseconds apart can miss
+ * the top of a request's growth by a reading's worth of tokens, most when the server is loaded and
+ * they come late; each lifetime they fall at other moments of the requests' lives, so over several
+ * their largest comes close to the top. In a model of the adaptive bench (the simulator's KV rank
+ * in virtual time, as test/support/kv-dispatch.ts) with readings 250–500 ms apart, the pool
+ * overflowed in 12 of 18 two-minute runs over one lifetime, and in none over four.
+ */
+const SHARE_LIFETIMES = 4;
+/**
+ * The most readings the largest share is taken over: an hour at the default interval of a second,
+ * and a bound on what is kept while no answer has come back to tell a lifetime.
+ */
+const MAX_SHARES = 3600;
 /** In-flight share of the cap at which regen, not its supply of samples, is what limits the server. */
 const SATURATED = 0.95;
 /**
@@ -84,7 +98,7 @@ export function queueBand(running: number): { low: number; high: number } {
  * operator's max_concurrency.
  *
  * Past the first lifetime of its requests, the cap grows only as far as the KV pool holds every
- * request at the largest share of it one held over the last lifetime: a request's KV grows until
+ * request at the largest share of it one held over the last lifetimes: a request's KV grows until
  * its answer ends, so the usage read now says what the pool holds at its fullest only once the
  * requests sent at the last change have lived a lifetime. Requests added together end together, so
  * near that limit it grows a few at a time: added in one burst they would fill the pool at once at
@@ -96,7 +110,7 @@ export class AdaptiveCap {
   private firstAt: number | null = null;
   /** When the cap was last cut for a retraction. */
   private cutAt: number | null = null;
-  /** The KV share of one running request at each reading over the last lifetime. */
+  /** The KV share of one running request at each reading over the last SHARE_LIFETIMES lifetimes. */
   private shares: { at: number; share: number }[] = [];
   /** The in-flight level at which the server last retracted, and when. */
   private knee: { level: number; at: number } | null = null;
@@ -127,7 +141,8 @@ export class AdaptiveCap {
     this.firstAt ??= load.at;
     if (this.knee && load.at - this.knee.at > KNEE_MEMORY_MS) this.knee = null;
     if (load.tokenUsage !== null && load.running > 0) this.shares.push({ at: load.at, share: load.tokenUsage / load.running });
-    if (lifetimeMs !== null) this.shares = this.shares.filter((s) => load.at - s.at <= lifetimeMs);
+    if (lifetimeMs !== null) this.shares = this.shares.filter((s) => load.at - s.at <= SHARE_LIFETIMES * lifetimeMs);
+    if (this.shares.length > MAX_SHARES) this.shares.shift();
     const elapsed = prev ? Math.max(1, load.at - prev.at) : 1;
     const band = queueBand(load.running);
     let next = this.value;

@@ -5,7 +5,7 @@ import { KvRank, type KvClock } from '../../src/sim/kv.js';
  * regen's dispatch against the simulator's KV rank (src/sim/kv.ts) in virtual time: the rank as
  * `npm run bench adaptive` launches it (a running limit of 2048, a pool that holds far fewer, no KV
  * admission), a client that keeps `cap` requests in flight with a few milliseconds of network each
- * way, and load readings every 250 ms fed to the adaptive cap with the median answer's latency.
+ * way, and load readings every 250 to 500 ms fed to the adaptive cap with the median answer's latency.
  * Deterministic for a seed, and seconds of CPU for minutes of the server's time.
  */
 export interface KvDispatchSettings {
@@ -108,7 +108,8 @@ export function runKvDispatch(settings: KvDispatchSettings): KvDispatchResult {
       adaptive.observe(load, inFlight, sorted.length ? sorted[sorted.length >> 1] : null);
       dispatch();
     }
-    clock.after(READ_INTERVAL_MS, read);
+    // A loaded machine's readings come late: anywhere up to twice the interval apart.
+    clock.after(READ_INTERVAL_MS * (1 + random()), read);
   };
   dispatch();
   clock.after(READ_INTERVAL_MS, read);
