@@ -11,8 +11,8 @@ describe('AdaptiveCap', () => {
     expect(new AdaptiveCap(2048).cap).toBe(64);
     expect(new AdaptiveCap(20).cap).toBe(20);
     // A pool of 20,000 tokens: 64 requests sent together would fill it at once at their end.
-    expect(new AdaptiveCap(2048, { maxRunning: 2048, kvTokens: 20_000 }).cap).toBe(20);
-    expect(new AdaptiveCap(2048, { maxRunning: 2048, kvTokens: 500_000 }).cap).toBe(64);
+    expect(new AdaptiveCap(2048, { maxRunning: 2048, kvTokens: 20_000 }).cap).toBe(5);
+    expect(new AdaptiveCap(2048, { maxRunning: 2048, kvTokens: 1_000_000 }).cap).toBe(64);
   });
 
   it('grows in its first lifetime while regen fills its cap, the queue is short and the KV pool is little used', () => {
@@ -113,7 +113,8 @@ describe('AdaptiveCap', () => {
       if (t > 60_000) seen.push(c.cap);
     }
     const mean = seen.reduce((a, b) => a + b, 0) / seen.length;
-    expect(mean).toBeGreaterThan(0.8 * knee);
+    // The pool holds `knee` at full usage: the cap aims for 80% of it.
+    expect(mean).toBeGreaterThan(0.75 * knee);
     expect(mean).toBeLessThanOrEqual(knee);
   });
 });
