@@ -191,7 +191,7 @@ export class EndpointProbes {
     this.fitCeiling(e);
     // The adaptive cap starts low, before the first load reading, rather than at a running limit
     // that SGLang sets far past what its KV pool holds.
-    if (this.settings.adaptiveConcurrency && e.loadRoute !== 'none') e.adaptive ??= new AdaptiveCap(this.ceiling(e));
+    if (this.settings.adaptiveConcurrency && e.loadRoute !== 'none') e.adaptive ??= new AdaptiveCap(this.ceiling(e), e.capacity);
     if (e.capInfo(this.settings.defaultConcurrency).source === 'default') this.warnDefault(e);
   }
 
@@ -246,7 +246,7 @@ export class EndpointProbes {
   }
 
   private fitCeiling(e: LiveEndpoint): void {
-    e.adaptive?.setCeiling(this.ceiling(e));
+    e.adaptive?.setCeiling(this.ceiling(e), e.capacity);
   }
 
   private readonly warned = new Set<string>();
@@ -297,8 +297,8 @@ export class EndpointProbes {
     } else e.sharedCap = null;
     if (!this.settings.adaptiveConcurrency) return;
     const before = e.adaptive?.cap ?? null;
-    e.adaptive ??= new AdaptiveCap(this.ceiling(e));
-    e.adaptive.observe(load, e.inFlight.size);
+    e.adaptive ??= new AdaptiveCap(this.ceiling(e), e.capacity);
+    e.adaptive.observe(load, e.inFlight.size, e.latency.p50());
     if (e.adaptive.cap !== before) this.onChange();
   }
 }
