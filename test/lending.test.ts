@@ -1,4 +1,4 @@
-import { afterEach, describe, expect, it } from 'vitest';
+import { afterAll, describe, expect, it } from 'vitest';
 import { loadConfig } from '../src/config.js';
 import { makeLogger } from '../src/logger.js';
 import { startServer } from '../src/server.js';
@@ -30,16 +30,19 @@ const STALE_MS = 60 * MINUTE_MS;
  */
 const WATCHED_OFF_SCHEDULE = 30;
 
+// The two tests run at once (`describe.concurrent` below), each on simulators and a server of its
+// own: most of each is waiting on simulated answers. So what they start is stopped after both.
 const sims: SimProcess[] = [];
 const cleanups: (() => Promise<void>)[] = [];
-afterEach(async () => {
+afterAll(async () => {
   for (const c of cleanups.splice(0)) await c();
   await Promise.all(sims.splice(0).map((s) => s.stop()));
 });
 
 async function twoSims(): Promise<[SimProcess, SimProcess]> {
-  for (const seed of [41, 42]) sims.push(await spawnSimulator({ ...SIM, seed }));
-  return [sims[0], sims[1]];
+  const pair = await Promise.all([41, 42].map((seed) => spawnSimulator({ ...SIM, seed })));
+  sims.push(...pair);
+  return [pair[0], pair[1]];
 }
 
 /**
@@ -88,77 +91,79 @@ async function expectAllCompleted(base: string, runId: string, n: number): Promi
   expect(samples).toHaveLength(n);
 }
 
-describe('lend_until', () => {
-  it('after it the endpoint gets no new request, what ran there finishes, and the run completes on the others', { timeout: 300_000 }, async () => {
-    const [lent, kept] = await twoSims();
-    const { base, now, jumpTo } = await clockedServer();
-    // Ended by a jump once the lent endpoint is at work.
-    const until = now() + LEAD_MS;
-    const a = await registerEndpoint(base, lent.url, { max_concurrency: CAP, lend_until: new Date(until).toISOString() });
-    await registerEndpoint(base, kept.url, { max_concurrency: CAP });
-    // Two endpoints at two slots of 0.2 s make 20 a second, and the kept one alone 10: a few
-    // seconds' work is left to it after the lend.
-    const n = 100;
-    const runId = await start(base, n, 'lend');
-    await waitFor('the lent endpoint at work', async () => ((await lent.stats()).requests > 0 ? true : undefined), 60_000, 50);
-    jumpTo(until);
-    // Past the lend, what runs there drains and nothing more is sent.
-    const drained = await waitFor(
-      'the lend over and the endpoint drained',
-      async () => {
-        const e = (await call(base, `/v1/endpoints/${a.id}`)).body;
-        return e.off_schedule && e.in_flight === 0 ? e : undefined;
-      },
-      60_000,
-      50,
-    );
-    expect(drained.next_window_at).toBeNull();
-    const sentBefore = (await lent.stats()).requests;
-    const run = (await call(base, `/v1/runs/${runId}`)).body;
-    expect(run.request_counts.completed, 'the run outlasts the lend').toBeLessThan(n);
-    await expectAllCompleted(base, runId, n);
-    expect((await lent.stats()).requests).toBe(sentBefore);
-    expect((await kept.stats()).completed).toBe(n - sentBefore);
+describe.concurrent('handing servers back', () => {
+  describe('lend_until', () => {
+    it('after it the endpoint gets no new request, what ran there finishes, and the run completes on the others', { timeout: 300_000 }, async () => {
+      const [lent, kept] = await twoSims();
+      const { base, now, jumpTo } = await clockedServer();
+      // Ended by a jump once the lent endpoint is at work.
+      const until = now() + LEAD_MS;
+      const a = await registerEndpoint(base, lent.url, { max_concurrency: CAP, lend_until: new Date(until).toISOString() });
+      await registerEndpoint(base, kept.url, { max_concurrency: CAP });
+      // Two endpoints at two slots of 0.2 s make 20 a second, and the kept one alone 10: a few
+      // seconds' work is left to it after the lend.
+      const n = 100;
+      const runId = await start(base, n, 'lend');
+      await waitFor('the lent endpoint at work', async () => ((await lent.stats()).requests > 0 ? true : undefined), 60_000, 50);
+      jumpTo(until);
+      // Past the lend, what runs there drains and nothing more is sent.
+      const drained = await waitFor(
+        'the lend over and the endpoint drained',
+        async () => {
+          const e = (await call(base, `/v1/endpoints/${a.id}`)).body;
+          return e.off_schedule && e.in_flight === 0 ? e : undefined;
+        },
+        60_000,
+        50,
+      );
+      expect(drained.next_window_at).toBeNull();
+      const sentBefore = (await lent.stats()).requests;
+      const run = (await call(base, `/v1/runs/${runId}`)).body;
+      expect(run.request_counts.completed, 'the run outlasts the lend').toBeLessThan(n);
+      await expectAllCompleted(base, runId, n);
+      expect((await lent.stats()).requests).toBe(sentBefore);
+      expect((await kept.stats()).completed).toBe(n - sentBefore);
+    });
   });
-});
 
-describe('a schedule window', () => {
-  it('off schedule the endpoint gets nothing and no /health probe; its window opening resumes it', { timeout: 300_000 }, async () => {
-    const [scheduled, always] = await twoSims();
-    const { base, now, jumpTo } = await clockedServer();
-    const hhmm = (t: number) => new Date(t).toISOString().slice(11, 16);
-    const window = (start: number) => [{ from: hhmm(start), to: hhmm(start + 2 * MINUTE_MS) }];
-    const later = now() + 12 * 60 * MINUTE_MS;
-    const e = await registerEndpoint(base, scheduled.url, { max_concurrency: CAP, schedule: window(later), timezone: 'UTC' });
-    expect(e.off_schedule).toBe(true);
-    expect(e.next_window_at).toBe(new Date(Math.floor(later / MINUTE_MS) * MINUTE_MS).toISOString());
-    await registerEndpoint(base, always.url, { max_concurrency: CAP });
-    // Probed by /v1/models alone while off schedule: ready, yet untouched.
-    await waitFor('the scheduled endpoint ready', async () => ((await call(base, `/v1/endpoints/${e.id}`)).body.state === 'ready' ? true : undefined));
-    const n = 100;
-    const runId = await start(base, n, 'window');
-    // A whole minute, and the clock stays short of it until the run is under way.
-    const windowStart = Math.ceil((now() + LEAD_MS) / MINUTE_MS) * MINUTE_MS;
-    const patched = await call(base, `/v1/endpoints/${e.id}`, { method: 'PATCH', json: { schedule: window(windowStart) } });
-    expect(patched.body.next_window_at).toBe(new Date(windowStart).toISOString());
-    // Every look while the run is dispatched on the other endpoint, before the window, finds this one
-    // untouched: no request, no generating probe.
-    const early: number[] = [];
-    await waitFor(
-      'the run under way on the other endpoint',
-      async () => {
-        const stats = await scheduled.stats();
-        early.push(stats.requests + stats.healthChecks);
-        return (await always.stats()).completed >= WATCHED_OFF_SCHEDULE ? true : undefined;
-      },
-      60_000,
-      50,
-    );
-    expect(now()).toBeLessThan(windowStart);
-    expect(early.filter((x) => x !== 0)).toEqual([]);
-    jumpTo(windowStart);
-    await waitFor('the window open and the endpoint at work', async () => ((await scheduled.stats()).requests > 0 ? true : undefined), 60_000, 50);
-    await expectAllCompleted(base, runId, n);
-    expect((await scheduled.stats()).completed).toBeGreaterThan(0);
+  describe('a schedule window', () => {
+    it('off schedule the endpoint gets nothing and no /health probe; its window opening resumes it', { timeout: 300_000 }, async () => {
+      const [scheduled, always] = await twoSims();
+      const { base, now, jumpTo } = await clockedServer();
+      const hhmm = (t: number) => new Date(t).toISOString().slice(11, 16);
+      const window = (start: number) => [{ from: hhmm(start), to: hhmm(start + 2 * MINUTE_MS) }];
+      const later = now() + 12 * 60 * MINUTE_MS;
+      const e = await registerEndpoint(base, scheduled.url, { max_concurrency: CAP, schedule: window(later), timezone: 'UTC' });
+      expect(e.off_schedule).toBe(true);
+      expect(e.next_window_at).toBe(new Date(Math.floor(later / MINUTE_MS) * MINUTE_MS).toISOString());
+      await registerEndpoint(base, always.url, { max_concurrency: CAP });
+      // Probed by /v1/models alone while off schedule: ready, yet untouched.
+      await waitFor('the scheduled endpoint ready', async () => ((await call(base, `/v1/endpoints/${e.id}`)).body.state === 'ready' ? true : undefined));
+      const n = 100;
+      const runId = await start(base, n, 'window');
+      // A whole minute, and the clock stays short of it until the run is under way.
+      const windowStart = Math.ceil((now() + LEAD_MS) / MINUTE_MS) * MINUTE_MS;
+      const patched = await call(base, `/v1/endpoints/${e.id}`, { method: 'PATCH', json: { schedule: window(windowStart) } });
+      expect(patched.body.next_window_at).toBe(new Date(windowStart).toISOString());
+      // Every look while the run is dispatched on the other endpoint, before the window, finds this one
+      // untouched: no request, no generating probe.
+      const early: number[] = [];
+      await waitFor(
+        'the run under way on the other endpoint',
+        async () => {
+          const stats = await scheduled.stats();
+          early.push(stats.requests + stats.healthChecks);
+          return (await always.stats()).completed >= WATCHED_OFF_SCHEDULE ? true : undefined;
+        },
+        60_000,
+        50,
+      );
+      expect(now()).toBeLessThan(windowStart);
+      expect(early.filter((x) => x !== 0)).toEqual([]);
+      jumpTo(windowStart);
+      await waitFor('the window open and the endpoint at work', async () => ((await scheduled.stats()).requests > 0 ? true : undefined), 60_000, 50);
+      await expectAllCompleted(base, runId, n);
+      expect((await scheduled.stats()).completed).toBeGreaterThan(0);
+    });
   });
 });
