@@ -14,7 +14,8 @@ const SIM = {
   model: MODEL,
   'max-running': RUNNING_LIMIT,
   'kv-tokens': KV_TOKENS,
-  'kv-admission': 'none',
+  // BENCH_KV_ADMISSION=optimistic: SGLang's own admission instead, which queues what its pool cannot take.
+  'kv-admission': process.env.BENCH_KV_ADMISSION ?? 'none',
   // SGLang's waiting queue is unbounded by default (docs/sglang.md "Capacity"): a fixed cap past the pool thrashes, it is not turned away.
   'max-queue': 1_000_000,
   'tokens-per-second': 200,
