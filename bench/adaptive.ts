@@ -132,7 +132,9 @@ export async function benchAdaptive(): Promise<Figure[]> {
     await adaptiveRig.stop();
   }
   const [bestCap, { rate: best }] = [...fixed].reduce((a, b) => (b[1].rate > a[1].rate ? b : a));
-  const sweep = [...fixed].map(([cap, v]) => `${cap}: ${v.rate.toFixed(1)} (${v.retractionsPerMinute.toFixed(0)}/min)`).join(', ');
+  // A thrashing server may not answer its stats in time: its retractions go unread, not NaN.
+  const perMinute = (v: number) => (Number.isNaN(v) ? 'retractions unread' : `${v.toFixed(0)}/min`);
+  const sweep = [...fixed].map(([cap, v]) => `${cap}: ${v.rate.toFixed(1)} (${perMinute(v.retractionsPerMinute)})`).join(', ');
   const figure = (name: string, regen: number, target: string, ok: boolean): Figure => ({
     part: 'adaptive',
     figure: name,
