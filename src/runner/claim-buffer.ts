@@ -258,8 +258,7 @@ export class ClaimBuffer {
     b.emptyThisClaim = false;
     // The claim is over before its samples land: a pump they start sees no claim under way, and
     // starts the next one when the buffer runs low.
-    b.claiming = claimSamples(
-      this.db,
+    b.claiming = this.claim(
       { runId, owner: this.owner, now, leaseExpiresAt, limit, order, window, groups, drives: this.drives(), movesAfter: now - this.moveWaitMs },
       (id) => {
         xid = id;
@@ -284,6 +283,11 @@ export class ClaimBuffer {
         this.onClaimed();
       },
     );
+  }
+
+  /** The claim statement (db/samples.ts claimSamples); a test stands in for a database whose claims take seconds. */
+  protected claim(c: Parameters<typeof claimSamples>[1], began: (xid: string) => void): Promise<ClaimedRow[]> {
+    return claimSamples(this.db, c, began);
   }
 
   /** A claim of the buffer's ended: its duration updates the claim time; what its slots took meanwhile, and whether they found none, size the next. */

@@ -1,10 +1,12 @@
 import { afterEach, beforeEach, describe, expect, it, vi } from 'vitest';
 import type { ClaimedRow } from '../../src/db/samples.js';
+import { ClaimBuffer } from '../../src/runner/claim-buffer.js';
 
 // The claim buffer's timing: how long a run's claim under way keeps the slots from the runs behind
 // it, and how much it asks. A database whose claims take seconds (a loaded machine's, where the
-// replicas test failed) cannot be made on demand, so the claim statement is replaced here by one
-// that lands when the test says; everything else is the buffer's own code, on a faked clock.
+// replicas test failed) cannot be made on demand, so the claim statement is replaced here (a
+// subclass's `claim`) by one that lands when the test says; everything else is the buffer's own
+// code, on a faked clock.
 
 interface PendingClaim {
   runId: string;
@@ -15,19 +17,18 @@ interface PendingClaim {
 const claims: PendingClaim[] = [];
 let nextId = 1;
 
-vi.mock('../../src/db/samples.js', () => ({
-  claimSamples: (_db: unknown, c: { runId: string; limit: number }) =>
-    new Promise<ClaimedRow[]>((resolve) => {
+/** The buffer with its claim statement replaced: each claim waits in `claims` until the test lands it. */
+class TestBuffer extends ClaimBuffer {
+  protected override claim(c: { runId: string; limit: number }): Promise<ClaimedRow[]> {
+    return new Promise<ClaimedRow[]>((resolve) => {
       claims.push({
         runId: c.runId,
         limit: c.limit,
         land: (rows, affinity) => resolve(Array.from({ length: rows }, () => ({ ...row(nextId++), affinityEndpointId: affinity ?? null }))),
       });
-    }),
-  rereadClaim: async () => [],
-}));
-
-const { ClaimBuffer } = await import('../../src/runner/claim-buffer.js');
+    });
+  }
+}
 
 function row(id: number): ClaimedRow {
   return {
@@ -48,7 +49,7 @@ function row(id: number): ClaimedRow {
 
 function buffer() {
   const writer = { add: () => {}, flush: async () => {} };
-  return new ClaimBuffer(
+  return new TestBuffer(
     {} as never,
     'owner',
     () => Date.now(),
