@@ -1,5 +1,5 @@
 import { and, asc, desc, eq, gt, inArray, ne, sql, type SQL } from 'drizzle-orm';
-import { type Db, type DbOrTx, locked } from './client.js';
+import { type Db, type DbOrTx, locked, sqliteClient } from './client.js';
 import { deleteRunVariants } from './run-variants.js';
 import { flagBit, type Flag } from '../domain/flags.js';
 import { isDispatchable } from '../domain/statuses.js';
@@ -499,27 +499,30 @@ export async function insertSampleBatch(
   perLine = 1,
 ): Promise<boolean[]> {
   if (tx.dialect === 'pg') return insertSampleBatchPg(tx, runId, firstSeq, shardSize, batch, perLine);
+  if (!tx.inTx) throw new Error('insertSampleBatch runs in a transaction');
+  // The statement runs row after row on the transaction's connection without yielding: an await a
+  // row (a promise and a turn of the microtask queue each) cost ingest about a tenth of its time.
+  const insert = sqliteClient(tx).prepare(
+    `insert into samples (run_id, seq, shard_idx, custom_id, sample_index, status, request, predicted_tokens, variant, split, turn)
+     values (?, ?, ?, ?, ?, 'pending', ?, ?, ?, ?, ?)
+     on conflict (run_id, custom_id, sample_index) do nothing`,
+  );
   const inserted: boolean[] = [];
   let seq = firstSeq;
   for (const s of batch) {
     let added = false;
     for (let k = 0; k < perLine; k++) {
-      const { changes } = await tx.exec(
-        `insert into samples (run_id, seq, shard_idx, custom_id, sample_index, status, request, predicted_tokens, variant, split, turn)
-         values (?, ?, ?, ?, ?, 'pending', ?, ?, ?, ?, ?)
-         on conflict (run_id, custom_id, sample_index) do nothing`,
-        [
-          runId,
-          seq + k,
-          s.shardIdxs?.[k] ?? Math.floor((seq + k) / shardSize),
-          s.customId,
-          k,
-          s.request,
-          s.predictedTokens,
-          s.variant ?? null,
-          s.split ?? null,
-          s.turn ?? null,
-        ],
+      const { changes } = insert.run(
+        runId,
+        seq + k,
+        s.shardIdxs?.[k] ?? Math.floor((seq + k) / shardSize),
+        s.customId,
+        k,
+        s.request,
+        s.predictedTokens,
+        s.variant ?? null,
+        s.split ?? null,
+        s.turn ?? null,
       );
       // A line is inserted whole or not at all: its first answer decides.
       if (changes === 0) break;

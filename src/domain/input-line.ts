@@ -553,7 +553,7 @@ function isObject(value: unknown): value is JsonObject {
 
 // ---------------------------------------------------------------------------------------
 // Reading lines from a stream. Inputs can be gigabytes, so nothing here holds more than
-// one line (at most maxLineBytes) plus the chunk being scanned.
+// one line (at most maxLineBytes) plus the chunk being scanned and the lines decoded from it.
 
 /** A line's text, or why it could not be read as text (always an invalid_json_line). */
 export type RawLine = { lineNo: number; text: string } | { lineNo: number; error: string };
@@ -570,6 +570,15 @@ const BOM = '\ufeff';
  * maxLineBytes is reported once and its remaining bytes are skipped, not buffered.
  */
 export async function* readLines(source: AsyncIterable<Uint8Array>, opts: ReadLinesOptions): AsyncGenerator<RawLine> {
+  for await (const lines of readLineBatches(source, opts)) yield* lines;
+}
+
+/**
+ * readLines a chunk at a time: the lines each chunk of the source completes, as one array. A step of
+ * an async generator is a promise and a turn of the microtask queue; ingest, reading hundreds of
+ * thousands of lines, takes one a chunk (~64 KiB) instead of one a line.
+ */
+export async function* readLineBatches(source: AsyncIterable<Uint8Array>, opts: ReadLinesOptions): AsyncGenerator<RawLine[]> {
   // ignoreBOM keeps a BOM in the text: only one at the very start of the input is dropped.
   const decoder = new TextDecoder('utf-8', { fatal: true, ignoreBOM: true });
   const decode = (bytes: Uint8Array, lineNo: number): RawLine => {
@@ -591,6 +600,7 @@ export async function* readLines(source: AsyncIterable<Uint8Array>, opts: ReadLi
 
   for await (const chunk of source) {
     const buf = Buffer.from(chunk.buffer, chunk.byteOffset, chunk.byteLength);
+    const lines: RawLine[] = [];
     let start = 0;
     for (let nl = buf.indexOf(NEWLINE, start); nl !== -1; nl = buf.indexOf(NEWLINE, start)) {
       const piece = buf.subarray(start, nl);
@@ -598,31 +608,33 @@ export async function* readLines(source: AsyncIterable<Uint8Array>, opts: ReadLi
       if (skipping) {
         skipping = false;
       } else if (pendingBytes + piece.length > opts.maxLineBytes) {
-        yield tooLong(lineNo);
+        lines.push(tooLong(lineNo));
       } else if (pending.length === 0) {
-        yield decode(piece, lineNo);
+        lines.push(decode(piece, lineNo));
       } else {
         pending.push(piece);
-        yield decode(Buffer.concat(pending, pendingBytes + piece.length), lineNo);
+        lines.push(decode(Buffer.concat(pending, pendingBytes + piece.length), lineNo));
       }
       pending = [];
       pendingBytes = 0;
       lineNo++;
     }
-    if (skipping || start === buf.length) continue;
-    const rest = buf.subarray(start);
-    if (pendingBytes + rest.length > opts.maxLineBytes) {
-      yield tooLong(lineNo);
-      pending = [];
-      pendingBytes = 0;
-      skipping = true;
-    } else {
-      // Copied: the source may reuse its chunk, and a short tail should not pin a large one.
-      pending.push(Buffer.from(rest));
-      pendingBytes += rest.length;
+    if (!skipping && start < buf.length) {
+      const rest = buf.subarray(start);
+      if (pendingBytes + rest.length > opts.maxLineBytes) {
+        lines.push(tooLong(lineNo));
+        pending = [];
+        pendingBytes = 0;
+        skipping = true;
+      } else {
+        // Copied: the source may reuse its chunk, and a short tail should not pin a large one.
+        pending.push(Buffer.from(rest));
+        pendingBytes += rest.length;
+      }
     }
+    if (lines.length) yield lines;
   }
-  if (pendingBytes > 0) yield decode(Buffer.concat(pending, pendingBytes), lineNo);
+  if (pendingBytes > 0) yield [decode(Buffer.concat(pending, pendingBytes), lineNo)];
 }
 
 /** A refused input line as OpenAI's BatchError. */

@@ -14,7 +14,7 @@ import { splitOfShardIdx, splitShardIdx } from '../../domain/output-format.js';
 import { calibrationLines, CHARS_PER_TOKEN } from '../../domain/forecast.js';
 import { regenerateMode, samplesPerLine } from '../../domain/params.js';
 import { runEndpoint } from '../../domain/run-endpoint.js';
-import { parseInputLine, readLines, type InvalidLine, type LineErrorCode } from '../../domain/input-line.js';
+import { parseInputLine, readLineBatches, type InvalidLine, type LineErrorCode } from '../../domain/input-line.js';
 import { layeredParams, variantIndex } from '../../domain/variants.js';
 import { answerBufferProblem } from '../../domain/answer-bytes.js';
 import { insertRunVariants } from '../../db/run-variants.js';
@@ -229,59 +229,62 @@ async function ingestHeld(deps: Deps, runId: string, hold: Hold, signal?: AbortS
   try {
     const source = await openInput(deps, run);
     let lines = 0;
-    for await (const raw of readLines(source, { maxLineBytes: deps.config.maxLineBytes })) {
-      if ('error' in raw) noteError(raw.lineNo, 'invalid_json_line', raw.error);
-      else if (raw.text.trim() !== '') {
-        const parsed = parseInputLine(raw.text, raw.lineNo, {
-          regenerate: regenerateMode(run.regenerate),
-          choicesInBody: run.batchId !== null,
-          endpoint: runEndpoint(run.endpoint),
-        });
-        if (!parsed.ok) noteError(raw.lineNo, parsed.code, parsed.reason, parsed.custom_id);
-        else if (parsed.model !== null && parsed.model !== run.model) {
-          noteError(raw.lineNo, 'mismatched_model', `model ${JSON.stringify(parsed.model.slice(0, 100))} does not match the run's model`, parsed.custom_id);
-        } else if (unserved) {
-          noteError(raw.lineNo, 'model_not_found', unserved, parsed.custom_id);
-        } else if (lineAnswerProblem(parsed.custom_id, parsed.params)) {
-          noteError(raw.lineNo, 'invalid_request', lineAnswerProblem(parsed.custom_id, parsed.params)!, parsed.custom_id);
-        } else {
-          const request = JSON.stringify({
-            ...(parsed.raw ?? { messages: parsed.messages }),
-            ...(parsed.params && { params: parsed.params }),
-            ...(parsed.exact_metadata ? { metadata_json: parsed.exact_metadata } : parsed.metadata && { metadata: parsed.metadata }),
-            ...(parsed.numeric_id && { numeric_id: true }),
+    // A chunk of lines at a time (domain/input-line.ts, readLineBatches).
+    reading: for await (const chunk of readLineBatches(source, { maxLineBytes: deps.config.maxLineBytes })) {
+      for (const raw of chunk) {
+        if ('error' in raw) noteError(raw.lineNo, 'invalid_json_line', raw.error);
+        else if (raw.text.trim() !== '') {
+          const parsed = parseInputLine(raw.text, raw.lineNo, {
+            regenerate: regenerateMode(run.regenerate),
+            choicesInBody: run.batchId !== null,
+            endpoint: runEndpoint(run.endpoint),
           });
-          const old = parsed.old_answer_chars;
-          batch.push({
-            lineNo: raw.lineNo,
-            customId: parsed.custom_id,
-            request,
-            predicted: old === null ? null : Math.round(old / CHARS_PER_TOKEN),
-            variant: variantIndex(parsed.custom_id, run.variants),
-            ...layout?.place(parsed.custom_id, perLine),
-            turns: parsed.turns ?? null,
-          });
+          if (!parsed.ok) noteError(raw.lineNo, parsed.code, parsed.reason, parsed.custom_id);
+          else if (parsed.model !== null && parsed.model !== run.model) {
+            noteError(raw.lineNo, 'mismatched_model', `model ${JSON.stringify(parsed.model.slice(0, 100))} does not match the run's model`, parsed.custom_id);
+          } else if (unserved) {
+            noteError(raw.lineNo, 'model_not_found', unserved, parsed.custom_id);
+          } else if (lineAnswerProblem(parsed.custom_id, parsed.params)) {
+            noteError(raw.lineNo, 'invalid_request', lineAnswerProblem(parsed.custom_id, parsed.params)!, parsed.custom_id);
+          } else {
+            const request = JSON.stringify({
+              ...(parsed.raw ?? { messages: parsed.messages }),
+              ...(parsed.params && { params: parsed.params }),
+              ...(parsed.exact_metadata ? { metadata_json: parsed.exact_metadata } : parsed.metadata && { metadata: parsed.metadata }),
+              ...(parsed.numeric_id && { numeric_id: true }),
+            });
+            const old = parsed.old_answer_chars;
+            batch.push({
+              lineNo: raw.lineNo,
+              customId: parsed.custom_id,
+              request,
+              predicted: old === null ? null : Math.round(old / CHARS_PER_TOKEN),
+              variant: variantIndex(parsed.custom_id, run.variants),
+              ...layout?.place(parsed.custom_id, perLine),
+              turns: parsed.turns ?? null,
+            });
+          }
         }
+        if (failFast && invalid > 0) {
+          if (errors.length >= MAX_LISTED_ERRORS) break reading;
+          batch = [];
+        }
+        if (batch.length >= BATCH && !(await flush())) return await stopCancelled(source);
+        if (signal?.aborted) {
+          // Shutdown: the run stays `validating` and is validated again from the start on the next boot;
+          // one cancelled meanwhile is not, so what was inserted for it goes now.
+          source.destroy();
+          logger.info({ run_id: runId }, 'validation stopped by shutdown');
+          if ((await getRunStatus(db, runId)) !== 'validating') await clearRunSamples(db, runId);
+          return;
+        }
+        if (++lines % GC_LINES === 0) {
+          collectGarbage();
+          await new Promise((r) => setImmediate(r));
+        }
+        // A cancel stops a long validation within a batch of lines, so its samples never linger.
+        if (lines % CANCEL_CHECK_LINES === 0 && (await getRunStatus(db, runId)) !== 'validating') return await stopCancelled(source);
       }
-      if (failFast && invalid > 0) {
-        if (errors.length >= MAX_LISTED_ERRORS) break;
-        batch = [];
-      }
-      if (batch.length >= BATCH && !(await flush())) return await stopCancelled(source);
-      if (signal?.aborted) {
-        // Shutdown: the run stays `validating` and is validated again from the start on the next boot;
-        // one cancelled meanwhile is not, so what was inserted for it goes now.
-        source.destroy();
-        logger.info({ run_id: runId }, 'validation stopped by shutdown');
-        if ((await getRunStatus(db, runId)) !== 'validating') await clearRunSamples(db, runId);
-        return;
-      }
-      if (++lines % GC_LINES === 0) {
-        collectGarbage();
-        await new Promise((r) => setImmediate(r));
-      }
-      // A cancel stops a long validation within a batch of lines, so its samples never linger.
-      if (lines % CANCEL_CHECK_LINES === 0 && (await getRunStatus(db, runId)) !== 'validating') return await stopCancelled(source);
     }
     if (!(failFast && invalid > 0) && !(await flush())) return await stopCancelled(source);
   } catch (err) {
