@@ -58,6 +58,8 @@ function bundleEntries(out: string): void {
     format: 'esm',
     platform: 'node',
     target: 'node20',
+    // As the compiled tree and tsx keep them: a class's name is what an error's name and a log say.
+    keepNames: true,
     external: ['better-sqlite3', 'pg-native'],
     // Packages written as CommonJS call require(), which an ES module has not got.
     banner: { js: "import { createRequire as __regenRequire } from 'node:module'; const require = __regenRequire(import.meta.url);" },
@@ -83,7 +85,7 @@ function compileTree(from: string, to: string, ownUrls: boolean): void {
       const target = join(to, entry.name.replace(/\.ts$/, '.js'));
       // In src/ (bundled below), where it is only ever code: the module's own URL, as Node gives it
       // here, written in; the same value loaded file by file, and still its own in a bundle.
-      writeFileSync(target, ownUrls ? code.replaceAll('import.meta.url', JSON.stringify(pathToFileURL(target).href)) : code);
+      writeFileSync(target, ownUrls ? code.replaceAll('import.meta.url', () => JSON.stringify(pathToFileURL(target).href)) : code);
     } else {
       copyFileSync(source, join(to, entry.name));
     }
