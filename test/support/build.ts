@@ -43,9 +43,9 @@ const BUNDLED: Record<string, string> = { 'src/cli/main.ts': 'cli/main', 'src/ru
 
 /**
  * The compiled tree's busiest entry points bundled with their packages (all but the native ones)
- * into `bundle/`: a server that found, read and compiled some 600 modules one by one took 2.3 s of
+ * into `bundle/`: a server that found, read and compiled some 600 modules one by one took 2.1–2.2 s of
  * CPU to listen with its runner thread up (most of it in Node's module loader, not in the modules'
- * code); bundled, 1.4–1.5 s. The modules are the compiled tree's own, and each keeps its place:
+ * code); bundled, 1.4 s. The modules are the compiled tree's own, and each keeps its place:
  * import.meta.url was written into each file as its own URL (compileTree), so what a module finds
  * beside itself (the migrations, the dashboard, the runner thread's entry) it finds in a bundle too.
  */
