@@ -194,9 +194,15 @@ export class FileStore implements ObjectStore {
     await rmdir(dir).catch(() => {});
   }
 
+  /**
+   * Writes a probe object straight into the folder (a new name, never one that exists) and deletes
+   * it. Not through the temp folder: racing creates of one prefix each probe it, and one that has
+   * taken the folder removes the temp folder (take) while another may be about to write in it.
+   */
   private async probe(): Promise<void> {
     const key = probeKey();
-    await this.atomically(key, (tmp) => writeFile(tmp, 'ok'));
+    await this.mustOwn();
+    await writeFile(this.path(key), 'ok', { flag: 'wx' });
     await this.delete(key);
   }
 

@@ -39,3 +39,24 @@ it('a probe through a file in the way fails', async () => {
   writeFileSync(join(tmp.dir, 'blocked'), 'a file');
   await expect(storeAt(join(tmp.dir, 'blocked', 'out')).check()).rejects.toThrow();
 });
+
+it('of racing takes of one new folder, none fails: a probe never writes where another take is removing', async () => {
+  // Creates of one prefix arrive tens of milliseconds apart. When the probe went through the temp
+  // folder, the take that finished first removed that folder while another was about to write in
+  // it (ENOENT), and the folder's maker, failing so, removed the folder under the rest: 139 of
+  // 2,000 such takes failed. Each round here is 20 takes over 30 ms.
+  const failures: string[] = [];
+  for (let round = 0; round < 30; round++) {
+    const dir = join(tmp.dir, 'raced', `round-${round}`, 'out');
+    const takes = await Promise.allSettled(
+      Array.from({ length: 20 }, async () => {
+        await new Promise((r) => setTimeout(r, Math.random() * 30));
+        return storeAt(dir).take();
+      }),
+    );
+    for (const t of takes) if (t.status === 'rejected') failures.push(String(t.reason));
+    // The probes left nothing behind.
+    expect(readdirSync(dir).filter((f) => f !== TEMP_FOLDER)).toEqual([]);
+  }
+  expect(failures).toEqual([]);
+});
