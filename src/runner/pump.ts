@@ -60,6 +60,7 @@ export function fillSlots(
   function offer(best: LiveEndpoint, slot: Slot): 'sent' | 'held' | 'none' {
     for (const run of active) {
       if (!isDispatchable(run.status) || !best.serves(run.model) || claims.isDrained(run.id) || !pool.servesIds(best, run)) continue;
+      if (requests.reader.avoids(run.id, best.row.id, () => servingIds(pool, run.model))) continue;
       const group = claims.take(
         run.id,
         () => claimSizeFor(pool, run.model),
@@ -83,4 +84,9 @@ export function fillSlots(
     }
     return 'none';
   }
+}
+
+/** The endpoints serving `model`, by id. */
+function* servingIds(pool: EndpointPool, model: string): Iterable<string> {
+  for (const e of pool.live.values()) if (e.serves(model)) yield e.row.id;
 }

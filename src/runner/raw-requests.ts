@@ -33,21 +33,43 @@ const REMEMBERED_RUNS = 256;
  */
 export class AnswerReader {
   readonly #sizes = new Map<string, number>();
+  /** Per run, the endpoints that answered one of its vectors at another size. */
+  readonly #otherSize = new Map<string, Set<string>>();
 
-  read(run: { id: string; endpoint: string | null }, res: unknown, limits: AnswerLimits, count: number): ParsedAnswer[] {
+  read(run: { id: string; endpoint: string | null }, res: unknown, limits: AnswerLimits, count: number, endpointId = ''): ParsedAnswer[] {
     if (runEndpoint(run.endpoint) !== '/v1/embeddings') return parseAnswers(res, limits, count);
     const parsed = parseEmbedding(res, limits);
     if (!parsed.ok || limits.dimensions !== undefined) return [parsed];
     const size = parsed.answer.embedding?.length ?? 0;
     const learned = this.#sizes.get(run.id);
     if (learned === undefined) {
-      if (this.#sizes.size >= REMEMBERED_RUNS) this.#sizes.delete(this.#sizes.keys().next().value as string);
+      if (this.#sizes.size >= REMEMBERED_RUNS) {
+        const oldest = this.#sizes.keys().next().value as string;
+        this.#sizes.delete(oldest);
+        this.#otherSize.delete(oldest);
+      }
       this.#sizes.set(run.id, size);
     }
     if (learned === undefined || learned === size) return [parsed];
+    const other = this.#otherSize.get(run.id) ?? new Set<string>();
+    this.#otherSize.set(run.id, other.add(endpointId));
     return [
       malformed(`the endpoint answered an embedding of ${size} dimensions where the run's others have ${learned}: it may serve another model of the same name`),
     ];
+  }
+
+  /**
+   * Whether a run's samples stay off an endpoint: it answered the run's vectors at another size, and
+   * another of `serving` (the endpoints serving the run's model) has not. Asked again there, each
+   * would only come back malformed: a sample the fleet's order kept handing that endpoint was asked
+   * again for minutes, its server faults refunded and its waits doubling (test/batch-endpoints.test.ts).
+   * With every endpoint of the model so marked, none is avoided: the faults then run their course.
+   */
+  avoids(runId: string, endpointId: string, serving: () => Iterable<string>): boolean {
+    const other = this.#otherSize.get(runId);
+    if (!other?.has(endpointId)) return false;
+    for (const id of serving()) if (!other.has(id)) return true;
+    return false;
   }
 }
 

@@ -62,7 +62,7 @@ export class Requests {
   private readonly flights = new Map<number, Flight>();
   private readonly answers: AnswerBudget;
   private readonly sheds: AnswerSheds;
-  private readonly reader = new AnswerReader();
+  readonly reader = new AnswerReader();
   /** Per run, the requests endpoints turned away while this process dispatched it (the run page shows them). */
   readonly turnedAway = new Map<string, number>();
 
@@ -227,7 +227,7 @@ export class Requests {
     const e = f.endpoint;
     e.consecutiveFailures = 0;
     e.yieldCap.answered(this.pool.capOf(e));
-    const read = this.reader.read(f.run, res, f.limits, f.group.length);
+    const read = this.reader.read(f.run, res, f.limits, f.group.length, e.row.id);
     const parsed = f.idMode ? withIds(read, res, f.idMode) : read;
     if (f.abortReason && parsed.some((p) => !p.ok)) {
       this.onError(f, null);

@@ -133,6 +133,22 @@ describe('an embedding answer', () => {
     expect(read('d', [1, 0, 0], { ...limits, dimensions: 3 })).toBe('ok');
   });
 
+  it("keeps a run's samples off an endpoint that answered its vectors at another size, while another endpoint has not", () => {
+    const reader = new AnswerReader();
+    const from = (run: string, endpoint: string, embedding: number[]) =>
+      reader.read({ id: run, endpoint: '/v1/embeddings' }, answer(embedding), limits, 1, endpoint)[0].ok;
+    expect(from('a', 'ep_small', [1, 0])).toBe(true);
+    expect(from('a', 'ep_big', [1, 0, 0])).toBe(false);
+    expect(reader.avoids('a', 'ep_big', () => ['ep_small', 'ep_big'])).toBe(true);
+    expect(reader.avoids('a', 'ep_small', () => ['ep_small', 'ep_big'])).toBe(false);
+    // Another run has its own size and its own endpoints.
+    expect(reader.avoids('b', 'ep_big', () => ['ep_small', 'ep_big'])).toBe(false);
+    // With no other endpoint left for the model, none is avoided.
+    expect(reader.avoids('a', 'ep_big', () => ['ep_big'])).toBe(false);
+    expect(from('a', 'ep_small', [0, 1, 0])).toBe(false);
+    expect(reader.avoids('a', 'ep_big', () => ['ep_small', 'ep_big'])).toBe(false);
+  });
+
   it("goes out in OpenAI's base64: the little-endian float32s", () => {
     const b64 = encodeEmbedding([0.5, -1], 'base64') as string;
     const bytes = Buffer.from(b64, 'base64');
