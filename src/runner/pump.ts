@@ -86,7 +86,7 @@ export function fillSlots(
   }
 }
 
-/** The endpoints serving `model`, by id. */
+/** The endpoints that may take `model`'s samples now, by id: one down or draining is no place to send them instead. */
 function* servingIds(pool: EndpointPool, model: string): Iterable<string> {
-  for (const e of pool.live.values()) if (e.serves(model)) yield e.row.id;
+  for (const e of pool.live.values()) if (e.dispatchable && e.serves(model)) yield e.row.id;
 }

@@ -60,7 +60,7 @@ export class AnswerReader {
 
   /**
    * Whether a run's samples stay off an endpoint: it answered the run's vectors at another size, and
-   * another of `serving` (the endpoints serving the run's model) has not. Asked again there, each
+   * another of `serving` (the endpoints that may take the run's model now) has not. Asked again there, each
    * would only come back malformed: a sample the fleet's order kept handing that endpoint was asked
    * again for minutes, its server faults refunded and its waits doubling (test/batch-endpoints.test.ts).
    * With every endpoint of the model so marked, none is avoided: the faults then run their course.
