@@ -36,7 +36,7 @@ export class AnswerReader {
   /** Per run, the endpoints that answered one of its vectors at another size. */
   readonly #otherSize = new Map<string, Set<string>>();
 
-  read(run: { id: string; endpoint: string | null }, res: unknown, limits: AnswerLimits, count: number, endpointId = ''): ParsedAnswer[] {
+  read(run: { id: string; endpoint: string | null }, res: unknown, limits: AnswerLimits, count: number, endpointId: string): ParsedAnswer[] {
     if (runEndpoint(run.endpoint) !== '/v1/embeddings') return parseAnswers(res, limits, count);
     const parsed = parseEmbedding(res, limits);
     if (!parsed.ok || limits.dimensions !== undefined) return [parsed];

@@ -109,13 +109,13 @@ describe('an embedding answer', () => {
       'the endpoint answered an embedding of 2 dimensions, not the 3 asked',
     ]);
     expect(message(answer([0.1], 101))?.[1]).toMatch(/usage\.prompt_tokens 101, not a whole number within the context/);
-    expect(new AnswerReader().read({ id: 'r', endpoint: '/v1/embeddings' }, answer([0.1, Number.NaN]), limits, 1)[0].ok).toBe(false);
+    expect(new AnswerReader().read({ id: 'r', endpoint: '/v1/embeddings' }, answer([0.1, Number.NaN]), limits, 1, 'ep')[0].ok).toBe(false);
   });
 
   it("holds every vector of a run to its first one's size, each run to its own, and to the size a run asks", () => {
     const reader = new AnswerReader();
     const read = (run: string, embedding: number[], l: AnswerLimits = limits) => {
-      const [p] = reader.read({ id: run, endpoint: '/v1/embeddings' }, answer(embedding), l, 1);
+      const [p] = reader.read({ id: run, endpoint: '/v1/embeddings' }, answer(embedding), l, 1, 'ep');
       return p.ok ? 'ok' : p.error.message;
     };
     expect(read('a', [0.6, 0.8])).toBe('ok');
