@@ -12,6 +12,7 @@ import { benchShare } from './share.js';
 import { benchStores } from './stores.js';
 import { machine, SCALE, type Figure } from './support.js';
 import { benchTail } from './tail.js';
+import { benchTokens } from './tokens.js';
 import { benchVariants } from './variants.js';
 
 const PARTS: Record<string, () => Promise<Figure[]>> = {
@@ -30,10 +31,14 @@ const PARTS: Record<string, () => Promise<Figure[]>> = {
   share: benchShare,
   conversations: benchConversations,
   'conversation-eta': benchConversationEta,
+  tokens: benchTokens,
 };
 
-/** Parts run only when named: `conversations` starts 32 simulators and runs for many minutes. */
-const ON_REQUEST = new Set(['conversations', 'conversation-eta']);
+/**
+ * Parts run only when named: `conversations` starts 32 simulators and runs for many minutes;
+ * `tokens` runs four whole runs of 500,000 samples each.
+ */
+const ON_REQUEST = new Set(['conversations', 'conversation-eta', 'tokens']);
 
 const fmt = (n: number | null, unit = '') =>
   n === null ? '' : unit === '%' ? n.toFixed(2) : n >= 100 ? Math.round(n).toLocaleString('en') : n.toFixed(n >= 10 ? 1 : 2);
@@ -52,7 +57,7 @@ function table(figures: Figure[]): string {
 
 /**
  * `npm run bench [part…]`: runs the parts (all by default), prints regen next to its baseline for
- * every figure, with the machine and its load. Parts: ingest, dispatch, saturation, stream, million, adaptive, tail, scale, stores, endless, variants, formats, share; conversations only when named.
+ * every figure, with the machine and its load. Parts: ingest, dispatch, saturation, stream, million, adaptive, tail, scale, stores, endless, variants, formats, share; conversations, conversation-eta and tokens only when named.
  */
 async function main(): Promise<void> {
   const asked = process.argv.slice(2);

@@ -1,7 +1,7 @@
 import { and, asc, eq, gte, inArray, sql } from 'drizzle-orm';
 import type { TurnRecord } from '../domain/conversation.js';
 import type { ToolCall } from '../domain/tools.js';
-import type { GenerationIds } from '../domain/token-rows.js';
+import type { TurnIds } from '../domain/token-rows.js';
 import type { DbOrTx } from './client.js';
 import { IDS_PER_STATEMENT } from './client.js';
 import type { SampleTurnRow } from './schema.js';
@@ -22,7 +22,7 @@ function record(r: SampleTurnRow): TurnRecord {
     latencyMs: r.latencyMs,
     attempts: r.attempts,
     flags: r.flags,
-    ...(r.tokenIds !== null && { ids: JSON.parse(r.tokenIds) as GenerationIds }),
+    ...(r.tokenIds !== null && { ids: JSON.parse(r.tokenIds) as TurnIds }),
   };
 }
 

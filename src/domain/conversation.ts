@@ -1,4 +1,4 @@
-import type { GenerationIds } from './token-rows.js';
+import type { TurnIds } from './token-rows.js';
 import { flagsFromBits } from './flags.js';
 import type { TurnLine, Usage } from './output-line.js';
 import type { HistoryReasoning, ToolPairing } from './params.js';
@@ -27,8 +27,8 @@ export interface TurnRecord {
   /** Times the request was sent (attempts charged and refunded). */
   attempts: number;
   flags: number;
-  /** The server's token ids for the request, when its run writes them (output.tokens). */
-  ids?: GenerationIds | null;
+  /** The server's token ids for the request, packed, when its run writes them (output.tokens). */
+  ids?: TurnIds | null;
 }
 
 type Message = { role: string; content?: unknown; [k: string]: unknown };

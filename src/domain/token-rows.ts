@@ -79,26 +79,42 @@ export function joinIds(...lists: StagedIdList[]): Int32Array {
 }
 
 /**
+ * A conversation request's ids as its turn holds them (sample_turns.token_ids) until the
+ * conversation is staged whole: packed as staged ids are (a claim reads every earlier turn back as
+ * the next one's history, and a turn's prompt ids are the whole conversation before it: parsed as
+ * JSON arrays, a number at a time, they cost each claim more the longer the conversation), under the
+ * same names, so a replica of the version that stored arrays finds none instead of reading base64
+ * as ids. Turns stored before hold the arrays, as `prompt` and `output`.
+ */
+export type TurnIds = Pick<StagedIds, 'prompt_packed' | 'output_packed' | 'prompt' | 'output'>;
+
+/**
  * The ids of a conversation's requests that have them, each at its user turn (a turn's steps
  * share it; a text answer ends it, as the line's `turns` count) and step; undefined when none has.
  */
 export function conversationIds(
-  turns: readonly { step: number; toolCalls: unknown[] | null; finishReason: string | null; flags: number; ids?: GenerationIds | null }[],
+  turns: readonly { step: number; toolCalls: unknown[] | null; finishReason: string | null; flags: number; ids?: TurnIds | null }[],
 ): StagedIds[] | undefined {
   const out: StagedIds[] = [];
   let turn = 0;
   for (const t of turns) {
-    if (t.ids) out.push({ turn, step: t.step, finish_reason: t.finishReason, flags: t.flags, ...stagedIds(t.ids) });
+    if (t.ids) out.push({ turn, step: t.step, finish_reason: t.finishReason, flags: t.flags, ...packedTurnIds(t.ids) });
     if (!t.toolCalls) turn++;
   }
   return out.length ? out : undefined;
 }
 
-/** A generation's ids packed for staging. */
-export const stagedIds = (ids: GenerationIds): Pick<StagedIds, 'prompt_packed' | 'output_packed'> => ({
+/** A generation's ids packed for staging, and for its turn's row. */
+export const stagedIds = (ids: GenerationIds): Required<Pick<StagedIds, 'prompt_packed' | 'output_packed'>> => ({
   prompt_packed: packIds(ids.prompt),
   output_packed: packIds(ids.output),
 });
+
+/** A turn's ids packed: as stored, or the arrays of a turn stored before packed now. */
+const packedTurnIds = (ids: TurnIds): Pick<StagedIds, 'prompt_packed' | 'output_packed'> =>
+  ids.prompt_packed !== undefined && ids.output_packed !== undefined
+    ? { prompt_packed: ids.prompt_packed, output_packed: ids.output_packed }
+    : stagedIds({ prompt: ids.prompt ?? [], output: ids.output ?? [] });
 
 /**
  * A training row as its files hold it, but for `loss_mask`: zeros over the prompt, ones over the

@@ -150,7 +150,7 @@ export function settleAnswer(a: Attempt, run: SettleRun, answer: Answer, latency
     latencyMs,
     attempts: a.attempts + a.serverFaults,
     flags,
-    ...(answer.ids && { ids: answer.ids }),
+    ...(answer.ids && { ids: stagedIds(answer.ids) }),
   };
   const turns = [...c.history, turn];
   // The conversation's flags are any turn's: a flagged turn flags its conversation.

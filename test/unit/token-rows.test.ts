@@ -4,6 +4,7 @@ import { join } from 'node:path';
 import { DuckDBInstance } from '@duckdb/node-api';
 import { describe, expect, it } from 'vitest';
 import {
+  conversationIds,
   idCount,
   joinIds,
   packIds,
@@ -150,6 +151,40 @@ describe('training rows', () => {
     const older = { turn: null, step: null, finish_reason: 'stop', flags: 0, prompt: [1, 2], output: [3, 4] };
     expect([...joinIds(stagedPrompt(older))]).toEqual([1, 2]);
     expect(idCount(stagedOutput(older))).toBe(2);
+  });
+
+  it("keeps a conversation turn's ids packed as stored, and packs those of turns stored before as arrays", () => {
+    const turn = (step: number, ids: Parameters<typeof conversationIds>[0][number]['ids'], toolCalls: unknown[] | null = null) => ({
+      step,
+      toolCalls,
+      finishReason: toolCalls ? 'tool_calls' : 'stop',
+      flags: 0,
+      ids,
+    });
+    const first = stagedIds({ prompt: [1, 2, 3], output: [4, 5] });
+    // As sample_turns.token_ids holds it: the packed lists under their own names, no arrays.
+    const stored = JSON.parse(JSON.stringify(first)) as typeof first;
+    expect(Object.keys(stored).sort()).toEqual(['output_packed', 'prompt_packed']);
+    const staged = conversationIds([
+      turn(0, stored, [{ id: 'c1' }]),
+      // A turn stored before the ids were packed: its arrays.
+      turn(1, { prompt: [1, 2, 3, 4, 5, 6], output: [7] }),
+      // A request whose run asked no ids.
+      turn(0, null),
+      turn(0, stagedIds({ prompt: [9], output: [] })),
+    ]);
+    expect(staged?.map((g) => [g.turn, g.step, [...joinIds(stagedPrompt(g))], [...joinIds(stagedOutput(g))]])).toEqual([
+      [0, 0, [1, 2, 3], [4, 5]],
+      [0, 1, [1, 2, 3, 4, 5, 6], [7]],
+      [2, 0, [9], []],
+    ]);
+    // Stored packed lists are staged as they are, not decoded and packed again.
+    expect(staged?.[0]?.prompt_packed).toBe(first.prompt_packed);
+    for (const g of staged ?? []) {
+      expect(g).not.toHaveProperty('prompt');
+      expect(g).not.toHaveProperty('output');
+    }
+    expect(conversationIds([turn(0, null)])).toBeUndefined();
   });
 
   it('gives min, p5, median, p95 and max by nearest rank, overall and per variant', () => {
