@@ -3,15 +3,17 @@ import { describe, expect, it } from 'vitest';
 import { nodeEntry } from './support/build.js';
 
 /**
- * Every part a default `npm run bench` runs, as the command names it, and the part names its rows
- * carry. Not `conversations`: its turns follow one another at the simulators' decode rate, so even a
- * tiny scale takes minutes.
+ * Every part a default `npm run bench` runs, and `tokens`, as the command names them, and the part
+ * names their rows carry. Not `conversations`: its turns follow one another at the simulators'
+ * decode rate, so even a tiny scale takes minutes.
  */
 const PARTS: Record<string, string[]> = {
   // Longest first, so that the lanes below end close together.
   stores: ['stores'],
   scale: ['scale'],
   million: ['reads', 'recovery', 'memory'],
+  // Run only when named (bench/index.ts), but its code is kept running here.
+  tokens: ['tokens'],
   tail: ['tail'],
   saturation: ['saturation'],
   adaptive: ['adaptive'],

@@ -83,8 +83,9 @@ export function joinIds(...lists: StagedIdList[]): Int32Array {
  * conversation is staged whole: packed as staged ids are (a claim reads every earlier turn back as
  * the next one's history, and a turn's prompt ids are the whole conversation before it: parsed as
  * JSON arrays, a number at a time, they cost each claim more the longer the conversation), under the
- * same names, so a replica of the version that stored arrays finds none instead of reading base64
- * as ids. Turns stored before hold the arrays, as `prompt` and `output`.
+ * same names. A replica of the version that stored arrays finds no `prompt` or `output` in them and
+ * fails the conversation's last request (internal_error, asked again) rather than write base64 as
+ * ids (README "Upgrading"). Turns stored before hold the arrays, as `prompt` and `output`.
  */
 export type TurnIds = Pick<StagedIds, 'prompt_packed' | 'output_packed' | 'prompt' | 'output'>;
 

@@ -5,6 +5,7 @@ import { aheadShare, computeForecast, POSITION_PRIOR_TURNS, positionShares } fro
 import { errorLine, outputLine } from '../../src/domain/output-line.js';
 import { parseInputLine } from '../../src/domain/input-line.js';
 import { type Attempt, settleAnswer, settleError } from '../../src/runner/outcomes.js';
+import { joinIds, type StagedIds, stagedOutput, stagedPrompt } from '../../src/domain/token-rows.js';
 import { buildRequest, type Answer } from '../../src/runner/request.js';
 
 // `regenerate: "all_assistant"`: which lines can be walked turn by turn, what each turn is asked
@@ -210,6 +211,22 @@ describe('an answered turn', () => {
     expect(staged.conversation.usage).toEqual({ prompt_tokens: 40, completion_tokens: 12, reasoning_tokens: 5, cached_tokens: 20 });
     expect(staged.conversation.turns.map((t: { flags: string[] }) => t.flags)).toEqual([['truncated'], []]);
     expect(staged.conversation.attempts).toBe(4);
+  });
+
+  it("keeps a request's token ids packed with its turn, and stages every turn's with the conversation", () => {
+    const withIds = (ids: { prompt: number[]; output: number[] }): Answer => ({ ...answer, ids });
+    const first = settleAnswer(attempt(0, []), run, withIds({ prompt: [1, 2], output: [3] }), 50, 1000, 0).outcome;
+    if (first.kind !== 'turn') throw new Error(`expected turn, got ${first.kind}`);
+    // As sample_turns.token_ids stores it: packed, under names an older replica does not read as ids.
+    expect(Object.keys(first.turn.ids ?? {}).sort()).toEqual(['output_packed', 'prompt_packed']);
+    const last = settleAnswer(attempt(1, [{ ...turn(0, 'r0', 0), ids: first.turn.ids }]), run, withIds({ prompt: [1, 2, 3, 4], output: [5, 6] }), 50, 1000, 0)
+      .outcome;
+    if (last.kind !== 'completed') throw new Error(`expected completed, got ${last.kind}`);
+    const staged = JSON.parse(last.output) as { tokens: StagedIds[] };
+    expect(staged.tokens.map((g) => [g.turn, [...joinIds(stagedPrompt(g))], [...joinIds(stagedOutput(g))]])).toEqual([
+      [0, [1, 2], [3]],
+      [1, [1, 2, 3, 4], [5, 6]],
+    ]);
   });
 
   it('fails its conversation naming the turn, when the turn fails for good', () => {
