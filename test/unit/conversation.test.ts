@@ -219,8 +219,14 @@ describe('an answered turn', () => {
     if (first.kind !== 'turn') throw new Error(`expected turn, got ${first.kind}`);
     // As sample_turns.token_ids stores it: packed, under names an older replica does not read as ids.
     expect(Object.keys(first.turn.ids ?? {}).sort()).toEqual(['output_packed', 'prompt_packed']);
-    const last = settleAnswer(attempt(1, [{ ...turn(0, 'r0', 0), ids: first.turn.ids }]), run, withIds({ prompt: [1, 2, 3, 4], output: [5, 6] }), 50, 1000, 0)
-      .outcome;
+    const last = settleAnswer(
+      attempt(1, [{ ...turn(0, 'r0', 0), ids: first.turn.ids }]),
+      run,
+      withIds({ prompt: [1, 2, 3, 4], output: [5, 6] }),
+      50,
+      1000,
+      0,
+    ).outcome;
     if (last.kind !== 'completed') throw new Error(`expected completed, got ${last.kind}`);
     const staged = JSON.parse(last.output) as { tokens: StagedIds[] };
     expect(staged.tokens.map((g) => [g.turn, [...joinIds(stagedPrompt(g))], [...joinIds(stagedOutput(g))]])).toEqual([
