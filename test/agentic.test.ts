@@ -270,11 +270,22 @@ describe('agentic conversations regenerated step by step through a kill -9', () 
 describe('a server without a tool-call parser', () => {
   it('pauses a plain run with tools within 300 answers, naming the parser to launch SGLang with', async () => {
     const model = 'Qwen/Qwen3-Coder-30B-A3B-Instruct';
-    const sim = await spawnSimulator({ model, 'tool-call-parser': 0, 'max-running': 32, 'completion-tokens': 8, 'reasoning-tokens': 4, seed: 9 });
+    // Paced (16 at a time, 20 ms each), as the other gate tests are: answered at once, a loaded
+    // machine's commits carried so many answers each that the gate first judged past 200 and the
+    // run stood at 304 when seen paused.
+    const sim = await spawnSimulator({
+      model,
+      'tool-call-parser': 0,
+      'max-running': 16,
+      'ttft-ms': 20,
+      'completion-tokens': 8,
+      'reasoning-tokens': 4,
+      seed: 9,
+    });
     const dir = tempDir('regen-no-parser-');
     const regen = await spawnServer(dir.dir);
     try {
-      await registerEndpoint(regen.url, sim.url);
+      await registerEndpoint(regen.url, sim.url, { max_concurrency: 16 });
       // Most lines offer tools and the model calls one; its call lands in content without a parser.
       const lines = Array.from({ length: 1000 }, (_, i) =>
         JSON.stringify({ custom_id: `p-${i}`, messages: [{ role: 'user', content: `question ${i} ${i % 5 ? '[tools=search]' : ''}` }], tools: TOOLS }),

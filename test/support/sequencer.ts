@@ -11,10 +11,20 @@ export const durationKey = (project: string, root: string, moduleId: string) => 
 const SHORT_S = 15;
 
 /**
+ * Run after every other file: the bench's smoke run keeps three bench processes going at once, each
+ * with its servers and simulators, which fill both cores on their own. Run first (it is among the
+ * longest), it loaded the machine most while the timing tests queued after it measured a pace,
+ * and its end changed that pace under them (the likeliest reading of a full run where a
+ * conversation ETA read at a third of the run was +124% of the time left). Last, it fills the
+ * cores the suite's last short files leave.
+ */
+const LAST = new Set(['test/bench.test.ts']);
+
+/**
  * Starts the longest files first, whatever their project: with two workers, a three-minute file
  * started last would run alone for minutes at the end of the suite. Files the list does not know
  * (new ones) go first of all, as vitest's own sequencer does with files it has no results for.
- * The short files follow grouped by project, longest first within each: a worker goes on to the
+ * The short files follow grouped by project, longest first within each (then the LAST ones): a worker goes on to the
  * next file in the same process only when the next file queued is of its own project
  * (vitest.config.ts, isolate), and for a file of a few seconds a new process is a good part of its cost.
  * A fresh clone has no vitest cache, so the order comes from the checked-in list.
@@ -25,7 +35,8 @@ export class LongestFirst extends BaseSequencer {
     const root = this.ctx.config.root;
     const key = (spec: TestSpecification) => durationKey(spec.project.name, root, spec.moduleId);
     const seconds = (spec: TestSpecification) => known[key(spec)] ?? Number.POSITIVE_INFINITY;
+    const last = (spec: TestSpecification) => (LAST.has(relative(root, spec.moduleId)) ? 1 : 0);
     const group = (spec: TestSpecification) => (seconds(spec) >= SHORT_S ? '' : spec.project.name);
-    return [...files].sort((a, b) => group(a).localeCompare(group(b)) || seconds(b) - seconds(a) || key(a).localeCompare(key(b)));
+    return [...files].sort((a, b) => last(a) - last(b) || group(a).localeCompare(group(b)) || seconds(b) - seconds(a) || key(a).localeCompare(key(b)));
   }
 }
