@@ -137,16 +137,10 @@ export async function benchTokens(): Promise<Figure[]> {
   });
   const [text, tokens] = [total(sum.text), total(sum.tokens)];
   const label = `${(per * ROUNDS).toLocaleString('en')} samples a side in ${ROUNDS} runs, 600 tokens an answer, zero-latency simulators`;
-  const fig = (figure: string, regen: number, baseline: number, unit: string, lowerIsBetter: boolean, target = 'reported'): Figure => ({
-    part: 'tokens',
-    figure,
-    regen,
-    baseline,
-    unit,
-    ratio: lowerIsBetter ? baseline / regen : regen / baseline,
-    target,
-    ok: target === 'reported' ? null : (lowerIsBetter ? baseline / regen : regen / baseline) >= 2 / 3,
-  });
+  const fig = (figure: string, regen: number, baseline: number, unit: string, lowerIsBetter: boolean, target = 'reported'): Figure => {
+    const ratio = lowerIsBetter ? baseline / regen : regen / baseline;
+    return { part: 'tokens', figure, regen, baseline, unit, ratio, target, ok: target === 'reported' ? null : ratio >= 2 / 3 };
+  };
   return [
     fig(
       `a run's samples/s with output.tokens against the text alone, ${label}`,
