@@ -628,6 +628,37 @@ describe('startSimulator in process', () => {
     }
   });
 
+  it('holds chat requests past holdAfter, counted, until it is raised or set to 0', async () => {
+    const sim = await startSimulator({ holdAfter: 1 });
+    try {
+      expect((await chat(sim.url, { messages: user('first') })).status).toBe(200);
+      let answered = 0;
+      const held = [0, 1, 2].map(async (i) => {
+        const r = await chat(sim.url, { messages: user(`held ${i}`) });
+        answered++;
+        return r;
+      });
+      await waitFor(
+        () => stats(sim.url),
+        (s) => s.requests === 4,
+      );
+      expect(answered).toBe(0);
+      expect((await configure(sim.url, { holdAfter: 3 })).status).toBe(200);
+      await waitFor(
+        async () => answered,
+        (n) => n === 2,
+      );
+      // The one that arrived fourth is still held.
+      await new Promise((r) => setTimeout(r, 100));
+      expect(answered).toBe(2);
+      expect((await configure(sim.url, { holdAfter: 0 })).status).toBe(200);
+      for (const r of await Promise.all(held)) expect(r.status).toBe(200);
+      expect((await stats(sim.url)).completed).toBe(4);
+    } finally {
+      await sim.close();
+    }
+  });
+
   it('calls onDie instead of answering the die-after-th request', async () => {
     let died = 0;
     const sim = await startSimulator({ dieAfter: 2, onDie: () => died++ });

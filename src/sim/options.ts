@@ -15,6 +15,12 @@ export interface SimOptions {
   resetRate?: number;
   hangRate?: number;
   dieAfter?: number;
+  /**
+   * 0: off. Chat requests after the holdAfter-th (counted from the start, as `requests`) are
+   * counted and then wait, unread and unanswered, until it is raised past them or set to 0: a
+   * bench's way to stop a run's progress at a known point, whatever the pace.
+   */
+  holdAfter?: number;
   seed?: number;
   /** What `--max-running-requests` SGLang was launched with: only reported (top-level `max_running_requests`); 0 means not given, reported as null. */
   maxRunningRequests?: number;
@@ -122,6 +128,7 @@ export const DEFAULTS: Readonly<Knobs> = {
   resetRate: 0,
   hangRate: 0,
   dieAfter: 0,
+  holdAfter: 0,
   seed: 1,
   maxRunningRequests: 0,
   dpSize: 1,
@@ -189,6 +196,7 @@ const RULES: Record<keyof Knobs, Rule> = {
   resetRate: rate,
   hangRate: rate,
   dieAfter: count,
+  holdAfter: count,
   seed: { expect: 'an integer', ok: isInteger },
   maxRunningRequests: count,
   dpSize: positive,

@@ -125,6 +125,8 @@ class SimServer {
   readonly #prefixes: PrefixCache[];
   readonly #onDie: () => void;
   readonly #startedAt = Date.now();
+  /** Chat requests past holdAfter, each with its arrival count, waiting to be let go. */
+  #held: { count: number; resolve: () => void }[] = [];
   #random: Random;
   // Its own stream, so that turning aborts on leaves the other faults' sequence as it was.
   #abortRandom: Random;
@@ -213,6 +215,9 @@ class SimServer {
       this.#turnAwayRandom = seededRandom(hashSeed(`${checked.seed}:turn-away`));
     }
     if (checked.keepAliveMs !== undefined) this.http.keepAliveTimeout = checked.keepAliveMs;
+    const held = this.#held;
+    this.#held = held.filter((h) => this.#heldBack(h.count));
+    for (const h of held) if (!this.#heldBack(h.count)) h.resolve();
     // A raised maxRunning should take queued requests now, not when the next one finishes.
     for (const rank of this.#ranks) rank.refill();
     return { ...this.#knobs };
@@ -270,6 +275,10 @@ class SimServer {
   #dropEverything(): void {
     this.http.close();
     this.http.closeAllConnections();
+  }
+
+  #heldBack(count: number): boolean {
+    return this.#knobs.holdAfter > 0 && count > this.#knobs.holdAfter;
   }
 
   #starting(): boolean {
@@ -481,6 +490,7 @@ class SimServer {
   async #chat(req: IncomingMessage, res: ServerResponse, completion = false): Promise<void> {
     const count = ++this.#counts.requests;
     if (this.#knobs.dieAfter > 0 && count >= this.#knobs.dieAfter) return this.#onDie();
+    if (this.#heldBack(count)) await new Promise<void>((resolve) => this.#held.push({ count, resolve }));
     this.#requireStarted();
     const body = await readJson(req, MAX_BODY_BYTES);
     const raw = completion ? completionAsChat(body) : null;
