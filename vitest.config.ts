@@ -36,15 +36,24 @@ const storeless = [
   'test/sim.test.ts',
 ];
 
+function workers(): number {
+  const raw = process.env.REGEN_TEST_WORKERS ?? '3';
+  const n = Number(raw);
+  if (!Number.isInteger(n) || n < 1) throw new Error(`REGEN_TEST_WORKERS must be a positive integer (got ${JSON.stringify(raw)})`);
+  return n;
+}
+
 export default defineConfig({
   test: {
     testTimeout: 120_000,
     hookTimeout: 120_000,
-    // Two files at once, one a core: three were no faster on the same tree (9 min 53 s against
-    // 9 min 35 s) and loaded the machine more; with four, regen servers, simulators and PostgreSQL on
-    // a 2-core machine pushed the load past 14 and tests that wait on real answers ran out of time
-    // (README, Development). `--maxWorkers=N` on the command line overrides it.
-    maxWorkers: 2,
+    // Three files at once on a 2-core machine: much of the suite waits on simulated time (slow
+    // simulators, forecasts, takeovers), and with two the cores sat idle a third of the run (1,003 s,
+    // mean idle 35%); three ended its files some 2.8 min sooner (idle 20%), with no test failed
+    // by the load. Four once pushed the load past 14 and tests waiting on real answers ran out of
+    // time (README, Development). REGEN_TEST_WORKERS=N changes it: vitest's `--maxWorkers` on the
+    // command line does not reach the projects below.
+    maxWorkers: workers(),
     // A worker runs file after file of its project in one process: a new process and its imports
     // for each file cost about a second of CPU, which the two cores are short of. Each file still
     // starts and stops its own servers, simulators and databases, and sets no process-wide state

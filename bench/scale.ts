@@ -59,12 +59,12 @@ async function measure(samples: number, sims: SimProcess[]): Promise<Measured> {
     );
     const ingestPerSecond = samples / ((performance.now() - t0) / 1000);
 
-    // Each simulator answers at most 3/8 of the run and holds the rest, so at least a quarter is
-    // left for the restart to dispatch, whatever the pace: at a tiny scale a quick dispatch beside
+    // Each simulator answers at most a third of the run and holds the rest, so a third, more than
+    // `enough`, is left for the restart to dispatch, whatever the pace: at a tiny scale a quick dispatch beside
     // slow reads has otherwise finished the run before the kill, and the wait for a dispatch after
     // the restart never ended. At full scale the hold lies far past anything the reads wait for.
     const served = await Promise.all(sims.map((s) => s.stats()));
-    await Promise.all(sims.map((s, i) => s.configure({ holdAfter: served[i].requests + Math.ceil((samples * 3) / 8) })));
+    await Promise.all(sims.map((s, i) => s.configure({ holdAfter: served[i].requests + Math.floor(samples / 3) })));
     for (const sim of sims) {
       await json(server.url, '/v1/endpoints', { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ url: sim.url }) });
     }

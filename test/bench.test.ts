@@ -44,6 +44,8 @@ const THROUGH_TSX = 'dispatch';
 const TINY_SCALE = '0.0005';
 /** Generous: a part at a tiny scale takes seconds, but a loaded machine has stretched a server's start past 10 s. */
 const PART_MS = 480_000;
+/** Any one wait in a part ends with an error naming it after this long (bench/support.ts, `until`), before the part is killed. */
+const WAIT_LIMIT_MS = PART_MS - 60_000;
 
 let free = LANES;
 const waiting: (() => void)[] = [];
@@ -69,7 +71,7 @@ function runPart(part: string): Promise<string> {
   const entry = part === THROUGH_TSX ? ['--import', 'tsx', 'bench/index.ts'] : nodeEntry('bench/index.ts');
   return new Promise((resolve, reject) => {
     const child = spawn(process.execPath, [...entry, part], {
-      env: { ...process.env, BENCH_SCALE: TINY_SCALE },
+      env: { ...process.env, BENCH_SCALE: TINY_SCALE, BENCH_WAIT_LIMIT_MS: String(WAIT_LIMIT_MS) },
       stdio: ['ignore', 'pipe', 'pipe'],
       detached: true,
     });

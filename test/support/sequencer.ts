@@ -21,7 +21,7 @@ const SHORT_S = 15;
 const LAST = new Set(['test/bench.test.ts']);
 
 /**
- * Starts the longest files first, whatever their project: with two workers, a three-minute file
+ * Starts the longest files first, whatever their project: with a few workers, a three-minute file
  * started last would run alone for minutes at the end of the suite. Files the list does not know
  * (new ones) go first of all, as vitest's own sequencer does with files it has no results for.
  * The short files follow grouped by project, longest first within each (then the LAST ones): a worker goes on to the
