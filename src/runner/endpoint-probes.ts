@@ -51,6 +51,27 @@ async function serverInfo(url: string, apiKey: string | null) {
   return info.status === 200 ? parseServerInfo(info.body) : null;
 }
 
+const REFUSED = 'connection refused';
+
+/**
+ * A failed connection said as such, whichever probe request met it, or undefined for another
+ * error: never fetch's bare "fetch failed". A kept-alive connection the server dropped (a kill
+ * landing between two requests) is undici's "other side closed", or a write into the closed socket.
+ */
+function connectionFailure(err: unknown): string | undefined {
+  switch ((err as { cause?: { code?: string } }).cause?.code) {
+    case 'ECONNREFUSED':
+      return REFUSED;
+    case 'ECONNRESET':
+      return 'connection reset';
+    case 'UND_ERR_SOCKET':
+    case 'EPIPE':
+      return 'connection closed by the server';
+    default:
+      return undefined;
+  }
+}
+
 type HealthVerdict = { ok: true } | { ok: false; reason: string; loading: boolean };
 
 /**
@@ -131,12 +152,9 @@ export class EndpointProbes {
       }
       return { ok: false, reason: `/health answered ${res.status}`, loading: false };
     } catch (err) {
-      const code = (err as { cause?: { code?: string } }).cause?.code;
-      if (code === 'ECONNREFUSED') return { ok: false, reason: 'connection refused', loading: true };
-      if (code === 'ECONNRESET') return { ok: false, reason: 'connection reset', loading: false };
-      // A kept-alive connection the server dropped (a kill landing between probes): undici's
-      // "other side closed", or a write into the closed socket.
-      if (code === 'UND_ERR_SOCKET' || code === 'EPIPE') return { ok: false, reason: 'connection closed by the server', loading: false };
+      const connection = connectionFailure(err);
+      // Refused: nothing listens yet, as while a server starts.
+      if (connection) return { ok: false, reason: connection, loading: connection === REFUSED };
       const timedOut = (err as Error).name === 'TimeoutError';
       const cause = (err as { cause?: { message?: string } }).cause?.message;
       return {
@@ -165,8 +183,7 @@ export class EndpointProbes {
       info = await serverInfo(url, apiKey).catch(() => null);
     } catch (err) {
       // A server that died between its /health and these reads: said as such, not as fetch's "fetch failed".
-      const code = (err as { cause?: { code?: string } }).cause?.code;
-      const reason = code === 'ECONNREFUSED' ? 'connection refused' : code === 'ECONNRESET' ? 'connection reset' : (err as Error).message;
+      const reason = connectionFailure(err) ?? (err as Error).message;
       return this.probeFailed(e, before, reason.slice(0, MAX_REASON_CHARS), false);
     }
     if (this.parked(e)) return;

@@ -104,3 +104,44 @@ describe('a probe in flight against an operator', () => {
     }
   });
 });
+
+describe('a probe whose server drops the connection', () => {
+  const tmp = tempDir();
+  afterAll(() => tmp.cleanup());
+
+  it('says the connection was closed when it drops between /health and /v1/models, never "fetch failed"', async () => {
+    // /health answers on a kept-alive connection; /v1/models finds the server gone from it, as
+    // when a kill lands between the two requests of one probe.
+    const server: Server = createServer((req, res) => {
+      if (req.url === '/health') res.writeHead(200).end();
+      else req.socket.destroy();
+    });
+    await new Promise<void>((r) => server.listen(0, '127.0.0.1', () => r()));
+    const url = `http://127.0.0.1:${(server.address() as AddressInfo).port}`;
+    const db = await openDb(join(tmp.dir, 'dropped.db'));
+    try {
+      await insertEndpoint(db, { id: 'ep_1', url, name: 'a', state: 'starting', createdAt: 1, updatedAt: 1 });
+      const pool = new EndpointPool(
+        db,
+        makeLogger('silent'),
+        Date.now,
+        settings,
+        () => {},
+        () => {},
+      );
+      await pool.sync();
+      new EndpointProbes(
+        pool,
+        makeLogger('silent'),
+        Date.now,
+        settings,
+        () => {},
+        () => {},
+      ).due();
+      await expect.poll(async () => (await getEndpoint(db, 'ep_1'))!.lastError).toBe('connection closed by the server');
+    } finally {
+      await closeDb(db);
+      await new Promise<void>((r) => server.close(() => r()));
+    }
+  });
+});
