@@ -49,8 +49,8 @@ export default defineConfig({
     hookTimeout: 120_000,
     // Three files at once on a 2-core machine: much of the suite waits on simulated time (slow
     // simulators, forecasts, takeovers), and with two the cores sat idle a third of the run (1,003 s,
-    // mean idle 35%); three ended its files some 2.8 min sooner (idle 20%), with no test failed
-    // by the load. Four once pushed the load past 14 and tests waiting on real answers ran out of
+    // mean idle 35%); three took 836 and 860 s (idle 13% and 10%) with no test failed by the load
+    // (BENCHMARKS.md, 2026-12-07). Four once pushed the load past 14 and tests waiting on real answers ran out of
     // time (README, Development). REGEN_TEST_WORKERS=N changes it: vitest's `--maxWorkers` on the
     // command line does not reach the projects below.
     maxWorkers: workers(),

@@ -64,11 +64,12 @@ export async function benchMillion(): Promise<Figure[]> {
       run: await timed(server.url, `/v1/runs/${run.id}`, reads),
       failed: await timed(server.url, `/v1/runs/${run.id}/samples?status=failed&limit=100`, reads),
     };
-    // Each simulator answers at most a fifth of the run from here and holds the rest, so the kill
+    // Each simulator answers at most a quarter of the run from here and holds the rest, so the kill
     // at 40% always finds work left for the restart, whatever the pace: at a tiny scale the reads
-    // below can outlast the rest of a run dispatched flat out. At full scale the holds lie far past 40%.
+    // below can outlast the rest of a run dispatched flat out. At full scale the fast pair alone
+    // may answer half the run before holding, well past the kill at 40%.
     const served = await Promise.all([...sims, slow].map((s) => s.stats()));
-    await Promise.all([...sims, slow].map((s, i) => s.configure({ holdAfter: served[i].requests + Math.floor(n / 5) })));
+    await Promise.all([...sims, slow].map((s, i) => s.configure({ holdAfter: served[i].requests + Math.floor(n / 4) })));
     for (const sim of sims) await register(sim.url);
     await until('10% done', async () => (done(await view()) >= n * 0.1 ? true : undefined), 600_000, 200);
     const rss10 = memoryOf(server.proc.pid!).rssMiB;

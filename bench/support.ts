@@ -70,14 +70,23 @@ export async function json<T = any>(base: string, path: string, init: RequestIni
 }
 
 /**
- * The longest any `until` may wait, whatever it asks for: the suite's smoke run of the bench sets
- * it below the time it gives a part, so that a wait that cannot end says which it was rather than
- * being killed with the rest of the part.
+ * How long after the process's start any `until` gives up, whatever it asks for: the suite's smoke
+ * run of the bench sets it below the time it gives a part, so that a wait that cannot end says
+ * which it was rather than being killed with the rest of the part.
  */
-const WAIT_LIMIT_MS = Number(process.env.BENCH_WAIT_LIMIT_MS ?? Number.POSITIVE_INFINITY);
+const WAIT_LIMIT_MS = waitLimit();
+
+function waitLimit(): number {
+  const raw = process.env.BENCH_WAIT_LIMIT_MS;
+  if (raw === undefined) return Number.POSITIVE_INFINITY;
+  const ms = Number(raw);
+  if (raw.trim() === '' || !(ms > 0)) throw new Error(`BENCH_WAIT_LIMIT_MS must be a positive number of milliseconds (got ${JSON.stringify(raw)})`);
+  return ms;
+}
 
 export async function until<T>(what: string, fn: () => Promise<T | undefined>, ms: number, every = 50): Promise<T> {
-  const deadline = Date.now() + Math.min(ms, WAIT_LIMIT_MS);
+  // Counted from the process's start: a part's waits together stay inside it.
+  const deadline = Math.min(Date.now() + ms, performance.timeOrigin + WAIT_LIMIT_MS);
   for (;;) {
     const v = await fn();
     if (v !== undefined) return v;

@@ -44,7 +44,7 @@ const THROUGH_TSX = 'dispatch';
 const TINY_SCALE = '0.0005';
 /** Generous: a part at a tiny scale takes seconds, but a loaded machine has stretched a server's start past 10 s. */
 const PART_MS = 480_000;
-/** Any one wait in a part ends with an error naming it after this long (bench/support.ts, `until`), before the part is killed. */
+/** A wait still going this long after its part started ends with an error naming it (bench/support.ts, `until`), before the part is killed. */
 const WAIT_LIMIT_MS = PART_MS - 60_000;
 
 let free = LANES;

@@ -18,7 +18,8 @@ export interface SimOptions {
   /**
    * 0: off. Chat requests after the holdAfter-th (counted from the start, as `requests`) are
    * counted and then wait, unread and unanswered, until it is raised past them or set to 0: a
-   * bench's way to stop a run's progress at a known point, whatever the pace.
+   * bench's way to stop a run's progress at a known point, whatever the pace. A drain does not
+   * wait for held requests, and a close drops them.
    */
   holdAfter?: number;
   seed?: number;

@@ -490,7 +490,11 @@ class SimServer {
   async #chat(req: IncomingMessage, res: ServerResponse, completion = false): Promise<void> {
     const count = ++this.#counts.requests;
     if (this.#knobs.dieAfter > 0 && count >= this.#knobs.dieAfter) return this.#onDie();
-    if (this.#heldBack(count)) await new Promise<void>((resolve) => this.#held.push({ count, resolve }));
+    if (this.#heldBack(count)) {
+      await new Promise<void>((resolve) => this.#held.push({ count, resolve }));
+      // Its client left while it was held: nothing is left to read or answer.
+      if (req.destroyed) return;
+    }
     this.#requireStarted();
     const body = await readJson(req, MAX_BODY_BYTES);
     const raw = completion ? completionAsChat(body) : null;

@@ -138,7 +138,7 @@ describe('a probe whose server drops the connection', () => {
         () => {},
         () => {},
       ).due();
-      await expect.poll(async () => (await getEndpoint(db, 'ep_1'))!.lastError).toBe('connection closed by the server');
+      await expect.poll(async () => (await getEndpoint(db, 'ep_1'))!.lastError, { timeout: 10_000 }).toBe('connection closed by the server');
     } finally {
       await closeDb(db);
       await new Promise<void>((r) => server.close(() => r()));
