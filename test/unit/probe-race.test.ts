@@ -45,6 +45,29 @@ const settings = {
   requestRetryMs: 500,
 };
 
+/** One endpoint at `url`, `starting`, in a pool on `db`, its first probe under way; returns the pool. */
+async function probeOne(db: Awaited<ReturnType<typeof openDb>>, url: string): Promise<EndpointPool> {
+  await insertEndpoint(db, { id: 'ep_1', url, name: 'a', state: 'starting', createdAt: 1, updatedAt: 1 });
+  const pool = new EndpointPool(
+    db,
+    makeLogger('silent'),
+    Date.now,
+    settings,
+    () => {},
+    () => {},
+  );
+  await pool.sync();
+  new EndpointProbes(
+    pool,
+    makeLogger('silent'),
+    Date.now,
+    settings,
+    () => {},
+    () => {},
+  ).due();
+  return pool;
+}
+
 describe('a probe in flight against an operator', () => {
   const tmp = tempDir();
   afterAll(() => tmp.cleanup());
@@ -53,24 +76,7 @@ describe('a probe in flight against an operator', () => {
   async function probing(model: string, file: string) {
     const fake = await heldHealthServer(model);
     const db = await openDb(join(tmp.dir, file));
-    await insertEndpoint(db, { id: 'ep_1', url: fake.url, name: 'a', state: 'starting', createdAt: 1, updatedAt: 1 });
-    const pool = new EndpointPool(
-      db,
-      makeLogger('silent'),
-      Date.now,
-      settings,
-      () => {},
-      () => {},
-    );
-    await pool.sync();
-    new EndpointProbes(
-      pool,
-      makeLogger('silent'),
-      Date.now,
-      settings,
-      () => {},
-      () => {},
-    ).due();
+    const pool = await probeOne(db, fake.url);
     await expect.poll(() => fake.healthCalls()).toBe(1);
     return { fake, db, pool };
   }
@@ -120,24 +126,7 @@ describe('a probe whose server drops the connection', () => {
     const url = `http://127.0.0.1:${(server.address() as AddressInfo).port}`;
     const db = await openDb(join(tmp.dir, 'dropped.db'));
     try {
-      await insertEndpoint(db, { id: 'ep_1', url, name: 'a', state: 'starting', createdAt: 1, updatedAt: 1 });
-      const pool = new EndpointPool(
-        db,
-        makeLogger('silent'),
-        Date.now,
-        settings,
-        () => {},
-        () => {},
-      );
-      await pool.sync();
-      new EndpointProbes(
-        pool,
-        makeLogger('silent'),
-        Date.now,
-        settings,
-        () => {},
-        () => {},
-      ).due();
+      await probeOne(db, url);
       await expect.poll(async () => (await getEndpoint(db, 'ep_1'))!.lastError, { timeout: 10_000 }).toBe('connection closed by the server');
     } finally {
       await closeDb(db);
