@@ -1,7 +1,7 @@
 import { join } from 'node:path';
 import { spawnSimulator } from '../src/sim/spawn.js';
 import { spawnServer, tempDir, type ServerProcess } from '../test/support/server.js';
-import { json, uploadFile, memoryOf, percentile, scaled, sleep, until, writePrompts, type Figure } from './support.js';
+import { holdPast, json, uploadFile, memoryOf, percentile, scaled, sleep, until, writePrompts, type Figure } from './support.js';
 
 const MODEL = 'bench-model';
 /** Samples answered at the fleet pace before its reads (a tiny-scale run waits for a twentieth of its samples instead). */
@@ -68,8 +68,7 @@ export async function benchMillion(): Promise<Figure[]> {
     // at 40% always finds work left for the restart, whatever the pace: at a tiny scale the reads
     // below can outlast the rest of a run dispatched flat out. At full scale the fast pair alone
     // may answer half the run before holding, well past the kill at 40%.
-    const served = await Promise.all([...sims, slow].map((s) => s.stats()));
-    await Promise.all([...sims, slow].map((s, i) => s.configure({ holdAfter: served[i].requests + Math.floor(n / 4) })));
+    const release = await holdPast([...sims, slow], Math.floor(n / 4));
     for (const sim of sims) await register(sim.url);
     await until('10% done', async () => (done(await view()) >= n * 0.1 ? true : undefined), 600_000, 200);
     const rss10 = memoryOf(server.proc.pid!).rssMiB;
@@ -81,7 +80,7 @@ export async function benchMillion(): Promise<Figure[]> {
 
     await until('40% done', async () => (done(await view()) >= n * 0.4 ? true : undefined), 600_000, 200);
     await server.kill('SIGKILL');
-    await Promise.all([...sims, slow].map((s) => s.configure({ holdAfter: 0 })));
+    await release();
     const requests = async () => (await Promise.all([...sims, slow].map((s) => s.stats()))).reduce((a, s) => a + s.requests, 0);
     const before = await requests();
     const t0 = performance.now();

@@ -1,7 +1,7 @@
 import { join } from 'node:path';
 import { spawnSimulator, type SimProcess } from '../src/sim/spawn.js';
 import { spawnServer, tempDir, type ServerProcess } from '../test/support/server.js';
-import { json, uploadFile, memoryOf, percentile, scaled, until, writePrompts, type Figure } from './support.js';
+import { holdPast, json, uploadFile, memoryOf, percentile, scaled, until, writePrompts, type Figure } from './support.js';
 
 const MODEL = 'bench-model';
 /** The larger run is this many times the smaller: the figures must stay flat across it. */
@@ -63,8 +63,7 @@ async function measure(samples: number, sims: SimProcess[]): Promise<Measured> {
     // `enough`, is left for the restart to dispatch, whatever the pace: at a tiny scale a quick dispatch beside
     // slow reads has otherwise finished the run before the kill, and the wait for a dispatch after
     // the restart never ended. At full scale the hold lies far past anything the reads wait for.
-    const served = await Promise.all(sims.map((s) => s.stats()));
-    await Promise.all(sims.map((s, i) => s.configure({ holdAfter: served[i].requests + Math.floor(samples / 3) })));
+    const release = await holdPast(sims, Math.floor(samples / 3));
     for (const sim of sims) {
       await json(server.url, '/v1/endpoints', { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ url: sim.url }) });
     }
@@ -83,7 +82,7 @@ async function measure(samples: number, sims: SimProcess[]): Promise<Measured> {
     const peakRssIngestAndDispatch = memoryOf(server.proc.pid!).peakMiB;
 
     await server.kill('SIGKILL');
-    await Promise.all(sims.map((s) => s.configure({ holdAfter: 0 })));
+    await release();
     const requests = async () => (await Promise.all(sims.map((s) => s.stats()))).reduce((a, s) => a + s.requests, 0);
     const before = await requests();
     const t1 = performance.now();

@@ -1,5 +1,6 @@
 import { createReadStream, createWriteStream, readFileSync } from 'node:fs';
 import { PrefixCache } from '../src/sim/prefix-cache.js';
+import type { SimProcess } from '../src/sim/spawn.js';
 import { promptSequence } from '../src/sim/text.js';
 import { cpus } from 'node:os';
 import { once } from 'node:events';
@@ -93,6 +94,19 @@ export async function until<T>(what: string, fn: () => Promise<T | undefined>, m
     if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`);
     await new Promise((r) => setTimeout(r, every));
   }
+}
+
+/**
+ * Each simulator answers at most `each` more requests and holds the ones after (the simulator's
+ * `holdAfter`), so that a run cannot end before a step the bench must take with work left, however
+ * fast it goes; resolves with the function that lets every held request go.
+ */
+export async function holdPast(sims: SimProcess[], each: number): Promise<() => Promise<void>> {
+  const served = await Promise.all(sims.map((s) => s.stats()));
+  await Promise.all(sims.map((s, i) => s.configure({ holdAfter: served[i].requests + each })));
+  return async () => {
+    await Promise.all(sims.map((s) => s.configure({ holdAfter: 0 })));
+  };
 }
 
 export const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
