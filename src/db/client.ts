@@ -37,15 +37,41 @@ function tune(sqlite: Database.Database, busyTimeoutMs: number): void {
   sqlite.function('lower', { deterministic: true }, (text: unknown) => (typeof text === 'string' ? text.toLowerCase() : text));
 }
 
-/** A SQLite connection's statements, prepared once per text. */
-class Statements {
-  private readonly cache = new Map<string, Database.Statement>();
+/** How many statements a connection keeps prepared (the texts regen builds are far fewer). */
+const PREPARED_KEPT = 512;
 
+/**
+ * Makes a connection prepare each statement text once: drizzle prepares every query it runs anew,
+ * and the runner's loop runs the same few reads ten times a second (an idle server's runner thread
+ * spent a quarter of its CPU in SQLite's prepare). A statement comes back as a new one is, with its
+ * rows as objects: drizzle puts a statement in raw mode on the calls that want arrays, each time.
+ * better-sqlite3's statements run synchronously, so two callers never use one at once, and SQLite
+ * prepares a statement again by itself after a schema change. The least recently used text goes
+ * past PREPARED_KEPT.
+ */
+function preparedOnce(sqlite: Database.Database): void {
+  const prepare = sqlite.prepare.bind(sqlite);
+  const kept = new Map<string, Database.Statement>();
+  sqlite.prepare = ((text: string) => {
+    let stmt = kept.get(text);
+    if (stmt) {
+      kept.delete(text);
+      if (stmt.reader) stmt.raw(false);
+    } else {
+      stmt = prepare(text);
+      if (kept.size >= PREPARED_KEPT) kept.delete(kept.keys().next().value as string);
+    }
+    kept.set(text, stmt);
+    return stmt;
+  }) as typeof sqlite.prepare;
+}
+
+/** A SQLite connection's raw statements (prepared once per text: preparedOnce). */
+class Statements {
   constructor(private readonly sqlite: Database.Database) {}
 
   exec<R>(text: string, params: readonly unknown[]): ExecResult<R> {
-    let stmt = this.cache.get(text);
-    if (!stmt) this.cache.set(text, (stmt = this.sqlite.prepare(text)));
+    const stmt = this.sqlite.prepare(text);
     // A statement that returns rows (a select, or a write with RETURNING) reports them; its changes are their count.
     if (stmt.reader) {
       const rows = stmt.all(...params) as R[];
@@ -136,10 +162,12 @@ class SqliteStore {
     this.writer = new Database(path);
     this.writer.pragma('journal_mode = WAL');
     tune(this.writer, busyTimeoutMs);
+    preparedOnce(this.writer);
     const writerQ = drizzle(this.writer, { schema }) as Query;
     migrate(writerQ, { migrationsFolder });
     this.reader = new Database(path, { readonly: true });
     tune(this.reader, busyTimeoutMs);
+    preparedOnce(this.reader);
     const writerStatements = new Statements(this.writer);
     this.root = new SqliteHandle(this, drizzle(this.reader, { schema }) as Query, new Statements(this.reader), false, false);
     this.writerHandle = new SqliteHandle(this, writerQ, writerStatements, true, false);
