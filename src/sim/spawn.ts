@@ -9,6 +9,9 @@ const compiled = import.meta.url.endsWith('.js');
 const MAIN = fileURLToPath(new URL(compiled ? './main.js' : './main.ts', import.meta.url));
 const NODE_ARGS = compiled ? [MAIN] : ['--import', 'tsx', MAIN];
 
+/** A stopped or hung simulator fails a control request (stats, config) after this long instead of never. */
+const CONTROL_TIMEOUT_MS = 10_000;
+
 export interface SimProcess {
   url: string;
   port: number;
@@ -68,12 +71,17 @@ export async function spawnSimulator(flags: Record<string, string | number> = {}
       clearTimeout(timer);
     },
     async configure(patch) {
-      const res = await fetch(`${listening.url}/sim/config`, { method: 'POST', body: JSON.stringify(patch), headers: { 'content-type': 'application/json' } });
+      const res = await fetch(`${listening.url}/sim/config`, {
+        method: 'POST',
+        body: JSON.stringify(patch),
+        headers: { 'content-type': 'application/json' },
+        signal: AbortSignal.timeout(CONTROL_TIMEOUT_MS),
+      });
       if (!res.ok) throw new Error(`sim config rejected: ${await res.text()}`);
     },
     drained: () => drained,
     async stats() {
-      return (await (await fetch(`${listening.url}/sim/stats`)).json()) as Record<string, number>;
+      return (await (await fetch(`${listening.url}/sim/stats`, { signal: AbortSignal.timeout(CONTROL_TIMEOUT_MS) })).json()) as Record<string, number>;
     },
   };
 }
