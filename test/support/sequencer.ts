@@ -7,6 +7,9 @@ export const DURATIONS_FILE = new URL('../durations.json', import.meta.url);
 
 export const durationKey = (project: string, root: string, moduleId: string) => `${project}:${relative(root, moduleId)}`;
 
+/** Files shorter than this run after the long ones, one project's after the other's (below). */
+const SHORT_S = 15;
+
 /**
  * Run after every other file: the bench's smoke run keeps three bench processes going at once, each
  * with its servers and simulators, which fill both cores on their own. Run first (it is among the
@@ -18,15 +21,13 @@ export const durationKey = (project: string, root: string, moduleId: string) => 
 const LAST = new Set(['test/bench.test.ts']);
 
 /**
- * One project's files after the other's, the longest first within each (then the LAST ones): a
- * worker goes on to its next file in the same process only when the next file queued is of its own
- * project (vitest.config.ts, isolate); otherwise vitest ends it and starts another, which imports
- * everything again. With the long files of both projects mixed, as before, a full run started 30
- * worker processes and more instead of six (BENCHMARKS.md, 2026-12-07, third session). The
- * shortest files still end the run, so no long one runs alone at the end. Files the list does not
- * know (new ones) go first within their project, as vitest's own sequencer does with files it has
- * no results for. The PostgreSQL project goes first: the LAST file is of the SQLite one. A fresh
- * clone has no vitest cache, so the order comes from the checked-in list.
+ * Starts the longest files first, whatever their project: with a few workers, a three-minute file
+ * started last would run alone for minutes at the end of the suite. Files the list does not know
+ * (new ones) go first of all, as vitest's own sequencer does with files it has no results for.
+ * The short files follow grouped by project, longest first within each (then the LAST ones): a worker goes on to the
+ * next file in the same process only when the next file queued is of its own project
+ * (vitest.config.ts, isolate), and for a file of a few seconds a new process is a good part of its cost.
+ * A fresh clone has no vitest cache, so the order comes from the checked-in list.
  */
 export class LongestFirst extends BaseSequencer {
   async sort(files: TestSpecification[]): Promise<TestSpecification[]> {
@@ -35,7 +36,7 @@ export class LongestFirst extends BaseSequencer {
     const key = (spec: TestSpecification) => durationKey(spec.project.name, root, spec.moduleId);
     const seconds = (spec: TestSpecification) => known[key(spec)] ?? Number.POSITIVE_INFINITY;
     const last = (spec: TestSpecification) => (LAST.has(relative(root, spec.moduleId)) ? 1 : 0);
-    const block = (spec: TestSpecification) => (spec.project.name === 'pg' ? 0 : 1);
-    return [...files].sort((a, b) => last(a) - last(b) || block(a) - block(b) || seconds(b) - seconds(a) || key(a).localeCompare(key(b)));
+    const group = (spec: TestSpecification) => (seconds(spec) >= SHORT_S ? '' : spec.project.name);
+    return [...files].sort((a, b) => last(a) - last(b) || group(a).localeCompare(group(b)) || seconds(b) - seconds(a) || key(a).localeCompare(key(b)));
   }
 }
