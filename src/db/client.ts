@@ -37,26 +37,34 @@ function tune(sqlite: Database.Database, busyTimeoutMs: number): void {
   sqlite.function('lower', { deterministic: true }, (text: unknown) => (typeof text === 'string' ? text.toLowerCase() : text));
 }
 
-/** How many statements a connection keeps prepared (the texts regen builds are far fewer). */
+/** How many statements a connection keeps prepared; a text past them (an IN list of a new length) pushes out the least recently used. */
 const PREPARED_KEPT = 512;
 
+/** Only statements that act when they run are kept: a pragma may act when it is prepared (secure_delete does). */
+const KEPT_STATEMENT = /^\s*(select|insert|update|delete|with|replace)\b/i;
+
 /**
- * Makes a connection prepare each statement text once: drizzle prepares every query it runs anew,
- * and the runner's loop runs the same few reads ten times a second (an idle server's runner thread
- * spent a quarter of its CPU in SQLite's prepare). A statement comes back as a new one is, with its
- * rows as objects: drizzle puts a statement in raw mode on the calls that want arrays, each time.
- * better-sqlite3's statements run synchronously, so two callers never use one at once, and SQLite
- * prepares a statement again by itself after a schema change. The least recently used text goes
- * past PREPARED_KEPT.
+ * Makes a connection prepare each query's text once: drizzle prepares every query it runs anew, and
+ * the runner's loop runs the same reads ten times a second (SQLite's prepare was a quarter of an
+ * idle server's runner-thread CPU). A kept statement comes back in the modes a new one has (rows as
+ * objects, numbers as numbers): drizzle puts a statement in raw mode each time it wants arrays, and
+ * a caller of `sqliteClient(db).prepare` may pluck. Nothing here binds a statement for good
+ * (`bind()` cannot be undone). better-sqlite3 runs a statement to the end in one call, so one is
+ * never handed out while in use, save during an `iterate()`: a statement busy so is not handed out
+ * again, a new one is. SQLite prepares a statement again by itself after a schema change.
  */
 function preparedOnce(sqlite: Database.Database): void {
   const prepare = sqlite.prepare.bind(sqlite);
   const kept = new Map<string, Database.Statement>();
   sqlite.prepare = ((text: string) => {
+    if (!KEPT_STATEMENT.test(text)) return prepare(text);
     let stmt = kept.get(text);
+    if (stmt?.busy) return prepare(text);
     if (stmt) {
+      // Moved to the end of the map's order: the first entry is always the least recently used.
       kept.delete(text);
-      if (stmt.reader) stmt.raw(false);
+      if (stmt.reader) stmt.raw(false).pluck(false).expand(false);
+      stmt.safeIntegers(false);
     } else {
       stmt = prepare(text);
       if (kept.size >= PREPARED_KEPT) kept.delete(kept.keys().next().value as string);
@@ -66,7 +74,7 @@ function preparedOnce(sqlite: Database.Database): void {
   }) as typeof sqlite.prepare;
 }
 
-/** A SQLite connection's raw statements (prepared once per text: preparedOnce). */
+/** A SQLite connection's raw statements (a query's text prepared once: preparedOnce). */
 class Statements {
   constructor(private readonly sqlite: Database.Database) {}
 
@@ -162,9 +170,10 @@ class SqliteStore {
     this.writer = new Database(path);
     this.writer.pragma('journal_mode = WAL');
     tune(this.writer, busyTimeoutMs);
-    preparedOnce(this.writer);
     const writerQ = drizzle(this.writer, { schema }) as Query;
     migrate(writerQ, { migrationsFolder });
+    // After the migrations: their statements run once in a database's life.
+    preparedOnce(this.writer);
     this.reader = new Database(path, { readonly: true });
     tune(this.reader, busyTimeoutMs);
     preparedOnce(this.reader);
