@@ -120,6 +120,7 @@ async function follow(deps: Deps, runId: string, after: number, stream: SSEStrea
   });
   let cursor = after;
   let progressAt = -Infinity;
+  let heldBefore = false;
   try {
     while (!stream.aborted) {
       const run = await getRun(deps.db, runId);
@@ -138,8 +139,13 @@ async function follow(deps: Deps, runId: string, after: number, stream: SSEStrea
           data: JSON.stringify({ id, status, status_reason, request_counts, turns, quality, usage, shards, progress, forecast }),
         });
       }
-      cursor = await sendEvents(deps.db, runId, cursor, stream);
+      const sent = await sendEvents(deps.db, runId, cursor, stream, !terminal && !heldBefore);
+      cursor = sent.cursor;
       if (terminal) return;
+      // The run ended between reading its row and its events: its last progress goes before its
+      // terminal status event, read again at once, so the stream still ends with that event.
+      heldBefore = sent.held;
+      if (sent.held) continue;
       await new Promise<void>((resolve) => {
         wake = resolve;
         timer = setTimeout(resolve, POLL_MS);
@@ -153,13 +159,20 @@ async function follow(deps: Deps, runId: string, after: number, stream: SSEStrea
   }
 }
 
-async function sendEvents(db: Db, runId: string, cursor: number, stream: SSEStreamingApi): Promise<number> {
+/**
+ * Writes the run's events after `cursor`. With `holdEnd`, a terminal status event that is the run's
+ * newest event is held back (not written, the cursor left before it): the caller read the run's row
+ * before that status was committed, and sends the run's final progress first.
+ */
+async function sendEvents(db: Db, runId: string, cursor: number, stream: SSEStreamingApi, holdEnd: boolean): Promise<{ cursor: number; held: boolean }> {
   for (;;) {
     const rows = await eventsAfter(db, runId, cursor, EVENTS_PER_READ);
-    for (const e of rows) {
+    for (const [i, e] of rows.entries()) {
+      const newest = i === rows.length - 1 && rows.length < EVENTS_PER_READ;
+      if (holdEnd && newest && e.type === 'status' && TERMINAL_RUN_STATUSES.includes((e.data as { status: RunStatus }).status)) return { cursor, held: true };
       await stream.writeSSE({ id: String(e.id), event: e.type, data: JSON.stringify({ run_id: runId, ...e.data, at: iso(e.createdAt) }) });
       cursor = e.id;
     }
-    if (rows.length < EVENTS_PER_READ) return cursor;
+    if (rows.length < EVENTS_PER_READ) return { cursor, held: false };
   }
 }
