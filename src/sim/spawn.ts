@@ -9,7 +9,7 @@ const compiled = import.meta.url.endsWith('.js');
 const MAIN = fileURLToPath(new URL(compiled ? './main.js' : './main.ts', import.meta.url));
 const NODE_ARGS = compiled ? [MAIN] : ['--import', 'tsx', MAIN];
 
-/** A stopped or hung simulator fails a control request (stats, config) after this long instead of never. */
+/** A hung or paused simulator fails a control request (stats, config) after this long instead of never. */
 const CONTROL_TIMEOUT_MS = 10_000;
 
 export interface SimProcess {
@@ -71,17 +71,23 @@ export async function spawnSimulator(flags: Record<string, string | number> = {}
       clearTimeout(timer);
     },
     async configure(patch) {
-      const res = await fetch(`${listening.url}/sim/config`, {
-        method: 'POST',
-        body: JSON.stringify(patch),
-        headers: { 'content-type': 'application/json' },
-        signal: AbortSignal.timeout(CONTROL_TIMEOUT_MS),
-      });
+      const res = await control(listening.url, '/sim/config', { method: 'POST', body: JSON.stringify(patch), headers: { 'content-type': 'application/json' } });
       if (!res.ok) throw new Error(`sim config rejected: ${await res.text()}`);
     },
     drained: () => drained,
     async stats() {
-      return (await (await fetch(`${listening.url}/sim/stats`, { signal: AbortSignal.timeout(CONTROL_TIMEOUT_MS) })).json()) as Record<string, number>;
+      return (await (await control(listening.url, '/sim/stats')).json()) as Record<string, number>;
     },
   };
+}
+
+/** A control request to the simulator at `url`, failing with what it asked of whom after CONTROL_TIMEOUT_MS. */
+async function control(url: string, path: string, init: RequestInit = {}): Promise<Response> {
+  try {
+    return await fetch(`${url}${path}`, { ...init, signal: AbortSignal.timeout(CONTROL_TIMEOUT_MS) });
+  } catch (err) {
+    if ((err as Error).name === 'TimeoutError')
+      throw new Error(`the simulator at ${url} did not answer ${path} within ${CONTROL_TIMEOUT_MS} ms`, { cause: err });
+    throw err;
+  }
 }

@@ -27,10 +27,10 @@ const LAST = new Set(['test/bench.test.ts']);
  * The short files follow grouped by project, longest first within each (then the LAST ones): a worker goes on to the
  * next file in the same process only when the next file queued is of its own project
  * (vitest.config.ts, isolate), and for a file of a few seconds a new process is a good part of its cost.
- * Grouping the long files by project too was measured and is worse: one run each, one after the
- * other, it started 13 worker processes instead of 35 and spent 66 s importing instead of 109, but
- * the PostgreSQL project's files, three at once, took 17% longer (1,910 against 1,635 s summed) and
- * the suite 1,367 s against 1,305 (BENCHMARKS.md, 2026-12-07, third session).
+ * Grouping the long files by project too was tried and looked worse (one run each side, the other
+ * side with a second change in it): 13 worker processes instead of 35 and 66 s importing instead
+ * of 109, but the PostgreSQL project's files, three at once, took 17% longer (1,910 against 1,635 s
+ * summed) and the suite 1,367 s against 1,305 (BENCHMARKS.md, 2026-12-07, third session).
  * A fresh clone has no vitest cache, so the order comes from the checked-in list.
  */
 export class LongestFirst extends BaseSequencer {
