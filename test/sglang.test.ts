@@ -80,26 +80,29 @@ afterAll(async () => {
 describe('regen against real SGLang behaviour', () => {
   it('keeps well over 128 in flight on a default-launched server that runs 256, never more than it runs plus a short queue', async () => {
     // A default launch: top-level max_running_requests is null; the rank says 256.
-    const s = await sim({ model: 'm-cap', 'max-running': 256, 'ttft-ms': 300, 'tokens-per-second': 400 });
+    const s = await sim({ model: 'm-cap', 'max-running': 256, 'ttft-ms': 300, 'tokens-per-second': 60 });
     const info = (await (await fetch(`${s.url}/server_info`)).json()) as { max_running_requests: unknown };
     expect(info.max_running_requests).toBeNull();
     const ep = await registerEndpoint(server.url, s.url);
     const watch = watchEndpoint(ep.id);
     // Past the adaptive cap's climb from 64 to the server's 256 plus its queue within the first few hundred.
-    const { id, prompts } = await run('m-cap', 2000, 'cap');
+    const { id, prompts } = await run('m-cap', 1200, 'cap');
     const done = await waitForStatus(server.url, id, TERMINAL, 120_000);
     await watch.stop();
     expect(done.status).toBe('completed');
     const stats = await s.stats();
-    expect(stats.maxRunningSeen).toBeGreaterThan(128);
     expect(watch.seen.maxInFlight).toBeGreaterThan(128);
+    // And the server held them at once. Its answers last about 2 s: a simulator starved of CPU reads
+    // requests late, and with answers of 0.5 s it ran at most 97 at once in a loaded CI run (158
+    // beside eight busy loops, where these ran its 256 and queued more).
+    expect(stats.maxRunningSeen, `regen had ${watch.seen.maxInFlight} in flight`).toBeGreaterThan(128);
     // 256 it can run, plus the low end of its queue band.
     expect(watch.seen.maxInFlight).toBeLessThanOrEqual(serverCeiling(256));
     expect(watch.seen.sources).toContain('adaptive');
     const endpoint = (await call(server.url, `/v1/endpoints/${ep.id}`)).body;
     expect(endpoint.capacity.max_running).toBe(256);
     const out = await checkOutput(stores.forUri(done.output_uri), prompts.expected);
-    expect(out.lines.size).toBe(2000);
+    expect(out.lines.size).toBe(1200);
     console.log(
       `sglang capacity: ${JSON.stringify({ server_runs: 256, peak_in_flight: watch.seen.maxInFlight, peak_running_at_server: stats.maxRunningSeen, cap: endpoint.max_concurrency })}`,
     );
