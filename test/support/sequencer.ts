@@ -24,9 +24,10 @@ const LAST = new Set(['test/bench.test.ts']);
  * Starts the longest files first, whatever their project: with a few workers, a three-minute file
  * started last would run alone for minutes at the end of the suite. Files the list does not know
  * (new ones) go first of all, as vitest's own sequencer does with files it has no results for.
- * The short files follow grouped by project, longest first within each (then the LAST ones): a worker goes on to the
- * next file in the same process only when the next file queued is of its own project
- * (vitest.config.ts, isolate), and for a file of a few seconds a new process is a good part of its cost.
+ * The short files follow grouped by project, longest first within each (then the LAST ones): a
+ * worker goes on to the next file in the same process only when the next file queued is of its own
+ * project (vitest.config.ts, isolate), and for a file of a few seconds a new process is a good part
+ * of its cost.
  * Grouping the long files by project too was tried and looked worse (one run each side, the other
  * side with a second change in it): 13 worker processes instead of 35 and 66 s importing instead
  * of 109, but the PostgreSQL project's files, three at once, took 17% longer (1,910 against 1,635 s
