@@ -15,6 +15,7 @@ const storeless = [
   'test/affinity-replicas.test.ts',
   'test/bench.test.ts',
   'test/cache-usage.test.ts',
+  'test/entry.test.ts',
   'test/fault-answers-memory.test.ts',
   'test/grafana.test.ts',
   'test/input-format.test.ts',

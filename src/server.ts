@@ -19,6 +19,9 @@ import { WebhookDeliverer } from './services/webhooks.js';
 import { ExpirySweeper } from './services/expiry.js';
 import { Stores } from './storage/index.js';
 
+/** Whether this process runs compiled JavaScript (dist/, or the test suite's tree) or the sources through tsx. */
+const COMPILED = import.meta.url.endsWith('.js');
+
 /** The runner as the process that started it controls it, whether in this thread or its own. */
 export interface RunnerControl {
   /** Stops dispatch, waits up to the grace period for in-flight work, releases the rest, flushes. */
@@ -220,7 +223,8 @@ async function start(config: Config, opts: StartOptions, thread: RunnerThread | 
   const port = (server.address() as AddressInfo).port;
   const host = config.host.includes(':') ? `[${config.host}]` : config.host;
   const url = `http://${host}:${port}`;
-  logger.info({ url, data_dir: config.dataDir, runner: !!runner, auth: config.apiTokens.length > 0 }, 'regen listening');
+  // compiled: the build `npm ci` made (bin/regen.js), or false for the TypeScript through tsx.
+  logger.info({ url, data_dir: config.dataDir, runner: !!runner, auth: config.apiTokens.length > 0, compiled: COMPILED }, 'regen listening');
   let closed = false;
   const served: Server = {
     url,

@@ -39,7 +39,7 @@ export async function startTestServer(env: Record<string, string> = {}, dataDir?
   };
 }
 
-/** `node ...REGEN, ...args` runs `regen`: compiled in the suite (bin/regen.js runs it through tsx). */
+/** `node ...REGEN, ...args` runs `regen`: this run's compiled tree in the suite, bin/regen.js under `npm run bench`. */
 export const REGEN = nodeEntry('src/cli/main.ts');
 /** How long `regen serve` may take to listen: a loaded 2-core machine has taken over 30 s to load it. */
 const SERVER_START_MS = 90_000;
@@ -52,9 +52,9 @@ export interface ServerProcess {
   kill(signal?: NodeJS.Signals): Promise<number | null>;
 }
 
-/** `regen serve` as its own process, for crash and signal tests. Resolves once it listens. */
-export async function spawnServer(dataDir: string, env: Record<string, string> = {}): Promise<ServerProcess> {
-  const proc = spawn(process.execPath, [...REGEN, 'serve', '--port', '0', '--data', dataDir], {
+/** `regen serve` as its own process, for crash and signal tests. Resolves once it listens. `regen`: how `node` runs it. */
+export async function spawnServer(dataDir: string, env: Record<string, string> = {}, regen: string[] = REGEN): Promise<ServerProcess> {
+  const proc = spawn(process.execPath, [...regen, 'serve', '--port', '0', '--data', dataDir], {
     env: { ...process.env, REGEN_LOG_LEVEL: 'info', REGEN_PROBE_INTERVAL_MS: '200', ...(await storeEnv(dataDir)), ...env },
     stdio: ['ignore', 'pipe', 'pipe'],
   });

@@ -1,0 +1,128 @@
+// Compiles the sources for `regen` to run without tsx's loader: `npm ci` runs it (the `prepare`
+// script) into dist/, which bin/regen.js runs while it matches the sources (bin/sources.js); the
+// test suite compiles its own tree per run the same way (test/support/build.ts).
+import { copyFileSync, mkdirSync, readdirSync, readFileSync, renameSync, rmSync, symlinkSync, writeFileSync } from 'node:fs';
+import { createHash } from 'node:crypto';
+import { join, relative } from 'node:path';
+import { fileURLToPath, pathToFileURL } from 'node:url';
+import { buildSync, transformSync } from 'esbuild';
+import { BUILD_STAMP, DIST, ROOT, sourcesOf } from '../bin/sources.js';
+
+/** The entry points bundled with their packages, and the bundle's name for each: `regen` (serve and the CLI) and the runner thread. */
+export const BUNDLED = { 'src/cli/main.ts': 'cli/main', 'src/runner/worker.ts': 'runner/worker' };
+
+/**
+ * Compiles each tree (src/ and any others given, paths from the project's root) file by file into
+ * `out`, with the esbuild tsx itself compiles with (names kept, as tsx keeps them; no source maps: a
+ * stack trace points into the compiled file), and bundles the entry points above with their
+ * packages (all but the native ones) into `out/bundle/`. A server that found, read and compiled
+ * some 600 modules one by one took 2.1–2.2 s of CPU to listen with its runner thread up (most of it
+ * in Node's module loader, not in the modules' code); bundled, 1.4 s; through tsx's loader, 1–2 s
+ * more. Each module keeps its place: import.meta.url is written into each file of src/ as its own
+ * URL, so what a module finds beside itself (the migrations, the dashboard, the runner thread's
+ * entry) it finds in a bundle too: the URL of its place under `home`, where the tree will live.
+ */
+export function compileSources(out, trees = ['src'], home = out) {
+  for (const tree of trees) compileTree(join(ROOT, tree), join(out, tree), tree === 'src' ? join(home, tree) : null);
+  // Paths the sources resolve from their own place: ../../migrations (the stores), src/dashboard (copied above).
+  symlinkSync(join(ROOT, 'migrations'), join(out, 'migrations'));
+  buildSync({
+    entryPoints: Object.fromEntries(Object.entries(BUNDLED).map(([source, name]) => [name, join(out, source.replace(/\.ts$/, '.js'))])),
+    outdir: join(out, 'bundle'),
+    bundle: true,
+    splitting: true,
+    format: 'esm',
+    platform: 'node',
+    target: 'node20',
+    // As the compiled tree and tsx keep them: a class's name is what an error's name and a log say.
+    keepNames: true,
+    external: ['better-sqlite3', 'pg-native'],
+    // Packages written as CommonJS call require(), which an ES module has not got.
+    banner: { js: "import { createRequire as __regenRequire } from 'node:module'; const require = __regenRequire(import.meta.url);" },
+    logLevel: 'error',
+  });
+  // The runner thread's entry registers tsx to load worker.ts; here it loads the worker's bundle.
+  writeFileSync(join(out, 'src', 'runner', 'worker-boot.mjs'), "await import('../../bundle/runner/worker.js');\n");
+}
+
+/** `home`: where `to` will live, for the URLs written in; null to leave import.meta.url as it is. */
+function compileTree(from, to, home) {
+  mkdirSync(to, { recursive: true });
+  for (const entry of readdirSync(from, { withFileTypes: true })) {
+    const source = join(from, entry.name);
+    if (entry.isDirectory()) {
+      compileTree(source, join(to, entry.name), home && join(home, entry.name));
+    } else if (entry.name.endsWith('.d.ts')) {
+    } else if (entry.name.endsWith('.ts')) {
+      const { code } = transformSync(readFileSync(source, 'utf8'), {
+        loader: 'ts',
+        format: 'esm',
+        target: 'node20',
+        keepNames: true,
+        sourcefile: relative(ROOT, source),
+      });
+      const name = entry.name.replace(/\.ts$/, '.js');
+      // In src/ (bundled), where it is only ever code: the module's own URL, as Node gives it
+      // there, written in; the same value loaded file by file, and still its own in a bundle.
+      const url = home && JSON.stringify(pathToFileURL(join(home, name)).href);
+      writeFileSync(join(to, name), url ? code.replaceAll('import.meta.url', () => url) : code);
+    } else {
+      copyFileSync(source, join(to, entry.name));
+    }
+  }
+}
+
+/**
+ * A build in dist/ of its own, named by what it was built from, with dist/stamp.json (read by
+ * bin/regen.js) written last: a build cut short leaves the stamp of the build before, which no
+ * longer matches the sources, so bin/regen.js runs them. The sources are read for the stamp before
+ * they are compiled: one changed meanwhile leaves a stamp that does not match them, never a build
+ * that passes for them. The build before stays, for a server still running it (its modules loaded
+ * on first use, such as the AWS SDK's, and a restarted runner thread); older ones go.
+ */
+export function buildDist() {
+  const stamp = sourcesOf();
+  const build = createHash('sha256').update(JSON.stringify(stamp)).digest('hex').slice(0, 16);
+  const home = join(DIST, build);
+  const partial = `${home}.partial-${process.pid}`;
+  rmSync(partial, { recursive: true, force: true });
+  mkdirSync(partial, { recursive: true });
+  compileSources(partial, ['src'], home);
+  rmSync(home, { recursive: true, force: true });
+  renameSync(partial, home);
+  const before = previousBuild();
+  for (const name of readdirSync(DIST)) {
+    const owner = Number(name.split('.partial-')[1]);
+    if (name === build || name === before || name === BUILD_STAMP || (owner && pidAlive(owner))) continue;
+    rmSync(join(DIST, name), { recursive: true, force: true });
+  }
+  writeFileSync(join(DIST, `${BUILD_STAMP}.${process.pid}`), `${JSON.stringify({ ...stamp, build })}\n`);
+  renameSync(join(DIST, `${BUILD_STAMP}.${process.pid}`), join(DIST, BUILD_STAMP));
+  return home;
+}
+
+/** The build the stamp names now, whatever its sources. */
+function previousBuild() {
+  try {
+    return JSON.parse(readFileSync(join(DIST, BUILD_STAMP), 'utf8')).build;
+  } catch {
+    return undefined;
+  }
+}
+
+/** Whether a process of this machine is alive: the owner of a build under way. */
+export function pidAlive(pid) {
+  if (!Number.isInteger(pid) || pid <= 0) return false;
+  try {
+    process.kill(pid, 0);
+    return true;
+  } catch (err) {
+    return err.code === 'EPERM';
+  }
+}
+
+if (process.argv[1] && fileURLToPath(import.meta.url) === process.argv[1]) {
+  const started = Date.now();
+  const home = buildDist();
+  console.log(`regen: compiled src/ into ${relative(ROOT, home)}/ in ${Date.now() - started} ms`);
+}
