@@ -1,4 +1,4 @@
-import { existsSync, mkdirSync, readdirSync, rmSync, statSync } from 'node:fs';
+import { existsSync, mkdirSync, readdirSync, rmSync, statSync, symlinkSync } from 'node:fs';
 import { join } from 'node:path';
 import { fileURLToPath, pathToFileURL } from 'node:url';
 import { BUNDLED, compileSources, pidAlive } from '../../scripts/build.js';
@@ -28,6 +28,8 @@ export function buildSources(): string {
   }
   const out = join(BUILDS, `${process.pid}-${Date.now()}`);
   compileSources(out, ['src', 'bench', 'test/support']);
+  // What test/support/build.js imports from beside itself: the recipe, plain JavaScript.
+  symlinkSync(join(ROOT, 'scripts'), join(out, 'scripts'));
   return out;
 }
 
