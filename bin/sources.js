@@ -1,7 +1,7 @@
 // Whether dist/ (scripts/build.js, run by `npm ci`) is the build of the sources as they are now.
 import { createHash } from 'node:crypto';
 import { existsSync, readdirSync, readFileSync, statSync } from 'node:fs';
-import { join, relative } from 'node:path';
+import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 
 export const ROOT = fileURLToPath(new URL('..', import.meta.url));
@@ -9,9 +9,9 @@ export const DIST = join(ROOT, 'dist');
 /** Written last by a build: the folder it was built for, the digest of what it was built from, and where in dist/ it is. */
 export const BUILD_STAMP = 'stamp.json';
 /** What a build is made from: the sources, the packages bundled with them, and the recipe. */
-const INPUTS = ['src', 'package-lock.json', 'scripts/build.js'];
+const INPUTS = ['src', 'package.json', 'package-lock.json', 'scripts/build.js'];
 
-/** What a build of the project as it is now is of: a change to any input, or a move of the folder, makes another. */
+/** What a build of the project as it stands would be built from: a change to any input, or a move of the folder, makes another. */
 export function sourcesOf(root = ROOT) {
   const hash = createHash('sha256');
   for (const input of INPUTS) digest(hash, root, input);
@@ -27,19 +27,21 @@ function digest(hash, root, path) {
   }
 }
 
-/** The files at `path` (itself, or those under it; none if it is missing), as paths from the root, in a fixed order. */
+/**
+ * The files at `path` (itself, or those under it; none if it is missing), as paths from the root, in
+ * a fixed order; walked as scripts/build.js walks a tree to compile it.
+ */
 function filesUnder(full, path) {
   if (!existsSync(full)) return [];
   if (!statSync(full).isDirectory()) return [path];
-  return readdirSync(full, { withFileTypes: true, recursive: true })
-    .filter((e) => e.isFile())
-    .map((e) => join(path, relative(full, join(e.parentPath ?? e.path, e.name))))
-    .sort();
+  return readdirSync(full, { withFileTypes: true })
+    .sort((a, b) => (a.name < b.name ? -1 : a.name > b.name ? 1 : 0))
+    .flatMap((e) => (e.isDirectory() ? filesUnder(join(full, e.name), join(path, e.name)) : [join(path, e.name)]));
 }
 
 /**
  * The bundle of `regen` in dist/ when its stamp is that of the sources as they are, else null (no
- * build, one cut short, one of other sources or of another folder): bin/regen.js then runs the
+ * build, one of other sources or of another folder, one no longer there): bin/regen.js then runs the
  * TypeScript through tsx, as a developer changing a file wants. REGEN_RUN_SOURCES=1 asks for the
  * sources whatever dist/ holds.
  */
@@ -53,5 +55,7 @@ export function builtEntry(root = ROOT, env = process.env) {
   }
   const now = sourcesOf(root);
   if (stamp.root !== now.root || stamp.sources !== now.sources || !/^[0-9a-f]+$/.test(stamp.build ?? '')) return null;
-  return join(root, 'dist', stamp.build, 'bundle', 'cli', 'main.js');
+  const entry = join(root, 'dist', stamp.build, 'bundle', 'cli', 'main.js');
+  // A stamp whose build is gone (removed by hand) is no build.
+  return existsSync(entry) ? entry : null;
 }

@@ -1,7 +1,7 @@
 // Compiles the sources for `regen` to run without tsx's loader: `npm ci` runs it (the `prepare`
 // script) into dist/, which bin/regen.js runs while it matches the sources (bin/sources.js); the
 // test suite compiles its own tree per run the same way (test/support/build.ts).
-import { copyFileSync, mkdirSync, readdirSync, readFileSync, renameSync, rmSync, symlinkSync, writeFileSync } from 'node:fs';
+import { copyFileSync, existsSync, mkdirSync, readdirSync, readFileSync, realpathSync, renameSync, rmSync, symlinkSync, writeFileSync } from 'node:fs';
 import { createHash } from 'node:crypto';
 import { join, relative } from 'node:path';
 import { fileURLToPath, pathToFileURL } from 'node:url';
@@ -72,32 +72,53 @@ function compileTree(from, to, home) {
   }
 }
 
+/** Marks a folder or file of dist/ on its way in or out, and the process it belongs to. */
+const TEMP = '.tmp-';
+
 /**
- * A build in dist/ of its own, named by what it was built from, with dist/stamp.json (read by
- * bin/regen.js) written last: a build cut short leaves the stamp of the build before, which no
- * longer matches the sources, so bin/regen.js runs them. The sources are read for the stamp before
- * they are compiled: one changed meanwhile leaves a stamp that does not match them, never a build
- * that passes for them. The build before stays, for a server still running it (its modules loaded
- * on first use, such as the AWS SDK's, and a restarted runner thread); older ones go.
+ * A build in dist/ of its own, named by what it was built from, and dist/stamp.json (read by
+ * bin/regen.js) naming it, written last. A build's folder is whole or absent: it appears by a
+ * rename, and goes by one. A build cut short leaves the stamp before, which no longer matches the
+ * sources, so bin/regen.js runs them. The sources are read for the stamp before they are compiled:
+ * one changed meanwhile leaves a stamp that does not match them, never a build that passes for
+ * them. The build before stays, for a server still running it (its modules loaded on first use,
+ * such as the AWS SDK's, and a restarted runner thread); older ones go.
  */
 export function buildDist() {
   const stamp = sourcesOf();
   const build = createHash('sha256').update(JSON.stringify(stamp)).digest('hex').slice(0, 16);
   const home = join(DIST, build);
-  const partial = `${home}.partial-${process.pid}`;
-  rmSync(partial, { recursive: true, force: true });
-  mkdirSync(partial, { recursive: true });
-  compileSources(partial, ['src'], home);
-  rmSync(home, { recursive: true, force: true });
-  renameSync(partial, home);
-  const before = previousBuild();
-  for (const name of readdirSync(DIST)) {
-    const owner = Number(name.split('.partial-')[1]);
-    if (name === build || name === before || name === BUILD_STAMP || (owner && pidAlive(owner))) continue;
-    rmSync(join(DIST, name), { recursive: true, force: true });
+  mkdirSync(DIST, { recursive: true });
+  // The same inputs built before (npm ci run again): that build is this one.
+  if (!existsSync(home)) {
+    const partial = `${home}${TEMP}${process.pid}`;
+    rmSync(partial, { recursive: true, force: true });
+    mkdirSync(partial);
+    compileSources(partial, ['src'], home);
+    try {
+      renameSync(partial, home);
+    } catch (err) {
+      // Another build of the same inputs got there first.
+      rmSync(partial, { recursive: true, force: true });
+      if (!existsSync(home)) throw err;
+    }
   }
-  writeFileSync(join(DIST, `${BUILD_STAMP}.${process.pid}`), `${JSON.stringify({ ...stamp, build })}\n`);
-  renameSync(join(DIST, `${BUILD_STAMP}.${process.pid}`), join(DIST, BUILD_STAMP));
+  const before = previousBuild();
+  const stampFile = join(DIST, BUILD_STAMP);
+  writeFileSync(`${stampFile}${TEMP}${process.pid}`, `${JSON.stringify({ ...stamp, build })}\n`);
+  renameSync(`${stampFile}${TEMP}${process.pid}`, stampFile);
+  for (const name of readdirSync(DIST)) {
+    if (name === build || name === before || name === BUILD_STAMP) continue;
+    const owner = Number(name.split(TEMP)[1]);
+    if (owner) {
+      // Another build's, under way, or left by one that died.
+      if (!pidAlive(owner)) rmSync(join(DIST, name), { recursive: true, force: true });
+      continue;
+    }
+    const gone = join(DIST, `${name}.gone${TEMP}${process.pid}`);
+    renameSync(join(DIST, name), gone);
+    rmSync(gone, { recursive: true, force: true });
+  }
   return home;
 }
 
@@ -121,7 +142,7 @@ export function pidAlive(pid) {
   }
 }
 
-if (process.argv[1] && fileURLToPath(import.meta.url) === process.argv[1]) {
+if (process.argv[1] && fileURLToPath(import.meta.url) === realpathSync(process.argv[1])) {
   const started = Date.now();
   const home = buildDist();
   console.log(`regen: compiled src/ into ${relative(ROOT, home)}/ in ${Date.now() - started} ms`);

@@ -38,6 +38,9 @@ describe('bin/regen.js', () => {
     mkdirSync(join(root, 'dist'));
     expect(builtEntry(root, {}), 'a build with no stamp (cut short)').toBeNull();
     writeFileSync(join(root, 'dist', 'stamp.json'), JSON.stringify({ ...sourcesOf(root), build: 'b1' }));
+    expect(builtEntry(root, {}), 'a stamp whose build is not there').toBeNull();
+    mkdirSync(join(entry, '..'), { recursive: true });
+    writeFileSync(entry, '');
     expect(builtEntry(root, {})).toBe(entry);
     expect(builtEntry(root, { REGEN_RUN_SOURCES: '1' }), 'asked for the sources').toBeNull();
 
@@ -53,6 +56,10 @@ describe('bin/regen.js', () => {
     writeFileSync(join(root, 'package-lock.json'), '{"lockfileVersion":3}');
     expect(builtEntry(root, {}), 'the packages bundled changed').toBeNull();
     writeFileSync(join(root, 'package-lock.json'), '{}');
+    expect(builtEntry(root, {})).toBe(entry);
+    writeFileSync(join(root, 'scripts', 'build.js'), '// another recipe');
+    expect(builtEntry(root, {}), 'the recipe changed').toBeNull();
+    writeFileSync(join(root, 'scripts', 'build.js'), '');
     expect(builtEntry(root, {})).toBe(entry);
 
     // The build's modules know their folder by its path: a copy elsewhere runs its sources.
