@@ -3,7 +3,7 @@ import type { RunRow } from '../db/schema.js';
 import { samplesPerLine } from '../domain/params.js';
 import { isDispatchable } from '../domain/statuses.js';
 import type { ClaimBuffer, Slot } from './claim-buffer.js';
-import { claimSize, pickEndpoint } from './endpoint-choice.js';
+import { claimSize, endingCap, pickEndpoint } from './endpoint-choice.js';
 import type { EndpointPool, LiveEndpoint } from './endpoints.js';
 import type { Requests } from './requests.js';
 
@@ -44,7 +44,11 @@ export function fillSlots(
 ): void {
   // Caps do not move within one pump; endpoints with free slots but no sample for them leave it.
   const caps = new Map<string, number>();
-  for (const e of pool.live.values()) if (e.dispatchable) caps.set(e.row.id, pool.capOf(e));
+  for (const e of pool.live.values()) {
+    if (!e.dispatchable) continue;
+    const served = active.filter((run) => isDispatchable(run.status) && e.serves(run.model));
+    caps.set(e.row.id, endingCap(pool.capOf(e), e.capacity.maxRunning, served));
+  }
   const ready = (id: string): boolean => pool.live.get(id)?.holdsAffinity === true;
   for (;;) {
     const best = pickEndpoint(pool.live.values(), (e) => {
