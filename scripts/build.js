@@ -104,6 +104,8 @@ export function buildDist() {
     }
   }
   const before = previousBuild();
+  // Already the build in use (npm ci run again): nothing changes, and the build before stays.
+  if (before === build) return home;
   const stampFile = join(DIST, BUILD_STAMP);
   writeFileSync(`${stampFile}${TEMP}${process.pid}`, `${JSON.stringify({ ...stamp, build })}\n`);
   renameSync(`${stampFile}${TEMP}${process.pid}`, stampFile);
@@ -116,7 +118,13 @@ export function buildDist() {
       continue;
     }
     const gone = join(DIST, `${name}.gone${TEMP}${process.pid}`);
-    renameSync(join(DIST, name), gone);
+    try {
+      renameSync(join(DIST, name), gone);
+    } catch (err) {
+      // Another build removed it meanwhile.
+      if (err.code === 'ENOENT') continue;
+      throw err;
+    }
     rmSync(gone, { recursive: true, force: true });
   }
   return home;

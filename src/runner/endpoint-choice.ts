@@ -29,21 +29,6 @@ export function pickEndpoint<T>(candidates: Iterable<T>, slotsOf: (c: T) => Slot
   return best;
 }
 
-/**
- * An endpoint's cap for one pump. At the end of the work, with nothing left to claim for any run it
- * serves (every sample leased or done), a request queued behind a server's running limit waits
- * there for a slot while another server's slots go idle, and the last wave ends an answer's length
- * late: in the saturation bench (4 servers × 64 slots, 1 s answers) 13 requests waited in two
- * servers' queues while a third had 13 slots free, 0.9 s of a 21 s run. So then an endpoint gets no
- * more than its server runs at once, where the server says (`max_running_requests`), and the last
- * samples wait in regen for the first slot free on any endpoint. A server whose running limit is its
- * KV pool's (SGLang's default limit is far past it) keeps its queue.
- */
-export function endingCap(cap: number, maxRunning: number | null, served: readonly { pending: number }[]): number {
-  if (maxRunning === null || served.some((run) => run.pending > 0)) return cap;
-  return Math.min(cap, maxRunning);
-}
-
 /** The most samples one run keeps claimed ahead of dispatch. */
 export const MAX_CLAIM = 512;
 

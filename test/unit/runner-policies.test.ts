@@ -1,6 +1,6 @@
 import { describe, expect, it } from 'vitest';
 import { APIConnectionError, APIConnectionTimeoutError, APIError, APIUserAbortError } from 'openai';
-import { claimSize, endingCap, MAX_CLAIM, pickEndpoint, type Slots } from '../../src/runner/endpoint-choice.js';
+import { claimSize, MAX_CLAIM, pickEndpoint, type Slots } from '../../src/runner/endpoint-choice.js';
 import { backoffMs, requestBackoff, storeBackoff } from '../../src/domain/backoff.js';
 import { decideFailure } from '../../src/runner/failure-policy.js';
 import { buildRequest, classifyError, parseAnswer, retryAfterMs } from '../../src/runner/request.js';
@@ -304,19 +304,5 @@ describe('decideFailure', () => {
   it("spends the sample's attempts on its own faults", () => {
     expect(decideFailure(e('internal_error'), budget(1, 0), () => 1)).toEqual({ kind: 'retry', delayMs: 500, serverFault: false });
     expect(decideFailure(e('internal_error'), budget(5, 0))).toEqual({ kind: 'failed' });
-  });
-});
-
-describe('endingCap: no server queue once nothing is left to claim', () => {
-  it('keeps the cap while a run it serves has samples to claim', () => {
-    expect(endingCap(96, 64, [{ pending: 0 }, { pending: 1 }])).toBe(96);
-  });
-  it('holds an endpoint to what its server runs at once when every run it serves is claimed to the last sample', () => {
-    expect(endingCap(96, 64, [{ pending: 0 }, { pending: 0 }])).toBe(64);
-    // Never above the cap it had: an operator's lower max_concurrency stays.
-    expect(endingCap(32, 64, [{ pending: 0 }])).toBe(32);
-  });
-  it('leaves a server that does not say its running limit its queue', () => {
-    expect(endingCap(96, null, [{ pending: 0 }])).toBe(96);
   });
 });
