@@ -171,11 +171,6 @@ export class ClaimBuffer {
     return performance.now() - b.claimedAt < holdMs;
   }
 
-  /** The samples of the run claimed and not yet sent. */
-  buffered(runId: string): number {
-    return this.buffers.get(runId)?.samples.length ?? 0;
-  }
-
   /** The run had nothing due at its last claim this tick, and holds nothing. */
   isDrained(runId: string): boolean {
     const b = this.buffers.get(runId);

@@ -4,7 +4,6 @@ import { samplesPerLine } from '../domain/params.js';
 import { isDispatchable } from '../domain/statuses.js';
 import type { ClaimBuffer, Slot } from './claim-buffer.js';
 import { claimSize, pickEndpoint } from './endpoint-choice.js';
-import { endingCaps } from './ending-caps.js';
 import type { EndpointPool, LiveEndpoint } from './endpoints.js';
 import type { Requests } from './requests.js';
 
@@ -44,12 +43,8 @@ export function fillSlots(
   affinity = true,
 ): void {
   // Caps do not move within one pump; endpoints with free slots but no sample for them leave it.
-  const caps = endingCaps(
-    pool.live.values(),
-    (e) => pool.capOf(e),
-    active,
-    (runId) => claims.buffered(runId),
-  );
+  const caps = new Map<string, number>();
+  for (const e of pool.live.values()) if (e.dispatchable) caps.set(e.row.id, pool.capOf(e));
   const ready = (id: string): boolean => pool.live.get(id)?.holdsAffinity === true;
   for (;;) {
     const best = pickEndpoint(pool.live.values(), (e) => {
