@@ -47,15 +47,20 @@ function filesUnder(full, path) {
  */
 export function builtEntry(root = ROOT, env = process.env) {
   if (env.REGEN_RUN_SOURCES === '1') return null;
-  let stamp;
-  try {
-    stamp = JSON.parse(readFileSync(join(root, 'dist', BUILD_STAMP), 'utf8'));
-  } catch {
-    return null;
-  }
+  const stamp = readStamp(root);
+  if (!stamp) return null;
   const now = sourcesOf(root);
   if (stamp.root !== now.root || stamp.sources !== now.sources || !/^[0-9a-f]+$/.test(stamp.build ?? '')) return null;
   const entry = join(root, 'dist', stamp.build, 'bundle', 'cli', 'main.js');
   // A stamp whose build is gone (removed by hand) is no build.
   return existsSync(entry) ? entry : null;
+}
+
+/** dist/stamp.json as the last build wrote it, or null when there is none to read. */
+export function readStamp(root = ROOT) {
+  try {
+    return JSON.parse(readFileSync(join(root, 'dist', BUILD_STAMP), 'utf8'));
+  } catch {
+    return null;
+  }
 }

@@ -6,7 +6,7 @@ import { createHash } from 'node:crypto';
 import { join, relative } from 'node:path';
 import { fileURLToPath, pathToFileURL } from 'node:url';
 import { buildSync, transformSync } from 'esbuild';
-import { BUILD_STAMP, DIST, ROOT, sourcesOf } from '../bin/sources.js';
+import { BUILD_STAMP, DIST, readStamp, ROOT, sourcesOf } from '../bin/sources.js';
 
 /** The entry points bundled with their packages, and the bundle's name for each: `regen` (serve and the CLI) and the runner thread. */
 export const BUNDLED = { 'src/cli/main.ts': 'cli/main', 'src/runner/worker.ts': 'runner/worker' };
@@ -103,7 +103,8 @@ export function buildDist() {
       if (!existsSync(home)) throw err;
     }
   }
-  const before = previousBuild();
+  // The build the stamp names now, whatever its sources.
+  const before = readStamp()?.build;
   // Already the build in use (npm ci run again): nothing changes, and the build before stays.
   if (before === build) return home;
   const stampFile = join(DIST, BUILD_STAMP);
@@ -128,15 +129,6 @@ export function buildDist() {
     rmSync(gone, { recursive: true, force: true });
   }
   return home;
-}
-
-/** The build the stamp names now, whatever its sources. */
-function previousBuild() {
-  try {
-    return JSON.parse(readFileSync(join(DIST, BUILD_STAMP), 'utf8')).build;
-  } catch {
-    return undefined;
-  }
 }
 
 /** Whether a process of this machine is alive: the owner of a build under way. */
