@@ -1,5 +1,5 @@
-import { createReadStream, createWriteStream } from 'node:fs';
-import { mkdir, open, readdir, readFile, rename, rm, rmdir, stat, unlink, writeFile } from 'node:fs/promises';
+import { createReadStream } from 'node:fs';
+import { type FileHandle, mkdir, open, readdir, readFile, rename, rm, rmdir, stat, unlink, writeFile } from 'node:fs/promises';
 import { basename, dirname, join, resolve } from 'node:path';
 import { pathToFileURL } from 'node:url';
 import { randomBytes } from 'node:crypto';
@@ -91,26 +91,40 @@ export class FileStore implements ObjectStore {
     return join(this.dir, key);
   }
 
-  private async atomically(key: string, write: (tmp: string) => Promise<void>): Promise<void> {
+  /**
+   * Writes through a temp file opened here, before any byte comes: the file exists from the start,
+   * so a write that fails always finds it to remove. A write stream opening the file itself may
+   * still be opening it when a failed body rejects the pipeline, and make it after the removal.
+   * `write` leaves the handle closed.
+   */
+  private async atomically(key: string, write: (file: FileHandle) => Promise<void>): Promise<void> {
     const dest = this.path(key);
     await this.mustOwn();
     await mkdir(dirname(dest), { recursive: true });
     await mkdir(this.temp, { recursive: true });
     const tmp = join(this.temp, `${basename(dest)}.${randomBytes(6).toString('hex')}`);
+    const file = await open(tmp, 'wx');
     try {
-      await write(tmp);
+      await write(file);
       const fh = await open(tmp, 'r');
       await fh.sync();
       await fh.close();
       await rename(tmp, dest);
     } catch (err) {
+      await file.close();
       await rm(tmp, { force: true });
       throw err;
     }
   }
 
   async put(key: string, body: Buffer | string): Promise<void> {
-    await this.atomically(key, (tmp) => writeFile(tmp, body));
+    await this.atomically(key, async (file) => {
+      try {
+        await file.writeFile(body);
+      } finally {
+        await file.close();
+      }
+    });
   }
 
   async putStream(key: string, body: Readable): Promise<{ bytes: number }> {
@@ -118,7 +132,15 @@ export class FileStore implements ObjectStore {
     // body that fails before then (a client hanging up) must not become an uncaught exception.
     body.on('error', () => {});
     const counter = byteCounter();
-    await this.atomically(key, (tmp) => pipeline(body, counter, createWriteStream(tmp)));
+    await this.atomically(key, async (file) => {
+      const out = file.createWriteStream();
+      try {
+        await pipeline(body, counter, out);
+      } finally {
+        // A failed pipeline answers before the stream has closed the handle.
+        if (!out.closed) await new Promise<void>((done) => out.once('close', () => done()));
+      }
+    });
     return { bytes: counter.bytes };
   }
 

@@ -1,5 +1,6 @@
 import { mkdirSync, readdirSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
+import { PassThrough } from 'node:stream';
 import { pathToFileURL } from 'node:url';
 import { afterAll, expect, it } from 'vitest';
 import { FileStore } from '../../src/storage/file-store.js';
@@ -59,4 +60,28 @@ it('of racing takes of one new folder, none fails: a probe never writes where an
     expect(readdirSync(dir).filter((f) => f !== TEMP_FOLDER)).toEqual([]);
   }
   expect(failures).toEqual([]);
+});
+
+it('a body that fails, before its first byte or after some, leaves no temp file', async () => {
+  // A write stream opening its file itself was still opening it when a failed body rejected the
+  // pipeline, so the removal could come first and the open make the file after it: one such temp
+  // file outlived a cut upload in a loaded CI run. Each round fails 20 bodies side by side.
+  const dir = join(tmp.dir, 'failed');
+  const store = storeAt(dir);
+  for (let round = 0; round < 25; round++) {
+    const puts = Array.from({ length: 20 }, (_, i) => {
+      const body = new PassThrough();
+      if (i % 2 === 0) body.destroy(new Error('cut before the first byte'));
+      else {
+        body.write('{"a":1}\n');
+        setImmediate(() => body.destroy(new Error('cut after a line')));
+      }
+      return store.putStream(`f-${round}-${i}.jsonl`, body);
+    });
+    const settled = await Promise.allSettled(puts);
+    expect(settled.every((s) => s.status === 'rejected')).toBe(true);
+    // Nothing is left to happen once a write has failed: the folder is read at once.
+    expect(readdirSync(join(dir, TEMP_FOLDER))).toEqual([]);
+  }
+  expect(readdirSync(dir)).toEqual([TEMP_FOLDER]);
 });
