@@ -1,5 +1,6 @@
-// Batch expiry runs on the runner thread every tick. It lives apart from batch creation so that
-// the runner thread loads none of the API side: no input parsing, no route schemas, no OpenAPI.
+// Batch expiry runs on the runner thread, once a second (run-steps.ts). It lives apart from batch
+// creation so that the runner thread loads none of the API side: no input parsing, no route
+// schemas, no OpenAPI.
 import type { RunnerDeps } from '../deps.js';
 import { dueBatchRuns } from '../db/batches.js';
 import { transitionRun } from '../db/runs.js';
@@ -8,8 +9,8 @@ import type { RunStatus } from '../domain/statuses.js';
 /**
  * Gives up the unanswered samples of batches whose completion window has passed: the run is
  * cancelled (in-flight requests aborted, pending samples never sent), its answers are kept, and
- * the batch reads `expired`. Runs already finalizing have nothing left to give up. Called every tick,
- * just before the tick reads the active runs again.
+ * the batch reads `expired`. Runs already finalizing have nothing left to give up. Called at most
+ * once a second, just before a tick reads the active runs again.
  */
 export async function expireBatches(deps: RunnerDeps): Promise<void> {
   const now = deps.clock();

@@ -4,7 +4,6 @@ import type { RunnerDeps } from '../deps.js';
 import { getRun, listRunsByStatus } from '../db/runs.js';
 import type { RunRow } from '../db/schema.js';
 import { ACTIVE_RUN_STATUSES, isDispatchable } from '../domain/statuses.js';
-import { expireBatches } from './batch-expiry.js';
 import { ClaimBuffer } from './claim-buffer.js';
 import { Coalesced } from './coalesced.js';
 import { AFFINITY_WAIT_MS } from './endpoint-choice.js';
@@ -306,7 +305,7 @@ export class Runner implements RunnerView {
     if (this.life !== 'running') return;
     this.probes.due();
     const leads = this.fleet.leads;
-    if (leads) await expireBatches(this.deps);
+    if (leads) await this.runSteps.expireBatches();
     await this.refreshActive();
     this.claims.newTick();
     this.pump();
