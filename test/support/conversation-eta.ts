@@ -53,16 +53,24 @@ export interface EtaReading {
   actual: number;
   /** (eta − actual) / actual. */
   error: number;
+  /** How many readings the figure is the median of (1 without a span). */
+  readings: number;
+  /** The error of the first reading past the point. */
+  first: number;
 }
 
 type Get = (path: string) => Promise<any>;
 
 /**
- * Follows the run to its end, reading its ETA the first time its answered turns pass each of
- * ETA_POINTS; the actual remaining time is from that reading to the run's last answer.
+ * Follows the run to its end, reading its ETA at every poll; the actual remaining time is from a
+ * reading to the run's last answer. At each of ETA_POINTS the figure is the first reading past the
+ * point, or with `span` the reading of median error among those from there to `span` more of the
+ * turns: an ETA read at one instant carries the pace of the seconds before it, which a loaded
+ * machine's passing burst (another test file starting a browser) can halve.
  */
-export async function followEta(get: Get, runId: string, pollMs = 100, timeoutMs = 600_000): Promise<EtaReading[]> {
-  const readings: { at: number; eta: number | null; t: number }[] = [];
+export async function followEta(get: Get, runId: string, opts: { span?: number; pollMs?: number; timeoutMs?: number } = {}): Promise<EtaReading[]> {
+  const { span = 0, pollMs = 100, timeoutMs = 600_000 } = opts;
+  const polls: { at: number; eta: number | null; t: number }[] = [];
   const started = Date.now();
   for (;;) {
     if (Date.now() - started > timeoutMs) throw new Error(`run ${runId} did not end within ${timeoutMs} ms`);
@@ -70,17 +78,23 @@ export async function followEta(get: Get, runId: string, pollMs = 100, timeoutMs
     const run = await get(`/v1/runs/${runId}`);
     const turns = run.turns;
     const share = turns && turns.total > 0 ? turns.completed / turns.total : 0;
-    const next = ETA_POINTS[readings.length];
-    if (next !== undefined && share >= next) readings.push({ at: share, eta: run.progress.eta_seconds, t });
     // The last answer: every conversation settled (the upload that follows is not the forecast's).
     if (run.request_counts.pending === 0 && run.request_counts.in_progress === 0 && run.request_counts.total > 0) {
-      if (readings.length < ETA_POINTS.length) throw new Error(`run ${runId} ended before its ETA was read at every point (${readings.length})`);
-      return readings.map((r) => {
-        const actual = (t - r.t) / 1000;
-        if (r.eta === null) throw new Error(`run ${runId} had no ETA at ${(100 * r.at).toFixed(0)}% of its turns`);
-        return { at: r.at, eta: r.eta, actual, error: (r.eta - actual) / actual };
+      return ETA_POINTS.map((point) => {
+        const past = polls.filter((r) => r.at >= point);
+        if (past.length === 0) throw new Error(`run ${runId} ended before its ETA was read at ${(100 * point).toFixed(0)}% of its turns`);
+        const stretch = span > 0 ? past.filter((r) => r.at <= past[0].at + span) : [past[0]];
+        const readings = stretch.map((r) => {
+          const actual = (t - r.t) / 1000;
+          if (r.eta === null) throw new Error(`run ${runId} had no ETA at ${(100 * r.at).toFixed(0)}% of its turns`);
+          return { at: r.at, eta: r.eta, actual, error: (r.eta - actual) / actual };
+        });
+        const first = readings[0].error;
+        readings.sort((a, b) => a.error - b.error);
+        return { ...readings[Math.floor((readings.length - 1) / 2)], readings: readings.length, first };
       });
     }
+    polls.push({ at: share, eta: run.progress.eta_seconds, t });
     if (['failed', 'cancelled', 'paused'].includes(run.status)) throw new Error(`run ${runId} ${run.status}: ${run.status_reason}`);
     await new Promise((resolve) => setTimeout(resolve, pollMs));
   }
