@@ -48,7 +48,12 @@ async function serverWithEndpoint(env: Record<string, string> = {}, dataDir?: st
   // An upsert by url: a restarted server finds its endpoint already registered.
   const ep = await api('/v1/endpoints', { method: 'POST', json: { url: sim.url } });
   expect(ep.status, JSON.stringify(ep.body)).toBeLessThan(300);
-  await waitFor('an endpoint ready', async () => ((await api('/v1/endpoints')).body.data.some((e: any) => e.state === 'ready') ? true : undefined));
+  // Not ready in time, the endpoints as the server last showed them are in the error.
+  await waitFor('an endpoint ready', async () => {
+    const { data } = (await api('/v1/endpoints')).body;
+    if (data.some((e: any) => e.state === 'ready')) return true;
+    throw new Error(JSON.stringify(data).slice(0, 2000));
+  });
   return { server, api, client: new OpenAI({ baseURL: `${server.url}/v1`, apiKey: TOKEN, maxRetries: 0 }) };
 }
 
