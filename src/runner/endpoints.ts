@@ -109,11 +109,15 @@ export class EndpointPool {
     }
   }
 
-  /** A row read from the table; a state someone else set (an operator, a re-registration) is probed afresh. */
-  private takeRow(e: LiveEndpoint, row: EndpointRow): void {
+  /**
+   * A row read from the table; a state someone else set (an operator, a re-registration) is probed
+   * afresh. `current`: read after one of this pool's writes was refused, so the row as it stands,
+   * whatever its updatedAt says.
+   */
+  private takeRow(e: LiveEndpoint, row: EndpointRow, current = false): void {
     // A read that began before this pool's own last write (a quarantine, a probe's verdict) would
     // put back what that write replaced.
-    if (row.updatedAt < e.row.updatedAt) return;
+    if (!current && row.updatedAt < e.row.updatedAt) return;
     const wasState = e.row.state;
     e.update(row);
     if (row.state === wasState) return;
@@ -269,8 +273,11 @@ export class EndpointPool {
     const now = this.clock();
     const set = { state, lastError, lastCheckedAt: now, updatedAt: now, ...extra };
     if (!(await updateEndpointIfState(db, e.row.id, expected, set))) {
+      // Taken whatever its updatedAt: a re-registration stamps the time it began, which can come
+      // before this pool's last verdict, and that row, ignored, held the endpoint at `starting` for
+      // good while every probe's write was refused.
       const row = await getEndpoint(db, e.row.id);
-      if (row) this.takeRow(e, row);
+      if (row) this.takeRow(e, row, true);
       return false;
     }
     const changed = e.row.state !== state;

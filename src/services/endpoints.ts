@@ -70,8 +70,9 @@ function givenColumns(body: NewEndpoint | EndpointChange) {
  */
 export async function upsertEndpoint(deps: Deps, body: NewEndpoint): Promise<{ endpoint: EndpointRow; created: boolean }> {
   const url = normalizeEndpointUrl(body.url);
-  const now = deps.clock();
   const existing = await getEndpointByUrl(deps.db, url);
+  // Read after the lookup: the write's updatedAt is as late as it can be (runner/endpoints.ts setState).
+  const now = deps.clock();
   const given = givenColumns(body);
   let id: string;
   if (existing) {

@@ -98,6 +98,32 @@ describe('a probe in flight against an operator', () => {
     }
   });
 
+  it('takes a re-registration stamped before its own verdict, so the endpoint goes back through starting to ready', async () => {
+    const { fake, db, pool } = await probing('m', 'reregistered.db');
+    try {
+      fake.release();
+      const e = pool.live.get('ep_1')!;
+      await expect.poll(() => e.row.state).toBe('ready');
+      // A re-registration that read its clock before the probe's verdict landed writes after it:
+      // the row says starting, with an updatedAt older than the pool's.
+      await updateEndpoint(db, 'ep_1', { state: 'starting', updatedAt: e.row.updatedAt - 5 });
+      // A sync, as every tick makes, takes it for a read older than the verdict and keeps ready.
+      await pool.sync();
+      expect(e.row.state).toBe('ready');
+      // The next probe's verdict, written only over the ready it expects, is refused: the row as it
+      // stands is taken, to be probed again at once.
+      expect(await pool.setState(e, 'ready', null)).toBe(false);
+      expect(e.row.state).toBe('starting');
+      expect(e.nextProbeAt).toBe(0);
+      // And that probe's verdict lands.
+      expect(await pool.setState(e, 'ready', null)).toBe(true);
+      expect((await getEndpoint(db, 'ep_1'))!.state).toBe('ready');
+    } finally {
+      await closeDb(db);
+      await fake.close();
+    }
+  });
+
   it('still moves an endpoint nobody touched from starting to ready, with what the server said', async () => {
     const { fake, db } = await probing('/models/M', 'plain.db');
     try {
