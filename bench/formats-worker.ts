@@ -3,17 +3,18 @@ import * as arrow from 'apache-arrow';
 import * as pq from 'parquet-wasm/node';
 import type { OutputFormat, ParquetRow } from '../src/domain/output-format.js';
 import { type CompletedSample, outputRecord } from '../src/domain/output-line.js';
-import { encodeShard, putChecked, recordOf } from '../src/runner/shard-writer.js';
+import { encodeShard, putChecked, recordOf, writeShardFiles } from '../src/runner/shard-writer.js';
 import { Stores } from '../src/storage/index.js';
-import { type GenerationIds, type StagedIds, stagedIds } from '../src/domain/token-rows.js';
+import { type GenerationIds, type StagedIds, stagedIds, tokenRow } from '../src/domain/token-rows.js';
 import { encodeTokens, sampleTokenRows } from '../src/runner/token-shard.js';
 
 // One format's writing, in a process of its own so that its peak RSS is its own: `samples`
 // synthetic completed samples, `shardSize` at a time, through the shard writer's code path (the
-// output line, the format's record, the shard's bytes) into a local store, each shard read back and
-// checked by the upload's own putChecked (the bytes compared, and for Parquet the row count).
-// `parquet-wasm` writes the same rows through parquet-wasm + apache-arrow (zstd), the writer not
-// chosen, for the comparison.
+// output line, the format's record, then the upload's writeShardFiles: the shard's bytes, stored,
+// read back and checked by putChecked, the bytes compared and for Parquet the row count) into a
+// local store. `parquet-hyp` (regen's writer) and `parquet-wasm` (parquet-wasm + apache-arrow,
+// zstd, the writer not chosen) write the same rows with their encoding timed apart, for the
+// comparison.
 // `jsonl+tokens` and `parquet+tokens` also write each shard's training rows (output.tokens): the
 // sample's 80 prompt ids and 600 generated ids, staged with its text as the runner stages them.
 // Times and CPU count the writing only: each shard's synthetic samples (random words and ids, as an
@@ -25,7 +26,15 @@ const SAMPLES = Number(samplesArg);
 /** The first sample's number: rounds of one bench write different samples. */
 const FIRST = Number(firstArg);
 const SHARD = Number(shardArg);
-const TOKENS = format.endsWith('+tokens');
+/**
+ * `tokens-stored`: only the JSONL training rows' file, encoded with the clock stopped, then stored,
+ * synced, read back, compared and hashed as the upload does: what its bytes alone cost, whatever
+ * makes them.
+ */
+const STORED = format === 'tokens-stored';
+const TOKENS = format.endsWith('+tokens') || STORED;
+/** The two Parquet writers compared (`parquet-hyp`, regen's, and `parquet-wasm`): their encoding timed apart from the upload. */
+const COMPARED = format === 'parquet-hyp' || format === 'parquet-wasm';
 
 // Text that does not compress to nothing: words drawn by a seeded generator from a 2,000-word vocabulary.
 let state = 12345;
@@ -116,7 +125,7 @@ function wasmParquet(rows: ParquetRow[]): Buffer {
 
 const stores = new Stores({ forcePathStyle: false });
 const store = stores.forUri(`${pathToFileURL(dir).href}/`);
-const shardFormat = (format === 'parquet-wasm' ? 'parquet' : format.replace('+tokens', '')) as OutputFormat;
+const shardFormat = (COMPARED ? 'parquet' : STORED ? 'jsonl' : format.replace('+tokens', '')) as OutputFormat;
 let bytes = 0;
 /** The staged outputs' bytes: what the staging table holds until a shard is written. */
 let stagedBytes = 0;
@@ -126,12 +135,29 @@ let cpuUs = 0;
 for (let first = 0, idx = 0; first < SAMPLES; first += SHARD, idx++) {
   const n = Math.min(SHARD, SAMPLES - first);
   const samples = Array.from({ length: n }, (_, k) => sample(FIRST + first + k));
+  const stored =
+    STORED &&
+    encodeTokens(
+      'jsonl',
+      samples.map(({ s, ids }) =>
+        tokenRow({ ...s, turn: null, step: null, variant: null, split: null, flags: 0 }, [...ids!.prompt, ...ids!.output], ids!.output.length),
+      ),
+      '',
+    ).body;
   // Collected with the clock stopped too: making the samples left garbage (the words, the ids' arrays
   // a server's answer would have brought long before), and the samples themselves, young, would be
   // copied by every collection the writing triggers. No writer holds a shard's ids as fresh arrays.
   (globalThis as { gc?: () => void }).gc?.();
   const started = performance.now();
   const cpuStart = process.cpuUsage();
+  if (stored) {
+    await putChecked(store, `tokens/shard-${String(idx).padStart(5, '0')}.jsonl`, stored);
+    bytes += stored.length;
+    wallMs += performance.now() - started;
+    const cpu = process.cpuUsage(cpuStart);
+    cpuUs += cpu.user + cpu.system;
+    continue;
+  }
   // Staged as the runner stages them: the ids packed, as JSON text, parsed again when the shard is written.
   const staged = samples.map((x) => {
     const tokens: StagedIds[] | undefined = x.ids && [{ turn: null, step: null, finish_reason: 'stop', flags: 0, ...stagedIds(x.ids) }];
@@ -139,21 +165,22 @@ for (let first = 0, idx = 0; first < SAMPLES; first += SHARD, idx++) {
     stagedBytes += Buffer.byteLength(text);
     return JSON.parse(text) as Staged;
   });
-  const t = performance.now();
   const records = samples.map(({ s }, k) => recordOf(shardFormat, outputRecord(s, staged[k]!), null));
-  const key = `shard-${String(idx).padStart(5, '0')}.${shardFormat === 'parquet' ? 'parquet' : 'jsonl'}`;
-  const { body, check } = format === 'parquet-wasm' ? { body: wasmParquet(records as ParquetRow[]), check: undefined } : encodeShard(shardFormat, records, key);
-  encodeMs += performance.now() - t;
-  await putChecked(store, key, body, check);
-  bytes += body.length;
-  if (TOKENS) {
-    const t2 = performance.now();
-    const rows = samples.flatMap(({ s }, k) => sampleTokenRows(s, staged[k]!.tokens, null, null));
-    const tokensKey = `tokens/${key}`;
-    const encoded = encodeTokens(shardFormat, rows, tokensKey);
-    encodeMs += performance.now() - t2;
-    await putChecked(store, tokensKey, encoded.body, encoded.check);
-    bytes += encoded.body.length;
+  if (COMPARED) {
+    // The writer comparison: the encoding timed alone, then the upload.
+    const t = performance.now();
+    const key = `shard-${String(idx).padStart(5, '0')}.parquet`;
+    const { body, check } =
+      format === 'parquet-wasm' ? { body: wasmParquet(records as ParquetRow[]), check: undefined } : encodeShard(shardFormat, records, key);
+    encodeMs += performance.now() - t;
+    await putChecked(store, key, body, check);
+    bytes += body.length;
+  } else {
+    // The upload's own writer: text and training rows written at once, as a shard's upload writes them.
+    const tokenRows = TOKENS ? samples.flatMap(({ s }, k) => sampleTokenRows(s, staged[k]!.tokens, null, null)) : null;
+    const shard = { idx, split: null, key: null, errorsKey: null, tokensKey: null };
+    const written = await writeShardFiles(store, (k, b, c) => putChecked(store, k, b, c), shardFormat, shard, { records, errors: [], tokenRows });
+    bytes += (written.bytes ?? 0) + (written.tokensBytes ?? 0);
   }
   wallMs += performance.now() - started;
   const cpu = process.cpuUsage(cpuStart);

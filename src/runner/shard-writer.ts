@@ -40,7 +40,7 @@ import { type RawParquetRow, rawParquetRow } from '../domain/raw-row.js';
 import { encodeParquet, parquetRowCount, readParquetRows } from '../storage/parquet.js';
 import type { ObjectStore as Store } from '../storage/store.js';
 import { shardsSpread, type TokenRow } from '../domain/token-rows.js';
-import { NO_TOKENS, previousTokenRows, sampleTokenRows, writeTokenShard } from './token-shard.js';
+import { NO_TOKENS, previousTokenRows, sampleTokenRows, type TokensMeta, writeTokenShard } from './token-shard.js';
 
 const sha256 = (b: Buffer) => createHash('sha256').update(b).digest('hex');
 
@@ -126,6 +126,52 @@ export function encodeShard(format: OutputFormat, records: ShardRecord[], key: s
   return { body, check };
 }
 
+/** What a shard row records of its files. */
+type ShardFiles = Pick<ShardRow, 'key' | 'bytes' | 'lines' | 'sha256' | 'errorsKey' | 'errorsBytes' | 'errorsLines' | 'errorsSha256'> & TokensMeta;
+
+/**
+ * A shard's files: its completed samples' records in the run's format, its failed samples' lines,
+ * and (tokenRows not null) its training rows, each stored through `put`, which reads it back and
+ * checks it. The three are written at once: one file's encoding runs while another's bytes go to
+ * the store (a tokens file's ids are written while the text is synced). A file with nothing to hold
+ * is not written, and one an earlier write left is removed. Returns once every write has ended,
+ * failed or not, so that none is still going when the shard is written again.
+ */
+export async function writeShardFiles(
+  store: Store,
+  put: (key: string, body: Buffer, check?: (back: Buffer) => void) => Promise<string>,
+  format: OutputFormat,
+  shard: Pick<ShardRow, 'idx' | 'split' | 'key' | 'errorsKey' | 'tokensKey'>,
+  files: { records: ShardRecord[]; errors: string[]; tokenRows: TokenRow[] | null },
+): Promise<ShardFiles> {
+  const { records, errors, tokenRows } = files;
+  // A shard with no completed line writes no object (a run cancelled early would leave one empty
+  // file per shard); the manifest lists it as empty, so the shard count still adds up.
+  const text = (async () => {
+    if (!records.length) {
+      if (shard.key) await store.delete(shard.key);
+      return { key: null, bytes: 0, lines: 0, sha256: null };
+    }
+    const key = shardObjectKey(shard, format);
+    const { body, check } = encodeShard(format, records, key);
+    return { key, bytes: body.length, lines: records.length, sha256: await put(key, body, check) };
+  })();
+  const failed = (async () => {
+    if (!errors.length) {
+      if (shard.errorsKey) await store.delete(shard.errorsKey);
+      return { errorsKey: null, errorsBytes: null, errorsLines: null, errorsSha256: null };
+    }
+    const body = Buffer.from(errors.join('\n') + '\n');
+    const key = shardErrorsObjectKey(shard);
+    return { errorsKey: key, errorsBytes: body.length, errorsLines: errors.length, errorsSha256: await put(key, body) };
+  })();
+  // The training rows go with the text: written and checked before the shard is marked uploaded.
+  const tokens = tokenRows ? writeTokenShard(format, shard, tokenRows, put, store) : Promise.resolve(NO_TOKENS);
+  const rejected = (await Promise.allSettled([text, failed, tokens])).find((r) => r.status === 'rejected');
+  if (rejected) throw rejected.reason;
+  return { ...(await text), ...(await failed), ...(await tokens) };
+}
+
 /**
  * Writes one shard whose samples are all terminal: completed samples in input order to the
  * shard's object in the run's format (none when there are none), failed ones to
@@ -172,33 +218,11 @@ export async function uploadShard(deps: RunnerDeps, run: RunRow, listed: ShardRo
     } else if (s.status === 'failed') errors.push(errorLine({ ...s, position: positions.get(s.id) }));
     else if (s.status !== 'cancelled') return false;
   }
-  const store = outputStore(deps, run);
-  // A shard with no completed line writes no object (a run cancelled early would leave one empty
-  // file per shard); the manifest lists it as empty, so the shard count still adds up.
-  let shardMeta = { key: null as string | null, bytes: 0, lines: 0, sha256: null as string | null };
-  if (records.length) {
-    const key = shardObjectKey(shard, format);
-    const { body, check } = encodeShard(format, records, key);
-    shardMeta = { key, bytes: body.length, lines: records.length, sha256: await putVerified(deps, run, key, body, check) };
-  } else if (shard.key) {
-    await store.delete(shard.key);
-  }
-  let errorsMeta = {
-    errorsKey: null as string | null,
-    errorsBytes: null as number | null,
-    errorsLines: null as number | null,
-    errorsSha256: null as string | null,
-  };
-  if (errors.length) {
-    const eb = Buffer.from(errors.join('\n') + '\n');
-    const ek = shardErrorsObjectKey(shard);
-    errorsMeta = { errorsKey: ek, errorsBytes: eb.length, errorsLines: errors.length, errorsSha256: await putVerified(deps, run, ek, eb) };
-  } else if (shard.errorsKey) {
-    await store.delete(shard.errorsKey);
-  }
-  // The training rows go with the text: written and checked before the shard is marked uploaded.
-  const tokensMeta = run.outputTokens ? await writeTokenShard(run, shard, tokenRows, (k, b, c) => putVerified(deps, run, k, b, c), store) : NO_TOKENS;
-  const written = { ...shardMeta, ...errorsMeta, ...tokensMeta };
+  const written = await writeShardFiles(outputStore(deps, run), (k, b, c) => putVerified(deps, run, k, b, c), format, shard, {
+    records,
+    errors,
+    tokenRows: run.outputTokens ? tokenRows : null,
+  });
   return await markShardUploaded(deps.db, run.id, shard, { ...written, lineOf, errorCount: errors.length }, deps.clock());
 }
 

@@ -1,5 +1,5 @@
 import { createHash } from 'node:crypto';
-import type { RunRow, ShardRow } from '../db/schema.js';
+import type { ShardRow } from '../db/schema.js';
 import { lineKey } from '../domain/output-line.js';
 import { type OutputFormat, tokensObjectKey } from '../domain/output-format.js';
 import { idCount, joinIds, type ShardTrainable, type StagedIds, stagedOutput, stagedPrompt, type TokenRow, tokenRow } from '../domain/token-rows.js';
@@ -179,8 +179,8 @@ export const NO_TOKENS: TokensMeta = { tokensKey: null, tokensBytes: null, token
  * back and checks them, returning the digest.
  */
 export async function writeTokenShard(
-  run: Pick<RunRow, 'outputFormat'>,
-  shard: ShardRow,
+  format: OutputFormat,
+  shard: Pick<ShardRow, 'idx' | 'split' | 'tokensKey'>,
   rows: readonly TokenRow[],
   put: (key: string, body: Buffer, check?: (back: Buffer) => void) => Promise<string>,
   store: Store,
@@ -189,7 +189,6 @@ export async function writeTokenShard(
     if (shard.tokensKey) await store.delete(shard.tokensKey);
     return NO_TOKENS;
   }
-  const format = run.outputFormat as OutputFormat;
   const key = tokensObjectKey(shard, format);
   const { body, check } = encodeTokens(format, rows, key);
   const trainable: ShardTrainable = { n: rows.map((r) => r.num_trainable), v: rows.map((r) => r.variant) };

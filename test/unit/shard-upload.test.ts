@@ -7,7 +7,8 @@ import { closeDb, openDb } from '../../src/db/client.js';
 import { getRun } from '../../src/db/runs.js';
 import { closedOpenShards, listRunShards } from '../../src/db/shards.js';
 import type { RunnerDeps } from '../../src/deps.js';
-import { putChecked, uploadShard } from '../../src/runner/shard-writer.js';
+import { tokenRow } from '../../src/domain/token-rows.js';
+import { putChecked, uploadShard, writeShardFiles } from '../../src/runner/shard-writer.js';
 import { Stores } from '../../src/storage/index.js';
 import { tempDir } from '../support/server.js';
 
@@ -89,6 +90,57 @@ it('records the digest of the bytes stored, and refuses bytes read back that dif
         throw new Error('0 rows read back');
       }),
     ).rejects.toThrow('0 rows read back');
+  } finally {
+    stores.close();
+  }
+});
+
+it("writes a shard's text, failed lines and training rows at once, and returns only once every write has ended, failed or not", async () => {
+  const out = join(tmp.dir, 'at-once');
+  mkdirSync(out);
+  const stores = new Stores({ forcePathStyle: false });
+  try {
+    const store = stores.forUri(`${pathToFileURL(out).href}/`);
+    const rows = [1, 2].map((i) =>
+      tokenRow({ customId: `s${i}`, sampleIndex: 0, turn: null, step: null, variant: null, split: null, finishReason: 'stop', flags: 0 }, [7, 8, 9], 2),
+    );
+    const files = { records: ['{"custom_id":"s1"}', '{"custom_id":"s2"}'], errors: ['{"custom_id":"s3"}'], tokenRows: rows };
+    const shard = { idx: 3, split: null, key: null, errorsKey: null, tokensKey: null };
+    // Each put is held until all three have started: written one after the other, this would never end.
+    const started: string[] = [];
+    let release!: () => void;
+    const allStarted = new Promise<void>((r) => (release = r));
+    const held = async (key: string, body: Buffer, check?: (back: Buffer) => void) => {
+      started.push(key);
+      if (started.length === 3) release();
+      await allStarted;
+      return putChecked(store, key, body, check);
+    };
+    const written = await writeShardFiles(store, held, 'jsonl', shard, files);
+    expect(started.sort()).toEqual(['shard-00003.errors.jsonl', 'shard-00003.jsonl', 'tokens/shard-00003.jsonl']);
+    expect(written).toMatchObject({
+      key: 'shard-00003.jsonl',
+      lines: 2,
+      errorsKey: 'shard-00003.errors.jsonl',
+      errorsLines: 1,
+      tokensKey: 'tokens/shard-00003.jsonl',
+      tokensRows: 2,
+    });
+    expect(readFileSync(join(out, 'tokens/shard-00003.jsonl'), 'utf8').split('\n')[0]).toContain('"input_ids":[7,8,9],"loss_mask":[0,1,1]');
+
+    // The text's write fails at once; the training rows' write is still going. The failure is
+    // thrown only after that write has ended, so nothing of this attempt is left writing when the
+    // shard is written again.
+    const ended: string[] = [];
+    const failing = async (key: string, body: Buffer, check?: (back: Buffer) => void) => {
+      if (key === 'shard-00004.jsonl') throw new Error('the store refused the text');
+      await new Promise((r) => setTimeout(r, 200));
+      const digest = await putChecked(store, key, body, check);
+      ended.push(key);
+      return digest;
+    };
+    await expect(writeShardFiles(store, failing, 'jsonl', { ...shard, idx: 4 }, files)).rejects.toThrow('the store refused the text');
+    expect(ended.sort()).toEqual(['shard-00004.errors.jsonl', 'tokens/shard-00004.jsonl']);
   } finally {
     stores.close();
   }
