@@ -27,12 +27,14 @@ const SAMPLES = Number(samplesArg);
 const FIRST = Number(firstArg);
 const SHARD = Number(shardArg);
 /**
- * `tokens-stored`: only the JSONL training rows' file, encoded with the clock stopped, then stored,
- * synced, read back, compared and hashed as the upload does: what its bytes alone cost, whatever
- * makes them.
+ * `tokens-file`: only the JSONL training rows' file, from ids already in memory (each row's ids one
+ * Int32Array, made with the clock stopped, as ids kept apart from the staged JSON and read without
+ * a copy would come): its lines made, then stored, synced, read back, compared and hashed as the
+ * upload does. What the file itself costs, however the ids are staged: JSONL with tokens takes at
+ * least the text's time and this.
  */
-const STORED = format === 'tokens-stored';
-const TOKENS = format.endsWith('+tokens') || STORED;
+const FILE_ONLY = format === 'tokens-file';
+const TOKENS = format.endsWith('+tokens') || FILE_ONLY;
 /** The two Parquet writers compared (`parquet-hyp`, regen's, and `parquet-wasm`): their encoding timed apart from the upload. */
 const COMPARED = format === 'parquet-hyp' || format === 'parquet-wasm';
 
@@ -125,7 +127,7 @@ function wasmParquet(rows: ParquetRow[]): Buffer {
 
 const stores = new Stores({ forcePathStyle: false });
 const store = stores.forUri(`${pathToFileURL(dir).href}/`);
-const shardFormat = (COMPARED ? 'parquet' : STORED ? 'jsonl' : format.replace('+tokens', '')) as OutputFormat;
+const shardFormat = (COMPARED ? 'parquet' : FILE_ONLY ? 'jsonl' : format.replace('+tokens', '')) as OutputFormat;
 let bytes = 0;
 /** The staged outputs' bytes: what the staging table holds until a shard is written. */
 let stagedBytes = 0;
@@ -135,24 +137,21 @@ let cpuUs = 0;
 for (let first = 0, idx = 0; first < SAMPLES; first += SHARD, idx++) {
   const n = Math.min(SHARD, SAMPLES - first);
   const samples = Array.from({ length: n }, (_, k) => sample(FIRST + first + k));
-  const stored =
-    STORED &&
-    encodeTokens(
-      'jsonl',
-      samples.map(({ s, ids }) =>
-        tokenRow({ ...s, turn: null, step: null, variant: null, split: null, flags: 0 }, [...ids!.prompt, ...ids!.output], ids!.output.length),
-      ),
-      '',
-    ).body;
+  const fileRows =
+    FILE_ONLY &&
+    samples.map(({ s, ids }) =>
+      tokenRow({ ...s, turn: null, step: null, variant: null, split: null }, Int32Array.from([...ids!.prompt, ...ids!.output]), ids!.output.length),
+    );
   // Collected with the clock stopped too: making the samples left garbage (the words, the ids' arrays
   // a server's answer would have brought long before), and the samples themselves, young, would be
   // copied by every collection the writing triggers. No writer holds a shard's ids as fresh arrays.
   (globalThis as { gc?: () => void }).gc?.();
   const started = performance.now();
   const cpuStart = process.cpuUsage();
-  if (stored) {
-    await putChecked(store, `tokens/shard-${String(idx).padStart(5, '0')}.jsonl`, stored);
-    bytes += stored.length;
+  if (fileRows) {
+    const { body } = encodeTokens('jsonl', fileRows, '');
+    await putChecked(store, `tokens/shard-${String(idx).padStart(5, '0')}.jsonl`, body);
+    bytes += body.length;
     wallMs += performance.now() - started;
     const cpu = process.cpuUsage(cpuStart);
     cpuUs += cpu.user + cpu.system;
