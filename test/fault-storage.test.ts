@@ -36,6 +36,23 @@ function waitForFailedUploads(base: string, id: string, ms: number, attempts = 1
   );
 }
 
+/**
+ * The run, read once every shard open and closed now has ended an upload since (uploaded, or one
+ * more failed attempt): an upload under way at this moment has landed or failed by then.
+ */
+async function uploadedOnceSettled(base: string, id: string): Promise<any> {
+  const before = new Map((await shardsOf(base, id)).filter((x) => x.status === 'open' && x.done === x.samples).map((x) => [x.index, x.upload_attempts]));
+  await waitFor(
+    'the uploads under way to end',
+    async () => {
+      const now = new Map((await shardsOf(base, id)).map((x) => [x.index, x]));
+      return [...before].every(([index, attempts]) => now.get(index).status === 'uploaded' || now.get(index).upload_attempts > attempts) || undefined;
+    },
+    30_000,
+  );
+  return (await call(base, `/v1/runs/${id}`)).body;
+}
+
 /** Failed uploads retried and failed again while the store stays away, and the run still answering. */
 const RETRIES_WHILE_AWAY = 3;
 
@@ -70,14 +87,15 @@ describe('object store faults', () => {
     // Shards that close meanwhile fail to upload, say why on the shard, and are retried.
     const failing = await waitForFailedUploads(base, id, 25_000);
     expect(failing[0].last_error).toMatch(/^upload failed: .*connection refused.*; retrying/);
-    // Counted once an upload has failed: one under way when the store stopped may still have landed.
-    const atFailure = (await call(base, `/v1/runs/${id}`)).body;
-    expect(doneOf(atFailure), 'the run still has answers to give once the store is away').toBeLessThan(SAMPLES);
+    const firstFailure = (await call(base, `/v1/runs/${id}`)).body;
+    expect(doneOf(firstFailure), 'the run still has answers to give once the store is away').toBeLessThan(SAMPLES);
+    // Counted once no upload begun before the store stopped can still land.
+    const atFailure = await uploadedOnceSettled(base, id);
     await waitForFailedUploads(base, id, 30_000, RETRIES_WHILE_AWAY);
-    const duringOutage = await waitForRun(base, id, 'answers while the store is away', (r) => doneOf(r) > doneOf(atFailure));
+    const duringOutage = await waitForRun(base, id, 'answers while the store is away', (r) => doneOf(r) > doneOf(firstFailure));
     expect((await call(base, '/healthz')).status).toBe(200);
     expect(duringOutage.shards.uploaded).toBe(atFailure.shards.uploaded);
-    expect(doneOf(duringOutage)).toBeGreaterThan(doneOf(atFailure));
+    expect(doneOf(duringOutage)).toBeGreaterThan(doneOf(firstFailure));
     const outageMs = since(tDown);
 
     s3 = await rig.startS3(BUCKET, port);
@@ -136,8 +154,10 @@ describe('object store faults', () => {
     expect(failing[0].last_error).toMatch(/^upload failed: (not a directory \(ENOTDIR\)|no such file or folder \(ENOENT\)); retrying/);
     // No server path in what the API says.
     expect(JSON.stringify(failing)).not.toContain(data);
-    // Counted once an upload has failed: one under way when the folder went may still have landed.
-    const atFailure = (await call(base, `/v1/runs/${id}`)).body;
+    // Counted once no upload begun before the folder went can still land: every shard that was
+    // open and closed (so that it may have had one under way) has ended an upload since. One
+    // begun before the break may have stored its files then and marks its shard later.
+    const atFailure = await uploadedOnceSettled(base, id);
     await waitForFailedUploads(base, id, 30_000, RETRIES_WHILE_AWAY);
     expect((await call(base, '/healthz')).status).toBe(200);
     const during = (await call(base, `/v1/runs/${id}`)).body;

@@ -120,6 +120,42 @@ export async function reopenShards(tx: DbOrTx, runId: string, requeued: Map<numb
   return reopenedUploaded;
 }
 
+/** The files an upload stored without marking its shard: each key's digests (shards.pending_digests). */
+type PendingDigests = Record<string, string[]>;
+
+/**
+ * Records the digests of the files an upload is about to store, before it stores any: an upload
+ * that fails after some of its files were stored leaves them in place of those the shard recorded,
+ * and the next upload of the shard reads its earlier records back from them.
+ */
+export async function recordPendingDigests(db: Db, runId: string, idx: number, digests: Record<string, string>): Promise<void> {
+  const { shards } = db.t;
+  const at = and(eq(shards.runId, runId), eq(shards.idx, idx));
+  await db.tx(async (tx) => {
+    // Locked on PostgreSQL: another upload of the shard adding its own waits for this one.
+    const [row] = await locked(tx, tx.q.select({ pending: shards.pendingDigests }).from(shards).where(at).limit(1));
+    if (!row) return;
+    const pending = (row.pending ? JSON.parse(row.pending) : {}) as PendingDigests;
+    for (const [key, digest] of Object.entries(digests)) {
+      const known = (pending[key] ??= []);
+      if (!known.includes(digest)) known.push(digest);
+    }
+    await tx.write((w) =>
+      w.q
+        .update(shards)
+        .set({ pendingDigests: JSON.stringify(pending) })
+        .where(at),
+    );
+  });
+}
+
+/** Whether `digest` is of a file this shard's uploads stored at `key`: the one recorded, or one an unmarked upload stored. */
+export function storedByShard(shard: Pick<ShardRow, 'pendingDigests'>, recorded: string | null, key: string, digest: string): boolean {
+  if (digest === recorded) return true;
+  const pending = (shard.pendingDigests ? JSON.parse(shard.pendingDigests) : {}) as PendingDigests;
+  return pending[key]?.includes(digest) ?? false;
+}
+
 /** A shard's samples in input order, each with its staged output while the shard is open. */
 export async function shardSamplesWithOutput(db: DbOrTx, runId: string, shard: Pick<ShardRow, 'idx' | 'firstSeq' | 'sampleCount' | 'lastSeq'>) {
   const { samples, staging } = db.t;
@@ -189,7 +225,7 @@ export async function markShardUploaded(db: Db, runId: string, shard: Pick<Shard
     }
     await tx.q
       .update(shards)
-      .set({ status: 'uploaded', ...written, uploadedAt: now, lastError: null })
+      .set({ status: 'uploaded', ...written, uploadedAt: now, lastError: null, pendingDigests: null })
       .where(at);
     await setOutputLines(tx, up.key!, lineOf);
     await tx.q.delete(staging).where(and(eq(staging.runId, runId), eq(staging.shardIdx, shard.idx)));

@@ -63,7 +63,7 @@ export function layeredParams(
   if (!variant && !line) return run;
   const params = { ...run, ...variant, ...line };
   const kwargs = [run, variant, line].map((p) => p?.chat_template_kwargs).filter(isRecord);
-  if (kwargs.length > 1) params.chat_template_kwargs = Object.assign({}, ...kwargs);
+  if (kwargs.length > 1) params.chat_template_kwargs = Object.fromEntries(kwargs.flatMap((k) => Object.entries(k)));
   return params;
 }
 

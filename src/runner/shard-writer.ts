@@ -2,7 +2,7 @@ import { createHash } from 'node:crypto';
 import type { RunnerDeps } from '../deps.js';
 import { setManifestKey, setOutputFolder } from '../db/runs.js';
 import type { RunRow, ShardRow } from '../db/schema.js';
-import { listRunShards, markShardUploaded, openShardNow, shardSamplesWithOutput } from '../db/shards.js';
+import { listRunShards, markShardUploaded, openShardNow, recordPendingDigests, shardSamplesWithOutput, storedByShard } from '../db/shards.js';
 import { flagCounts } from '../domain/flags.js';
 import { walk } from '../domain/conversation.js';
 import { walkSettings } from '../domain/params.js';
@@ -40,7 +40,7 @@ import { type RawParquetRow, rawParquetRow } from '../domain/raw-row.js';
 import { encodeParquet, parquetRowCount, readParquetRows } from '../storage/parquet.js';
 import type { ObjectStore as Store } from '../storage/store.js';
 import { shardsSpread, type TokenRow } from '../domain/token-rows.js';
-import { NO_TOKENS, previousTokenRows, sampleTokenRows, type TokensMeta, writeTokenShard } from './token-shard.js';
+import { NO_TOKENS, previousTokenRows, sampleTokenRows, tokenFile, type TokensMeta } from './token-shard.js';
 
 const sha256 = (b: Buffer) => createHash('sha256').update(b).digest('hex');
 
@@ -77,7 +77,7 @@ async function previousRecords(deps: RunnerDeps, run: RunRow, shard: ShardRow, f
   if (!shard.key) return map;
   const bytes = await outputStore(deps, run).get(shard.key);
   // Only the object this shard wrote may be trusted, not whatever now sits at its key.
-  if (sha256(bytes) !== shard.sha256) throw new Error(`${shard.key} no longer holds the shard uploaded before`);
+  if (!storedByShard(shard, shard.sha256, shard.key, sha256(bytes))) throw new Error(`${shard.key} no longer holds the shard uploaded before`);
   if (format === 'parquet') {
     for (const row of await readParquetRows(bytes)) map.set(lineKey(row.custom_id as string, Number(row.sample_index ?? 0)), row as unknown as ParquetRow);
     return map;
@@ -97,10 +97,7 @@ async function previousRecords(deps: RunnerDeps, run: RunRow, shard: ShardRow, f
  * against 4.9 ms for a 1,000-sample tokens file of 5.8 MB).
  */
 export async function putChecked(store: Store, key: string, body: Buffer, check?: (back: Buffer) => void): Promise<string> {
-  await store.put(key, body);
-  const back = await store.get(key);
-  if (!back.equals(body)) throw new Error(`verification of ${key} failed: the stored bytes differ`);
-  check?.(back);
+  await storeChecked(store, { key, body, check });
   return sha256(body);
 }
 
@@ -129,47 +126,70 @@ export function encodeShard(format: OutputFormat, records: ShardRecord[], key: s
 /** What a shard row records of its files. */
 type ShardFiles = Pick<ShardRow, 'key' | 'bytes' | 'lines' | 'sha256' | 'errorsKey' | 'errorsBytes' | 'errorsLines' | 'errorsSha256'> & TokensMeta;
 
+/** One of a shard's files: where it goes, its bytes, and the format's check of what is read back. */
+export interface ShardFile {
+  key: string;
+  body: Buffer;
+  check?: (back: Buffer) => void;
+}
+
+/** Stores `file`, reads it back and checks it holds the same bytes (and, where it has a check, that the format reads them). */
+export async function storeChecked(store: Store, file: ShardFile): Promise<void> {
+  await store.put(file.key, file.body);
+  const back = await store.get(file.key);
+  if (!back.equals(file.body)) throw new Error(`verification of ${file.key} failed: the stored bytes differ`);
+  file.check?.(back);
+}
+
 /**
  * A shard's files: its completed samples' records in the run's format, its failed samples' lines,
- * and (tokenRows not null) its training rows, each stored through `put`, which reads it back and
- * checks it. The three are written at once: one file's encoding runs while another's bytes go to
- * the store (a tokens file's ids are written while the text is synced). A file with nothing to hold
- * is not written, and one an earlier write left is removed. Returns once every write has ended,
- * failed or not, so that none is still going when the shard is written again.
+ * and (tokenRows not null) its training rows. All are made first and their digests handed to
+ * `beforeStore` (an upload records them, db/shards.ts recordPendingDigests); then they are stored
+ * at once, each read back and checked by `put`. A file with nothing to hold is not written, and
+ * one an earlier write left is removed. Returns once every write has ended, failed or not, so that
+ * none is still going when the shard is written again; a failure is thrown then (the first: the
+ * others are most often the same store's).
  */
 export async function writeShardFiles(
   store: Store,
-  put: (key: string, body: Buffer, check?: (back: Buffer) => void) => Promise<string>,
   format: OutputFormat,
   shard: Pick<ShardRow, 'idx' | 'split' | 'key' | 'errorsKey' | 'tokensKey'>,
   files: { records: ShardRecord[]; errors: string[]; tokenRows: TokenRow[] | null },
+  hooks: { beforeStore?: (digests: Record<string, string>) => Promise<void>; put?: (file: ShardFile) => Promise<void> } = {},
 ): Promise<ShardFiles> {
   const { records, errors, tokenRows } = files;
   // A shard with no completed line writes no object (a run cancelled early would leave one empty
   // file per shard); the manifest lists it as empty, so the shard count still adds up.
-  const text = (async () => {
-    if (!records.length) {
-      if (shard.key) await store.delete(shard.key);
-      return { key: null, bytes: 0, lines: 0, sha256: null };
-    }
-    const key = shardObjectKey(shard, format);
-    const { body, check } = encodeShard(format, records, key);
-    return { key, bytes: body.length, lines: records.length, sha256: await put(key, body, check) };
-  })();
-  const failed = (async () => {
-    if (!errors.length) {
-      if (shard.errorsKey) await store.delete(shard.errorsKey);
-      return { errorsKey: null, errorsBytes: null, errorsLines: null, errorsSha256: null };
-    }
-    const body = Buffer.from(errors.join('\n') + '\n');
-    const key = shardErrorsObjectKey(shard);
-    return { errorsKey: key, errorsBytes: body.length, errorsLines: errors.length, errorsSha256: await put(key, body) };
-  })();
-  // The training rows go with the text: written and checked before the shard is marked uploaded.
-  const tokens = tokenRows ? writeTokenShard(format, shard, tokenRows, put, store) : Promise.resolve(NO_TOKENS);
-  const rejected = (await Promise.allSettled([text, failed, tokens])).find((r) => r.status === 'rejected');
+  const textKey = shardObjectKey(shard, format);
+  const text: ShardFile | null = records.length ? { key: textKey, ...encodeShard(format, records, textKey) } : null;
+  const failed: ShardFile | null = errors.length ? { key: shardErrorsObjectKey(shard), body: Buffer.from(errors.join('\n') + '\n') } : null;
+  const tokens = tokenRows?.length ? tokenFile(format, shard, tokenRows) : null;
+  const stored = [text, failed, tokens].filter((f) => f !== null);
+  const digests = Object.fromEntries(stored.map((f) => [f.key, sha256(f.body)]));
+  await hooks.beforeStore?.(digests);
+  const removed = [!text && shard.key, !failed && shard.errorsKey, tokenRows && !tokens && shard.tokensKey].filter((k) => typeof k === 'string');
+  const put = hooks.put ?? ((f: ShardFile) => storeChecked(store, f));
+  const rejected = (await Promise.allSettled([...stored.map(put), ...removed.map((k) => store.delete(k))])).find((r) => r.status === 'rejected');
   if (rejected) throw rejected.reason;
-  return { ...(await text), ...(await failed), ...(await tokens) };
+  return {
+    key: text?.key ?? null,
+    bytes: text?.body.length ?? 0,
+    lines: records.length,
+    sha256: text ? digests[text.key]! : null,
+    errorsKey: failed?.key ?? null,
+    errorsBytes: failed?.body.length ?? null,
+    errorsLines: failed ? errors.length : null,
+    errorsSha256: failed ? digests[failed.key]! : null,
+    ...(tokens
+      ? {
+          tokensKey: tokens.key,
+          tokensBytes: tokens.body.length,
+          tokensRows: tokenRows!.length,
+          tokensSha256: digests[tokens.key]!,
+          tokensTrainable: tokens.trainable,
+        }
+      : NO_TOKENS),
+  };
 }
 
 /**
@@ -218,11 +238,13 @@ export async function uploadShard(deps: RunnerDeps, run: RunRow, listed: ShardRo
     } else if (s.status === 'failed') errors.push(errorLine({ ...s, position: positions.get(s.id) }));
     else if (s.status !== 'cancelled') return false;
   }
-  const written = await writeShardFiles(outputStore(deps, run), (k, b, c) => putVerified(deps, run, k, b, c), format, shard, {
-    records,
-    errors,
-    tokenRows: run.outputTokens ? tokenRows : null,
-  });
+  const written = await writeShardFiles(
+    outputStore(deps, run),
+    format,
+    shard,
+    { records, errors, tokenRows: run.outputTokens ? tokenRows : null },
+    { beforeStore: (digests) => recordPendingDigests(deps.db, run.id, shard.idx, digests) },
+  );
   return await markShardUploaded(deps.db, run.id, shard, { ...written, lineOf, errorCount: errors.length }, deps.clock());
 }
 

@@ -1,5 +1,6 @@
 import { createHash } from 'node:crypto';
 import type { ShardRow } from '../db/schema.js';
+import { storedByShard } from '../db/shards.js';
 import { lineKey } from '../domain/output-line.js';
 import { type OutputFormat, tokensObjectKey } from '../domain/output-format.js';
 import { idCount, joinIds, type ShardTrainable, type StagedIds, stagedOutput, stagedPrompt, type TokenRow, tokenRow } from '../domain/token-rows.js';
@@ -36,7 +37,8 @@ export async function previousTokenRows(store: Store, shard: ShardRow): Promise<
   const map = new Map<string, TokenRow[]>();
   if (!shard.tokensKey) return map;
   const bytes = await store.get(shard.tokensKey);
-  if (createHash('sha256').update(bytes).digest('hex') !== shard.tokensSha256) throw new Error(`${shard.tokensKey} no longer holds the rows written before`);
+  const digest = createHash('sha256').update(bytes).digest('hex');
+  if (!storedByShard(shard, shard.tokensSha256, shard.tokensKey, digest)) throw new Error(`${shard.tokensKey} no longer holds the rows written before`);
   // The mask is written again from the counts, as it was.
   const rows = (
     shard.tokensKey.endsWith('.parquet')
@@ -174,29 +176,13 @@ export type TokensMeta = Pick<ShardRow, 'tokensKey' | 'tokensBytes' | 'tokensRow
 
 export const NO_TOKENS: TokensMeta = { tokensKey: null, tokensBytes: null, tokensRows: null, tokensSha256: null, tokensTrainable: null };
 
-/**
- * Writes the shard's rows (none: an earlier file is removed) through `put`, which stores, reads
- * back and checks them, returning the digest.
- */
-export async function writeTokenShard(
+/** The shard's tokens file: its key, its bytes and their read-back check, and the rows' trainable-token counts (shards.tokens_trainable). */
+export function tokenFile(
   format: OutputFormat,
-  shard: Pick<ShardRow, 'idx' | 'split' | 'tokensKey'>,
+  shard: Pick<ShardRow, 'idx' | 'split'>,
   rows: readonly TokenRow[],
-  put: (key: string, body: Buffer, check?: (back: Buffer) => void) => Promise<string>,
-  store: Store,
-): Promise<TokensMeta> {
-  if (!rows.length) {
-    if (shard.tokensKey) await store.delete(shard.tokensKey);
-    return NO_TOKENS;
-  }
+): { key: string; body: Buffer; check?: (back: Buffer) => void; trainable: string } {
   const key = tokensObjectKey(shard, format);
-  const { body, check } = encodeTokens(format, rows, key);
   const trainable: ShardTrainable = { n: rows.map((r) => r.num_trainable), v: rows.map((r) => r.variant) };
-  return {
-    tokensKey: key,
-    tokensBytes: body.length,
-    tokensRows: rows.length,
-    tokensSha256: await put(key, body, check),
-    tokensTrainable: JSON.stringify(trainable),
-  };
+  return { key, ...encodeTokens(format, rows, key), trainable: JSON.stringify(trainable) };
 }

@@ -8,7 +8,7 @@ import { getRun } from '../../src/db/runs.js';
 import { closedOpenShards, listRunShards } from '../../src/db/shards.js';
 import type { RunnerDeps } from '../../src/deps.js';
 import { tokenRow } from '../../src/domain/token-rows.js';
-import { putChecked, uploadShard, writeShardFiles } from '../../src/runner/shard-writer.js';
+import { putChecked, type ShardFile, storeChecked, uploadShard, writeShardFiles } from '../../src/runner/shard-writer.js';
 import { Stores } from '../../src/storage/index.js';
 import { tempDir } from '../support/server.js';
 
@@ -110,13 +110,19 @@ it("writes a shard's text, failed lines and training rows at once, and returns o
     const started: string[] = [];
     let release!: () => void;
     const allStarted = new Promise<void>((r) => (release = r));
-    const held = async (key: string, body: Buffer, check?: (back: Buffer) => void) => {
-      started.push(key);
+    const held = async (file: ShardFile) => {
+      started.push(file.key);
       if (started.length === 3) release();
       await allStarted;
-      return putChecked(store, key, body, check);
+      await storeChecked(store, file);
     };
-    const written = await writeShardFiles(store, held, 'jsonl', shard, files);
+    const digested: Record<string, string>[] = [];
+    const beforeStore = async (digests: Record<string, string>) => {
+      // Told before any file is stored.
+      expect(started).toEqual([]);
+      digested.push(digests);
+    };
+    const written = await writeShardFiles(store, 'jsonl', shard, files, { beforeStore, put: held });
     expect(started.sort()).toEqual(['shard-00003.errors.jsonl', 'shard-00003.jsonl', 'tokens/shard-00003.jsonl']);
     expect(written).toMatchObject({
       key: 'shard-00003.jsonl',
@@ -127,21 +133,113 @@ it("writes a shard's text, failed lines and training rows at once, and returns o
       tokensRows: 2,
     });
     expect(readFileSync(join(out, 'tokens/shard-00003.jsonl'), 'utf8').split('\n')[0]).toContain('"input_ids":[7,8,9],"loss_mask":[0,1,1]');
+    // The digests told before are those of the files stored, and those the shard records.
+    const digestOf = (key: string) =>
+      createHash('sha256')
+        .update(readFileSync(join(out, key)))
+        .digest('hex');
+    expect(digested).toEqual([Object.fromEntries(['shard-00003.jsonl', 'shard-00003.errors.jsonl', 'tokens/shard-00003.jsonl'].map((k) => [k, digestOf(k)]))]);
+    expect([written.sha256, written.errorsSha256, written.tokensSha256]).toEqual(Object.values(digested[0]!));
 
     // The text's write fails at once; the training rows' write is still going. The failure is
     // thrown only after that write has ended, so nothing of this attempt is left writing when the
     // shard is written again.
     const ended: string[] = [];
-    const failing = async (key: string, body: Buffer, check?: (back: Buffer) => void) => {
-      if (key === 'shard-00004.jsonl') throw new Error('the store refused the text');
+    const failing = async (file: ShardFile) => {
+      if (file.key === 'shard-00004.jsonl') throw new Error('the store refused the text');
       await new Promise((r) => setTimeout(r, 200));
-      const digest = await putChecked(store, key, body, check);
-      ended.push(key);
-      return digest;
+      await storeChecked(store, file);
+      ended.push(file.key);
     };
-    await expect(writeShardFiles(store, failing, 'jsonl', { ...shard, idx: 4 }, files)).rejects.toThrow('the store refused the text');
+    await expect(writeShardFiles(store, 'jsonl', { ...shard, idx: 4 }, files, { put: failing })).rejects.toThrow('the store refused the text');
     expect(ended.sort()).toEqual(['shard-00004.errors.jsonl', 'tokens/shard-00004.jsonl']);
   } finally {
     stores.close();
+  }
+});
+
+it('uploads a reopened shard again after an upload that stored some of its files and failed on another', async () => {
+  const db = await openDb(join(tmp.dir, 'reopened.db'));
+  const out = join(tmp.dir, 'reopened');
+  mkdirSync(out);
+  const stores = new Stores({ forcePathStyle: false });
+  const exec = (text: string, params: unknown[] = []) => db.write((w) => w.exec(text, params));
+  const stage = async (customId: string, content: string) => {
+    const [{ id }] = (await db.write((w) => w.exec<{ id: number }>(`select id from samples where custom_id = ?`, [customId]))).rows;
+    await exec(`insert into staging (sample_id, run_id, shard_idx, output) values (?, 'run_r', 0, ?)`, [
+      id,
+      JSON.stringify({ content, reasoning_content: null, model: 'm' }),
+    ]);
+  };
+  try {
+    await exec(
+      `insert into runs (id, model, status, created_at, params, input, shard_size, output_uri, metadata, on_invalid_line, request_timeout_ms, max_attempts, updated_at, total, completed, failed, shards_total)
+       values ('run_r', 'm', 'in_progress', ?, '{}', '{"requests":3}', 3, ?, '{}', 'fail', 1000, 5, ?, 3, 1, 2, 1)`,
+      [NOW, `${pathToFileURL(out).href}/`, NOW],
+    );
+    await exec(`insert into shards (run_id, idx, first_seq, sample_count, terminal_count) values ('run_r', 0, 0, 3, 3)`);
+    await exec(`insert into samples (run_id, seq, shard_idx, custom_id, request, status) values ('run_r', 0, 0, 's0', '{}', 'completed')`);
+    for (const i of [1, 2]) {
+      await exec(
+        `insert into samples (run_id, seq, shard_idx, custom_id, request, status, error_code, error_message) values ('run_r', ?, 0, ?, '{}', 'failed', 'server_error', 'down')`,
+        [i, `s${i}`],
+      );
+    }
+    await stage('s0', 'zero');
+    const deps = { db, clock: () => NOW, stores } as unknown as RunnerDeps;
+    const upload = async (with_: RunnerDeps) => uploadShard(with_, (await getRun(db, 'run_r'))!, (await listRunShards(db, 'run_r'))[0]!);
+    expect(await upload(deps)).toBe(true);
+
+    // A retry answers s1: the shard opens again, s0's record now only in the file written above.
+    await exec(`update samples set status = 'completed', error_code = null, error_message = null where custom_id = 's1'`);
+    await stage('s1', 'one');
+    await exec(`update shards set status = 'open', generation = generation + 1 where run_id = 'run_r'`);
+    const [before] = await listRunShards(db, 'run_r');
+
+    // Its next upload stores the text and fails on the errors file: the text at the shard's key is no longer the one it records.
+    const real = stores.forUri(`${pathToFileURL(out).href}/`);
+    const faulty = new Proxy(real, {
+      get(target, name) {
+        if (name === 'put')
+          return async (key: string, body: Buffer) => {
+            if (key === 'shard-00000.errors.jsonl') throw new Error('the store refused the errors');
+            return target.put(key, body);
+          };
+        const value = Reflect.get(target, name);
+        return typeof value === 'function' ? value.bind(target) : value;
+      },
+    });
+    const faultyDeps = { ...deps, stores: { forOutput: () => faulty } } as unknown as RunnerDeps;
+    await expect(upload(faultyDeps)).rejects.toThrow('the store refused the errors');
+    const textNow = createHash('sha256')
+      .update(readFileSync(join(out, 'shard-00000.jsonl')))
+      .digest('hex');
+    expect(textNow).not.toBe(before!.sha256);
+
+    // The upload after it takes that text for one of the shard's own, and writes the shard whole.
+    expect(await upload(deps)).toBe(true);
+    const lines = readFileSync(join(out, 'shard-00000.jsonl'), 'utf8')
+      .trim()
+      .split('\n')
+      .map((l) => JSON.parse(l));
+    expect(lines.map((l) => [l.custom_id, l.content])).toEqual([
+      ['s0', 'zero'],
+      ['s1', 'one'],
+    ]);
+    const errors = readFileSync(join(out, 'shard-00000.errors.jsonl'), 'utf8')
+      .trim()
+      .split('\n')
+      .map((l) => JSON.parse(l));
+    expect(errors.map((l) => l.custom_id)).toEqual(['s2']);
+    const [after] = await listRunShards(db, 'run_r');
+    expect(after).toMatchObject({ status: 'uploaded', lines: 2, errorsLines: 1, pendingDigests: null });
+    expect(after!.sha256).toBe(
+      createHash('sha256')
+        .update(readFileSync(join(out, 'shard-00000.jsonl')))
+        .digest('hex'),
+    );
+  } finally {
+    stores.close();
+    await closeDb(db);
   }
 });

@@ -1,0 +1,1 @@
+ALTER TABLE `shards` ADD `pending_digests` text;

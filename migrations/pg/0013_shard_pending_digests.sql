@@ -1,0 +1,1 @@
+ALTER TABLE "shards" ADD COLUMN "pending_digests" text;
