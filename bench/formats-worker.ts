@@ -179,7 +179,7 @@ for (let first = 0, idx = 0; first < SAMPLES; first += SHARD, idx++) {
     // The upload's own writer: text and training rows written at once, as a shard's upload writes them.
     const tokenRows = TOKENS ? samples.flatMap(({ s }, k) => sampleTokenRows(s, staged[k]!.tokens, null, null)) : null;
     const shard = { idx, split: null, key: null, errorsKey: null, tokensKey: null };
-    const written = await writeShardFiles(store, shardFormat, shard, { records, errors: [], tokenRows });
+    const written = (await writeShardFiles(store, shardFormat, shard, { records, errors: [], tokenRows }))!;
     bytes += (written.bytes ?? 0) + (written.tokensBytes ?? 0);
   }
   wallMs += performance.now() - started;

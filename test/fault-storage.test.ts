@@ -36,14 +36,21 @@ function waitForFailedUploads(base: string, id: string, ms: number, attempts = 1
   );
 }
 
+/** The shards open and closed now, with their failed uploads: those that may have an upload under way. */
+async function uploadable(base: string, id: string): Promise<Map<number, number>> {
+  return new Map((await shardsOf(base, id)).filter((x) => x.status === 'open' && x.done === x.samples).map((x) => [x.index, x.upload_attempts]));
+}
+
 /**
- * The run, read once every shard open and closed now has ended an upload since (uploaded, or one
- * more failed attempt): an upload under way at this moment has landed or failed by then.
+ * The run, read once every shard of `before` (uploadable() just before the store went away, and
+ * just after) has ended an upload since (uploaded, or one more failed attempt): an upload begun
+ * before the fault may have stored its files then and mark its shard later, but none is still
+ * under way by then. Only those shards can have had one: a shard closed later was first tried with
+ * the store away.
  */
-async function uploadedOnceSettled(base: string, id: string): Promise<any> {
-  const before = new Map((await shardsOf(base, id)).filter((x) => x.status === 'open' && x.done === x.samples).map((x) => [x.index, x.upload_attempts]));
+async function uploadedOnceSettled(base: string, id: string, before: Map<number, number>): Promise<any> {
   await waitFor(
-    'the uploads under way to end',
+    'the uploads under way at the fault to end',
     async () => {
       const now = new Map((await shardsOf(base, id)).map((x) => [x.index, x]));
       return [...before].every(([index, attempts]) => now.get(index).status === 'uploaded' || now.get(index).upload_attempts > attempts) || undefined;
@@ -80,7 +87,10 @@ describe('object store faults', () => {
     const { id } = await createRun(base, { model: 'm-outage', input: { file_id: fileId }, shard_size: SHARD_SIZE, regenerate: 'last_assistant' });
     const before = await waitForRun(base, id, 'a few shards uploaded', (r) => r.shards.uploaded >= 2);
 
+    const underWay = await uploadable(base, id);
     await s3.stop();
+    // And those that closed as it went.
+    for (const [index, attempts] of await uploadable(base, id)) if (!underWay.has(index)) underWay.set(index, attempts);
     const tDown = performance.now();
     const down = await waitForReadyz(base, 503, 20_000);
     expect(down.body).toMatchObject({ status: 'unavailable', checks: { database: 'ok', object_store: 'unavailable' } });
@@ -90,7 +100,7 @@ describe('object store faults', () => {
     const firstFailure = (await call(base, `/v1/runs/${id}`)).body;
     expect(doneOf(firstFailure), 'the run still has answers to give once the store is away').toBeLessThan(SAMPLES);
     // Counted once no upload begun before the store stopped can still land.
-    const atFailure = await uploadedOnceSettled(base, id);
+    const atFailure = await uploadedOnceSettled(base, id, underWay);
     await waitForFailedUploads(base, id, 30_000, RETRIES_WHILE_AWAY);
     const duringOutage = await waitForRun(base, id, 'answers while the store is away', (r) => doneOf(r) > doneOf(firstFailure));
     expect((await call(base, '/healthz')).status).toBe(200);
@@ -144,8 +154,10 @@ describe('object store faults', () => {
     await waitForRun(base, id, 'a shard uploaded', (r) => r.shards.uploaded >= 1);
 
     const objects = join(data, 'objects');
+    const underWay = await uploadable(base, id);
     renameSync(objects, `${objects}.away`);
     writeFileSync(objects, 'not a folder');
+    for (const [index, attempts] of await uploadable(base, id)) if (!underWay.has(index)) underWay.set(index, attempts);
     const tBroken = performance.now();
     const down = await waitForReadyz(base, 503, 10_000);
     expect(down.body.checks.object_store).toBe('unavailable');
@@ -154,10 +166,8 @@ describe('object store faults', () => {
     expect(failing[0].last_error).toMatch(/^upload failed: (not a directory \(ENOTDIR\)|no such file or folder \(ENOENT\)); retrying/);
     // No server path in what the API says.
     expect(JSON.stringify(failing)).not.toContain(data);
-    // Counted once no upload begun before the folder went can still land: every shard that was
-    // open and closed (so that it may have had one under way) has ended an upload since. One
-    // begun before the break may have stored its files then and marks its shard later.
-    const atFailure = await uploadedOnceSettled(base, id);
+    // Counted once no upload begun before the folder went can still land.
+    const atFailure = await uploadedOnceSettled(base, id, underWay);
     await waitForFailedUploads(base, id, 30_000, RETRIES_WHILE_AWAY);
     expect((await call(base, '/healthz')).status).toBe(200);
     const during = (await call(base, `/v1/runs/${id}`)).body;

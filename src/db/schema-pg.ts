@@ -201,8 +201,9 @@ export const shards = pgTable(
     tokensRows: integer('tokens_rows'),
     tokensSha256: text('tokens_sha256'),
     tokensTrainable: text('tokens_trainable'),
-    // The digests of the files an upload of the shard stored but did not get to mark (JSON, key →
-    // digests): an earlier file a later upload reads back may be one of those, not the one recorded.
+    // The digests of the files an upload of the shard was about to store or remove, recorded before
+    // it touched any and cleared when the shard is marked (JSON, key → digests): an earlier file a
+    // later upload reads back may be one of those, not the one recorded.
     pendingDigests: text('pending_digests'),
     uploadAttempts: integer('upload_attempts').notNull().default(0),
     generation: integer('generation').notNull().default(0),

@@ -24,7 +24,6 @@ export async function openShardNow(db: Db, runId: string, shard: Pick<ShardRow, 
   return row && row.status === 'open' && row.generation === shard.generation ? row : null;
 }
 
-/** Notes a failed upload on a shard still open: one that an upload marked meanwhile keeps its clean state. */
 /**
  * Records a failed upload of a shard that had `from` failed attempts before it: false, and nothing
  * changed, when the shard's count moved meanwhile (a retry of the run gave it a fresh budget while
@@ -120,36 +119,57 @@ export async function reopenShards(tx: DbOrTx, runId: string, requeued: Map<numb
   return reopenedUploaded;
 }
 
-/** The files an upload stored without marking its shard: each key's digests (shards.pending_digests). */
+/** The files an upload was about to store, or remove, without marking its shard after: each key's digests (shards.pending_digests). */
 type PendingDigests = Record<string, string[]>;
 
+/** A pending digest that stands for the file's removal: a later upload finds no file at that key. */
+export const REMOVED = 'removed';
+
 /**
- * Records the digests of the files an upload is about to store, before it stores any: an upload
- * that fails after some of its files were stored leaves them in place of those the shard recorded,
- * and the next upload of the shard reads its earlier records back from them.
+ * Records the digests of the files an upload is about to store (REMOVED for one it is about to
+ * remove), before it touches any: an upload that fails after some of them were stored leaves them
+ * in place of those the shard recorded, and the next upload of the shard reads its earlier records
+ * back from them. False, recording nothing, once the shard is no longer open in `generation`: the
+ * upload is stale and must store nothing.
  */
-export async function recordPendingDigests(db: Db, runId: string, idx: number, digests: Record<string, string>): Promise<void> {
+export async function recordPendingDigests(
+  db: Db,
+  runId: string,
+  shard: Pick<ShardRow, 'idx' | 'generation'>,
+  digests: Record<string, string>,
+): Promise<boolean> {
   const { shards } = db.t;
-  const at = and(eq(shards.runId, runId), eq(shards.idx, idx));
-  await db.tx(async (tx) => {
-    // Locked on PostgreSQL: another upload of the shard adding its own waits for this one.
-    const [row] = await locked(tx, tx.q.select({ pending: shards.pendingDigests }).from(shards).where(at).limit(1));
-    if (!row) return;
+  const at = and(eq(shards.runId, runId), eq(shards.idx, shard.idx));
+  return db.tx(async (tx) => {
+    // Locked on PostgreSQL: a retry reopening the shard, or an upload marking it, waits for this one.
+    const [row] = await locked(
+      tx,
+      tx.q.select({ status: shards.status, generation: shards.generation, pending: shards.pendingDigests }).from(shards).where(at).limit(1),
+    );
+    if (!row || row.status !== 'open' || row.generation !== shard.generation) return false;
     const pending = (row.pending ? JSON.parse(row.pending) : {}) as PendingDigests;
+    let added = false;
     for (const [key, digest] of Object.entries(digests)) {
       const known = (pending[key] ??= []);
-      if (!known.includes(digest)) known.push(digest);
+      if (known.includes(digest)) continue;
+      known.push(digest);
+      added = true;
     }
-    await tx.write((w) =>
-      w.q
-        .update(shards)
-        .set({ pendingDigests: JSON.stringify(pending) })
-        .where(at),
-    );
+    if (added)
+      await tx.write((w) =>
+        w.q
+          .update(shards)
+          .set({ pendingDigests: JSON.stringify(pending) })
+          .where(at),
+      );
+    return true;
   });
 }
 
-/** Whether `digest` is of a file this shard's uploads stored at `key`: the one recorded, or one an unmarked upload stored. */
+/**
+ * Whether `digest` (REMOVED: no file) is what this shard's uploads left at `key`: the file
+ * recorded, or one an upload that did not get to mark the shard was about to store or remove.
+ */
 export function storedByShard(shard: Pick<ShardRow, 'pendingDigests'>, recorded: string | null, key: string, digest: string): boolean {
   if (digest === recorded) return true;
   const pending = (shard.pendingDigests ? JSON.parse(shard.pendingDigests) : {}) as PendingDigests;

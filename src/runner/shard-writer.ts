@@ -2,7 +2,7 @@ import { createHash } from 'node:crypto';
 import type { RunnerDeps } from '../deps.js';
 import { setManifestKey, setOutputFolder } from '../db/runs.js';
 import type { RunRow, ShardRow } from '../db/schema.js';
-import { listRunShards, markShardUploaded, openShardNow, recordPendingDigests, shardSamplesWithOutput, storedByShard } from '../db/shards.js';
+import { listRunShards, markShardUploaded, openShardNow, REMOVED, recordPendingDigests, shardSamplesWithOutput } from '../db/shards.js';
 import { flagCounts } from '../domain/flags.js';
 import { walk } from '../domain/conversation.js';
 import { walkSettings } from '../domain/params.js';
@@ -40,7 +40,7 @@ import { type RawParquetRow, rawParquetRow } from '../domain/raw-row.js';
 import { encodeParquet, parquetRowCount, readParquetRows } from '../storage/parquet.js';
 import type { ObjectStore as Store } from '../storage/store.js';
 import { shardsSpread, type TokenRow } from '../domain/token-rows.js';
-import { NO_TOKENS, previousTokenRows, sampleTokenRows, tokenFile, type TokensMeta } from './token-shard.js';
+import { NO_TOKENS, previousTokenRows, readShardFile, sampleTokenRows, tokenFile, type TokensMeta } from './token-shard.js';
 
 const sha256 = (b: Buffer) => createHash('sha256').update(b).digest('hex');
 
@@ -75,9 +75,8 @@ async function failedPositions(
 async function previousRecords(deps: RunnerDeps, run: RunRow, shard: ShardRow, format: OutputFormat): Promise<Map<string, ShardRecord>> {
   const map = new Map<string, ShardRecord>();
   if (!shard.key) return map;
-  const bytes = await outputStore(deps, run).get(shard.key);
-  // Only the object this shard wrote may be trusted, not whatever now sits at its key.
-  if (!storedByShard(shard, shard.sha256, shard.key, sha256(bytes))) throw new Error(`${shard.key} no longer holds the shard uploaded before`);
+  const bytes = await readShardFile(outputStore(deps, run), shard, shard.key, shard.sha256);
+  if (!bytes) return map;
   if (format === 'parquet') {
     for (const row of await readParquetRows(bytes)) map.set(lineKey(row.custom_id as string, Number(row.sample_index ?? 0)), row as unknown as ParquetRow);
     return map;
@@ -143,20 +142,21 @@ export async function storeChecked(store: Store, file: ShardFile): Promise<void>
 
 /**
  * A shard's files: its completed samples' records in the run's format, its failed samples' lines,
- * and (tokenRows not null) its training rows. All are made first and their digests handed to
- * `beforeStore` (an upload records them, db/shards.ts recordPendingDigests); then they are stored
- * at once, each read back and checked by `put`. A file with nothing to hold is not written, and
- * one an earlier write left is removed. Returns once every write has ended, failed or not, so that
- * none is still going when the shard is written again; a failure is thrown then (the first: the
- * others are most often the same store's).
+ * and (tokenRows not null) its training rows. A file with nothing to hold is not written, and one
+ * an earlier write left is removed. All are made first and their digests (REMOVED for a removal)
+ * handed to `beforeStore` (an upload records them, db/shards.ts recordPendingDigests; false: the
+ * upload is stale, nothing is touched and null returned); then they are stored at once, each read
+ * back and checked by `put`. Returns once every write has ended, failed or not, so that none is
+ * still going when the shard is written again; a failure is thrown then (the first: the others
+ * are most often the same store's).
  */
 export async function writeShardFiles(
   store: Store,
   format: OutputFormat,
   shard: Pick<ShardRow, 'idx' | 'split' | 'key' | 'errorsKey' | 'tokensKey'>,
   files: { records: ShardRecord[]; errors: string[]; tokenRows: TokenRow[] | null },
-  hooks: { beforeStore?: (digests: Record<string, string>) => Promise<void>; put?: (file: ShardFile) => Promise<void> } = {},
-): Promise<ShardFiles> {
+  hooks: { beforeStore?: (digests: Record<string, string>) => Promise<boolean>; put?: (file: ShardFile) => Promise<void> } = {},
+): Promise<ShardFiles | null> {
   const { records, errors, tokenRows } = files;
   // A shard with no completed line writes no object (a run cancelled early would leave one empty
   // file per shard); the manifest lists it as empty, so the shard count still adds up.
@@ -165,9 +165,9 @@ export async function writeShardFiles(
   const failed: ShardFile | null = errors.length ? { key: shardErrorsObjectKey(shard), body: Buffer.from(errors.join('\n') + '\n') } : null;
   const tokens = tokenRows?.length ? tokenFile(format, shard, tokenRows) : null;
   const stored = [text, failed, tokens].filter((f) => f !== null);
-  const digests = Object.fromEntries(stored.map((f) => [f.key, sha256(f.body)]));
-  await hooks.beforeStore?.(digests);
   const removed = [!text && shard.key, !failed && shard.errorsKey, tokenRows && !tokens && shard.tokensKey].filter((k) => typeof k === 'string');
+  const digests = Object.fromEntries([...stored.map((f) => [f.key, sha256(f.body)]), ...removed.map((k) => [k, REMOVED])]);
+  if (hooks.beforeStore && !(await hooks.beforeStore(digests))) return null;
   const put = hooks.put ?? ((f: ShardFile) => storeChecked(store, f));
   const rejected = (await Promise.allSettled([...stored.map(put), ...removed.map((k) => store.delete(k))])).find((r) => r.status === 'rejected');
   if (rejected) throw rejected.reason;
@@ -243,8 +243,10 @@ export async function uploadShard(deps: RunnerDeps, run: RunRow, listed: ShardRo
     format,
     shard,
     { records, errors, tokenRows: run.outputTokens ? tokenRows : null },
-    { beforeStore: (digests) => recordPendingDigests(deps.db, run.id, shard.idx, digests) },
+    { beforeStore: (digests) => recordPendingDigests(deps.db, run.id, shard, digests) },
   );
+  // Reopened meanwhile (a retry): a later upload writes the shard.
+  if (!written) return false;
   return await markShardUploaded(deps.db, run.id, shard, { ...written, lineOf, errorCount: errors.length }, deps.clock());
 }
 

@@ -1,6 +1,6 @@
 import { createHash } from 'node:crypto';
 import type { ShardRow } from '../db/schema.js';
-import { storedByShard } from '../db/shards.js';
+import { REMOVED, storedByShard } from '../db/shards.js';
 import { lineKey } from '../domain/output-line.js';
 import { type OutputFormat, tokensObjectKey } from '../domain/output-format.js';
 import { idCount, joinIds, type ShardTrainable, type StagedIds, stagedOutput, stagedPrompt, type TokenRow, tokenRow } from '../domain/token-rows.js';
@@ -32,13 +32,29 @@ export function sampleTokenRows(s: RowSample, staged: readonly StagedIds[] | und
   });
 }
 
+/**
+ * An earlier file of the shard at `key`, read back for the records whose staging was dropped: the
+ * one recorded (`recorded`, its digest), or one an upload that did not get to mark the shard left
+ * there; null where such an upload removed it. Anything else at the key is refused: only what this
+ * shard wrote is trusted, not whatever now sits at its key.
+ */
+export async function readShardFile(store: Store, shard: Pick<ShardRow, 'pendingDigests'>, key: string, recorded: string | null): Promise<Buffer | null> {
+  if (!(await store.head(key))) {
+    if (storedByShard(shard, recorded, key, REMOVED)) return null;
+    throw new Error(`${key} no longer holds the file this shard wrote: it is gone`);
+  }
+  const bytes = await store.get(key);
+  if (!storedByShard(shard, recorded, key, createHash('sha256').update(bytes).digest('hex')))
+    throw new Error(`${key} no longer holds the file this shard wrote`);
+  return bytes;
+}
+
 /** The rows an earlier write of this shard holds, by sample (lineKey): the only copy once its staging was dropped. */
 export async function previousTokenRows(store: Store, shard: ShardRow): Promise<Map<string, TokenRow[]>> {
   const map = new Map<string, TokenRow[]>();
   if (!shard.tokensKey) return map;
-  const bytes = await store.get(shard.tokensKey);
-  const digest = createHash('sha256').update(bytes).digest('hex');
-  if (!storedByShard(shard, shard.tokensSha256, shard.tokensKey, digest)) throw new Error(`${shard.tokensKey} no longer holds the rows written before`);
+  const bytes = await readShardFile(store, shard, shard.tokensKey, shard.tokensSha256);
+  if (!bytes) return map;
   // The mask is written again from the counts, as it was.
   const rows = (
     shard.tokensKey.endsWith('.parquet')

@@ -5,7 +5,7 @@ import { getStagedOutput } from '../db/staging.js';
 import type { StagedOutput } from '../domain/output-line.js';
 import { answerOfRecord, type OutputFormat, parseStoredLine } from '../domain/output-format.js';
 import { type RunEndpoint, runEndpoint } from '../domain/run-endpoint.js';
-import { getShard } from '../db/shards.js';
+import { getShard, storedByShard } from '../db/shards.js';
 import { idCount, stagedOutput } from '../domain/token-rows.js';
 import { ApiError } from '../errors.js';
 import { readParquetRows } from '../storage/parquet.js';

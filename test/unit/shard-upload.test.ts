@@ -5,7 +5,7 @@ import { pathToFileURL } from 'node:url';
 import { afterAll, expect, it } from 'vitest';
 import { closeDb, openDb } from '../../src/db/client.js';
 import { getRun } from '../../src/db/runs.js';
-import { closedOpenShards, listRunShards } from '../../src/db/shards.js';
+import { closedOpenShards, listRunShards, recordPendingDigests } from '../../src/db/shards.js';
 import type { RunnerDeps } from '../../src/deps.js';
 import { tokenRow } from '../../src/domain/token-rows.js';
 import { putChecked, type ShardFile, storeChecked, uploadShard, writeShardFiles } from '../../src/runner/shard-writer.js';
@@ -121,8 +121,9 @@ it("writes a shard's text, failed lines and training rows at once, and returns o
       // Told before any file is stored.
       expect(started).toEqual([]);
       digested.push(digests);
+      return true;
     };
-    const written = await writeShardFiles(store, 'jsonl', shard, files, { beforeStore, put: held });
+    const written = (await writeShardFiles(store, 'jsonl', shard, files, { beforeStore, put: held }))!;
     expect(started.sort()).toEqual(['shard-00003.errors.jsonl', 'shard-00003.jsonl', 'tokens/shard-00003.jsonl']);
     expect(written).toMatchObject({
       key: 'shard-00003.jsonl',
@@ -238,6 +239,14 @@ it('uploads a reopened shard again after an upload that stored some of its files
         .update(readFileSync(join(out, 'shard-00000.jsonl')))
         .digest('hex'),
     );
+
+    // An upload that is stale by the time it records its digests (the shard reopened again) records and stores nothing.
+    await exec(`update shards set status = 'open', generation = generation + 1 where run_id = 'run_r'`);
+    expect(await recordPendingDigests(db, 'run_r', after!, { 'shard-00000.jsonl': 'a digest' })).toBe(false);
+    expect((await listRunShards(db, 'run_r'))[0]).toMatchObject({ pendingDigests: null });
+    // Other bytes at the shard's key are still refused: neither the file recorded nor one an upload left there.
+    writeFileSync(join(out, 'shard-00000.jsonl'), '{"custom_id":"s0","content":"not what regen wrote"}\n');
+    await expect(upload(deps)).rejects.toThrow('shard-00000.jsonl no longer holds the file this shard wrote');
   } finally {
     stores.close();
     await closeDb(db);
