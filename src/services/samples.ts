@@ -86,7 +86,7 @@ export async function readTrainable(deps: Pick<Deps, 'db' | 'stores' | 'logger'>
     throw unreadable();
   }
   // Only the file the shard wrote is read as its rows.
-  if (createHash('sha256').update(bytes).digest('hex') !== shard.tokensSha256) {
+  if (!storedByShard(shard, shard.tokensSha256, shard.tokensKey, createHash('sha256').update(bytes).digest('hex'))) {
     deps.logger.warn({ run_id: run.id, key: shard.tokensKey }, 'tokens file does not match the shard written; the object was replaced');
     throw new ApiError('storage_unavailable', 'the stored training rows no longer match this run; they cannot be counted');
   }
