@@ -49,11 +49,13 @@ export function readJson(req: IncomingMessage, limitBytes: number): Promise<unkn
   return new Promise((resolve, reject) => {
     const chunks: Buffer[] = [];
     let size = 0;
+    let ended = false;
     req.on('data', (chunk: Buffer) => {
       size += chunk.length;
       if (size <= limitBytes) chunks.push(chunk);
     });
     req.on('end', () => {
+      ended = true;
       if (size > limitBytes) return reject(new SimHttpError(413, `The request body is larger than ${limitBytes} bytes.`));
       try {
         resolve(JSON.parse(Buffer.concat(chunks).toString('utf8')));
@@ -61,7 +63,10 @@ export function readJson(req: IncomingMessage, limitBytes: number): Promise<unkn
         reject(new SimHttpError(400, 'The request body is not valid JSON.'));
       }
     });
-    // A client that hangs up mid-body never sends 'end'; settle so nothing waits forever.
-    req.on('close', () => reject(new SimHttpError(400, 'The client closed the connection.')));
+    // A client that hangs up mid-body never sends 'end'; settle so nothing waits forever. Every
+    // request closes in the end: the error (and its stack) is made only for one cut short.
+    req.on('close', () => {
+      if (!ended) reject(new SimHttpError(400, 'The client closed the connection.'));
+    });
   });
 }
