@@ -73,6 +73,7 @@ export default defineConfig({
         extends: true,
         test: {
           name: 'sqlite',
+          setupFiles: ['test/support/cpu-by-file.ts'],
           include: soak ? ['test/soak/**/*.test.ts'] : ['test/**/*.test.ts'],
           exclude: soak ? [] : ['test/soak/**', 'node_modules/**'],
         },
@@ -84,7 +85,7 @@ export default defineConfig({
           include: soak ? [] : ['test/**/*.test.ts'],
           exclude: ['test/soak/**', 'node_modules/**', ...storeless],
           env: { REGEN_TEST_STORE: 'pg' },
-          setupFiles: ['test/support/store-setup.ts'],
+          setupFiles: ['test/support/store-setup.ts', 'test/support/cpu-by-file.ts'],
         },
       },
     ],
