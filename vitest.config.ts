@@ -85,7 +85,8 @@ export default defineConfig({
           include: soak ? [] : ['test/**/*.test.ts'],
           exclude: ['test/soak/**', 'node_modules/**', ...storeless],
           env: { REGEN_TEST_STORE: 'pg' },
-          setupFiles: ['test/support/store-setup.ts', 'test/support/cpu-by-file.ts'],
+          // cpu-by-file.ts first: afterAll hooks run last-registered first, so the databases are dropped after it.
+          setupFiles: ['test/support/cpu-by-file.ts', 'test/support/store-setup.ts'],
         },
       },
     ],

@@ -457,13 +457,13 @@ export function streamHead(reply: Reply): string {
   return chunk(body, [delta({ role: 'assistant', content: '' })], null, body.prompt_token_ids ? { prompt_token_ids: body.prompt_token_ids } : {});
 }
 
+const eventHeads = new WeakMap<Reply, string>();
+
 /**
  * What every event of a reply begins with, up to its choices: the same text chunk() writes there,
  * made once a reply rather than once a token (a streamed answer's events were the simulator's
- * largest cost in the test suite).
+ * largest cost in the test suite). A reply's body is not changed once built.
  */
-const eventHeads = new WeakMap<Reply, string>();
-
 function eventHead(reply: Reply): string {
   let head = eventHeads.get(reply);
   if (head === undefined) {
@@ -482,8 +482,10 @@ export function streamPiece(reply: Reply, piece: Piece): string {
     return chunk(reply.body as ReplyBody, [withIds(delta({ tool_calls: [call] }, null, piece.index), piece.tokenIds)]);
   }
   if (piece.text === '') return '';
+  // Every call's fragment has its call (callPieces); should one come without, it is written as before.
   if (piece.field === 'tool_calls') return chunk(reply.body as ReplyBody, [withIds(delta({ tool_calls: piece.text }, null, piece.index), piece.tokenIds)]);
-  // The text chunk(delta(...)) writes for a piece of content or reasoning, key for key.
+  // The text chunk(delta(...)) writes for a piece of content or reasoning, key for key
+  // (test/unit/sim-stream-events.test.ts holds the two together).
   const text = JSON.stringify(piece.text);
   const content = piece.field === 'content' ? text : 'null';
   const reasoning = piece.field === 'reasoning_content' ? text : 'null';
