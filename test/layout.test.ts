@@ -1,6 +1,7 @@
 import { existsSync, readFileSync } from 'node:fs';
 import { dirname, join, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
+import { buildSync } from 'esbuild';
 import { describe, expect, it } from 'vitest';
 import { importCycles, importGraph, LAYER_RULES, layer, layerViolations, routeWrites } from './support/layout.js';
 
@@ -75,6 +76,36 @@ describe('the layout', () => {
     const check = /\bdialect\b|\.(shared|coordinating)\b|['"]pg['"]/i;
     const leaks = [...g.keys()].filter((f) => layer(f) !== 'db' && !f.startsWith('runner/fleet/') && check.test(readFileSync(join(src, f), 'utf8')));
     expect(leaks).toEqual([]);
+  });
+
+  it('starts the runner thread without zod, and without the Parquet modules until it writes Parquet', () => {
+    // What the thread's entry loads before it runs (its static imports, followed through every
+    // chunk), as the build bundles it (scripts/build.js): the schemas stay on the API thread, the
+    // Parquet reader and writer wait for the first Parquet shard (BENCHMARKS.md, 2026-12-07, ninth session).
+    const { metafile } = buildSync({
+      entryPoints: [join(src, 'runner/worker.ts')],
+      bundle: true,
+      splitting: true,
+      format: 'esm',
+      platform: 'node',
+      outdir: join(root, 'node_modules/.cache/layout-bundle'),
+      external: ['better-sqlite3', 'pg-native'],
+      metafile: true,
+      write: false,
+      logLevel: 'error',
+    });
+    const outputs = metafile.outputs;
+    const entry = Object.keys(outputs).find((o) => outputs[o]!.entryPoint?.endsWith('runner/worker.ts'))!;
+    const loaded = new Set([entry]);
+    for (const out of loaded) for (const i of outputs[out]!.imports) if (i.kind === 'import-statement' && i.path in outputs) loaded.add(i.path);
+    const packages = (outs: Iterable<string>) =>
+      new Set([...outs].flatMap((o) => Object.keys(outputs[o]!.inputs)).flatMap((f) => f.match(/node_modules\/((?:@[^/]+\/)?[^/]+)\//)?.[1] ?? []));
+    const atStart = packages(loaded);
+    const onUse = packages(Object.keys(outputs));
+    // The walk is real: the thread does load its other packages at start, and the bundle holds the Parquet ones for later.
+    expect([...atStart]).toEqual(expect.arrayContaining(['drizzle-orm', 'openai']));
+    expect([...onUse]).toEqual(expect.arrayContaining(['hyparquet', 'hyparquet-writer']));
+    expect([...atStart].filter((p) => p === 'zod' || p.startsWith('hyparquet'))).toEqual([]);
   });
 
   it('keeps every file of src/runner under 400 lines', () => {

@@ -1,6 +1,6 @@
 import { describe, expect, it } from 'vitest';
 import { FLAGS, bitsFromFlags, flagBit, flagsFromBits } from '../src/domain/flags.js';
-import { thinkingRequested } from '../src/domain/params.js';
+import { thinkingRequested } from '../src/domain/run-settings.js';
 import { computeFlags, isRepetitive, type QualityInput, WHITESPACE_TO_COLLAPSE } from '../src/domain/quality.js';
 
 const healthy: QualityInput = {

@@ -3,12 +3,11 @@ import { createReadStream, statSync } from 'node:fs';
 import { basename } from 'node:path';
 import type { components } from '../client/index.js';
 import { calibrationSeqs, DEFAULT_CALIBRATION_SAMPLES, MAX_CALIBRATION_SAMPLES } from '../domain/forecast.js';
-import { samplesPerLine } from '../domain/params.js';
+import { samplesPerLine, type RegenerateMode } from '../domain/run-settings.js';
 import { parseInputLine, readLines } from '../domain/input-line.js';
 import { Client, UsageError, type ClientOptions } from './client.js';
 import { duration, num, rate, TERMINAL } from './format.js';
 import { parseParams } from './params.js';
-import type { RegenerateMode } from '../domain/params.js';
 import { checkRun, createRun } from './submit.js';
 
 type Run = components['schemas']['Run'];

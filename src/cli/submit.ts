@@ -6,7 +6,7 @@ import type { components } from '../client/index.js';
 import { ApiCallError, Client, UsageError, type ClientOptions } from './client.js';
 import { num, statusWithReason, TERMINAL } from './format.js';
 import { parseParams } from './params.js';
-import type { RegenerateMode } from '../domain/params.js';
+import type { RegenerateMode } from '../domain/run-settings.js';
 import type { RunEndpoint } from '../domain/run-endpoint.js';
 import { watchRun } from './watch.js';
 

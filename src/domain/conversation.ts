@@ -1,7 +1,7 @@
 import type { TurnIds } from './token-rows.js';
 import { flagsFromBits } from './flags.js';
 import type { TurnLine, Usage } from './output-line.js';
-import type { HistoryReasoning, ToolPairing } from './params.js';
+import type { HistoryReasoning, ToolPairing } from './run-settings.js';
 import { callsOf, pairStep, type SourceStep, type ToolCall } from './tools.js';
 
 // A conversation regenerated turn by turn (`regenerate: "all_assistant"`): its stored messages are

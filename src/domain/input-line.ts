@@ -1,7 +1,8 @@
 import { holdsNumber, losesNumbers, mayLoseNumbers, objectMembers, objectText } from './exact-json.js';
 import { readableIssues } from './issues.js';
 import { MAX_JSON_DEPTH, nestsDeeperThan } from './json-depth.js';
-import { Params, type RegenerateMode } from './params.js';
+import { Params } from './params.js';
+import type { RegenerateMode } from './run-settings.js';
 import { fieldPath, findBadText, mayHoldBadText, textProblem } from './text.js';
 import { requestCount } from './conversation.js';
 import { callsOf, sharegptCalls } from './tools.js';

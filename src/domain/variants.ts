@@ -4,7 +4,8 @@ import { Params } from './params.js';
 
 // A run's variants (README "Variants"): named sets of params, each taken by a stable share of the
 // samples, chosen by custom_id alone (domain/assign.ts), so the same input gets the same variant in
-// every run and after every restart. Params are laid run, then variant, then line (`layeredParams`).
+// every run and after every restart. Params are laid run, then variant, then line (`layeredParams`,
+// run-settings.ts).
 
 export const MAX_VARIANTS = 16;
 export const VARIANT_NAME = /^[A-Za-z0-9_.-]{1,64}$/;
@@ -49,22 +50,3 @@ export function variantName(variants: readonly Pick<Variant, 'name'>[] | null | 
   if (index === null || index === undefined || !variants) return null;
   return variants[index]?.name ?? null;
 }
-
-/**
- * A sample's params: the run's, its variant's over them, its line's own over both.
- * `chat_template_kwargs` is merged one level deep instead of replaced: a variant adding one
- * kwarg must not drop the run's `enable_thinking` (a silent change of the template's mode).
- */
-export function layeredParams(
-  run: Record<string, unknown>,
-  variant: Record<string, unknown> | null | undefined,
-  line: Record<string, unknown> | null | undefined,
-): Record<string, unknown> {
-  if (!variant && !line) return run;
-  const params = { ...run, ...variant, ...line };
-  const kwargs = [run, variant, line].map((p) => p?.chat_template_kwargs).filter(isRecord);
-  if (kwargs.length > 1) params.chat_template_kwargs = Object.fromEntries(kwargs.flatMap((k) => Object.entries(k)));
-  return params;
-}
-
-const isRecord = (v: unknown): v is Record<string, unknown> => typeof v === 'object' && v !== null && !Array.isArray(v);

@@ -3,7 +3,7 @@ import { saveForecast } from '../db/forecasts.js';
 import { calibrationAnswers, dispatchFrontier, type SliceAnswer } from '../db/samples.js';
 import type { RunRow } from '../db/schema.js';
 import { computeForecast, seededRandom, type StoredForecast } from '../domain/forecast.js';
-import { samplesPerLine } from '../domain/params.js';
+import { samplesPerLine } from '../domain/run-settings.js';
 import type { FleetShare } from '../domain/live-view.js';
 import type { EndpointPool } from './endpoints.js';
 import { ForecastTurns, type TurnsAhead } from './forecast-turns.js';

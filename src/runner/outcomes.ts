@@ -1,9 +1,8 @@
 import { conversationIds, stagedIds } from '../domain/token-rows.js';
 import type { Outcome } from '../db/results.js';
-import type { OnLength } from '../domain/params.js';
+import { type OnLength, walkSettings } from '../domain/run-settings.js';
 import { totalUsage, type TurnRecord, turnCount, turnLines, unionFlags, walk } from '../domain/conversation.js';
 import { flagBit } from '../domain/flags.js';
-import { walkSettings } from '../domain/params.js';
 import type { QualityConfig } from '../domain/quality.js';
 import type { StagedOutput } from '../domain/output-line.js';
 import type { RetryReason, SampleError } from '../domain/sample-errors.js';

@@ -1,6 +1,6 @@
 import type { ClaimOrder } from '../db/samples.js';
 import type { RunRow } from '../db/schema.js';
-import { samplesPerLine } from '../domain/params.js';
+import { samplesPerLine } from '../domain/run-settings.js';
 import { isDispatchable } from '../domain/statuses.js';
 import type { ClaimBuffer, Slot } from './claim-buffer.js';
 import { claimSize, pickEndpoint } from './endpoint-choice.js';

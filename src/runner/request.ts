@@ -1,14 +1,14 @@
 import { APIConnectionError, APIConnectionTimeoutError, APIError, APIUserAbortError } from 'openai';
 import type { ChoiceLogprobs, OtherChoice, Usage } from '../domain/output-line.js';
 import { type TurnRecord, turnMessages } from '../domain/conversation.js';
-import { thinkingRequested, walkSettings } from '../domain/params.js';
+import { thinkingRequested, walkSettings, layeredParams } from '../domain/run-settings.js';
 import type { AnswerRepair } from '../domain/metrics.js';
 import { readToolCalls, type ToolCall } from '../domain/tools.js';
 import type { SampleError } from '../domain/sample-errors.js';
 import { wellFormedText } from '../domain/text.js';
 import { jsonTextNestsDeeperThan, MAX_JSON_DEPTH } from '../domain/json-depth.js';
 import { answerBytes } from '../domain/answer-bytes.js';
-import { layeredParams, type Variant } from '../domain/variants.js';
+import type { Variant } from '../domain/variants.js';
 import { AnswerRefused } from './answer-budget.js';
 import { isRaw, rawBody } from '../domain/raw-request.js';
 import type { GenerationIds } from '../domain/token-rows.js';

@@ -5,7 +5,7 @@ import type { RunRow, ShardRow } from '../db/schema.js';
 import { listRunShards, markShardUploaded, openShardNow, REMOVED, recordPendingDigests, shardSamplesWithOutput } from '../db/shards.js';
 import { flagCounts } from '../domain/flags.js';
 import { walk } from '../domain/conversation.js';
-import { walkSettings } from '../domain/params.js';
+import { walkSettings } from '../domain/run-settings.js';
 import { turnsBefore } from '../db/sample-turns.js';
 import { listRunVariants } from '../db/run-variants.js';
 import { stringifyExact } from '../domain/exact-json.js';
@@ -37,7 +37,6 @@ import {
   writesCard,
 } from '../domain/output-format.js';
 import { type RawParquetRow, rawParquetRow } from '../domain/raw-row.js';
-import { encodeParquet, parquetRowCount, readParquetRows } from '../storage/parquet.js';
 import type { ObjectStore as Store } from '../storage/store.js';
 import { shardsSpread, type TokenRow } from '../domain/token-rows.js';
 import { NO_TOKENS, previousTokenRows, readShardFile, sampleTokenRows, tokenFile, type TokensMeta } from './token-shard.js';
@@ -78,6 +77,7 @@ async function previousRecords(deps: RunnerDeps, run: RunRow, shard: ShardRow, f
   const bytes = await readShardFile(outputStore(deps, run), shard, shard.key, shard.sha256);
   if (!bytes) return map;
   if (format === 'parquet') {
+    const { readParquetRows } = await parquetModule();
     for (const row of await readParquetRows(bytes)) map.set(lineKey(row.custom_id as string, Number(row.sample_index ?? 0)), row as unknown as ParquetRow);
     return map;
   }
@@ -111,9 +111,16 @@ export function recordOf(format: OutputFormat, line: OutputLine | RawOutputLine,
   return format === 'parquet' ? parquetRow(line, split) : stringifyExact(conversationsLine(line, numericId));
 }
 
+/**
+ * The Parquet reader and writer, loaded on first use: most runs write JSONL, and the runner thread
+ * starts sooner without them (BENCHMARKS.md, 2026-12-07, ninth session).
+ */
+export const parquetModule = () => import('../storage/parquet.js');
+
 /** A shard's body; a Parquet shard read back must declare the rows it was written with. */
-export function encodeShard(format: OutputFormat, records: ShardRecord[], key: string): { body: Buffer; check?: (back: Buffer) => void } {
+export async function encodeShard(format: OutputFormat, records: ShardRecord[], key: string): Promise<{ body: Buffer; check?: (back: Buffer) => void }> {
   if (format !== 'parquet') return { body: Buffer.from(records.join('\n') + '\n') };
+  const { encodeParquet, parquetRowCount } = await parquetModule();
   const body = encodeParquet(records as ParquetRow[] | RawParquetRow[]);
   const check = (back: Buffer) => {
     const rows = parquetRowCount(back);
@@ -161,9 +168,9 @@ export async function writeShardFiles(
   // A shard with no completed line writes no object (a run cancelled early would leave one empty
   // file per shard); the manifest lists it as empty, so the shard count still adds up.
   const textKey = shardObjectKey(shard, format);
-  const text: ShardFile | null = records.length ? { key: textKey, ...encodeShard(format, records, textKey) } : null;
+  const text: ShardFile | null = records.length ? { key: textKey, ...(await encodeShard(format, records, textKey)) } : null;
   const failed: ShardFile | null = errors.length ? { key: shardErrorsObjectKey(shard), body: Buffer.from(errors.join('\n') + '\n') } : null;
-  const tokens = tokenRows?.length ? tokenFile(format, shard, tokenRows) : null;
+  const tokens = tokenRows?.length ? await tokenFile(format, shard, tokenRows) : null;
   const stored = [text, failed, tokens].filter((f) => f !== null);
   const removed = [!text && shard.key, !failed && shard.errorsKey, tokenRows && !tokens && shard.tokensKey].filter((k) => typeof k === 'string');
   const digests = Object.fromEntries([...stored.map((f) => [f.key, sha256(f.body)]), ...removed.map((k) => [k, REMOVED])]);

@@ -4,8 +4,6 @@ import { REMOVED, storedByShard } from '../db/shards.js';
 import { lineKey } from '../domain/output-line.js';
 import { type OutputFormat, tokensObjectKey } from '../domain/output-format.js';
 import { idCount, joinIds, type ShardTrainable, type StagedIds, stagedOutput, stagedPrompt, type TokenRow, tokenRow } from '../domain/token-rows.js';
-import { parquetRowCount, readParquetRows } from '../storage/parquet.js';
-import { encodeTokenParquet } from '../storage/token-parquet.js';
 import type { ObjectStore as Store } from '../storage/store.js';
 
 // A shard's training rows (output.tokens), written beside its text from the same staged outputs,
@@ -58,7 +56,7 @@ export async function previousTokenRows(store: Store, shard: ShardRow): Promise<
   // The mask is written again from the counts, as it was.
   const rows = (
     shard.tokensKey.endsWith('.parquet')
-      ? await readParquetRows(bytes)
+      ? await (await import('../storage/parquet.js')).readParquetRows(bytes)
       : bytes
           .toString('utf8')
           .split('\n')
@@ -177,8 +175,10 @@ export function tokenLines(rows: readonly TokenRow[]): Buffer {
 }
 
 /** The tokens file's body in the run's format family (Parquet for parquet, JSONL otherwise), and its read-back check. */
-export function encodeTokens(format: OutputFormat, rows: readonly TokenRow[], key: string): { body: Buffer; check?: (back: Buffer) => void } {
+export async function encodeTokens(format: OutputFormat, rows: readonly TokenRow[], key: string): Promise<{ body: Buffer; check?: (back: Buffer) => void }> {
   if (format !== 'parquet') return { body: tokenLines(rows) };
+  // Loaded on first use, as the shard writer loads the Parquet writer (shard-writer.ts parquetModule).
+  const [{ encodeTokenParquet }, { parquetRowCount }] = await Promise.all([import('../storage/token-parquet.js'), import('../storage/parquet.js')]);
   const body = encodeTokenParquet(rows);
   const check = (back: Buffer) => {
     const count = parquetRowCount(back);
@@ -193,12 +193,12 @@ export type TokensMeta = Pick<ShardRow, 'tokensKey' | 'tokensBytes' | 'tokensRow
 export const NO_TOKENS: TokensMeta = { tokensKey: null, tokensBytes: null, tokensRows: null, tokensSha256: null, tokensTrainable: null };
 
 /** The shard's tokens file: its key, its bytes and their read-back check, and the rows' trainable-token counts (shards.tokens_trainable). */
-export function tokenFile(
+export async function tokenFile(
   format: OutputFormat,
   shard: Pick<ShardRow, 'idx' | 'split'>,
   rows: readonly TokenRow[],
-): { key: string; body: Buffer; check?: (back: Buffer) => void; trainable: string } {
+): Promise<{ key: string; body: Buffer; check?: (back: Buffer) => void; trainable: string }> {
   const key = tokensObjectKey(shard, format);
   const trainable: ShardTrainable = { n: rows.map((r) => r.num_trainable), v: rows.map((r) => r.variant) };
-  return { key, ...encodeTokens(format, rows, key), trainable: JSON.stringify(trainable) };
+  return { key, ...(await encodeTokens(format, rows, key)), trainable: JSON.stringify(trainable) };
 }

@@ -10,7 +10,7 @@ import { DELIVERY_STATUSES } from '../domain/webhooks.js';
 import { FLAGS, flagBit } from '../domain/flags.js';
 import { RETRY_REASONS, type RetryReason } from '../domain/sample-errors.js';
 import { ANSWER_REPAIRS, type AnswerRepair } from '../domain/metrics.js';
-import { samplesPerLine } from '../domain/params.js';
+import { samplesPerLine } from '../domain/run-settings.js';
 import type { TurnedAwayReason } from '../domain/turned-away.js';
 import { ENDPOINT_STATES, RUN_STATUSES, SAMPLE_STATUSES } from '../domain/statuses.js';
 import type { MetricsSource, ProcessMetrics } from '../deps.js';

@@ -1,7 +1,8 @@
 import { describe, expect, it } from 'vitest';
 import { calibrationLines, calibrationSeqs } from '../../src/domain/forecast.js';
 import { parseInputLine } from '../../src/domain/input-line.js';
-import { MAX_SAMPLES_PER_LINE, Params, samplesPerLine, samplesPerLineProblem } from '../../src/domain/params.js';
+import { MAX_SAMPLES_PER_LINE, Params } from '../../src/domain/params.js';
+import { samplesPerLine, samplesPerLineProblem } from '../../src/domain/run-settings.js';
 import { takeSiblings, type Claimed } from '../../src/runner/claim-buffer.js';
 import { apportion, choiceOrder, requestSample, shareUsage } from '../../src/runner/choices.js';
 import { buildRequest, parseAnswers } from '../../src/runner/request.js';

@@ -5,7 +5,8 @@ import { computeForecast, seededRandom, variantMean, type ForecastInput } from '
 import { MAX_METADATA_BYTES, parseInputLine } from '../../src/domain/input-line.js';
 import { outputLine } from '../../src/domain/output-line.js';
 import { RunQuality } from '../../src/domain/run-quality.js';
-import { layeredParams, variantIndex, Variants } from '../../src/domain/variants.js';
+import { variantIndex, Variants } from '../../src/domain/variants.js';
+import { layeredParams } from '../../src/domain/run-settings.js';
 import { nextMaxTokens, settleAnswer, type Attempt } from '../../src/runner/outcomes.js';
 import { buildRequest, type Answer } from '../../src/runner/request.js';
 

@@ -5,7 +5,7 @@ import { getRun } from '../../db/runs.js';
 import { flagExamples, HISTOGRAM_EDGES, qualityHistograms } from '../../db/quality.js';
 import { recentCompleted } from '../../db/samples.js';
 import { FLAGS, flagCounts } from '../../domain/flags.js';
-import { thinkingRequested } from '../../domain/params.js';
+import { thinkingRequested } from '../../domain/run-settings.js';
 import { gateSettings, gateTripped, overLimit, stopsLoops } from '../../domain/quality.js';
 import { QUALITY_WINDOW } from '../../domain/quality-window.js';
 import { RunQuality as RunChecks } from '../../domain/run-quality.js';

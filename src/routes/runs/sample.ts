@@ -9,7 +9,7 @@ import { getSample } from '../../db/samples.js';
 import { listTurns } from '../../db/sample-turns.js';
 import { turnLines, walk, type TurnRecord, type WalkSettings } from '../../domain/conversation.js';
 import { shardObjectKey, splitOfShardIdx, type OutputFormat } from '../../domain/output-format.js';
-import { walkSettings } from '../../domain/params.js';
+import { walkSettings } from '../../domain/run-settings.js';
 import { textProblem } from '../../domain/text.js';
 import { readSampleOutput, readTrainable } from '../../services/samples.js';
 import { jsonContent, RunIdParam } from '../common.js';

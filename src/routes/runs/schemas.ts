@@ -4,16 +4,16 @@ import { FLAGS } from '../../domain/flags.js';
 import { DEFAULT_CALIBRATION_SAMPLES, MAX_CALIBRATION_SAMPLES } from '../../domain/forecast.js';
 import { nestsDeeperThan, tooDeepMessage } from '../../domain/json-depth.js';
 import * as domain from '../../domain/params.js';
+import { maxLen } from '../../domain/params.js';
 import {
   DISPATCH_ORDERS,
   HISTORY_REASONING,
-  maxLen,
   ON_INVALID_LINE,
   ON_LENGTH,
   REGENERATE_MODES,
   TOOL_MISMATCH_ACTIONS,
   TOOL_PAIRINGS,
-} from '../../domain/params.js';
+} from '../../domain/run-settings.js';
 import * as variants from '../../domain/variants.js';
 import { RUN_STATUSES, SAMPLE_STATUSES, SHARD_STATUSES } from '../../domain/statuses.js';
 import { Timestamp, WebhookTarget } from '../common.js';

@@ -17,8 +17,9 @@ import {
   samplesPerLineProblem,
   type ToolMismatchAction,
   type ToolPairing,
-} from '../../domain/params.js';
-import { layeredParams, type Variant } from '../../domain/variants.js';
+  layeredParams,
+} from '../../domain/run-settings.js';
+import type { Variant } from '../../domain/variants.js';
 import { paramsProblem } from '../../domain/raw-request.js';
 import { DEFAULT_RUN_ENDPOINT, type RunEndpoint } from '../../domain/run-endpoint.js';
 import { expiryProblem } from '../../domain/expiry.js';

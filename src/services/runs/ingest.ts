@@ -12,10 +12,10 @@ import { insertShardLayout, insertSplitShardLayout, type SplitShard } from '../.
 import { pickSplit, type SplitName } from '../../domain/assign.js';
 import { splitOfShardIdx, splitShardIdx } from '../../domain/output-format.js';
 import { calibrationLines, CHARS_PER_TOKEN } from '../../domain/forecast.js';
-import { regenerateMode, samplesPerLine } from '../../domain/params.js';
+import { regenerateMode, samplesPerLine, layeredParams } from '../../domain/run-settings.js';
 import { runEndpoint } from '../../domain/run-endpoint.js';
 import { parseInputLine, readLineBatches, type InvalidLine, type LineErrorCode } from '../../domain/input-line.js';
-import { layeredParams, variantIndex } from '../../domain/variants.js';
+import { variantIndex } from '../../domain/variants.js';
 import { answerBufferProblem } from '../../domain/answer-bytes.js';
 import { insertRunVariants } from '../../db/run-variants.js';
 import { unservedModel } from '../batches/create.js';
