@@ -3,10 +3,10 @@ import * as arrow from 'apache-arrow';
 import * as pq from 'parquet-wasm/node';
 import type { OutputFormat, ParquetRow } from '../src/domain/output-format.js';
 import { type CompletedSample, outputRecord } from '../src/domain/output-line.js';
-import { encodeShard, parquetModule, putChecked, recordOf, writeShardFiles } from '../src/runner/shard-writer.js';
+import { encodeShard, putChecked, recordOf, writeShardFiles } from '../src/runner/shard-writer.js';
 import { Stores } from '../src/storage/index.js';
 import { type GenerationIds, type StagedIds, stagedIds, tokenRow } from '../src/domain/token-rows.js';
-import { encodeTokens, sampleTokenRows } from '../src/runner/token-shard.js';
+import { encodeTokens, parquetModule, sampleTokenRows, tokenParquetModule } from '../src/runner/token-shard.js';
 
 // One format's writing, in a process of its own so that its peak RSS is its own: `samples`
 // synthetic completed samples, `shardSize` at a time, through the shard writer's code path (the
@@ -129,7 +129,7 @@ const stores = new Stores({ forcePathStyle: false });
 const store = stores.forUri(`${pathToFileURL(dir).href}/`);
 const shardFormat = (COMPARED ? 'parquet' : FILE_ONLY ? 'jsonl' : format.replace('+tokens', '')) as OutputFormat;
 // The runner loads the Parquet modules on first use; loaded here first, so no shard's time counts their load.
-if (shardFormat === 'parquet') await Promise.all([parquetModule(), import('../src/storage/token-parquet.js')]);
+if (shardFormat === 'parquet') await Promise.all([parquetModule(), tokenParquetModule()]);
 let bytes = 0;
 /** The staged outputs' bytes: what the staging table holds until a shard is written. */
 let stagedBytes = 0;

@@ -11,6 +11,21 @@ import { BUILD_STAMP, DIST, readStamp, ROOT, sourcesOf } from '../bin/sources.js
 /** The entry points bundled with their packages, and the bundle's name for each: `regen` (serve and the CLI) and the runner thread. */
 export const BUNDLED = { 'src/cli/main.ts': 'cli/main', 'src/runner/worker.ts': 'runner/worker' };
 
+/** How esbuild bundles the entry points (test/layout.test.ts reads what the runner thread's bundle loads at start with the same). */
+export const BUNDLE_OPTIONS = {
+  bundle: true,
+  splitting: true,
+  format: 'esm',
+  platform: 'node',
+  target: 'node20',
+  // As the compiled tree and tsx keep them: a class's name is what an error's name and a log say.
+  keepNames: true,
+  external: ['better-sqlite3', 'pg-native'],
+  // Packages written as CommonJS call require(), which an ES module has not got.
+  banner: { js: "import { createRequire as __regenRequire } from 'node:module'; const require = __regenRequire(import.meta.url);" },
+  logLevel: 'error',
+};
+
 /**
  * Compiles each tree (src/ and any others given, paths from the project's root) file by file into
  * `out`, with the esbuild tsx itself compiles with (names kept, as tsx keeps them; no source maps: a
@@ -27,19 +42,9 @@ export function compileSources(out, trees = ['src'], home = out) {
   // Paths the sources resolve from their own place: ../../migrations (the stores), src/dashboard (copied above).
   symlinkSync(join(ROOT, 'migrations'), join(out, 'migrations'));
   buildSync({
+    ...BUNDLE_OPTIONS,
     entryPoints: Object.fromEntries(Object.entries(BUNDLED).map(([source, name]) => [name, join(out, source.replace(/\.ts$/, '.js'))])),
     outdir: join(out, 'bundle'),
-    bundle: true,
-    splitting: true,
-    format: 'esm',
-    platform: 'node',
-    target: 'node20',
-    // As the compiled tree and tsx keep them: a class's name is what an error's name and a log say.
-    keepNames: true,
-    external: ['better-sqlite3', 'pg-native'],
-    // Packages written as CommonJS call require(), which an ES module has not got.
-    banner: { js: "import { createRequire as __regenRequire } from 'node:module'; const require = __regenRequire(import.meta.url);" },
-    logLevel: 'error',
   });
   // The runner thread's entry registers tsx to load worker.ts; here it loads the worker's bundle.
   writeFileSync(join(out, 'src', 'runner', 'worker-boot.mjs'), "await import('../../bundle/runner/worker.js');\n");
@@ -82,7 +87,7 @@ const TEMP = '.tmp-';
  * sources, so bin/regen.js runs them. The sources are read for the stamp before they are compiled:
  * one changed meanwhile leaves a stamp that does not match them, never a build that passes for
  * them. The build before stays, for a server still running it (its modules loaded on first use,
- * such as the AWS SDK's, and a restarted runner thread); older ones go.
+ * such as the AWS SDK's and the runner's Parquet writer, and a restarted runner thread); older ones go.
  */
 export function buildDist() {
   const stamp = sourcesOf();

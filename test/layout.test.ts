@@ -1,7 +1,8 @@
 import { existsSync, readFileSync } from 'node:fs';
 import { dirname, join, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
-import { buildSync } from 'esbuild';
+import { type BuildOptions, buildSync } from 'esbuild';
+import { BUNDLE_OPTIONS } from '../scripts/build.js';
 import { describe, expect, it } from 'vitest';
 import { importCycles, importGraph, LAYER_RULES, layer, layerViolations, routeWrites } from './support/layout.js';
 
@@ -78,28 +79,23 @@ describe('the layout', () => {
     expect(leaks).toEqual([]);
   });
 
-  it('starts the runner thread without zod, and without the Parquet modules until it writes Parquet', () => {
+  it('starts the runner thread without zod, and without the Parquet modules until it first writes or reads Parquet', () => {
     // What the thread's entry loads before it runs (its static imports, followed through every
-    // chunk), as the build bundles it (scripts/build.js): the schemas stay on the API thread, the
-    // Parquet reader and writer wait for the first Parquet shard (BENCHMARKS.md, 2026-12-07, ninth session).
+    // chunk), bundled as the build bundles it (scripts/build.js): the schemas stay on the API thread,
+    // the Parquet reader and writer wait for the first Parquet shard (BENCHMARKS.md, 2026-12-07, ninth session).
     const { metafile } = buildSync({
+      ...(BUNDLE_OPTIONS as BuildOptions),
       entryPoints: [join(src, 'runner/worker.ts')],
-      bundle: true,
-      splitting: true,
-      format: 'esm',
-      platform: 'node',
       outdir: join(root, 'node_modules/.cache/layout-bundle'),
-      external: ['better-sqlite3', 'pg-native'],
       metafile: true,
       write: false,
-      logLevel: 'error',
     });
     const outputs = metafile.outputs;
     const entry = Object.keys(outputs).find((o) => outputs[o]!.entryPoint?.endsWith('runner/worker.ts'))!;
     const loaded = new Set([entry]);
     for (const out of loaded) for (const i of outputs[out]!.imports) if (i.kind === 'import-statement' && i.path in outputs) loaded.add(i.path);
     const packages = (outs: Iterable<string>) =>
-      new Set([...outs].flatMap((o) => Object.keys(outputs[o]!.inputs)).flatMap((f) => f.match(/node_modules\/((?:@[^/]+\/)?[^/]+)\//)?.[1] ?? []));
+      new Set([...outs].flatMap((o) => Object.keys(outputs[o]!.inputs)).flatMap((f) => f.match(/.*node_modules\/((?:@[^/]+\/)?[^/]+)\//)?.[1] ?? []));
     const atStart = packages(loaded);
     const onUse = packages(Object.keys(outputs));
     // The walk is real: the thread does load its other packages at start, and the bundle holds the Parquet ones for later.

@@ -3,7 +3,7 @@ import { createReadStream, statSync } from 'node:fs';
 import { basename } from 'node:path';
 import type { components } from '../client/index.js';
 import { calibrationSeqs, DEFAULT_CALIBRATION_SAMPLES, MAX_CALIBRATION_SAMPLES } from '../domain/forecast.js';
-import { samplesPerLine, type RegenerateMode } from '../domain/run-settings.js';
+import { type RegenerateMode, samplesPerLine } from '../domain/run-settings.js';
 import { parseInputLine, readLines } from '../domain/input-line.js';
 import { Client, UsageError, type ClientOptions } from './client.js';
 import { duration, num, rate, TERMINAL } from './format.js';

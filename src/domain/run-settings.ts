@@ -1,7 +1,8 @@
-// A run's settings as the runner reads them back from the store: the modes, their defaults for runs
-// made before a setting existed, and the params a sample is asked with. No zod here: the runner
-// thread imports this, and the schemas that validate a run as it is made (params.ts, variants.ts)
-// stay on the API thread, a module load the runner thread's start does without.
+// A run's settings past their validation: the modes and their defaults for runs made before a
+// setting existed, how many answers a line asks, and the params a sample is asked with. No zod
+// here: the runner thread imports this, and the schemas that validate a run as it is made
+// (params.ts, variants.ts) stay on the API thread, a module load the runner thread's start does
+// without (test/layout.test.ts).
 
 /**
  * `last_assistant` drops a trailing assistant turn and asks for it again; `all_assistant` drops

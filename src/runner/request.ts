@@ -1,7 +1,7 @@
 import { APIConnectionError, APIConnectionTimeoutError, APIError, APIUserAbortError } from 'openai';
 import type { ChoiceLogprobs, OtherChoice, Usage } from '../domain/output-line.js';
 import { type TurnRecord, turnMessages } from '../domain/conversation.js';
-import { thinkingRequested, walkSettings, layeredParams } from '../domain/run-settings.js';
+import { layeredParams, thinkingRequested, walkSettings } from '../domain/run-settings.js';
 import type { AnswerRepair } from '../domain/metrics.js';
 import { readToolCalls, type ToolCall } from '../domain/tools.js';
 import type { SampleError } from '../domain/sample-errors.js';

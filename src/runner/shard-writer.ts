@@ -39,7 +39,7 @@ import {
 import { type RawParquetRow, rawParquetRow } from '../domain/raw-row.js';
 import type { ObjectStore as Store } from '../storage/store.js';
 import { shardsSpread, type TokenRow } from '../domain/token-rows.js';
-import { NO_TOKENS, previousTokenRows, readShardFile, sampleTokenRows, tokenFile, type TokensMeta } from './token-shard.js';
+import { NO_TOKENS, parquetModule, previousTokenRows, readShardFile, sampleTokenRows, tokenFile, type TokensMeta } from './token-shard.js';
 
 const sha256 = (b: Buffer) => createHash('sha256').update(b).digest('hex');
 
@@ -110,12 +110,6 @@ export function recordOf(format: OutputFormat, line: OutputLine | RawOutputLine,
   if (format === 'jsonl') return lineText(line);
   return format === 'parquet' ? parquetRow(line, split) : stringifyExact(conversationsLine(line, numericId));
 }
-
-/**
- * The Parquet reader and writer, loaded on first use: most runs write JSONL, and the runner thread
- * starts sooner without them (BENCHMARKS.md, 2026-12-07, ninth session).
- */
-export const parquetModule = () => import('../storage/parquet.js');
 
 /** A shard's body; a Parquet shard read back must declare the rows it was written with. */
 export async function encodeShard(format: OutputFormat, records: ShardRecord[], key: string): Promise<{ body: Buffer; check?: (back: Buffer) => void }> {

@@ -6,6 +6,14 @@ import { type OutputFormat, tokensObjectKey } from '../domain/output-format.js';
 import { idCount, joinIds, type ShardTrainable, type StagedIds, stagedOutput, stagedPrompt, type TokenRow, tokenRow } from '../domain/token-rows.js';
 import type { ObjectStore as Store } from '../storage/store.js';
 
+/**
+ * The Parquet reader and writer, and the training rows' Parquet encoder, loaded on first use: most
+ * runs write JSONL, and the runner thread starts sooner without them (BENCHMARKS.md, 2026-12-07,
+ * ninth session).
+ */
+export const parquetModule = () => import('../storage/parquet.js');
+export const tokenParquetModule = () => import('../storage/token-parquet.js');
+
 // A shard's training rows (output.tokens), written beside its text from the same staged outputs,
 // before the shard is marked uploaded: a shard written again writes the same rows, so kill -9
 // loses none and duplicates none.
@@ -56,7 +64,7 @@ export async function previousTokenRows(store: Store, shard: ShardRow): Promise<
   // The mask is written again from the counts, as it was.
   const rows = (
     shard.tokensKey.endsWith('.parquet')
-      ? await (await import('../storage/parquet.js')).readParquetRows(bytes)
+      ? await (await parquetModule()).readParquetRows(bytes)
       : bytes
           .toString('utf8')
           .split('\n')
@@ -177,8 +185,7 @@ export function tokenLines(rows: readonly TokenRow[]): Buffer {
 /** The tokens file's body in the run's format family (Parquet for parquet, JSONL otherwise), and its read-back check. */
 export async function encodeTokens(format: OutputFormat, rows: readonly TokenRow[], key: string): Promise<{ body: Buffer; check?: (back: Buffer) => void }> {
   if (format !== 'parquet') return { body: tokenLines(rows) };
-  // Loaded on first use, as the shard writer loads the Parquet writer (shard-writer.ts parquetModule).
-  const [{ encodeTokenParquet }, { parquetRowCount }] = await Promise.all([import('../storage/token-parquet.js'), import('../storage/parquet.js')]);
+  const [{ encodeTokenParquet }, { parquetRowCount }] = await Promise.all([tokenParquetModule(), parquetModule()]);
   const body = encodeTokenParquet(rows);
   const check = (back: Buffer) => {
     const count = parquetRowCount(back);

@@ -4,7 +4,6 @@ import { FLAGS } from '../../domain/flags.js';
 import { DEFAULT_CALIBRATION_SAMPLES, MAX_CALIBRATION_SAMPLES } from '../../domain/forecast.js';
 import { nestsDeeperThan, tooDeepMessage } from '../../domain/json-depth.js';
 import * as domain from '../../domain/params.js';
-import { maxLen } from '../../domain/params.js';
 import {
   DISPATCH_ORDERS,
   HISTORY_REASONING,
@@ -52,7 +51,7 @@ export const Variants = named(variants.Variants, 'Variants', {
 
 export const CreateRunBody = z
   .object({
-    name: maxLen(256).optional(),
+    name: domain.maxLen(256).optional(),
     model: z.string().min(1, 'must not be empty').max(256, 'must be at most 256 characters'),
     input: z.union(
       [
@@ -129,7 +128,7 @@ export const CreateRunBody = z
     }),
     priority: z.number().int().min(-1000).max(1000).optional(),
     metadata: z
-      .record(maxLen(64), maxLen(512))
+      .record(domain.maxLen(64), domain.maxLen(512))
       .refine((m) => Object.keys(m).length <= 16, 'at most 16 keys')
       .optional(),
     request_timeout_ms: z.number().int().min(1000).max(86_400_000).optional(),

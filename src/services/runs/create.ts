@@ -11,13 +11,13 @@ import { DEFAULT_CALIBRATION_SAMPLES } from '../../domain/forecast.js';
 import {
   type DispatchOrder,
   type HistoryReasoning,
+  layeredParams,
   type OnInvalidLine,
   type OnLength,
   type RegenerateMode,
   samplesPerLineProblem,
   type ToolMismatchAction,
   type ToolPairing,
-  layeredParams,
 } from '../../domain/run-settings.js';
 import type { Variant } from '../../domain/variants.js';
 import { paramsProblem } from '../../domain/raw-request.js';

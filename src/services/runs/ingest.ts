@@ -12,7 +12,7 @@ import { insertShardLayout, insertSplitShardLayout, type SplitShard } from '../.
 import { pickSplit, type SplitName } from '../../domain/assign.js';
 import { splitOfShardIdx, splitShardIdx } from '../../domain/output-format.js';
 import { calibrationLines, CHARS_PER_TOKEN } from '../../domain/forecast.js';
-import { regenerateMode, samplesPerLine, layeredParams } from '../../domain/run-settings.js';
+import { layeredParams, regenerateMode, samplesPerLine } from '../../domain/run-settings.js';
 import { runEndpoint } from '../../domain/run-endpoint.js';
 import { parseInputLine, readLineBatches, type InvalidLine, type LineErrorCode } from '../../domain/input-line.js';
 import { variantIndex } from '../../domain/variants.js';
