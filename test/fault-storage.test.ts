@@ -1,4 +1,5 @@
-import { renameSync, rmSync, writeFileSync } from 'node:fs';
+import type { ChildProcess } from 'node:child_process';
+import { readdirSync, readFileSync, renameSync, rmSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { describe, expect, it } from 'vitest';
 import { since } from './support/faults.js';
@@ -19,6 +20,25 @@ const STORE_RETRY = { REGEN_STORE_RETRY_MS: '250' };
 const sim = (model: string) => rig.sim({ model, 'max-running': 16, 'ttft-ms': 60, 'tokens-per-second': 1000 });
 /** Small shards: many of them close, and fail to upload, while the store is away. */
 const SHARD_SIZE = 40;
+
+/**
+ * Runs `swap` while the server's process is stopped (SIGSTOP, every thread of it seen stopped in
+ * /proc, then SIGCONT). Swapping the folder and the file takes two steps, and between them the
+ * path is free: a retried upload that made the folder again there (it creates what is missing)
+ * once made the folder's return fail with ENOTEMPTY.
+ */
+async function whileStopped(proc: ChildProcess, swap: () => void): Promise<void> {
+  const pid = proc.pid!;
+  // The state letter follows the command's closing parenthesis; T: stopped by a signal.
+  const stopped = () => readdirSync(`/proc/${pid}/task`).every((t) => readFileSync(`/proc/${pid}/task/${t}/stat`, 'utf8').split(') ').pop()!.startsWith('T'));
+  proc.kill('SIGSTOP');
+  try {
+    await waitFor('the server to stop', () => (stopped() ? true : undefined), 10_000, 5);
+    swap();
+  } finally {
+    proc.kill('SIGCONT');
+  }
+}
 
 async function shardsOf(base: string, id: string): Promise<any[]> {
   return (await call(base, `/v1/runs/${id}/shards?limit=1000`)).body.data;
@@ -155,8 +175,10 @@ describe('object store faults', () => {
 
     const objects = join(data, 'objects');
     const underWay = await uploadable(base, id);
-    renameSync(objects, `${objects}.away`);
-    writeFileSync(objects, 'not a folder');
+    await whileStopped(server.proc, () => {
+      renameSync(objects, `${objects}.away`);
+      writeFileSync(objects, 'not a folder');
+    });
     for (const [index, attempts] of await uploadable(base, id)) if (!underWay.has(index)) underWay.set(index, attempts);
     const tBroken = performance.now();
     const down = await waitForReadyz(base, 503, 10_000);
@@ -174,8 +196,10 @@ describe('object store faults', () => {
     expect(during.shards.uploaded).toBe(atFailure.shards.uploaded);
     const brokenMs = since(tBroken);
 
-    rmSync(objects);
-    renameSync(`${objects}.away`, objects);
+    await whileStopped(server.proc, () => {
+      rmSync(objects);
+      renameSync(`${objects}.away`, objects);
+    });
     const { done, firstUploadAfterMs, completedAfterMs } = await waitForRecovery(base, id, during.shards.uploaded, performance.now(), 10_000);
     expect(done.status).toBe('completed');
     expect(done.request_counts).toMatchObject({ total: SAMPLES, completed: SAMPLES, failed: 0 });
