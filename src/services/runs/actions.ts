@@ -13,20 +13,24 @@ async function mustGet(deps: Deps, id: string): Promise<RunRow> {
   return run;
 }
 
-/** Moves the run from one of `from` to `to` if it is still in one; false when it has moved on. */
-async function moved(deps: Deps, run: RunRow, from: readonly RunStatus[], to: RunStatus, extra = {}): Promise<boolean> {
-  if (!from.includes(run.status as RunStatus) || !(await transitionRun(deps.db, run.id, from, to, deps.clock(), extra))) return false;
+/**
+ * Moves the run from one of `from` to `to` if it is still in one, and returns it as the move left
+ * it (read in the same transaction, before the runner thread acts on it); null when it has moved on.
+ */
+async function moved(deps: Deps, run: RunRow, from: readonly RunStatus[], to: RunStatus, extra = {}): Promise<RunRow | null> {
+  if (!from.includes(run.status as RunStatus)) return null;
+  const after = await deps.db.tx(async (tx) => ((await transitionRun(tx, run.id, from, to, deps.clock(), extra)) ? getRun(tx, run.id) : null));
+  if (!after) return null;
   deps.logger.info({ run_id: run.id, from: run.status, status: to }, 'run status');
   deps.runner.wake();
-  return true;
+  return after;
 }
 
 async function move(deps: Deps, run: RunRow, from: readonly RunStatus[], to: RunStatus, verb: string, extra = {}): Promise<RunRow> {
-  if (!(await moved(deps, run, from, to, extra))) {
-    const now = (await getRun(deps.db, run.id))!;
-    throw new ApiError('conflict', `cannot ${verb} a run that is ${now.status}`);
-  }
-  return (await getRun(deps.db, run.id))!;
+  const after = await moved(deps, run, from, to, extra);
+  if (after) return after;
+  const now = (await getRun(deps.db, run.id))!;
+  throw new ApiError('conflict', `cannot ${verb} a run that is ${now.status}`);
 }
 
 /** No new dispatch; requests already sent finish and are recorded. */
@@ -46,7 +50,8 @@ export async function cancelRun(deps: Deps, id: string): Promise<RunRow> {
   // A run whose input is still being read ends at once (the ingest sees it and clears what it
   // inserted). Its input can be accepted between the read above and this move: the run is then
   // cancelled as a queued one is, not refused.
-  if (await moved(deps, run, ['validating'], 'cancelled')) return (await getRun(deps.db, id))!;
+  const cancelled = await moved(deps, run, ['validating'], 'cancelled');
+  if (cancelled) return cancelled;
   return move(deps, await mustGet(deps, id), CANCELLABLE_RUN_STATUSES, 'cancelling', 'cancel');
 }
 
@@ -66,18 +71,21 @@ export async function retryRun(deps: Deps, id: string, only: 'failed' | 'flagged
   if (run.outputExpiredAt !== null || (expiresAt !== null && expiresAt <= now)) {
     throw new ApiError('conflict', "the run's output expired and was deleted; start a new run");
   }
-  const requeued = await requeueRunSamples(db, id, only, now);
-  // A run failed because its shards could not be written keeps its answers, as does one cancelled
-  // once all its samples had ended: a retry writes them.
-  const unwritten = (run.status === 'failed' || (run.status === 'cancelled' && run.cancelled === 0)) && run.shardsUploaded < run.shardsTotal;
-  if (unwritten) await resetUploadAttempts(db, id);
-  if ((requeued > 0 || unwritten) && TERMINAL_RUN_STATUSES.includes(run.status as RunStatus)) {
-    if (await transitionRun(db, id, TERMINAL_RUN_STATUSES, 'queued', now, { finishedAt: null })) {
-      deps.logger.info({ run_id: id, from: run.status, status: 'queued' }, 'run status');
-    }
-  }
-  // The answer shows the run as the retry left it, before the runner starts on it again.
-  const reopened = (await getRun(db, id))!;
+  // One transaction: the answer shows the run as the retry left it, before the runner (another
+  // thread, which polls) claims any of the requeued samples.
+  const { requeued, reopened, moved } = await db.tx(async (tx) => {
+    const requeued = await requeueRunSamples(tx, id, only, now);
+    // A run failed because its shards could not be written keeps its answers, as does one
+    // cancelled once all its samples had ended: a retry writes them.
+    const unwritten = (run.status === 'failed' || (run.status === 'cancelled' && run.cancelled === 0)) && run.shardsUploaded < run.shardsTotal;
+    if (unwritten) await resetUploadAttempts(tx, id);
+    const moved =
+      (requeued > 0 || unwritten) &&
+      TERMINAL_RUN_STATUSES.includes(run.status as RunStatus) &&
+      (await transitionRun(tx, id, TERMINAL_RUN_STATUSES, 'queued', now, { finishedAt: null }));
+    return { requeued, reopened: (await getRun(tx, id))!, moved };
+  });
+  if (moved) deps.logger.info({ run_id: id, from: run.status, status: 'queued' }, 'run status');
   if (requeued > 0 && run.manifestKey) {
     // The old manifest would describe shards that are about to be rewritten; a new one comes at the end.
     await deps.stores
