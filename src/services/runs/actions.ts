@@ -71,21 +71,21 @@ export async function retryRun(deps: Deps, id: string, only: 'failed' | 'flagged
   if (run.outputExpiredAt !== null || (expiresAt !== null && expiresAt <= now)) {
     throw new ApiError('conflict', "the run's output expired and was deleted; start a new run");
   }
-  // One transaction: the answer shows the run as the retry left it, before the runner (another
-  // thread, which polls) claims any of the requeued samples.
-  const { requeued, reopened, moved } = await db.tx(async (tx) => {
-    const requeued = await requeueRunSamples(tx, id, only, now);
-    // A run failed because its shards could not be written keeps its answers, as does one
-    // cancelled once all its samples had ended: a retry writes them.
-    const unwritten = (run.status === 'failed' || (run.status === 'cancelled' && run.cancelled === 0)) && run.shardsUploaded < run.shardsTotal;
-    if (unwritten) await resetUploadAttempts(tx, id);
-    const moved =
-      (requeued > 0 || unwritten) &&
-      TERMINAL_RUN_STATUSES.includes(run.status as RunStatus) &&
-      (await transitionRun(tx, id, TERMINAL_RUN_STATUSES, 'queued', now, { finishedAt: null }));
-    return { requeued, reopened: (await getRun(tx, id))!, moved };
+  const requeued = await requeueRunSamples(db, id, only, now);
+  // A run failed because its shards could not be written keeps its answers, as does one cancelled
+  // once all its samples had ended: a retry writes them.
+  const unwritten = (run.status === 'failed' || (run.status === 'cancelled' && run.cancelled === 0)) && run.shardsUploaded < run.shardsTotal;
+  if (unwritten) await resetUploadAttempts(db, id);
+  // The move and the answer's read in one transaction: the runner thread, which polls, claims
+  // nothing of an ended run, so the answer shows the run before it claims a requeued sample. (The
+  // requeue and the reset stay transactions of their own: in one, the reset would lock shards after
+  // the requeue locked the run's row, the reverse of an upload marking its shard.)
+  const reopen = (requeued > 0 || unwritten) && TERMINAL_RUN_STATUSES.includes(run.status as RunStatus);
+  const { reopened, queued } = await db.tx(async (tx) => {
+    const queued = reopen && (await transitionRun(tx, id, TERMINAL_RUN_STATUSES, 'queued', now, { finishedAt: null }));
+    return { reopened: (await getRun(tx, id))!, queued };
   });
-  if (moved) deps.logger.info({ run_id: id, from: run.status, status: 'queued' }, 'run status');
+  if (queued) deps.logger.info({ run_id: id, from: run.status, status: 'queued' }, 'run status');
   if (requeued > 0 && run.manifestKey) {
     // The old manifest would describe shards that are about to be rewritten; a new one comes at the end.
     await deps.stores
