@@ -112,7 +112,15 @@ export async function reopenShards(tx: DbOrTx, runId: string, requeued: Map<numb
     await tx.write((w) =>
       w.q
         .update(shards)
-        .set({ status: 'open', terminalCount: sql`${shards.terminalCount} - ${n}`, generation: sql`${shards.generation} + 1` })
+        // A new generation with a fresh upload budget: the failures before its last upload are not
+        // this rewrite's, and counted would fail it (or a cancel) sooner than a first upload.
+        .set({
+          status: 'open',
+          terminalCount: sql`${shards.terminalCount} - ${n}`,
+          generation: sql`${shards.generation} + 1`,
+          uploadAttempts: 0,
+          lastError: null,
+        })
         .where(at),
     );
   }

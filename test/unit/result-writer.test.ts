@@ -215,6 +215,24 @@ function writerTests(store: 'sqlite' | 'pg') {
     expect((await rows(db, `select pending, turns_completed as done, turns_failed as lost from runs`))[0]).toEqual({ pending: 2, done: 3, lost: 0 });
   });
 
+  it('gives a shard reopened by a retry a fresh upload budget: the failures before its last upload are not counted again', async () => {
+    db = await open('reopen');
+    await seed(db, 2, 2);
+    const exec = (text: string, params: unknown[] = []) => db.write((w) => w.exec(text, params));
+    const [, lost] = (await rows(db, `select id from samples order by seq`)).map((r) => Number(r.id));
+    await exec(`update runs set status = 'completed', pending = 0, completed = 1, failed = 1`);
+    await exec(`update samples set status = 'completed'`);
+    await exec(`update samples set status = 'failed', error_code = 'server_error' where id = ?`, [lost]);
+    // Written after four failed attempts: the row keeps the count and the last error.
+    await exec(
+      `update shards set terminal_count = 2, status = 'uploaded', upload_attempts = 4, last_error = 'upload failed: the store timed out; retrying in 8 s'`,
+    );
+    expect(await requeueRunSamples(db, 'run_a', 'failed', NOW)).toBe(1);
+    expect(
+      await rows(db, `select status, generation, terminal_count as "terminalCount", upload_attempts as attempts, last_error as "lastError" from shards`),
+    ).toEqual([{ status: 'open', generation: 1, terminalCount: 1, attempts: 0, lastError: null }]);
+  });
+
   it('commits a batch of outcomes in one transaction, keeps the counters equal to a recount, and reports closed shards', async () => {
     db = await open('a');
     await seed(db, 6, 3);
