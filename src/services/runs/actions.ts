@@ -76,6 +76,15 @@ export async function retryRun(deps: Deps, id: string, only: 'failed' | 'flagged
   // once all its samples had ended: a retry writes them.
   const unwritten = (run.status === 'failed' || (run.status === 'cancelled' && run.cancelled === 0)) && run.shardsUploaded < run.shardsTotal;
   if (unwritten) await resetUploadAttempts(db, id);
+  if (requeued > 0 && run.manifestKey) {
+    // The old manifest would describe shards that are about to be rewritten; a new one comes at the
+    // end. Deleted before the run is queued again: a runner quick to finish it could otherwise write
+    // the new one first, and this would delete it.
+    await deps.stores
+      .forOutput(run.outputUri, run.outputFolder)
+      .delete(run.manifestKey)
+      .catch((err: Error) => deps.logger.warn({ run_id: id, err: { message: err.message } }, 'stale manifest could not be deleted'));
+  }
   // The move and the answer's read in one transaction: the runner thread, which polls, claims
   // nothing of an ended run, so the answer shows the run before it claims a requeued sample. (The
   // requeue and the reset stay transactions of their own: in one, the reset would lock shards after
@@ -86,13 +95,6 @@ export async function retryRun(deps: Deps, id: string, only: 'failed' | 'flagged
     return { reopened: (await getRun(tx, id))!, queued };
   });
   if (queued) deps.logger.info({ run_id: id, from: run.status, status: 'queued' }, 'run status');
-  if (requeued > 0 && run.manifestKey) {
-    // The old manifest would describe shards that are about to be rewritten; a new one comes at the end.
-    await deps.stores
-      .forOutput(run.outputUri, run.outputFolder)
-      .delete(run.manifestKey)
-      .catch((err: Error) => deps.logger.warn({ run_id: id, err: { message: err.message } }, 'stale manifest could not be deleted'));
-  }
   deps.logger.info({ run_id: id, requeued, only }, 'samples requeued');
   deps.runner.wake();
   return { run: reopened, requeued };
