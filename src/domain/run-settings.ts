@@ -34,8 +34,11 @@ export function walkSettings(run: { toolPairing?: string | null; historyReasonin
 export function regenerateMode(stored: string | null): RegenerateMode | null {
   return (REGENERATE_MODES as readonly string[]).includes(stored ?? '') ? (stored as RegenerateMode) : null;
 }
+
+/** The order samples are sent in: the input's, or the longest predicted answers first within a window (README, length-aware order). */
 export const DISPATCH_ORDERS = ['input', 'length_aware'] as const;
 export type DispatchOrder = (typeof DISPATCH_ORDERS)[number];
+/** What a line of the input that does not parse does to the run: fails it, or is skipped and counted. */
 export const ON_INVALID_LINE = ['fail', 'skip'] as const;
 export type OnInvalidLine = (typeof ON_INVALID_LINE)[number];
 /** What becomes of an answer cut by max_tokens (finish_reason "length"): kept flagged, asked again with more room, or failed. */

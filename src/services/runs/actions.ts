@@ -85,16 +85,12 @@ export async function retryRun(deps: Deps, id: string, only: 'failed' | 'flagged
       .delete(run.manifestKey)
       .catch((err: Error) => deps.logger.warn({ run_id: id, err: { message: err.message } }, 'stale manifest could not be deleted'));
   }
-  // The move and the answer's read in one transaction: the runner thread, which polls, claims
-  // nothing of an ended run, so the answer shows the run before it claims a requeued sample. (The
+  // An ended run is queued again, and the answer read, as any move (`moved`): the runner claims
+  // nothing of an ended run, so the answer shows the run before a requeued sample is claimed. (The
   // requeue and the reset stay transactions of their own: in one, the reset would lock shards after
   // the requeue locked the run's row, the reverse of an upload marking its shard.)
-  const reopen = (requeued > 0 || unwritten) && TERMINAL_RUN_STATUSES.includes(run.status as RunStatus);
-  const { reopened, queued } = await db.tx(async (tx) => {
-    const queued = reopen && (await transitionRun(tx, id, TERMINAL_RUN_STATUSES, 'queued', now, { finishedAt: null }));
-    return { reopened: (await getRun(tx, id))!, queued };
-  });
-  if (queued) deps.logger.info({ run_id: id, from: run.status, status: 'queued' }, 'run status');
+  const queued = requeued > 0 || unwritten ? await moved(deps, run, TERMINAL_RUN_STATUSES, 'queued', { finishedAt: null }) : null;
+  const reopened = queued ?? (await getRun(db, id))!;
   deps.logger.info({ run_id: id, requeued, only }, 'samples requeued');
   deps.runner.wake();
   return { run: reopened, requeued };
